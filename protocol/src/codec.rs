@@ -1,0 +1,215 @@
+//! Framing: a 4-byte big-endian length, then a MessagePack body of at most
+//! [`MAX_FRAME_LEN`] bytes, enforced in both directions. The only place that
+//! turns bytes into messages and back.
+
+use crate::error::ProtocolError;
+use crate::message::{AgentMessage, ClientMessage, Envelope};
+use crate::MAX_FRAME_LEN;
+use bytes::{Bytes, BytesMut};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::marker::PhantomData;
+use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
+
+/// A frame whose body could not be decoded. The stream is still in step, so
+/// the reader answers `bad_request` (echoing `id` when it could be read) and goes on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BodyError {
+    /// The `id` field, when the body was a map with one.
+    pub id: Option<u64>,
+    /// The `type` field, when the body was a map with one.
+    pub kind: Option<String>,
+    /// What was wrong, for people.
+    pub reason: String,
+}
+
+/// Reads `In` and writes `Out`, each in an [`Envelope`].
+pub struct MessageCodec<In, Out> {
+    frames: LengthDelimitedCodec,
+    _direction: PhantomData<fn(Out) -> In>,
+}
+
+/// The agent's side: reads client messages, writes agent messages.
+pub type AgentCodec = MessageCodec<ClientMessage, AgentMessage>;
+/// A client's side: reads agent messages, writes client messages.
+pub type ShimCodec = MessageCodec<AgentMessage, ClientMessage>;
+
+impl<In, Out> Default for MessageCodec<In, Out> {
+    fn default() -> Self {
+        MessageCodec {
+            frames: LengthDelimitedCodec::builder()
+                .length_field_length(4)
+                .big_endian()
+                .max_frame_length(MAX_FRAME_LEN)
+                .new_codec(),
+            _direction: PhantomData,
+        }
+    }
+}
+
+impl<In, Out> MessageCodec<In, Out> {
+    /// A codec with the protocol's framing and limit.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+/// Encodes one message body the way every frame is encoded: a named-field map.
+pub fn encode_body<T: Serialize>(message: &Envelope<T>) -> Result<Vec<u8>, ProtocolError> {
+    Ok(rmp_serde::to_vec_named(message)?)
+}
+
+/// Decodes one message body; on failure, recovers what it can of the header.
+pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<Envelope<T>, BodyError> {
+    rmp_serde::from_slice(body).map_err(|err| {
+        #[derive(Deserialize)]
+        struct Header {
+            #[serde(default)]
+            id: Option<u64>,
+            #[serde(default, rename = "type")]
+            kind: Option<String>,
+        }
+        let header: Option<Header> = rmp_serde::from_slice(body).ok();
+        BodyError {
+            id: header.as_ref().and_then(|h| h.id),
+            kind: header.and_then(|h| h.kind),
+            reason: err.to_string(),
+        }
+    })
+}
+
+fn frame_error(err: std::io::Error) -> ProtocolError {
+    // LengthDelimitedCodec reports an oversized length header as InvalidData
+    // before it reads (or allocates) the body.
+    if err.kind() == std::io::ErrorKind::InvalidData {
+        ProtocolError::FrameTooLarge(0)
+    } else {
+        ProtocolError::Io(err)
+    }
+}
+
+impl<In: DeserializeOwned, Out> Decoder for MessageCodec<In, Out> {
+    type Item = Result<Envelope<In>, BodyError>;
+    type Error = ProtocolError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Self::Item>, ProtocolError> {
+        if src.len() >= 4 {
+            let len = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
+            if len > MAX_FRAME_LEN {
+                return Err(ProtocolError::FrameTooLarge(len));
+            }
+        }
+        match self.frames.decode(src).map_err(frame_error)? {
+            Some(frame) => Ok(Some(decode_body(&frame))),
+            None => Ok(None),
+        }
+    }
+}
+
+impl<In, Out: Serialize> Encoder<Envelope<Out>> for MessageCodec<In, Out> {
+    type Error = ProtocolError;
+
+    fn encode(&mut self, message: Envelope<Out>, dst: &mut BytesMut) -> Result<(), ProtocolError> {
+        let body = encode_body(&message)?;
+        if body.len() > MAX_FRAME_LEN {
+            return Err(ProtocolError::FrameTooLarge(body.len()));
+        }
+        self.frames.encode(Bytes::from(body), dst).map_err(frame_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::error::{ErrorCode, WireError};
+
+    fn frame(body: &[u8]) -> BytesMut {
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&(body.len() as u32).to_be_bytes());
+        buf.extend_from_slice(body);
+        buf
+    }
+
+    #[test]
+    fn round_trips_a_request_with_its_id() {
+        let mut codec = ShimCodec::new();
+        let mut buf = BytesMut::new();
+        codec.encode(Envelope::request(7, ClientMessage::Ping), &mut buf).expect("encode");
+        let mut agent = AgentCodec::new();
+        let got = agent.decode(&mut buf).expect("frame").expect("complete").expect("body");
+        assert_eq!(got, Envelope::request(7, ClientMessage::Ping));
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn waits_for_a_whole_frame() {
+        let mut agent = AgentCodec::new();
+        let full = frame(&encode_body(&Envelope::request(1, ClientMessage::Ping)).expect("encode"));
+        let mut partial = BytesMut::from(&full[..full.len() - 1]);
+        assert!(agent.decode(&mut partial).expect("no error").is_none());
+    }
+
+    #[test]
+    fn oversized_length_is_refused_before_the_body_arrives() {
+        let mut agent = AgentCodec::new();
+        let mut buf = BytesMut::new();
+        buf.extend_from_slice(&((MAX_FRAME_LEN as u32) + 1).to_be_bytes());
+        match agent.decode(&mut buf) {
+            Err(ProtocolError::FrameTooLarge(n)) => assert_eq!(n, MAX_FRAME_LEN + 1),
+            other => panic!("expected FrameTooLarge, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn oversized_message_is_not_sent() {
+        let mut agent = AgentCodec::new();
+        let huge = AgentMessage::Error(WireError::new(ErrorCode::Internal, "x".repeat(MAX_FRAME_LEN)));
+        let mut buf = BytesMut::new();
+        assert!(matches!(
+            agent.encode(Envelope::event(huge), &mut buf),
+            Err(ProtocolError::FrameTooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn garbage_body_keeps_the_stream_in_step_and_recovers_the_id() {
+        let mut agent = AgentCodec::new();
+        // {"id": 9, "type": "acquire", "keys": 5}: a map with a bad field
+        let bad = rmp_serde::to_vec_named(&serde_json_like(9)).expect("encode");
+        let mut buf = frame(&bad);
+        buf.extend_from_slice(&frame(&[0xc1])); // 0xc1 is never valid MessagePack
+        let first = agent.decode(&mut buf).expect("frame").expect("complete");
+        let err = first.expect_err("bad body");
+        assert_eq!(err.id, Some(9));
+        assert_eq!(err.kind.as_deref(), Some("acquire"));
+        let second = agent.decode(&mut buf).expect("frame").expect("complete");
+        assert_eq!(second.expect_err("garbage").id, None);
+    }
+
+    fn serde_json_like(id: u64) -> std::collections::BTreeMap<&'static str, rmpv_like::Value> {
+        let mut map = std::collections::BTreeMap::new();
+        map.insert("id", rmpv_like::Value::U(id));
+        map.insert("type", rmpv_like::Value::S("acquire"));
+        map.insert("keys", rmpv_like::Value::U(5));
+        map
+    }
+
+    mod rmpv_like {
+        #[derive(serde::Serialize)]
+        #[serde(untagged)]
+        pub enum Value {
+            U(u64),
+            S(&'static str),
+        }
+    }
+
+    #[test]
+    fn unknown_type_decodes_as_unknown() {
+        let mut map = std::collections::BTreeMap::new();
+        map.insert("id", rmpv_like::Value::U(3));
+        map.insert("type", rmpv_like::Value::S("teleport"));
+        let body = rmp_serde::to_vec_named(&map).expect("encode");
+        let got: Envelope<ClientMessage> = decode_body(&body).expect("decodes");
+        assert_eq!(got, Envelope::request(3, ClientMessage::Unknown));
+    }
+}

@@ -1,0 +1,23 @@
+//! runlock's wire protocol, shared by the agent (`runlockd`), the shim (`runlock`)
+//! and the tests. `SPEC.md` beside this crate is the normative description that
+//! clients in other languages are written from; this crate implements it.
+#![deny(missing_docs)]
+
+pub mod codec;
+pub mod error;
+pub mod message;
+pub mod socket_path;
+pub mod types;
+
+pub use codec::{AgentCodec, BodyError, MessageCodec, ShimCodec};
+pub use error::{ErrorCode, ProtocolError, WireError};
+pub use message::{AgentMessage, ClientMessage, Envelope};
+pub use types::{
+    Holder, InvalidKey, Key, KeyRecord, KeyState, Lease, LeaseInfo, LostReason, OnLost, Scope,
+};
+
+/// The protocol version this build speaks; see SPEC.md for when it changes.
+pub const PROTOCOL_VERSION: u16 = 1;
+
+/// The largest frame body either side sends or accepts (DESIGN: bodies over 1 MiB are refused).
+pub const MAX_FRAME_LEN: usize = 1 << 20;

@@ -1,0 +1,168 @@
+//! Every message: what clients send ([`ClientMessage`]) and what the agent
+//! sends ([`AgentMessage`]: replies and events), inside an [`Envelope`].
+
+use crate::error::WireError;
+use crate::types::{Holder, KeyRecord, Lease, LeaseInfo, LostReason, OnLost, Scope};
+use serde::{Deserialize, Serialize};
+
+/// A message body with its request id. Replies echo the id of the request
+/// they answer; events carry none.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Envelope<T> {
+    /// The client-chosen request id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<u64>,
+    /// The message.
+    #[serde(flatten)]
+    pub body: T,
+}
+
+impl<T> Envelope<T> {
+    /// A message with an id.
+    pub fn request(id: u64, body: T) -> Envelope<T> {
+        Envelope { id: Some(id), body }
+    }
+
+    /// A message without an id (events, and errors about undecodable input).
+    pub fn event(body: T) -> Envelope<T> {
+        Envelope { id: None, body }
+    }
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// What a client sends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ClientMessage {
+    /// Opens the connection; must be the first message.
+    Hello {
+        /// The protocol version the client speaks.
+        version: u16,
+        /// The client's name and version, for logs.
+        client: String,
+        /// The client's pid, for logs (the agent trusts SO_PEERCRED instead).
+        pid: u32,
+    },
+    /// Takes every key in `keys`, all or nothing, in sorted order.
+    Acquire {
+        /// The keys to take.
+        keys: Vec<String>,
+        /// Time to live of the leases; the agent's default when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ttl_ms: Option<u64>,
+        /// How long to wait for held keys; 0 answers `held` at once.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        wait_ms: u64,
+        /// Take the keys over from their holders.
+        #[serde(default, skip_serializing_if = "is_false")]
+        force: bool,
+        /// The command line the leases protect, for the holder record.
+        #[serde(default)]
+        command: String,
+        /// What the agent does to an attached run whose client is gone when a lease is lost.
+        #[serde(default)]
+        on_lost: OnLost,
+    },
+    /// Releases leases this connection holds (`lease_ids`), or breaks whoever
+    /// holds `key` (subject to force rights).
+    Release {
+        /// Leases of this connection to release.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        lease_ids: Vec<String>,
+        /// A key to break, whoever holds it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+    },
+    /// Names the run's process, so the agent can stop it when a lease is lost
+    /// after the client itself is gone. Applies to every lease of the connection.
+    Attach {
+        /// The run's pid.
+        pid: u32,
+        /// The run's process group.
+        pgid: u32,
+    },
+    /// Lists the leases held through this agent.
+    List,
+    /// Reads a key's record from the backend.
+    Inspect {
+        /// The key.
+        key: String,
+    },
+    /// Asks for a `pong`.
+    Ping,
+    /// A `type` this build does not know: answered with `unsupported`.
+    #[serde(other)]
+    Unknown,
+}
+
+/// What the agent sends: replies (with the request's id) and events (without).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum AgentMessage {
+    /// Answers `hello`.
+    Welcome {
+        /// The protocol version the agent speaks.
+        version: u16,
+        /// The agent's name and version.
+        agent: String,
+        /// The agent's id, also recorded in every holder it writes.
+        agent_id: String,
+        /// The backend, as a URI with any secret removed.
+        backend: String,
+        /// The backend's scope.
+        scope: Scope,
+        /// The time to live used when `acquire` gives none.
+        default_ttl_ms: u64,
+    },
+    /// Answers `acquire`: every key was taken.
+    Acquired {
+        /// One lease per key, in sorted key order.
+        leases: Vec<Lease>,
+        /// The leases' time to live.
+        ttl_ms: u64,
+    },
+    /// Answers `release`.
+    Released {
+        /// How many leases ended.
+        count: u32,
+    },
+    /// Answers `attach`.
+    Attached,
+    /// Answers `list`.
+    Leases {
+        /// Every lease held through this agent.
+        leases: Vec<LeaseInfo>,
+    },
+    /// Answers `inspect`.
+    Record(KeyRecord),
+    /// Answers `ping`.
+    Pong,
+    /// Answers any request that failed, or input that could not be read.
+    Error(WireError),
+    /// Event: a lease of this connection is no longer held.
+    Lost {
+        /// The lost lease.
+        lease_id: String,
+        /// Its key.
+        key: String,
+        /// Why.
+        reason: LostReason,
+        /// For people.
+        message: String,
+        /// The new holder, when someone took the key.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        holder: Option<Holder>,
+    },
+    /// Event: the agent is restarting; leases are not released.
+    Restarting,
+    /// A `type` this build does not know.
+    #[serde(other)]
+    Unknown,
+}

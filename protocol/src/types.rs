@@ -1,0 +1,201 @@
+//! The values messages carry: keys, leases, holders and key records.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The longest key, in bytes of UTF-8.
+pub const MAX_KEY_LEN: usize = 512;
+
+/// A validated lock key: UTF-8, 1 to 512 bytes, no control characters.
+///
+/// Keys travel as plain strings so that the agent can answer an invalid one
+/// with `invalid_key` rather than failing to decode the whole request.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(transparent)]
+pub struct Key(String);
+
+/// Why a string is not a valid key; the message names the rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidKey {
+    /// The key is the empty string.
+    #[error("invalid key: a key must not be empty")]
+    Empty,
+    /// The key is longer than [`MAX_KEY_LEN`] bytes.
+    #[error("invalid key: a key must be at most 512 bytes of UTF-8, this one is {0} bytes")]
+    TooLong(usize),
+    /// The key holds a control character.
+    #[error("invalid key: a key must not contain control characters (found U+{0:04X} at byte {1})")]
+    ControlCharacter(u32, usize),
+}
+
+impl Key {
+    /// Checks the key rules and wraps the string.
+    pub fn new(key: impl Into<String>) -> Result<Key, InvalidKey> {
+        let key = key.into();
+        if key.is_empty() {
+            return Err(InvalidKey::Empty);
+        }
+        if key.len() > MAX_KEY_LEN {
+            return Err(InvalidKey::TooLong(key.len()));
+        }
+        if let Some((at, c)) = key.char_indices().find(|(_, c)| c.is_control()) {
+            return Err(InvalidKey::ControlCharacter(c as u32, at));
+        }
+        Ok(Key(key))
+    }
+
+    /// The key as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.0, f)
+    }
+}
+
+/// Who holds a lease. Recorded by the agent at acquisition: the host, agent and
+/// fencing token are the agent's; pid and uid come from the peer's SO_PEERCRED.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Holder {
+    /// Host name of the agent that granted the lease.
+    pub host: String,
+    /// Id of the agent process that granted the lease.
+    pub agent_id: String,
+    /// Pid of the process that asked for the lease (the shim).
+    pub pid: u32,
+    /// Uid of that process.
+    pub uid: u32,
+    /// User name for `uid`, or the uid as digits when it has none.
+    pub user: String,
+    /// The command line the lease protects, as the client described it.
+    pub command: String,
+    /// When the lease was granted, in milliseconds since the Unix epoch (agent's clock).
+    pub acquired_at_ms: u64,
+    /// The fencing token of the lease.
+    pub token: u64,
+}
+
+/// One key granted by an `acquire`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lease {
+    /// The key.
+    pub key: String,
+    /// The lease's id, unique across agents and restarts.
+    pub lease_id: String,
+    /// The fencing token: larger than every earlier token of this key.
+    pub token: u64,
+}
+
+/// One lease as `list` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseInfo {
+    /// The key.
+    pub key: String,
+    /// The lease's id.
+    pub lease_id: String,
+    /// The lease's time to live, in milliseconds.
+    pub ttl_ms: u64,
+    /// Who holds it, token included.
+    pub holder: Holder,
+    /// The run's process id once the client has sent `attach`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub child_pid: Option<u32>,
+}
+
+/// Whether a key is held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyState {
+    /// Nobody holds the key.
+    Free,
+    /// A lease holds the key.
+    Held,
+    /// A state this build does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+/// How far a backend's exclusion reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Only agents on this host (or sharing a lock-capable mount) exclude each other.
+    Host,
+    /// Every agent that shares the backend excludes every other.
+    Global,
+    /// A scope this build does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+/// A key's record in the backend, as `inspect` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyRecord {
+    /// The key.
+    pub key: String,
+    /// Free or held.
+    pub state: KeyState,
+    /// The last fencing token issued for the key; 0 when it was never acquired.
+    pub token: u64,
+    /// The holder while the key is held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
+    /// Milliseconds until the lease expires unless renewed; absent where the
+    /// backend's locks do not expire (the kernel lock of `file://`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_in_ms: Option<u64>,
+    /// The backend's scope.
+    pub scope: Scope,
+}
+
+/// What should happen to a run whose lease is lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnLost {
+    /// SIGTERM to the run's process group, SIGKILL after a grace period.
+    #[default]
+    Term,
+    /// SIGKILL to the run's process group at once.
+    Kill,
+    /// Let the run go on (the shim still exits 76).
+    Ignore,
+}
+
+/// Why a lease was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LostReason {
+    /// Another client took the key with `force`.
+    Forced,
+    /// Someone broke the lease with `release KEY`.
+    Broken,
+    /// The backend no longer holds the lease for us (it expired or could not be renewed).
+    Expired,
+    /// A reason this build does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_rules_name_the_rule() {
+        assert_eq!(Key::new(""), Err(InvalidKey::Empty));
+        assert_eq!(Key::new("a".repeat(513)), Err(InvalidKey::TooLong(513)));
+        assert!(Key::new("a".repeat(512)).is_ok());
+        assert_eq!(Key::new("a\nb"), Err(InvalidKey::ControlCharacter(10, 1)));
+        assert!(Key::new("dev:tap-x-to-target-y:é").is_ok());
+        assert!(InvalidKey::Empty.to_string().contains("must not be empty"));
+    }
+}
