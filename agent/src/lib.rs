@@ -1,1 +1,14 @@
+//! runlockd, the per-host lock agent: a Unix-socket server over a lease
+//! registry and a backend. `main.rs` wires these together; tests and benches
+//! use them directly.
 
+pub mod backend;
+pub mod config;
+pub mod connection;
+pub mod listener;
+pub mod registry;
+pub mod renewal;
+pub mod server;
+pub mod telemetry;
+
+pub use server::serve;

@@ -114,7 +114,9 @@ impl<In, Out: Serialize> Encoder<Envelope<Out>> for MessageCodec<In, Out> {
         if body.len() > MAX_FRAME_LEN {
             return Err(ProtocolError::FrameTooLarge(body.len()));
         }
-        self.frames.encode(Bytes::from(body), dst).map_err(frame_error)
+        self.frames
+            .encode(Bytes::from(body), dst)
+            .map_err(frame_error)
     }
 }
 
@@ -134,9 +136,15 @@ mod tests {
     fn round_trips_a_request_with_its_id() {
         let mut codec = ShimCodec::new();
         let mut buf = BytesMut::new();
-        codec.encode(Envelope::request(7, ClientMessage::Ping), &mut buf).expect("encode");
+        codec
+            .encode(Envelope::request(7, ClientMessage::Ping), &mut buf)
+            .expect("encode");
         let mut agent = AgentCodec::new();
-        let got = agent.decode(&mut buf).expect("frame").expect("complete").expect("body");
+        let got = agent
+            .decode(&mut buf)
+            .expect("frame")
+            .expect("complete")
+            .expect("body");
         assert_eq!(got, Envelope::request(7, ClientMessage::Ping));
         assert!(buf.is_empty());
     }
@@ -163,7 +171,10 @@ mod tests {
     #[test]
     fn oversized_message_is_not_sent() {
         let mut agent = AgentCodec::new();
-        let huge = AgentMessage::Error(WireError::new(ErrorCode::Internal, "x".repeat(MAX_FRAME_LEN)));
+        let huge = AgentMessage::Error(WireError::new(
+            ErrorCode::Internal,
+            "x".repeat(MAX_FRAME_LEN),
+        ));
         let mut buf = BytesMut::new();
         assert!(matches!(
             agent.encode(Envelope::event(huge), &mut buf),

@@ -62,15 +62,20 @@ pub struct WireError {
     /// The key the error is about, when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<String>,
-    /// Who holds the key, with `held` and `timeout`.
+    /// Who holds the key, with `held` and `timeout` (boxed: errors stay small).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub holder: Option<Holder>,
+    pub holder: Option<Box<Holder>>,
 }
 
 impl WireError {
     /// An error with no key and no holder.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> WireError {
-        WireError { code, message: message.into(), key: None, holder: None }
+        WireError {
+            code,
+            message: message.into(),
+            key: None,
+            holder: None,
+        }
     }
 }
 
@@ -86,18 +91,4 @@ pub enum ProtocolError {
     /// A frame is larger than [`crate::MAX_FRAME_LEN`]; the stream cannot resync.
     #[error("frame of {0} bytes exceeds the {max} byte limit", max = crate::MAX_FRAME_LEN)]
     FrameTooLarge(usize),
-    /// The peer speaks another protocol version.
-    #[error("protocol version mismatch: we speak {ours}, the peer {theirs}")]
-    VersionMismatch {
-        /// Our version.
-        ours: u16,
-        /// Theirs.
-        theirs: u16,
-    },
-    /// The agent answered with an error.
-    #[error(transparent)]
-    Agent(#[from] WireError),
-    /// The peer closed the connection.
-    #[error("the peer closed the connection")]
-    Closed,
 }

@@ -21,3 +21,7 @@ pub const PROTOCOL_VERSION: u16 = 1;
 
 /// The largest frame body either side sends or accepts (DESIGN: bodies over 1 MiB are refused).
 pub const MAX_FRAME_LEN: usize = 1 << 20;
+
+/// How long a run gets between SIGTERM and SIGKILL when its lease is lost
+/// under `on_lost = term`, whether the shim or the agent stops it.
+pub const ON_LOST_KILL_GRACE_MS: u64 = 5_000;

@@ -24,7 +24,9 @@ pub enum InvalidKey {
     #[error("invalid key: a key must be at most 512 bytes of UTF-8, this one is {0} bytes")]
     TooLong(usize),
     /// The key holds a control character.
-    #[error("invalid key: a key must not contain control characters (found U+{0:04X} at byte {1})")]
+    #[error(
+        "invalid key: a key must not contain control characters (found U+{0:04X} at byte {1})"
+    )]
     ControlCharacter(u32, usize),
 }
 

@@ -1,1 +1,52 @@
-fn main(){}
+//! runlock, the shim: wraps a command in a lock held by this host's runlockd.
+
+mod cli;
+mod client;
+mod commands;
+mod exit;
+mod format;
+mod signals;
+
+use clap::Parser;
+use std::process::ExitCode;
+
+fn main() -> ExitCode {
+    let cli = match cli::Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => {
+            let _ = err.print();
+            return if err.use_stderr() {
+                ExitCode::from(exit::EXIT_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let socket = match runlock_protocol::socket_path::resolve(cli.socket) {
+        Ok(path) => path,
+        Err(why) => return exit::Failure::new(exit::EXIT_USAGE, why).report(),
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            return exit::Failure::new(exit::EXIT_SOFTWARE, format!("cannot start: {err}")).report()
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            cli::Command::Run(args) => commands::run::run(&socket, args).await,
+            cli::Command::Status { json } => commands::status::run(&socket, json).await,
+            cli::Command::Inspect { key, json } => {
+                commands::inspect::run(&socket, &key, json).await
+            }
+            cli::Command::Release { key } => commands::release::run(&socket, &key).await,
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(failure) => failure.report(),
+    }
+}

@@ -1,0 +1,174 @@
+//! The backend trait every store implements, its errors, and `from_uri`.
+
+mod file;
+mod memory;
+
+pub use file::FileBackend;
+pub use memory::MemoryBackend;
+
+use async_trait::async_trait;
+use runlock_protocol::{ErrorCode, Holder, Key, KeyRecord, Scope, WireError};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// What a backend can promise; logged at start and reported by `welcome`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Capabilities {
+    /// How far its exclusion reaches.
+    pub scope: Scope,
+    /// Whether a lease outlives the agent process (network stores) or dies with it (kernel locks).
+    pub survives_agent: bool,
+    /// Whether the agent must check each lease periodically to notice it was taken.
+    pub needs_renewal: bool,
+}
+
+/// Everything needed to take one key.
+#[derive(Debug, Clone)]
+pub struct AcquireSpec {
+    /// The key.
+    pub key: Key,
+    /// The new lease's id.
+    pub lease_id: String,
+    /// The holder to record; the backend fills in `token`.
+    pub holder: Holder,
+    /// Time to live.
+    pub ttl: Duration,
+    /// Take the key over from its holder.
+    pub force: bool,
+}
+
+/// A lease as the backend knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LeaseRef {
+    /// The key.
+    pub key: Key,
+    /// The lease's id.
+    pub lease_id: String,
+    /// The fencing token it was granted with.
+    pub token: u64,
+}
+
+/// What a successful acquire returns.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    /// The recorded holder, with the new fencing token.
+    pub holder: Holder,
+}
+
+/// Why a backend operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// Someone else holds the key (the holder is unknown while its record is being written).
+    #[error("held")]
+    Held(Option<Box<Holder>>),
+    /// The lease is no longer ours: taken over, broken or expired.
+    #[error("the lease is no longer held")]
+    LeaseMismatch,
+    /// The store cannot be reached or refused the request.
+    #[error("backend unavailable: {0}")]
+    Unavailable(String),
+    /// The store holds something we cannot read; a person must look.
+    #[error("{0}")]
+    Corrupt(String),
+}
+
+impl BackendError {
+    /// The wire code for this error.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            BackendError::Held(_) => ErrorCode::Held,
+            BackendError::LeaseMismatch => ErrorCode::NotOwner,
+            BackendError::Unavailable(_) => ErrorCode::Unavailable,
+            BackendError::Corrupt(_) => ErrorCode::Internal,
+        }
+    }
+
+    /// The error as the peer sees it, about `key`.
+    pub fn to_wire(&self, key: &Key) -> WireError {
+        let mut wire = WireError::new(self.code(), self.to_string());
+        wire.key = Some(key.to_string());
+        if let BackendError::Held(holder) = self {
+            wire.message = format!("key {key:?} is held");
+            wire.holder = holder.clone();
+        }
+        wire
+    }
+}
+
+/// A lock store. One instance serves every connection; state lives inside.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
+    /// What the backend promises.
+    fn capabilities(&self) -> Capabilities;
+    /// The backend's URI with any secret removed.
+    fn describe(&self) -> String;
+    /// Takes `spec.key` now, or reports its holder; never waits for a holder.
+    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError>;
+    /// Confirms the lease is still ours and extends it.
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError>;
+    /// Ends the lease if it is still ours; a lease already lost is not an error.
+    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError>;
+    /// Reads the key's record.
+    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError>;
+}
+
+/// Builds the backend a URI names.
+pub fn from_uri(uri: &str) -> anyhow::Result<Arc<dyn Backend>> {
+    let (scheme, rest) = uri.split_once("://").ok_or_else(|| {
+        anyhow::anyhow!(
+            "backend {:?} is not a URI (expected file:///path or memory://)",
+            redact_uri(uri)
+        )
+    })?;
+    match scheme {
+        "file" => {
+            if rest.is_empty() {
+                anyhow::bail!("backend file:// needs a directory, as in file:///var/lib/runlock");
+            }
+            Ok(Arc::new(FileBackend::open(PathBuf::from(rest))?))
+        }
+        "memory" => Ok(Arc::new(MemoryBackend::default())),
+        other => anyhow::bail!(
+            "backend scheme {other:?} is not supported by this build (supported: file://, memory://)"
+        ),
+    }
+}
+
+/// A URI with its userinfo (user and password) removed, for logs and replies.
+pub fn redact_uri(uri: &str) -> String {
+    let Some((scheme, rest)) = uri.split_once("://") else {
+        return uri.to_string();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    match rest[..authority_end].rfind('@') {
+        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
+        None => uri.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn redaction_removes_userinfo_only() {
+        assert_eq!(
+            redact_uri("postgresql://u:secret@db:5432/x"),
+            "postgresql://***@db:5432/x"
+        );
+        assert_eq!(
+            redact_uri("file:///var/lib/runlock"),
+            "file:///var/lib/runlock"
+        );
+        assert_eq!(redact_uri("s3://bucket/a@b"), "s3://bucket/a@b");
+    }
+
+    #[test]
+    fn unknown_scheme_is_named() {
+        let err = from_uri("gopher://x").err().expect("refused");
+        assert!(err.to_string().contains("\"gopher\""), "{err}");
+        assert!(from_uri("file://").is_err());
+        assert!(from_uri("not a uri").is_err());
+    }
+}

@@ -1,0 +1,289 @@
+//! One peer: the handshake, its requests, its events, and at its end (EOF)
+//! the release of every lease it held.
+
+use crate::registry::{AcquireRequest, ConnId, PeerCred, Registry};
+use futures::{SinkExt, StreamExt};
+use runlock_protocol::{
+    AgentCodec, AgentMessage, ClientMessage, Envelope, ErrorCode, ProtocolError, WireError,
+    PROTOCOL_VERSION,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::codec::Framed;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+type Transport = Framed<UnixStream, AgentCodec>;
+type AcquireResult = Result<(Vec<runlock_protocol::Lease>, Duration), WireError>;
+
+/// Serves one accepted connection until the peer goes or the agent stops.
+pub async fn serve_connection(
+    stream: UnixStream,
+    registry: Arc<Registry>,
+    shutdown: CancellationToken,
+) {
+    let peer = match stream.peer_cred() {
+        Ok(cred) => PeerCred {
+            pid: cred.pid().unwrap_or(0) as u32,
+            uid: cred.uid(),
+            gid: cred.gid(),
+        },
+        Err(err) => {
+            tracing::warn!(error = %err, "cannot read peer credentials; closing");
+            return;
+        }
+    };
+    let span = tracing::info_span!("conn", pid = peer.pid, uid = peer.uid);
+    Connection {
+        transport: Framed::new(stream, AgentCodec::new()),
+        registry,
+        peer,
+    }
+    .run(shutdown)
+    .instrument(span)
+    .await
+}
+
+struct Connection {
+    transport: Transport,
+    registry: Arc<Registry>,
+    peer: PeerCred,
+}
+
+impl Connection {
+    async fn send(&mut self, id: Option<u64>, body: AgentMessage) -> Result<(), ProtocolError> {
+        match self.transport.send(Envelope { id, body }).await {
+            Err(ProtocolError::FrameTooLarge(n)) => {
+                let message = format!("the reply ({n} bytes) exceeds the 1 MiB frame limit");
+                let body = AgentMessage::Error(WireError::new(ErrorCode::Internal, message));
+                self.transport.send(Envelope { id, body }).await
+            }
+            other => other,
+        }
+    }
+
+    async fn reply_error(&mut self, id: Option<u64>, err: WireError) -> Result<(), ProtocolError> {
+        self.send(id, AgentMessage::Error(err)).await
+    }
+
+    /// Waits for `hello`; anything else is refused and closes the connection.
+    async fn handshake(&mut self) -> Result<bool, ProtocolError> {
+        let Some(frame) = self.transport.next().await else {
+            return Ok(false);
+        };
+        let (id, version) = match frame {
+            Ok(Ok(Envelope {
+                id,
+                body:
+                    ClientMessage::Hello {
+                        version,
+                        client,
+                        pid,
+                    },
+            })) => {
+                tracing::debug!(%client, client_pid = pid, version, "hello");
+                (id, version)
+            }
+            Ok(Ok(Envelope { id, .. })) => {
+                let err = WireError::new(ErrorCode::BadRequest, "the first message must be hello");
+                self.reply_error(id, err).await?;
+                return Ok(false);
+            }
+            Ok(Err(bad)) => {
+                let err = WireError::new(
+                    ErrorCode::BadRequest,
+                    format!("cannot decode message: {}", bad.reason),
+                );
+                self.reply_error(bad.id, err).await?;
+                return Ok(false);
+            }
+            Err(err) => return self.frame_failed(err).await.map(|_| false),
+        };
+        if version != PROTOCOL_VERSION {
+            let err = WireError::new(
+                ErrorCode::UnsupportedVersion,
+                format!("this agent speaks protocol version {PROTOCOL_VERSION}, not {version}"),
+            );
+            self.reply_error(id, err).await?;
+            return Ok(false);
+        }
+        let welcome = AgentMessage::Welcome {
+            version: PROTOCOL_VERSION,
+            agent: concat!("runlockd ", env!("CARGO_PKG_VERSION")).to_string(),
+            agent_id: self.registry.identity().agent_id.clone(),
+            backend: self.registry.backend_description(),
+            scope: self.registry.capabilities().scope,
+            default_ttl_ms: self.registry.default_ttl().as_millis() as u64,
+        };
+        self.send(id, welcome).await?;
+        Ok(true)
+    }
+
+    /// A frame that breaks the framing: say why if we can, then close.
+    async fn frame_failed(&mut self, err: ProtocolError) -> Result<(), ProtocolError> {
+        if let ProtocolError::FrameTooLarge(n) = err {
+            tracing::warn!(bytes = n, "oversized frame; closing");
+            let message =
+                format!("frame of {n} bytes exceeds the 1 MiB limit; closing the connection");
+            self.reply_error(None, WireError::new(ErrorCode::BadRequest, message))
+                .await?;
+        } else {
+            tracing::debug!(error = %err, "connection failed");
+        }
+        Ok(())
+    }
+
+    async fn run(mut self, shutdown: CancellationToken) {
+        match self.handshake().await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(err) => {
+                tracing::debug!(error = %err, "handshake failed");
+                return;
+            }
+        }
+        let (events_tx, mut events) = mpsc::unbounded_channel();
+        let conn = self.registry.open_connection(self.peer, events_tx);
+        let mut acquire = AcquireSlot::new();
+        let result: Result<(), ProtocolError> = async {
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => {
+                        self.send(None, AgentMessage::Restarting).await?;
+                        return Ok(());
+                    }
+                    Some(event) = events.recv() => self.send(None, event).await?,
+                    Some((id, result)) = acquire.done.recv() => {
+                        acquire.task = None;
+                        let reply = match result {
+                            Ok((leases, ttl)) => AgentMessage::Acquired { leases, ttl_ms: ttl.as_millis() as u64 },
+                            Err(err) => AgentMessage::Error(err),
+                        };
+                        self.send(id, reply).await?;
+                    }
+                    frame = self.transport.next() => match frame {
+                        None => return Ok(()),
+                        Some(Err(err)) => return self.frame_failed(err).await,
+                        Some(Ok(Err(bad))) => {
+                            tracing::debug!(reason = %bad.reason, "undecodable message");
+                            let err = WireError::new(ErrorCode::BadRequest, format!("cannot decode message: {}", bad.reason));
+                            self.reply_error(bad.id, err).await?;
+                        }
+                        Some(Ok(Ok(Envelope { id, body }))) => self.request(conn, id, body, &mut acquire).await?,
+                    },
+                }
+            }
+        }
+        .await;
+        if let Err(err) = result {
+            tracing::debug!(error = %err, "connection ended with an error");
+        }
+        // An acquire still waiting is abandoned; one already writing to the store finishes first.
+        acquire.cancel.cancel();
+        if let Some(task) = acquire.task {
+            let _ = task.await;
+        }
+        self.registry.close_connection(conn).await;
+    }
+
+    async fn request(
+        &mut self,
+        conn: ConnId,
+        id: Option<u64>,
+        body: ClientMessage,
+        acquire: &mut AcquireSlot,
+    ) -> Result<(), ProtocolError> {
+        tracing::debug!(?id, request = ?body, "request");
+        let reply = match body {
+            ClientMessage::Hello { .. } => Err(WireError::new(
+                ErrorCode::BadRequest,
+                "hello was already received",
+            )),
+            ClientMessage::Acquire {
+                keys,
+                ttl_ms,
+                wait_ms,
+                force,
+                command,
+                on_lost,
+            } => {
+                if acquire.task.is_some() {
+                    Err(WireError::new(
+                        ErrorCode::BadRequest,
+                        "an acquire is already in progress on this connection",
+                    ))
+                } else {
+                    let req = AcquireRequest {
+                        keys,
+                        ttl: ttl_ms.map(Duration::from_millis),
+                        wait: Duration::from_millis(wait_ms),
+                        force,
+                        command,
+                        on_lost,
+                    };
+                    let (registry, cancel) = (self.registry.clone(), acquire.cancel.clone());
+                    let done = acquire.done_tx.clone();
+                    let task = tokio::spawn(
+                        async move {
+                            let result = registry.acquire(conn, req, &cancel).await;
+                            let _ = done.send((id, result));
+                        }
+                        .in_current_span(),
+                    );
+                    acquire.task = Some(task);
+                    return Ok(());
+                }
+            }
+            ClientMessage::Release { lease_ids, key } => match (lease_ids.is_empty(), key) {
+                (false, None) => self.registry.release(conn, &lease_ids).await,
+                (true, Some(key)) => self.registry.break_key(conn, &key).await,
+                _ => Err(WireError::new(
+                    ErrorCode::BadRequest,
+                    "release takes either lease_ids or key",
+                )),
+            }
+            .map(|count| AgentMessage::Released { count }),
+            ClientMessage::Attach { pid, pgid } => {
+                self.registry.attach(conn, pid, pgid);
+                Ok(AgentMessage::Attached)
+            }
+            ClientMessage::List => Ok(AgentMessage::Leases {
+                leases: self.registry.list(),
+            }),
+            ClientMessage::Inspect { key } => {
+                self.registry.inspect(&key).await.map(AgentMessage::Record)
+            }
+            ClientMessage::Ping => Ok(AgentMessage::Pong),
+            ClientMessage::Unknown => Err(WireError::new(
+                ErrorCode::Unsupported,
+                "this agent does not know that message type",
+            )),
+        };
+        self.send(id, reply.unwrap_or_else(AgentMessage::Error))
+            .await
+    }
+}
+
+/// The one acquire a connection may have in flight: it runs as its own task so
+/// that a store write, once started, completes even if the peer goes away.
+struct AcquireSlot {
+    task: Option<JoinHandle<()>>,
+    cancel: CancellationToken,
+    done_tx: mpsc::UnboundedSender<(Option<u64>, AcquireResult)>,
+    done: mpsc::UnboundedReceiver<(Option<u64>, AcquireResult)>,
+}
+
+impl AcquireSlot {
+    fn new() -> AcquireSlot {
+        let (done_tx, done) = mpsc::unbounded_channel();
+        AcquireSlot {
+            task: None,
+            cancel: CancellationToken::new(),
+            done_tx,
+            done,
+        }
+    }
+}

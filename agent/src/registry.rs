@@ -1,0 +1,719 @@
+//! The agent's leases, by lease id, by key and by connection, and the local
+//! waiter queues: one place that decides who holds what on this host.
+
+use crate::backend::{AcquireSpec, Backend, BackendError, Capabilities, LeaseRef};
+use crate::renewal::Renewals;
+use runlock_protocol::{
+    AgentMessage, ErrorCode, Holder, Key, KeyRecord, Lease, LeaseInfo, LostReason, OnLost,
+    WireError,
+};
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::{mpsc, Notify};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// The shortest and longest TTL a client may ask for.
+pub const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(86_400));
+/// Waiters re-check the backend (for holders on other agents) this often at most.
+const POLL_CAP: Duration = Duration::from_millis(500);
+const POLL_START: Duration = Duration::from_millis(20);
+
+/// A connection's id within this agent.
+pub type ConnId = u64;
+
+/// The peer's credentials, from SO_PEERCRED.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerCred {
+    /// The connecting process.
+    pub pid: u32,
+    /// Its uid.
+    pub uid: u32,
+    /// Its gid.
+    pub gid: u32,
+}
+
+/// Who this agent is, as recorded in every holder.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// Host name.
+    pub host: String,
+    /// This agent process's id.
+    pub agent_id: String,
+    /// The uid the agent runs as (it and root may force and break).
+    pub uid: u32,
+}
+
+/// An `acquire` request, decoded.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// Keys as sent; validated here.
+    pub keys: Vec<String>,
+    /// Requested TTL, or the default.
+    pub ttl: Option<Duration>,
+    /// How long to wait for held keys.
+    pub wait: Duration,
+    /// Take keys over from their holders.
+    pub force: bool,
+    /// The protected command line.
+    pub command: String,
+    /// What to do to the attached run when a lease is lost after the client is gone.
+    pub on_lost: OnLost,
+}
+
+struct LocalLease {
+    key: Key,
+    conn: ConnId,
+    ttl: Duration,
+    holder: Holder,
+}
+
+impl LocalLease {
+    fn reference(&self, lease_id: &str) -> LeaseRef {
+        LeaseRef {
+            key: self.key.clone(),
+            lease_id: lease_id.to_string(),
+            token: self.holder.token,
+        }
+    }
+}
+
+struct Conn {
+    peer: PeerCred,
+    events: mpsc::UnboundedSender<AgentMessage>,
+    leases: BTreeSet<String>,
+    child: Option<(u32, u32)>,
+    on_lost: OnLost,
+}
+
+struct Waiter {
+    id: u64,
+    notify: Arc<Notify>,
+}
+
+#[derive(Default)]
+struct State {
+    leases: HashMap<String, LocalLease>,
+    by_key: HashMap<Key, String>,
+    conns: HashMap<ConnId, Conn>,
+    queues: HashMap<Key, VecDeque<Waiter>>,
+}
+
+impl State {
+    fn wake_head(&self, key: &Key) {
+        if let Some(head) = self.queues.get(key).and_then(|q| q.front()) {
+            head.notify.notify_one();
+        }
+    }
+
+    fn local_holder(&self, key: &Key) -> Option<Holder> {
+        self.by_key
+            .get(key)
+            .and_then(|id| self.leases.get(id))
+            .map(|l| l.holder.clone())
+    }
+
+    /// Forgets a lease; returns it with its connection's means to be told.
+    fn remove_lease(&mut self, lease_id: &str) -> Option<LocalLease> {
+        let lease = self.leases.remove(lease_id)?;
+        if self.by_key.get(&lease.key).is_some_and(|id| id == lease_id) {
+            self.by_key.remove(&lease.key);
+        }
+        if let Some(conn) = self.conns.get_mut(&lease.conn) {
+            conn.leases.remove(lease_id);
+        }
+        Some(lease)
+    }
+}
+
+/// The lease registry of one agent.
+pub struct Registry {
+    backend: Arc<dyn Backend>,
+    capabilities: Capabilities,
+    identity: Identity,
+    default_ttl: Duration,
+    state: Mutex<State>,
+    renewals: Renewals,
+    next_id: AtomicU64,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(uid.into()) {
+        Ok(Some(user)) => user.name,
+        _ => uid.to_string(),
+    }
+}
+
+fn process_alive(pid: u32) -> bool {
+    // EPERM means it exists but is not ours to signal: still alive.
+    !matches!(
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None),
+        Err(nix::errno::Errno::ESRCH)
+    )
+}
+
+fn bad_request(message: impl Into<String>) -> WireError {
+    WireError::new(ErrorCode::BadRequest, message)
+}
+
+impl Registry {
+    /// A registry over `backend`; starts the renewal scheduler on the current runtime.
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        identity: Identity,
+        default_ttl: Duration,
+    ) -> Arc<Registry> {
+        Arc::new_cyclic(|me| Registry {
+            capabilities: backend.capabilities(),
+            renewals: Renewals::start(backend.clone(), me.clone()),
+            backend,
+            identity,
+            default_ttl,
+            state: Mutex::new(State::default()),
+            next_id: AtomicU64::new(1),
+        })
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        // invariant: nothing panics while holding the lock, so poisoning cannot happen
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This agent's identity.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// The backend's promises.
+    pub fn capabilities(&self) -> Capabilities {
+        self.capabilities
+    }
+
+    /// The backend's URI, redacted.
+    pub fn backend_description(&self) -> String {
+        self.backend.describe()
+    }
+
+    /// The TTL used when a request gives none.
+    pub fn default_ttl(&self) -> Duration {
+        self.default_ttl
+    }
+
+    /// Registers a connection; `events` receives its `lost` events.
+    pub fn open_connection(
+        &self,
+        peer: PeerCred,
+        events: mpsc::UnboundedSender<AgentMessage>,
+    ) -> ConnId {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let conn = Conn {
+            peer,
+            events,
+            leases: BTreeSet::new(),
+            child: None,
+            on_lost: OnLost::Term,
+        };
+        self.state().conns.insert(id, conn);
+        id
+    }
+
+    /// Ends a connection: every lease it holds is released at once.
+    pub async fn close_connection(&self, conn: ConnId) {
+        let leases: Vec<String> = match self.state().conns.remove(&conn) {
+            Some(c) => c.leases.into_iter().collect(),
+            None => return,
+        };
+        for lease_id in leases {
+            self.release_lease(&lease_id).await;
+        }
+    }
+
+    fn may_override(&self, peer: PeerCred) -> bool {
+        peer.uid == 0 || peer.uid == self.identity.uid
+    }
+
+    fn peer(&self, conn: ConnId) -> Result<PeerCred, WireError> {
+        self.state()
+            .conns
+            .get(&conn)
+            .map(|c| c.peer)
+            .ok_or_else(|| WireError::new(ErrorCode::Internal, "connection is closing"))
+    }
+
+    /// Takes every key of `req`, in sorted order, all or nothing.
+    pub async fn acquire(
+        &self,
+        conn: ConnId,
+        req: AcquireRequest,
+        cancel: &CancellationToken,
+    ) -> Result<(Vec<Lease>, Duration), WireError> {
+        let mut keys = Vec::with_capacity(req.keys.len());
+        for key in &req.keys {
+            let key = Key::new(key.clone()).map_err(|e| WireError {
+                key: Some(key.clone()),
+                ..WireError::new(ErrorCode::InvalidKey, e.to_string())
+            })?;
+            keys.push(key);
+        }
+        // Every agent takes keys in the same order, so multi-key runs cannot deadlock.
+        keys.sort();
+        keys.dedup();
+        if keys.is_empty() {
+            return Err(bad_request("acquire needs at least one key"));
+        }
+        let ttl = req.ttl.unwrap_or(self.default_ttl);
+        if ttl < TTL_RANGE.0 || ttl > TTL_RANGE.1 {
+            return Err(bad_request(format!(
+                "ttl_ms must be between 1000 and 86400000, got {}",
+                ttl.as_millis()
+            )));
+        }
+        let peer = self.peer(conn)?;
+        if req.force && !self.may_override(peer) {
+            return Err(WireError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "uid {} may not force a lock (only root and the agent's user may)",
+                    peer.uid
+                ),
+            ));
+        }
+        let holder = Holder {
+            host: self.identity.host.clone(),
+            agent_id: self.identity.agent_id.clone(),
+            pid: peer.pid,
+            uid: peer.uid,
+            user: user_name(peer.uid),
+            command: req.command.clone(),
+            acquired_at_ms: 0,
+            token: 0,
+        };
+        let deadline = Instant::now() + req.wait;
+        let mut granted: Vec<Lease> = Vec::with_capacity(keys.len());
+        for key in keys {
+            match self
+                .acquire_key(conn, key, ttl, &req, &holder, deadline, cancel)
+                .await
+            {
+                Ok(lease) => granted.push(lease),
+                Err(err) => {
+                    for lease in granted {
+                        self.release_lease(&lease.lease_id).await;
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        if let Some(c) = self.state().conns.get_mut(&conn) {
+            c.on_lost = req.on_lost;
+        }
+        Ok((granted, ttl))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn acquire_key(
+        &self,
+        conn: ConnId,
+        key: Key,
+        ttl: Duration,
+        req: &AcquireRequest,
+        holder: &Holder,
+        deadline: Instant,
+        cancel: &CancellationToken,
+    ) -> Result<Lease, WireError> {
+        let place = self.enqueue(&key);
+        let mut poll = POLL_START;
+        loop {
+            let at_head = req.force || self.is_head(&key, place.id);
+            let last_holder = if at_head {
+                let spec = AcquireSpec {
+                    key: key.clone(),
+                    lease_id: uuid::Uuid::new_v4().to_string(),
+                    holder: Holder {
+                        acquired_at_ms: now_ms(),
+                        ..holder.clone()
+                    },
+                    ttl,
+                    force: req.force,
+                };
+                match self.backend.acquire(&spec).await {
+                    Ok(grant) => return self.register(conn, spec, grant.holder).await,
+                    Err(BackendError::Held(h)) => h,
+                    Err(err) => return Err(err.to_wire(&key)),
+                }
+            } else {
+                self.state().local_holder(&key).map(Box::new)
+            };
+            if Instant::now() >= deadline {
+                let waited = !req.wait.is_zero();
+                let mut err = WireError::new(
+                    if waited {
+                        ErrorCode::Timeout
+                    } else {
+                        ErrorCode::Held
+                    },
+                    if waited {
+                        format!(
+                            "key {key:?} is still held after waiting {}",
+                            humantime::format_duration(req.wait)
+                        )
+                    } else {
+                        format!("key {key:?} is held")
+                    },
+                );
+                err.key = Some(key.to_string());
+                err.holder = last_holder;
+                return Err(err);
+            }
+            // A local release wakes us at once; polling finds holders on other agents.
+            let jittered = poll.mul_f64(0.5 + fastrand::f64());
+            tokio::select! {
+                _ = place.notify.notified() => {}
+                _ = tokio::time::sleep(jittered) => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = cancel.cancelled() => {
+                    return Err(WireError::new(ErrorCode::Internal, "acquire cancelled"));
+                }
+            }
+            poll = (poll * 2).min(POLL_CAP);
+        }
+    }
+
+    fn enqueue(&self, key: &Key) -> Place<'_> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let notify = Arc::new(Notify::new());
+        self.state()
+            .queues
+            .entry(key.clone())
+            .or_default()
+            .push_back(Waiter {
+                id,
+                notify: notify.clone(),
+            });
+        Place {
+            registry: self,
+            key: key.clone(),
+            id,
+            notify,
+        }
+    }
+
+    fn is_head(&self, key: &Key, id: u64) -> bool {
+        self.state()
+            .queues
+            .get(key)
+            .and_then(|q| q.front())
+            .is_some_and(|w| w.id == id)
+    }
+
+    /// Records a granted lease; a local lease it forced out is told it is lost.
+    async fn register(
+        &self,
+        conn: ConnId,
+        spec: AcquireSpec,
+        holder: Holder,
+    ) -> Result<Lease, WireError> {
+        let lease_id = spec.lease_id.clone();
+        let lease = LocalLease {
+            key: spec.key.clone(),
+            conn,
+            ttl: spec.ttl,
+            holder: holder.clone(),
+        };
+        let reference = lease.reference(&lease_id);
+        let registered = {
+            let mut state = self.state();
+            match state.conns.get_mut(&conn) {
+                Some(c) => {
+                    c.leases.insert(lease_id.clone());
+                    let displaced = state.by_key.insert(spec.key.clone(), lease_id.clone());
+                    state.leases.insert(lease_id.clone(), lease);
+                    Some(displaced)
+                }
+                None => None,
+            }
+        };
+        let Some(displaced) = registered else {
+            let _ = self.backend.release(&reference).await;
+            return Err(WireError::new(
+                ErrorCode::Internal,
+                "connection closed during acquire",
+            ));
+        };
+        if self.capabilities.needs_renewal {
+            self.renewals.start_lease(reference, spec.ttl);
+        }
+        if let Some(old) = displaced {
+            let message = format!(
+                "taken over with --force by {}@{} (pid {})",
+                holder.user, holder.host, holder.pid
+            );
+            self.lose(&old, LostReason::Forced, message, Some(holder.clone()))
+                .await;
+        }
+        tracing::info!(key = %spec.key, token = holder.token, lease = %lease_id, force = spec.force, "acquired");
+        Ok(Lease {
+            key: spec.key.to_string(),
+            lease_id,
+            token: holder.token,
+        })
+    }
+
+    /// Releases leases this connection holds.
+    pub async fn release(&self, conn: ConnId, lease_ids: &[String]) -> Result<u32, WireError> {
+        {
+            let state = self.state();
+            let owned = state.conns.get(&conn).map(|c| &c.leases);
+            if let Some(id) = lease_ids
+                .iter()
+                .find(|id| !owned.is_some_and(|o| o.contains(*id)))
+            {
+                return Err(WireError::new(
+                    ErrorCode::NotOwner,
+                    format!("lease {id} is not held by this connection"),
+                ));
+            }
+        }
+        let mut count = 0;
+        for id in lease_ids {
+            count += u32::from(self.release_lease(id).await);
+        }
+        Ok(count)
+    }
+
+    async fn release_lease(&self, lease_id: &str) -> bool {
+        let Some(lease) = self.state().remove_lease(lease_id) else {
+            return false;
+        };
+        self.renewals.stop(lease_id);
+        if let Err(err) = self.backend.release(&lease.reference(lease_id)).await {
+            tracing::warn!(key = %lease.key, error = %err, "release failed");
+        }
+        tracing::info!(key = %lease.key, token = lease.holder.token, lease = %lease_id, "released");
+        // Only after the backend let go, or the woken waiter would find it still held.
+        self.state().wake_head(&lease.key);
+        true
+    }
+
+    /// Breaks whoever holds `key`, on this agent or another sharing the backend.
+    pub async fn break_key(&self, conn: ConnId, key: &str) -> Result<u32, WireError> {
+        let key = Key::new(key).map_err(|e| WireError {
+            key: Some(key.to_string()),
+            ..WireError::new(ErrorCode::InvalidKey, e.to_string())
+        })?;
+        let peer = self.peer(conn)?;
+        if !self.may_override(peer) {
+            return Err(WireError::new(
+                ErrorCode::Forbidden,
+                format!(
+                    "uid {} may not release another's lock (only root and the agent's user may)",
+                    peer.uid
+                ),
+            ));
+        }
+        let local = self.state().by_key.get(&key).cloned();
+        if let Some(lease_id) = local {
+            let message = format!("released by uid {} (pid {})", peer.uid, peer.pid);
+            self.lose(&lease_id, LostReason::Broken, message, None)
+                .await;
+            return Ok(1);
+        }
+        let record = self
+            .backend
+            .inspect(&key)
+            .await
+            .map_err(|e| e.to_wire(&key))?;
+        if record.holder.is_none() && record.state != runlock_protocol::KeyState::Held {
+            return Ok(0);
+        }
+        // Held through another agent: take it over, then let it go.
+        let spec = AcquireSpec {
+            key: key.clone(),
+            lease_id: uuid::Uuid::new_v4().to_string(),
+            holder: Holder {
+                host: self.identity.host.clone(),
+                agent_id: self.identity.agent_id.clone(),
+                pid: peer.pid,
+                uid: peer.uid,
+                user: user_name(peer.uid),
+                command: "runlock release".to_string(),
+                acquired_at_ms: now_ms(),
+                token: 0,
+            },
+            ttl: self.default_ttl,
+            force: true,
+        };
+        let grant = self
+            .backend
+            .acquire(&spec)
+            .await
+            .map_err(|e| e.to_wire(&key))?;
+        let lease = LeaseRef {
+            key: key.clone(),
+            lease_id: spec.lease_id,
+            token: grant.holder.token,
+        };
+        self.backend
+            .release(&lease)
+            .await
+            .map_err(|e| e.to_wire(&key))?;
+        tracing::info!(key = %key, uid = peer.uid, "broke a lease held through another agent");
+        Ok(1)
+    }
+
+    /// A lease is gone: tell its connection, stop the run if its client is gone.
+    pub(crate) async fn lose(
+        &self,
+        lease_id: &str,
+        reason: LostReason,
+        message: String,
+        holder: Option<Holder>,
+    ) {
+        let (lease, notice) = {
+            let mut state = self.state();
+            let Some(lease) = state.remove_lease(lease_id) else {
+                return;
+            };
+            let notice = state
+                .conns
+                .get(&lease.conn)
+                .map(|c| (c.events.clone(), c.peer, c.child, c.on_lost));
+            (lease, notice)
+        };
+        self.renewals.stop(lease_id);
+        // Close our hold on it (a no-op for the store when the lease was taken away).
+        let _ = self.backend.release(&lease.reference(lease_id)).await;
+        tracing::warn!(key = %lease.key, token = lease.holder.token, ?reason, "lease lost");
+        if let Some((events, peer, child, on_lost)) = notice {
+            let _ = events.send(AgentMessage::Lost {
+                lease_id: lease_id.to_string(),
+                key: lease.key.to_string(),
+                reason,
+                message,
+                holder,
+            });
+            // The shim acts on `lost` itself; only when it is gone does the agent act for it.
+            if let Some((_, pgid)) = child.filter(|_| !process_alive(peer.pid)) {
+                enforce_on_lost(pgid, on_lost);
+            }
+        }
+        self.state().wake_head(&lease.key);
+    }
+
+    /// The renewal scheduler found the lease no longer ours.
+    pub(crate) async fn renewal_lost(&self, lease: &LeaseRef) {
+        let holder = self
+            .backend
+            .inspect(&lease.key)
+            .await
+            .ok()
+            .and_then(|r: KeyRecord| r.holder);
+        let (reason, message) = match &holder {
+            Some(h) => (
+                LostReason::Forced,
+                format!(
+                    "taken over by {}@{} (pid {}, token {})",
+                    h.user, h.host, h.pid, h.token
+                ),
+            ),
+            None => (
+                LostReason::Expired,
+                "the lease could not be renewed".to_string(),
+            ),
+        };
+        self.lose(&lease.lease_id, reason, message, holder).await;
+    }
+
+    /// Names the run's process for every lease of the connection.
+    pub fn attach(&self, conn: ConnId, pid: u32, pgid: u32) {
+        if let Some(c) = self.state().conns.get_mut(&conn) {
+            c.child = Some((pid, pgid));
+        }
+    }
+
+    /// Every lease held through this agent.
+    pub fn list(&self) -> Vec<LeaseInfo> {
+        let state = self.state();
+        let mut leases: Vec<LeaseInfo> = state
+            .leases
+            .iter()
+            .map(|(id, l)| LeaseInfo {
+                key: l.key.to_string(),
+                lease_id: id.clone(),
+                ttl_ms: l.ttl.as_millis() as u64,
+                holder: l.holder.clone(),
+                child_pid: state
+                    .conns
+                    .get(&l.conn)
+                    .and_then(|c| c.child)
+                    .map(|(pid, _)| pid),
+            })
+            .collect();
+        leases.sort_by(|a, b| a.key.cmp(&b.key));
+        leases
+    }
+
+    /// The backend's record of a key.
+    pub async fn inspect(&self, key: &str) -> Result<KeyRecord, WireError> {
+        let key = Key::new(key).map_err(|e| WireError {
+            key: Some(key.to_string()),
+            ..WireError::new(ErrorCode::InvalidKey, e.to_string())
+        })?;
+        self.backend
+            .inspect(&key)
+            .await
+            .map_err(|e| e.to_wire(&key))
+    }
+}
+
+/// A waiter's place in a key's local queue; leaving it wakes the next in line.
+struct Place<'a> {
+    registry: &'a Registry,
+    key: Key,
+    id: u64,
+    notify: Arc<Notify>,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        let mut state = self.registry.state();
+        if let Some(queue) = state.queues.get_mut(&self.key) {
+            queue.retain(|w| w.id != self.id);
+            if queue.is_empty() {
+                state.queues.remove(&self.key);
+            } else {
+                state.wake_head(&self.key);
+            }
+        }
+    }
+}
+
+fn enforce_on_lost(pgid: u32, on_lost: OnLost) {
+    use nix::sys::signal::{killpg, Signal};
+    let group = nix::unistd::Pid::from_raw(pgid as i32);
+    match on_lost {
+        OnLost::Ignore => {}
+        OnLost::Kill => {
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+        OnLost::Term => {
+            let _ = killpg(group, Signal::SIGTERM);
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(
+                    runlock_protocol::ON_LOST_KILL_GRACE_MS,
+                ))
+                .await;
+                let _ = killpg(group, Signal::SIGKILL);
+            });
+        }
+    }
+}

@@ -1,0 +1,89 @@
+//! The command line, as DESIGN's shim contract writes it.
+
+use clap::{Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// runlock: run a command only while holding a lock that runlockd keeps for it.
+#[derive(Debug, Parser)]
+#[command(version, about)]
+pub struct Cli {
+    /// Agent socket [default: $RUNLOCK_SOCKET, else /run/runlock/agent.sock for
+    /// root, else $XDG_RUNTIME_DIR/runlock/agent.sock]
+    #[arg(long, global = true, value_name = "PATH")]
+    pub socket: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run COMMAND while holding every --key; the lock ends when the run's last process exits
+    Run(RunArgs),
+    /// Show the leases held through this host's agent
+    Status {
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a key's record in the backend: free or held, holder, token, expiry
+    Inspect {
+        /// The key
+        key: String,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
+    /// Break the lease on KEY, whoever holds it (root and the agent's user only)
+    Release {
+        /// The key
+        key: String,
+    },
+}
+
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// A key to hold (repeat for several; they are taken all or nothing)
+    #[arg(long = "key", short = 'k', value_name = "KEY", required = true)]
+    pub keys: Vec<String>,
+    /// Wait up to DUR for held keys (e.g. 30s, 10m) instead of failing at once
+    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "0s")]
+    pub wait: Duration,
+    /// Lease time to live [default: the agent's]
+    #[arg(long, value_name = "DUR", value_parser = parse_duration)]
+    pub ttl: Option<Duration>,
+    /// Take the keys over from their holders, who are stopped and exit 76
+    #[arg(long)]
+    pub force: bool,
+    /// What to do to the command if its lease is lost
+    #[arg(long, value_enum, default_value = "term")]
+    pub on_lost: OnLostArg,
+    /// The command and its arguments
+    #[arg(last = true, required = true, value_name = "COMMAND")]
+    pub command: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnLostArg {
+    /// SIGTERM to the command's process group, SIGKILL 5 s later
+    Term,
+    /// SIGKILL to the command's process group
+    Kill,
+    /// Let it run (the exit status is still 76)
+    Ignore,
+}
+
+impl From<OnLostArg> for runlock_protocol::OnLost {
+    fn from(arg: OnLostArg) -> Self {
+        match arg {
+            OnLostArg::Term => runlock_protocol::OnLost::Term,
+            OnLostArg::Kill => runlock_protocol::OnLost::Kill,
+            OnLostArg::Ignore => runlock_protocol::OnLost::Ignore,
+        }
+    }
+}
+
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{e} (write durations like 500ms, 30s, 10m)"))
+}

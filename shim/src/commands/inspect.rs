@@ -1,0 +1,91 @@
+//! `runlock inspect KEY [--json]`: the backend's record of one key.
+
+use crate::client::{unexpected, Client};
+use crate::exit::Failure;
+use crate::format;
+use runlock_protocol::{AgentMessage, ClientMessage, Holder, KeyState, Scope};
+use std::path::Path;
+use std::process::ExitCode;
+
+/// A holder as the JSON outputs print it: the instant as RFC 3339.
+pub fn holder_json(h: &Holder) -> serde_json::Value {
+    serde_json::json!({
+        "host": h.host,
+        "agent_id": h.agent_id,
+        "pid": h.pid,
+        "uid": h.uid,
+        "user": h.user,
+        "command": h.command,
+        "acquired_at": format::rfc3339(h.acquired_at_ms),
+    })
+}
+
+fn state_name(state: KeyState) -> &'static str {
+    match state {
+        KeyState::Free => "free",
+        KeyState::Held => "held",
+        KeyState::Unknown => "unknown",
+    }
+}
+
+pub async fn run(socket: &Path, key: &str, json: bool) -> Result<ExitCode, Failure> {
+    super::valid_key(key)?;
+    let mut client = Client::connect(socket).await?;
+    let record = match client
+        .call(ClientMessage::Inspect {
+            key: key.to_string(),
+        })
+        .await
+    {
+        Ok(AgentMessage::Record(record)) => record,
+        Ok(other) => return Err(unexpected("inspect", &other)),
+        Err(err) => return Err(err.into_failure("inspecting")),
+    };
+    let scope = match record.scope {
+        Scope::Host => "host",
+        Scope::Global => "global",
+        Scope::Unknown => "unknown",
+    };
+    if json {
+        let value = serde_json::json!({
+            "key": record.key,
+            "state": state_name(record.state),
+            "token": record.token,
+            "holder": record.holder.as_ref().map(holder_json),
+            "expires_in_ms": record.expires_in_ms,
+            "scope": scope,
+        });
+        println!("{value}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("key:     {}", record.key);
+    println!("state:   {}", state_name(record.state));
+    println!("token:   {}", record.token);
+    if let Some(h) = &record.holder {
+        println!("host:    {}", h.host);
+        println!("agent:   {}", h.agent_id);
+        println!("pid:     {}", h.pid);
+        println!("user:    {} (uid {})", h.user, h.uid);
+        println!("command: {}", h.command);
+        println!("since:   {}", format::since(h.acquired_at_ms));
+    }
+    match record.expires_in_ms {
+        Some(ms) => println!(
+            "expires: in {} unless renewed",
+            humantime::format_duration(std::time::Duration::from_millis(ms))
+        ),
+        None if record.state == KeyState::Held => {
+            println!("expires: when its holder's agent lets go (kernel lock)")
+        }
+        None => {}
+    }
+    println!(
+        "scope:   {scope}{}",
+        if scope == "host" {
+            " (excludes runs on this host only)"
+        } else {
+            ""
+        }
+    );
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,249 @@
+//! `runlock run`: take the keys, run the command in its own process group with
+//! an inherited duplicate of the agent socket (so the lock lasts exactly as
+//! long as the run's processes), forward signals, act on a lost lease, release
+//! when the command exits, and exit with its status.
+
+use crate::cli::{OnLostArg, RunArgs};
+use crate::client::{describe_wire_error, unexpected, CallError, Client};
+use crate::exit::{self, Failure};
+use crate::signals::Signals;
+use futures::StreamExt;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use runlock_protocol::{AgentMessage, ClientMessage, Envelope, Lease, ON_LOST_KILL_GRACE_MS};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::process::ExitStatusExt;
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How long the shim waits for the agent to confirm the release at the end.
+const RELEASE_WAIT: Duration = Duration::from_secs(5);
+
+pub async fn run(socket: &Path, args: RunArgs) -> Result<ExitCode, Failure> {
+    for key in &args.keys {
+        super::valid_key(key)?;
+    }
+    let mut signals = Signals::install().map_err(|e| {
+        Failure::new(
+            exit::EXIT_SOFTWARE,
+            format!("cannot install signal handlers: {e}"),
+        )
+    })?;
+    let mut client = Client::connect(socket).await?;
+
+    let leases = acquire(&mut client, &args, &mut signals).await?;
+    let leases = match leases {
+        Ok(leases) => leases,
+        Err(signal) => return Ok(ExitCode::from(128 + signal as u8)),
+    };
+
+    let mut child = spawn(&client, &args.command, &leases)?;
+    // invariant: a spawned child has a pid until it is waited for
+    let pid = child.id().unwrap_or_default();
+    let group = Pid::from_raw(pid as i32);
+    match client.call(ClientMessage::Attach { pid, pgid: pid }).await {
+        Ok(AgentMessage::Attached) => {}
+        Ok(other) => eprintln!("runlock: warning: {}", unexpected("attach", &other).message),
+        Err(CallError::Agent(err)) => eprintln!("runlock: warning: attach failed: {}", err.message),
+        Err(CallError::Gone(why)) => eprintln!("runlock: warning: attach failed: {why}"),
+    }
+
+    let mut watch = Watch {
+        lost: false,
+        kill_at: None,
+        agent_open: true,
+        on_lost: args.on_lost,
+        group,
+    };
+    for event in std::mem::take(&mut client.events) {
+        watch.event(event);
+    }
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            signal = signals.next() => {
+                let _ = killpg(group, signal);
+            }
+            frame = client.transport.next(), if watch.agent_open => match frame {
+                Some(Ok(Ok(Envelope { id: None, body }))) => watch.event(body),
+                Some(Ok(Ok(_))) => {} // a late reply; nothing waits for it
+                Some(Ok(Err(bad))) => eprintln!("runlock: warning: undecodable message from the agent: {}", bad.reason),
+                None | Some(Err(_)) => watch.agent_gone(),
+            },
+            _ = sleep_until(watch.kill_at), if watch.kill_at.is_some() => {
+                watch.kill_at = None;
+                let _ = killpg(group, Signal::SIGKILL);
+            }
+        }
+    };
+
+    if watch.agent_open {
+        let lease_ids = leases.iter().map(|l| l.lease_id.clone()).collect();
+        let release = client.call(ClientMessage::Release {
+            lease_ids,
+            key: None,
+        });
+        // A lease already lost answers not_owner, which is fine: the run is over either way.
+        let _ = tokio::time::timeout(RELEASE_WAIT, release).await;
+    }
+    let status = status
+        .map_err(|e| Failure::new(exit::EXIT_SOFTWARE, format!("waiting for the command: {e}")))?;
+    if watch.lost {
+        eprintln!(
+            "runlock: the lease was lost while the command ran; exiting {}",
+            exit::EXIT_LEASE_LOST
+        );
+        return Ok(ExitCode::from(exit::EXIT_LEASE_LOST));
+    }
+    Ok(ExitCode::from(match (status.code(), status.signal()) {
+        (Some(code), _) => code as u8,
+        (None, Some(signal)) => 128 + signal as u8,
+        (None, None) => exit::EXIT_SOFTWARE,
+    }))
+}
+
+/// Asks for every key; `Ok(Err(signal))` when a signal came first.
+async fn acquire(
+    client: &mut Client,
+    args: &RunArgs,
+    signals: &mut Signals,
+) -> Result<Result<Vec<Lease>, Signal>, Failure> {
+    let request = ClientMessage::Acquire {
+        keys: args.keys.clone(),
+        ttl_ms: args.ttl.map(|d| d.as_millis() as u64),
+        wait_ms: args.wait.as_millis() as u64,
+        force: args.force,
+        command: command_line(&args.command),
+        on_lost: args.on_lost.into(),
+    };
+    let id = client
+        .send(request)
+        .await
+        .map_err(|e| e.into_failure("asking for the lock"))?;
+    tokio::select! {
+        reply = client.reply(id) => match reply {
+            Ok(AgentMessage::Acquired { leases, .. }) => Ok(Ok(leases)),
+            Ok(other) => Err(unexpected("acquire", &other)),
+            Err(CallError::Agent(err)) => Err(Failure::new(exit::for_error(err.code), describe_wire_error(&err))),
+            Err(gone) => Err(gone.into_failure("asking for the lock")),
+        },
+        // Closing the connection (by returning) abandons the wait in the agent.
+        signal = signals.next() => Ok(Err(signal)),
+    }
+}
+
+/// Starts the command in its own process group, holding a duplicate of the
+/// agent socket so that the agent sees the connection close only when every
+/// process of the run has exited.
+fn spawn(
+    client: &Client,
+    command: &[String],
+    leases: &[Lease],
+) -> Result<tokio::process::Child, Failure> {
+    let socket = client.transport.get_ref().as_raw_fd();
+    // dup() leaves close-on-exec clear on the copy, so the command inherits it.
+    let inherited = nix::unistd::dup(socket).map_err(|e| {
+        Failure::new(
+            exit::EXIT_SOFTWARE,
+            format!("cannot duplicate the agent socket: {e}"),
+        )
+    })?;
+    // SAFETY: `dup` just returned this descriptor and nothing else owns it.
+    let inherited = unsafe { OwnedFd::from_raw_fd(inherited) };
+    let join = |f: fn(&Lease) -> String| leases.iter().map(f).collect::<Vec<_>>().join("\n");
+    let (program, args) = command
+        .split_first()
+        .ok_or_else(|| Failure::new(exit::EXIT_USAGE, "no command given"))?;
+    let spawned = tokio::process::Command::new(program)
+        .args(args)
+        .process_group(0)
+        .env("RUNLOCK_KEY", join(|l| l.key.clone()))
+        .env("RUNLOCK_TOKEN", join(|l| l.token.to_string()))
+        .env("RUNLOCK_LEASE_ID", join(|l| l.lease_id.clone()))
+        .spawn();
+    drop(inherited); // the child has its copy; ours would keep the run's lock alive after it
+    spawned.map_err(|e| {
+        let code = match e.kind() {
+            std::io::ErrorKind::NotFound => exit::EXIT_NOT_FOUND,
+            _ => exit::EXIT_CANNOT_EXECUTE,
+        };
+        Failure::new(code, format!("cannot run {program:?}: {e}"))
+    })
+}
+
+/// What the shim knows while the command runs.
+struct Watch {
+    lost: bool,
+    kill_at: Option<Instant>,
+    agent_open: bool,
+    on_lost: OnLostArg,
+    group: Pid,
+}
+
+impl Watch {
+    fn event(&mut self, event: AgentMessage) {
+        match event {
+            AgentMessage::Lost { key, message, .. } => {
+                eprintln!("runlock: lost the lock on {key:?}: {message}");
+                self.stop_run();
+            }
+            AgentMessage::Restarting => eprintln!("runlock: the agent is stopping"),
+            _ => {}
+        }
+    }
+
+    /// The agent closed the connection: this build's backends all lose their
+    /// locks with the agent, so the run is no longer protected.
+    fn agent_gone(&mut self) {
+        self.agent_open = false;
+        eprintln!("runlock: the agent went away, and its locks with it");
+        self.stop_run();
+    }
+
+    fn stop_run(&mut self) {
+        if self.lost {
+            return;
+        }
+        self.lost = true;
+        match self.on_lost {
+            OnLostArg::Ignore => {
+                eprintln!("runlock: --on-lost ignore: the command goes on unprotected")
+            }
+            OnLostArg::Kill => {
+                let _ = killpg(self.group, Signal::SIGKILL);
+            }
+            OnLostArg::Term => {
+                let _ = killpg(self.group, Signal::SIGTERM);
+                self.kill_at = Some(Instant::now() + Duration::from_millis(ON_LOST_KILL_GRACE_MS));
+            }
+        }
+    }
+}
+
+async fn sleep_until(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The command line as a shell would need it typed, for the holder record.
+fn command_line(command: &[String]) -> String {
+    command
+        .iter()
+        .map(|arg| {
+            let plain = !arg.is_empty()
+                && arg
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_./:=@,+%".contains(c));
+            if plain {
+                arg.clone()
+            } else {
+                format!("'{}'", arg.replace('\'', r"'\''"))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
