@@ -78,30 +78,22 @@ pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<Envelope<T>, Body
     })
 }
 
-fn frame_error(err: std::io::Error) -> ProtocolError {
-    // LengthDelimitedCodec reports an oversized length header as InvalidData
-    // before it reads (or allocates) the body.
-    if err.kind() == std::io::ErrorKind::InvalidData {
-        ProtocolError::FrameTooLarge(0)
-    } else {
-        ProtocolError::Io(err)
-    }
-}
-
 impl<In: DeserializeOwned, Out> Decoder for MessageCodec<In, Out> {
     type Item = Result<Envelope<In>, BodyError>;
     type Error = ProtocolError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Self::Item>, ProtocolError> {
-        if src.len() >= 4 {
-            let len = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
-            if len > MAX_FRAME_LEN {
-                return Err(ProtocolError::FrameTooLarge(len));
+        match self.frames.decode(src) {
+            Ok(Some(frame)) => Ok(Some(decode_body(&frame))),
+            Ok(None) => Ok(None),
+            // LengthDelimitedCodec refuses an oversized length as InvalidData before
+            // it consumes the header or reads (or allocates) the body, so the header
+            // is still at the front of `src`. Only then: mid-frame, `src` holds body bytes.
+            Err(err) if err.kind() == std::io::ErrorKind::InvalidData && src.len() >= 4 => {
+                let len = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
+                Err(ProtocolError::FrameTooLarge(len))
             }
-        }
-        match self.frames.decode(src).map_err(frame_error)? {
-            Some(frame) => Ok(Some(decode_body(&frame))),
-            None => Ok(None),
+            Err(err) => Err(ProtocolError::Io(err)),
         }
     }
 }
@@ -116,7 +108,7 @@ impl<In, Out: Serialize> Encoder<Envelope<Out>> for MessageCodec<In, Out> {
         }
         self.frames
             .encode(Bytes::from(body), dst)
-            .map_err(frame_error)
+            .map_err(ProtocolError::Io)
     }
 }
 
@@ -165,6 +157,18 @@ mod tests {
         match agent.decode(&mut buf) {
             Err(ProtocolError::FrameTooLarge(n)) => assert_eq!(n, MAX_FRAME_LEN + 1),
             other => panic!("expected FrameTooLarge, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_frame_arriving_in_pieces_decodes_once_whole() {
+        let mut agent = AgentCodec::new();
+        let full = frame(&encode_body(&Envelope::request(5, ClientMessage::Ping)).expect("encode"));
+        let mut buf = BytesMut::new();
+        for (i, byte) in full.iter().enumerate() {
+            buf.extend_from_slice(&[*byte]);
+            let got = agent.decode(&mut buf).expect("no error while the frame arrives");
+            assert_eq!(got.is_some(), i == full.len() - 1, "byte {i}");
         }
     }
 
