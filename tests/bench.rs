@@ -1,1 +1,328 @@
-fn main() {}
+//! `cargo bench -p runlock-tests`: runs the release binaries and prints one
+//! table: acquire/release round trips on memory:// and file:// beside a raw
+//! MessagePack echo over a Unix socket, pair throughput over 16 connections,
+//! and crash release (SIGKILL of a run until a waiter holds the key).
+//! The figures go into BENCHMARKS.md; nothing here asserts a time.
+
+use anyhow::{bail, Context, Result};
+use futures::{SinkExt, StreamExt};
+use runlock_protocol::{
+    AgentMessage, ClientMessage, Envelope, MessageCodec, OnLost, ShimCodec, PROTOCOL_VERSION,
+};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::net::{UnixDatagram, UnixListener, UnixStream};
+use tokio::process::{Child, Command};
+use tokio_util::codec::Framed;
+
+const ECHO_ENV: &str = "RUNLOCK_BENCH_ECHO_SOCKET";
+const ROUND_TRIPS: usize = 20_000;
+const THROUGHPUT_CONNECTIONS: usize = 16;
+const THROUGHPUT_TIME: Duration = Duration::from_secs(3);
+const CRASHES: usize = 40;
+
+fn main() -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // The echo server runs as a second process of this binary, as the agent does.
+    if let Some(path) = std::env::var_os(ECHO_ENV) {
+        return runtime.block_on(echo_server(PathBuf::from(path)));
+    }
+    if std::env::args().any(|a| a == "--list") {
+        return Ok(()); // `cargo test --benches` asks for the list of benchmarks
+    }
+    runtime.block_on(run())
+}
+
+async fn run() -> Result<()> {
+    let bins = build_release()?;
+    let scratch = tempfile::Builder::new().prefix("runlock-bench").tempdir_in("/tmp")?;
+    let mut rows: Vec<(String, String)> = Vec::new();
+
+    let echo = echo_round_trips(scratch.path()).await?;
+    rows.push(("raw MessagePack echo, one connection".into(), percentiles(echo.clone())));
+    let echo_p50 = quantile(&mut echo.clone(), 0.5);
+
+    for (name, uri) in [
+        ("memory://", "memory://".to_string()),
+        ("file://", format!("file://{}", scratch.path().join("locks").display())),
+    ] {
+        let agent = Agent::start(&bins.agent, scratch.path(), name.trim_end_matches("://"), &uri).await?;
+        let (acquire, release, pair) = round_trips(&agent.socket).await?;
+        let ratio = quantile(&mut acquire.clone(), 0.5).as_secs_f64() / echo_p50.as_secs_f64();
+        rows.push((format!("{name} acquire round trip"), format!("{}  ({ratio:.2}× echo p50)", percentiles(acquire))));
+        rows.push((format!("{name} release round trip"), percentiles(release)));
+        rows.push((format!("{name} acquire+release pair"), percentiles(pair)));
+        if name == "memory://" {
+            let pairs = throughput(&agent.socket).await?;
+            rows.push((format!("{name} pairs/s over {THROUGHPUT_CONNECTIONS} connections"), format!("{pairs:.0}")));
+        }
+        if name == "file://" {
+            let crash = crash_release(&bins.shim, &agent.socket).await?;
+            rows.push(("file:// crash release (SIGKILL of a run → waiter holds the key)".into(), percentiles(crash)));
+        }
+        agent.stop().await?;
+    }
+
+    println!();
+    println!("| measurement | p50 / p99 (or rate) |");
+    println!("| --- | --- |");
+    for (what, figure) in rows {
+        println!("| {what} | {figure} |");
+    }
+    Ok(())
+}
+
+struct Bins {
+    agent: PathBuf,
+    shim: PathBuf,
+}
+
+fn build_release() -> Result<Bins> {
+    let status = std::process::Command::new(env!("CARGO"))
+        .args(["build", "--release", "-q", "-p", "runlock-agent", "-p", "runlock-shim"])
+        .status()
+        .context("running cargo build")?;
+    if !status.success() {
+        bail!("cargo build --release failed");
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    Ok(Bins { agent: target.join("release/runlockd"), shim: target.join("release/runlock") })
+}
+
+/// The agent binary on a scratch socket, ready when it says READY=1.
+struct Agent {
+    child: Child,
+    socket: PathBuf,
+}
+
+impl Agent {
+    async fn start(bin: &Path, scratch: &Path, name: &str, uri: &str) -> Result<Agent> {
+        let socket = scratch.join(format!("{name}.sock"));
+        let notify_path = scratch.join(format!("{name}.notify"));
+        let notify = UnixDatagram::bind(&notify_path)?;
+        let child = Command::new(bin)
+            .args(["--socket", socket.to_str().context("utf-8 path")?, "--backend", uri])
+            .env("NOTIFY_SOCKET", &notify_path)
+            .env("RUST_LOG", "warn")
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut buf = [0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(10), notify.recv(&mut buf))
+            .await
+            .context("agent did not become ready")??;
+        if !String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
+            bail!("unexpected notification");
+        }
+        Ok(Agent { child, socket })
+    }
+
+    async fn stop(mut self) -> Result<()> {
+        if let Some(pid) = self.child.id() {
+            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM)?;
+        }
+        tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await??;
+        Ok(())
+    }
+}
+
+type Conn = Framed<UnixStream, ShimCodec>;
+
+async fn connect(socket: &Path) -> Result<Conn> {
+    let mut conn = Framed::new(UnixStream::connect(socket).await?, ShimCodec::new());
+    let hello = ClientMessage::Hello { version: PROTOCOL_VERSION, client: "bench".into(), pid: std::process::id() };
+    match call(&mut conn, 0, hello).await? {
+        AgentMessage::Welcome { .. } => Ok(conn),
+        other => bail!("unexpected {other:?}"),
+    }
+}
+
+async fn call(conn: &mut Conn, id: u64, body: ClientMessage) -> Result<AgentMessage> {
+    conn.send(Envelope::request(id, body)).await?;
+    loop {
+        match conn.next().await.context("agent closed")?? {
+            Ok(Envelope { id: Some(got), body }) if got == id => return Ok(body),
+            Ok(_) => continue,
+            Err(bad) => bail!("undecodable reply: {}", bad.reason),
+        }
+    }
+}
+
+fn acquire(key: &str, wait_ms: u64) -> ClientMessage {
+    ClientMessage::Acquire {
+        keys: vec![key.to_string()],
+        ttl_ms: None,
+        wait_ms,
+        force: false,
+        command: "meltano run tap-x target-y".into(),
+        on_lost: OnLost::Term,
+    }
+}
+
+async fn pair(conn: &mut Conn, id: u64, key: &str) -> Result<(Duration, Duration)> {
+    let started = Instant::now();
+    let lease_id = match call(conn, id, acquire(key, 0)).await? {
+        AgentMessage::Acquired { mut leases, .. } => leases.pop().context("no lease")?.lease_id,
+        other => bail!("acquire: {other:?}"),
+    };
+    let acquired = Instant::now();
+    match call(conn, id + 1, ClientMessage::Release { lease_ids: vec![lease_id], key: None }).await? {
+        AgentMessage::Released { count: 1 } => {}
+        other => bail!("release: {other:?}"),
+    }
+    Ok((acquired - started, acquired.elapsed()))
+}
+
+async fn round_trips(socket: &Path) -> Result<(Vec<Duration>, Vec<Duration>, Vec<Duration>)> {
+    let mut conn = connect(socket).await?;
+    let key = "dev:tap-x-to-target-y";
+    for i in 0..1_000 {
+        pair(&mut conn, 2 * i + 1, key).await?;
+    }
+    let (mut acquires, mut releases, mut pairs) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..ROUND_TRIPS as u64 {
+        let (a, r) = pair(&mut conn, 10_000 + 2 * i, key).await?;
+        acquires.push(a);
+        releases.push(r);
+        pairs.push(a + r);
+    }
+    Ok((acquires, releases, pairs))
+}
+
+async fn throughput(socket: &Path) -> Result<f64> {
+    let deadline = Instant::now() + THROUGHPUT_TIME;
+    let mut tasks = Vec::new();
+    for n in 0..THROUGHPUT_CONNECTIONS {
+        let socket = socket.to_path_buf();
+        tasks.push(tokio::spawn(async move {
+            let mut conn = connect(&socket).await?;
+            let key = format!("bench-{n}");
+            let mut count = 0u64;
+            while Instant::now() < deadline {
+                pair(&mut conn, 2 * count + 1, &key).await?;
+                count += 1;
+            }
+            anyhow::Ok(count)
+        }));
+    }
+    let started = Instant::now();
+    let mut total = 0;
+    for task in tasks {
+        total += task.await??;
+    }
+    Ok(total as f64 / started.elapsed().as_secs_f64())
+}
+
+/// A run holds the key; a waiter queues for it; SIGKILL takes the shim and
+/// its child's group at once; the figure is kill → the waiter's `acquired`.
+async fn crash_release(shim: &Path, socket: &Path) -> Result<Vec<Duration>> {
+    let mut samples = Vec::new();
+    for i in 0..CRASHES {
+        let key = format!("crash-{i}");
+        let mut run = Command::new(shim)
+            .args(["--socket", socket.to_str().context("utf-8")?, "run", "--key", &key, "--"])
+            .args(["sh", "-c", "echo ready; exec sleep 60"])
+            .stdout(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let mut lines = BufReader::new(run.stdout.take().context("stdout")?).lines();
+        tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await??.context("no ready line")?;
+        let mut waiter = connect(socket).await?;
+        waiter.send(Envelope::request(1, acquire(&key, 10_000))).await?;
+        // A ping answered after the acquire was sent means the acquire is queued.
+        match call(&mut waiter, 2, ClientMessage::Ping).await? {
+            AgentMessage::Pong => {}
+            other => bail!("ping: {other:?}"),
+        }
+        let shim_pid = run.id().context("shim pid")? as i32;
+        let child_group = child_group_of(shim_pid)?;
+        let killed = Instant::now();
+        use nix::sys::signal::{kill, killpg, Signal};
+        use nix::unistd::Pid;
+        kill(Pid::from_raw(shim_pid), Signal::SIGKILL)?;
+        killpg(Pid::from_raw(child_group), Signal::SIGKILL)?;
+        loop {
+            match waiter.next().await.context("agent closed")?? {
+                Ok(Envelope { id: Some(1), body: AgentMessage::Acquired { .. } }) => break,
+                Ok(Envelope { id: Some(1), body }) => bail!("waiter: {body:?}"),
+                _ => continue,
+            }
+        }
+        samples.push(killed.elapsed());
+        let _ = run.wait().await;
+    }
+    Ok(samples)
+}
+
+/// The process group of the shim's only child (the run).
+fn child_group_of(shim_pid: i32) -> Result<i32> {
+    let children = std::fs::read_to_string(format!("/proc/{shim_pid}/task/{shim_pid}/children"))?;
+    let child: i32 = children.split_whitespace().next().context("shim has no child")?.parse()?;
+    Ok(nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(child)))?.as_raw())
+}
+
+/// Raw echo: frames of the acquire request's size, decoded and re-encoded.
+async fn echo_round_trips(scratch: &Path) -> Result<Vec<Duration>> {
+    let socket = scratch.join("echo.sock");
+    let exe = std::env::current_exe()?;
+    let mut server = Command::new(exe).env(ECHO_ENV, &socket).kill_on_drop(true).stdout(Stdio::piped()).spawn()?;
+    let mut lines = BufReader::new(server.stdout.take().context("stdout")?).lines();
+    tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await??.context("echo server not ready")?;
+    let mut conn: Framed<UnixStream, MessageCodec<ClientMessage, ClientMessage>> =
+        Framed::new(UnixStream::connect(&socket).await?, MessageCodec::new());
+    let mut samples = Vec::new();
+    for i in 0..(1_000 + ROUND_TRIPS as u64) {
+        let started = Instant::now();
+        conn.send(Envelope::request(i, acquire("dev:tap-x-to-target-y", 0))).await?;
+        conn.next().await.context("echo closed")??.map_err(|e| anyhow::anyhow!(e.reason))?;
+        if i >= 1_000 {
+            samples.push(started.elapsed());
+        }
+    }
+    server.kill().await?;
+    Ok(samples)
+}
+
+async fn echo_server(socket: PathBuf) -> Result<()> {
+    let listener = UnixListener::bind(&socket)?;
+    println!("ready");
+    loop {
+        let (stream, _) = listener.accept().await?;
+        tokio::spawn(async move {
+            let mut conn: Framed<UnixStream, MessageCodec<ClientMessage, ClientMessage>> =
+                Framed::new(stream, MessageCodec::new());
+            while let Some(frame) = conn.next().await {
+                let message = match frame {
+                    Ok(Ok(message)) => message,
+                    Ok(Err(bad)) => return eprintln!("echo: undecodable frame: {}", bad.reason),
+                    Err(err) => return eprintln!("echo: {err}"),
+                };
+                if let Err(err) = conn.send(message).await {
+                    return eprintln!("echo: {err}");
+                }
+            }
+        });
+    }
+}
+
+fn quantile(samples: &mut [Duration], q: f64) -> Duration {
+    samples.sort_unstable();
+    samples[((samples.len() - 1) as f64 * q).round() as usize]
+}
+
+fn percentiles(mut samples: Vec<Duration>) -> String {
+    let p50 = quantile(&mut samples, 0.5);
+    let p99 = quantile(&mut samples, 0.99);
+    format!("{} / {} (n={})", micros(p50), micros(p99), samples.len())
+}
+
+fn micros(d: Duration) -> String {
+    if d >= Duration::from_millis(1) {
+        format!("{:.2} ms", d.as_secs_f64() * 1e3)
+    } else {
+        format!("{:.1} µs", d.as_secs_f64() * 1e6)
+    }
+}

@@ -158,11 +158,7 @@ impl Connection {
                     Some(event) = events.recv() => self.send(None, event).await?,
                     Some((id, result)) = acquire.done.recv() => {
                         acquire.task = None;
-                        let reply = match result {
-                            Ok((leases, ttl)) => AgentMessage::Acquired { leases, ttl_ms: ttl.as_millis() as u64 },
-                            Err(err) => AgentMessage::Error(err),
-                        };
-                        self.send(id, reply).await?;
+                        self.send(id, result.map(acquired).unwrap_or_else(AgentMessage::Error)).await?;
                     }
                     frame = self.transport.next() => match frame {
                         None => return Ok(()),
@@ -224,17 +220,17 @@ impl Connection {
                         command,
                         on_lost,
                     };
-                    let (registry, cancel) = (self.registry.clone(), acquire.cancel.clone());
-                    let done = acquire.done_tx.clone();
-                    let task = tokio::spawn(
-                        async move {
-                            let result = registry.acquire(conn, req, &cancel).await;
-                            let _ = done.send((id, result));
-                        }
-                        .in_current_span(),
-                    );
-                    acquire.task = Some(task);
-                    return Ok(());
+                    if req.wait.is_zero() {
+                        // Nothing to wait for, so nothing to abandon: no task needed,
+                        // and the store write is awaited to its end like any other.
+                        self.registry
+                            .acquire(conn, req, &acquire.cancel)
+                            .await
+                            .map(acquired)
+                    } else {
+                        acquire.spawn(self.registry.clone(), conn, id, req);
+                        return Ok(());
+                    }
                 }
             }
             ClientMessage::Release { lease_ids, key } => match (lease_ids.is_empty(), key) {
@@ -285,5 +281,27 @@ impl AcquireSlot {
             done_tx,
             done,
         }
+    }
+
+    fn spawn(
+        &mut self,
+        registry: Arc<Registry>,
+        conn: ConnId,
+        id: Option<u64>,
+        req: AcquireRequest,
+    ) {
+        let (cancel, done) = (self.cancel.clone(), self.done_tx.clone());
+        let task = async move {
+            let result = registry.acquire(conn, req, &cancel).await;
+            let _ = done.send((id, result));
+        };
+        self.task = Some(tokio::spawn(task.in_current_span()));
+    }
+}
+
+fn acquired((leases, ttl): (Vec<runlock_protocol::Lease>, Duration)) -> AgentMessage {
+    AgentMessage::Acquired {
+        leases,
+        ttl_ms: ttl.as_millis() as u64,
     }
 }

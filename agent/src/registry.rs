@@ -82,6 +82,8 @@ impl LocalLease {
 
 struct Conn {
     peer: PeerCred,
+    /// The peer's user name, looked up once: NSS reads files on every call.
+    user: String,
     events: mpsc::UnboundedSender<AgentMessage>,
     leases: BTreeSet<String>,
     child: Option<(u32, u32)>,
@@ -217,6 +219,7 @@ impl Registry {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let conn = Conn {
             peer,
+            user: user_name(peer.uid),
             events,
             leases: BTreeSet::new(),
             child: None,
@@ -241,11 +244,11 @@ impl Registry {
         peer.uid == 0 || peer.uid == self.identity.uid
     }
 
-    fn peer(&self, conn: ConnId) -> Result<PeerCred, WireError> {
+    fn peer(&self, conn: ConnId) -> Result<(PeerCred, String), WireError> {
         self.state()
             .conns
             .get(&conn)
-            .map(|c| c.peer)
+            .map(|c| (c.peer, c.user.clone()))
             .ok_or_else(|| WireError::new(ErrorCode::Internal, "connection is closing"))
     }
 
@@ -277,7 +280,7 @@ impl Registry {
                 ttl.as_millis()
             )));
         }
-        let peer = self.peer(conn)?;
+        let (peer, user) = self.peer(conn)?;
         if req.force && !self.may_override(peer) {
             return Err(WireError::new(
                 ErrorCode::Forbidden,
@@ -292,7 +295,7 @@ impl Registry {
             agent_id: self.identity.agent_id.clone(),
             pid: peer.pid,
             uid: peer.uid,
-            user: user_name(peer.uid),
+            user,
             command: req.command.clone(),
             acquired_at_ms: 0,
             token: 0,
@@ -510,7 +513,7 @@ impl Registry {
             key: Some(key.to_string()),
             ..WireError::new(ErrorCode::InvalidKey, e.to_string())
         })?;
-        let peer = self.peer(conn)?;
+        let (peer, user) = self.peer(conn)?;
         if !self.may_override(peer) {
             return Err(WireError::new(
                 ErrorCode::Forbidden,
@@ -544,7 +547,7 @@ impl Registry {
                 agent_id: self.identity.agent_id.clone(),
                 pid: peer.pid,
                 uid: peer.uid,
-                user: user_name(peer.uid),
+                user,
                 command: "runlock release".to_string(),
                 acquired_at_ms: now_ms(),
                 token: 0,

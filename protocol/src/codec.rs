@@ -167,7 +167,9 @@ mod tests {
         let mut buf = BytesMut::new();
         for (i, byte) in full.iter().enumerate() {
             buf.extend_from_slice(&[*byte]);
-            let got = agent.decode(&mut buf).expect("no error while the frame arrives");
+            let got = agent
+                .decode(&mut buf)
+                .expect("no error while the frame arrives");
             assert_eq!(got.is_some(), i == full.len() - 1, "byte {i}");
         }
     }
