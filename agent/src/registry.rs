@@ -157,10 +157,22 @@ fn user_name(uid: u32) -> String {
 
 fn process_alive(pid: u32) -> bool {
     // EPERM means it exists but is not ours to signal: still alive.
-    !matches!(
+    let exists = !matches!(
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None),
         Err(nix::errno::Errno::ESRCH)
-    )
+    );
+    // A killed shim whose parent has not reaped it yet is a zombie: gone for our purpose.
+    exists && !is_zombie(pid)
+}
+
+fn is_zombie(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the command name, which is in parentheses and may hold spaces.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        == Some("Z")
 }
 
 fn bad_request(message: impl Into<String>) -> WireError {
@@ -718,5 +730,280 @@ fn enforce_on_lost(pgid: u32, on_lost: OnLost) {
                 let _ = killpg(group, Signal::SIGKILL);
             });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::MemoryBackend;
+
+    const ROOT: PeerCred = PeerCred {
+        pid: 1,
+        uid: 0,
+        gid: 0,
+    };
+
+    fn registry() -> Arc<Registry> {
+        let identity = Identity {
+            host: "test-host".into(),
+            agent_id: "agent-1".into(),
+            uid: 0,
+        };
+        Registry::new(
+            Arc::new(MemoryBackend::default()),
+            identity,
+            Duration::from_secs(30),
+        )
+    }
+
+    fn request(keys: &[&str], wait: Duration, force: bool) -> AcquireRequest {
+        AcquireRequest {
+            keys: keys.iter().map(|k| k.to_string()).collect(),
+            ttl: None,
+            wait,
+            force,
+            command: "test".into(),
+            on_lost: OnLost::Ignore,
+        }
+    }
+
+    fn connect(
+        registry: &Registry,
+        peer: PeerCred,
+    ) -> (ConnId, mpsc::UnboundedReceiver<AgentMessage>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (registry.open_connection(peer, tx), rx)
+    }
+
+    async fn take(
+        registry: &Registry,
+        conn: ConnId,
+        keys: &[&str],
+    ) -> Result<Vec<Lease>, WireError> {
+        let never = CancellationToken::new();
+        registry
+            .acquire(conn, request(keys, Duration::ZERO, false), &never)
+            .await
+            .map(|(l, _)| l)
+    }
+
+    fn waiting(registry: &Registry, key: &str) -> usize {
+        let key = Key::new(key).expect("valid");
+        registry.state().queues.get(&key).map_or(0, |q| q.len())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn local_waiters_are_served_in_arrival_order() {
+        let registry = registry();
+        let (holder, _events) = connect(&registry, ROOT);
+        let first = take(&registry, holder, &["k"]).await.expect("free");
+        let (order_tx, mut order) = mpsc::unbounded_channel();
+        for n in 0..3 {
+            let (conn, events) = connect(&registry, ROOT);
+            let (shared, order_tx) = (registry.clone(), order_tx.clone());
+            tokio::spawn(async move {
+                let _events = events;
+                let never = CancellationToken::new();
+                let req = request(&["k"], Duration::from_secs(3600), false);
+                let (leases, _) = shared
+                    .acquire(conn, req, &never)
+                    .await
+                    .expect("granted in turn");
+                order_tx.send(n).expect("send");
+                shared
+                    .release(conn, &[leases[0].lease_id.clone()])
+                    .await
+                    .expect("release");
+            });
+            // Each waiter is queued before the next one starts.
+            while waiting(&registry, "k") < n + 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        registry
+            .release(holder, &[first[0].lease_id.clone()])
+            .await
+            .expect("release");
+        let mut served = Vec::new();
+        for _ in 0..3 {
+            served.push(
+                tokio::time::timeout(Duration::from_secs(60), order.recv())
+                    .await
+                    .expect("served")
+                    .expect("open"),
+            );
+        }
+        assert_eq!(served, vec![0, 1, 2]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_is_woken_by_a_local_release_before_its_next_poll() {
+        let registry = registry();
+        let (holder, _e1) = connect(&registry, ROOT);
+        let (waiter, _e2) = connect(&registry, ROOT);
+        let held = take(&registry, holder, &["k"]).await.expect("free");
+        let task = {
+            let registry = registry.clone();
+            tokio::spawn(async move {
+                let never = CancellationToken::new();
+                registry
+                    .acquire(
+                        waiter,
+                        request(&["k"], Duration::from_secs(60), false),
+                        &never,
+                    )
+                    .await
+            })
+        };
+        while waiting(&registry, "k") < 1 {
+            tokio::task::yield_now().await;
+        }
+        // Let the waiter's polling back off to its cap, so only the wake-up can be fast.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let released_at = Instant::now();
+        registry
+            .release(holder, &[held[0].lease_id.clone()])
+            .await
+            .expect("release");
+        let (leases, _) = task.await.expect("task").expect("granted");
+        assert_eq!(leases[0].token, 2);
+        assert!(
+            Instant::now() - released_at < POLL_START,
+            "woken at once, not by polling"
+        );
+    }
+
+    #[tokio::test]
+    async fn multi_key_acquire_is_all_or_nothing() {
+        let registry = registry();
+        let (a, _e1) = connect(&registry, ROOT);
+        let (b, _e2) = connect(&registry, ROOT);
+        take(&registry, a, &["b"]).await.expect("free");
+        let err = take(&registry, b, &["b", "a"])
+            .await
+            .expect_err("b is held");
+        assert_eq!(err.code, ErrorCode::Held);
+        assert_eq!(err.key.as_deref(), Some("b"));
+        assert_eq!(err.holder.expect("holder").host, "test-host");
+        // "a" was taken first (sorted order) and given back.
+        assert!(registry.list().iter().all(|l| l.key != "a"));
+        take(&registry, a, &["a"]).await.expect("a was released");
+    }
+
+    #[tokio::test]
+    async fn force_takes_over_and_the_old_holder_is_told() {
+        let registry = registry();
+        let (old, mut old_events) = connect(&registry, ROOT);
+        let (new, _e) = connect(&registry, ROOT);
+        let before = take(&registry, old, &["k"]).await.expect("free");
+        let never = CancellationToken::new();
+        let (after, _) = registry
+            .acquire(new, request(&["k"], Duration::ZERO, true), &never)
+            .await
+            .expect("forced");
+        assert!(after[0].token > before[0].token);
+        match old_events.try_recv().expect("lost event") {
+            AgentMessage::Lost {
+                lease_id,
+                reason,
+                holder,
+                ..
+            } => {
+                assert_eq!(lease_id, before[0].lease_id);
+                assert_eq!(reason, LostReason::Forced);
+                assert_eq!(holder.expect("new holder").token, after[0].token);
+            }
+            other => panic!("expected lost, got {other:?}"),
+        }
+        let err = registry
+            .release(old, &[before[0].lease_id.clone()])
+            .await
+            .expect_err("no longer ours");
+        assert_eq!(err.code, ErrorCode::NotOwner);
+    }
+
+    #[tokio::test]
+    async fn closing_a_connection_releases_its_leases() {
+        let registry = registry();
+        let (a, _e1) = connect(&registry, ROOT);
+        let (b, _e2) = connect(&registry, ROOT);
+        take(&registry, a, &["x", "y"]).await.expect("free");
+        registry.close_connection(a).await;
+        assert!(registry.list().is_empty());
+        let leases = take(&registry, b, &["x", "y"]).await.expect("released");
+        assert!(leases.iter().all(|l| l.token == 2));
+    }
+
+    #[tokio::test]
+    async fn bad_requests_get_their_codes() {
+        let registry = registry();
+        let stranger = PeerCred {
+            pid: 2,
+            uid: 4242,
+            gid: 4242,
+        };
+        let (conn, _e) = connect(&registry, stranger);
+        let never = CancellationToken::new();
+        let code = |r: Result<(Vec<Lease>, Duration), WireError>| r.expect_err("refused").code;
+        assert_eq!(
+            code(
+                registry
+                    .acquire(conn, request(&[""], Duration::ZERO, false), &never)
+                    .await
+            ),
+            ErrorCode::InvalidKey
+        );
+        assert_eq!(
+            code(
+                registry
+                    .acquire(conn, request(&[], Duration::ZERO, false), &never)
+                    .await
+            ),
+            ErrorCode::BadRequest
+        );
+        let mut short = request(&["k"], Duration::ZERO, false);
+        short.ttl = Some(Duration::from_millis(10));
+        assert_eq!(
+            code(registry.acquire(conn, short, &never).await),
+            ErrorCode::BadRequest
+        );
+        assert_eq!(
+            code(
+                registry
+                    .acquire(conn, request(&["k"], Duration::ZERO, true), &never)
+                    .await
+            ),
+            ErrorCode::Forbidden
+        );
+        assert_eq!(
+            registry
+                .break_key(conn, "k")
+                .await
+                .expect_err("not allowed")
+                .code,
+            ErrorCode::Forbidden
+        );
+        assert_eq!(
+            registry
+                .release(conn, &["nope".into()])
+                .await
+                .expect_err("not ours")
+                .code,
+            ErrorCode::NotOwner
+        );
+    }
+
+    #[test]
+    fn zombies_count_as_gone() {
+        assert!(process_alive(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().expect("spawn");
+        let pid = child.id();
+        // Wait until it has exited but is not yet reaped.
+        while !is_zombie(pid) {
+            std::thread::yield_now();
+        }
+        assert!(!process_alive(pid));
+        child.wait().expect("reap");
     }
 }
