@@ -626,23 +626,27 @@ impl Registry {
 
     /// The renewal scheduler found the lease no longer ours.
     pub(crate) async fn renewal_lost(&self, lease: &LeaseRef) {
-        let holder = self
-            .backend
-            .inspect(&lease.key)
-            .await
-            .ok()
-            .and_then(|r: KeyRecord| r.holder);
-        let (reason, message) = match &holder {
-            Some(h) => (
+        let record = self.backend.inspect(&lease.key).await.ok();
+        let (reason, message, holder) = match record {
+            Some(KeyRecord {
+                holder: Some(h), ..
+            }) => (
                 LostReason::Forced,
                 format!(
                     "taken over by {}@{} (pid {}, token {})",
                     h.user, h.host, h.pid, h.token
                 ),
+                Some(h),
             ),
-            None => (
+            Some(r) if r.token > lease.token => (
+                LostReason::Broken,
+                "released by someone else (runlock release)".to_string(),
+                None,
+            ),
+            _ => (
                 LostReason::Expired,
                 "the lease could not be renewed".to_string(),
+                None,
             ),
         };
         self.lose(&lease.lease_id, reason, message, holder).await;
