@@ -24,7 +24,9 @@ const THROUGHPUT_TIME: Duration = Duration::from_secs(3);
 const CRASHES: usize = 40;
 
 fn main() -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
     // The echo server runs as a second process of this binary, as the agent does.
     if let Some(path) = std::env::var_os(ECHO_ENV) {
         return runtime.block_on(echo_server(PathBuf::from(path)));
@@ -37,30 +39,53 @@ fn main() -> Result<()> {
 
 async fn run() -> Result<()> {
     let bins = build_release()?;
-    let scratch = tempfile::Builder::new().prefix("runlock-bench").tempdir_in("/tmp")?;
+    let scratch = tempfile::Builder::new()
+        .prefix("runlock-bench")
+        .tempdir_in("/tmp")?;
     let mut rows: Vec<(String, String)> = Vec::new();
 
     let echo = echo_round_trips(scratch.path()).await?;
-    rows.push(("raw MessagePack echo, one connection".into(), percentiles(echo.clone())));
+    rows.push((
+        "raw MessagePack echo, one connection".into(),
+        percentiles(echo.clone()),
+    ));
     let echo_p50 = quantile(&mut echo.clone(), 0.5);
 
     for (name, uri) in [
         ("memory://", "memory://".to_string()),
-        ("file://", format!("file://{}", scratch.path().join("locks").display())),
+        (
+            "file://",
+            format!("file://{}", scratch.path().join("locks").display()),
+        ),
     ] {
-        let agent = Agent::start(&bins.agent, scratch.path(), name.trim_end_matches("://"), &uri).await?;
+        let agent = Agent::start(
+            &bins.agent,
+            scratch.path(),
+            name.trim_end_matches("://"),
+            &uri,
+        )
+        .await?;
         let (acquire, release, pair) = round_trips(&agent.socket).await?;
         let ratio = quantile(&mut acquire.clone(), 0.5).as_secs_f64() / echo_p50.as_secs_f64();
-        rows.push((format!("{name} acquire round trip"), format!("{}  ({ratio:.2}× echo p50)", percentiles(acquire))));
+        rows.push((
+            format!("{name} acquire round trip"),
+            format!("{}  ({ratio:.2}× echo p50)", percentiles(acquire)),
+        ));
         rows.push((format!("{name} release round trip"), percentiles(release)));
         rows.push((format!("{name} acquire+release pair"), percentiles(pair)));
         if name == "memory://" {
             let pairs = throughput(&agent.socket).await?;
-            rows.push((format!("{name} pairs/s over {THROUGHPUT_CONNECTIONS} connections"), format!("{pairs:.0}")));
+            rows.push((
+                format!("{name} pairs/s over {THROUGHPUT_CONNECTIONS} connections"),
+                format!("{pairs:.0}"),
+            ));
         }
         if name == "file://" {
             let crash = crash_release(&bins.shim, &agent.socket).await?;
-            rows.push(("file:// crash release (SIGKILL of a run → waiter holds the key)".into(), percentiles(crash)));
+            rows.push((
+                "file:// crash release (SIGKILL of a run → waiter holds the key)".into(),
+                percentiles(crash),
+            ));
         }
         agent.stop().await?;
     }
@@ -81,7 +106,15 @@ struct Bins {
 
 fn build_release() -> Result<Bins> {
     let status = std::process::Command::new(env!("CARGO"))
-        .args(["build", "--release", "-q", "-p", "runlock-agent", "-p", "runlock-shim"])
+        .args([
+            "build",
+            "--release",
+            "-q",
+            "-p",
+            "runlock-agent",
+            "-p",
+            "runlock-shim",
+        ])
         .status()
         .context("running cargo build")?;
     if !status.success() {
@@ -90,7 +123,10 @@ fn build_release() -> Result<Bins> {
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    Ok(Bins { agent: target.join("release/runlockd"), shim: target.join("release/runlock") })
+    Ok(Bins {
+        agent: target.join("release/runlockd"),
+        shim: target.join("release/runlock"),
+    })
 }
 
 /// The agent binary on a scratch socket, ready when it says READY=1.
@@ -105,7 +141,12 @@ impl Agent {
         let notify_path = scratch.join(format!("{name}.notify"));
         let notify = UnixDatagram::bind(&notify_path)?;
         let child = Command::new(bin)
-            .args(["--socket", socket.to_str().context("utf-8 path")?, "--backend", uri])
+            .args([
+                "--socket",
+                socket.to_str().context("utf-8 path")?,
+                "--backend",
+                uri,
+            ])
             .env("NOTIFY_SOCKET", &notify_path)
             .env("RUST_LOG", "warn")
             .kill_on_drop(true)
@@ -122,7 +163,10 @@ impl Agent {
 
     async fn stop(mut self) -> Result<()> {
         if let Some(pid) = self.child.id() {
-            nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGTERM)?;
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            )?;
         }
         tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await??;
         Ok(())
@@ -133,7 +177,11 @@ type Conn = Framed<UnixStream, ShimCodec>;
 
 async fn connect(socket: &Path) -> Result<Conn> {
     let mut conn = Framed::new(UnixStream::connect(socket).await?, ShimCodec::new());
-    let hello = ClientMessage::Hello { version: PROTOCOL_VERSION, client: "bench".into(), pid: std::process::id() };
+    let hello = ClientMessage::Hello {
+        version: PROTOCOL_VERSION,
+        client: "bench".into(),
+        pid: std::process::id(),
+    };
     match call(&mut conn, 0, hello).await? {
         AgentMessage::Welcome { .. } => Ok(conn),
         other => bail!("unexpected {other:?}"),
@@ -144,7 +192,10 @@ async fn call(conn: &mut Conn, id: u64, body: ClientMessage) -> Result<AgentMess
     conn.send(Envelope::request(id, body)).await?;
     loop {
         match conn.next().await.context("agent closed")?? {
-            Ok(Envelope { id: Some(got), body }) if got == id => return Ok(body),
+            Ok(Envelope {
+                id: Some(got),
+                body,
+            }) if got == id => return Ok(body),
             Ok(_) => continue,
             Err(bad) => bail!("undecodable reply: {}", bad.reason),
         }
@@ -169,7 +220,16 @@ async fn pair(conn: &mut Conn, id: u64, key: &str) -> Result<(Duration, Duration
         other => bail!("acquire: {other:?}"),
     };
     let acquired = Instant::now();
-    match call(conn, id + 1, ClientMessage::Release { lease_ids: vec![lease_id], key: None }).await? {
+    match call(
+        conn,
+        id + 1,
+        ClientMessage::Release {
+            lease_ids: vec![lease_id],
+            key: None,
+        },
+    )
+    .await?
+    {
         AgentMessage::Released { count: 1 } => {}
         other => bail!("release: {other:?}"),
     }
@@ -223,15 +283,26 @@ async fn crash_release(shim: &Path, socket: &Path) -> Result<Vec<Duration>> {
     for i in 0..CRASHES {
         let key = format!("crash-{i}");
         let mut run = Command::new(shim)
-            .args(["--socket", socket.to_str().context("utf-8")?, "run", "--key", &key, "--"])
+            .args([
+                "--socket",
+                socket.to_str().context("utf-8")?,
+                "run",
+                "--key",
+                &key,
+                "--",
+            ])
             .args(["sh", "-c", "echo ready; exec sleep 60"])
             .stdout(Stdio::piped())
             .kill_on_drop(true)
             .spawn()?;
         let mut lines = BufReader::new(run.stdout.take().context("stdout")?).lines();
-        tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await??.context("no ready line")?;
+        tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await??
+            .context("no ready line")?;
         let mut waiter = connect(socket).await?;
-        waiter.send(Envelope::request(1, acquire(&key, 10_000))).await?;
+        waiter
+            .send(Envelope::request(1, acquire(&key, 10_000)))
+            .await?;
         // A ping answered after the acquire was sent means the acquire is queued.
         match call(&mut waiter, 2, ClientMessage::Ping).await? {
             AgentMessage::Pong => {}
@@ -246,7 +317,10 @@ async fn crash_release(shim: &Path, socket: &Path) -> Result<Vec<Duration>> {
         killpg(Pid::from_raw(child_group), Signal::SIGKILL)?;
         loop {
             match waiter.next().await.context("agent closed")?? {
-                Ok(Envelope { id: Some(1), body: AgentMessage::Acquired { .. } }) => break,
+                Ok(Envelope {
+                    id: Some(1),
+                    body: AgentMessage::Acquired { .. },
+                }) => break,
                 Ok(Envelope { id: Some(1), body }) => bail!("waiter: {body:?}"),
                 _ => continue,
             }
@@ -260,7 +334,11 @@ async fn crash_release(shim: &Path, socket: &Path) -> Result<Vec<Duration>> {
 /// The process group of the shim's only child (the run).
 fn child_group_of(shim_pid: i32) -> Result<i32> {
     let children = std::fs::read_to_string(format!("/proc/{shim_pid}/task/{shim_pid}/children"))?;
-    let child: i32 = children.split_whitespace().next().context("shim has no child")?.parse()?;
+    let child: i32 = children
+        .split_whitespace()
+        .next()
+        .context("shim has no child")?
+        .parse()?;
     Ok(nix::unistd::getpgid(Some(nix::unistd::Pid::from_raw(child)))?.as_raw())
 }
 
@@ -268,16 +346,26 @@ fn child_group_of(shim_pid: i32) -> Result<i32> {
 async fn echo_round_trips(scratch: &Path) -> Result<Vec<Duration>> {
     let socket = scratch.join("echo.sock");
     let exe = std::env::current_exe()?;
-    let mut server = Command::new(exe).env(ECHO_ENV, &socket).kill_on_drop(true).stdout(Stdio::piped()).spawn()?;
+    let mut server = Command::new(exe)
+        .env(ECHO_ENV, &socket)
+        .kill_on_drop(true)
+        .stdout(Stdio::piped())
+        .spawn()?;
     let mut lines = BufReader::new(server.stdout.take().context("stdout")?).lines();
-    tokio::time::timeout(Duration::from_secs(10), lines.next_line()).await??.context("echo server not ready")?;
+    tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await??
+        .context("echo server not ready")?;
     let mut conn: Framed<UnixStream, MessageCodec<ClientMessage, ClientMessage>> =
         Framed::new(UnixStream::connect(&socket).await?, MessageCodec::new());
     let mut samples = Vec::new();
     for i in 0..(1_000 + ROUND_TRIPS as u64) {
         let started = Instant::now();
-        conn.send(Envelope::request(i, acquire("dev:tap-x-to-target-y", 0))).await?;
-        conn.next().await.context("echo closed")??.map_err(|e| anyhow::anyhow!(e.reason))?;
+        conn.send(Envelope::request(i, acquire("dev:tap-x-to-target-y", 0)))
+            .await?;
+        conn.next()
+            .await
+            .context("echo closed")??
+            .map_err(|e| anyhow::anyhow!(e.reason))?;
         if i >= 1_000 {
             samples.push(started.elapsed());
         }

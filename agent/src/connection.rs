@@ -137,7 +137,12 @@ impl Connection {
     }
 
     async fn run(mut self, shutdown: CancellationToken) {
-        match self.handshake().await {
+        // A peer that never says hello must not hold up shutdown.
+        let greeted = tokio::select! {
+            greeted = self.handshake() => greeted,
+            _ = shutdown.cancelled() => return,
+        };
+        match greeted {
             Ok(true) => {}
             Ok(false) => return,
             Err(err) => {

@@ -366,9 +366,13 @@ impl Registry {
                     Err(err) => return Err(err.to_wire(&key)),
                 }
             } else {
-                self.state().local_holder(&key).map(Box::new)
+                None // behind a local waiter: who holds it is looked up only if we give up
             };
             if Instant::now() >= deadline {
+                let last_holder = match last_holder {
+                    Some(holder) => Some(holder),
+                    None => self.holder_of(&key).await,
+                };
                 let waited = !req.wait.is_zero();
                 let mut err = WireError::new(
                     if waited {
@@ -400,6 +404,21 @@ impl Registry {
                 }
             }
             poll = (poll * 2).min(POLL_CAP);
+        }
+    }
+
+    /// The key's holder: known here if it is local, else the backend's record.
+    async fn holder_of(&self, key: &Key) -> Option<Box<Holder>> {
+        let local = self.state().local_holder(key);
+        match local {
+            Some(holder) => Some(Box::new(holder)),
+            None => self
+                .backend
+                .inspect(key)
+                .await
+                .ok()
+                .and_then(|r| r.holder)
+                .map(Box::new),
         }
     }
 

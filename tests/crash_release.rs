@@ -1,0 +1,255 @@
+//! Crash release (DESIGN invariant 2): the lock lasts exactly as long as some
+//! process of the run lives, however the run ends, and a run whose agent goes
+//! away is stopped (invariant 4: loss is never silent).
+
+use crate::support::agent::Backend;
+use crate::support::run::{HOLD, HOLD_IGNORING_TERM};
+use crate::support::{key, TestAgent};
+use anyhow::{ensure, Result};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use runlock_protocol::ON_LOST_KILL_GRACE_MS;
+use std::time::{Duration, Instant};
+
+/// How soon a crashed run's key must be free. The agent sees the connection
+/// close and releases in milliseconds; the exact figure is the benchmark's.
+const CRASH_RELEASE_BOUND: Duration = Duration::from_secs(5);
+
+on_both_backends!(
+    sigkill_of_the_whole_run_frees_the_key_at_once,
+    sigkill_of_the_shim_alone_keeps_the_key_until_the_command_dies,
+    a_daemon_left_behind_by_the_command_does_not_keep_the_key,
+    agent_stop_stops_the_run_with_76,
+    agent_stops_an_orphaned_command_whose_lease_is_broken_or_forced,
+    a_waiting_run_whose_agent_dies_exits_69,
+);
+
+/// Waits (up to the bound) until a run can take `key`; returns how long it took.
+async fn acquirable_within(agent: &TestAgent, key: &str, bound: Duration) -> Result<Duration> {
+    let start = Instant::now();
+    // --wait turns "poll until free" into one request the agent answers as
+    // soon as the key is released; the run's own wait is longer than the bound
+    // so that a slow release shows as a failed bound, not as exit 75.
+    let out = agent
+        .run(&[key], &["--wait", "30s"], "echo acquired")?
+        .finish()
+        .await?;
+    let took = start.elapsed();
+    out.expect_code(0)?;
+    ensure!(out.stdout.contains("acquired"), "{out:?}");
+    ensure!(
+        took < bound,
+        "the key became free only after {took:?}: {out:?}"
+    );
+    Ok(took)
+}
+
+async fn sigkill_of_the_whole_run_frees_the_key_at_once(backend: Backend) -> Result<()> {
+    let agent = TestAgent::start_on(backend).await?;
+    let k = key("crash-whole-run");
+    let mut run = agent.run(&[&k], &[], HOLD)?;
+    run.ready().await?;
+
+    run.signal(Signal::SIGKILL)?;
+    run.kill_group()?;
+    let status = run.wait().await?;
+    ensure!(
+        status.code().is_none(),
+        "the shim was not killed: {status:?}"
+    );
+    acquirable_within(&agent, &k, CRASH_RELEASE_BOUND).await?;
+    Ok(())
+}
+
+async fn sigkill_of_the_shim_alone_keeps_the_key_until_the_command_dies(
+    backend: Backend,
+) -> Result<()> {
+    let agent = TestAgent::start_on(backend).await?;
+    let k = key("crash-shim-only");
+    let mut run = agent.run(&[&k], &[], HOLD)?;
+    let ready = run.ready().await?;
+
+    run.signal(Signal::SIGKILL)?;
+    run.wait().await?;
+    // The command still holds its inherited copy of the agent socket.
+    let second = agent.run(&[&k], &[], "echo must-not-run")?.finish().await?;
+    second.expect_code(75)?;
+    let record = agent.inspect_json(&k).await?;
+    ensure!(record["state"] == "held", "{record}");
+    ensure!(record["token"] == ready.token(), "{record}");
+
+    kill(Pid::from_raw(ready.pid as i32), Signal::SIGKILL)?;
+    acquirable_within(&agent, &k, CRASH_RELEASE_BOUND).await?;
+    Ok(())
+}
+
+async fn a_daemon_left_behind_by_the_command_does_not_keep_the_key(backend: Backend) -> Result<()> {
+    let agent = TestAgent::start_on(backend).await?;
+    let k = key("daemon-left-behind");
+    // The daemon inherits the agent socket too, but the shim releases when the command exits.
+    let out = agent
+        .run(
+            &[&k],
+            &[],
+            "sleep 30 </dev/null >/dev/null 2>&1 & echo daemon $!",
+        )?
+        .finish()
+        .await?;
+    let daemon: Option<i32> = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("daemon ")?.parse().ok());
+    let result = async {
+        out.expect_code(0)?;
+        let next = agent.run(&[&k], &[], "exit 0")?.finish().await?;
+        next.expect_code(0)
+    }
+    .await;
+    if let Some(pid) = daemon {
+        let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    result
+}
+
+async fn agent_stop_stops_the_run_with_76(backend: Backend) -> Result<()> {
+    let mut agent = TestAgent::start_on(backend).await?;
+    let k = key("agent-stops");
+    let mut run = agent.run(&[&k], &[], HOLD)?;
+    run.ready().await?;
+
+    let status = agent.stop().await?;
+    ensure!(
+        status.success(),
+        "runlockd exited with {status:?}: {}",
+        agent.log()
+    );
+    // This build's backends lose their locks with the agent, so the run must stop.
+    let out = run.finish().await?;
+    out.expect_code(76)?;
+    ensure!(
+        !out.stdout.contains("bye"),
+        "the command was not stopped: {out:?}"
+    );
+    Ok(())
+}
+
+async fn agent_stops_an_orphaned_command_whose_lease_is_broken_or_forced(
+    backend: Backend,
+) -> Result<()> {
+    let agent = TestAgent::start_on(backend).await?;
+    let k = key("orphan");
+    for breaker in [
+        &["release", k.as_str()][..],
+        &["run", "--key", &k, "--force", "--", "true"],
+    ] {
+        let mut run = agent.run(&[&k], &[], HOLD)?;
+        let ready = run.ready().await?;
+        agent.wait_attached(ready.pid).await?;
+        run.signal(Signal::SIGKILL)?;
+        run.wait().await?;
+
+        agent.runlock_output(breaker).await?.expect_code(0)?;
+        // The shim is gone, so the agent applies --on-lost term to the attached group itself.
+        run.until_stdout_closes().await?;
+        ensure!(
+            !run.lines_seen().iter().any(|l| l == "bye"),
+            "{breaker:?}: the command ended on its own, it was not stopped"
+        );
+        acquirable_within(&agent, &k, CRASH_RELEASE_BOUND).await?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_kills_an_orphaned_command_that_ignores_sigterm_after_the_grace() -> Result<()> {
+    let agent = TestAgent::start_on(Backend::File).await?;
+    let k = key("orphan-ignores-term");
+    let mut run = agent.run(&[&k], &[], HOLD_IGNORING_TERM)?;
+    let ready = run.ready().await?;
+    agent.wait_attached(ready.pid).await?;
+    run.signal(Signal::SIGKILL)?;
+    run.wait().await?;
+
+    let broken_at = Instant::now();
+    agent
+        .runlock_output(&["release", &k])
+        .await?
+        .expect_code(0)?;
+    run.until_stdout_closes().await?;
+    let took = broken_at.elapsed();
+    let grace = Duration::from_millis(ON_LOST_KILL_GRACE_MS);
+    ensure!(
+        took >= grace / 2 && took < grace + Duration::from_secs(5),
+        "the command ignoring SIGTERM was stopped after {took:?}, not after the {grace:?} grace"
+    );
+    ensure!(
+        !run.lines_seen().iter().any(|l| l == "bye"),
+        "{:?}",
+        run.lines_seen()
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shim_kills_a_command_that_ignores_sigterm_after_the_grace() -> Result<()> {
+    let agent = TestAgent::start_on(Backend::File).await?;
+    let k = key("ignores-term");
+    let mut holder = agent.run(&[&k], &[], HOLD_IGNORING_TERM)?;
+    holder.ready().await?;
+
+    let forced_at = Instant::now();
+    agent
+        .run(&[&k], &["--force"], "exit 0")?
+        .finish()
+        .await?
+        .expect_code(0)?;
+    let old = holder.finish().await?;
+    let took = forced_at.elapsed();
+    old.expect_code(76)?;
+    ensure!(!old.stdout.contains("bye"), "{old:?}");
+    let grace = Duration::from_millis(ON_LOST_KILL_GRACE_MS);
+    ensure!(
+        took >= grace / 2 && took < grace + Duration::from_secs(5),
+        "the command ignoring SIGTERM was stopped after {took:?}, not after the {grace:?} grace: {old:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_lost_kill_stops_even_a_command_that_ignores_sigterm_at_once() -> Result<()> {
+    let agent = TestAgent::start_on(Backend::File).await?;
+    let k = key("on-lost-kill");
+    let mut holder = agent.run(&[&k], &["--on-lost", "kill"], HOLD_IGNORING_TERM)?;
+    holder.ready().await?;
+
+    let forced_at = Instant::now();
+    agent
+        .run(&[&k], &["--force"], "exit 0")?
+        .finish()
+        .await?
+        .expect_code(0)?;
+    let old = holder.finish().await?;
+    let took = forced_at.elapsed();
+    old.expect_code(76)?;
+    ensure!(!old.stdout.contains("bye"), "{old:?}");
+    let grace = Duration::from_millis(ON_LOST_KILL_GRACE_MS);
+    ensure!(took < grace / 2, "--on-lost kill waited {took:?}: {old:?}");
+    Ok(())
+}
+
+async fn a_waiting_run_whose_agent_dies_exits_69(backend: Backend) -> Result<()> {
+    let mut agent = TestAgent::start_on(backend).await?;
+    let mut client = agent.client().await?;
+    let (first, k) = (key("agent-dies-a"), key("agent-dies-b"));
+    let mut holder = agent.run(&[&k], &[], HOLD)?;
+    holder.ready().await?;
+    let waiter = agent
+        .run_waiting_for(&mut client, &k, &first, "echo must-not-run")
+        .await?;
+
+    agent.kill().await?;
+    let out = waiter.finish().await?;
+    out.expect_code(69)?;
+    ensure!(!out.stdout.contains("must-not-run"), "{out:?}");
+    holder.finish().await?.expect_code(76)
+}

@@ -1,0 +1,293 @@
+//! The `file://` backend through real agents: tokens that survive restarts,
+//! agents sharing one lock directory, and the agent's socket file.
+
+use crate::support::agent::FileBackendDir;
+use crate::support::client::RawClient;
+use crate::support::run::HOLD;
+use crate::support::{host_name, key, user_name, AgentOptions, TestAgent};
+use anyhow::{ensure, Context, Result};
+use std::time::Duration;
+
+/// The token a `echo token $RUNLOCK_TOKEN` run printed.
+async fn token_of_a_run(agent: &TestAgent, k: &str) -> Result<u64> {
+    let out = agent
+        .run(&[k], &[], "echo token $RUNLOCK_TOKEN")?
+        .finish()
+        .await?;
+    out.expect_code(0)?;
+    out.stdout
+        .trim()
+        .strip_prefix("token ")
+        .and_then(|t| t.parse().ok())
+        .with_context(|| format!("no token printed: {out:?}"))
+}
+
+async fn agent_id(agent: &TestAgent) -> Result<String> {
+    let mut client = RawClient::connect(agent.socket()).await?;
+    let welcome = client.hello().await?;
+    RawClient::agent_id(&welcome)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_keep_growing_across_agent_restarts_and_kills() -> Result<()> {
+    let locks = FileBackendDir::new()?;
+    let k = key("restart");
+    let mut agent = TestAgent::start(locks.uri()).await?;
+    let first = token_of_a_run(&agent, &k).await?;
+    let second = token_of_a_run(&agent, &k).await?;
+    ensure!(second > first, "{second} after {first}");
+    let status = agent.stop().await?;
+    ensure!(status.success(), "runlockd exited with {status:?}");
+
+    let mut agent = TestAgent::start(locks.uri()).await?;
+    let third = token_of_a_run(&agent, &k).await?;
+    ensure!(third > second, "{third} after {second}, across a restart");
+
+    // An agent killed while a run holds the key: its record still says held.
+    let mut run = agent.run(&[&k], &[], HOLD)?;
+    let fourth = run.ready().await?.token();
+    ensure!(fourth > third, "{fourth} after {third}");
+    agent.kill().await?;
+    run.finish().await?.expect_code(76)?;
+
+    let agent = TestAgent::start(locks.uri()).await?;
+    let fifth = token_of_a_run(&agent, &k).await?;
+    ensure!(fifth > fourth, "{fifth} after {fourth}, across a SIGKILL");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_agents_on_one_directory_exclude_each_other() -> Result<()> {
+    let locks = FileBackendDir::new()?;
+    let a = TestAgent::start(locks.uri()).await?;
+    let b = TestAgent::start(locks.uri()).await?;
+    let a_id = agent_id(&a).await?;
+    let k = key("shared-dir");
+    let mut holder = a.run(&[&k], &[], &format!("{HOLD} # held-through-a"))?;
+    let ready = holder.ready().await?;
+    let holder_pid = holder.pid()?;
+
+    let refused = b.run(&[&k], &[], "echo must-not-run")?.finish().await?;
+    refused.expect_code(75)?;
+    ensure!(!refused.stdout.contains("must-not-run"), "{refused:?}");
+    for want in [
+        holder_pid.to_string(),
+        "held-through-a".to_string(),
+        host_name()?,
+        ready.token().to_string(),
+    ] {
+        ensure!(
+            refused.stderr.contains(&want),
+            "{want:?} not named: {refused:?}"
+        );
+    }
+
+    let record = b.inspect_json(&k).await?;
+    ensure!(record["key"] == k.as_str(), "{record}");
+    ensure!(record["state"] == "held", "{record}");
+    ensure!(record["token"] == ready.token(), "{record}");
+    ensure!(record["scope"] == "host", "{record}");
+    // A kernel lock does not expire: SPEC.md 7.4 leaves expires_in_ms out.
+    ensure!(record["expires_in_ms"].is_null(), "{record}");
+    let holder_record = &record["holder"];
+    ensure!(holder_record["host"] == host_name()?.as_str(), "{record}");
+    ensure!(holder_record["agent_id"] == a_id.as_str(), "{record}");
+    ensure!(holder_record["pid"] == holder_pid, "{record}");
+    ensure!(
+        holder_record["uid"] == nix::unistd::geteuid().as_raw(),
+        "{record}"
+    );
+    ensure!(holder_record["user"] == user_name().as_str(), "{record}");
+    ensure!(
+        holder_record["command"]
+            .as_str()
+            .is_some_and(|c| c.contains("held-through-a")),
+        "{record}"
+    );
+    let acquired_at = holder_record["acquired_at"].as_str().unwrap_or_default();
+    ensure!(
+        acquired_at.len() >= 20 && acquired_at.contains('T') && acquired_at.ends_with('Z'),
+        "acquired_at is not RFC 3339: {record}"
+    );
+
+    holder.end();
+    holder.finish().await?.expect_code(0)?;
+    let record = b.inspect_json(&k).await?;
+    ensure!(
+        record["state"] == "free" && record["holder"].is_null(),
+        "{record}"
+    );
+    let token = token_of_a_run(&b, &k).await?;
+    ensure!(token > ready.token(), "{token} after {}", ready.token());
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_through_two_agents_in_opposite_key_orders_never_overlap() -> Result<()> {
+    let locks = FileBackendDir::new()?;
+    let a = TestAgent::start(locks.uri()).await?;
+    let b = TestAgent::start(locks.uri()).await?;
+    let journal = a.dir().join("journal");
+    let (x, y) = (key("two-agents-x"), key("two-agents-y"));
+    let runs = (0..6)
+        .map(|id| {
+            let (agent, keys): (&TestAgent, [&str; 2]) = match id % 3 {
+                0 => (&a, [&x, &y]),
+                1 => (&b, [&y, &x]),
+                _ => (&b, [&x, &y]),
+            };
+            let script = format!(
+                "echo start {id} >> {j}; sleep 0.02; echo end {id} >> {j}",
+                j = journal.display()
+            );
+            agent.run(&keys, &["--wait", "30s"], &script)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for run in runs {
+        run.finish().await?.expect_code(0)?;
+    }
+    let text = std::fs::read_to_string(&journal)?;
+    let lines: Vec<&str> = text.lines().collect();
+    ensure!(lines.len() == 12, "every run ran once:\n{text}");
+    for pair in lines.chunks(2) {
+        let id = pair[0]
+            .strip_prefix("start ")
+            .context("a run started inside another")?;
+        ensure!(pair[1] == format!("end {id}"), "runs overlapped:\n{text}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn release_through_another_agent_stops_the_run_at_its_next_renewal() -> Result<()> {
+    let locks = FileBackendDir::new()?;
+    // A TTL of 3 s renews (and so notices the break) about every second.
+    let mut options = AgentOptions::new(locks.uri());
+    options.args = vec!["--ttl".into(), "3s".into()];
+    let a = TestAgent::start_with(options).await?;
+    let b = TestAgent::start(locks.uri()).await?;
+    let k = key("break-across-agents");
+    let mut run = a.run(&[&k], &[], HOLD)?;
+    let ready = run.ready().await?;
+
+    let released = b.runlock_output(&["release", &k]).await?;
+    released.expect_code(0)?;
+    let broken = run.finish().await?;
+    broken.expect_code(76)?;
+    ensure!(
+        !broken.stdout.contains("bye"),
+        "the command was not stopped: {broken:?}"
+    );
+    ensure!(
+        broken.elapsed < Duration::from_secs(10),
+        "the break was noticed late: {broken:?}"
+    );
+    let token = token_of_a_run(&a, &k).await?;
+    ensure!(
+        token > ready.token() + 1,
+        "{token}: the break's own token was reused"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_error_names_a_holder_on_another_agent_even_behind_a_local_waiter() -> Result<()> {
+    let locks = FileBackendDir::new()?;
+    let a = TestAgent::start(locks.uri()).await?;
+    let b = TestAgent::start(locks.uri()).await?;
+    let (first, k) = (key("behind-waiter-a"), key("behind-waiter-b"));
+    let mut holder = a.run(&[&k], &[], HOLD)?;
+    let ready = holder.ready().await?;
+    let mut client = b.client().await?;
+    let waiter = b
+        .run_waiting_for(&mut client, &k, &first, "echo waiter-ran")
+        .await?;
+
+    // SPEC.md 9: `held` and `timeout` always carry the holder, so the shim can name it.
+    for wait in ["300ms", "0s"] {
+        let out = b
+            .run(&[&k], &["--wait", wait], "echo must-not-run")?
+            .finish()
+            .await?;
+        out.expect_code(75)?;
+        ensure!(
+            out.stderr.contains(&holder.pid()?.to_string())
+                && out.stderr.contains(&format!("token:   {}", ready.token())),
+            "--wait {wait}: the holder through agent A is not named: {out:?}"
+        );
+    }
+    holder.end();
+    holder.finish().await?.expect_code(0)?;
+    let out = waiter.finish().await?;
+    out.expect_code(0)?;
+    ensure!(out.stdout.contains("waiter-ran"), "{out:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_directory_that_is_gone_makes_runs_exit_69() -> Result<()> {
+    let locks = FileBackendDir::new()?;
+    let agent = TestAgent::start(locks.uri()).await?;
+    let dir = locks
+        .uri()
+        .strip_prefix("file://")
+        .map(std::path::PathBuf::from)
+        .context("not a file:// URI")?;
+    std::fs::remove_dir_all(&dir)?;
+    let k = key("gone-directory");
+    let out = agent.run(&[&k], &[], "echo must-not-run")?.finish().await?;
+    out.expect_code(69)?;
+    ensure!(!out.stdout.contains("must-not-run"), "{out:?}");
+    // The agent keeps serving: once the directory is back, runs go on.
+    std::fs::create_dir_all(&dir)?;
+    agent
+        .run(&[&k], &[], "exit 0")?
+        .finish()
+        .await?
+        .expect_code(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unusual_keys_lock_and_stay_distinct() -> Result<()> {
+    let agent = TestAgent::start_on(crate::support::agent::Backend::File).await?;
+    let long_a = "é".repeat(200);
+    let long_b = "é".repeat(199) + "e";
+    let longest = "k".repeat(512);
+    let held = [
+        "a/b",
+        "../escape",
+        ".hidden",
+        "with space",
+        "dev:tap-x-to-target-y",
+        "ünïcödé",
+        long_a.as_str(),
+        longest.as_str(),
+    ];
+    // Keys that escape or hash to names near those of `held`.
+    let free = [
+        "a%2Fb",
+        "%2E%2E%2Fescape",
+        "hidden",
+        long_b.as_str(),
+        "DEV:tap-x-to-target-y",
+    ];
+    let mut holder = agent.run(&held, &[], HOLD)?;
+    let ready = holder.ready().await?;
+    ensure!(ready.tokens == vec![1; held.len()], "{ready:?}");
+    for k in held {
+        let out = agent.run(&[k], &[], "exit 0")?.finish().await?;
+        out.expect_code(75).with_context(|| format!("key {k:?}"))?;
+    }
+    for k in free {
+        let out = agent.run(&[k], &[], "exit 0")?.finish().await?;
+        out.expect_code(0).with_context(|| format!("key {k:?}"))?;
+    }
+    holder.end();
+    holder.finish().await?.expect_code(0)?;
+    // Nothing escaped the lock directory.
+    ensure!(
+        !agent.dir().join("escape.lock").exists()
+            && !std::path::Path::new("/tmp/escape.lock").exists()
+    );
+    Ok(())
+}

@@ -1,0 +1,322 @@
+//! `TestAgent`: a real `runlockd` on a socket in its own temporary directory,
+//! started with its own `NOTIFY_SOCKET` and ready once it sends `READY=1`.
+
+use super::bins::bins;
+use super::client::RawClient;
+use super::run::{Finished, Run};
+use super::{within, Deadline, WAIT};
+use anyhow::{bail, Context};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use runlock_protocol::{AgentMessage, ClientMessage};
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use tempfile::TempDir;
+use tokio::net::UnixDatagram;
+use tokio::process::{Child, Command};
+
+/// How to start an agent.
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    /// The backend URI (`file:///DIR` or `memory://`).
+    pub backend: String,
+    /// The socket path; `<tempdir>/agent.sock` when `None`.
+    pub socket: Option<PathBuf>,
+    /// More flags for `runlockd`.
+    pub args: Vec<String>,
+}
+
+impl AgentOptions {
+    /// An agent on `backend` with its own socket and default flags.
+    pub fn new(backend: impl Into<String>) -> AgentOptions {
+        AgentOptions {
+            backend: backend.into(),
+            socket: None,
+            args: Vec::new(),
+        }
+    }
+}
+
+/// A running `runlockd`. Dropping it kills the agent (SIGKILL) and, when the
+/// test is failing, its log is shown with the test's output.
+pub struct TestAgent {
+    dir: TempDir,
+    socket: PathBuf,
+    backend: String,
+    child: Option<Child>,
+    log: PathBuf,
+    _notify: UnixDatagram,
+}
+
+/// A temporary directory under /tmp, where socket paths stay well inside sun_path's ~108 bytes.
+pub fn temp_dir() -> anyhow::Result<TempDir> {
+    tempfile::Builder::new()
+        .prefix("runlock-it-")
+        .tempdir_in("/tmp")
+        .context("creating a temporary directory in /tmp")
+}
+
+/// A `file://` backend directory that outlives any one agent.
+pub struct FileBackendDir {
+    dir: TempDir,
+}
+
+impl FileBackendDir {
+    /// A new, empty lock directory.
+    pub fn new() -> anyhow::Result<FileBackendDir> {
+        Ok(FileBackendDir { dir: temp_dir()? })
+    }
+
+    /// Its URI.
+    pub fn uri(&self) -> String {
+        format!("file://{}", self.dir.path().join("locks").display())
+    }
+}
+
+/// The backends the lifecycle cases run on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// `file://` in a temporary directory.
+    File,
+    /// `memory://`.
+    Memory,
+}
+
+impl TestAgent {
+    /// Starts an agent on `backend` and waits until it is ready.
+    pub async fn start(backend: impl Into<String>) -> anyhow::Result<TestAgent> {
+        TestAgent::start_with(AgentOptions::new(backend)).await
+    }
+
+    /// Starts an agent on a fresh backend of `kind` (a `file://` directory inside the agent's own tempdir).
+    pub async fn start_on(kind: Backend) -> anyhow::Result<TestAgent> {
+        match kind {
+            Backend::Memory => TestAgent::start("memory://").await,
+            Backend::File => {
+                let dir = temp_dir()?;
+                let uri = format!("file://{}", dir.path().join("locks").display());
+                TestAgent::launch(dir, AgentOptions::new(uri)).await
+            }
+        }
+    }
+
+    /// Starts an agent as `options` say and waits until it is ready.
+    pub async fn start_with(options: AgentOptions) -> anyhow::Result<TestAgent> {
+        TestAgent::launch(temp_dir()?, options).await
+    }
+
+    async fn launch(dir: TempDir, options: AgentOptions) -> anyhow::Result<TestAgent> {
+        let bins = bins()?;
+        let socket = options
+            .socket
+            .clone()
+            .unwrap_or_else(|| dir.path().join("agent.sock"));
+        let notify_path = dir.path().join("notify.sock");
+        let notify = UnixDatagram::bind(&notify_path)
+            .with_context(|| format!("binding {}", notify_path.display()))?;
+        let log = dir.path().join("runlockd.log");
+        let log_file =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let mut command = Command::new(&bins.runlockd);
+        command
+            .arg("--socket")
+            .arg(&socket)
+            .arg("--backend")
+            .arg(&options.backend)
+            .args(&options.args)
+            .env("NOTIFY_SOCKET", &notify_path)
+            .env_remove("RUNLOCK_SOCKET")
+            .env_remove("RUNLOCK_BACKEND")
+            .env_remove("JOURNAL_STREAM")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log_file)
+            .kill_on_drop(true);
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting {}", bins.runlockd.display()))?;
+        let mut agent = TestAgent {
+            dir,
+            socket,
+            backend: options.backend,
+            child: Some(child),
+            log,
+            _notify: notify,
+        };
+        if let Err(err) = agent.wait_ready().await {
+            bail!("{err:#}\n--- runlockd log ---\n{}", agent.log());
+        }
+        Ok(agent)
+    }
+
+    /// Waits for `READY=1` on the notify socket; fails at once if the agent exits first.
+    async fn wait_ready(&mut self) -> anyhow::Result<()> {
+        let child = self.child.as_mut().context("agent not running")?;
+        let notify = &self._notify;
+        let ready = async {
+            let mut buf = vec![0u8; 4096];
+            loop {
+                let n = notify
+                    .recv(&mut buf)
+                    .await
+                    .context("reading NOTIFY_SOCKET")?;
+                let text = String::from_utf8_lossy(&buf[..n]);
+                if text.lines().any(|line| line == "READY=1") {
+                    return anyhow::Ok(());
+                }
+            }
+        };
+        within(WAIT, "runlockd to send READY=1", async {
+            tokio::select! {
+                ready = ready => ready,
+                status = child.wait() => bail!("runlockd exited before it was ready: {:?}", status?),
+            }
+        })
+        .await?
+    }
+
+    /// The agent's socket.
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// The backend URI it was started with.
+    pub fn backend(&self) -> &str {
+        &self.backend
+    }
+
+    /// The agent's temporary directory (for test files beside it).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The agent's pid, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|c| c.id())
+    }
+
+    /// What the agent has logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_else(|e| format!("(cannot read log: {e})"))
+    }
+
+    /// The shim, preconfigured with this agent's `--socket`.
+    pub fn runlock(&self) -> anyhow::Result<Command> {
+        let mut command = Command::new(&bins()?.runlock);
+        command
+            .arg("--socket")
+            .arg(&self.socket)
+            .env_remove("RUNLOCK_SOCKET")
+            .kill_on_drop(true);
+        Ok(command)
+    }
+
+    /// `runlock run --key K... [extra] -- sh -c SCRIPT`, started.
+    pub fn run(&self, keys: &[&str], extra: &[&str], script: &str) -> anyhow::Result<Run> {
+        let mut command = self.runlock()?;
+        command.arg("run");
+        for key in keys {
+            command.args(["--key", key]);
+        }
+        command.args(extra).args(["--", "sh", "-c", script]);
+        Run::spawn(command)
+    }
+
+    /// Starts a run of `k` and `first` (which sorts before `k`) with
+    /// `--wait 20s`, and returns once it waits for `k`: keys are taken in
+    /// sorted order, so its hold on `first` (seen through `client`) shows that
+    /// its acquire is in the agent, waiting for `k`.
+    pub async fn run_waiting_for(
+        &self,
+        client: &mut RawClient,
+        k: &str,
+        first: &str,
+        script: &str,
+    ) -> anyhow::Result<Run> {
+        anyhow::ensure!(first < k, "{first:?} must sort before {k:?}");
+        let run = self.run(&[k, first], &["--wait", "20s"], script)?;
+        let deadline = Deadline::new(WAIT, format!("the waiter to take {first}"));
+        while !client.is_held(first).await? {
+            deadline.tick().await?;
+        }
+        Ok(run)
+    }
+
+    /// Runs `runlock ARGS...` to its end.
+    pub async fn runlock_output(&self, args: &[&str]) -> anyhow::Result<Finished> {
+        let mut command = self.runlock()?;
+        command.args(args);
+        Run::spawn(command)?.finish().await
+    }
+
+    /// `runlock inspect KEY --json`, parsed.
+    pub async fn inspect_json(&self, key: &str) -> anyhow::Result<serde_json::Value> {
+        let out = self.runlock_output(&["inspect", key, "--json"]).await?;
+        out.expect_code(0)?;
+        serde_json::from_str(out.stdout.trim())
+            .with_context(|| format!("inspect --json printed non-JSON: {out:?}"))
+    }
+
+    /// A raw protocol connection that has said hello.
+    pub async fn client(&self) -> anyhow::Result<RawClient> {
+        let mut client = RawClient::connect(&self.socket).await?;
+        client.hello().await?;
+        Ok(client)
+    }
+
+    /// Waits until the agent knows a run's command (the shim's `attach`), so
+    /// that it can act for a shim that is gone. A command may print its first
+    /// line before its shim has sent `attach`.
+    pub async fn wait_attached(&self, child_pid: u32) -> anyhow::Result<()> {
+        let mut client = self.client().await?;
+        let deadline = Deadline::new(WAIT, format!("the agent to know child {child_pid}"));
+        loop {
+            match client.call(ClientMessage::List).await? {
+                AgentMessage::Leases { leases } => {
+                    if leases.iter().any(|l| l.child_pid == Some(child_pid)) {
+                        return Ok(());
+                    }
+                }
+                other => bail!("expected leases, got {other:?}"),
+            }
+            deadline.tick().await?;
+        }
+    }
+
+    /// SIGTERM, then waits (bounded) for the agent to exit.
+    pub async fn stop(&mut self) -> anyhow::Result<ExitStatus> {
+        self.signal(Signal::SIGTERM)?;
+        self.wait().await
+    }
+
+    /// SIGKILL, then waits for the agent to be gone.
+    pub async fn kill(&mut self) -> anyhow::Result<ExitStatus> {
+        self.signal(Signal::SIGKILL)?;
+        self.wait().await
+    }
+
+    fn signal(&self, signal: Signal) -> anyhow::Result<()> {
+        let pid = self.pid().context("agent not running")?;
+        kill(Pid::from_raw(pid as i32), signal)
+            .with_context(|| format!("sending {signal} to runlockd"))
+    }
+
+    async fn wait(&mut self) -> anyhow::Result<ExitStatus> {
+        let mut child = self.child.take().context("agent not running")?;
+        within(WAIT, "runlockd to exit", child.wait())
+            .await?
+            .context("waiting for runlockd")
+    }
+}
+
+impl Drop for TestAgent {
+    fn drop(&mut self) {
+        // Captured by the test harness and shown only when the test fails.
+        eprintln!(
+            "--- runlockd log ({}, {}) ---\n{}",
+            self.socket.display(),
+            self.backend,
+            self.log()
+        );
+    }
+}

@@ -1,0 +1,71 @@
+//! Builds `runlockd` and `runlock` once per test process, with the test's own
+//! profile, and finds them from cargo's own report of what it built (so a
+//! `CARGO_TARGET_DIR` or a configured target dir is honoured).
+
+use anyhow::{bail, Context};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+/// Paths of the real binaries under test.
+#[derive(Debug)]
+pub struct Bins {
+    /// The agent.
+    pub runlockd: PathBuf,
+    /// The shim.
+    pub runlock: PathBuf,
+}
+
+static BINS: OnceLock<Result<Bins, String>> = OnceLock::new();
+
+/// The binaries, built on first use. A build failure fails every test that
+/// needs them, with cargo's output.
+pub fn bins() -> anyhow::Result<&'static Bins> {
+    BINS.get_or_init(|| build().map_err(|e| format!("{e:#}")))
+        .as_ref()
+        .map_err(|e| anyhow::anyhow!("building runlockd and runlock failed: {e}"))
+}
+
+fn build() -> anyhow::Result<Bins> {
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("the tests package has no parent directory")?;
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo
+        .current_dir(workspace)
+        .args(["build", "--message-format=json-render-diagnostics"])
+        .args(["-p", "runlock-agent", "-p", "runlock-shim"]);
+    if !cfg!(debug_assertions) {
+        cargo.arg("--release");
+    }
+    let output = cargo.output().context("running cargo build")?;
+    if !output.status.success() {
+        bail!(
+            "cargo build exited with {}:\n{}",
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let mut runlockd = None;
+    let mut runlock = None;
+    for line in String::from_utf8_lossy(&output.stdout).lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        if message["reason"] != "compiler-artifact" {
+            continue;
+        }
+        let Some(executable) = message["executable"].as_str() else {
+            continue;
+        };
+        match message["target"]["name"].as_str() {
+            Some("runlockd") => runlockd = Some(PathBuf::from(executable)),
+            Some("runlock") => runlock = Some(PathBuf::from(executable)),
+            _ => {}
+        }
+    }
+    Ok(Bins {
+        runlockd: runlockd.context("cargo build did not report the runlockd executable")?,
+        runlock: runlock.context("cargo build did not report the runlock executable")?,
+    })
+}

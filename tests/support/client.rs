@@ -1,0 +1,184 @@
+//! `RawClient`: the protocol spoken by hand, for tests that need to see
+//! replies and events themselves, or to send bytes no real client would.
+
+use super::{within, WAIT};
+use anyhow::{bail, Context};
+use futures::{SinkExt, StreamExt};
+use runlock_protocol::{AgentMessage, ClientMessage, Envelope, ShimCodec, PROTOCOL_VERSION};
+use serde::Serialize;
+use std::collections::VecDeque;
+use std::path::Path;
+use tokio::io::AsyncWriteExt;
+use tokio::net::UnixStream;
+use tokio_util::codec::Framed;
+
+/// One connection to an agent.
+pub struct RawClient {
+    framed: Framed<UnixStream, ShimCodec>,
+    next_id: u64,
+    /// Events (messages without `id`) that arrived while a reply was awaited.
+    pub events: VecDeque<AgentMessage>,
+}
+
+/// A frame: the 4-byte big-endian length, then `body`.
+pub fn frame(body: &[u8]) -> Vec<u8> {
+    let mut bytes = (body.len() as u32).to_be_bytes().to_vec();
+    bytes.extend_from_slice(body);
+    bytes
+}
+
+/// Any serializable value as a MessagePack body, maps with named fields.
+pub fn encode(value: &impl Serialize) -> anyhow::Result<Vec<u8>> {
+    rmp_serde::to_vec_named(value).context("encoding a test message")
+}
+
+/// The `hello` a version-1 client sends.
+pub fn hello() -> ClientMessage {
+    ClientMessage::Hello {
+        version: PROTOCOL_VERSION,
+        client: "runlock-tests".to_string(),
+        pid: std::process::id(),
+    }
+}
+
+/// A minimal `acquire` of `keys` that does not wait.
+pub fn acquire(keys: &[&str]) -> ClientMessage {
+    ClientMessage::Acquire {
+        keys: keys.iter().map(|k| k.to_string()).collect(),
+        ttl_ms: None,
+        wait_ms: 0,
+        force: false,
+        command: "runlock-tests raw client".to_string(),
+        on_lost: Default::default(),
+    }
+}
+
+impl RawClient {
+    /// Connects without saying hello.
+    pub async fn connect(socket: &Path) -> anyhow::Result<RawClient> {
+        let stream = within(WAIT, "connecting to the agent", UnixStream::connect(socket))
+            .await?
+            .with_context(|| format!("connecting to {}", socket.display()))?;
+        Ok(RawClient {
+            framed: Framed::new(stream, ShimCodec::new()),
+            next_id: 1,
+            events: VecDeque::new(),
+        })
+    }
+
+    /// Says hello; returns the `welcome`.
+    pub async fn hello(&mut self) -> anyhow::Result<AgentMessage> {
+        self.send_envelope(Envelope::event(hello())).await?;
+        match self.recv().await? {
+            Envelope {
+                id: None,
+                body: body @ AgentMessage::Welcome { .. },
+            } => Ok(body),
+            other => bail!("expected welcome, got {other:?}"),
+        }
+    }
+
+    /// The `agent_id` of a `welcome`.
+    pub fn agent_id(welcome: &AgentMessage) -> anyhow::Result<String> {
+        match welcome {
+            AgentMessage::Welcome { agent_id, .. } => Ok(agent_id.clone()),
+            other => bail!("not a welcome: {other:?}"),
+        }
+    }
+
+    /// Sends one message as it is.
+    pub async fn send_envelope(&mut self, message: Envelope<ClientMessage>) -> anyhow::Result<()> {
+        within(WAIT, "sending a message", self.framed.send(message))
+            .await?
+            .context("sending a message")
+    }
+
+    /// Sends a request with a fresh id; returns the id.
+    pub async fn send(&mut self, body: ClientMessage) -> anyhow::Result<u64> {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send_envelope(Envelope::request(id, body)).await?;
+        Ok(id)
+    }
+
+    /// Writes raw bytes to the socket, bypassing the codec.
+    pub async fn write_raw(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
+        within(WAIT, "flushing", self.framed.flush()).await??;
+        let stream = self.framed.get_mut();
+        within(WAIT, "writing raw bytes", stream.write_all(bytes))
+            .await?
+            .context("writing raw bytes")
+    }
+
+    /// The next message, whatever it is; an error if the connection ends.
+    pub async fn recv(&mut self) -> anyhow::Result<Envelope<AgentMessage>> {
+        match within(WAIT, "a message from the agent", self.framed.next()).await? {
+            Some(Ok(Ok(message))) => Ok(message),
+            Some(Ok(Err(bad))) => bail!("undecodable message from the agent: {bad:?}"),
+            Some(Err(err)) => Err(err).context("reading from the agent"),
+            None => bail!("the agent closed the connection"),
+        }
+    }
+
+    /// Reads until the reply to `id`, setting events aside.
+    pub async fn reply(&mut self, id: u64) -> anyhow::Result<AgentMessage> {
+        loop {
+            match self.recv().await? {
+                Envelope {
+                    id: Some(got),
+                    body,
+                } if got == id => return Ok(body),
+                Envelope { id: None, body } => self.events.push_back(body),
+                other => bail!("a reply to a request never sent: {other:?}"),
+            }
+        }
+    }
+
+    /// Sends a request and waits for its reply.
+    pub async fn call(&mut self, body: ClientMessage) -> anyhow::Result<AgentMessage> {
+        let id = self.send(body).await?;
+        self.reply(id).await
+    }
+
+    /// Whether the agent's backend records `key` as held.
+    pub async fn is_held(&mut self, key: &str) -> anyhow::Result<bool> {
+        let inspect = ClientMessage::Inspect {
+            key: key.to_string(),
+        };
+        match self.call(inspect).await? {
+            AgentMessage::Record(record) => Ok(record.state == runlock_protocol::KeyState::Held),
+            other => bail!("expected a record, got {other:?}"),
+        }
+    }
+
+    /// The next event (a message without `id`).
+    pub async fn next_event(&mut self) -> anyhow::Result<AgentMessage> {
+        if let Some(event) = self.events.pop_front() {
+            return Ok(event);
+        }
+        match self.recv().await? {
+            Envelope { id: None, body } => Ok(body),
+            other => bail!("expected an event, got {other:?}"),
+        }
+    }
+
+    /// Succeeds once the agent has closed the connection (end of file, or a
+    /// reset when the agent left bytes of ours unread); fails on any message.
+    pub async fn expect_closed(&mut self) -> anyhow::Result<()> {
+        match within(
+            WAIT,
+            "the agent to close the connection",
+            self.framed.next(),
+        )
+        .await?
+        {
+            None => Ok(()),
+            Some(Err(runlock_protocol::ProtocolError::Io(err)))
+                if err.kind() == std::io::ErrorKind::ConnectionReset =>
+            {
+                Ok(())
+            }
+            Some(other) => bail!("expected the connection to close, got {other:?}"),
+        }
+    }
+}

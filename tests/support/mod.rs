@@ -1,0 +1,100 @@
+//! The harness every integration test uses: the real binaries (built once),
+//! agents on temporary sockets, shim runs with their output, and a raw
+//! protocol client. Every wait in here is bounded.
+
+/// Runs each `async fn case(Backend) -> anyhow::Result<()>` named as two
+/// tests, `case::file` and `case::memory`.
+macro_rules! on_both_backends {
+    ($($case:ident),* $(,)?) => {$(
+        mod $case {
+            use crate::support::agent::Backend;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn file() -> anyhow::Result<()> {
+                super::$case(Backend::File).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn memory() -> anyhow::Result<()> {
+                super::$case(Backend::Memory).await
+            }
+        }
+    )*};
+}
+
+pub mod agent;
+pub mod bins;
+pub mod client;
+pub mod run;
+
+pub use agent::{AgentOptions, TestAgent};
+pub use run::Run;
+
+use anyhow::Context;
+use std::future::Future;
+use std::time::Duration;
+
+/// The bound on any single wait for something that should happen promptly
+/// (a process starting, a line, an exit): generous for a loaded 2-core machine.
+pub const WAIT: Duration = Duration::from_secs(15);
+
+/// Awaits `future` for at most `limit`, naming `what` if it takes longer.
+pub async fn within<T>(
+    limit: Duration,
+    what: &str,
+    future: impl Future<Output = T>,
+) -> anyhow::Result<T> {
+    tokio::time::timeout(limit, future)
+        .await
+        .with_context(|| format!("timed out after {limit:?} waiting for {what}"))
+}
+
+/// A bound on a poll, for states nothing announces (is a key acquirable yet?):
+/// `while !done().await? { deadline.tick().await?; }`.
+pub struct Deadline {
+    at: tokio::time::Instant,
+    limit: Duration,
+    what: String,
+}
+
+impl Deadline {
+    /// A deadline `limit` from now for `what`.
+    pub fn new(limit: Duration, what: impl Into<String>) -> Deadline {
+        Deadline {
+            at: tokio::time::Instant::now() + limit,
+            limit,
+            what: what.into(),
+        }
+    }
+
+    /// Waits 20 ms before the next check; fails once the deadline has passed.
+    pub async fn tick(&self) -> anyhow::Result<()> {
+        if tokio::time::Instant::now() >= self.at {
+            anyhow::bail!("{}: not true after {:?}", self.what, self.limit);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        Ok(())
+    }
+}
+
+/// A fresh key name for a test, so that no two tests' keys meet even in one backend.
+pub fn key(name: &str) -> String {
+    format!("test:{name}")
+}
+
+/// This machine's host name, as the agent records it.
+pub fn host_name() -> anyhow::Result<String> {
+    Ok(nix::unistd::gethostname()
+        .context("reading the host name")?
+        .to_string_lossy()
+        .into_owned())
+}
+
+/// The user name the agent records for this process's uid.
+pub fn user_name() -> String {
+    let uid = nix::unistd::geteuid();
+    match nix::unistd::User::from_uid(uid) {
+        Ok(Some(user)) => user.name,
+        _ => uid.as_raw().to_string(),
+    }
+}
