@@ -3,6 +3,7 @@
 
 use crate::support::agent::FileBackendDir;
 use crate::support::client::RawClient;
+use crate::support::journal::Journal;
 use crate::support::run::HOLD;
 use crate::support::{host_name, key, user_name, AgentOptions, TestAgent};
 use anyhow::{ensure, Context, Result};
@@ -127,7 +128,7 @@ async fn runs_through_two_agents_in_opposite_key_orders_never_overlap() -> Resul
     let locks = FileBackendDir::new()?;
     let a = TestAgent::start(locks.uri()).await?;
     let b = TestAgent::start(locks.uri()).await?;
-    let journal = a.dir().join("journal");
+    let journal = Journal::new(a.dir());
     let (x, y) = (key("two-agents-x"), key("two-agents-y"));
     let runs = (0..6)
         .map(|id| {
@@ -136,26 +137,13 @@ async fn runs_through_two_agents_in_opposite_key_orders_never_overlap() -> Resul
                 1 => (&b, [&y, &x]),
                 _ => (&b, [&x, &y]),
             };
-            let script = format!(
-                "echo start {id} >> {j}; sleep 0.02; echo end {id} >> {j}",
-                j = journal.display()
-            );
-            agent.run(&keys, &["--wait", "30s"], &script)
+            agent.run(&keys, &["--wait", "30s"], &journal.script(id))
         })
         .collect::<Result<Vec<_>>>()?;
     for run in runs {
         run.finish().await?.expect_code(0)?;
     }
-    let text = std::fs::read_to_string(&journal)?;
-    let lines: Vec<&str> = text.lines().collect();
-    ensure!(lines.len() == 12, "every run ran once:\n{text}");
-    for pair in lines.chunks(2) {
-        let id = pair[0]
-            .strip_prefix("start ")
-            .context("a run started inside another")?;
-        ensure!(pair[1] == format!("end {id}"), "runs overlapped:\n{text}");
-    }
-    Ok(())
+    journal.assert_serial(6)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

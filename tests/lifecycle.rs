@@ -2,6 +2,7 @@
 //! statuses, signals, several keys, force and release, on `file://` and `memory://`.
 
 use crate::support::agent::Backend;
+use crate::support::journal::Journal;
 use crate::support::run::HOLD;
 use crate::support::{host_name, key, user_name, Deadline, Run, TestAgent};
 use anyhow::{ensure, Context, Result};
@@ -314,33 +315,18 @@ async fn signals_to_the_shim_reach_the_command(backend: Backend) -> Result<()> {
 
 async fn opposite_key_orders_neither_deadlock_nor_overlap(backend: Backend) -> Result<()> {
     let agent = TestAgent::start_on(backend).await?;
-    let journal = agent.dir().join("journal");
+    let journal = Journal::new(agent.dir());
     let (a, b) = (key("multi-a"), key("multi-b"));
     let runs = (0..8)
         .map(|id| {
             let keys: [&str; 2] = if id % 2 == 0 { [&a, &b] } else { [&b, &a] };
-            let script = format!(
-                "echo start {id} >> {j}; sleep 0.02; echo end {id} >> {j}",
-                j = journal.display()
-            );
-            agent.run(&keys, &["--wait", "30s"], &script)
+            agent.run(&keys, &["--wait", "30s"], &journal.script(id))
         })
         .collect::<Result<Vec<_>>>()?;
     for run in runs {
         run.finish().await?.expect_code(0)?;
     }
-    let text = std::fs::read_to_string(&journal)?;
-    let lines: Vec<&str> = text.lines().collect();
-    ensure!(lines.len() == 16, "every run ran once: {text}");
-    let mut seen = std::collections::BTreeSet::new();
-    for pair in lines.chunks(2) {
-        let id = pair[0]
-            .strip_prefix("start ")
-            .context("a run started inside another")?;
-        ensure!(pair[1] == format!("end {id}"), "runs overlapped:\n{text}");
-        ensure!(seen.insert(id.to_string()), "run {id} ran twice:\n{text}");
-    }
-    Ok(())
+    journal.assert_serial(8)
 }
 
 async fn force_stops_the_holder_with_76_and_a_larger_token(backend: Backend) -> Result<()> {

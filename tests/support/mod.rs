@@ -25,6 +25,7 @@ macro_rules! on_both_backends {
 pub mod agent;
 pub mod bins;
 pub mod client;
+pub mod journal;
 pub mod run;
 
 pub use agent::{AgentOptions, TestAgent};

@@ -85,6 +85,17 @@ impl FileBackend {
 
 const GATE_FILE: &str = ".force.lock";
 
+/// Opens (creating if needed) a file we lock and write in place.
+fn open_rw(path: &Path) -> io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .open(path)
+}
+
 fn io_error(what: &str, path: &Path, err: io::Error) -> BackendError {
     BackendError::Unavailable(format!("{what} {}: {err}", path.display()))
 }
@@ -210,14 +221,7 @@ impl Inner {
 
     fn open_gate(&self, exclusive: bool) -> Result<File, BackendError> {
         let path = self.dir.join(GATE_FILE);
-        let gate = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(&path)
-            .map_err(|e| io_error("opening", &path, e))?;
+        let gate = open_rw(&path).map_err(|e| io_error("opening", &path, e))?;
         let kind = if exclusive {
             libc::F_WRLCK
         } else {
@@ -239,14 +243,7 @@ impl Inner {
         let _gate = self.open_gate(spec.force)?;
         let path = self.path(&spec.key);
         loop {
-            let file = OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .mode(0o644)
-                .open(&path)
-                .map_err(|e| io_error("opening", &path, e))?;
+            let file = open_rw(&path).map_err(|e| io_error("opening", &path, e))?;
             if !ofd_lock(&file, libc::F_WRLCK, false).map_err(|e| io_error("locking", &path, e))? {
                 let current = read_record_settled(&file, |r| r.state == KeyState::Held)
                     .map_err(|e| io_error("reading", &path, e))?;
