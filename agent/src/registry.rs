@@ -20,6 +20,8 @@ pub const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(1), Duration::f
 /// Waiters re-check the backend (for holders on other agents) this often at most.
 const POLL_CAP: Duration = Duration::from_millis(500);
 const POLL_START: Duration = Duration::from_millis(20);
+/// How long naming a lost lease's new holder may take before the run is told without it.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// A connection's id within this agent.
 pub type ConnId = u64;
@@ -624,9 +626,8 @@ impl Registry {
             (lease, notice)
         };
         self.renewals.stop(lease_id);
-        // Close our hold on it (a no-op for the store when the lease was taken away).
-        let _ = self.backend.release(&lease.reference(lease_id)).await;
         tracing::warn!(key = %lease.key, token = lease.holder.token, ?reason, "lease lost");
+        let grace = runlock_protocol::kill_grace(lease.ttl);
         if let Some((events, peer, child, on_lost)) = notice {
             let _ = events.send(AgentMessage::Lost {
                 lease_id: lease_id.to_string(),
@@ -637,15 +638,37 @@ impl Registry {
             });
             // The shim acts on `lost` itself; only when it is gone does the agent act for it.
             if let Some((_, pgid)) = child.filter(|_| !process_alive(peer.pid)) {
-                enforce_on_lost(pgid, on_lost);
+                enforce_on_lost(pgid, on_lost, grace);
             }
+        }
+        let reference = lease.reference(lease_id);
+        if reason == LostReason::Expired {
+            // The record may still name us: freeing it now would let another run
+            // start while ours is still being stopped. Free it once ours is gone.
+            let backend = self.backend.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                let _ = backend.release(&reference).await;
+            });
+        } else {
+            // Someone else holds it now: this only lets go of our local hold.
+            let _ = self.backend.release(&reference).await;
         }
         self.state().wake_head(&lease.key);
     }
 
-    /// The renewal scheduler found the lease no longer ours.
-    pub(crate) async fn renewal_lost(&self, lease: &LeaseRef) {
-        let record = self.backend.inspect(&lease.key).await.ok();
+    /// The renewal scheduler gave the lease up: `taken` when the store says it is
+    /// someone else's, otherwise its deadline passed without a renewal.
+    pub(crate) async fn renewal_lost(&self, lease: &LeaseRef, taken: bool) {
+        if !taken {
+            // Tell the run now: looking up who else holds it could hang on the same store.
+            let message = "the lease could not be renewed before its deadline".to_string();
+            return self
+                .lose(&lease.lease_id, LostReason::Expired, message, None)
+                .await;
+        }
+        let lookup = tokio::time::timeout(LOOKUP_TIMEOUT, self.backend.inspect(&lease.key));
+        let record = lookup.await.ok().and_then(Result::ok);
         let (reason, message, holder) = match record {
             Some(KeyRecord {
                 holder: Some(h), ..
@@ -664,7 +687,7 @@ impl Registry {
             ),
             _ => (
                 LostReason::Expired,
-                "the lease could not be renewed".to_string(),
+                "the lease is no longer held in the backend".to_string(),
                 None,
             ),
         };
@@ -735,7 +758,7 @@ impl Drop for Place<'_> {
     }
 }
 
-fn enforce_on_lost(pgid: u32, on_lost: OnLost) {
+fn enforce_on_lost(pgid: u32, on_lost: OnLost, grace: Duration) {
     use nix::sys::signal::{killpg, Signal};
     let group = nix::unistd::Pid::from_raw(pgid as i32);
     match on_lost {
@@ -746,10 +769,7 @@ fn enforce_on_lost(pgid: u32, on_lost: OnLost) {
         OnLost::Term => {
             let _ = killpg(group, Signal::SIGTERM);
             tokio::spawn(async move {
-                tokio::time::sleep(Duration::from_millis(
-                    runlock_protocol::ON_LOST_KILL_GRACE_MS,
-                ))
-                .await;
+                tokio::time::sleep(grace).await;
                 let _ = killpg(group, Signal::SIGKILL);
             });
         }

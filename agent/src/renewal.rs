@@ -13,8 +13,13 @@ use tokio_util::time::{delay_queue, DelayQueue};
 
 /// How many renewals may be in flight toward the backend at once.
 const MAX_IN_FLIGHT: usize = 64;
-/// A lease is given up this long before its TTL runs out since the last good renewal.
-const SAFETY_MARGIN_SHARE: u32 = 6;
+/// The moment a holder stops trusting its lease: the send time of its last
+/// successful write + TTL − a safety margin of TTL/6. Others may take the key
+/// only after the store's clock passes that write + TTL + grace, so the margin
+/// plus the grace is the time the run has to stop (`kill_grace` fits in it).
+pub fn deadline(last_write_sent: Instant, ttl: Duration) -> Instant {
+    last_write_sent + ttl - ttl / 6
+}
 
 enum Command {
     Start(LeaseRef, Duration),
@@ -55,7 +60,7 @@ struct Entry {
 
 impl Entry {
     fn deadline(&self) -> Instant {
-        self.last_ok + self.ttl - self.ttl / SAFETY_MARGIN_SHARE
+        deadline(self.last_ok, self.ttl)
     }
 }
 
@@ -65,7 +70,10 @@ fn period(ttl: Duration) -> Duration {
 
 enum Outcome {
     Renewed(Instant),
+    /// The store says the lease is someone else's now.
     Lost,
+    /// No renewal succeeded before the lease's deadline.
+    Expired,
     Failed(String),
 }
 
@@ -97,45 +105,45 @@ async fn run(
                 let id = due.into_inner();
                 let Some(entry) = entries.get_mut(&id) else { continue };
                 entry.slot = None;
-                let (lease, ttl) = (entry.lease.clone(), entry.ttl);
+                let (lease, ttl, deadline) = (entry.lease.clone(), entry.ttl, entry.deadline());
                 let (backend, limit, done_tx) = (backend.clone(), limit.clone(), done_tx.clone());
                 tokio::spawn(async move {
-                    let Ok(_permit) = limit.acquire_owned().await else { return };
-                    let sent = Instant::now();
-                    let outcome = match backend.renew(&lease, ttl).await {
-                        Ok(()) => Outcome::Renewed(sent),
-                        Err(BackendError::LeaseMismatch) => Outcome::Lost,
-                        Err(err) => Outcome::Failed(err.to_string()),
+                    // A store that hangs must not keep a lease past its deadline.
+                    let renewed = tokio::time::timeout_at(deadline, async {
+                        let _permit = limit.acquire_owned().await;
+                        let sent = Instant::now();
+                        backend.renew(&lease, ttl).await.map(|()| sent)
+                    });
+                    let outcome = match renewed.await {
+                        Ok(Ok(sent)) => Outcome::Renewed(sent),
+                        Ok(Err(BackendError::LeaseMismatch)) => Outcome::Lost,
+                        Ok(Err(err)) => Outcome::Failed(err.to_string()),
+                        Err(_) => Outcome::Expired,
                     };
                     let _ = done_tx.send((lease.lease_id, outcome));
                 });
             }
             Some((id, outcome)) = done.recv() => {
                 let Some(entry) = entries.get_mut(&id) else { continue };
-                let lost = match outcome {
+                let taken = match outcome {
                     Outcome::Renewed(sent) => {
                         entry.last_ok = sent;
                         entry.slot = Some(queue.insert(id.clone(), period(entry.ttl)));
-                        false
+                        continue;
                     }
                     Outcome::Lost => true,
+                    Outcome::Expired => false,
                     Outcome::Failed(error) => {
                         let retry = Duration::from_millis(250).mul_f64(0.5 + fastrand::f64());
-                        if Instant::now() + retry >= entry.deadline() {
-                            tracing::warn!(key = %entry.lease.key, %error, "renewal failed until the lease's deadline");
-                            true
-                        } else {
-                            tracing::warn!(key = %entry.lease.key, %error, "renewal failed, retrying");
-                            entry.slot = Some(queue.insert(id.clone(), retry));
-                            false
-                        }
+                        tracing::warn!(key = %entry.lease.key, %error, "renewal failed, retrying until the lease's deadline");
+                        // The retry is raced against the deadline like any renewal.
+                        entry.slot = Some(queue.insert(id.clone(), retry.min(entry.deadline() - Instant::now())));
+                        continue;
                     }
                 };
-                if lost {
-                    let Some(entry) = entries.remove(&id) else { continue };
-                    let Some(registry) = registry.upgrade() else { return };
-                    tokio::spawn(async move { registry.renewal_lost(&entry.lease).await });
-                }
+                let Some(entry) = entries.remove(&id) else { continue };
+                let Some(registry) = registry.upgrade() else { return };
+                tokio::spawn(async move { registry.renewal_lost(&entry.lease, taken).await });
             }
         }
     }

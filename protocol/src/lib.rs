@@ -23,5 +23,12 @@ pub const PROTOCOL_VERSION: u16 = 1;
 pub const MAX_FRAME_LEN: usize = 1 << 20;
 
 /// How long a run gets between SIGTERM and SIGKILL when its lease is lost
-/// under `on_lost = term`, whether the shim or the agent stops it.
+/// under `on_lost = term`, whether the shim or the agent stops it (at most;
+/// see [`kill_grace`]).
 pub const ON_LOST_KILL_GRACE_MS: u64 = 5_000;
+
+/// The kill grace for a lease of `ttl`: 5 s, or TTL/6 when that is shorter, so
+/// that a run told at its lease's deadline is gone before anyone may take over.
+pub fn kill_grace(ttl: std::time::Duration) -> std::time::Duration {
+    std::time::Duration::from_millis(ON_LOST_KILL_GRACE_MS).min(ttl / 6)
+}

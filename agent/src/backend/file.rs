@@ -14,9 +14,7 @@ use super::{AcquireSpec, Backend, BackendError, Capabilities, Grant, LeaseRef};
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyRecord, KeyState, Scope};
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 use std::collections::HashMap;
-use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
@@ -100,29 +98,9 @@ fn io_error(what: &str, path: &Path, err: io::Error) -> BackendError {
     BackendError::Unavailable(format!("{what} {}: {err}", path.display()))
 }
 
-/// The file name for a key: bytes outside `[A-Za-z0-9._-]` as `%XX` (and a
-/// leading `.`, so names never clash with our own dot files); names too long
-/// for the file system become `%sha256-…`, which no escaped key can spell.
+/// The file name for a key.
 fn file_name(key: &Key) -> String {
-    let mut name = String::new();
-    for (i, b) in key.as_str().bytes().enumerate() {
-        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || (b == b'.' && i > 0) {
-            name.push(b as char);
-        } else {
-            let _ = write!(name, "%{b:02X}");
-        }
-    }
-    if name.len() > 200 {
-        name = Sha256::digest(key.as_str().as_bytes()).iter().fold(
-            String::from("%sha256-"),
-            |mut s, b| {
-                let _ = write!(s, "{b:02x}");
-                s
-            },
-        );
-    }
-    name.push_str(".lock");
-    name
+    format!("{}.lock", super::key_name::escaped(key))
 }
 
 fn flock(kind: libc::c_int) -> libc::flock {
@@ -470,17 +448,6 @@ mod tests {
             lease_id: lease_id.into(),
             token,
         }
-    }
-
-    #[test]
-    fn file_names_are_safe_and_distinct() {
-        let k = |s: &str| file_name(&Key::new(s).expect("valid"));
-        assert_eq!(k("dev:tap-a-to-target-b"), "dev%3Atap-a-to-target-b.lock");
-        assert_eq!(k(".x"), "%2Ex.lock");
-        assert_eq!(k("a/b"), "a%2Fb.lock");
-        assert!(k(&"é".repeat(200)).starts_with("%sha256-"));
-        assert!(k(&"é".repeat(200)).len() < 255);
-        assert_ne!(k(&"é".repeat(200)), k(&"é".repeat(199)));
     }
 
     #[tokio::test]

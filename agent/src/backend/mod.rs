@@ -1,6 +1,8 @@
 //! The backend trait every store implements, its errors, and `from_uri`.
 
+pub mod cas;
 mod file;
+mod key_name;
 mod memory;
 
 pub use file::FileBackend;

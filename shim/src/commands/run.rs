@@ -10,7 +10,7 @@ use crate::signals::Signals;
 use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use runlock_protocol::{AgentMessage, ClientMessage, Envelope, Lease, ON_LOST_KILL_GRACE_MS};
+use runlock_protocol::{kill_grace, AgentMessage, ClientMessage, Envelope, Lease};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
@@ -34,8 +34,8 @@ pub async fn run(socket: &Path, args: RunArgs) -> Result<ExitCode, Failure> {
     let mut client = Client::connect(socket).await?;
 
     let leases = acquire(&mut client, &args, &mut signals).await?;
-    let leases = match leases {
-        Ok(leases) => leases,
+    let (leases, ttl) = match leases {
+        Ok(granted) => granted,
         Err(signal) => return Ok(ExitCode::from(128 + signal as u8)),
     };
 
@@ -53,6 +53,7 @@ pub async fn run(socket: &Path, args: RunArgs) -> Result<ExitCode, Failure> {
     let mut watch = Watch {
         lost: false,
         kill_at: None,
+        kill_grace: kill_grace(ttl),
         agent_open: true,
         on_lost: args.on_lost,
         group,
@@ -104,12 +105,12 @@ pub async fn run(socket: &Path, args: RunArgs) -> Result<ExitCode, Failure> {
     }))
 }
 
-/// Asks for every key; `Ok(Err(signal))` when a signal came first.
+/// Asks for every key: the leases and their TTL, or `Ok(Err(signal))` when a signal came first.
 async fn acquire(
     client: &mut Client,
     args: &RunArgs,
     signals: &mut Signals,
-) -> Result<Result<Vec<Lease>, Signal>, Failure> {
+) -> Result<Result<(Vec<Lease>, Duration), Signal>, Failure> {
     let request = ClientMessage::Acquire {
         keys: args.keys.clone(),
         ttl_ms: args.ttl.map(|d| d.as_millis() as u64),
@@ -124,7 +125,7 @@ async fn acquire(
         .map_err(|e| e.into_failure("asking for the lock"))?;
     tokio::select! {
         reply = client.reply(id) => match reply {
-            Ok(AgentMessage::Acquired { leases, .. }) => Ok(Ok(leases)),
+            Ok(AgentMessage::Acquired { leases, ttl_ms }) => Ok(Ok((leases, Duration::from_millis(ttl_ms)))),
             Ok(other) => Err(unexpected("acquire", &other)),
             Err(CallError::Agent(err)) => Err(Failure::new(exit::for_error(err.code), describe_wire_error(&err))),
             Err(gone) => Err(gone.into_failure("asking for the lock")),
@@ -177,6 +178,8 @@ fn spawn(
 struct Watch {
     lost: bool,
     kill_at: Option<Instant>,
+    /// SIGTERM to SIGKILL: short enough to end before anyone may take the key.
+    kill_grace: Duration,
     agent_open: bool,
     on_lost: OnLostArg,
     group: Pid,
@@ -216,7 +219,7 @@ impl Watch {
             }
             OnLostArg::Term => {
                 let _ = killpg(self.group, Signal::SIGTERM);
-                self.kill_at = Some(Instant::now() + Duration::from_millis(ON_LOST_KILL_GRACE_MS));
+                self.kill_at = Some(Instant::now() + self.kill_grace);
             }
         }
     }

@@ -1,0 +1,365 @@
+//! The lease algorithm for object stores, written once over [`CasStore`].
+//!
+//! A key is one small JSON record. Every acquisition writes it with a larger
+//! token (conditionally: create-if-absent or replace-if-version-matches), so
+//! exactly one of several racing agents wins. Release writes a `free` record
+//! rather than deleting, so tokens keep growing. A holder is stale only when
+//! the *store's* clock says its last write is older than TTL + grace; where
+//! the store gives no clock, only after this agent has seen the record
+//! unchanged for TTL + grace on its own monotonic clock. No agent ever
+//! compares its wall clock with another's.
+
+use super::{CasError, CasStore, Read, Stored};
+use crate::backend::{key_name, AcquireSpec, Backend, BackendError, Capabilities, Grant, LeaseRef};
+use async_trait::async_trait;
+use runlock_protocol::{Holder, Key, KeyRecord, KeyState, Scope};
+use serde::{Deserialize, Serialize};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
+
+/// HTTP dates (`Date`, `Last-Modified`) have whole seconds: a write stamped
+/// `t` happened in `[t, t + 1 s)`, so expiry waits one second more.
+pub const CLOCK_RESOLUTION: Duration = Duration::from_secs(1);
+
+/// How long past a holder's TTL others wait before taking over: room for the
+/// holder to stop its run after its own deadline (see `renewal::deadline`).
+pub fn grace(ttl: Duration) -> Duration {
+    (ttl / 10).max(Duration::from_millis(500))
+}
+
+/// How many times one operation re-reads after losing a race or a request.
+const ATTEMPTS: usize = 6;
+
+/// One key's record, as stored: readable with the cloud's own CLI.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LockRecord {
+    /// The key.
+    pub key: String,
+    /// `held` or `free`.
+    pub state: KeyState,
+    /// The last fencing token issued for the key.
+    pub token: u64,
+    /// The holder, while held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder: Option<Holder>,
+    /// The holding lease's id, while held.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<String>,
+    /// The holder's TTL in milliseconds.
+    pub ttl_ms: u64,
+    /// When the writer last wrote the record, by its own wall clock: for people only.
+    pub renewed_at_ms: u64,
+    /// The token this holder took the key from with `force`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forced_from: Option<u64>,
+}
+
+struct Held {
+    version: String,
+    record: LockRecord,
+}
+
+/// The lease engine over one compare-and-swap store.
+pub struct CasEngine {
+    store: Arc<dyn CasStore>,
+    prefix: String,
+    held: Mutex<HashMap<String, Held>>,
+    /// Without a store clock: when this agent first saw each record version.
+    seen: Mutex<HashMap<String, (String, Instant)>>,
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn unavailable(err: CasError) -> BackendError {
+    match err {
+        CasError::Conflict => BackendError::Unavailable("the store kept changing under us".into()),
+        CasError::Unavailable(why) | CasError::Refused(why) => BackendError::Unavailable(why),
+    }
+}
+
+impl CasEngine {
+    /// An engine keeping records under `prefix` (which ends with `/` or is empty).
+    pub fn new(store: Arc<dyn CasStore>, prefix: impl Into<String>) -> CasEngine {
+        CasEngine {
+            store,
+            prefix: prefix.into(),
+            held: Mutex::new(HashMap::new()),
+            seen: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn name(&self, key: &Key) -> String {
+        format!("{}{}.json", self.prefix, key_name::escaped(key))
+    }
+
+    fn parse(&self, name: &str, stored: &Stored) -> Result<LockRecord, BackendError> {
+        serde_json::from_slice(&stored.body).map_err(|e| {
+            BackendError::Corrupt(format!(
+                "{name} in {} is not a runlock record ({e}); move it aside to free the key",
+                self.store.describe()
+            ))
+        })
+    }
+
+    /// Whether a held record's holder has let its lease run out, by the store's clock.
+    fn expired(
+        &self,
+        name: &str,
+        record: &LockRecord,
+        stored: &Stored,
+        date: Option<SystemTime>,
+    ) -> bool {
+        let ttl = Duration::from_millis(record.ttl_ms);
+        let wait = ttl + grace(ttl);
+        if let (Some(written), Some(now)) = (stored.last_modified, date) {
+            return now >= written + wait + CLOCK_RESOLUTION;
+        }
+        // No clock: the record must stay unchanged for the whole wait, as we saw it.
+        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        match seen.get(name) {
+            Some((version, since)) if *version == stored.version => since.elapsed() >= wait,
+            _ => {
+                seen.insert(name.to_string(), (stored.version.clone(), Instant::now()));
+                false
+            }
+        }
+    }
+
+    fn held_record(spec: &AcquireSpec, token: u64, forced_from: Option<u64>) -> LockRecord {
+        LockRecord {
+            key: spec.key.to_string(),
+            state: KeyState::Held,
+            token,
+            holder: Some(Holder {
+                token,
+                ..spec.holder.clone()
+            }),
+            lease_id: Some(spec.lease_id.clone()),
+            ttl_ms: spec.ttl.as_millis() as u64,
+            renewed_at_ms: now_ms(),
+            forced_from,
+        }
+    }
+
+    fn body(record: &LockRecord) -> Vec<u8> {
+        // invariant: a LockRecord always serializes (plain strings and numbers)
+        serde_json::to_vec_pretty(record).unwrap_or_default()
+    }
+
+    async fn try_acquire(
+        &self,
+        spec: &AcquireSpec,
+        name: &str,
+    ) -> Result<Option<Grant>, BackendError> {
+        let Read { object, date } = self.store.get(name).await.map_err(unavailable)?;
+        let (record, version) = match &object {
+            None => (Self::held_record(spec, 1, None), None),
+            Some(stored) => {
+                let current = self.parse(name, stored)?;
+                let ours = current.lease_id.as_deref() == Some(spec.lease_id.as_str());
+                let record = if current.state != KeyState::Held {
+                    Self::held_record(spec, current.token + 1, None)
+                } else if ours {
+                    // Our own earlier write landed though its answer was lost: write again,
+                    // so the lease's clock starts from a write whose send time we know.
+                    Self::held_record(spec, current.token, current.forced_from)
+                } else if self.expired(name, &current, stored, date) {
+                    Self::held_record(spec, current.token + 1, None)
+                } else if spec.force {
+                    Self::held_record(spec, current.token + 1, Some(current.token))
+                } else {
+                    return Err(BackendError::Held(current.holder.map(Box::new)));
+                };
+                (record, Some(stored.version.clone()))
+            }
+        };
+        let body = Self::body(&record);
+        let written = match &version {
+            None => self.store.put_if_absent(name, body).await,
+            Some(version) => self.store.put_if_match(name, body, version).await,
+        };
+        match written {
+            Ok(version) => {
+                self.seen
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(name);
+                let holder = record.holder.clone().unwrap_or_else(|| spec.holder.clone());
+                let held = Held { version, record };
+                self.held
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(spec.lease_id.clone(), held);
+                Ok(Some(Grant { holder }))
+            }
+            // Lost a race, or lost the answer: read again to see who won.
+            Err(CasError::Conflict) | Err(CasError::Unavailable(_)) => Ok(None),
+            Err(err) => Err(unavailable(err)),
+        }
+    }
+
+    /// Writes `record` over our last version; a conflict is resolved by reading:
+    /// if the record is still ours (our previous write landed unanswered), write again.
+    async fn overwrite(
+        &self,
+        lease: &LeaseRef,
+        record: LockRecord,
+    ) -> Result<String, BackendError> {
+        let name = self.name(&lease.key);
+        let mut version = self
+            .version_of(&lease.lease_id)
+            .ok_or(BackendError::LeaseMismatch)?;
+        let mut last_error = None;
+        for _ in 0..ATTEMPTS {
+            match self
+                .store
+                .put_if_match(&name, Self::body(&record), &version)
+                .await
+            {
+                Ok(new) => return Ok(new),
+                Err(CasError::Refused(why)) => return Err(BackendError::Unavailable(why)),
+                Err(CasError::Unavailable(why)) => {
+                    last_error = Some(why);
+                    continue;
+                }
+                Err(CasError::Conflict) => {}
+            }
+            let read = self.store.get(&name).await.map_err(unavailable)?;
+            let current = match &read.object {
+                Some(stored) => (self.parse(&name, stored)?, stored.version.clone()),
+                None => return Err(BackendError::LeaseMismatch),
+            };
+            let still_ours = current.0.state == KeyState::Held
+                && current.0.lease_id.as_deref() == Some(lease.lease_id.as_str())
+                && current.0.token == lease.token;
+            if !still_ours {
+                return Err(BackendError::LeaseMismatch);
+            }
+            version = current.1;
+        }
+        Err(BackendError::Unavailable(
+            last_error.unwrap_or_else(|| "the store kept changing".into()),
+        ))
+    }
+
+    fn version_of(&self, lease_id: &str) -> Option<String> {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(lease_id)
+            .map(|h| h.version.clone())
+    }
+
+    fn record_of(&self, lease_id: &str) -> Option<LockRecord> {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(lease_id)
+            .map(|h| h.record.clone())
+    }
+}
+
+#[async_trait]
+impl Backend for CasEngine {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities {
+            scope: Scope::Global,
+            survives_agent: true,
+            needs_renewal: true,
+        }
+    }
+
+    fn describe(&self) -> String {
+        self.store.describe()
+    }
+
+    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+        let name = self.name(&spec.key);
+        for attempt in 0..ATTEMPTS {
+            if let Some(grant) = self.try_acquire(spec, &name).await? {
+                return Ok(grant);
+            }
+            tokio::time::sleep(Duration::from_millis(10 << attempt).mul_f64(0.5 + fastrand::f64()))
+                .await;
+        }
+        Err(BackendError::Unavailable(format!(
+            "{name}: too much contention, or the store keeps failing"
+        )))
+    }
+
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
+        let mut record = self
+            .record_of(&lease.lease_id)
+            .ok_or(BackendError::LeaseMismatch)?;
+        record.ttl_ms = ttl.as_millis() as u64;
+        record.renewed_at_ms = now_ms();
+        let version = self.overwrite(lease, record.clone()).await?;
+        if let Some(held) = self
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get_mut(&lease.lease_id)
+        {
+            *held = Held { version, record };
+        }
+        Ok(())
+    }
+
+    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        let Some(mut record) = self.record_of(&lease.lease_id) else {
+            return Ok(());
+        };
+        record.state = KeyState::Free;
+        record.holder = None;
+        record.lease_id = None;
+        record.forced_from = None;
+        record.renewed_at_ms = now_ms();
+        let outcome = self.overwrite(lease, record).await;
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&lease.lease_id);
+        match outcome {
+            Ok(_) | Err(BackendError::LeaseMismatch) => Ok(()), // already someone else's: nothing to free
+            Err(err) => Err(err),
+        }
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+        let name = self.name(key);
+        let Read { object, date } = self.store.get(&name).await.map_err(unavailable)?;
+        let mut answer = KeyRecord {
+            key: key.to_string(),
+            state: KeyState::Free,
+            token: 0,
+            holder: None,
+            expires_in_ms: None,
+            scope: Scope::Global,
+        };
+        if let Some(stored) = object {
+            let record = self.parse(&name, &stored)?;
+            answer.token = record.token;
+            if record.state == KeyState::Held && !self.expired(&name, &record, &stored, date) {
+                answer.state = KeyState::Held;
+                answer.holder = record.holder;
+                if let (Some(written), Some(now)) = (stored.last_modified, date) {
+                    let expires = written + Duration::from_millis(record.ttl_ms);
+                    answer.expires_in_ms = Some(
+                        expires
+                            .duration_since(now)
+                            .map(|d| d.as_millis() as u64)
+                            .unwrap_or(0),
+                    );
+                }
+            }
+        }
+        Ok(answer)
+    }
+}

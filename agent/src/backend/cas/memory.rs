@@ -1,0 +1,98 @@
+//! An in-memory compare-and-swap store: for fast engine tests and the
+//! simulation. Its clock is tokio's, so paused-time tests control it, and like
+//! S3 it reports times in whole seconds.
+
+use super::{CasError, CasStore, Read, Stored};
+use async_trait::async_trait;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::time::Instant;
+
+/// Objects in a map, versioned by a counter.
+pub struct MemoryCasStore {
+    objects: Mutex<HashMap<String, Stored>>,
+    versions: AtomicU64,
+    epoch: Instant,
+    clock: bool,
+}
+
+impl MemoryCasStore {
+    /// A store that reports its clock (as S3 does).
+    pub fn new() -> MemoryCasStore {
+        MemoryCasStore::with_clock(true)
+    }
+
+    /// A store that reports a clock or, with `false`, none at all.
+    pub fn with_clock(clock: bool) -> MemoryCasStore {
+        MemoryCasStore {
+            objects: Mutex::new(HashMap::new()),
+            versions: AtomicU64::new(0),
+            epoch: Instant::now(),
+            clock,
+        }
+    }
+
+    /// The store's clock, truncated to whole seconds like HTTP dates.
+    pub fn now(&self) -> SystemTime {
+        let since = Instant::now() - self.epoch;
+        UNIX_EPOCH + Duration::from_secs(1_800_000_000 + since.as_secs())
+    }
+
+    fn write(&self, name: &str, body: Vec<u8>, expect: Option<&str>) -> Result<String, CasError> {
+        let mut objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
+        let current = objects.get(name).map(|o| o.version.as_str());
+        if current != expect {
+            return Err(CasError::Conflict);
+        }
+        let version = format!("v{}", self.versions.fetch_add(1, Ordering::Relaxed) + 1);
+        let stored = Stored {
+            body,
+            version: version.clone(),
+            last_modified: Some(self.now()),
+        };
+        objects.insert(name.to_string(), stored);
+        Ok(version)
+    }
+}
+
+impl Default for MemoryCasStore {
+    fn default() -> Self {
+        MemoryCasStore::new()
+    }
+}
+
+#[async_trait]
+impl CasStore for MemoryCasStore {
+    fn describe(&self) -> String {
+        "memory-cas://".to_string()
+    }
+
+    async fn get(&self, name: &str) -> Result<Read, CasError> {
+        let objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
+        let mut object = objects.get(name).cloned();
+        if !self.clock {
+            if let Some(o) = object.as_mut() {
+                o.last_modified = None;
+            }
+        }
+        Ok(Read {
+            object,
+            date: self.clock.then(|| self.now()),
+        })
+    }
+
+    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
+        self.write(name, body, None)
+    }
+
+    async fn put_if_match(
+        &self,
+        name: &str,
+        body: Vec<u8>,
+        version: &str,
+    ) -> Result<String, CasError> {
+        self.write(name, body, Some(version))
+    }
+}

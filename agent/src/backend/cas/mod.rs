@@ -1,0 +1,64 @@
+//! Object stores (S3, GCS, Azure Blob) share one lease engine, written once
+//! over this tiny compare-and-swap trait; each store only adapts it.
+
+mod engine;
+mod memory;
+
+pub use engine::{grace, CasEngine, LockRecord, CLOCK_RESOLUTION};
+pub use memory::MemoryCasStore;
+
+use async_trait::async_trait;
+use std::time::SystemTime;
+
+/// An object as the store returned it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stored {
+    /// The object's bytes.
+    pub body: Vec<u8>,
+    /// The store's version tag (an ETag, a generation).
+    pub version: String,
+    /// When the store last wrote it, by the store's clock.
+    pub last_modified: Option<SystemTime>,
+}
+
+/// The answer to a read: the object, if any, and the store's clock at the time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    /// The object, or `None` when there is none.
+    pub object: Option<Stored>,
+    /// The store's current date (HTTP `Date`), when it gives one.
+    pub date: Option<SystemTime>,
+}
+
+/// Why a store operation failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CasError {
+    /// The write's precondition did not hold: someone else wrote first.
+    #[error("precondition failed")]
+    Conflict,
+    /// The store could not be reached or failed; trying again may work.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The store refused us for a reason retrying will not fix (no such bucket,
+    /// bad credentials); the message names the cause and never a secret.
+    #[error("{0}")]
+    Refused(String),
+}
+
+/// The compare-and-swap operations a lock needs from an object store.
+#[async_trait]
+pub trait CasStore: Send + Sync + 'static {
+    /// The store's URI with any secret removed.
+    fn describe(&self) -> String;
+    /// Reads an object.
+    async fn get(&self, name: &str) -> Result<Read, CasError>;
+    /// Creates an object only if none exists (`If-None-Match: *`); returns its version.
+    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError>;
+    /// Replaces an object only if its version is `version` (`If-Match`); returns the new version.
+    async fn put_if_match(
+        &self,
+        name: &str,
+        body: Vec<u8>,
+        version: &str,
+    ) -> Result<String, CasError>;
+}

@@ -1,0 +1,46 @@
+//! How a key becomes a file or object name: safe on every store, distinct for
+//! distinct keys, and readable for the common ones.
+
+use runlock_protocol::Key;
+use sha2::{Digest, Sha256};
+use std::fmt::Write as _;
+
+/// Bytes outside `[A-Za-z0-9._-]` become `%XX` (a leading `.` too, so names
+/// never clash with our own dot files); names too long for a file system
+/// become `%sha256-…`, which no escaped key can spell.
+pub fn escaped(key: &Key) -> String {
+    let mut name = String::new();
+    for (i, b) in key.as_str().bytes().enumerate() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || (b == b'.' && i > 0) {
+            name.push(b as char);
+        } else {
+            let _ = write!(name, "%{b:02X}");
+        }
+    }
+    if name.len() > 200 {
+        name = Sha256::digest(key.as_str().as_bytes()).iter().fold(
+            String::from("%sha256-"),
+            |mut s, b| {
+                let _ = write!(s, "{b:02x}");
+                s
+            },
+        );
+    }
+    name
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_safe_and_distinct() {
+        let k = |s: &str| escaped(&Key::new(s).expect("valid"));
+        assert_eq!(k("dev:tap-a-to-target-b"), "dev%3Atap-a-to-target-b");
+        assert_eq!(k(".x"), "%2Ex");
+        assert_eq!(k("a/b"), "a%2Fb");
+        assert!(k(&"é".repeat(200)).starts_with("%sha256-"));
+        assert!(k(&"é".repeat(200)).len() < 250);
+        assert_ne!(k(&"é".repeat(200)), k(&"é".repeat(199)));
+    }
+}
