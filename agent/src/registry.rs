@@ -1,7 +1,7 @@
 //! The agent's leases, by lease id, by key and by connection, and the local
 //! waiter queues: one place that decides who holds what on this host.
 
-use crate::backend::{AcquireSpec, Backend, BackendError, Capabilities, LeaseRef};
+use crate::backend::{AcquireSpec, Backend, BackendError, Capabilities, Grant, LeaseRef};
 use crate::renewal::Renewals;
 use runlock_protocol::{
     AgentMessage, ErrorCode, Holder, Key, KeyRecord, Lease, LeaseInfo, LostReason, OnLost,
@@ -363,7 +363,7 @@ impl Registry {
                     force: req.force,
                 };
                 match self.backend.acquire(&spec).await {
-                    Ok(grant) => return self.register(conn, spec, grant.holder).await,
+                    Ok(grant) => return self.register(conn, spec, grant).await,
                     Err(BackendError::Held(h)) => h,
                     Err(err) => return Err(err.to_wire(&key)),
                 }
@@ -456,8 +456,9 @@ impl Registry {
         &self,
         conn: ConnId,
         spec: AcquireSpec,
-        holder: Holder,
+        grant: Grant,
     ) -> Result<Lease, WireError> {
+        let holder = grant.holder;
         let lease_id = spec.lease_id.clone();
         let lease = LocalLease {
             key: spec.key.clone(),
@@ -486,7 +487,7 @@ impl Registry {
             ));
         };
         if self.capabilities.needs_renewal {
-            self.renewals.start_lease(reference, spec.ttl);
+            self.renewals.start_lease(reference, spec.ttl, grant.sent);
         }
         if let Some(old) = displaced {
             let message = format!(

@@ -22,7 +22,7 @@ pub fn deadline(last_write_sent: Instant, ttl: Duration) -> Instant {
 }
 
 enum Command {
-    Start(LeaseRef, Duration),
+    Start(LeaseRef, Duration, Instant),
     Stop(String),
 }
 
@@ -39,9 +39,9 @@ impl Renewals {
         Renewals { commands }
     }
 
-    /// Renews `lease` every TTL/3 until stopped.
-    pub fn start_lease(&self, lease: LeaseRef, ttl: Duration) {
-        let _ = self.commands.send(Command::Start(lease, ttl));
+    /// Renews `lease`, granted by a write sent at `sent`, every TTL/3 until stopped.
+    pub fn start_lease(&self, lease: LeaseRef, ttl: Duration, sent: Instant) {
+        let _ = self.commands.send(Command::Start(lease, ttl, sent));
     }
 
     /// Stops renewing a lease (idempotent).
@@ -90,10 +90,10 @@ async fn run(
         tokio::select! {
             command = commands.recv() => match command {
                 None => return,
-                Some(Command::Start(lease, ttl)) => {
+                Some(Command::Start(lease, ttl, sent)) => {
                     let id = lease.lease_id.clone();
                     let slot = Some(queue.insert(id.clone(), period(ttl)));
-                    entries.insert(id, Entry { lease, ttl, last_ok: Instant::now(), slot });
+                    entries.insert(id, Entry { lease, ttl, last_ok: sent, slot });
                 }
                 Some(Command::Stop(id)) => {
                     if let Some(Entry { slot: Some(slot), .. }) = entries.remove(&id) {

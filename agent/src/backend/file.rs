@@ -218,6 +218,7 @@ impl Inner {
     }
 
     fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+        let sent = tokio::time::Instant::now();
         let _gate = self.open_gate(spec.force)?;
         let path = self.path(&spec.key);
         loop {
@@ -262,7 +263,7 @@ impl Inner {
             };
             write_record(&file, &record, true).map_err(|e| io_error("writing", &path, e))?;
             self.remember(&spec.lease_id, file);
-            return Ok(Grant { holder });
+            return Ok(Grant { holder, sent });
         }
     }
 
@@ -307,7 +308,10 @@ impl Inner {
             return Err(io_error("replacing", path, e));
         }
         self.remember(&spec.lease_id, file);
-        Ok(Grant { holder })
+        Ok(Grant {
+            holder,
+            sent: tokio::time::Instant::now(),
+        })
     }
 
     fn renew(&self, lease: &LeaseRef) -> Result<(), BackendError> {

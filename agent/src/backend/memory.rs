@@ -52,7 +52,10 @@ impl Backend for MemoryBackend {
                 ..spec.holder.clone()
             };
             record.held = Some((spec.lease_id.clone(), holder.clone()));
-            Ok(Grant { holder })
+            Ok(Grant {
+                holder,
+                sent: tokio::time::Instant::now(),
+            })
         })
     }
 

@@ -56,6 +56,9 @@ pub struct LeaseRef {
 pub struct Grant {
     /// The recorded holder, with the new fencing token.
     pub holder: Holder,
+    /// When the write that granted the lease was sent: the lease's clock starts
+    /// here, not when the answer arrived (DESIGN, invariant 1).
+    pub sent: tokio::time::Instant,
 }
 
 /// Why a backend operation failed.

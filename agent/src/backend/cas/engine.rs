@@ -181,6 +181,7 @@ impl CasEngine {
             }
         };
         let body = Self::body(&record);
+        let sent = Instant::now();
         let written = match &version {
             None => self.store.put_if_absent(name, body).await,
             Some(version) => self.store.put_if_match(name, body, version).await,
@@ -197,7 +198,7 @@ impl CasEngine {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(spec.lease_id.clone(), held);
-                Ok(Some(Grant { holder }))
+                Ok(Some(Grant { holder, sent }))
             }
             // Lost a race, or lost the answer: read again to see who won.
             Err(CasError::Conflict) | Err(CasError::Unavailable(_)) => Ok(None),
@@ -361,5 +362,225 @@ impl Backend for CasEngine {
             }
         }
         Ok(answer)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::FaultyStore;
+    use super::super::MemoryCasStore;
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(10);
+
+    fn spec(key: &str, lease: &str, force: bool) -> AcquireSpec {
+        AcquireSpec {
+            key: Key::new(key).expect("valid"),
+            lease_id: lease.into(),
+            holder: Holder {
+                host: format!("host-of-{lease}"),
+                agent_id: "a".into(),
+                pid: 1,
+                uid: 0,
+                user: "u".into(),
+                command: "c".into(),
+                acquired_at_ms: 0,
+                token: 0,
+            },
+            ttl: TTL,
+            force,
+        }
+    }
+
+    fn lease(key: &str, lease_id: &str, token: u64) -> LeaseRef {
+        LeaseRef {
+            key: Key::new(key).expect("valid"),
+            lease_id: lease_id.into(),
+            token,
+        }
+    }
+
+    fn pair(store: Arc<dyn CasStore>) -> (CasEngine, CasEngine) {
+        (
+            CasEngine::new(store.clone(), "locks/"),
+            CasEngine::new(store, "locks/"),
+        )
+    }
+
+    async fn stored(store: &dyn CasStore, key: &str) -> LockRecord {
+        let read = store.get(&format!("locks/{key}.json")).await.expect("get");
+        serde_json::from_slice(&read.object.expect("record").body).expect("json")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn agents_exclude_each_other_and_release_leaves_a_free_record() {
+        let store = Arc::new(MemoryCasStore::new());
+        let (one, two) = pair(store.clone());
+        assert_eq!(
+            one.acquire(&spec("k", "l1", false))
+                .await
+                .expect("free")
+                .holder
+                .token,
+            1
+        );
+        match two.acquire(&spec("k", "l2", false)).await {
+            Err(BackendError::Held(Some(h))) => {
+                assert_eq!((h.host.as_str(), h.token), ("host-of-l1", 1))
+            }
+            other => panic!("expected held, got {other:?}"),
+        }
+        one.renew(&lease("k", "l1", 1), TTL).await.expect("renew");
+        one.release(&lease("k", "l1", 1)).await.expect("release");
+        let record = stored(store.as_ref(), "k").await;
+        assert_eq!(
+            (record.state, record.token, record.holder),
+            (KeyState::Free, 1, None)
+        );
+        assert_eq!(
+            two.acquire(&spec("k", "l2", false))
+                .await
+                .expect("freed")
+                .holder
+                .token,
+            2
+        );
+        let inspected = one
+            .inspect(&Key::new("k").expect("valid"))
+            .await
+            .expect("inspect");
+        assert_eq!((inspected.state, inspected.token), (KeyState::Held, 2));
+        assert!(inspected
+            .expires_in_ms
+            .is_some_and(|ms| ms <= TTL.as_millis() as u64));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_silent_holder_is_taken_over_only_after_ttl_grace_and_a_second_by_the_store_clock() {
+        let store = Arc::new(MemoryCasStore::new());
+        let (one, two) = pair(store.clone());
+        one.acquire(&spec("k", "l1", false)).await.expect("free");
+        let written = Instant::now();
+        let earliest = written + TTL + grace(TTL);
+        loop {
+            match two.acquire(&spec("k", "l2", false)).await {
+                Ok(grant) => {
+                    let at = Instant::now();
+                    assert!(at >= earliest, "taken over {:?} too early", earliest - at);
+                    assert!(
+                        at <= earliest + CLOCK_RESOLUTION * 2,
+                        "taken over late: {:?}",
+                        at - written
+                    );
+                    assert_eq!(grant.holder.token, 2);
+                    break;
+                }
+                Err(BackendError::Held(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(other) => panic!("{other}"),
+            }
+        }
+        assert!(matches!(
+            one.renew(&lease("k", "l1", 1), TTL).await,
+            Err(BackendError::LeaseMismatch)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn without_a_store_clock_a_record_must_be_seen_unchanged_for_ttl_and_grace() {
+        let store = Arc::new(MemoryCasStore::with_clock(false));
+        let (one, two) = pair(store.clone());
+        one.acquire(&spec("k", "l1", false)).await.expect("free");
+        tokio::time::sleep(TTL * 5).await; // time passing unseen by `two` counts for nothing
+        let first_look = Instant::now();
+        assert!(matches!(
+            two.acquire(&spec("k", "l2", false)).await,
+            Err(BackendError::Held(_))
+        ));
+        // A renewal in between starts the watch again.
+        tokio::time::sleep(TTL).await;
+        one.renew(&lease("k", "l1", 1), TTL).await.expect("renew");
+        let renewed = Instant::now();
+        loop {
+            match two.acquire(&spec("k", "l2", false)).await {
+                Ok(_) => break,
+                Err(BackendError::Held(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(other) => panic!("{other}"),
+            }
+        }
+        assert!(Instant::now() >= renewed + TTL + grace(TTL));
+        assert!(Instant::now() > first_look + TTL + grace(TTL));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn force_writes_a_larger_token_and_the_old_holder_can_neither_renew_nor_free_it() {
+        let store = Arc::new(MemoryCasStore::new());
+        let (one, two) = pair(store.clone());
+        one.acquire(&spec("k", "l1", false)).await.expect("free");
+        assert_eq!(
+            two.acquire(&spec("k", "l2", true))
+                .await
+                .expect("forced")
+                .holder
+                .token,
+            2
+        );
+        let record = stored(store.as_ref(), "k").await;
+        assert_eq!(
+            (record.forced_from, record.lease_id.as_deref()),
+            (Some(1), Some("l2"))
+        );
+        assert!(matches!(
+            one.renew(&lease("k", "l1", 1), TTL).await,
+            Err(BackendError::LeaseMismatch)
+        ));
+        one.release(&lease("k", "l1", 1))
+            .await
+            .expect("a lost lease releases quietly");
+        assert_eq!(stored(store.as_ref(), "k").await.state, KeyState::Held);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_whose_answer_was_lost_is_recognised_as_ours() {
+        let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
+        let (one, two) = pair(store.clone());
+        store.lose_next_answer();
+        assert_eq!(
+            one.acquire(&spec("k", "l1", false))
+                .await
+                .expect("adopted")
+                .holder
+                .token,
+            1
+        );
+        store.lose_next_answer();
+        // The retry meets a version it does not know, reads the record, finds it ours.
+        one.renew(&lease("k", "l1", 1), TTL)
+            .await
+            .expect("the landed write is adopted");
+        one.renew(&lease("k", "l1", 1), TTL)
+            .await
+            .expect("and its version kept");
+        assert!(matches!(
+            two.acquire(&spec("k", "l2", false)).await,
+            Err(BackendError::Held(_))
+        ));
+        one.release(&lease("k", "l1", 1)).await.expect("release");
+        assert_eq!(stored(store.as_ref(), "k").await.state, KeyState::Free);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_that_is_not_ours_to_read_is_reported_not_overwritten() {
+        let store = Arc::new(MemoryCasStore::new());
+        store
+            .put_if_absent("locks/k.json", b"{\"not\": \"a record\"}".to_vec())
+            .await
+            .expect("put");
+        let engine = CasEngine::new(store.clone(), "locks/");
+        match engine.acquire(&spec("k", "l1", false)).await {
+            Err(BackendError::Corrupt(msg)) => assert!(msg.contains("locks/k.json"), "{msg}"),
+            other => panic!("expected corrupt, got {other:?}"),
+        }
+        let read = store.get("locks/k.json").await.expect("get");
+        assert_eq!(read.object.expect("kept").body, b"{\"not\": \"a record\"}");
     }
 }

@@ -3,6 +3,10 @@
 
 mod engine;
 mod memory;
+#[cfg(test)]
+mod simulation;
+#[cfg(test)]
+mod testing;
 
 pub use engine::{grace, CasEngine, LockRecord, CLOCK_RESOLUTION};
 pub use memory::MemoryCasStore;

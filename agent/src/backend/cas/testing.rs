@@ -1,0 +1,118 @@
+//! A store that misbehaves on purpose, for engine tests and the simulation:
+//! requests are delayed, fail without effect, or take effect but lose their
+//! answer (the case that makes a writer unsure whether it wrote).
+
+use super::{CasError, CasStore, MemoryCasStore, Read};
+use async_trait::async_trait;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fate {
+    Fine,
+    FailBefore,
+    LoseAnswer,
+}
+
+pub struct FaultyStore {
+    pub inner: MemoryCasStore,
+    rng: Mutex<fastrand::Rng>,
+    max_delay: Duration,
+    fail_before: f64,
+    lose_answer: f64,
+    lose_next_answer: AtomicBool,
+}
+
+impl FaultyStore {
+    /// A store that behaves until told otherwise.
+    pub fn reliable(inner: MemoryCasStore) -> FaultyStore {
+        FaultyStore::random(inner, 0, Duration::ZERO, 0.0, 0.0)
+    }
+
+    /// Each request waits up to `max_delay` (before and after it takes effect),
+    /// fails first with probability `fail_before`, loses its answer after a write
+    /// with probability `lose_answer`.
+    pub fn random(
+        inner: MemoryCasStore,
+        seed: u64,
+        max_delay: Duration,
+        fail_before: f64,
+        lose_answer: f64,
+    ) -> FaultyStore {
+        FaultyStore {
+            inner,
+            rng: Mutex::new(fastrand::Rng::with_seed(seed)),
+            max_delay,
+            fail_before,
+            lose_answer,
+            lose_next_answer: AtomicBool::new(false),
+        }
+    }
+
+    /// The next write takes effect, but its caller is told it failed.
+    pub fn lose_next_answer(&self) {
+        self.lose_next_answer.store(true, Ordering::SeqCst);
+    }
+
+    fn draw(&self, write: bool) -> (Duration, Duration, Fate) {
+        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        let delay = |rng: &mut fastrand::Rng| self.max_delay.mul_f64(rng.f64());
+        let (before, after) = (delay(&mut rng), delay(&mut rng));
+        let roll = rng.f64();
+        let fate = if write && self.lose_next_answer.swap(false, Ordering::SeqCst) {
+            Fate::LoseAnswer
+        } else if roll < self.fail_before {
+            Fate::FailBefore
+        } else if write && roll < self.fail_before + self.lose_answer {
+            Fate::LoseAnswer
+        } else {
+            Fate::Fine
+        };
+        (before, after, fate)
+    }
+
+    async fn around<T>(
+        &self,
+        write: bool,
+        op: impl std::future::Future<Output = Result<T, CasError>>,
+    ) -> Result<T, CasError> {
+        let (before, after, fate) = self.draw(write);
+        tokio::time::sleep(before).await;
+        if fate == Fate::FailBefore {
+            return Err(CasError::Unavailable("injected failure".into()));
+        }
+        let result = op.await;
+        tokio::time::sleep(after).await;
+        match fate {
+            Fate::LoseAnswer => Err(CasError::Unavailable("injected lost answer".into())),
+            _ => result,
+        }
+    }
+}
+
+#[async_trait]
+impl CasStore for FaultyStore {
+    fn describe(&self) -> String {
+        "faulty-memory-cas://".into()
+    }
+
+    async fn get(&self, name: &str) -> Result<Read, CasError> {
+        self.around(false, self.inner.get(name)).await
+    }
+
+    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
+        self.around(true, self.inner.put_if_absent(name, body))
+            .await
+    }
+
+    async fn put_if_match(
+        &self,
+        name: &str,
+        body: Vec<u8>,
+        version: &str,
+    ) -> Result<String, CasError> {
+        self.around(true, self.inner.put_if_match(name, body, version))
+            .await
+    }
+}
