@@ -5,6 +5,7 @@ use crate::backend::{Backend, BackendError, LeaseRef};
 use crate::registry::Registry;
 use futures::StreamExt;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
@@ -19,6 +20,60 @@ const MAX_IN_FLIGHT: usize = 64;
 /// plus the grace is the time the run has to stop (`kill_grace` fits in it).
 pub fn deadline(last_write_sent: Instant, ttl: Duration) -> Instant {
     last_write_sent + ttl - ttl / 6
+}
+
+/// How often the scheduler logs how late its renewals went out.
+const REPORT_EVERY: Duration = Duration::from_secs(60);
+
+/// How late renewals go out, in power-of-two millisecond buckets.
+#[derive(Default)]
+struct Lateness {
+    buckets: [AtomicU64; 16],
+    max_us: AtomicU64,
+}
+
+impl Lateness {
+    fn record(&self, late: Duration) {
+        let ms = late.as_millis() as u64;
+        let bucket = (u64::BITS - ms.leading_zeros()) as usize; // 0 ms → 0, 1 → 1, 2..3 → 2, …
+        self.buckets[bucket.min(15)].fetch_add(1, Ordering::Relaxed);
+        self.max_us
+            .fetch_max(late.as_micros() as u64, Ordering::Relaxed);
+    }
+
+    /// The bucket bound under which `q` of the samples fall, in milliseconds.
+    fn quantile(counts: &[u64], q: f64) -> u64 {
+        let total: u64 = counts.iter().sum();
+        let mut seen = 0;
+        for (bucket, count) in counts.iter().enumerate() {
+            seen += count;
+            if seen as f64 >= q * total as f64 {
+                return if bucket == 0 { 1 } else { 1 << bucket };
+            }
+        }
+        1 << 15
+    }
+
+    /// Logs the period's figures and starts a new period.
+    fn report(&self, leases: usize) {
+        let counts: Vec<u64> = self
+            .buckets
+            .iter()
+            .map(|b| b.swap(0, Ordering::Relaxed))
+            .collect();
+        let renewals: u64 = counts.iter().sum();
+        let max_ms = self.max_us.swap(0, Ordering::Relaxed) as f64 / 1000.0;
+        if renewals > 0 {
+            tracing::info!(
+                leases,
+                renewals,
+                late_p50_ms = Self::quantile(&counts, 0.5),
+                late_p99_ms = Self::quantile(&counts, 0.99),
+                late_max_ms = max_ms,
+                "renewal lateness over the last minute (bucket bounds)"
+            );
+        }
+    }
 }
 
 enum Command {
@@ -53,6 +108,8 @@ impl Renewals {
 struct Entry {
     lease: LeaseRef,
     ttl: Duration,
+    /// When the next renewal is meant to go out.
+    due: Instant,
     /// Send time of the last successful renewal (or of the grant).
     last_ok: Instant,
     slot: Option<delay_queue::Key>,
@@ -86,14 +143,18 @@ async fn run(
     let mut entries: HashMap<String, Entry> = HashMap::new();
     let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let (done_tx, mut done) = mpsc::unbounded_channel::<(String, Outcome)>();
+    let lateness = Arc::new(Lateness::default());
+    let mut report = tokio::time::interval_at(Instant::now() + REPORT_EVERY, REPORT_EVERY);
     loop {
         tokio::select! {
+            _ = report.tick() => lateness.report(entries.len()),
             command = commands.recv() => match command {
                 None => return,
                 Some(Command::Start(lease, ttl, sent)) => {
                     let id = lease.lease_id.clone();
-                    let slot = Some(queue.insert(id.clone(), period(ttl)));
-                    entries.insert(id, Entry { lease, ttl, last_ok: sent, slot });
+                    let due = Instant::now() + period(ttl);
+                    let slot = Some(queue.insert_at(id.clone(), due));
+                    entries.insert(id, Entry { lease, ttl, due, last_ok: sent, slot });
                 }
                 Some(Command::Stop(id)) => {
                     if let Some(Entry { slot: Some(slot), .. }) = entries.remove(&id) {
@@ -105,13 +166,15 @@ async fn run(
                 let id = due.into_inner();
                 let Some(entry) = entries.get_mut(&id) else { continue };
                 entry.slot = None;
-                let (lease, ttl, deadline) = (entry.lease.clone(), entry.ttl, entry.deadline());
+                let (lease, ttl, deadline, due) = (entry.lease.clone(), entry.ttl, entry.deadline(), entry.due);
                 let (backend, limit, done_tx) = (backend.clone(), limit.clone(), done_tx.clone());
+                let lateness = lateness.clone();
                 tokio::spawn(async move {
                     // A store that hangs must not keep a lease past its deadline.
                     let renewed = tokio::time::timeout_at(deadline, async {
                         let _permit = limit.acquire_owned().await;
                         let sent = Instant::now();
+                        lateness.record(sent - due);
                         backend.renew(&lease, ttl).await.map(|()| sent)
                     });
                     let outcome = match renewed.await {
@@ -128,7 +191,8 @@ async fn run(
                 let taken = match outcome {
                     Outcome::Renewed(sent) => {
                         entry.last_ok = sent;
-                        entry.slot = Some(queue.insert(id.clone(), period(entry.ttl)));
+                        entry.due = Instant::now() + period(entry.ttl);
+                        entry.slot = Some(queue.insert_at(id.clone(), entry.due));
                         continue;
                     }
                     Outcome::Lost => true,
@@ -137,7 +201,8 @@ async fn run(
                         let retry = Duration::from_millis(250).mul_f64(0.5 + fastrand::f64());
                         tracing::warn!(key = %entry.lease.key, %error, "renewal failed, retrying until the lease's deadline");
                         // The retry is raced against the deadline like any renewal.
-                        entry.slot = Some(queue.insert(id.clone(), retry.min(entry.deadline() - Instant::now())));
+                        entry.due = (Instant::now() + retry).min(entry.deadline());
+                        entry.slot = Some(queue.insert_at(id.clone(), entry.due));
                         continue;
                     }
                 };

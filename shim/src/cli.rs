@@ -65,7 +65,7 @@ pub struct RunArgs {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum OnLostArg {
-    /// SIGTERM to the command's process group, SIGKILL 5 s later
+    /// SIGTERM to the command's process group, SIGKILL 5 s (or TTL/6) later
     Term,
     /// SIGKILL to the command's process group
     Kill,

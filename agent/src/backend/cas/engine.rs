@@ -568,6 +568,35 @@ mod tests {
         assert_eq!(stored(store.as_ref(), "k").await.state, KeyState::Free);
     }
 
+    /// BENCHMARKS.md quotes these counts.
+    #[tokio::test(start_paused = true)]
+    async fn uncontended_operations_cost_a_read_and_a_write_then_one_write_each() {
+        let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
+        let engine = CasEngine::new(store.clone(), "locks/");
+        engine.acquire(&spec("k", "l1", false)).await.expect("free");
+        assert_eq!(
+            store.requests(),
+            (1, 1),
+            "acquire: one GET, one conditional PUT"
+        );
+        engine
+            .renew(&lease("k", "l1", 1), TTL)
+            .await
+            .expect("renew");
+        assert_eq!(store.requests(), (1, 2), "renew: one conditional PUT");
+        engine.release(&lease("k", "l1", 1)).await.expect("release");
+        assert_eq!(store.requests(), (1, 3), "release: one conditional PUT");
+        engine
+            .acquire(&spec("k", "l2", false))
+            .await
+            .expect("free again");
+        assert_eq!(
+            store.requests(),
+            (2, 4),
+            "acquiring a free record: one GET, one PUT"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_record_that_is_not_ours_to_read_is_reported_not_overwritten() {
         let store = Arc::new(MemoryCasStore::new());

@@ -4,7 +4,7 @@
 
 use super::{CasError, CasStore, MemoryCasStore, Read};
 use async_trait::async_trait;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -22,6 +22,9 @@ pub struct FaultyStore {
     fail_before: f64,
     lose_answer: f64,
     lose_next_answer: AtomicBool,
+    /// Requests seen: reads and writes.
+    pub gets: AtomicU64,
+    pub puts: AtomicU64,
 }
 
 impl FaultyStore {
@@ -47,6 +50,8 @@ impl FaultyStore {
             fail_before,
             lose_answer,
             lose_next_answer: AtomicBool::new(false),
+            gets: AtomicU64::new(0),
+            puts: AtomicU64::new(0),
         }
     }
 
@@ -72,11 +77,21 @@ impl FaultyStore {
         (before, after, fate)
     }
 
+    /// Requests so far, as (reads, writes).
+    pub fn requests(&self) -> (u64, u64) {
+        (
+            self.gets.load(Ordering::SeqCst),
+            self.puts.load(Ordering::SeqCst),
+        )
+    }
+
     async fn around<T>(
         &self,
         write: bool,
         op: impl std::future::Future<Output = Result<T, CasError>>,
     ) -> Result<T, CasError> {
+        let counter = if write { &self.puts } else { &self.gets };
+        counter.fetch_add(1, Ordering::SeqCst);
         let (before, after, fate) = self.draw(write);
         tokio::time::sleep(before).await;
         if fate == Fate::FailBefore {
