@@ -351,6 +351,7 @@ impl Registry {
         let mut poll = POLL_START;
         loop {
             let at_head = req.force || self.is_head(&key, place.id);
+            let mut unreachable = None;
             let last_holder = if at_head {
                 let spec = AcquireSpec {
                     key: key.clone(),
@@ -365,12 +366,20 @@ impl Registry {
                 match self.backend.acquire(&spec).await {
                     Ok(grant) => return self.register(conn, spec, grant).await,
                     Err(BackendError::Held(h)) => h,
+                    // A run that may wait also waits out a store that cannot be reached.
+                    Err(err @ BackendError::Unavailable(_)) if !req.wait.is_zero() => {
+                        unreachable = Some(err);
+                        None
+                    }
                     Err(err) => return Err(err.to_wire(&key)),
                 }
             } else {
                 None // behind a local waiter: who holds it is looked up only if we give up
             };
             if Instant::now() >= deadline {
+                if let Some(err) = unreachable {
+                    return Err(err.to_wire(&key));
+                }
                 let last_holder = match last_holder {
                     Some(holder) => Some(holder),
                     None => self.holder_of(&key).await,
