@@ -22,6 +22,7 @@ const ROUND_TRIPS: usize = 20_000;
 const THROUGHPUT_CONNECTIONS: usize = 16;
 const THROUGHPUT_TIME: Duration = Duration::from_secs(3);
 const CRASHES: usize = 40;
+const MANY_LEASES: usize = 10_000;
 
 fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -58,7 +59,7 @@ async fn run() -> Result<()> {
             format!("file://{}", scratch.path().join("locks").display()),
         ),
     ] {
-        let agent = Agent::start(
+        let agent = Agent::start_plain(
             &bins.agent,
             scratch.path(),
             name.trim_end_matches("://"),
@@ -90,6 +91,8 @@ async fn run() -> Result<()> {
         agent.stop().await?;
     }
 
+    rows.extend(many_leases(&bins.agent, scratch.path()).await?);
+
     println!();
     println!("| measurement | p50 / p99 (or rate) |");
     println!("| --- | --- |");
@@ -97,6 +100,99 @@ async fn run() -> Result<()> {
         println!("| {what} | {figure} |");
     }
     Ok(())
+}
+
+/// One agent holding 10,000 leases (TTL 30 s) on the in-memory CAS store:
+/// how late renewals go out (the agent's own once-a-minute report), its
+/// resident memory, and its share of one core over that minute.
+async fn many_leases(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+    let agent = Agent::start(bin, scratch, "many", "memory-cas://", &["--ttl", "30s"]).await?;
+    let pid = agent.child.id().context("agent pid")?;
+    let mut conns = Vec::new();
+    for c in 0..MANY_LEASES / 1000 {
+        let mut conn = connect(&agent.socket).await?;
+        let keys = (c * 1000..(c + 1) * 1000)
+            .map(|i| format!("lease-{i}"))
+            .collect();
+        let request = ClientMessage::Acquire {
+            keys,
+            ttl_ms: None,
+            wait_ms: 0,
+            force: false,
+            command: "bench".into(),
+            on_lost: OnLost::Term,
+        };
+        match call(&mut conn, 1, request).await? {
+            AgentMessage::Acquired { leases, .. } if leases.len() == 1000 => {}
+            other => bail!("acquire of 1000 keys: {other:?}"),
+        }
+        conns.push(conn);
+    }
+    let (cpu_before, started) = (cpu_seconds(pid)?, Instant::now());
+    let log_path = scratch.join("many.log");
+    let report = loop {
+        let log = std::fs::read_to_string(&log_path)?;
+        if let Some(line) = log.lines().find(|l| l.contains("renewal lateness")) {
+            break serde_json::from_str::<serde_json::Value>(line)?;
+        }
+        if started.elapsed() > Duration::from_secs(120) {
+            bail!("no renewal report from the agent in 120 s");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let cpu_share = (cpu_seconds(pid)? - cpu_before) / started.elapsed().as_secs_f64();
+    let rss_kib = rss_kib(pid)?;
+    let fields = &report["fields"];
+    let figure = |name: &str| fields[name].as_f64().unwrap_or(f64::NAN);
+    agent.stop().await?;
+    drop(conns);
+    Ok(vec![
+        (
+            format!("{MANY_LEASES} leases, TTL 30 s: renewals in the agent's first minute"),
+            format!("{}", figure("renewals")),
+        ),
+        (
+            "renewal lateness (bucket bounds) p50 / p99 / max".into(),
+            format!(
+                "≤ {} ms / ≤ {} ms / {:.1} ms",
+                figure("late_p50_ms"),
+                figure("late_p99_ms"),
+                figure("late_max_ms")
+            ),
+        ),
+        (
+            "agent resident memory with those leases".into(),
+            format!("{:.1} MiB", rss_kib as f64 / 1024.0),
+        ),
+        (
+            "agent CPU share of one core while renewing".into(),
+            format!("{:.2} %", cpu_share * 100.0),
+        ),
+    ])
+}
+
+fn cpu_seconds(pid: u32) -> Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    let after_name = stat.rsplit_once(')').context("stat format")?.1;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    // After the name: state is field 3 of the whole line, utime 14 and stime 15.
+    let ticks: f64 = fields[11].parse::<f64>()? + fields[12].parse::<f64>()?;
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Ok(ticks / per_second)
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    let line = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .context("no VmRSS")?;
+    Ok(line
+        .split_whitespace()
+        .nth(1)
+        .context("VmRSS value")?
+        .parse()?)
 }
 
 struct Bins {
@@ -136,10 +232,18 @@ struct Agent {
 }
 
 impl Agent {
-    async fn start(bin: &Path, scratch: &Path, name: &str, uri: &str) -> Result<Agent> {
+    /// Starts the agent; its log (JSON, `info` and up) goes to `{scratch}/{name}.log`.
+    async fn start(
+        bin: &Path,
+        scratch: &Path,
+        name: &str,
+        uri: &str,
+        extra: &[&str],
+    ) -> Result<Agent> {
         let socket = scratch.join(format!("{name}.sock"));
         let notify_path = scratch.join(format!("{name}.notify"));
         let notify = UnixDatagram::bind(&notify_path)?;
+        let log = std::fs::File::create(scratch.join(format!("{name}.log")))?;
         let child = Command::new(bin)
             .args([
                 "--socket",
@@ -147,8 +251,11 @@ impl Agent {
                 "--backend",
                 uri,
             ])
+            .args(["--log-format", "json"])
+            .args(extra)
             .env("NOTIFY_SOCKET", &notify_path)
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", "info,runlock_agent::registry=warn")
+            .stderr(log)
             .kill_on_drop(true)
             .spawn()?;
         let mut buf = [0u8; 256];
@@ -159,6 +266,10 @@ impl Agent {
             bail!("unexpected notification");
         }
         Ok(Agent { child, socket })
+    }
+
+    async fn start_plain(bin: &Path, scratch: &Path, name: &str, uri: &str) -> Result<Agent> {
+        Agent::start(bin, scratch, name, uri, &[]).await
     }
 
     async fn stop(mut self) -> Result<()> {

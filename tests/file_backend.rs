@@ -5,7 +5,7 @@ use crate::support::agent::FileBackendDir;
 use crate::support::client::RawClient;
 use crate::support::journal::Journal;
 use crate::support::run::HOLD;
-use crate::support::{host_name, key, user_name, AgentOptions, TestAgent};
+use crate::support::{host_name, key, user_name, AgentOptions, Deadline, TestAgent};
 use anyhow::{ensure, Context, Result};
 use std::time::Duration;
 
@@ -233,6 +233,43 @@ async fn a_lock_directory_that_is_gone_makes_runs_exit_69() -> Result<()> {
         .finish()
         .await?
         .expect_code(0)
+}
+
+/// With `--wait`, a store that cannot be reached is waited out like a holder:
+/// the run starts once the store is back, or exits 69 when the wait ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_run_rides_out_an_unreachable_store_until_its_wait_ends() -> Result<()> {
+    let locks = FileBackendDir::new()?;
+    // Debug logs show each request as it arrives: the event the test waits for.
+    let debug = [("RUST_LOG".to_string(), "debug".to_string())];
+    let agent = TestAgent::start_with_env(AgentOptions::new(locks.uri()), &debug).await?;
+    let dir = locks
+        .uri()
+        .strip_prefix("file://")
+        .map(std::path::PathBuf::from)
+        .context("not a file:// URI")?;
+    std::fs::remove_dir_all(&dir)?;
+    let k = key("unreachable-store");
+    let gave_up = agent
+        .run(&[&k], &["--wait", "300ms"], "echo must-not-run")?
+        .finish()
+        .await?;
+    gave_up.expect_code(69)?;
+    ensure!(!gave_up.stdout.contains("must-not-run"), "{gave_up:?}");
+
+    let mut waiting = agent.run(&[&k], &["--wait", "30s"], "echo ready $$ $RUNLOCK_TOKEN")?;
+    // Once its acquire has reached the agent, bring the directory back: it starts.
+    let asked = |log: &str| log.matches("wait_ms: 30000").count() == 1;
+    let deadline = Deadline::new(
+        Duration::from_secs(10),
+        "the waiting run's acquire in the log",
+    );
+    while !asked(&agent.log()) {
+        deadline.tick().await?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    waiting.ready().await?;
+    waiting.finish().await?.expect_code(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

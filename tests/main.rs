@@ -9,3 +9,5 @@ mod bad_input;
 mod crash_release;
 mod file_backend;
 mod lifecycle;
+mod s3;
+mod s3_faults;

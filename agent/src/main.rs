@@ -34,7 +34,7 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let config = Config::from_args(&args)?;
-    let backend = backend::from_uri(&config.backend)?;
+    let backend = backend::from_uri(&config.backend).await?;
     let identity = Identity {
         host: nix::unistd::gethostname()
             .context("reading the host name")?

@@ -95,17 +95,30 @@ impl TestAgent {
             Backend::File => {
                 let dir = temp_dir()?;
                 let uri = format!("file://{}", dir.path().join("locks").display());
-                TestAgent::launch(dir, AgentOptions::new(uri)).await
+                TestAgent::launch(dir, AgentOptions::new(uri), &[]).await
             }
         }
     }
 
     /// Starts an agent as `options` say and waits until it is ready.
     pub async fn start_with(options: AgentOptions) -> anyhow::Result<TestAgent> {
-        TestAgent::launch(temp_dir()?, options).await
+        TestAgent::launch(temp_dir()?, options, &[]).await
     }
 
-    async fn launch(dir: TempDir, options: AgentOptions) -> anyhow::Result<TestAgent> {
+    /// Like [`TestAgent::start_with`], with more environment variables for the
+    /// agent (a network backend's endpoint and credentials).
+    pub async fn start_with_env(
+        options: AgentOptions,
+        env: &[(String, String)],
+    ) -> anyhow::Result<TestAgent> {
+        TestAgent::launch(temp_dir()?, options, env).await
+    }
+
+    async fn launch(
+        dir: TempDir,
+        options: AgentOptions,
+        env: &[(String, String)],
+    ) -> anyhow::Result<TestAgent> {
         let bins = bins()?;
         let socket = options
             .socket
@@ -125,6 +138,7 @@ impl TestAgent {
             .arg(&options.backend)
             .args(&options.args)
             .env("NOTIFY_SOCKET", &notify_path)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .env_remove("RUNLOCK_SOCKET")
             .env_remove("RUNLOCK_BACKEND")
             .env_remove("JOURNAL_STREAM")

@@ -27,6 +27,7 @@ pub mod bins;
 pub mod client;
 pub mod journal;
 pub mod run;
+pub mod s3;
 
 pub use agent::{AgentOptions, TestAgent};
 pub use run::Run;

@@ -118,11 +118,16 @@ pub trait Backend: Send + Sync + 'static {
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError>;
 }
 
-/// Builds the backend a URI names.
-pub fn from_uri(uri: &str) -> anyhow::Result<Arc<dyn Backend>> {
+/// How long the start-up check of a network store may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(6);
+
+/// Builds the backend a URI names. A network store is checked once: when it
+/// cannot be used, a warning names the cause, and the agent starts anyway
+/// (its runs get `unavailable` until the store answers).
+pub async fn from_uri(uri: &str) -> anyhow::Result<Arc<dyn Backend>> {
     let (scheme, rest) = uri.split_once("://").ok_or_else(|| {
         anyhow::anyhow!(
-            "backend {:?} is not a URI (expected file:///path or memory://)",
+            "backend {:?} is not a URI (expected file:///path, s3://bucket/prefix or memory://)",
             redact_uri(uri)
         )
     })?;
@@ -134,8 +139,31 @@ pub fn from_uri(uri: &str) -> anyhow::Result<Arc<dyn Backend>> {
             Ok(Arc::new(FileBackend::open(PathBuf::from(rest))?))
         }
         "memory" => Ok(Arc::new(MemoryBackend::default())),
+        // The object-store engine over an in-process store: for benchmarks and tests.
+        "memory-cas" => Ok(Arc::new(cas::CasEngine::new(
+            Arc::new(cas::MemoryCasStore::new()),
+            "",
+        ))),
+        "s3" => {
+            let store = cas::S3Store::open(uri).await?;
+            let problem = match tokio::time::timeout(PROBE_TIMEOUT, store.probe()).await {
+                Ok(Ok(())) => None,
+                Ok(Err(err)) => Some(err.to_string()),
+                Err(_) => Some(format!("no answer within {}s", PROBE_TIMEOUT.as_secs())),
+            };
+            if let Some(problem) = problem {
+                tracing::warn!(
+                    backend = %cas::CasStore::describe(&store),
+                    "the backend cannot be used yet: {problem}; runs will fail as unavailable \
+                     until it can"
+                );
+            }
+            let prefix = store.records_prefix().to_string();
+            Ok(Arc::new(cas::CasEngine::new(Arc::new(store), prefix)))
+        }
         other => anyhow::bail!(
-            "backend scheme {other:?} is not supported by this build (supported: file://, memory://)"
+            "backend scheme {other:?} is not supported by this build \
+             (supported: file://, s3://, memory://)"
         ),
     }
 }
@@ -169,11 +197,14 @@ mod tests {
         assert_eq!(redact_uri("s3://bucket/a@b"), "s3://bucket/a@b");
     }
 
-    #[test]
-    fn unknown_scheme_is_named() {
-        let err = from_uri("gopher://x").err().expect("refused");
+    #[tokio::test]
+    async fn unknown_scheme_is_named() {
+        let Err(err) = from_uri("gopher://x").await else {
+            panic!("gopher:// was accepted");
+        };
         assert!(err.to_string().contains("\"gopher\""), "{err}");
-        assert!(from_uri("file://").is_err());
-        assert!(from_uri("not a uri").is_err());
+        assert!(from_uri("file://").await.is_err());
+        assert!(from_uri("not a uri").await.is_err());
+        assert!(from_uri("s3://").await.is_err());
     }
 }

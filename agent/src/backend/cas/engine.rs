@@ -32,6 +32,12 @@ pub fn grace(ttl: Duration) -> Duration {
 /// How many times one operation re-reads after losing a race or a request.
 const ATTEMPTS: usize = 6;
 
+/// Waits before attempt `attempt + 1`: 10 ms doubling, jittered.
+async fn backoff(attempt: usize) {
+    let base = Duration::from_millis(10 << attempt);
+    tokio::time::sleep(base.mul_f64(0.5 + fastrand::f64())).await;
+}
+
 /// One key's record, as stored: readable with the cloud's own CLI.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockRecord {
@@ -218,7 +224,7 @@ impl CasEngine {
             .version_of(&lease.lease_id)
             .ok_or(BackendError::LeaseMismatch)?;
         let mut last_error = None;
-        for _ in 0..ATTEMPTS {
+        for attempt in 0..ATTEMPTS {
             match self
                 .store
                 .put_if_match(&name, Self::body(&record), &version)
@@ -228,6 +234,7 @@ impl CasEngine {
                 Err(CasError::Refused(why)) => return Err(BackendError::Unavailable(why)),
                 Err(CasError::Unavailable(why)) => {
                     last_error = Some(why);
+                    backoff(attempt).await;
                     continue;
                 }
                 Err(CasError::Conflict) => {}
@@ -287,8 +294,7 @@ impl Backend for CasEngine {
             if let Some(grant) = self.try_acquire(spec, &name).await? {
                 return Ok(grant);
             }
-            tokio::time::sleep(Duration::from_millis(10 << attempt).mul_f64(0.5 + fastrand::f64()))
-                .await;
+            backoff(attempt).await;
         }
         Err(BackendError::Unavailable(format!(
             "{name}: too much contention, or the store keeps failing"

@@ -3,6 +3,7 @@
 
 mod engine;
 mod memory;
+mod s3;
 #[cfg(test)]
 mod simulation;
 #[cfg(test)]
@@ -10,6 +11,7 @@ mod testing;
 
 pub use engine::{grace, CasEngine, LockRecord, CLOCK_RESOLUTION};
 pub use memory::MemoryCasStore;
+pub use s3::S3Store;
 
 use async_trait::async_trait;
 use std::time::SystemTime;

@@ -174,7 +174,9 @@ fn check(seed: u64, mut beliefs: Vec<Belief>) -> usize {
         }
         assert!(
             a.to <= b.from,
-            "seed {seed}: two valid leases on {:?}: {a:?} and {b:?}",
+            "seed {seed}: agents {} and {} both held {:?}: {a:?} and {b:?}",
+            a.agent,
+            b.agent,
             a.key
         );
         assert!(
