@@ -23,6 +23,7 @@ const THROUGHPUT_CONNECTIONS: usize = 16;
 const THROUGHPUT_TIME: Duration = Duration::from_secs(3);
 const CRASHES: usize = 40;
 const MANY_LEASES: usize = 10_000;
+const S3_ROUND_TRIPS: usize = 500;
 
 fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -91,6 +92,7 @@ async fn run() -> Result<()> {
         agent.stop().await?;
     }
 
+    rows.extend(s3_latency(&bins.agent, scratch.path()).await?);
     rows.extend(many_leases(&bins.agent, scratch.path()).await?);
 
     println!();
@@ -102,11 +104,114 @@ async fn run() -> Result<()> {
     Ok(())
 }
 
+/// Acquire through the agent on S3 (moto) beside a raw conditional PUT with the
+/// same SDK, in the same run. Needs `RUNLOCK_TEST_S3_ENDPOINT` (BENCHMARKS.md).
+async fn s3_latency(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+    let Ok(endpoint) = std::env::var("RUNLOCK_TEST_S3_ENDPOINT") else {
+        let why = "skipped: RUNLOCK_TEST_S3_ENDPOINT is not set (see BENCHMARKS.md)";
+        return Ok(vec![("S3 (moto)".into(), why.into())]);
+    };
+    let bucket = format!("runlock-bench-{}", std::process::id());
+    let created = Command::new("curl")
+        .args([
+            "-sSf",
+            "-m",
+            "10",
+            "-X",
+            "PUT",
+            &format!("{endpoint}/{bucket}"),
+        ])
+        .output()
+        .await?;
+    if !created.status.success() {
+        bail!(
+            "creating bucket {bucket}: {}",
+            String::from_utf8_lossy(&created.stderr)
+        );
+    }
+    let env = [
+        ("AWS_ENDPOINT_URL", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let uri = format!("s3://{bucket}/bench");
+    let agent = Agent::start(bin, scratch, "s3", &uri, &[], &env).await?;
+    let mut conn = connect(&agent.socket).await?;
+    let key = "dev:tap-x-to-target-y";
+    for i in 0..50 {
+        pair(&mut conn, 2 * i + 1, key).await?;
+    }
+    let mut acquires = Vec::new();
+    for i in 0..S3_ROUND_TRIPS as u64 {
+        acquires.push(pair(&mut conn, 1_000 + 2 * i, key).await?.0);
+    }
+    agent.stop().await?;
+
+    // The same SDK, the same endpoint, a body of a record's size, If-Match on the
+    // version it wrote last: what one uncontended acquire costs the store.
+    let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .endpoint_url(&endpoint)
+        .region(aws_config::Region::new("us-east-1"))
+        .credentials_provider(aws_sdk_s3::config::Credentials::new(
+            "test", "test", None, None, "bench",
+        ))
+        .load()
+        .await;
+    let s3 = aws_sdk_s3::Client::from_conf(
+        aws_sdk_s3::config::Builder::from(&config)
+            .force_path_style(true)
+            .build(),
+    );
+    let body = vec![b'x'; 480];
+    let put = |etag: Option<String>| {
+        let request = s3
+            .put_object()
+            .bucket(&bucket)
+            .key("raw/record.json")
+            .body(body.clone().into());
+        match etag {
+            Some(etag) => request.if_match(etag),
+            None => request.if_none_match("*"),
+        }
+        .send()
+    };
+    let mut etag = put(None).await?.e_tag;
+    let mut raw = Vec::new();
+    for i in 0..(50 + S3_ROUND_TRIPS) {
+        let started = Instant::now();
+        etag = put(etag).await?.e_tag;
+        if i >= 50 {
+            raw.push(started.elapsed());
+        }
+    }
+    let ratio = quantile(&mut acquires.clone(), 0.5).as_secs_f64()
+        / quantile(&mut raw.clone(), 0.5).as_secs_f64();
+    Ok(vec![
+        (
+            "S3 (moto): raw conditional PUT (If-Match), same SDK".into(),
+            percentiles(raw),
+        ),
+        (
+            "S3 (moto): acquire round trip through the agent".into(),
+            format!("{}  ({ratio:.2}× raw p50)", percentiles(acquires)),
+        ),
+    ])
+}
+
 /// One agent holding 10,000 leases (TTL 30 s) on the in-memory CAS store:
 /// how late renewals go out (the agent's own once-a-minute report), its
 /// resident memory, and its share of one core over that minute.
 async fn many_leases(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
-    let agent = Agent::start(bin, scratch, "many", "memory-cas://", &["--ttl", "30s"]).await?;
+    let agent = Agent::start(
+        bin,
+        scratch,
+        "many",
+        "memory-cas://",
+        &["--ttl", "30s"],
+        &[],
+    )
+    .await?;
     let pid = agent.child.id().context("agent pid")?;
     let mut conns = Vec::new();
     for c in 0..MANY_LEASES / 1000 {
@@ -239,6 +344,7 @@ impl Agent {
         name: &str,
         uri: &str,
         extra: &[&str],
+        env: &[(&str, &str)],
     ) -> Result<Agent> {
         let socket = scratch.join(format!("{name}.sock"));
         let notify_path = scratch.join(format!("{name}.notify"));
@@ -253,6 +359,7 @@ impl Agent {
             ])
             .args(["--log-format", "json"])
             .args(extra)
+            .envs(env.iter().copied())
             .env("NOTIFY_SOCKET", &notify_path)
             .env("RUST_LOG", "info,runlock_agent::registry=warn")
             .stderr(log)
@@ -269,7 +376,7 @@ impl Agent {
     }
 
     async fn start_plain(bin: &Path, scratch: &Path, name: &str, uri: &str) -> Result<Agent> {
-        Agent::start(bin, scratch, name, uri, &[]).await
+        Agent::start(bin, scratch, name, uri, &[], &[]).await
     }
 
     async fn stop(mut self) -> Result<()> {
