@@ -2,46 +2,25 @@
 //! agents sharing one lock directory, and the agent's socket file.
 
 use crate::support::agent::FileBackendDir;
-use crate::support::client::RawClient;
 use crate::support::journal::Journal;
 use crate::support::run::HOLD;
 use crate::support::{host_name, key, user_name, AgentOptions, Deadline, TestAgent};
 use anyhow::{ensure, Context, Result};
 use std::time::Duration;
 
-/// The token a `echo token $RUNLOCK_TOKEN` run printed.
-async fn token_of_a_run(agent: &TestAgent, k: &str) -> Result<u64> {
-    let out = agent
-        .run(&[k], &[], "echo token $RUNLOCK_TOKEN")?
-        .finish()
-        .await?;
-    out.expect_code(0)?;
-    out.stdout
-        .trim()
-        .strip_prefix("token ")
-        .and_then(|t| t.parse().ok())
-        .with_context(|| format!("no token printed: {out:?}"))
-}
-
-async fn agent_id(agent: &TestAgent) -> Result<String> {
-    let mut client = RawClient::connect(agent.socket()).await?;
-    let welcome = client.hello().await?;
-    RawClient::agent_id(&welcome)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_keep_growing_across_agent_restarts_and_kills() -> Result<()> {
     let locks = FileBackendDir::new()?;
     let k = key("restart");
     let mut agent = TestAgent::start(locks.uri()).await?;
-    let first = token_of_a_run(&agent, &k).await?;
-    let second = token_of_a_run(&agent, &k).await?;
+    let first = agent.token_of_a_run(&k).await?;
+    let second = agent.token_of_a_run(&k).await?;
     ensure!(second > first, "{second} after {first}");
     let status = agent.stop().await?;
     ensure!(status.success(), "runlockd exited with {status:?}");
 
     let mut agent = TestAgent::start(locks.uri()).await?;
-    let third = token_of_a_run(&agent, &k).await?;
+    let third = agent.token_of_a_run(&k).await?;
     ensure!(third > second, "{third} after {second}, across a restart");
 
     // An agent killed while a run holds the key: its record still says held.
@@ -52,7 +31,7 @@ async fn tokens_keep_growing_across_agent_restarts_and_kills() -> Result<()> {
     run.finish().await?.expect_code(76)?;
 
     let agent = TestAgent::start(locks.uri()).await?;
-    let fifth = token_of_a_run(&agent, &k).await?;
+    let fifth = agent.token_of_a_run(&k).await?;
     ensure!(fifth > fourth, "{fifth} after {fourth}, across a SIGKILL");
     Ok(())
 }
@@ -62,7 +41,7 @@ async fn two_agents_on_one_directory_exclude_each_other() -> Result<()> {
     let locks = FileBackendDir::new()?;
     let a = TestAgent::start(locks.uri()).await?;
     let b = TestAgent::start(locks.uri()).await?;
-    let a_id = agent_id(&a).await?;
+    let a_id = a.agent_id().await?;
     let k = key("shared-dir");
     let mut holder = a.run(&[&k], &[], &format!("{HOLD} # held-through-a"))?;
     let ready = holder.ready().await?;
@@ -118,7 +97,7 @@ async fn two_agents_on_one_directory_exclude_each_other() -> Result<()> {
         record["state"] == "free" && record["holder"].is_null(),
         "{record}"
     );
-    let token = token_of_a_run(&b, &k).await?;
+    let token = b.token_of_a_run(&k).await?;
     ensure!(token > ready.token(), "{token} after {}", ready.token());
     Ok(())
 }
@@ -170,7 +149,7 @@ async fn release_through_another_agent_stops_the_run_at_its_next_renewal() -> Re
         broken.elapsed < Duration::from_secs(10),
         "the break was noticed late: {broken:?}"
     );
-    let token = token_of_a_run(&a, &k).await?;
+    let token = a.token_of_a_run(&k).await?;
     ensure!(
         token > ready.token() + 1,
         "{token}: the break's own token was reused"

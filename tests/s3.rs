@@ -2,7 +2,6 @@
 //! own sockets and agent ids on one bucket play two hosts. moto is started by
 //! `scripts/test`; without it these tests fail (they never skip).
 
-use crate::support::client::RawClient;
 use crate::support::run::HOLD;
 use crate::support::s3::{closed_port, env_for, Bucket, RECORDS};
 use crate::support::{host_name, key, AgentOptions, Deadline, TestAgent, WAIT};
@@ -10,33 +9,13 @@ use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant, SystemTime};
 
-async fn agent_id(agent: &TestAgent) -> Result<String> {
-    let mut client = RawClient::connect(agent.socket()).await?;
-    let welcome = client.hello().await?;
-    RawClient::agent_id(&welcome)
-}
-
-/// The token a `echo token $RUNLOCK_TOKEN` run printed.
-async fn token_of_a_run(agent: &TestAgent, k: &str) -> Result<u64> {
-    let out = agent
-        .run(&[k], &[], "echo token $RUNLOCK_TOKEN")?
-        .finish()
-        .await?;
-    out.expect_code(0)?;
-    out.stdout
-        .trim()
-        .strip_prefix("token ")
-        .and_then(|t| t.parse().ok())
-        .with_context(|| format!("no token printed: {out:?}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_conflict_names_the_holder_on_the_other_host() -> Result<()> {
     let bucket = Bucket::create("conflict").await?;
     let a = bucket.agent("state", &[]).await?;
     let b = bucket.agent("state", &[]).await?;
-    let a_id = agent_id(&a).await?;
-    ensure!(a_id != agent_id(&b).await?, "the two agents share an id");
+    let a_id = a.agent_id().await?;
+    ensure!(a_id != b.agent_id().await?, "the two agents share an id");
     let k = key("s3-conflict");
     let mut holder = a.run(&[&k], &[], &format!("{HOLD} # held-through-a"))?;
     let ready = holder.ready().await?;
@@ -71,7 +50,7 @@ async fn a_conflict_names_the_holder_on_the_other_host() -> Result<()> {
 
     holder.end();
     holder.finish().await?.expect_code(0)?;
-    let token = token_of_a_run(&b, &k).await?;
+    let token = b.token_of_a_run(&k).await?;
     ensure!(token > ready.token(), "{token} after {}", ready.token());
     Ok(())
 }
@@ -97,7 +76,7 @@ async fn a_killed_run_frees_its_key_for_the_other_host_at_once() -> Result<()> {
         deadline.tick().await?;
     }
     let freed = killed.elapsed();
-    let token = token_of_a_run(&b, &k).await?;
+    let token = b.token_of_a_run(&k).await?;
     ensure!(token > ready.token(), "{token} after {}", ready.token());
     eprintln!("freed {freed:?} after the kill");
     Ok(())
@@ -111,7 +90,7 @@ async fn a_lost_host_s_lease_is_taken_over_after_its_ttl_and_not_before() -> Res
     let mut a = bucket.agent("p", &["--ttl", "5s"]).await?;
     // B's own leases last 30 s, so nothing renews B's record before it is read below.
     let b = bucket.agent("p", &["--ttl", "30s"]).await?;
-    let b_id = agent_id(&b).await?;
+    let b_id = b.agent_id().await?;
     let k = key("s3-host-loss");
     let mut held = a.run(&[&k], &[], HOLD)?;
     let first = held.ready().await?;
@@ -242,7 +221,7 @@ async fn records_read_back_with_boto3_as_plain_json_beside_meltano_state() -> Re
         .put("meltano/dev:tap-x-to-target-y/lock", b"")
         .await?;
     let a = bucket.agent("meltano", &[]).await?;
-    let a_id = agent_id(&a).await?;
+    let a_id = a.agent_id().await?;
     let k = "dev:tap-x-to-target-y";
     let records = format!("meltano/{RECORDS}");
 

@@ -271,6 +271,27 @@ impl TestAgent {
             .with_context(|| format!("inspect --json printed non-JSON: {out:?}"))
     }
 
+    /// The fencing token a `echo token $RUNLOCK_TOKEN` run through this agent printed.
+    pub async fn token_of_a_run(&self, key: &str) -> anyhow::Result<u64> {
+        let out = self
+            .run(&[key], &[], "echo token $RUNLOCK_TOKEN")?
+            .finish()
+            .await?;
+        out.expect_code(0)?;
+        out.stdout
+            .trim()
+            .strip_prefix("token ")
+            .and_then(|t| t.parse().ok())
+            .with_context(|| format!("no token printed: {out:?}"))
+    }
+
+    /// The agent's id, from its `welcome`.
+    pub async fn agent_id(&self) -> anyhow::Result<String> {
+        let mut client = RawClient::connect(self.socket()).await?;
+        let welcome = client.hello().await?;
+        RawClient::agent_id(&welcome)
+    }
+
     /// A raw protocol connection that has said hello.
     pub async fn client(&self) -> anyhow::Result<RawClient> {
         let mut client = RawClient::connect(&self.socket).await?;
