@@ -1047,6 +1047,44 @@ mod tests {
         );
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_whose_renewals_keep_failing_is_lost_at_its_deadline_not_before() {
+        use crate::backend::cas::{testing::FaultyStore, CasEngine, MemoryCasStore};
+        let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
+        let identity = Identity {
+            host: "h".into(),
+            agent_id: "a".into(),
+            uid: 0,
+        };
+        let engine = Arc::new(CasEngine::new(store.clone(), ""));
+        let registry = Registry::new(engine, identity, Duration::from_secs(30));
+        let (conn, mut events) = connect(&registry, ROOT);
+        let granted = Instant::now();
+        take(&registry, conn, &["k"]).await.expect("free");
+        store.fail_everything(true);
+        let event = tokio::time::timeout(Duration::from_secs(120), events.recv()).await;
+        let at = granted.elapsed();
+        match event.expect("told within the TTL").expect("open") {
+            AgentMessage::Lost { reason, .. } => assert_eq!(reason, LostReason::Expired),
+            other => panic!("expected lost, got {other:?}"),
+        }
+        // The deadline: the grant's write + TTL − TTL/6 = 25 s. Retries back off
+        // meanwhile, but never past it.
+        assert!(
+            at >= Duration::from_secs(25),
+            "lost after {at:?}: before the deadline"
+        );
+        assert!(
+            at < Duration::from_millis(25_100),
+            "lost after {at:?}: late"
+        );
+        assert!(
+            store.requests().1 < 40,
+            "{:?} requests: retries did not back off",
+            store.requests()
+        );
+    }
+
     #[test]
     fn zombies_count_as_gone() {
         assert!(process_alive(std::process::id()));

@@ -112,6 +112,8 @@ struct Entry {
     due: Instant,
     /// Send time of the last successful renewal (or of the grant).
     last_ok: Instant,
+    /// Renewals failed in a row since the last success.
+    failures: u32,
     slot: Option<delay_queue::Key>,
 }
 
@@ -154,7 +156,7 @@ async fn run(
                     let id = lease.lease_id.clone();
                     let due = Instant::now() + period(ttl);
                     let slot = Some(queue.insert_at(id.clone(), due));
-                    entries.insert(id, Entry { lease, ttl, due, last_ok: sent, slot });
+                    entries.insert(id, Entry { lease, ttl, due, last_ok: sent, failures: 0, slot });
                 }
                 Some(Command::Stop(id)) => {
                     if let Some(Entry { slot: Some(slot), .. }) = entries.remove(&id) {
@@ -191,6 +193,7 @@ async fn run(
                 let taken = match outcome {
                     Outcome::Renewed(sent) => {
                         entry.last_ok = sent;
+                        entry.failures = 0;
                         entry.due = Instant::now() + period(entry.ttl);
                         entry.slot = Some(queue.insert_at(id.clone(), entry.due));
                         continue;
@@ -198,7 +201,10 @@ async fn run(
                     Outcome::Lost => true,
                     Outcome::Expired => false,
                     Outcome::Failed(error) => {
-                        let retry = Duration::from_millis(250).mul_f64(0.5 + fastrand::f64());
+                        // 250 ms doubling, jittered, never past a third of the TTL.
+                        entry.failures += 1;
+                        let backoff = Duration::from_millis(250) * 2u32.pow(entry.failures.min(8) - 1);
+                        let retry = backoff.min(entry.ttl / 3).mul_f64(0.5 + fastrand::f64());
                         tracing::warn!(key = %entry.lease.key, %error, "renewal failed, retrying until the lease's deadline");
                         // The retry is raced against the deadline like any renewal.
                         entry.due = (Instant::now() + retry).min(entry.deadline());

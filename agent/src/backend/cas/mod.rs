@@ -7,7 +7,7 @@ mod s3;
 #[cfg(test)]
 mod simulation;
 #[cfg(test)]
-mod testing;
+pub(crate) mod testing;
 
 pub use engine::{grace, CasEngine, LockRecord, CLOCK_RESOLUTION};
 pub use memory::MemoryCasStore;

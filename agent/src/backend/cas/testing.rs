@@ -22,6 +22,7 @@ pub struct FaultyStore {
     fail_before: f64,
     lose_answer: f64,
     lose_next_answer: AtomicBool,
+    fail_everything: AtomicBool,
     /// Requests seen: reads and writes.
     pub gets: AtomicU64,
     pub puts: AtomicU64,
@@ -50,6 +51,7 @@ impl FaultyStore {
             fail_before,
             lose_answer,
             lose_next_answer: AtomicBool::new(false),
+            fail_everything: AtomicBool::new(false),
             gets: AtomicU64::new(0),
             puts: AtomicU64::new(0),
         }
@@ -65,7 +67,9 @@ impl FaultyStore {
         let delay = |rng: &mut fastrand::Rng| self.max_delay.mul_f64(rng.f64());
         let (before, after) = (delay(&mut rng), delay(&mut rng));
         let roll = rng.f64();
-        let fate = if write && self.lose_next_answer.swap(false, Ordering::SeqCst) {
+        let fate = if self.fail_everything.load(Ordering::SeqCst) {
+            Fate::FailBefore
+        } else if write && self.lose_next_answer.swap(false, Ordering::SeqCst) {
             Fate::LoseAnswer
         } else if roll < self.fail_before {
             Fate::FailBefore
@@ -75,6 +79,11 @@ impl FaultyStore {
             Fate::Fine
         };
         (before, after, fate)
+    }
+
+    /// From now on every request fails (or, with `false`, none is forced to).
+    pub fn fail_everything(&self, fail: bool) {
+        self.fail_everything.store(fail, Ordering::SeqCst);
     }
 
     /// Requests so far, as (reads, writes).
