@@ -173,6 +173,22 @@ fn write_record(mut file: &File, record: &FileRecord, durable: bool) -> io::Resu
     Ok(())
 }
 
+/// The record (and its holder) that grants `spec` with `token`.
+fn held_record(spec: &AcquireSpec, token: u64, forced_from: Option<u64>) -> (Holder, FileRecord) {
+    let holder = Holder {
+        token,
+        ..spec.holder.clone()
+    };
+    let record = FileRecord {
+        key: spec.key.to_string(),
+        state: KeyState::Held,
+        token,
+        holder: Some(holder.clone()),
+        forced_from,
+    };
+    (holder, record)
+}
+
 /// Reads a record another process may be writing this instant: a torn read
 /// (a short or mixed file) is retried briefly. `Ok(None)` means it stayed
 /// empty or unreadable.
@@ -250,17 +266,7 @@ impl Inner {
                     })?
                     .token
             };
-            let holder = Holder {
-                token: previous + 1,
-                ..spec.holder.clone()
-            };
-            let record = FileRecord {
-                key: spec.key.to_string(),
-                state: KeyState::Held,
-                token: holder.token,
-                holder: Some(holder.clone()),
-                forced_from: None,
-            };
+            let (holder, record) = held_record(spec, previous + 1, None);
             write_record(&file, &record, true).map_err(|e| io_error("writing", &path, e))?;
             self.remember(&spec.lease_id, file);
             return Ok(Grant { holder, sent });
@@ -288,17 +294,7 @@ impl Inner {
             .mode(0o644)
             .open(&temp)
             .map_err(|e| io_error("creating", &temp, e))?;
-        let holder = Holder {
-            token: current.token + 1,
-            ..spec.holder.clone()
-        };
-        let record = FileRecord {
-            key: spec.key.to_string(),
-            state: KeyState::Held,
-            token: holder.token,
-            holder: Some(holder.clone()),
-            forced_from: Some(current.token),
-        };
+        let (holder, record) = held_record(spec, current.token + 1, Some(current.token));
         let placed = ofd_lock(&file, libc::F_WRLCK, false)
             .and_then(|_| write_record(&file, &record, true))
             .and_then(|_| std::fs::rename(&temp, path))
