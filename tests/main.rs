@@ -6,6 +6,7 @@ mod support;
 
 mod agent_process;
 mod bad_input;
+mod config;
 mod crash_release;
 mod file_backend;
 mod lifecycle;

@@ -1,8 +1,17 @@
-//! The agent's command line and environment, resolved into a `Config`.
+//! The agent's settings: a TOML file (`/etc/runlock/runlockd.toml` or
+//! `--config`), then `RUNLOCK_*` variables, then flags, each overriding the
+//! one before, resolved into one `Config`.
 
+use crate::access::Access;
+use crate::backend::{BackendOptions, S3Options};
 use crate::telemetry::LogFormat;
+use anyhow::Context;
 use clap::Parser;
-use std::path::PathBuf;
+use runlock_protocol::socket_path::{self, CONFIG_ENV, SYSTEM_CONFIG};
+use runlock_protocol::OnUnavailable;
+use serde::{Deserialize, Deserializer, Serialize};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// runlockd: the runlock agent. Holds locks for the runs on this host and
@@ -10,20 +19,52 @@ use std::time::Duration;
 #[derive(Debug, Parser)]
 #[command(version, about)]
 pub struct Args {
-    /// Socket path [default: $RUNLOCK_SOCKET, else /run/runlock/agent.sock for
-    /// root, else $XDG_RUNTIME_DIR/runlock/agent.sock]
-    #[arg(long, value_name = "PATH")]
+    /// What to do instead of serving.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+    /// Configuration file [default: /etc/runlock/runlockd.toml, when it exists]
+    #[arg(long, env = CONFIG_ENV, value_name = "FILE", global = true)]
+    pub config: Option<PathBuf>,
+    /// Socket path [default: /run/runlock/agent.sock for root, else
+    /// $XDG_RUNTIME_DIR/runlock/agent.sock]
+    #[arg(long, env = socket_path::SOCKET_ENV, value_name = "PATH", global = true)]
     pub socket: Option<PathBuf>,
-    /// Lock backend: file:///DIR or memory:// [default: file:// under
-    /// $XDG_STATE_HOME/runlock, or /var/lib/runlock for root]
-    #[arg(long, env = "RUNLOCK_BACKEND", value_name = "URI")]
+    /// Group that owns the socket (a name or a gid) [default: the agent's]
+    #[arg(
+        long,
+        env = "RUNLOCK_SOCKET_GROUP",
+        value_name = "GROUP",
+        global = true
+    )]
+    pub socket_group: Option<String>,
+    /// Socket file mode, in octal [default: 0660]
+    #[arg(long, env = "RUNLOCK_SOCKET_MODE", value_name = "MODE", global = true,
+          value_parser = parse_mode)]
+    pub socket_mode: Option<u32>,
+    /// Lock backend: file:///DIR, s3://BUCKET/PREFIX or memory:// [default:
+    /// file:// under $XDG_STATE_HOME/runlock, or /var/lib/runlock for root]
+    #[arg(long, env = "RUNLOCK_BACKEND", value_name = "URI", global = true)]
     pub backend: Option<String>,
-    /// Lease time to live when a client gives none (e.g. 500ms, 30s, 10m)
-    #[arg(long, value_name = "DUR", default_value = "30s", value_parser = parse_duration)]
-    pub ttl: Duration,
-    /// Log format
-    #[arg(long, value_enum, default_value = "text")]
-    pub log_format: LogFormat,
+    /// Lease time to live when a client gives none (1s to 24h, e.g. 30s, 10m) [default: 30s]
+    #[arg(long, env = "RUNLOCK_TTL", value_name = "DUR", global = true, value_parser = parse_ttl)]
+    pub ttl: Option<Duration>,
+    /// What runs do when the backend cannot be reached [default: fail]
+    #[arg(long, env = "RUNLOCK_ON_UNAVAILABLE", value_name = "POLICY", global = true,
+          value_parser = ["fail", "warn", "skip"])]
+    pub on_unavailable: Option<String>,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9464)
+    #[arg(long, env = "RUNLOCK_METRICS", value_name = "ADDR", global = true)]
+    pub metrics: Option<SocketAddr>,
+    /// Log format [default: text]
+    #[arg(long, env = "RUNLOCK_LOG_FORMAT", value_enum, global = true)]
+    pub log_format: Option<LogFormat>,
+}
+
+/// What runlockd can do besides serving.
+#[derive(Debug, Clone, Copy, clap::Subcommand)]
+pub enum Command {
+    /// Print the effective configuration (secrets redacted) and exit.
+    CheckConfig,
 }
 
 /// Parses durations written like `500ms`, `30s`, `10m`.
@@ -32,38 +73,283 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         .map_err(|e| format!("{e} (write durations like 500ms, 30s, 10m)"))
 }
 
+fn parse_ttl(text: &str) -> Result<Duration, String> {
+    let ttl = parse_duration(text)?;
+    let (min, max) = crate::registry::TTL_RANGE;
+    if ttl < min || ttl > max {
+        return Err(format!(
+            "{} is outside 1s..24h",
+            humantime::format_duration(ttl)
+        ));
+    }
+    Ok(ttl)
+}
+
+fn parse_mode(text: &str) -> Result<u32, String> {
+    let digits = text.strip_prefix("0o").unwrap_or(text);
+    match u32::from_str_radix(digits, 8) {
+        Ok(mode) if mode <= 0o777 => Ok(mode),
+        _ => Err(format!("{text:?} is not an octal file mode such as 0660")),
+    }
+}
+
+/// The file's contents. Every field is optional; unknown ones are errors.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    socket: Option<PathBuf>,
+    socket_group: Option<String>,
+    #[serde(default, deserialize_with = "mode")]
+    socket_mode: Option<u32>,
+    backend: Option<String>,
+    #[serde(default, deserialize_with = "ttl")]
+    ttl: Option<Duration>,
+    #[serde(default, deserialize_with = "on_unavailable")]
+    on_unavailable: Option<OnUnavailable>,
+    metrics: Option<SocketAddr>,
+    log_format: Option<LogFormat>,
+    #[serde(default)]
+    access: AccessSection,
+    #[serde(default)]
+    s3: S3Options,
+}
+
+/// `[access]`: who may force a lock or break another's.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AccessSection {
+    #[serde(default)]
+    force_users: Option<Vec<NameOrId>>,
+    #[serde(default)]
+    force_groups: Option<Vec<NameOrId>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+enum NameOrId {
+    Id(u32),
+    Name(String),
+}
+
+fn ttl<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_ttl(&text).map(Some).map_err(serde::de::Error::custom)
+}
+
+fn mode<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_mode(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
+fn on_unavailable<'de, D: Deserializer<'de>>(d: D) -> Result<Option<OnUnavailable>, D::Error> {
+    let text = String::deserialize(d)?;
+    text.parse().map(Some).map_err(serde::de::Error::custom)
+}
+
 /// The agent's settings, every default resolved.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The file read, if any.
+    pub file: Option<PathBuf>,
     /// Where to listen.
     pub socket: PathBuf,
-    /// The backend URI.
+    /// The socket's group, if not the agent's.
+    pub socket_group: Option<u32>,
+    /// The socket's mode.
+    pub socket_mode: u32,
+    /// The backend URI (may hold secrets: print it with `redact_uri`).
     pub backend: String,
+    /// Per-backend options.
+    pub backend_options: BackendOptions,
     /// The default lease TTL.
     pub ttl: Duration,
+    /// What runs do when the backend cannot be reached.
+    pub on_unavailable: OnUnavailable,
+    /// Who may force and break.
+    pub access: Access,
+    /// Where to serve metrics.
+    pub metrics: Option<SocketAddr>,
+    /// How to log.
+    pub log_format: LogFormat,
 }
 
 impl Config {
-    /// Resolves defaults from the environment.
-    pub fn from_args(args: &Args) -> anyhow::Result<Config> {
-        let socket = runlock_protocol::socket_path::resolve(args.socket.clone())
+    /// Reads the file (if any) and layers the environment and flags over it.
+    pub fn load(args: &Args) -> anyhow::Result<Config> {
+        let (file, settings) = match &args.config {
+            Some(path) => (Some(path.clone()), read_file(path)?),
+            None if Path::new(SYSTEM_CONFIG).exists() => {
+                let path = PathBuf::from(SYSTEM_CONFIG);
+                (Some(path.clone()), read_file(&path)?)
+            }
+            None => (None, FileConfig::default()),
+        };
+        let socket = socket_path::resolve(args.socket.clone(), settings.socket)
             .map_err(anyhow::Error::msg)?;
-        let backend = match &args.backend {
-            Some(uri) => uri.clone(),
+        let socket_group = match args
+            .socket_group
+            .as_ref()
+            .or(settings.socket_group.as_ref())
+        {
+            Some(group) => Some(group_id(group).map_err(anyhow::Error::msg)?),
+            None => None,
+        };
+        let backend = match args.backend.clone().or(settings.backend) {
+            Some(uri) => uri,
             None => format!("file://{}", default_state_dir()?.display()),
         };
-        let (min, max) = crate::registry::TTL_RANGE;
-        if args.ttl < min || args.ttl > max {
-            anyhow::bail!(
-                "--ttl must be between 1s and 24h, got {}",
-                humantime::format_duration(args.ttl)
-            );
-        }
+        let on_unavailable = match &args.on_unavailable {
+            Some(text) => text.parse().map_err(anyhow::Error::msg)?,
+            None => settings.on_unavailable.unwrap_or_default(),
+        };
+        let access = Access::new(
+            resolve_ids(settings.access.force_users, user_id)?,
+            resolve_ids(settings.access.force_groups, group_id)?,
+        );
         Ok(Config {
+            file,
             socket,
+            socket_group,
+            socket_mode: args.socket_mode.or(settings.socket_mode).unwrap_or(0o660),
             backend,
-            ttl: args.ttl,
+            backend_options: BackendOptions { s3: settings.s3 },
+            ttl: args.ttl.or(settings.ttl).unwrap_or(Duration::from_secs(30)),
+            on_unavailable,
+            access,
+            metrics: args.metrics.or(settings.metrics),
+            log_format: args
+                .log_format
+                .or(settings.log_format)
+                .unwrap_or(LogFormat::Text),
         })
+    }
+
+    /// The effective configuration as TOML, with secrets replaced.
+    pub fn to_redacted_toml(&self) -> String {
+        #[derive(Serialize)]
+        struct Shown<'a> {
+            socket: &'a Path,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            socket_group: Option<u32>,
+            socket_mode: String,
+            backend: String,
+            ttl: String,
+            on_unavailable: OnUnavailable,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            metrics: Option<SocketAddr>,
+            log_format: LogFormat,
+            access: AccessShown,
+            s3: S3Options,
+        }
+        #[derive(Serialize)]
+        struct AccessShown {
+            force_users: Vec<u32>,
+            force_groups: Vec<u32>,
+        }
+        let shown = Shown {
+            socket: &self.socket,
+            socket_group: self.socket_group,
+            socket_mode: format!("{:04o}", self.socket_mode),
+            backend: crate::backend::redact_uri(&self.backend),
+            ttl: humantime::format_duration(self.ttl).to_string(),
+            on_unavailable: self.on_unavailable,
+            metrics: self.metrics,
+            log_format: self.log_format,
+            access: AccessShown {
+                force_users: self.access.uids().to_vec(),
+                force_groups: self.access.gids().to_vec(),
+            },
+            s3: self.backend_options.s3.redacted(),
+        };
+        let source = match &self.file {
+            Some(path) => format!("# from {} and the environment\n", path.display()),
+            None => "# no configuration file; from the environment and defaults\n".to_string(),
+        };
+        match toml::to_string(&shown) {
+            Ok(text) => source + &text,
+            Err(err) => format!("{source}# cannot print the configuration: {err}\n"),
+        }
+    }
+}
+
+/// Reads and parses a config file; errors name the file, the line and the setting.
+fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("reading configuration file {}", path.display()))?;
+    toml::from_str(&text).map_err(|err| anyhow::anyhow!(describe_error(path, &text, &err)))
+}
+
+fn describe_error(path: &Path, text: &str, err: &toml::de::Error) -> String {
+    let message = err.message().trim_end();
+    let Some(span) = err.span() else {
+        return format!("{}: {message}", path.display());
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    match setting_at(before, &text[before.len()..]) {
+        Some(setting) => format!("{}:{line}: `{setting}`: {message}", path.display()),
+        None => format!("{}:{line}: {message}", path.display()),
+    }
+}
+
+/// The dotted name of the setting on the line where `before` ends.
+fn setting_at(before: &str, after: &str) -> Option<String> {
+    let line_start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line_end = after
+        .find('\n')
+        .map_or(before.len() + after.len(), |i| before.len() + i);
+    let whole = format!("{before}{after}");
+    let line = &whole[line_start..line_end];
+    let key = line.split_once('=')?.0.trim().trim_matches('"');
+    if key.is_empty() || key.starts_with('[') {
+        return None;
+    }
+    let table = before[..line_start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('[') && l.ends_with(']'))
+        .map(|l| l.trim_matches(|c| c == '[' || c == ']').trim().to_string());
+    Some(match table {
+        Some(table) => format!("{table}.{key}"),
+        None => key.to_string(),
+    })
+}
+
+fn resolve_ids(
+    names: Option<Vec<NameOrId>>,
+    lookup: fn(&str) -> Result<u32, String>,
+) -> anyhow::Result<Option<Vec<u32>>> {
+    let Some(names) = names else { return Ok(None) };
+    names
+        .into_iter()
+        .map(|entry| match entry {
+            NameOrId::Id(id) => Ok(id),
+            NameOrId::Name(name) => lookup(&name).map_err(anyhow::Error::msg),
+        })
+        .collect::<anyhow::Result<Vec<u32>>>()
+        .map(Some)
+}
+
+fn user_id(name: &str) -> Result<u32, String> {
+    if let Ok(id) = name.parse() {
+        return Ok(id);
+    }
+    match nix::unistd::User::from_name(name) {
+        Ok(Some(user)) => Ok(user.uid.as_raw()),
+        _ => Err(format!("[access] force_users: no user named {name:?}")),
+    }
+}
+
+fn group_id(name: &str) -> Result<u32, String> {
+    if let Ok(id) = name.parse() {
+        return Ok(id);
+    }
+    match nix::unistd::Group::from_name(name) {
+        Ok(Some(group)) => Ok(group.gid.as_raw()),
+        _ => Err(format!("no group named {name:?}")),
     }
 }
 
@@ -82,5 +368,54 @@ fn default_state_dir() -> anyhow::Result<PathBuf> {
     match var("HOME") {
         Some(home) => Ok(home.join(".local/state/runlock")),
         None => anyhow::bail!("no state directory: pass --backend, or set XDG_STATE_HOME or HOME"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<FileConfig, String> {
+        toml::from_str(text).map_err(|e| describe_error(Path::new("/etc/r.toml"), text, &e))
+    }
+
+    #[test]
+    fn a_full_file_parses() {
+        let file = parse(
+            "socket = \"/run/x.sock\"\nsocket_mode = \"0600\"\nbackend = \"s3://b/p\"\n\
+             ttl = \"10s\"\non_unavailable = \"warn\"\nmetrics = \"127.0.0.1:9464\"\n\
+             log_format = \"json\"\n[access]\nforce_users = [\"root\", 1000]\n\
+             force_groups = [0]\n[s3]\nregion = \"eu-west-1\"\n",
+        )
+        .expect("parses");
+        assert_eq!(file.socket_mode, Some(0o600));
+        assert_eq!(file.ttl, Some(Duration::from_secs(10)));
+        assert_eq!(file.on_unavailable, Some(OnUnavailable::Warn));
+        assert_eq!(file.log_format, Some(LogFormat::Json));
+        assert_eq!(file.s3.region.as_deref(), Some("eu-west-1"));
+    }
+
+    #[test]
+    fn an_unknown_setting_names_file_line_and_setting() {
+        let err = parse("ttl = \"10s\"\n\n[access]\nforce_user = [0]\n").expect_err("unknown");
+        assert!(
+            err.starts_with("/etc/r.toml:4: `access.force_user`: unknown field"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_bad_value_names_file_line_and_setting() {
+        let err = parse("backend = \"memory://\"\nttl = \"2 days\"\n").expect_err("bad ttl");
+        assert!(err.starts_with("/etc/r.toml:2: `ttl`: "), "{err}");
+        assert!(err.contains("outside 1s..24h"), "{err}");
+        let err = parse("on_unavailable = \"maybe\"\n").expect_err("bad policy");
+        assert!(
+            err.starts_with("/etc/r.toml:1: `on_unavailable`: "),
+            "{err}"
+        );
+        assert!(err.contains("fail, warn, skip"), "{err}");
+        let err = parse("socket_mode = \"999\"\n").expect_err("bad mode");
+        assert!(err.contains("octal"), "{err}");
     }
 }

@@ -116,7 +116,9 @@ impl Connection {
             agent_id: self.registry.identity().agent_id.clone(),
             backend: self.registry.backend_description(),
             scope: self.registry.capabilities().scope,
-            default_ttl_ms: self.registry.default_ttl().as_millis() as u64,
+            default_ttl_ms: self.registry.policy().default_ttl.as_millis() as u64,
+            on_unavailable: self.registry.policy().on_unavailable,
+            leases_survive_agent: self.registry.capabilities().survives_agent,
         };
         self.send(id, welcome).await?;
         Ok(true)
@@ -257,6 +259,10 @@ impl Connection {
             ClientMessage::Inspect { key } => {
                 self.registry.inspect(&key).await.map(AgentMessage::Record)
             }
+            ClientMessage::Reattach { .. } => Err(WireError::new(
+                ErrorCode::Unsupported,
+                "this agent cannot adopt leases yet",
+            )),
             ClientMessage::Ping => Ok(AgentMessage::Pong),
             ClientMessage::Unknown => Err(WireError::new(
                 ErrorCode::Unsupported,
@@ -308,5 +314,6 @@ fn acquired((leases, ttl): (Vec<runlock_protocol::Lease>, Duration)) -> AgentMes
     AgentMessage::Acquired {
         leases,
         ttl_ms: ttl.as_millis() as u64,
+        valid_for_ms: None,
     }
 }

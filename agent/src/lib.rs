@@ -2,6 +2,7 @@
 //! registry and a backend. `main.rs` wires these together; tests and benches
 //! use them directly.
 
+pub mod access;
 pub mod backend;
 pub mod config;
 pub mod connection;

@@ -3,8 +3,8 @@
 
 use anyhow::Context;
 use clap::Parser;
-use runlock_agent::config::{Args, Config};
-use runlock_agent::registry::{Identity, Registry};
+use runlock_agent::config::{Args, Command, Config};
+use runlock_agent::registry::{Identity, Policy, Registry};
 use runlock_agent::{backend, listener, serve, telemetry};
 use std::process::ExitCode;
 use tokio::signal::unix::{signal, SignalKind};
@@ -12,7 +12,18 @@ use tokio_util::sync::CancellationToken;
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    telemetry::init(args.log_format);
+    let config = match Config::load(&args) {
+        Ok(config) => config,
+        Err(err) => {
+            eprintln!("runlockd: error: {err:#}");
+            return ExitCode::from(78); // EX_CONFIG
+        }
+    };
+    if let Some(Command::CheckConfig) = args.command {
+        print!("{}", config.to_redacted_toml());
+        return ExitCode::SUCCESS;
+    }
+    telemetry::init(config.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -23,7 +34,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(args)) {
+    match runtime.block_on(run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("runlockd: error: {err:#}");
@@ -32,9 +43,8 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> anyhow::Result<()> {
-    let config = Config::from_args(&args)?;
-    let backend = backend::from_uri(&config.backend).await?;
+async fn run(config: Config) -> anyhow::Result<()> {
+    let backend = backend::from_uri(&config.backend, &config.backend_options).await?;
     let identity = Identity {
         host: nix::unistd::gethostname()
             .context("reading the host name")?
@@ -44,7 +54,12 @@ async fn run(args: Args) -> anyhow::Result<()> {
         uid: nix::unistd::geteuid().as_raw(),
     };
     let capabilities = backend.capabilities();
-    let registry = Registry::new(backend, identity.clone(), config.ttl);
+    let policy = Policy {
+        default_ttl: config.ttl,
+        on_unavailable: config.on_unavailable,
+        access: config.access.clone(),
+    };
+    let registry = Registry::new(backend, identity.clone(), policy);
     let (listener, _guard) = listener::bind(&config.socket)?;
 
     let shutdown = CancellationToken::new();

@@ -1,11 +1,12 @@
 //! The agent's leases, by lease id, by key and by connection, and the local
 //! waiter queues: one place that decides who holds what on this host.
 
+use crate::access::{groups_of, Access};
 use crate::backend::{AcquireSpec, Backend, BackendError, Capabilities, Grant, LeaseRef};
 use crate::renewal::Renewals;
 use runlock_protocol::{
     AgentMessage, ErrorCode, Holder, Key, KeyRecord, Lease, LeaseInfo, LostReason, OnLost,
-    WireError,
+    OnUnavailable, WireError,
 };
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -44,8 +45,30 @@ pub struct Identity {
     pub host: String,
     /// This agent process's id.
     pub agent_id: String,
-    /// The uid the agent runs as (it and root may force and break).
+    /// The uid the agent runs as.
     pub uid: u32,
+}
+
+/// The operator's settings the registry applies.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// The TTL used when a request gives none.
+    pub default_ttl: Duration,
+    /// What runs do when the backend cannot be reached (told to clients).
+    pub on_unavailable: OnUnavailable,
+    /// Who may force and break.
+    pub access: Access,
+}
+
+impl Policy {
+    /// The defaults, with this TTL.
+    pub fn with_ttl(default_ttl: Duration) -> Policy {
+        Policy {
+            default_ttl,
+            on_unavailable: OnUnavailable::Fail,
+            access: Access::default(),
+        }
+    }
 }
 
 /// An `acquire` request, decoded.
@@ -86,6 +109,8 @@ struct Conn {
     peer: PeerCred,
     /// The peer's user name, looked up once: NSS reads files on every call.
     user: String,
+    /// Whether the peer may force and break, decided once.
+    may_override: bool,
     events: mpsc::UnboundedSender<AgentMessage>,
     leases: BTreeSet<String>,
     child: Option<(u32, u32)>,
@@ -137,7 +162,7 @@ pub struct Registry {
     backend: Arc<dyn Backend>,
     capabilities: Capabilities,
     identity: Identity,
-    default_ttl: Duration,
+    policy: Policy,
     state: Mutex<State>,
     renewals: Renewals,
     next_id: AtomicU64,
@@ -183,17 +208,13 @@ fn bad_request(message: impl Into<String>) -> WireError {
 
 impl Registry {
     /// A registry over `backend`; starts the renewal scheduler on the current runtime.
-    pub fn new(
-        backend: Arc<dyn Backend>,
-        identity: Identity,
-        default_ttl: Duration,
-    ) -> Arc<Registry> {
+    pub fn new(backend: Arc<dyn Backend>, identity: Identity, policy: Policy) -> Arc<Registry> {
         Arc::new_cyclic(|me| Registry {
             capabilities: backend.capabilities(),
             renewals: Renewals::start(backend.clone(), me.clone()),
             backend,
             identity,
-            default_ttl,
+            policy,
             state: Mutex::new(State::default()),
             next_id: AtomicU64::new(1),
         })
@@ -219,9 +240,9 @@ impl Registry {
         self.backend.describe()
     }
 
-    /// The TTL used when a request gives none.
-    pub fn default_ttl(&self) -> Duration {
-        self.default_ttl
+    /// The operator's settings.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
     }
 
     /// Registers a connection; `events` receives its `lost` events.
@@ -231,9 +252,14 @@ impl Registry {
         events: mpsc::UnboundedSender<AgentMessage>,
     ) -> ConnId {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let user = user_name(peer.uid);
+        let access = &self.policy.access;
+        let may_override = access.allows(peer.uid, &[peer.gid])
+            || (access.lists_groups() && access.allows(peer.uid, &groups_of(&user, peer.gid)));
         let conn = Conn {
             peer,
-            user: user_name(peer.uid),
+            user,
+            may_override,
             events,
             leases: BTreeSet::new(),
             child: None,
@@ -254,16 +280,24 @@ impl Registry {
         }
     }
 
-    fn may_override(&self, peer: PeerCred) -> bool {
-        peer.uid == 0 || peer.uid == self.identity.uid
-    }
-
-    fn peer(&self, conn: ConnId) -> Result<(PeerCred, String), WireError> {
+    /// The connection's peer, its user name, and whether it may force and break.
+    fn peer(&self, conn: ConnId) -> Result<(PeerCred, String, bool), WireError> {
         self.state()
             .conns
             .get(&conn)
-            .map(|c| (c.peer, c.user.clone()))
+            .map(|c| (c.peer, c.user.clone(), c.may_override))
             .ok_or_else(|| WireError::new(ErrorCode::Internal, "connection is closing"))
+    }
+
+    fn forbidden(&self, peer: PeerCred, what: &str) -> WireError {
+        WireError::new(
+            ErrorCode::Forbidden,
+            format!(
+                "uid {} may not {what} (allowed: {})",
+                peer.uid,
+                self.policy.access.describe()
+            ),
+        )
     }
 
     /// Takes every key of `req`, in sorted order, all or nothing.
@@ -287,28 +321,23 @@ impl Registry {
         if keys.is_empty() {
             return Err(bad_request("acquire needs at least one key"));
         }
-        let ttl = req.ttl.unwrap_or(self.default_ttl);
+        let ttl = req.ttl.unwrap_or(self.policy.default_ttl);
         if ttl < TTL_RANGE.0 || ttl > TTL_RANGE.1 {
             return Err(bad_request(format!(
                 "ttl_ms must be between 1000 and 86400000, got {}",
                 ttl.as_millis()
             )));
         }
-        let (peer, user) = self.peer(conn)?;
-        if req.force && !self.may_override(peer) {
-            return Err(WireError::new(
-                ErrorCode::Forbidden,
-                format!(
-                    "uid {} may not force a lock (only root and the agent's user may)",
-                    peer.uid
-                ),
-            ));
+        let (peer, user, may_override) = self.peer(conn)?;
+        if req.force && !may_override {
+            return Err(self.forbidden(peer, "force a lock"));
         }
         let holder = Holder {
             host: self.identity.host.clone(),
             agent_id: self.identity.agent_id.clone(),
             pid: peer.pid,
             uid: peer.uid,
+            gid: peer.gid,
             user,
             command: req.command.clone(),
             acquired_at_ms: 0,
@@ -556,15 +585,9 @@ impl Registry {
             key: Some(key.to_string()),
             ..WireError::new(ErrorCode::InvalidKey, e.to_string())
         })?;
-        let (peer, user) = self.peer(conn)?;
-        if !self.may_override(peer) {
-            return Err(WireError::new(
-                ErrorCode::Forbidden,
-                format!(
-                    "uid {} may not release another's lock (only root and the agent's user may)",
-                    peer.uid
-                ),
-            ));
+        let (peer, user, may_override) = self.peer(conn)?;
+        if !may_override {
+            return Err(self.forbidden(peer, "release another's lock"));
         }
         let local = self.state().by_key.get(&key).cloned();
         if let Some(lease_id) = local {
@@ -590,12 +613,13 @@ impl Registry {
                 agent_id: self.identity.agent_id.clone(),
                 pid: peer.pid,
                 uid: peer.uid,
+                gid: peer.gid,
                 user,
                 command: "runlock release".to_string(),
                 acquired_at_ms: now_ms(),
                 token: 0,
             },
-            ttl: self.default_ttl,
+            ttl: self.policy.default_ttl,
             force: true,
         };
         let grant = self
@@ -806,7 +830,7 @@ mod tests {
         Registry::new(
             Arc::new(MemoryBackend::default()),
             identity,
-            Duration::from_secs(30),
+            Policy::with_ttl(Duration::from_secs(30)),
         )
     }
 
@@ -1057,7 +1081,7 @@ mod tests {
             uid: 0,
         };
         let engine = Arc::new(CasEngine::new(store.clone(), ""));
-        let registry = Registry::new(engine, identity, Duration::from_secs(30));
+        let registry = Registry::new(engine, identity, Policy::with_ttl(Duration::from_secs(30)));
         let (conn, mut events) = connect(&registry, ROOT);
         let granted = Instant::now();
         take(&registry, conn, &["k"]).await.expect("free");

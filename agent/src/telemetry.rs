@@ -4,7 +4,10 @@
 use tracing_subscriber::EnvFilter;
 
 /// The log formats `--log-format` accepts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     /// Human-readable lines.
     Text,

@@ -13,7 +13,8 @@ pub use codec::{AgentCodec, BodyError, MessageCodec, ShimCodec};
 pub use error::{ErrorCode, ProtocolError, WireError};
 pub use message::{AgentMessage, ClientMessage, Envelope};
 pub use types::{
-    Holder, InvalidKey, Key, KeyRecord, KeyState, Lease, LeaseInfo, LostReason, OnLost, Scope,
+    Holder, InvalidKey, Key, KeyRecord, KeyState, Lease, LeaseInfo, LostReason, OnLost,
+    OnUnavailable, Scope,
 };
 
 /// The protocol version this build speaks; see SPEC.md for when it changes.

@@ -2,7 +2,7 @@
 //! sends ([`AgentMessage`]: replies and events), inside an [`Envelope`].
 
 use crate::error::WireError;
-use crate::types::{Holder, KeyRecord, Lease, LeaseInfo, LostReason, OnLost, Scope};
+use crate::types::{Holder, KeyRecord, Lease, LeaseInfo, LostReason, OnLost, OnUnavailable, Scope};
 use serde::{Deserialize, Serialize};
 
 /// A message body with its request id. Replies echo the id of the request
@@ -88,6 +88,16 @@ pub enum ClientMessage {
         /// The run's process group.
         pgid: u32,
     },
+    /// Adopts leases taken through an agent that has since stopped, after the
+    /// backend confirms they are still held with these ids and tokens. Answered
+    /// with `acquired`, like `acquire`.
+    Reattach {
+        /// The leases, as `acquired` gave them.
+        leases: Vec<Lease>,
+        /// What the agent does to an attached run whose client is gone when a lease is lost.
+        #[serde(default)]
+        on_lost: OnLost,
+    },
     /// Lists the leases held through this agent.
     List,
     /// Reads a key's record from the backend.
@@ -120,6 +130,14 @@ pub enum AgentMessage {
         scope: Scope,
         /// The time to live used when `acquire` gives none.
         default_ttl_ms: u64,
+        /// What runs do when the backend (or the agent) cannot be reached.
+        #[serde(default)]
+        on_unavailable: OnUnavailable,
+        /// Whether leases outlive this agent process, so a client that loses
+        /// the agent may keep its run going until the lease's deadline and
+        /// `reattach` to the next agent.
+        #[serde(default, skip_serializing_if = "is_false")]
+        leases_survive_agent: bool,
     },
     /// Answers `acquire`: every key was taken.
     Acquired {
@@ -127,6 +145,10 @@ pub enum AgentMessage {
         leases: Vec<Lease>,
         /// The leases' time to live.
         ttl_ms: u64,
+        /// How long the leases stay guaranteed without another renewal: by then
+        /// a client that lost its agent must have stopped its run.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        valid_for_ms: Option<u64>,
     },
     /// Answers `release`.
     Released {
@@ -160,7 +182,16 @@ pub enum AgentMessage {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         holder: Option<Holder>,
     },
-    /// Event: the agent is restarting; leases are not released.
+    /// Event: a lease was renewed; sent only when leases survive the agent.
+    Renewed {
+        /// The renewed lease.
+        lease_id: String,
+        /// How long it stays guaranteed without another renewal.
+        valid_for_ms: u64,
+    },
+    /// Event: the agent is stopping. Where leases survive the agent they are
+    /// not released and the client should `reattach` to the next agent;
+    /// elsewhere every lease of the connection is about to be released.
     Restarting,
     /// A `type` this build does not know.
     #[serde(other)]

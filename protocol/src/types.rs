@@ -76,6 +76,9 @@ pub struct Holder {
     pub pid: u32,
     /// Uid of that process.
     pub uid: u32,
+    /// Gid of that process (absent from records written before it was kept).
+    #[serde(default)]
+    pub gid: u32,
     /// User name for `uid`, or the uid as digits when it has none.
     pub user: String,
     /// The command line the lease protects, as the client described it.
@@ -157,6 +160,35 @@ pub struct KeyRecord {
     pub expires_in_ms: Option<u64>,
     /// The backend's scope.
     pub scope: Scope,
+}
+
+/// What a run does when the agent or the backend cannot be reached: the
+/// operator's `on_unavailable` setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnUnavailable {
+    /// The run does not start (exit 69).
+    #[default]
+    Fail,
+    /// The run starts without a lock, and the shim says so loudly.
+    Warn,
+    /// The run starts without a lock, silently.
+    Skip,
+    /// A policy this build does not know: treated as `fail`.
+    #[serde(other)]
+    Unknown,
+}
+
+impl std::str::FromStr for OnUnavailable {
+    type Err = String;
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "fail" => Ok(OnUnavailable::Fail),
+            "warn" => Ok(OnUnavailable::Warn),
+            "skip" => Ok(OnUnavailable::Skip),
+            other => Err(format!("{other:?} is not one of fail, warn, skip")),
+        }
+    }
 }
 
 /// What should happen to a run whose lease is lost.

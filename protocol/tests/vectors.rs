@@ -51,6 +51,7 @@ fn client_type(message: &ClientMessage) -> &'static str {
         ClientMessage::Acquire { .. } => "acquire",
         ClientMessage::Release { .. } => "release",
         ClientMessage::Attach { .. } => "attach",
+        ClientMessage::Reattach { .. } => "reattach",
         ClientMessage::List => "list",
         ClientMessage::Inspect { .. } => "inspect",
         ClientMessage::Ping => "ping",
@@ -70,13 +71,14 @@ fn agent_type(message: &AgentMessage) -> &'static str {
         AgentMessage::Pong => "pong",
         AgentMessage::Error(_) => "error",
         AgentMessage::Lost { .. } => "lost",
+        AgentMessage::Renewed { .. } => "renewed",
         AgentMessage::Restarting => "restarting",
         AgentMessage::Unknown => "unknown",
     }
 }
 
 const CLIENT_TYPES: &[&str] = &[
-    "hello", "acquire", "release", "attach", "list", "inspect", "ping",
+    "hello", "acquire", "release", "attach", "reattach", "list", "inspect", "ping",
 ];
 const AGENT_TYPES: &[&str] = &[
     "welcome",
@@ -88,6 +90,7 @@ const AGENT_TYPES: &[&str] = &[
     "pong",
     "error",
     "lost",
+    "renewed",
     "restarting",
 ];
 

@@ -4,8 +4,8 @@
 use crate::exit::{self, Failure};
 use futures::{SinkExt, StreamExt};
 use runlock_protocol::{
-    AgentMessage, ClientMessage, Envelope, ErrorCode, ProtocolError, ShimCodec, WireError,
-    PROTOCOL_VERSION,
+    AgentMessage, ClientMessage, Envelope, ErrorCode, OnUnavailable, ProtocolError, ShimCodec,
+    WireError, PROTOCOL_VERSION,
 };
 use std::collections::VecDeque;
 use std::path::Path;
@@ -17,6 +17,10 @@ pub struct Client {
     next_id: u64,
     /// Events that arrived while waiting for a reply.
     pub events: VecDeque<AgentMessage>,
+    /// The agent's policy when its backend cannot be reached.
+    pub on_unavailable: OnUnavailable,
+    /// Whether leases outlive the agent (so a run may wait for the next one).
+    pub leases_survive_agent: bool,
 }
 
 /// What a request can come back with, besides its reply.
@@ -52,6 +56,8 @@ impl Client {
             transport: Framed::new(stream, ShimCodec::new()),
             next_id: 1,
             events: VecDeque::new(),
+            on_unavailable: OnUnavailable::Fail,
+            leases_survive_agent: false,
         };
         let hello = ClientMessage::Hello {
             version: PROTOCOL_VERSION,
@@ -59,7 +65,15 @@ impl Client {
             pid: std::process::id(),
         };
         match client.call(hello).await {
-            Ok(AgentMessage::Welcome { .. }) => Ok(client),
+            Ok(AgentMessage::Welcome {
+                on_unavailable,
+                leases_survive_agent,
+                ..
+            }) => {
+                client.on_unavailable = on_unavailable;
+                client.leases_survive_agent = leases_survive_agent;
+                Ok(client)
+            }
             Ok(other) => Err(Failure::new(
                 exit::EXIT_SOFTWARE,
                 format!("unexpected answer to hello: {other:?}"),

@@ -5,6 +5,7 @@ mod client;
 mod commands;
 mod exit;
 mod format;
+mod host_config;
 mod signals;
 
 use clap::Parser;
@@ -22,7 +23,8 @@ fn main() -> ExitCode {
             };
         }
     };
-    let socket = match runlock_protocol::socket_path::resolve(cli.socket) {
+    let host = host_config::HostConfig::load();
+    let socket = match runlock_protocol::socket_path::resolve(cli.socket, host.socket.clone()) {
         Ok(path) => path,
         Err(why) => return exit::Failure::new(exit::EXIT_USAGE, why).report(),
     };
@@ -37,7 +39,7 @@ fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
-            cli::Command::Run(args) => commands::run::run(&socket, args).await,
+            cli::Command::Run(args) => commands::run::run(&socket, &host, args).await,
             cli::Command::Status { json } => commands::status::run(&socket, json).await,
             cli::Command::Inspect { key, json } => {
                 commands::inspect::run(&socket, &key, json).await

@@ -425,6 +425,7 @@ mod tests {
             agent_id: "a".into(),
             pid: 1,
             uid: 0,
+            gid: 0,
             user: "root".into(),
             command: "true".into(),
             acquired_at_ms: 0,

@@ -5,6 +5,7 @@ mod file;
 mod key_name;
 mod memory;
 
+pub use cas::S3Options;
 pub use file::FileBackend;
 pub use memory::MemoryBackend;
 
@@ -118,13 +119,20 @@ pub trait Backend: Send + Sync + 'static {
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError>;
 }
 
+/// Per-backend settings from the configuration file, one section each.
+#[derive(Debug, Clone, Default)]
+pub struct BackendOptions {
+    /// `[s3]`.
+    pub s3: S3Options,
+}
+
 /// How long the start-up check of a network store may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(6);
 
 /// Builds the backend a URI names. A network store is checked once: when it
 /// cannot be used, a warning names the cause, and the agent starts anyway
 /// (its runs get `unavailable` until the store answers).
-pub async fn from_uri(uri: &str) -> anyhow::Result<Arc<dyn Backend>> {
+pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc<dyn Backend>> {
     let (scheme, rest) = uri.split_once("://").ok_or_else(|| {
         anyhow::anyhow!(
             "backend {:?} is not a URI (expected file:///path, s3://bucket/prefix or memory://)",
@@ -145,7 +153,7 @@ pub async fn from_uri(uri: &str) -> anyhow::Result<Arc<dyn Backend>> {
             "",
         ))),
         "s3" => {
-            let store = cas::S3Store::open(uri).await?;
+            let store = cas::S3Store::open(uri, &options.s3).await?;
             let problem = match tokio::time::timeout(PROBE_TIMEOUT, store.probe()).await {
                 Ok(Ok(())) => None,
                 Ok(Err(err)) => Some(err.to_string()),
@@ -199,12 +207,16 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_scheme_is_named() {
-        let Err(err) = from_uri("gopher://x").await else {
+        let Err(err) = from_uri("gopher://x", &BackendOptions::default()).await else {
             panic!("gopher:// was accepted");
         };
         assert!(err.to_string().contains("\"gopher\""), "{err}");
-        assert!(from_uri("file://").await.is_err());
-        assert!(from_uri("not a uri").await.is_err());
-        assert!(from_uri("s3://").await.is_err());
+        assert!(from_uri("file://", &BackendOptions::default())
+            .await
+            .is_err());
+        assert!(from_uri("not a uri", &BackendOptions::default())
+            .await
+            .is_err());
+        assert!(from_uri("s3://", &BackendOptions::default()).await.is_err());
     }
 }

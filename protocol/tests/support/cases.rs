@@ -8,7 +8,7 @@
 use runlock_protocol::codec::encode_body;
 use runlock_protocol::{
     AgentMessage, ClientMessage, Envelope, ErrorCode, Holder, KeyRecord, KeyState, Lease,
-    LeaseInfo, LostReason, OnLost, Scope, WireError,
+    LeaseInfo, LostReason, OnLost, OnUnavailable, Scope, WireError,
 };
 
 /// A message of either direction.
@@ -87,6 +87,7 @@ fn holder(pid: u32, token: u64) -> Holder {
         agent_id: AGENT_ID.into(),
         pid,
         uid: 1000,
+        gid: 1000,
         user: "etl".into(),
         command: COMMAND.into(),
         acquired_at_ms: 1_700_000_000_000,
@@ -172,6 +173,19 @@ pub fn canonical() -> Vec<Vector> {
             message: client(Some(5), ClientMessage::Attach { pid: 4300, pgid: 4300 }),
         },
         Vector {
+            name: "client-reattach",
+            meaning: "Request 9, to a new agent after the old one stopped: adopt lease `lease-0001` on `dev:a` \
+                      with token 12, and SIGTERM the run if it is lost while the client is gone. \
+                      Answered with `acquired`.",
+            message: client(
+                Some(9),
+                ClientMessage::Reattach {
+                    leases: vec![lease("dev:a", "lease-0001", 12)],
+                    on_lost: OnLost::Term,
+                },
+            ),
+        },
+        Vector {
             name: "client-list",
             meaning: "Request 6: list every lease held through this agent.",
             message: client(Some(6), ClientMessage::List),
@@ -190,7 +204,8 @@ pub fn canonical() -> Vec<Vector> {
         Vector {
             name: "agent-welcome",
             meaning: "Answers hello: the agent speaks version 1, its id, its backend (secrets removed), \
-                      global scope, default TTL 60 s. Welcome carries no id.",
+                      global scope, default TTL 60 s; runs fail when the backend cannot be reached; \
+                      leases outlive the agent, so a client that loses it may reattach. Welcome carries no id.",
             message: agent(
                 None,
                 AgentMessage::Welcome {
@@ -200,18 +215,21 @@ pub fn canonical() -> Vec<Vector> {
                     backend: "s3://bucket/runlock/".into(),
                     scope: Scope::Global,
                     default_ttl_ms: 60_000,
+                    on_unavailable: OnUnavailable::Fail,
+                    leases_survive_agent: true,
                 },
             ),
         },
         Vector {
             name: "agent-acquired",
             meaning: "Answers request 2: both keys taken, one lease per key in sorted key order, \
-                      each with its fencing token; TTL 30 s.",
+                      each with its fencing token; TTL 30 s; guaranteed for 25 s without another renewal.",
             message: agent(
                 Some(2),
                 AgentMessage::Acquired {
                     leases: vec![lease("dev:a", "lease-0001", 12), lease("dev:b", "lease-0002", 3)],
                     ttl_ms: 30_000,
+                    valid_for_ms: Some(25_000),
                 },
             ),
         },
@@ -370,6 +388,7 @@ pub fn canonical() -> Vec<Vector> {
                         agent_id: "9d8c7b6a-5f4e-4d3c-8b2a-1f0e9d8c7b6a".into(),
                         pid: 5150,
                         uid: 0,
+                        gid: 0,
                         user: "root".into(),
                         command: "runlock run --force".into(),
                         acquired_at_ms: 1_700_000_060_000,
@@ -393,8 +412,17 @@ pub fn canonical() -> Vec<Vector> {
             ),
         },
         Vector {
+            name: "agent-renewed",
+            meaning: "Event: lease `lease-0001` was renewed and stays guaranteed for 25 s without another renewal.",
+            message: agent(
+                None,
+                AgentMessage::Renewed { lease_id: "lease-0001".into(), valid_for_ms: 25_000 },
+            ),
+        },
+        Vector {
             name: "agent-restarting",
-            meaning: "Event: the agent is restarting; leases are not released.",
+            meaning: "Event: the agent is stopping. Where leases outlive it they are not released and the \
+                      client should reattach to the next agent; elsewhere they are about to be released.",
             message: agent(None, AgentMessage::Restarting),
         },
     ]
@@ -511,8 +539,8 @@ pub fn decode_only() -> Vec<DecodeOnly> {
         DecodeOnly {
             name: "agent-unknown-event",
             meaning: "An event type this client does not know (no id); clients ignore it.",
-            json: r#"{"type":"renewed","lease_id":"lease-0001"}"#,
-            bytes: cat(&[&[0x82], &s("type"), &s("renewed"), &s("lease_id"), &s("lease-0001")]),
+            json: r#"{"type":"moved","lease_id":"lease-0001"}"#,
+            bytes: cat(&[&[0x82], &s("type"), &s("moved"), &s("lease_id"), &s("lease-0001")]),
             message: agent(None, AgentMessage::Unknown),
         },
         DecodeOnly {

@@ -6,12 +6,13 @@
 use crate::cli::{OnLostArg, RunArgs};
 use crate::client::{describe_wire_error, unexpected, CallError, Client};
 use crate::exit::{self, Failure};
+use crate::host_config::HostConfig;
 use crate::signals::Signals;
 use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use runlock_protocol::{kill_grace, AgentMessage, ClientMessage, Envelope, Lease};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use runlock_protocol::{kill_grace, AgentMessage, ClientMessage, Envelope, Lease, OnUnavailable};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
 use std::path::Path;
 use std::process::ExitCode;
@@ -21,7 +22,7 @@ use tokio::time::Instant;
 /// How long the shim waits for the agent to confirm the release at the end.
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
 
-pub async fn run(socket: &Path, args: RunArgs) -> Result<ExitCode, Failure> {
+pub async fn run(socket: &Path, host: &HostConfig, args: RunArgs) -> Result<ExitCode, Failure> {
     for key in &args.keys {
         super::valid_key(key)?;
     }
@@ -31,15 +32,26 @@ pub async fn run(socket: &Path, args: RunArgs) -> Result<ExitCode, Failure> {
             format!("cannot install signal handlers: {e}"),
         )
     })?;
-    let mut client = Client::connect(socket).await?;
-
-    let leases = acquire(&mut client, &args, &mut signals).await?;
-    let (leases, ttl) = match leases {
-        Ok(granted) => granted,
-        Err(signal) => return Ok(ExitCode::from(128 + signal as u8)),
+    let mut client = match Client::connect(socket).await {
+        Ok(client) => client,
+        Err(failure) if failure.code == exit::EXIT_UNAVAILABLE => {
+            return unlocked(host.on_unavailable, failure, &args, &mut signals).await;
+        }
+        Err(failure) => return Err(failure),
     };
 
-    let mut child = spawn(&client, &args.command, &leases)?;
+    let (leases, ttl) = match acquire(&mut client, &args, &mut signals).await {
+        Ok(Ok(granted)) => granted,
+        Ok(Err(signal)) => return Ok(ExitCode::from(128 + signal as u8)),
+        Err(failure) if failure.code == exit::EXIT_UNAVAILABLE => {
+            let policy = client.on_unavailable;
+            return unlocked(policy, failure, &args, &mut signals).await;
+        }
+        Err(failure) => return Err(failure),
+    };
+
+    let socket = client.transport.get_ref().as_raw_fd();
+    let mut child = spawn(Some(socket), &args.command, &args.keys, &leases)?;
     // invariant: a spawned child has a pid until it is waited for
     let pid = child.id().unwrap_or_default();
     let group = Pid::from_raw(pid as i32);
@@ -98,11 +110,50 @@ pub async fn run(socket: &Path, args: RunArgs) -> Result<ExitCode, Failure> {
         );
         return Ok(ExitCode::from(exit::EXIT_LEASE_LOST));
     }
-    Ok(ExitCode::from(match (status.code(), status.signal()) {
+    Ok(exit_code(status))
+}
+
+/// The command's own status, as a shell reports it.
+fn exit_code(status: std::process::ExitStatus) -> ExitCode {
+    ExitCode::from(match (status.code(), status.signal()) {
         (Some(code), _) => code as u8,
         (None, Some(signal)) => 128 + signal as u8,
         (None, None) => exit::EXIT_SOFTWARE,
-    }))
+    })
+}
+
+/// The agent or its backend cannot be reached: `on_unavailable` decides
+/// whether the command runs anyway, without a lock.
+async fn unlocked(
+    policy: OnUnavailable,
+    failure: Failure,
+    args: &RunArgs,
+    signals: &mut Signals,
+) -> Result<ExitCode, Failure> {
+    match policy {
+        OnUnavailable::Warn => eprintln!(
+            "runlock: WARNING: running {} WITHOUT A LOCK on {} (on_unavailable = warn): {}",
+            command_line(&args.command),
+            args.keys.join(", "),
+            failure.message
+        ),
+        OnUnavailable::Skip => {}
+        OnUnavailable::Fail | OnUnavailable::Unknown => return Err(failure),
+    }
+    let mut child = spawn(None, &args.command, &args.keys, &[])?;
+    // invariant: a spawned child has a pid until it is waited for
+    let group = Pid::from_raw(child.id().unwrap_or_default() as i32);
+    let status = loop {
+        tokio::select! {
+            status = child.wait() => break status,
+            signal = signals.next() => {
+                let _ = killpg(group, signal);
+            }
+        }
+    };
+    status
+        .map(exit_code)
+        .map_err(|e| Failure::new(exit::EXIT_SOFTWARE, format!("waiting for the command: {e}")))
 }
 
 /// Asks for every key: the leases and their TTL, or `Ok(Err(signal))` when a signal came first.
@@ -125,7 +176,7 @@ async fn acquire(
         .map_err(|e| e.into_failure("asking for the lock"))?;
     tokio::select! {
         reply = client.reply(id) => match reply {
-            Ok(AgentMessage::Acquired { leases, ttl_ms }) => Ok(Ok((leases, Duration::from_millis(ttl_ms)))),
+            Ok(AgentMessage::Acquired { leases, ttl_ms, .. }) => Ok(Ok((leases, Duration::from_millis(ttl_ms)))),
             Ok(other) => Err(unexpected("acquire", &other)),
             Err(CallError::Agent(err)) => Err(Failure::new(exit::for_error(err.code), describe_wire_error(&err))),
             Err(gone) => Err(gone.into_failure("asking for the lock")),
@@ -135,35 +186,50 @@ async fn acquire(
     }
 }
 
-/// Starts the command in its own process group, holding a duplicate of the
-/// agent socket so that the agent sees the connection close only when every
-/// process of the run has exited.
+/// Starts the command in its own process group. With an agent `socket`, the
+/// command holds a duplicate of it, so that the agent sees the connection
+/// close only when every process of the run has exited; without one (no
+/// lock), it gets only `RUNLOCK_KEY`.
 fn spawn(
-    client: &Client,
+    socket: Option<RawFd>,
     command: &[String],
+    keys: &[String],
     leases: &[Lease],
 ) -> Result<tokio::process::Child, Failure> {
-    let socket = client.transport.get_ref().as_raw_fd();
-    // dup() leaves close-on-exec clear on the copy, so the command inherits it.
-    let inherited = nix::unistd::dup(socket).map_err(|e| {
-        Failure::new(
-            exit::EXIT_SOFTWARE,
-            format!("cannot duplicate the agent socket: {e}"),
-        )
-    })?;
+    let inherited = match socket {
+        // dup() leaves close-on-exec clear on the copy, so the command inherits it.
+        Some(socket) => Some(nix::unistd::dup(socket).map_err(|e| {
+            Failure::new(
+                exit::EXIT_SOFTWARE,
+                format!("cannot duplicate the agent socket: {e}"),
+            )
+        })?),
+        None => None,
+    };
     // SAFETY: `dup` just returned this descriptor and nothing else owns it.
-    let inherited = unsafe { OwnedFd::from_raw_fd(inherited) };
+    let inherited = inherited.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
     let join = |f: fn(&Lease) -> String| leases.iter().map(f).collect::<Vec<_>>().join("\n");
     let (program, args) = command
         .split_first()
         .ok_or_else(|| Failure::new(exit::EXIT_USAGE, "no command given"))?;
-    let spawned = tokio::process::Command::new(program)
+    let mut sorted_keys = keys.to_vec();
+    sorted_keys.sort();
+    sorted_keys.dedup();
+    let mut builder = tokio::process::Command::new(program);
+    builder
         .args(args)
         .process_group(0)
-        .env("RUNLOCK_KEY", join(|l| l.key.clone()))
-        .env("RUNLOCK_TOKEN", join(|l| l.token.to_string()))
-        .env("RUNLOCK_LEASE_ID", join(|l| l.lease_id.clone()))
-        .spawn();
+        .env("RUNLOCK_KEY", sorted_keys.join("\n"));
+    if !leases.is_empty() {
+        builder
+            .env("RUNLOCK_TOKEN", join(|l| l.token.to_string()))
+            .env("RUNLOCK_LEASE_ID", join(|l| l.lease_id.clone()));
+    } else {
+        builder
+            .env_remove("RUNLOCK_TOKEN")
+            .env_remove("RUNLOCK_LEASE_ID");
+    }
+    let spawned = builder.spawn();
     drop(inherited); // the child has its copy; ours would keep the run's lock alive after it
     spawned.map_err(|e| {
         let code = match e.kind() {

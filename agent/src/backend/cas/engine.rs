@@ -462,6 +462,7 @@ mod tests {
                 agent_id: "a".into(),
                 pid: 1,
                 uid: 0,
+                gid: 0,
                 user: "u".into(),
                 command: "c".into(),
                 acquired_at_ms: 0,

@@ -11,7 +11,7 @@ pub(crate) mod testing;
 
 pub use engine::{grace, CasEngine, LockRecord, CLOCK_RESOLUTION};
 pub use memory::MemoryCasStore;
-pub use s3::S3Store;
+pub use s3::{S3Options, S3Store};
 
 use async_trait::async_trait;
 use std::time::SystemTime;

@@ -43,6 +43,39 @@ const HTTP_ATTEMPTS: u32 = 3;
 /// How often a write that met `409 ConditionalRequestConflict` is sent again.
 const CONFLICT_ATTEMPTS: u32 = 3;
 
+/// The configuration file's `[s3]` settings; each overrides the SDK's own
+/// chain (environment, profile, instance metadata).
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Options {
+    /// An S3-compatible endpoint, addressed path-style.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_url: Option<String>,
+    /// The bucket's region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// A profile of the AWS configuration files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// A static access key id (with `secret_access_key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key_id: Option<String>,
+    /// A static secret key: never printed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_access_key: Option<String>,
+}
+
+impl S3Options {
+    /// The options with the secret replaced, for printing.
+    pub fn redacted(&self) -> S3Options {
+        S3Options {
+            endpoint_url: self.endpoint_url.as_deref().map(redact_uri),
+            secret_access_key: self.secret_access_key.as_ref().map(|_| "<redacted>".into()),
+            ..self.clone()
+        }
+    }
+}
+
 /// An S3 bucket (or an S3-compatible store) as a compare-and-swap store.
 pub struct S3Store {
     client: Client,
@@ -68,11 +101,31 @@ enum Failure {
 }
 
 impl S3Store {
-    /// Opens `s3://bucket/prefix` with the SDK's default configuration chain.
-    /// Makes no request; see [`S3Store::probe`].
-    pub async fn open(uri: &str) -> anyhow::Result<S3Store> {
+    /// Opens `s3://bucket/prefix` with `options` over the SDK's default
+    /// configuration chain. Makes no request; see [`S3Store::probe`].
+    pub async fn open(uri: &str, options: &S3Options) -> anyhow::Result<S3Store> {
         let (bucket, prefix) = parse_uri(uri)?;
-        let shared = aws_config::defaults(BehaviorVersion::latest()).load().await;
+        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+        if let Some(profile) = &options.profile {
+            loader = loader.profile_name(profile);
+        }
+        if let Some(region) = &options.region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        match (&options.access_key_id, &options.secret_access_key) {
+            (Some(id), Some(secret)) => {
+                loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
+                    id,
+                    secret,
+                    None,
+                    None,
+                    "runlockd configuration",
+                ));
+            }
+            (None, None) => {}
+            _ => anyhow::bail!("[s3] access_key_id and secret_access_key must be given together"),
+        }
+        let shared = loader.load().await;
         // The same lookup the S3 client makes: AWS_ENDPOINT_URL_S3 (or the profile's
         // s3 endpoint_url), else AWS_ENDPOINT_URL (or the profile's endpoint_url).
         let endpoint = shared
@@ -87,7 +140,11 @@ impl S3Store {
                         .ok()?,
                 )
             })
-            .or_else(|| shared.endpoint_url().map(str::to_string))
+            .or_else(|| shared.endpoint_url().map(str::to_string));
+        let endpoint = options
+            .endpoint_url
+            .clone()
+            .or(endpoint)
             .filter(|url| !url.is_empty());
         let region = shared
             .region()

@@ -33,6 +33,7 @@ fn holder(agent: usize) -> Holder {
         agent_id: format!("agent-{agent}"),
         pid: 1,
         uid: 0,
+        gid: 0,
         user: "sim".into(),
         command: "sim".into(),
         acquired_at_ms: 0,
