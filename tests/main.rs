@@ -10,5 +10,6 @@ mod config;
 mod crash_release;
 mod file_backend;
 mod lifecycle;
+mod restart;
 mod s3;
 mod s3_faults;

@@ -1,7 +1,7 @@
 //! One peer: the handshake, its requests, its events, and at its end (EOF)
 //! the release of every lease it held.
 
-use crate::registry::{AcquireRequest, ConnId, PeerCred, Registry};
+use crate::registry::{AcquireRequest, ConnId, Granted, PeerCred, Registry};
 use futures::{SinkExt, StreamExt};
 use runlock_protocol::{
     AgentCodec, AgentMessage, ClientMessage, Envelope, ErrorCode, ProtocolError, WireError,
@@ -17,7 +17,9 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 type Transport = Framed<UnixStream, AgentCodec>;
-type AcquireResult = Result<(Vec<runlock_protocol::Lease>, Duration), WireError>;
+type AcquireResult = Result<Granted, WireError>;
+/// How often the agent looks whether a reattached run whose shim is gone has ended.
+const RUN_POLL: Duration = Duration::from_millis(100);
 
 /// Serves one accepted connection until the peer goes or the agent stops.
 pub async fn serve_connection(
@@ -159,6 +161,8 @@ impl Connection {
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => {
+                        // Before this connection closes, or its leases would be released.
+                        self.registry.hand_over();
                         self.send(None, AgentMessage::Restarting).await?;
                         return Ok(());
                     }
@@ -188,6 +192,23 @@ impl Connection {
         acquire.cancel.cancel();
         if let Some(task) = acquire.task {
             let _ = task.await;
+        }
+        // A reattached run does not hold this connection: its leases last until
+        // its process group is empty, not until its shim is gone.
+        if let Some(pgid) = self.registry.run_outliving(conn) {
+            tracing::info!(
+                pgid,
+                "the shim of a reattached run is gone; holding until the run ends"
+            );
+            while self.registry.run_outliving(conn).is_some() {
+                tokio::select! {
+                    _ = tokio::time::sleep(RUN_POLL) => {}
+                    _ = shutdown.cancelled() => {
+                        self.registry.hand_over();
+                        break;
+                    }
+                }
+            }
         }
         self.registry.close_connection(conn).await;
     }
@@ -259,10 +280,19 @@ impl Connection {
             ClientMessage::Inspect { key } => {
                 self.registry.inspect(&key).await.map(AgentMessage::Record)
             }
-            ClientMessage::Reattach { .. } => Err(WireError::new(
-                ErrorCode::Unsupported,
-                "this agent cannot adopt leases yet",
-            )),
+            ClientMessage::Reattach { leases, on_lost } => {
+                if acquire.task.is_some() {
+                    Err(WireError::new(
+                        ErrorCode::BadRequest,
+                        "an acquire is in progress on this connection",
+                    ))
+                } else {
+                    self.registry
+                        .reattach(conn, leases, on_lost)
+                        .await
+                        .map(acquired)
+                }
+            }
             ClientMessage::Ping => Ok(AgentMessage::Pong),
             ClientMessage::Unknown => Err(WireError::new(
                 ErrorCode::Unsupported,
@@ -310,10 +340,13 @@ impl AcquireSlot {
     }
 }
 
-fn acquired((leases, ttl): (Vec<runlock_protocol::Lease>, Duration)) -> AgentMessage {
+fn acquired(granted: Granted) -> AgentMessage {
+    let now = tokio::time::Instant::now();
     AgentMessage::Acquired {
-        leases,
-        ttl_ms: ttl.as_millis() as u64,
-        valid_for_ms: None,
+        leases: granted.leases,
+        ttl_ms: granted.ttl.as_millis() as u64,
+        valid_for_ms: granted
+            .valid_until
+            .map(|at| at.saturating_duration_since(now).as_millis() as u64),
     }
 }

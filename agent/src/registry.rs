@@ -3,6 +3,7 @@
 
 use crate::access::{groups_of, Access};
 use crate::backend::{AcquireSpec, Backend, BackendError, Capabilities, Grant, LeaseRef};
+use crate::renewal::deadline;
 use crate::renewal::Renewals;
 use runlock_protocol::{
     AgentMessage, ErrorCode, Holder, Key, KeyRecord, Lease, LeaseInfo, LostReason, OnLost,
@@ -88,6 +89,18 @@ pub struct AcquireRequest {
     pub on_lost: OnLost,
 }
 
+/// What `acquire` and `reattach` hand back.
+#[derive(Debug, Clone)]
+pub struct Granted {
+    /// One lease per key, in sorted key order.
+    pub leases: Vec<Lease>,
+    /// Their time to live.
+    pub ttl: Duration,
+    /// Until when all of them stay guaranteed without another renewal, where
+    /// leases outlive the agent.
+    pub valid_until: Option<Instant>,
+}
+
 struct LocalLease {
     key: Key,
     conn: ConnId,
@@ -115,6 +128,9 @@ struct Conn {
     leases: BTreeSet<String>,
     child: Option<(u32, u32)>,
     on_lost: OnLost,
+    /// Its leases were adopted from a stopped agent: the run does not hold
+    /// this connection, so its end is not the run's end.
+    reattached: bool,
 }
 
 struct Waiter {
@@ -128,6 +144,9 @@ struct State {
     by_key: HashMap<Key, String>,
     conns: HashMap<ConnId, Conn>,
     queues: HashMap<Key, VecDeque<Waiter>>,
+    /// The agent is stopping and its leases outlive it: they are left for
+    /// the next agent, neither renewed nor released.
+    handing_over: bool,
 }
 
 impl State {
@@ -154,6 +173,16 @@ impl State {
             conn.leases.remove(lease_id);
         }
         Some(lease)
+    }
+}
+
+impl Granted {
+    fn add(&mut self, lease: Lease, valid_until: Option<Instant>) {
+        self.leases.push(lease);
+        self.valid_until = match (self.valid_until, valid_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
     }
 }
 
@@ -264,20 +293,70 @@ impl Registry {
             leases: BTreeSet::new(),
             child: None,
             on_lost: OnLost::Term,
+            reattached: false,
         };
         self.state().conns.insert(id, conn);
         id
     }
 
-    /// Ends a connection: every lease it holds is released at once.
+    /// Ends a connection: every lease it holds is released at once, unless
+    /// the agent is handing its leases over to the next one.
     pub async fn close_connection(&self, conn: ConnId) {
-        let leases: Vec<String> = match self.state().conns.remove(&conn) {
-            Some(c) => c.leases.into_iter().collect(),
-            None => return,
+        let (leases, handing_over) = {
+            let mut state = self.state();
+            let leases: Vec<String> = match state.conns.remove(&conn) {
+                Some(c) => c.leases.into_iter().collect(),
+                None => return,
+            };
+            if state.handing_over {
+                for lease_id in &leases {
+                    state.remove_lease(lease_id);
+                }
+            }
+            (leases, state.handing_over)
         };
+        if handing_over {
+            return;
+        }
         for lease_id in leases {
             self.release_lease(&lease_id).await;
         }
+    }
+
+    /// The agent is stopping: where leases outlive it, stop renewing and keep
+    /// every lease for the runs to `reattach` to the next agent. Returns
+    /// whether it does so (elsewhere the leases are released as connections close).
+    pub fn hand_over(&self) -> bool {
+        if !self.capabilities.survives_agent {
+            return false;
+        }
+        let held = {
+            let mut state = self.state();
+            if std::mem::replace(&mut state.handing_over, true) {
+                return true;
+            }
+            state.leases.len()
+        };
+        self.renewals.stop_all();
+        tracing::info!(leases = held, "leaving every lease for the next agent");
+        true
+    }
+
+    /// The process group of a reattached connection's run while it still has
+    /// members: such a connection's end (its shim killed) is not the run's.
+    pub fn run_outliving(&self, conn: ConnId) -> Option<u32> {
+        let state = self.state();
+        let c = state
+            .conns
+            .get(&conn)
+            .filter(|c| c.reattached && !c.leases.is_empty())?;
+        let (_, pgid) = c.child?;
+        let group = nix::unistd::Pid::from_raw(-(pgid as i32));
+        let alive = !matches!(
+            nix::sys::signal::kill(group, None),
+            Err(nix::errno::Errno::ESRCH)
+        );
+        alive.then_some(pgid)
     }
 
     /// The connection's peer, its user name, and whether it may force and break.
@@ -306,7 +385,7 @@ impl Registry {
         conn: ConnId,
         req: AcquireRequest,
         cancel: &CancellationToken,
-    ) -> Result<(Vec<Lease>, Duration), WireError> {
+    ) -> Result<Granted, WireError> {
         let mut keys = Vec::with_capacity(req.keys.len());
         for key in &req.keys {
             let key = Key::new(key.clone()).map_err(|e| WireError {
@@ -344,15 +423,19 @@ impl Registry {
             token: 0,
         };
         let deadline = Instant::now() + req.wait;
-        let mut granted: Vec<Lease> = Vec::with_capacity(keys.len());
+        let mut granted = Granted {
+            leases: Vec::with_capacity(keys.len()),
+            ttl,
+            valid_until: None,
+        };
         for key in keys {
             match self
                 .acquire_key(conn, key, ttl, &req, &holder, deadline, cancel)
                 .await
             {
-                Ok(lease) => granted.push(lease),
+                Ok((lease, valid_until)) => granted.add(lease, valid_until),
                 Err(err) => {
-                    for lease in granted {
+                    for lease in granted.leases {
                         self.release_lease(&lease.lease_id).await;
                     }
                     return Err(err);
@@ -362,7 +445,111 @@ impl Registry {
         if let Some(c) = self.state().conns.get_mut(&conn) {
             c.on_lost = req.on_lost;
         }
-        Ok((granted, ttl))
+        Ok(granted)
+    }
+
+    /// Adopts leases taken through an agent that has stopped, once the backend
+    /// confirms each is still held, unexpired, with its id and token, by this
+    /// peer's user. All or nothing: on a failure the leases adopted so far
+    /// stay with this connection, to be released when it closes (after its
+    /// run has stopped).
+    pub async fn reattach(
+        &self,
+        conn: ConnId,
+        leases: Vec<Lease>,
+        on_lost: OnLost,
+    ) -> Result<Granted, WireError> {
+        if leases.is_empty() {
+            return Err(bad_request("reattach needs at least one lease"));
+        }
+        let (peer, _, may_override) = self.peer(conn)?;
+        let mut granted = Granted {
+            leases: Vec::with_capacity(leases.len()),
+            ttl: Duration::ZERO,
+            valid_until: None,
+        };
+        for lease in leases {
+            let key = Key::new(lease.key.clone()).map_err(|e| WireError {
+                key: Some(lease.key.clone()),
+                ..WireError::new(ErrorCode::InvalidKey, e.to_string())
+            })?;
+            if self.state().leases.contains_key(&lease.lease_id) {
+                return Err(bad_request(format!(
+                    "lease {} is already held through this agent",
+                    lease.lease_id
+                )));
+            }
+            let reference = LeaseRef {
+                key: key.clone(),
+                lease_id: lease.lease_id.clone(),
+                token: lease.token,
+            };
+            let record = self
+                .backend
+                .inspect(&key)
+                .await
+                .map_err(|e| e.to_wire(&key))?;
+            if let Some(h) = record.holder.filter(|h| h.uid != peer.uid && !may_override) {
+                return Err(WireError {
+                    key: Some(key.to_string()),
+                    ..self.forbidden(peer, &format!("reattach a lease of uid {}", h.uid))
+                });
+            }
+            let adopted = self
+                .backend
+                .adopt(&reference, &self.identity.agent_id)
+                .await
+                .map_err(|e| match e {
+                    BackendError::LeaseMismatch => WireError {
+                        key: Some(key.to_string()),
+                        ..WireError::new(
+                            ErrorCode::NotOwner,
+                            format!(
+                                "lease {} on {key:?} is no longer held: it expired, was \
+                                 taken over or was released",
+                                lease.lease_id
+                            ),
+                        )
+                    },
+                    other => other.to_wire(&key),
+                })?;
+            granted.ttl = adopted.ttl;
+            let spec = AcquireSpec {
+                key,
+                lease_id: lease.lease_id,
+                holder: adopted.grant.holder.clone(),
+                ttl: adopted.ttl,
+                force: false,
+            };
+            let (lease, valid_until) = self.register(conn, spec, adopted.grant).await?;
+            granted.add(lease, valid_until);
+        }
+        if let Some(c) = self.state().conns.get_mut(&conn) {
+            c.on_lost = on_lost;
+            c.reattached = true;
+        }
+        Ok(granted)
+    }
+
+    /// A lease was renewed: its run learns how long it may go on should it lose
+    /// this agent (only where leases outlive the agent).
+    pub(crate) fn renewed(&self, lease_id: &str, valid_until: Instant) {
+        if !self.capabilities.survives_agent {
+            return;
+        }
+        let state = self.state();
+        if let Some(c) = state
+            .leases
+            .get(lease_id)
+            .and_then(|l| state.conns.get(&l.conn))
+        {
+            let _ = c.events.send(AgentMessage::Renewed {
+                lease_id: lease_id.to_string(),
+                valid_for_ms: valid_until
+                    .saturating_duration_since(Instant::now())
+                    .as_millis() as u64,
+            });
+        }
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -375,7 +562,7 @@ impl Registry {
         holder: &Holder,
         deadline: Instant,
         cancel: &CancellationToken,
-    ) -> Result<Lease, WireError> {
+    ) -> Result<(Lease, Option<Instant>), WireError> {
         let place = self.enqueue(&key);
         let mut poll = POLL_START;
         loop {
@@ -490,12 +677,14 @@ impl Registry {
     }
 
     /// Records a granted lease; a local lease it forced out is told it is lost.
+    /// Returns the lease and, where leases outlive the agent, until when it is
+    /// guaranteed without a renewal.
     async fn register(
         &self,
         conn: ConnId,
         spec: AcquireSpec,
         grant: Grant,
-    ) -> Result<Lease, WireError> {
+    ) -> Result<(Lease, Option<Instant>), WireError> {
         let holder = grant.holder;
         let lease_id = spec.lease_id.clone();
         let lease = LocalLease {
@@ -536,11 +725,16 @@ impl Registry {
                 .await;
         }
         tracing::info!(key = %spec.key, token = holder.token, lease = %lease_id, force = spec.force, "acquired");
-        Ok(Lease {
+        let valid_until = self
+            .capabilities
+            .survives_agent
+            .then(|| deadline(grant.sent, spec.ttl));
+        let lease = Lease {
             key: spec.key.to_string(),
             lease_id,
             token: holder.token,
-        })
+        };
+        Ok((lease, valid_until))
     }
 
     /// Releases leases this connection holds.
@@ -862,7 +1056,7 @@ mod tests {
         registry
             .acquire(conn, request(keys, Duration::ZERO, false), &never)
             .await
-            .map(|(l, _)| l)
+            .map(|g| g.leases)
     }
 
     fn waiting(registry: &Registry, key: &str) -> usize {
@@ -883,7 +1077,7 @@ mod tests {
                 let _events = events;
                 let never = CancellationToken::new();
                 let req = request(&["k"], Duration::from_secs(3600), false);
-                let (leases, _) = shared
+                let Granted { leases, .. } = shared
                     .acquire(conn, req, &never)
                     .await
                     .expect("granted in turn");
@@ -943,7 +1137,7 @@ mod tests {
             .release(holder, &[held[0].lease_id.clone()])
             .await
             .expect("release");
-        let (leases, _) = task.await.expect("task").expect("granted");
+        let Granted { leases, .. } = task.await.expect("task").expect("granted");
         assert_eq!(leases[0].token, 2);
         assert!(
             Instant::now() - released_at < POLL_START,
@@ -975,7 +1169,7 @@ mod tests {
         let (new, _e) = connect(&registry, ROOT);
         let before = take(&registry, old, &["k"]).await.expect("free");
         let never = CancellationToken::new();
-        let (after, _) = registry
+        let Granted { leases: after, .. } = registry
             .acquire(new, request(&["k"], Duration::ZERO, true), &never)
             .await
             .expect("forced");
@@ -1022,7 +1216,7 @@ mod tests {
         };
         let (conn, _e) = connect(&registry, stranger);
         let never = CancellationToken::new();
-        let code = |r: Result<(Vec<Lease>, Duration), WireError>| r.expect_err("refused").code;
+        let code = |r: Result<Granted, WireError>| r.expect_err("refused").code;
         assert_eq!(
             code(
                 registry
@@ -1120,5 +1314,81 @@ mod tests {
         }
         assert!(!process_alive(pid));
         child.wait().expect("reap");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_agent_adopts_a_handed_over_lease_with_its_token() {
+        use crate::backend::cas::{CasEngine, MemoryCasStore};
+        let store = Arc::new(MemoryCasStore::new());
+        let agent = |id: &str| {
+            let identity = Identity {
+                host: "h".into(),
+                agent_id: id.into(),
+                uid: 0,
+            };
+            let engine = Arc::new(CasEngine::new(store.clone(), ""));
+            Registry::new(engine, identity, Policy::with_ttl(Duration::from_secs(30)))
+        };
+        let old = agent("old");
+        let (conn, mut events) = connect(&old, ROOT);
+        let granted = old
+            .acquire(
+                conn,
+                request(&["k"], Duration::ZERO, false),
+                &CancellationToken::new(),
+            )
+            .await
+            .expect("free");
+        let valid_for = granted.valid_until.expect("leases outlive the agent") - Instant::now();
+        assert!(valid_for > Duration::from_secs(24) && valid_for <= Duration::from_secs(25));
+        assert!(old.hand_over());
+        old.close_connection(conn).await;
+        assert!(old.list().is_empty());
+        drop(events.try_recv()); // no `lost`: checked below by the record
+
+        let new = agent("new");
+        let (conn, _events) = connect(&new, ROOT);
+        let lease = granted.leases[0].clone();
+        let forged = Lease {
+            token: lease.token + 1,
+            ..lease.clone()
+        };
+        let err = new
+            .reattach(conn, vec![forged], OnLost::Term)
+            .await
+            .expect_err("wrong token");
+        assert_eq!(err.code, ErrorCode::NotOwner);
+        let adopted = new
+            .reattach(conn, vec![lease.clone()], OnLost::Term)
+            .await
+            .expect("adopted");
+        assert_eq!(adopted.leases, vec![lease.clone()]);
+        let record = new.inspect("k").await.expect("record");
+        assert_eq!(record.token, lease.token);
+        assert_eq!(record.holder.expect("held").agent_id, "new");
+        // Renewed by the new agent from now on: still held long after the old TTL.
+        tokio::time::sleep(Duration::from_secs(90)).await;
+        assert_eq!(new.list().len(), 1);
+        assert_eq!(
+            new.inspect("k").await.expect("record").state,
+            runlock_protocol::KeyState::Held
+        );
+    }
+
+    #[tokio::test]
+    async fn a_backend_whose_locks_die_with_the_agent_refuses_to_reattach() {
+        let registry = registry();
+        let (conn, _events) = connect(&registry, ROOT);
+        assert!(!registry.hand_over());
+        let lease = Lease {
+            key: "k".into(),
+            lease_id: "l".into(),
+            token: 1,
+        };
+        let err = registry
+            .reattach(conn, vec![lease], OnLost::Term)
+            .await
+            .expect_err("memory:// cannot");
+        assert_eq!(err.code, ErrorCode::Unsupported);
     }
 }

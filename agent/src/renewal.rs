@@ -79,6 +79,7 @@ impl Lateness {
 enum Command {
     Start(LeaseRef, Duration, Instant),
     Stop(String),
+    StopAll,
 }
 
 /// The handle the registry uses to add and remove leases.
@@ -102,6 +103,11 @@ impl Renewals {
     /// Stops renewing a lease (idempotent).
     pub fn stop(&self, lease_id: &str) {
         let _ = self.commands.send(Command::Stop(lease_id.to_string()));
+    }
+
+    /// Stops renewing every lease: the agent is handing them over.
+    pub fn stop_all(&self) {
+        let _ = self.commands.send(Command::StopAll);
     }
 }
 
@@ -163,6 +169,10 @@ async fn run(
                         queue.remove(&slot);
                     }
                 }
+                Some(Command::StopAll) => {
+                    entries.clear();
+                    queue.clear();
+                }
             },
             Some(due) = queue.next(), if !queue.is_empty() => {
                 let id = due.into_inner();
@@ -193,6 +203,9 @@ async fn run(
                 let taken = match outcome {
                     Outcome::Renewed(sent) => {
                         entry.last_ok = sent;
+                        if let Some(registry) = registry.upgrade() {
+                            registry.renewed(&id, entry.deadline());
+                        }
                         entry.failures = 0;
                         entry.due = Instant::now() + period(entry.ttl);
                         entry.slot = Some(queue.insert_at(id.clone(), entry.due));

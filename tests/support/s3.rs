@@ -261,6 +261,20 @@ impl Bucket {
         self.agent_with_env(prefix, args, env).await
     }
 
+    /// Like [`Bucket::agent`], listening on `socket`: the next agent of a host
+    /// whose previous agent stopped.
+    pub async fn agent_on_socket(
+        &self,
+        prefix: &str,
+        args: &[&str],
+        socket: &std::path::Path,
+    ) -> Result<TestAgent> {
+        let mut options = AgentOptions::new(self.uri(prefix));
+        options.args = args.iter().map(|a| a.to_string()).collect();
+        options.socket = Some(socket.to_path_buf());
+        TestAgent::start_with_env(options, &env_for(&self.endpoint)).await
+    }
+
     async fn agent_with_env(
         &self,
         prefix: &str,

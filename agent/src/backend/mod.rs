@@ -62,6 +62,15 @@ pub struct Grant {
     pub sent: tokio::time::Instant,
 }
 
+/// What a successful adopt returns.
+#[derive(Debug, Clone)]
+pub struct Adopted {
+    /// The lease, now recorded as this agent's, as if just granted.
+    pub grant: Grant,
+    /// The lease's time to live, as recorded.
+    pub ttl: Duration,
+}
+
 /// Why a backend operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -77,6 +86,9 @@ pub enum BackendError {
     /// The store holds something we cannot read; a person must look.
     #[error("{0}")]
     Corrupt(String),
+    /// This backend cannot do that.
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl BackendError {
@@ -87,6 +99,7 @@ impl BackendError {
             BackendError::LeaseMismatch => ErrorCode::NotOwner,
             BackendError::Unavailable(_) => ErrorCode::Unavailable,
             BackendError::Corrupt(_) => ErrorCode::Internal,
+            BackendError::Unsupported(_) => ErrorCode::Unsupported,
         }
     }
 
@@ -117,6 +130,16 @@ pub trait Backend: Send + Sync + 'static {
     async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError>;
     /// Reads the key's record.
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError>;
+    /// Takes over a lease granted through an agent that has stopped, if the
+    /// store still holds it, unexpired, with this id and token: rewrites its
+    /// record naming `agent_id` and extends it, as a renewal would.
+    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+        let _ = (lease, agent_id);
+        Err(BackendError::Unsupported(format!(
+            "{} does not keep locks beyond the agent that took them",
+            self.describe()
+        )))
+    }
 }
 
 /// Per-backend settings from the configuration file, one section each.

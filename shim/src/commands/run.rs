@@ -1,7 +1,8 @@
 //! `runlock run`: take the keys, run the command in its own process group with
 //! an inherited duplicate of the agent socket (so the lock lasts exactly as
-//! long as the run's processes), forward signals, act on a lost lease, release
-//! when the command exits, and exit with its status.
+//! long as the run's processes), forward signals, act on a lost lease, keep
+//! the run through an agent restart by reattaching before the leases'
+//! deadline, release when the command exits, and exit with its status.
 
 use crate::cli::{OnLostArg, RunArgs};
 use crate::client::{describe_wire_error, unexpected, CallError, Client};
@@ -11,13 +12,21 @@ use crate::signals::Signals;
 use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
-use runlock_protocol::{kill_grace, AgentMessage, ClientMessage, Envelope, Lease, OnUnavailable};
+use runlock_protocol::{
+    kill_grace, AgentMessage, ClientMessage, Envelope, ErrorCode, Lease, OnUnavailable,
+};
+use std::collections::HashMap;
+use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::ExitStatusExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio::time::Instant;
+
+/// A reattach in progress: the next agent's connection, or why there is none.
+type Reattaching = Pin<Box<dyn Future<Output = Result<Client, String>>>>;
 
 /// How long the shim waits for the agent to confirm the release at the end.
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
@@ -40,7 +49,7 @@ pub async fn run(socket: &Path, host: &HostConfig, args: RunArgs) -> Result<Exit
         Err(failure) => return Err(failure),
     };
 
-    let (leases, ttl) = match acquire(&mut client, &args, &mut signals).await {
+    let (leases, ttl, valid_for) = match acquire(&mut client, &args, &mut signals).await {
         Ok(Ok(granted)) => granted,
         Ok(Err(signal)) => return Ok(ExitCode::from(128 + signal as u8)),
         Err(failure) if failure.code == exit::EXIT_UNAVAILABLE => {
@@ -50,17 +59,12 @@ pub async fn run(socket: &Path, host: &HostConfig, args: RunArgs) -> Result<Exit
         Err(failure) => return Err(failure),
     };
 
-    let socket = client.transport.get_ref().as_raw_fd();
-    let mut child = spawn(Some(socket), &args.command, &args.keys, &leases)?;
+    let fd = client.transport.get_ref().as_raw_fd();
+    let mut child = spawn(Some(fd), &args.command, &args.keys, &leases)?;
     // invariant: a spawned child has a pid until it is waited for
     let pid = child.id().unwrap_or_default();
     let group = Pid::from_raw(pid as i32);
-    match client.call(ClientMessage::Attach { pid, pgid: pid }).await {
-        Ok(AgentMessage::Attached) => {}
-        Ok(other) => eprintln!("runlock: warning: {}", unexpected("attach", &other).message),
-        Err(CallError::Agent(err)) => eprintln!("runlock: warning: attach failed: {}", err.message),
-        Err(CallError::Gone(why)) => eprintln!("runlock: warning: attach failed: {why}"),
-    }
+    attach(&mut client, pid).await;
 
     let mut watch = Watch {
         lost: false,
@@ -69,11 +73,27 @@ pub async fn run(socket: &Path, host: &HostConfig, args: RunArgs) -> Result<Exit
         agent_open: true,
         on_lost: args.on_lost,
         group,
+        survives_agent: client.leases_survive_agent,
+        valid_until: HashMap::new(),
     };
+    if let Some(valid_for) = valid_for {
+        let until = Instant::now() + valid_for;
+        watch.valid_until = leases.iter().map(|l| (l.lease_id.clone(), until)).collect();
+    }
     for event in std::mem::take(&mut client.events) {
         watch.event(event);
     }
+    let mut reattaching: Option<Reattaching> = None;
     let status = loop {
+        if watch.wants_agent() && reattaching.is_none() {
+            let attempt = reattach(
+                socket.to_path_buf(),
+                leases.clone(),
+                args.on_lost.into(),
+                pid,
+            );
+            reattaching = Some(Box::pin(attempt));
+        }
         tokio::select! {
             status = child.wait() => break status,
             signal = signals.next() => {
@@ -85,6 +105,28 @@ pub async fn run(socket: &Path, host: &HostConfig, args: RunArgs) -> Result<Exit
                 Some(Ok(Err(bad))) => eprintln!("runlock: warning: undecodable message from the agent: {}", bad.reason),
                 None | Some(Err(_)) => watch.agent_gone(),
             },
+            reattached = poll_some(&mut reattaching) => {
+                reattaching = None;
+                match reattached {
+                    Ok(new) => {
+                        eprintln!("runlock: reattached to the agent; the lock was kept");
+                        client = new;
+                        watch.agent_open = true;
+                        for event in std::mem::take(&mut client.events) {
+                            watch.event(event);
+                        }
+                    }
+                    Err(why) => {
+                        eprintln!("runlock: cannot reattach: {why}");
+                        watch.stop_run();
+                    }
+                }
+            }
+            _ = sleep_until(watch.orphan_deadline()), if reattaching.is_some() => {
+                reattaching = None;
+                eprintln!("runlock: no agent took the lease over before its deadline");
+                watch.stop_run();
+            }
             _ = sleep_until(watch.kill_at), if watch.kill_at.is_some() => {
                 watch.kill_at = None;
                 let _ = killpg(group, Signal::SIGKILL);
@@ -100,6 +142,8 @@ pub async fn run(socket: &Path, host: &HostConfig, args: RunArgs) -> Result<Exit
         });
         // A lease already lost answers not_owner, which is fine: the run is over either way.
         let _ = tokio::time::timeout(RELEASE_WAIT, release).await;
+    } else if !watch.lost {
+        eprintln!("runlock: no agent to release the lock to; it expires by itself within its TTL");
     }
     let status = status
         .map_err(|e| Failure::new(exit::EXIT_SOFTWARE, format!("waiting for the command: {e}")))?;
@@ -156,12 +200,15 @@ async fn unlocked(
         .map_err(|e| Failure::new(exit::EXIT_SOFTWARE, format!("waiting for the command: {e}")))
 }
 
-/// Asks for every key: the leases and their TTL, or `Ok(Err(signal))` when a signal came first.
+/// The leases, their TTL, and how long they stay guaranteed without the agent.
+type Acquired = (Vec<Lease>, Duration, Option<Duration>);
+
+/// Asks for every key: what `acquired` said, or `Ok(Err(signal))` when a signal came first.
 async fn acquire(
     client: &mut Client,
     args: &RunArgs,
     signals: &mut Signals,
-) -> Result<Result<(Vec<Lease>, Duration), Signal>, Failure> {
+) -> Result<Result<Acquired, Signal>, Failure> {
     let request = ClientMessage::Acquire {
         keys: args.keys.clone(),
         ttl_ms: args.ttl.map(|d| d.as_millis() as u64),
@@ -176,7 +223,11 @@ async fn acquire(
         .map_err(|e| e.into_failure("asking for the lock"))?;
     tokio::select! {
         reply = client.reply(id) => match reply {
-            Ok(AgentMessage::Acquired { leases, ttl_ms, .. }) => Ok(Ok((leases, Duration::from_millis(ttl_ms)))),
+            Ok(AgentMessage::Acquired { leases, ttl_ms, valid_for_ms }) => Ok(Ok((
+                leases,
+                Duration::from_millis(ttl_ms),
+                valid_for_ms.map(Duration::from_millis),
+            ))),
             Ok(other) => Err(unexpected("acquire", &other)),
             Err(CallError::Agent(err)) => Err(Failure::new(exit::for_error(err.code), describe_wire_error(&err))),
             Err(gone) => Err(gone.into_failure("asking for the lock")),
@@ -240,6 +291,68 @@ fn spawn(
     })
 }
 
+/// Tells the agent the run's pid and process group; a failure only weakens
+/// what the agent can do for the run if the shim dies, so it is a warning.
+async fn attach(client: &mut Client, pid: u32) {
+    match client.call(ClientMessage::Attach { pid, pgid: pid }).await {
+        Ok(AgentMessage::Attached) => {}
+        Ok(other) => eprintln!("runlock: warning: {}", unexpected("attach", &other).message),
+        Err(CallError::Agent(err)) => eprintln!("runlock: warning: attach failed: {}", err.message),
+        Err(CallError::Gone(why)) => eprintln!("runlock: warning: attach failed: {why}"),
+    }
+}
+
+/// Connects to the agent again (the next one, after a restart) and has it
+/// adopt the leases, retrying while no agent answers or its backend cannot be
+/// reached; the caller bounds it by the leases' deadline. `Err` when an agent
+/// answered that the leases cannot be kept.
+async fn reattach(
+    socket: PathBuf,
+    leases: Vec<Lease>,
+    on_lost: runlock_protocol::OnLost,
+    pid: u32,
+) -> Result<Client, String> {
+    let mut pause = Duration::from_millis(50);
+    loop {
+        if let Ok(mut client) = Client::connect(&socket).await {
+            let request = ClientMessage::Reattach {
+                leases: leases.clone(),
+                on_lost,
+            };
+            match client.call(request).await {
+                Ok(AgentMessage::Acquired { valid_for_ms, .. }) => {
+                    let valid_for = valid_for_ms.map(Duration::from_millis);
+                    let until = valid_for.map(|v| Instant::now() + v);
+                    for lease in &leases {
+                        client.events.push_back(AgentMessage::Renewed {
+                            lease_id: lease.lease_id.clone(),
+                            valid_for_ms: until.map_or(0, |u| {
+                                u.saturating_duration_since(Instant::now()).as_millis() as u64
+                            }),
+                        });
+                    }
+                    attach(&mut client, pid).await;
+                    return Ok(client);
+                }
+                Ok(other) => return Err(unexpected("reattach", &other).message),
+                Err(CallError::Agent(err)) if err.code != ErrorCode::Unavailable => {
+                    return Err(err.message)
+                }
+                Err(_) => {} // its backend cannot be reached, or it went away: try again
+            }
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}
+
+async fn poll_some<T>(future: &mut Option<Pin<Box<dyn Future<Output = T>>>>) -> T {
+    match future {
+        Some(future) => future.await,
+        None => std::future::pending().await,
+    }
+}
+
 /// What the shim knows while the command runs.
 struct Watch {
     lost: bool,
@@ -249,6 +362,10 @@ struct Watch {
     agent_open: bool,
     on_lost: OnLostArg,
     group: Pid,
+    /// Whether the leases outlive the agent, so the run may wait for the next one.
+    survives_agent: bool,
+    /// Until when each lease stays guaranteed without a renewal.
+    valid_until: HashMap<String, Instant>,
 }
 
 impl Watch {
@@ -258,17 +375,51 @@ impl Watch {
                 eprintln!("runlock: lost the lock on {key:?}: {message}");
                 self.stop_run();
             }
+            AgentMessage::Renewed {
+                lease_id,
+                valid_for_ms,
+            } => {
+                let until = Instant::now() + Duration::from_millis(valid_for_ms);
+                self.valid_until.insert(lease_id, until);
+            }
+            AgentMessage::Restarting if self.survives_agent => {
+                eprintln!(
+                    "runlock: the agent is restarting; keeping the run while the lease lasts"
+                );
+                // Stop reading the old agent: it is handing the leases over.
+                self.agent_open = false;
+            }
             AgentMessage::Restarting => eprintln!("runlock: the agent is stopping"),
             _ => {}
         }
     }
 
-    /// The agent closed the connection: this build's backends all lose their
-    /// locks with the agent, so the run is no longer protected.
+    /// The agent closed the connection. Where leases outlive it, the run goes
+    /// on while the next agent is sought; elsewhere its locks died with it.
     fn agent_gone(&mut self) {
         self.agent_open = false;
-        eprintln!("runlock: the agent went away, and its locks with it");
-        self.stop_run();
+        if self.survives_agent {
+            eprintln!("runlock: lost the agent; keeping the run while the lease lasts");
+        } else {
+            eprintln!("runlock: the agent went away, and its locks with it");
+            self.stop_run();
+        }
+    }
+
+    /// Whether the run needs an agent to take its leases over.
+    fn wants_agent(&self) -> bool {
+        !self.agent_open && self.survives_agent && !self.lost
+    }
+
+    /// The earliest deadline of the leases: past it the run must stop.
+    fn orphan_deadline(&self) -> Option<Instant> {
+        Some(
+            self.valid_until
+                .values()
+                .min()
+                .copied()
+                .unwrap_or_else(Instant::now),
+        )
     }
 
     fn stop_run(&mut self) {

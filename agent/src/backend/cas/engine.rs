@@ -10,7 +10,9 @@
 //! compares its wall clock with another's.
 
 use super::{CasError, CasStore, Read, Stored};
-use crate::backend::{key_name, AcquireSpec, Backend, BackendError, Capabilities, Grant, LeaseRef};
+use crate::backend::{
+    key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef,
+};
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyRecord, KeyState, Scope};
 use serde::{Deserialize, Serialize};
@@ -410,6 +412,51 @@ impl Backend for CasEngine {
         match outcome {
             Ok(_) | Err(BackendError::LeaseMismatch) => Ok(()), // already someone else's: nothing to free
             Err(err) => Err(err),
+        }
+    }
+
+    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+        let name = self.name(&lease.key);
+        let Read { object, date } = self.store.get(&name).await.map_err(unavailable)?;
+        let stored = object.ok_or(BackendError::LeaseMismatch)?;
+        let mut record = self.parse(&name, &stored)?;
+        let ours = record.state == KeyState::Held
+            && record.lease_id.as_deref() == Some(lease.lease_id.as_str())
+            && record.token == lease.token;
+        if !ours || self.expired(&name, &record, &stored, date) {
+            return Err(BackendError::LeaseMismatch);
+        }
+        if let Some(holder) = record.holder.as_mut() {
+            holder.agent_id = agent_id.to_string();
+        }
+        record.renewed_at_ms = now_ms();
+        let holder = record
+            .holder
+            .clone()
+            .ok_or_else(|| BackendError::Corrupt(format!("{name} is held but names no holder")))?;
+        let ttl = Duration::from_millis(record.ttl_ms);
+        self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(
+            lease.lease_id.clone(),
+            Held {
+                version: stored.version,
+                record: record.clone(),
+            },
+        );
+        let sent = Instant::now();
+        let written = self.overwrite(lease, record.clone()).await;
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        match written {
+            Ok(version) => {
+                held.insert(lease.lease_id.clone(), Held { version, record });
+                Ok(Adopted {
+                    grant: Grant { holder, sent },
+                    ttl,
+                })
+            }
+            Err(err) => {
+                held.remove(&lease.lease_id);
+                Err(err)
+            }
         }
     }
 

@@ -1,0 +1,156 @@
+//! Restarting the agent without dropping runs: on SIGTERM it hands its leases
+//! over instead of releasing them, the shims reattach to the next agent, and
+//! only a run that cannot reattach before its lease's deadline is stopped (76).
+
+use crate::support::run::{Ready, HOLD};
+use crate::support::s3::Bucket;
+use crate::support::{key, Deadline, Run, TestAgent, WAIT};
+use anyhow::{ensure, Context, Result};
+use runlock_protocol::{AgentMessage, ClientMessage, LeaseInfo};
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+const RUNS: usize = 100;
+
+/// `RUNS` runs holding one key each through `agent`, all started.
+async fn hold_many(agent: &TestAgent, hint: &str) -> Result<Vec<(String, Run, Ready)>> {
+    let mut runs = Vec::with_capacity(RUNS);
+    for i in 0..RUNS {
+        let k = key(&format!("{hint}-{i:03}"));
+        runs.push((k.clone(), agent.run(&[&k], &[], HOLD)?));
+    }
+    let mut ready = Vec::with_capacity(RUNS);
+    for (k, mut run) in runs {
+        let started = run.ready().await.with_context(|| format!("run of {k}"))?;
+        ready.push((k, run, started));
+    }
+    Ok(ready)
+}
+
+async fn leases_of(agent: &TestAgent) -> Result<Vec<LeaseInfo>> {
+    match agent.client().await?.call(ClientMessage::List).await? {
+        AgentMessage::Leases { leases } => Ok(leases),
+        other => anyhow::bail!("expected leases, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_within_the_ttl_keeps_every_run_and_its_token() -> Result<()> {
+    let ttl = Duration::from_secs(12);
+    let bucket = Bucket::create("restart-quick").await?;
+    let mut old = bucket.agent("state", &["--ttl", "12s"]).await?;
+    let runs = hold_many(&old, "kept").await?;
+
+    let stopped = Instant::now();
+    old.stop().await?;
+    let new = bucket
+        .agent_on_socket("state", &["--ttl", "12s"], old.socket())
+        .await?;
+    let new_id = new.agent_id().await?;
+
+    // Every run reattaches to the new agent, with its own lease and token.
+    let deadline = Deadline::new(WAIT, format!("{RUNS} runs to reattach"));
+    let adopted = loop {
+        let leases = leases_of(&new).await?;
+        if leases.len() == RUNS {
+            break leases;
+        }
+        deadline.tick().await?;
+    };
+    let by_key: HashMap<&str, &LeaseInfo> = adopted.iter().map(|l| (l.key.as_str(), l)).collect();
+    for (k, _, ready) in &runs {
+        let lease = by_key
+            .get(k.as_str())
+            .with_context(|| format!("{k} not adopted"))?;
+        ensure!(
+            lease.holder.token == ready.token(),
+            "{k}: token changed: {lease:?}"
+        );
+        ensure!(
+            lease.holder.agent_id == new_id,
+            "{k}: not the new agent's: {lease:?}"
+        );
+        ensure!(
+            lease.child_pid == Some(ready.pid),
+            "{k}: run not attached: {lease:?}"
+        );
+    }
+    // Past the old agent's last possible deadline, the new agent still holds
+    // them all: it renews what it adopted.
+    let deadline = Deadline::new(ttl + WAIT, "the old agent's leases' expiry to pass");
+    while stopped.elapsed() < ttl + Duration::from_secs(2) {
+        deadline.tick().await?;
+    }
+    for (k, _, ready) in &runs {
+        let record = new.inspect_json(k).await?;
+        ensure!(record["state"] == "held", "{k} was let go: {record}");
+        ensure!(record["token"] == ready.token(), "{k}: {record}");
+    }
+    for (k, mut run, _) in runs {
+        run.end();
+        let out = run.finish().await?;
+        out.expect_code(0).with_context(|| k.clone())?;
+        ensure!(out.stderr.contains("reattached"), "{k}: {out:?}");
+        ensure!(!out.stderr.contains("lost"), "{k}: {out:?}");
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_slower_than_the_deadline_stops_every_run_before_expiry() -> Result<()> {
+    let ttl = Duration::from_secs(6);
+    let bucket = Bucket::create("restart-slow").await?;
+    let mut old = bucket.agent("state", &["--ttl", "6s"]).await?;
+    let runs = hold_many(&old, "dropped").await?;
+
+    let stopped = Instant::now();
+    old.stop().await?;
+    // No agent comes back: every run is stopped by its shim before its lease
+    // could expire (deadline = last write + TTL − TTL/6, then the kill grace).
+    for (k, run, _) in runs {
+        let out = run.finish().await?;
+        out.expect_code(76).with_context(|| k.clone())?;
+        ensure!(out.stderr.contains("before its deadline"), "{k}: {out:?}");
+        ensure!(
+            stopped.elapsed() < ttl,
+            "{k} was stopped only {:?} after the agent, past the TTL",
+            stopped.elapsed()
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_agent_is_replaced_without_stopping_the_run() -> Result<()> {
+    let bucket = Bucket::create("crash-replace").await?;
+    let mut old = bucket.agent("state", &["--ttl", "12s"]).await?;
+    let k = key("crash-replace");
+    let mut run = old.run(&[&k], &[], HOLD)?;
+    let ready = run.ready().await?;
+    old.kill().await?;
+    let new = bucket
+        .agent_on_socket("state", &["--ttl", "12s"], old.socket())
+        .await?;
+    let deadline = Deadline::new(WAIT, "the run to reattach");
+    while leases_of(&new).await?.is_empty() {
+        deadline.tick().await?;
+    }
+    // Held through the new agent: a second run is refused, naming the first.
+    let refused = new.run(&[&k], &[], "echo must-not-run")?.finish().await?;
+    refused.expect_code(75)?;
+    ensure!(
+        refused
+            .stderr
+            .contains(&format!("token:   {}", ready.token())),
+        "{refused:?}"
+    );
+    run.end();
+    let out = run.finish().await?;
+    out.expect_code(0)?;
+    // Released to the new agent at the end: the key is free at once.
+    new.run(&[&k], &[], "true")?
+        .finish()
+        .await?
+        .expect_code(0)?;
+    Ok(())
+}
