@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::Parser;
 use runlock_agent::config::{Args, Config};
 use runlock_agent::registry::{Identity, Registry};
-use runlock_agent::{backend, listener, serve, telemetry};
+use runlock_agent::{backend, listener, notify, serve, telemetry};
 use std::process::ExitCode;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
@@ -45,7 +45,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
     };
     let capabilities = backend.capabilities();
     let registry = Registry::new(backend, identity.clone(), config.ttl);
-    let (listener, _guard) = listener::bind(&config.socket)?;
+    let (listener, _guard) = listener::open(&config.socket)?;
 
     let shutdown = CancellationToken::new();
     let mut terminate =
@@ -69,8 +69,8 @@ async fn run(args: Args) -> anyhow::Result<()> {
         ttl = %humantime::format_duration(config.ttl),
         "runlockd ready"
     );
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+    let notifier = notify::Notifier::start(&listener, registry.clone(), shutdown.clone());
     serve(listener, registry.clone(), shutdown).await;
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    notifier.finish().await;
     Ok(())
 }
