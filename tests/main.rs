@@ -11,3 +11,4 @@ mod file_backend;
 mod lifecycle;
 mod s3;
 mod s3_faults;
+mod systemd;
