@@ -250,6 +250,34 @@ async fn agent_serves_on_a_socket_passed_by_socket_activation() -> Result<()> {
     Ok(())
 }
 
+#[tokio::test]
+async fn agent_refuses_a_passed_descriptor_that_is_not_a_listening_socket() -> Result<()> {
+    let dir = temp_dir()?;
+    let socket = dir.path().join("agent.sock");
+    // LISTEN_PID must be the agent's own pid, known only inside the shell that execs it.
+    let mut agent = Command::new("sh");
+    agent
+        .arg("-c")
+        .arg(r#"export LISTEN_PID=$$ LISTEN_FDS=1; exec "$0" "$@" 3</dev/null"#)
+        .arg(&bins()?.runlockd)
+        .arg("--socket")
+        .arg(&socket)
+        .args(["--backend", "memory://"])
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("LISTEN_FDNAMES")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let out = within(WAIT, "runlockd to give up", agent.output()).await??;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        out.status.code() == Some(1) && stderr.contains("the socket systemd passed"),
+        "runlockd took /dev/null for a socket ({}): {stderr}",
+        out.status
+    );
+    ensure!(!socket.exists(), "it bound its own socket instead");
+    Ok(())
+}
+
 /// Waits (bounded) for a line of `lines` that contains `want`, keeping all in `log`.
 async fn wait_for_line(
     lines: &mut UnboundedReceiver<String>,
