@@ -13,3 +13,4 @@ mod lifecycle;
 mod restart;
 mod s3;
 mod s3_faults;
+mod systemd;

@@ -1,11 +1,94 @@
-//! The agent's socket on its own path: the directory is created, a live agent
-//! already on the path is refused, a stale socket file is replaced, and the
-//! socket is made mode 0660. The guard unlinks it on a clean exit.
+//! The agent's listening socket: either the one systemd passes by socket
+//! activation (systemd owns its file), or one on its own path: the directory is
+//! created, a live agent already on the path is refused, a stale socket file is
+//! replaced, and the socket gets the configured group and mode (0660 by
+//! default). The guard unlinks it on a clean exit.
 
 use anyhow::{bail, Context};
+use nix::sys::socket::{getsockname, getsockopt, sockopt, SockType, UnixAddr};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use tokio::net::UnixListener;
+
+/// Who may reach a socket the agent binds itself (systemd's socket unit sets
+/// its own with `SocketGroup=` and `SocketMode=`).
+#[derive(Debug, Clone, Copy)]
+pub struct Permissions {
+    /// The file mode.
+    pub mode: u32,
+    /// The owning group, if not the agent's.
+    pub group: Option<u32>,
+}
+
+/// Listens on the socket systemd passed (`LISTEN_FDS`), or else binds `path`.
+/// The guard is `None` for a passed socket: its file belongs to the .socket
+/// unit and must outlive this agent, so nothing unlinks it.
+pub fn open(
+    path: &Path,
+    permissions: Permissions,
+) -> anyhow::Result<(UnixListener, Option<SocketGuard>)> {
+    match activated()? {
+        Some(listener) => {
+            let passed = listener
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(Path::to_path_buf));
+            let passed_path = passed.as_deref().unwrap_or(Path::new("(unnamed)"));
+            tracing::info!(socket = %passed_path.display(), "listening on the socket systemd passed");
+            if passed.as_deref() != Some(path) {
+                tracing::warn!(
+                    socket = %passed_path.display(),
+                    configured = %path.display(),
+                    "the configured socket path is not used: systemd's socket unit decides where the agent listens"
+                );
+            }
+            Ok((listener, None))
+        }
+        None => {
+            let (listener, guard) = bind(path, permissions)?;
+            tracing::info!(socket = %path.display(), "listening on a socket of its own");
+            Ok((listener, Some(guard)))
+        }
+    }
+}
+
+/// The listening socket systemd passed, if it passed one to this process.
+fn activated() -> anyhow::Result<Option<UnixListener>> {
+    // `false`: leave the variables set. Unsetting them from a multi-threaded
+    // process can race with another thread's getenv, and LISTEN_PID already
+    // keeps any child from taking the descriptors for its own.
+    let fds: Vec<RawFd> = sd_notify::listen_fds_with_names(false)
+        .context("reading LISTEN_FDS from systemd")?
+        .map(|(fd, _name)| fd)
+        .collect();
+    let fd = match fds.as_slice() {
+        [] => return Ok(None),
+        [fd] => *fd,
+        more => bail!(
+            "systemd passed {} sockets; runlockd takes exactly one (one ListenStream= in runlockd.socket)",
+            more.len()
+        ),
+    };
+    // SAFETY: LISTEN_PID names this process, so systemd's protocol hands the
+    // descriptor to it, and this is the only place that takes it (once, at start-up).
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let kind = getsockopt(&fd, sockopt::SockType).context("checking the socket systemd passed")?;
+    let listening =
+        getsockopt(&fd, sockopt::AcceptConn).context("checking the socket systemd passed")?;
+    // nix fails getsockname::<UnixAddr> for any other address family.
+    let unix = getsockname::<UnixAddr>(fd.as_raw_fd()).is_ok();
+    if kind != SockType::Stream || !listening || !unix {
+        bail!("systemd passed a socket that is not a listening Unix stream socket (use ListenStream=/path in runlockd.socket)");
+    }
+    let listener = std::os::unix::net::UnixListener::from(fd);
+    listener
+        .set_nonblocking(true)
+        .context("making the socket systemd passed non-blocking")?;
+    Ok(Some(
+        UnixListener::from_std(listener).context("registering the socket systemd passed")?,
+    ))
+}
 
 /// Removes the socket file when the agent stops, if it is still ours.
 pub struct SocketGuard {
@@ -24,7 +107,7 @@ impl Drop for SocketGuard {
 }
 
 /// Binds the agent's socket at `path`.
-pub fn bind(path: &Path) -> anyhow::Result<(UnixListener, SocketGuard)> {
+fn bind(path: &Path, permissions: Permissions) -> anyhow::Result<(UnixListener, SocketGuard)> {
     use std::os::unix::fs::MetadataExt;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::DirBuilder::new()
@@ -48,10 +131,20 @@ pub fn bind(path: &Path) -> anyhow::Result<(UnixListener, SocketGuard)> {
     let listener =
         UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
     // bind() creates the file with the umask's mode, which never grants more than
-    // 0755, and a socket needs write permission to connect: so the widening to
-    // 0660 here never exposes it to anyone it should not reach.
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660))
-        .with_context(|| format!("setting mode 0660 on {}", path.display()))?;
+    // 0755, and a socket needs write permission to connect: nobody can connect
+    // before the group and mode below are set.
+    if let Some(gid) = permissions.group {
+        nix::unistd::chown(path, None, Some(gid.into()))
+            .with_context(|| format!("giving {} to group {gid}", path.display()))?;
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(permissions.mode))
+        .with_context(|| {
+            format!(
+                "setting mode {:04o} on {}",
+                permissions.mode,
+                path.display()
+            )
+        })?;
     let inode = std::fs::metadata(path)
         .with_context(|| format!("reading {}", path.display()))?
         .ino();

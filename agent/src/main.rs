@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::Parser;
 use runlock_agent::config::{Args, Command, Config};
 use runlock_agent::registry::{Identity, Policy, Registry};
-use runlock_agent::{backend, listener, serve, telemetry};
+use runlock_agent::{backend, listener, notify, serve, telemetry};
 use std::process::ExitCode;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
@@ -60,7 +60,11 @@ async fn run(config: Config) -> anyhow::Result<()> {
         access: config.access.clone(),
     };
     let registry = Registry::new(backend, identity.clone(), policy);
-    let (listener, _guard) = listener::bind(&config.socket)?;
+    let permissions = listener::Permissions {
+        mode: config.socket_mode,
+        group: config.socket_group,
+    };
+    let (listener, _guard) = listener::open(&config.socket, permissions)?;
 
     let shutdown = CancellationToken::new();
     let mut terminate =
@@ -84,8 +88,8 @@ async fn run(config: Config) -> anyhow::Result<()> {
         ttl = %humantime::format_duration(config.ttl),
         "runlockd ready"
     );
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Ready]);
+    let notifier = notify::Notifier::start(&listener, registry.clone(), shutdown.clone());
     serve(listener, registry.clone(), shutdown).await;
-    let _ = sd_notify::notify(false, &[sd_notify::NotifyState::Stopping]);
+    notifier.finish().await;
     Ok(())
 }

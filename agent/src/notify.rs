@@ -1,0 +1,162 @@
+//! What the agent tells its service manager (`NOTIFY_SOCKET`, `Type=notify`):
+//! READY=1, a STATUS= line kept current, WATCHDOG=1 pings while it serves, and
+//! STOPPING=1 as soon as it begins to stop. Without `NOTIFY_SOCKET` it does nothing.
+
+use crate::registry::Registry;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::UnixListener;
+use tokio::task::JoinHandle;
+use tokio::time::MissedTickBehavior;
+use tokio_util::sync::CancellationToken;
+
+/// How often the lease count is looked at for the STATUS= line.
+const STATUS_PERIOD: Duration = Duration::from_secs(1);
+/// The bounds of the watchdog ping period.
+const MIN_PING: Duration = Duration::from_millis(1);
+const MAX_PING: Duration = Duration::from_secs(3600);
+
+/// The notifier task; [`Notifier::finish`] waits until STOPPING=1 is sent.
+pub struct Notifier {
+    task: Option<JoinHandle<()>>,
+}
+
+impl Notifier {
+    /// Sends READY=1 and the first STATUS= line, then, until `shutdown`, pings
+    /// the watchdog (when one is set) and updates STATUS= when the number of
+    /// leases changes. At `shutdown` it sends STOPPING=1 and a last STATUS=.
+    pub fn start(
+        listener: &UnixListener,
+        registry: Arc<Registry>,
+        shutdown: CancellationToken,
+    ) -> Notifier {
+        if std::env::var_os("NOTIFY_SOCKET").is_none() {
+            return Notifier { task: None };
+        }
+        let socket = listener
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_pathname().map(|p| p.display().to_string()))
+            .unwrap_or_else(|| "an unnamed socket".to_string());
+        let backend = registry.backend_description();
+        let watchdog = watchdog_period(
+            std::env::var("WATCHDOG_USEC").ok().as_deref(),
+            std::env::var("WATCHDOG_PID").ok().as_deref(),
+            std::process::id(),
+        );
+        let status = move |leases: usize| {
+            format!(
+                "serving on {socket}, backend {backend}, {leases} lease{} held",
+                if leases == 1 { "" } else { "s" }
+            )
+        };
+        let task = tokio::spawn(async move {
+            let mut leases = registry.list().len();
+            send(&[
+                sd_notify::NotifyState::Ready,
+                sd_notify::NotifyState::Status(&status(leases)),
+            ]);
+            match watchdog {
+                Some(period) => tracing::info!(
+                    every = %humantime::format_duration(period),
+                    "pinging the systemd watchdog"
+                ),
+                None => tracing::debug!("no systemd watchdog"),
+            }
+            // Without a watchdog the ping branch is disabled and this never ticks.
+            let mut pings = tokio::time::interval(watchdog.unwrap_or(STATUS_PERIOD));
+            pings.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            let mut checks = tokio::time::interval(STATUS_PERIOD);
+            checks.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    _ = shutdown.cancelled() => break,
+                    _ = pings.tick(), if watchdog.is_some() => {
+                        send(&[sd_notify::NotifyState::Watchdog]);
+                    }
+                    _ = checks.tick() => {
+                        let now = registry.list().len();
+                        if now != leases {
+                            leases = now;
+                            send(&[sd_notify::NotifyState::Status(&status(leases))]);
+                        }
+                    }
+                }
+            }
+            let leases = registry.list().len();
+            send(&[
+                sd_notify::NotifyState::Stopping,
+                sd_notify::NotifyState::Status(&format!(
+                    "stopping: {leases} lease{} held",
+                    if leases == 1 { "" } else { "s" }
+                )),
+            ]);
+        });
+        Notifier { task: Some(task) }
+    }
+
+    /// Waits (after `shutdown`) until STOPPING=1 has been sent.
+    pub async fn finish(self) {
+        if let Some(task) = self.task {
+            let _ = task.await;
+        }
+    }
+}
+
+fn send(states: &[sd_notify::NotifyState<'_>]) {
+    // A service manager that went away is no reason to stop serving.
+    if let Err(err) = sd_notify::notify(false, states) {
+        tracing::debug!(error = %err, "cannot notify the service manager");
+    }
+}
+
+/// The ping period for `WATCHDOG_USEC`/`WATCHDOG_PID`: half the interval, as
+/// sd_watchdog_enabled(3) advises. Like libsystemd (and unlike sd-notify 0.4,
+/// which insists on it) a missing `WATCHDOG_PID` means the watchdog is ours.
+fn watchdog_period(usec: Option<&str>, pid: Option<&str>, own_pid: u32) -> Option<Duration> {
+    let usec: u64 = usec?.trim().parse().ok().filter(|&u| u > 0)?;
+    if let Some(pid) = pid {
+        if pid.trim().parse::<u32>().ok()? != own_pid {
+            return None;
+        }
+    }
+    // At least 1 ms (a zero period makes an interval panic) and at most an
+    // hour (a far one could overflow the clock); pinging early does no harm.
+    Some(Duration::from_micros(usec / 2).clamp(MIN_PING, MAX_PING))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::watchdog_period;
+    use std::time::Duration;
+
+    #[test]
+    fn watchdog_pings_at_half_the_interval_for_this_process_only() {
+        assert_eq!(
+            watchdog_period(Some("30000000"), Some("42"), 42),
+            Some(Duration::from_secs(15))
+        );
+        assert_eq!(
+            watchdog_period(Some("200000"), None, 42),
+            Some(Duration::from_millis(100))
+        );
+        assert_eq!(watchdog_period(Some("30000000"), Some("43"), 42), None);
+        assert_eq!(watchdog_period(None, Some("42"), 42), None);
+    }
+
+    #[test]
+    fn odd_watchdog_values_never_panic() {
+        assert_eq!(watchdog_period(Some("0"), None, 1), None);
+        assert_eq!(watchdog_period(Some("-5"), None, 1), None);
+        assert_eq!(watchdog_period(Some("soon"), None, 1), None);
+        assert_eq!(watchdog_period(Some("30000000"), Some("x"), 1), None);
+        assert_eq!(
+            watchdog_period(Some("1"), None, 1),
+            Some(Duration::from_millis(1))
+        );
+        assert_eq!(
+            watchdog_period(Some(&u64::MAX.to_string()), None, 1),
+            Some(Duration::from_secs(3600))
+        );
+    }
+}
