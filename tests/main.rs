@@ -4,6 +4,7 @@
 #[macro_use]
 mod support;
 
+mod access;
 mod agent_process;
 mod bad_input;
 mod config;

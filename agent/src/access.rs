@@ -27,11 +27,6 @@ impl Access {
         self.uids.contains(&uid) || groups.iter().any(|g| self.gids.contains(g))
     }
 
-    /// Whether any group is listed (so a peer's groups need looking up).
-    pub fn lists_groups(&self) -> bool {
-        !self.gids.is_empty()
-    }
-
     /// The listed uids.
     pub fn uids(&self) -> &[u32] {
         &self.uids
@@ -57,18 +52,6 @@ impl Access {
 impl Default for Access {
     fn default() -> Access {
         Access::new(None, None)
-    }
-}
-
-/// A user's groups: the primary one and every supplementary one the user
-/// database lists. Looked up once per connection: NSS reads files on every call.
-pub fn groups_of(user: &str, primary: u32) -> Vec<u32> {
-    let Ok(name) = std::ffi::CString::new(user) else {
-        return vec![primary];
-    };
-    match nix::unistd::getgrouplist(&name, primary.into()) {
-        Ok(groups) => groups.into_iter().map(|g| g.as_raw()).collect(),
-        Err(_) => vec![primary],
     }
 }
 

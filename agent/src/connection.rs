@@ -38,21 +38,56 @@ pub async fn serve_connection(
             return;
         }
     };
+    let groups = peer_groups(&stream);
     let span = tracing::info_span!("conn", pid = peer.pid, uid = peer.uid);
     Connection {
         transport: Framed::new(stream, AgentCodec::new()),
         registry,
         peer,
+        groups,
     }
     .run(shutdown)
     .instrument(span)
     .await
 }
 
+/// The peer's supplementary groups when it connected (SO_PEERGROUPS): the
+/// groups it really had, not the ones the user database lists. Empty if the
+/// kernel cannot say.
+fn peer_groups(stream: &UnixStream) -> Vec<u32> {
+    use std::os::fd::AsRawFd;
+    let mut groups = vec![0 as libc::gid_t; 64];
+    loop {
+        let mut len = (groups.len() * std::mem::size_of::<libc::gid_t>()) as libc::socklen_t;
+        // SAFETY: the buffer is valid for `len` bytes, and the kernel writes at
+        // most `len` bytes and sets `len` to what it wrote or needs.
+        let rc = unsafe {
+            libc::getsockopt(
+                stream.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERGROUPS,
+                groups.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        let count = len as usize / std::mem::size_of::<libc::gid_t>();
+        if rc == 0 {
+            groups.truncate(count);
+            return groups;
+        }
+        let too_small = std::io::Error::last_os_error().raw_os_error() == Some(libc::ERANGE);
+        if !too_small || count <= groups.len() {
+            return Vec::new();
+        }
+        groups.resize(count, 0);
+    }
+}
+
 struct Connection {
     transport: Transport,
     registry: Arc<Registry>,
     peer: PeerCred,
+    groups: Vec<u32>,
 }
 
 impl Connection {
@@ -155,7 +190,8 @@ impl Connection {
             }
         }
         let (events_tx, mut events) = mpsc::unbounded_channel();
-        let conn = self.registry.open_connection(self.peer, events_tx);
+        let groups = std::mem::take(&mut self.groups);
+        let conn = self.registry.open_connection(self.peer, &groups, events_tx);
         let mut acquire = AcquireSlot::new();
         let result: Result<(), ProtocolError> = async {
             loop {

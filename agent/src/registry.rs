@@ -1,7 +1,7 @@
 //! The agent's leases, by lease id, by key and by connection, and the local
 //! waiter queues: one place that decides who holds what on this host.
 
-use crate::access::{groups_of, Access};
+use crate::access::Access;
 use crate::backend::{AcquireSpec, Backend, BackendError, Capabilities, Grant, LeaseRef};
 use crate::renewal::deadline;
 use crate::renewal::Renewals;
@@ -274,17 +274,18 @@ impl Registry {
         &self.policy
     }
 
-    /// Registers a connection; `events` receives its `lost` events.
+    /// Registers a connection from `peer`, whose supplementary groups are
+    /// `groups`; `events` receives its events.
     pub fn open_connection(
         &self,
         peer: PeerCred,
+        groups: &[u32],
         events: mpsc::UnboundedSender<AgentMessage>,
     ) -> ConnId {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let user = user_name(peer.uid);
         let access = &self.policy.access;
-        let may_override = access.allows(peer.uid, &[peer.gid])
-            || (access.lists_groups() && access.allows(peer.uid, &groups_of(&user, peer.gid)));
+        let may_override = access.allows(peer.uid, &[peer.gid]) || access.allows(peer.uid, groups);
         let conn = Conn {
             peer,
             user,
@@ -1044,7 +1045,7 @@ mod tests {
         peer: PeerCred,
     ) -> (ConnId, mpsc::UnboundedReceiver<AgentMessage>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (registry.open_connection(peer, tx), rx)
+        (registry.open_connection(peer, &[], tx), rx)
     }
 
     async fn take(

@@ -14,6 +14,7 @@ pub fn holder_json(h: &Holder) -> serde_json::Value {
         "agent_id": h.agent_id,
         "pid": h.pid,
         "uid": h.uid,
+        "gid": h.gid,
         "user": h.user,
         "command": h.command,
         "acquired_at": format::rfc3339(h.acquired_at_ms),

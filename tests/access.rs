@@ -1,0 +1,151 @@
+//! Who may do what: the socket's group and mode keep other users out, the
+//! holder records the peer's uid and gid, and only the users and groups the
+//! configuration lists (default: root and the agent's user) may force or
+//! break another's lock. A second, unprivileged user is played by `nobody`
+//! through `setpriv`.
+
+use crate::support::bins::bins;
+use crate::support::run::{Finished, HOLD};
+use crate::support::{key, AgentOptions, Run, TestAgent};
+use anyhow::{ensure, Context, Result};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use tokio::process::Command;
+
+const NOBODY: u32 = 65534;
+/// The socket's group: any gid will do, root can give the socket to it.
+const RUNLOCK_GROUP: u32 = 4242;
+/// A group the configuration lets force and break.
+const ADMIN_GROUP: u32 = 4243;
+
+/// An agent whose socket belongs to `RUNLOCK_GROUP`, mode 0660, in a
+/// directory others may pass through; `config` is its configuration file.
+async fn agent(config: &str) -> Result<TestAgent> {
+    let dir = crate::support::agent::temp_dir()?;
+    let file = dir.path().join("runlockd.toml");
+    std::fs::write(&file, config)?;
+    let mut options = AgentOptions::new("memory://");
+    options.args = vec![
+        "--config".into(),
+        file.display().to_string(),
+        "--socket-group".into(),
+        RUNLOCK_GROUP.to_string(),
+    ];
+    let agent = TestAgent::start_with(options).await?;
+    std::fs::set_permissions(agent.dir(), std::fs::Permissions::from_mode(0o755))?;
+    drop(dir);
+    Ok(agent)
+}
+
+/// `runlock --socket S ARGS...` as `nobody` with the supplementary `groups`.
+fn as_nobody(agent: &TestAgent, groups: &[u32], args: &[&str]) -> Result<Run> {
+    let groups = if groups.is_empty() {
+        "--clear-groups".to_string()
+    } else {
+        let list: Vec<String> = groups.iter().map(u32::to_string).collect();
+        format!("--groups={}", list.join(","))
+    };
+    let mut command = Command::new("setpriv");
+    command
+        .arg(format!("--reuid={NOBODY}"))
+        .arg(format!("--regid={NOBODY}"))
+        .arg(groups)
+        .arg(&bins()?.runlock)
+        .arg("--socket")
+        .arg(agent.socket())
+        .args(args)
+        .env_remove("RUNLOCK_SOCKET")
+        .env_remove("RUNLOCK_CONFIG");
+    Run::spawn(command)
+}
+
+async fn nobody_runs(agent: &TestAgent, groups: &[u32], args: &[&str]) -> Result<Finished> {
+    as_nobody(agent, groups, args)?.finish().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_outside_the_sockets_group_cannot_connect() -> Result<()> {
+    let agent = agent("").await?;
+    let meta = std::fs::metadata(agent.socket())?;
+    ensure!(meta.gid() == RUNLOCK_GROUP, "socket group {}", meta.gid());
+    ensure!(
+        meta.mode() & 0o777 == 0o660,
+        "socket mode {:o}",
+        meta.mode()
+    );
+    let k = key("outsider");
+    let out = nobody_runs(&agent, &[], &["run", "--key", &k, "--", "echo", "ran"]).await?;
+    out.expect_code(69)?;
+    ensure!(!out.stdout.contains("ran"), "{out:?}");
+    ensure!(out.stderr.contains("ermission denied"), "{out:?}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_holds_locks_under_its_own_uid_and_gid() -> Result<()> {
+    let agent = agent("").await?;
+    let k = key("member");
+    let mut run = as_nobody(
+        &agent,
+        &[RUNLOCK_GROUP],
+        &["run", "--key", &k, "--", "sh", "-c", HOLD],
+    )?;
+    run.ready().await?;
+    let record = agent.inspect_json(&k).await?;
+    ensure!(record["holder"]["uid"] == NOBODY, "{record}");
+    ensure!(record["holder"]["gid"] == NOBODY, "{record}");
+    ensure!(record["holder"]["user"] == "nobody", "{record}");
+    run.end();
+    run.finish().await?.expect_code(0)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn by_default_only_root_and_the_agents_user_force_or_break() -> Result<()> {
+    let agent = agent("").await?;
+    let k = key("roots");
+    let mut held = agent.run(&[&k], &[], HOLD)?;
+    held.ready().await?;
+    let release = nobody_runs(&agent, &[RUNLOCK_GROUP], &["release", &k]).await?;
+    release.expect_code(77)?;
+    ensure!(
+        release.stderr.contains("uid 65534 may not release"),
+        "{release:?}"
+    );
+    let force = ["run", "--force", "--key", &k, "--", "echo", "ran"];
+    let forced = nobody_runs(&agent, &[RUNLOCK_GROUP], &force).await?;
+    forced.expect_code(77)?;
+    ensure!(!forced.stdout.contains("ran"), "{forced:?}");
+    // The holder was never disturbed.
+    held.end();
+    held.finish().await?.expect_code(0)?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listed_group_may_break_anothers_lock() -> Result<()> {
+    let config = format!("[access]\nforce_groups = [{ADMIN_GROUP}]\n");
+    let agent = agent(&config).await?;
+    let k = key("admins");
+    let mut held = agent.run(&[&k], &[], HOLD)?;
+    held.ready().await?;
+    let plain = nobody_runs(&agent, &[RUNLOCK_GROUP], &["release", &k]).await?;
+    plain.expect_code(77)?;
+    let admin = nobody_runs(&agent, &[RUNLOCK_GROUP, ADMIN_GROUP], &["release", &k]).await?;
+    admin.expect_code(0)?;
+    let out = held.finish().await?;
+    out.expect_code(76)?;
+    ensure!(out.stderr.contains("released by uid 65534"), "{out:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_socket_group_must_exist() -> Result<()> {
+    let out = {
+        let mut command = Command::new(&bins()?.runlockd);
+        command.args(["check-config", "--socket-group", "no-such-group-here"]);
+        Run::spawn(command)?.finish().await?
+    };
+    out.expect_code(78).context("an unknown group")?;
+    ensure!(out.stderr.contains("no-such-group-here"), "{out:?}");
+    Ok(())
+}
