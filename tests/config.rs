@@ -195,3 +195,20 @@ async fn an_unreachable_backend_follows_the_agents_policy() -> Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn the_shipped_example_configuration_is_valid() -> Result<()> {
+    let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../systemd/runlockd.toml");
+    // Its socket group, `runlock`, exists only where the sysusers snippet ran.
+    let out = runlockd(
+        &["check-config", "--config", example, "--socket-group", "0"],
+        &[],
+    )
+    .await?;
+    out.expect_code(0)?;
+    ensure!(
+        out.stdout.contains("backend = \"file:///var/lib/runlock\""),
+        "{out:?}"
+    );
+    Ok(())
+}
