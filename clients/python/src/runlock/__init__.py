@@ -1,0 +1,56 @@
+"""Python client for runlockd, the runlock agent.
+
+    import runlock
+
+    with runlock.lock("dev:tap-x-to-target-y", wait=30, ttl=30) as lease:
+        run_pipeline(fencing_token=lease.token)
+
+See README.md for lock-loss semantics; protocol/SPEC.md for the wire protocol.
+"""
+
+from ._connection import __version__
+from .api import Lease, break_lock, inspect, lock, status
+from .errors import (
+    BadRequest,
+    ConfigError,
+    Forbidden,
+    Held,
+    Internal,
+    InvalidKey,
+    LockLost,
+    NotOwner,
+    ProtocolError,
+    RunlockError,
+    Timeout,
+    Unavailable,
+    Unsupported,
+)
+from .messages import Grant, Holder, KeyRecord, LeaseInfo, LostEvent, Welcome
+
+__all__ = [
+    "__version__",
+    "lock",
+    "status",
+    "inspect",
+    "break_lock",
+    "Lease",
+    "Grant",
+    "Holder",
+    "KeyRecord",
+    "LeaseInfo",
+    "LostEvent",
+    "Welcome",
+    "RunlockError",
+    "Held",
+    "Timeout",
+    "Unavailable",
+    "InvalidKey",
+    "Forbidden",
+    "NotOwner",
+    "Unsupported",
+    "BadRequest",
+    "Internal",
+    "ProtocolError",
+    "ConfigError",
+    "LockLost",
+]

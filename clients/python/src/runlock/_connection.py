@@ -1,0 +1,278 @@
+"""One connection to the agent: connect, ``hello``, then requests matched to
+their replies by id while a background thread reads every frame.
+
+The reader thread exists because events (``lost``, ``renewed``,
+``restarting``) may arrive at any time, also while the caller's code runs and
+sends nothing; Python cannot interrupt that code safely, so the thread records
+them and hands them to the lease (SPEC 4).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import threading
+from typing import Any, Callable, Dict, List, Optional
+
+from . import messages
+from ._wire import decode_body, encode_frame, read_frame
+from .errors import ProtocolError, RunlockError, Unavailable
+from .messages import AgentMessage, Welcome
+
+__version__ = "0.1.0"
+CLIENT_NAME = f"runlock-python {__version__}"
+
+_log = logging.getLogger("runlock")
+
+#: Bounds the connect and the handshake: a live agent answers `hello` at once.
+HANDSHAKE_TIMEOUT_S = 10.0
+
+EventHandler = Callable[[AgentMessage], None]
+CloseHandler = Callable[[RunlockError], None]
+
+
+def _call(handler: Callable[[Any], None], arg: Any) -> None:
+    """Runs a handler; a bug in it must not stop the reader thread."""
+    try:
+        handler(arg)
+    except Exception:
+        _log.exception("runlock: event handler failed")
+
+
+class _Pending:
+    """A request awaiting its reply; the reader thread fills it in."""
+
+    __slots__ = ("done", "reply", "error")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.reply: Optional[AgentMessage] = None
+        self.error: Optional[RunlockError] = None
+
+
+class Connection:
+    """A handshaken connection with a reader thread.
+
+    Handlers installed with :meth:`set_handlers`: ``on_event`` receives every
+    message without id that is not an error (``lost``, ``renewed``,
+    ``restarting``; unknown ones are dropped here); ``on_close`` is called
+    once if the connection ends for any reason other than :meth:`close`. Both
+    run on the reader thread, or in :meth:`set_handlers` for what came before.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._send_lock = threading.Lock()
+        self._state_lock = threading.Lock()
+        self._pending: Dict[int, _Pending] = {}
+        self._ids = itertools.count(1)
+        self._closed: Optional[RunlockError] = None
+        self._closing = False
+        # Events and the end of the connection are held back until the owner
+        # installs its handlers, so one that arrives right after a reply is not lost.
+        self._dispatch_lock = threading.RLock()
+        self._on_event: Optional[EventHandler] = None
+        self._on_close: Optional[CloseHandler] = None
+        self._backlog: List[AgentMessage] = []
+        self._ended: Optional[RunlockError] = None
+        try:
+            self._sock.settimeout(HANDSHAKE_TIMEOUT_S)
+            self._sock.connect(path)
+            self.welcome = self._handshake()
+            self._sock.settimeout(None)
+        except OSError as err:
+            self._sock.close()
+            raise Unavailable(
+                f"cannot reach the agent at {path}: {err.strerror or err} (is runlockd running?)"
+            ) from err
+        except BaseException:
+            self._sock.close()
+            raise
+        self._reader = threading.Thread(
+            target=self._read_loop, name=f"runlock-reader-{path}", daemon=True
+        )
+        self._reader.start()
+
+    # ------------------------------------------------------------------ handshake
+
+    def _handshake(self) -> Welcome:
+        """Sends ``hello`` and waits for ``welcome`` before the reader starts,
+        so nothing else can be in flight yet (SPEC 5.1)."""
+        self._sock.sendall(encode_frame(messages.hello(CLIENT_NAME, os.getpid())))
+        while True:
+            body = read_frame(self._sock)
+            if body is None:
+                raise Unavailable(f"the agent at {self.path} closed the connection during hello")
+            reply = messages.parse_agent(decode_body(body))
+            if isinstance(reply, Welcome):
+                if reply.version != messages.PROTOCOL_VERSION:
+                    raise ProtocolError(f"agent answered with protocol version {reply.version}")
+                return reply
+            if isinstance(reply, messages.Error):
+                raise reply.exception()
+            if reply.id is not None:
+                raise ProtocolError(f"unexpected answer to hello: {reply!r}")
+            # An event or unknown message before welcome carries nothing for us.
+
+    # ------------------------------------------------------------------ requests
+
+    def next_id(self) -> int:
+        """A fresh request id (a counter: ids only need to be unique while pending)."""
+        return next(self._ids)
+
+    def request(self, message: Dict[str, Any], timeout: Optional[float] = None) -> AgentMessage:
+        """Sends a request built with ``message["id"]`` and waits for its reply.
+
+        An ``error`` reply raises its RunlockError. ``timeout`` bounds the wait
+        for an agent that stopped answering: the connection is then closed
+        (which releases anything it holds) and Unavailable raised.
+        """
+        request_id = message["id"]
+        pending = _Pending()
+        frame = encode_frame(message)  # refuses an oversized body before registering
+        with self._state_lock:
+            if self._closed is not None:
+                raise self._closed
+            self._pending[request_id] = pending
+        try:
+            with self._send_lock:
+                self._sock.sendall(frame)
+        except OSError as err:
+            with self._state_lock:
+                self._pending.pop(request_id, None)
+            raise Unavailable(f"cannot send to the agent at {self.path}: {err}") from err
+        if not pending.done.wait(timeout):
+            self.close()
+            raise Unavailable(f"the agent at {self.path} did not answer within {timeout:g}s")
+        if pending.error is not None:
+            raise pending.error
+        assert pending.reply is not None  # invariant: done is set with a reply or an error
+        if isinstance(pending.reply, messages.Error):
+            raise pending.reply.exception()
+        return pending.reply
+
+    # ------------------------------------------------------------------ reader thread
+
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                body = read_frame(self._sock)
+            except ProtocolError as err:
+                self._end(err)  # an oversized frame: the stream cannot resync (SPEC 2)
+                return
+            except OSError as err:
+                self._end(Unavailable(f"connection to the agent at {self.path} failed: {err}"))
+                return
+            if body is None:
+                self._end(Unavailable(f"the agent at {self.path} closed the connection"))
+                return
+            self._dispatch(body)
+
+    def _dispatch(self, body: bytes) -> None:
+        try:
+            decoded = decode_body(body)
+        except ProtocolError as err:
+            _log.warning("runlock: ignoring an undecodable message from the agent: %s", err)
+            return
+        try:
+            message = messages.parse_agent(decoded)
+        except ProtocolError as err:
+            # The frame boundary is known, so the stream stays in step; only
+            # the request it answers (if its id is readable) fails.
+            request_id = messages.message_id(decoded)
+            if request_id is None:
+                _log.warning("runlock: ignoring an undecodable message from the agent: %s", err)
+            else:
+                self._complete(request_id, None, err)
+            return
+        if message.id is not None:
+            self._complete(message.id, message, None)
+        elif isinstance(message, messages.Error):
+            # An error without id answers input the agent could not attribute:
+            # fail everything outstanding (SPEC 4).
+            self._fail_pending(ProtocolError(f"agent reported: {message.message}", code=message.code))
+        elif isinstance(message, messages.Unknown):
+            _log.debug("runlock: ignoring unknown event %r", message.type)
+        else:
+            with self._dispatch_lock:
+                if self._on_event is None:
+                    self._backlog.append(message)
+                else:
+                    _call(self._on_event, message)
+
+    def _complete(
+        self, request_id: int, reply: Optional[AgentMessage], error: Optional[RunlockError]
+    ) -> None:
+        with self._state_lock:
+            pending = self._pending.pop(request_id, None)
+        if pending is None:
+            _log.debug("runlock: ignoring a reply to unknown request %d", request_id)
+            return
+        pending.reply, pending.error = reply, error
+        pending.done.set()
+
+    def _fail_pending(self, error: RunlockError) -> None:
+        with self._state_lock:
+            pending, self._pending = list(self._pending.values()), {}
+        for item in pending:
+            item.error = error
+            item.done.set()
+
+    def _end(self, error: RunlockError) -> None:
+        with self._state_lock:
+            if self._closed is None:
+                self._closed = error
+            notify = not self._closing
+        self._fail_pending(error)
+        if notify:
+            with self._dispatch_lock:
+                if self._on_close is None:
+                    self._ended = error
+                else:
+                    _call(self._on_close, error)
+
+    def set_handlers(self, on_event: EventHandler, on_close: CloseHandler) -> None:
+        """Installs the event and close handlers, first replaying what arrived before."""
+        with self._dispatch_lock:
+            self._on_event, self._on_close = on_event, on_close
+            backlog, self._backlog = self._backlog, []
+            ended, self._ended = self._ended, None
+            for message in backlog:
+                _call(on_event, message)
+            if ended is not None:
+                _call(on_close, ended)
+
+    def on_reader_thread(self) -> bool:
+        """True inside a handler: a request from there would wait for a reply
+        that only this thread can read."""
+        return threading.current_thread() is self._reader
+
+    # ------------------------------------------------------------------ closing
+
+    @property
+    def closed(self) -> bool:
+        return self._closed is not None
+
+    def close(self) -> None:
+        """Closes the connection; the agent releases whatever it still holds.
+
+        ``shutdown`` comes first so the agent sees end-of-file even if a forked
+        child still has a copy of the descriptor, and so the reader thread wakes.
+        """
+        with self._state_lock:
+            if self._closing:
+                return
+            self._closing = True
+            if self._closed is None:
+                self._closed = Unavailable("connection closed")
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass  # already disconnected
+        if self._reader is not threading.current_thread():
+            self._reader.join(timeout=5)  # before close(), so recv never sees a reused fd
+        self._sock.close()
+        self._fail_pending(Unavailable("connection closed"))

@@ -1,0 +1,104 @@
+"""Framing and body encoding (SPEC sections 2 and 3): a 4-byte big-endian
+length, then one MessagePack map. This is the only module that touches bytes.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from typing import Any, Dict, List, Optional, Tuple
+
+import msgpack
+
+from .errors import ProtocolError
+
+#: Largest body either side may send (SPEC 2): 1 MiB.
+MAX_BODY_LEN = 1 << 20
+
+_LEN = struct.Struct(">I")
+
+
+def encode_body(message: Dict[str, Any]) -> bytes:
+    """Encodes one map, keeping the dict's insertion order.
+
+    Callers build dicts in the reference encoder's field order (``id``,
+    ``type``, then the SPEC tables' order), which reproduces the vectors byte
+    for byte; msgpack already picks the smallest integer format.
+    """
+    return msgpack.packb(message, use_bin_type=True)
+
+
+def _pairs_to_dict(pairs: List[Tuple[Any, Any]]) -> Dict[str, Any]:
+    # SPEC 3.1: string keys only, and no key twice (the agent treats both as
+    # undecodable, and so do we rather than silently keep the last value).
+    result: Dict[str, Any] = {}
+    for key, value in pairs:
+        if not isinstance(key, str):
+            raise ProtocolError(f"map key {key!r} is not a string")
+        if key in result:
+            raise ProtocolError(f"map key {key!r} appears twice")
+        result[key] = value
+    return result
+
+
+def decode_body(body: bytes) -> Dict[str, Any]:
+    """Decodes one body into a dict (field order preserved).
+
+    Raises ProtocolError when it is not exactly one map with string keys.
+    """
+    try:
+        value = msgpack.unpackb(
+            body,
+            raw=False,
+            strict_map_key=False,  # checked in _pairs_to_dict with a clearer message
+            object_pairs_hook=_pairs_to_dict,
+        )
+    except ProtocolError:
+        raise
+    except (ValueError, msgpack.UnpackException) as err:  # ExtraData, FormatError, bad UTF-8...
+        raise ProtocolError(f"cannot decode message: {err}") from err
+    if not isinstance(value, dict):
+        raise ProtocolError("cannot decode message: not a MessagePack map")
+    return value
+
+
+def encode_frame(message: Dict[str, Any]) -> bytes:
+    """Encodes a message with its length prefix; refuses bodies over 1 MiB (SPEC 2)."""
+    body = encode_body(message)
+    if len(body) > MAX_BODY_LEN:
+        raise ProtocolError(f"message of {len(body)} bytes is over the {MAX_BODY_LEN}-byte limit")
+    return _LEN.pack(len(body)) + body
+
+
+def _read_exactly(sock: socket.socket, count: int) -> Optional[bytes]:
+    """Reads ``count`` bytes; None on end-of-file before the first byte."""
+    chunks = []
+    remaining = count
+    while remaining:
+        chunk = sock.recv(min(remaining, 65536))
+        if not chunk:
+            if remaining == count:
+                return None
+            raise ProtocolError("connection closed in the middle of a frame")
+        chunks.append(chunk)
+        remaining -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_frame(sock: socket.socket) -> Optional[bytes]:
+    """Reads one frame's body; None when the agent closed the connection cleanly.
+
+    The length is checked before anything of the body is read or allocated
+    (SPEC 2): an oversized frame raises ProtocolError and the caller must drop
+    the connection, since the stream cannot be resynchronised.
+    """
+    header = _read_exactly(sock, _LEN.size)
+    if header is None:
+        return None
+    (length,) = _LEN.unpack(header)
+    if length > MAX_BODY_LEN:
+        raise ProtocolError(f"agent sent a {length}-byte frame, over the {MAX_BODY_LEN}-byte limit")
+    body = _read_exactly(sock, length)
+    if body is None:
+        raise ProtocolError("connection closed in the middle of a frame")
+    return body

@@ -1,0 +1,133 @@
+"""Exceptions raised by the runlock client.
+
+Everything derives from :class:`RunlockError`, so ``except runlock.RunlockError``
+catches every failure of this package. Agent errors map from their wire ``code``
+(SPEC section 9); a code this client does not know still raises a plain
+:class:`RunlockError`, because the spec makes an unknown code a failure.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Dict, List, Optional, Type
+
+if TYPE_CHECKING:  # only for annotations: messages imports this module
+    from .messages import Holder, LostEvent
+
+
+class RunlockError(Exception):
+    """Any failure of a runlock operation.
+
+    ``code`` is the agent's error code (``None`` for failures found on this
+    side), ``message`` the human text (shown as is, never parsed) and ``key``
+    the key the error is about, when there is one.
+    """
+
+    def __init__(self, message: str, *, code: Optional[str] = None, key: Optional[str] = None):
+        super().__init__(message)
+        self.message = message
+        self.code = code
+        self.key = key
+
+
+class Held(RunlockError):
+    """The key is held by someone else; ``holder`` says who (host, pid, user, token...)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: Optional[str] = "held",
+        key: Optional[str] = None,
+        holder: Optional["Holder"] = None,
+    ):
+        super().__init__(message, code=code, key=key)
+        self.holder = holder
+
+
+class Timeout(Held):
+    """The key stayed held for the whole ``wait``.
+
+    A subclass of :class:`Held` because it is the same condition after waiting:
+    ``except runlock.Held`` covers both.
+    """
+
+
+class Unavailable(RunlockError):
+    """The agent cannot be reached (no socket, refused, gone), or its backend cannot."""
+
+
+class InvalidKey(RunlockError):
+    """A key breaks the key rules (1 to 512 bytes of UTF-8, no control characters)."""
+
+
+class Forbidden(RunlockError):
+    """``force`` (or breaking a key) without force rights on the agent."""
+
+
+class NotOwner(RunlockError):
+    """A release named a lease this connection does not hold."""
+
+
+class Unsupported(RunlockError):
+    """The agent (or its backend) does not support the request."""
+
+
+class BadRequest(RunlockError):
+    """The agent could not accept the request as sent (for example a TTL out of range)."""
+
+
+class Internal(RunlockError):
+    """The agent failed internally; its log has the details."""
+
+
+class ProtocolError(RunlockError):
+    """The conversation with the agent broke the protocol: an oversized or
+    undecodable frame, an unexpected reply, or a protocol version the agent
+    does not speak."""
+
+
+class ConfigError(RunlockError):
+    """No socket path could be found (no ``socket=``, ``RUNLOCK_SOCKET``,
+    configuration file or ``XDG_RUNTIME_DIR``)."""
+
+
+class LockLost(RunlockError):
+    """A lease ended while the protected block ran.
+
+    ``event`` is the first :class:`~runlock.LostEvent`, ``events`` all of them
+    (one per lost lease).
+    """
+
+    def __init__(self, events: "List[LostEvent]"):
+        first = events[0]
+        super().__init__(
+            f"lock on {first.key!r} lost ({first.reason}): {first.message}",
+            code=None,
+            key=first.key,
+        )
+        self.event = first
+        self.events = list(events)
+
+
+_BY_CODE: Dict[str, Type[RunlockError]] = {
+    "held": Held,
+    "timeout": Timeout,
+    "unavailable": Unavailable,
+    "invalid_key": InvalidKey,
+    "forbidden": Forbidden,
+    "not_owner": NotOwner,
+    "unsupported": Unsupported,
+    "unsupported_version": ProtocolError,
+    "bad_request": BadRequest,
+    "internal": Internal,
+}
+
+
+def from_wire(
+    code: str, message: str, key: Optional[str] = None, holder: "Optional[Holder]" = None
+) -> RunlockError:
+    """Builds the exception for an agent ``error`` reply; unknown codes give a plain RunlockError."""
+    cls = _BY_CODE.get(code, RunlockError)
+    if issubclass(cls, Held):
+        return cls(message, code=code, key=key, holder=holder)
+    return cls(message, code=code, key=key)

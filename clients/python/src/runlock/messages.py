@@ -1,0 +1,456 @@
+"""The protocol's messages (SPEC sections 6 and 7) as Python values.
+
+Requests are built as dicts in the reference encoder's field order, so they
+encode to the vectors' exact bytes. Agent messages are parsed into frozen
+dataclasses; unknown fields are ignored and unknown enum values kept as the
+string they are (SPEC 3.3), while a missing required field or a value of the
+wrong type raises ProtocolError.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from . import errors
+from .errors import ProtocolError
+
+PROTOCOL_VERSION = 1
+
+_U16 = (1 << 16) - 1
+_U32 = (1 << 32) - 1
+_U64 = (1 << 64) - 1
+
+# --------------------------------------------------------------------------- requests
+
+
+def _with_id(request_id: Optional[int], kind: str) -> Dict[str, Any]:
+    message: Dict[str, Any] = {}
+    if request_id is not None:
+        message["id"] = request_id
+    message["type"] = kind
+    return message
+
+
+def hello(client: str, pid: int, request_id: Optional[int] = None) -> Dict[str, Any]:
+    """``hello``: the first message of every connection."""
+    message = _with_id(request_id, "hello")
+    message.update(version=PROTOCOL_VERSION, client=client, pid=pid)
+    return message
+
+
+def acquire(
+    request_id: int,
+    keys: Sequence[str],
+    *,
+    ttl_ms: Optional[int] = None,
+    wait_ms: Optional[int] = None,
+    force: Optional[bool] = None,
+    command: str = "",
+    on_lost: str = "term",
+) -> Dict[str, Any]:
+    """``acquire``. Optional fields left as None are omitted, as the reference
+    encoder omits them; ``command`` and ``on_lost`` are always written, as it does."""
+    message = _with_id(request_id, "acquire")
+    message["keys"] = list(keys)
+    if ttl_ms is not None:
+        message["ttl_ms"] = ttl_ms
+    if wait_ms is not None:
+        message["wait_ms"] = wait_ms
+    if force is not None:
+        message["force"] = force
+    message["command"] = command
+    message["on_lost"] = on_lost
+    return message
+
+
+def release(
+    request_id: int, *, lease_ids: Optional[Sequence[str]] = None, key: Optional[str] = None
+) -> Dict[str, Any]:
+    """``release``: exactly one of a non-empty ``lease_ids`` or a ``key`` (to break)."""
+    if bool(lease_ids) == (key is not None):
+        raise ValueError("release needs either lease_ids or key, not both")
+    message = _with_id(request_id, "release")
+    if lease_ids:
+        message["lease_ids"] = list(lease_ids)
+    else:
+        message["key"] = key
+    return message
+
+
+def attach(request_id: int, pid: int, pgid: int) -> Dict[str, Any]:
+    """``attach``: names the process (group) that ``on_lost`` acts on."""
+    message = _with_id(request_id, "attach")
+    message.update(pid=pid, pgid=pgid)
+    return message
+
+
+def reattach(request_id: int, leases: Sequence["Grant"], on_lost: str = "term") -> Dict[str, Any]:
+    """``reattach`` (SPEC 8.7). Built for completeness and tested against the
+    vectors; the high-level API does not reattach."""
+    message = _with_id(request_id, "reattach")
+    message["leases"] = [
+        {"key": g.key, "lease_id": g.lease_id, "token": g.token} for g in leases
+    ]
+    message["on_lost"] = on_lost
+    return message
+
+
+def simple(request_id: int, kind: str) -> Dict[str, Any]:
+    """A request without fields: ``list`` or ``ping``."""
+    return _with_id(request_id, kind)
+
+
+def inspect(request_id: int, key: str) -> Dict[str, Any]:
+    """``inspect``: read a key's record in the backend."""
+    message = _with_id(request_id, "inspect")
+    message["key"] = key
+    return message
+
+
+# --------------------------------------------------------------------------- field readers
+
+
+def _field(body: Dict[str, Any], name: str, required: bool) -> Any:
+    if name not in body:
+        if required:
+            raise ProtocolError(f"{body.get('type', 'message')!s}: missing field {name!r}")
+        return None
+    return body[name]
+
+
+def _int(body: Dict[str, Any], name: str, *, required: bool = True, limit: int = _U64) -> Any:
+    value = _field(body, name, required)
+    if value is None and not required:
+        return None
+    # bool is an int subclass in Python, but never an integer on the wire.
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+        raise ProtocolError(f"field {name!r}: {value!r} is not an unsigned integer in range")
+    return value
+
+
+def _str(body: Dict[str, Any], name: str, *, required: bool = True) -> Any:
+    value = _field(body, name, required)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str):
+        raise ProtocolError(f"field {name!r}: {value!r} is not a string")
+    return value
+
+
+def _bool(body: Dict[str, Any], name: str, default: bool) -> bool:
+    value = _field(body, name, False)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise ProtocolError(f"field {name!r}: {value!r} is not a boolean")
+    return value
+
+
+def _map(value: Any, what: str) -> Dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ProtocolError(f"{what}: {value!r} is not a map")
+    return value
+
+
+def _list(body: Dict[str, Any], name: str) -> List[Any]:
+    value = _field(body, name, True)
+    if not isinstance(value, list):
+        raise ProtocolError(f"field {name!r}: {value!r} is not an array")
+    return value
+
+
+# --------------------------------------------------------------------------- nested objects
+
+
+@dataclass(frozen=True)
+class Holder:
+    """Who holds a lease (SPEC 7.1), as the agent recorded it from SO_PEERCRED."""
+
+    host: str
+    agent_id: str
+    pid: int
+    uid: int
+    gid: int
+    user: str
+    command: str
+    acquired_at_ms: int
+    token: int
+
+    @classmethod
+    def from_wire(cls, value: Any) -> "Holder":
+        body = _map(value, "holder")
+        return cls(
+            host=_str(body, "host"),
+            agent_id=_str(body, "agent_id"),
+            pid=_int(body, "pid", limit=_U32),
+            uid=_int(body, "uid", limit=_U32),
+            gid=_int(body, "gid", required=False, limit=_U32) or 0,
+            user=_str(body, "user"),
+            command=_str(body, "command"),
+            acquired_at_ms=_int(body, "acquired_at_ms"),
+            token=_int(body, "token"),
+        )
+
+
+def _holder(body: Dict[str, Any]) -> Optional[Holder]:
+    value = _field(body, "holder", False)
+    return None if value is None else Holder.from_wire(value)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One key granted by ``acquire`` (SPEC 7.2 ``Lease``)."""
+
+    key: str
+    lease_id: str
+    token: int
+
+    @classmethod
+    def from_wire(cls, value: Any) -> "Grant":
+        body = _map(value, "lease")
+        return cls(key=_str(body, "key"), lease_id=_str(body, "lease_id"), token=_int(body, "token"))
+
+
+@dataclass(frozen=True)
+class LeaseInfo:
+    """One lease as ``status()`` (the ``list`` request) reports it (SPEC 7.3)."""
+
+    key: str
+    lease_id: str
+    ttl_ms: int
+    holder: Holder
+    child_pid: Optional[int] = None
+
+    @classmethod
+    def from_wire(cls, value: Any) -> "LeaseInfo":
+        body = _map(value, "lease")
+        return cls(
+            key=_str(body, "key"),
+            lease_id=_str(body, "lease_id"),
+            ttl_ms=_int(body, "ttl_ms"),
+            holder=Holder.from_wire(_field(body, "holder", True)),
+            child_pid=_int(body, "child_pid", required=False, limit=_U32),
+        )
+
+
+@dataclass(frozen=True)
+class KeyRecord:
+    """A key's record in the backend, as ``inspect()`` reports it (SPEC 7.4).
+
+    ``state`` is ``"free"`` or ``"held"`` (or a newer agent's value, kept as is);
+    ``expires_in_ms`` is None when free and on backends whose locks do not expire.
+    """
+
+    key: str
+    state: str
+    token: int
+    scope: str
+    holder: Optional[Holder] = None
+    expires_in_ms: Optional[int] = None
+
+
+# --------------------------------------------------------------------------- agent messages
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """Answer to ``hello``."""
+
+    version: int
+    agent: str
+    agent_id: str
+    backend: str
+    scope: str
+    default_ttl_ms: int
+    on_unavailable: str = "fail"
+    leases_survive_agent: bool = False
+    id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Acquired:
+    """Answer to ``acquire`` (and ``reattach``): one Grant per key, sorted by key."""
+
+    leases: Tuple[Grant, ...]
+    ttl_ms: int
+    valid_for_ms: Optional[int] = None
+    id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Released:
+    """Answer to ``release``."""
+
+    count: int
+    id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Leases:
+    """Answer to ``list``."""
+
+    leases: Tuple[LeaseInfo, ...]
+    id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Record:
+    """Answer to ``inspect``."""
+
+    record: KeyRecord
+    id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Empty:
+    """A reply without fields: ``attached`` or ``pong``."""
+
+    type: str
+    id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Error:
+    """An ``error`` reply; ``exception()`` gives the matching RunlockError."""
+
+    code: str
+    message: str
+    key: Optional[str] = None
+    holder: Optional[Holder] = None
+    id: Optional[int] = None
+
+    def exception(self) -> errors.RunlockError:
+        return errors.from_wire(self.code, self.message, self.key, self.holder)
+
+
+@dataclass(frozen=True)
+class LostEvent:
+    """A lease ended while held (the ``lost`` event, or the connection's end).
+
+    ``reason`` is the agent's ``forced``, ``broken`` or ``expired`` (or a newer
+    value), or one of this client's own: ``restarting`` (the agent said it is
+    going away and its leases do not outlive it) and ``agent_gone`` (the
+    connection to the agent ended). ``holder`` is the new holder after ``forced``.
+    """
+
+    lease_id: str
+    key: str
+    reason: str
+    message: str
+    holder: Optional[Holder] = None
+
+
+@dataclass(frozen=True)
+class Lost:
+    """The ``lost`` event."""
+
+    event: LostEvent
+    id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Renewed:
+    """The ``renewed`` event: the lease stays guaranteed for ``valid_for_ms``."""
+
+    lease_id: str
+    valid_for_ms: int
+    id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Restarting:
+    """The ``restarting`` event: the agent is about to close the connection."""
+
+    id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Unknown:
+    """A message whose ``type`` this client does not know (ignored when it has no id)."""
+
+    type: str
+    id: Optional[int] = None
+    body: Dict[str, Any] = field(default_factory=dict, compare=False)
+
+
+AgentMessage = Union[
+    Welcome, Acquired, Released, Leases, Record, Empty, Error, Lost, Renewed, Restarting, Unknown
+]
+
+
+def message_id(body: Dict[str, Any]) -> Optional[int]:
+    """The body's ``id`` if it is readable, even when the rest is not (SPEC 3.4)."""
+    value = body.get("id")
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _U64:
+        return value
+    return None
+
+
+def parse_agent(body: Dict[str, Any]) -> AgentMessage:
+    """Turns a decoded agent body into a typed message."""
+    request_id = _int(body, "id", required=False)
+    kind = _str(body, "type")
+    if kind == "welcome":
+        return Welcome(
+            version=_int(body, "version", limit=_U16),
+            agent=_str(body, "agent"),
+            agent_id=_str(body, "agent_id"),
+            backend=_str(body, "backend"),
+            scope=_str(body, "scope"),
+            default_ttl_ms=_int(body, "default_ttl_ms"),
+            on_unavailable=_str(body, "on_unavailable", required=False) or "fail",
+            leases_survive_agent=_bool(body, "leases_survive_agent", False),
+            id=request_id,
+        )
+    if kind == "acquired":
+        return Acquired(
+            leases=tuple(Grant.from_wire(v) for v in _list(body, "leases")),
+            ttl_ms=_int(body, "ttl_ms"),
+            valid_for_ms=_int(body, "valid_for_ms", required=False),
+            id=request_id,
+        )
+    if kind == "released":
+        return Released(count=_int(body, "count", limit=_U32), id=request_id)
+    if kind == "leases":
+        return Leases(
+            leases=tuple(LeaseInfo.from_wire(v) for v in _list(body, "leases")), id=request_id
+        )
+    if kind == "record":
+        record = KeyRecord(
+            key=_str(body, "key"),
+            state=_str(body, "state"),
+            token=_int(body, "token"),
+            scope=_str(body, "scope"),
+            holder=_holder(body),
+            expires_in_ms=_int(body, "expires_in_ms", required=False),
+        )
+        return Record(record=record, id=request_id)
+    if kind in ("attached", "pong"):
+        return Empty(type=kind, id=request_id)
+    if kind == "error":
+        return Error(
+            code=_str(body, "code"),
+            message=_str(body, "message"),
+            key=_str(body, "key", required=False),
+            holder=_holder(body),
+            id=request_id,
+        )
+    if kind == "lost":
+        event = LostEvent(
+            lease_id=_str(body, "lease_id"),
+            key=_str(body, "key"),
+            reason=_str(body, "reason"),
+            message=_str(body, "message"),
+            holder=_holder(body),
+        )
+        return Lost(event=event, id=request_id)
+    if kind == "renewed":
+        return Renewed(
+            lease_id=_str(body, "lease_id"),
+            valid_for_ms=_int(body, "valid_for_ms"),
+            id=request_id,
+        )
+    if kind == "restarting":
+        return Restarting(id=request_id)
+    return Unknown(type=kind, id=request_id, body=body)

@@ -1,0 +1,230 @@
+"""The protocol's golden vectors (protocol/vectors/): every agent message
+decodes to what the vectors README's JSON says, every client message this
+package builds encodes to the canonical bytes, and the framing matches
+frame-ping.bin.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import struct
+from pathlib import Path
+from typing import Any, Dict
+
+import msgpack
+import pytest
+
+import runlock
+from runlock import _wire, messages
+from runlock.errors import ProtocolError
+from runlock.messages import Grant
+
+VECTORS = Path(__file__).resolve().parent.parent.parent.parent / "protocol" / "vectors"
+
+
+def readme_values() -> Dict[str, Any]:
+    """Maps each vector's file name to the JSON value its README section gives."""
+    text = (VECTORS / "README.md").read_text()
+    sections = re.findall(r"^### `([^`]+)`\n(.*?)(?=^### |\Z)", text, re.S | re.M)
+    values = {}
+    for name, body in sections:
+        block = re.search(r"```json\n(.*?)\n```", body, re.S)
+        assert block, f"README has no JSON for {name}"
+        values[name] = json.loads(block.group(1))
+    return values
+
+
+VALUES = readme_values()
+CANONICAL = sorted(p.name for p in VECTORS.glob("*.msgpack"))
+DECODE_ONLY = sorted("decode-only/" + p.name for p in (VECTORS / "decode-only").glob("*.msgpack"))
+
+
+def test_every_vector_file_is_described() -> None:
+    assert CANONICAL and DECODE_ONLY
+    for name in CANONICAL + DECODE_ONLY + ["frame-ping.bin"]:
+        assert name in VALUES, f"{name} missing from the vectors README"
+
+
+@pytest.mark.parametrize("name", CANONICAL + DECODE_ONLY)
+def test_vector_decodes_to_the_readme_value(name: str) -> None:
+    assert _wire.decode_body((VECTORS / name).read_bytes()) == VALUES[name]
+
+
+@pytest.mark.parametrize("name", CANONICAL)
+def test_canonical_vector_reencodes_byte_for_byte(name: str) -> None:
+    raw = (VECTORS / name).read_bytes()
+    assert _wire.encode_body(_wire.decode_body(raw)) == raw
+
+
+# Each client vector, built with this package's request builders rather than
+# from the decoded map, so the builders' field order is what is checked.
+BUILT = {
+    "client-hello.msgpack": lambda: messages.hello("runlock 0.1.0", 4242),
+    "client-acquire-minimal.msgpack": lambda: messages.acquire(1, ["dev:tap-x-to-target-y"]),
+    "client-acquire-full.msgpack": lambda: messages.acquire(
+        2,
+        ["dev:b", "dev:a"],
+        ttl_ms=30000,
+        wait_ms=60000,
+        force=True,
+        command="meltano run tap-x target-y",
+        on_lost="kill",
+    ),
+    "client-release-lease-ids.msgpack": lambda: messages.release(
+        3, lease_ids=["lease-0001", "lease-0002"]
+    ),
+    "client-release-key.msgpack": lambda: messages.release(4, key="dev:a"),
+    "client-attach.msgpack": lambda: messages.attach(5, 4300, 4300),
+    "client-reattach.msgpack": lambda: messages.reattach(
+        9, [Grant("dev:a", "lease-0001", 12)], on_lost="term"
+    ),
+    "client-list.msgpack": lambda: messages.simple(6, "list"),
+    "client-inspect.msgpack": lambda: messages.inspect(7, "dev:a"),
+    "client-ping.msgpack": lambda: messages.simple(8, "ping"),
+}
+
+
+def test_every_client_vector_has_a_builder() -> None:
+    assert sorted(BUILT) == [n for n in CANONICAL if n.startswith("client-")]
+
+
+@pytest.mark.parametrize("name", sorted(BUILT))
+def test_built_request_matches_canonical_bytes(name: str) -> None:
+    assert _wire.encode_body(BUILT[name]()) == (VECTORS / name).read_bytes()
+
+
+def parse(name: str) -> messages.AgentMessage:
+    return messages.parse_agent(_wire.decode_body((VECTORS / name).read_bytes()))
+
+
+@pytest.mark.parametrize(
+    "name",
+    [n for n in CANONICAL + DECODE_ONLY if n.split("/")[-1].startswith("agent-")],
+)
+def test_agent_vector_parses_into_a_typed_message(name: str) -> None:
+    message = parse(name)
+    value = VALUES[name]
+    assert message.id == value.get("id")
+    if value["type"] in ("moved",):
+        assert isinstance(message, messages.Unknown)
+    else:
+        assert not isinstance(message, messages.Unknown)
+
+
+def test_holder_fields() -> None:
+    error = parse("agent-error-held.msgpack")
+    assert isinstance(error, messages.Error)
+    exc = error.exception()
+    assert type(exc) is runlock.Held and exc.key == "dev:tap-x-to-target-y"
+    assert exc.holder == runlock.Holder(
+        host="runner-01",
+        agent_id="5b0e7c1a-3f4d-4e8a-9c2b-7d1e6f0a4b3c",
+        pid=4242,
+        uid=1000,
+        gid=1000,
+        user="etl",
+        command="meltano run tap-x target-y",
+        acquired_at_ms=1700000000000,
+        token=41,
+    )
+
+
+def test_error_codes_map_to_exceptions() -> None:
+    timeout = parse("agent-error-timeout.msgpack").exception()  # type: ignore[union-attr]
+    assert type(timeout) is runlock.Timeout and isinstance(timeout, runlock.Held)
+    assert timeout.holder is not None and timeout.holder.token == 12
+    invalid = parse("agent-error-invalid-key.msgpack").exception()  # type: ignore[union-attr]
+    assert type(invalid) is runlock.InvalidKey and invalid.key == "dev\nx"
+    unknown = parse("decode-only/agent-error-unknown-code.msgpack").exception()  # type: ignore[union-attr]
+    assert type(unknown) is runlock.RunlockError and unknown.code == "quota_exceeded"
+    assert unknown.message == "too many"
+
+
+def test_welcome_acquired_record_lost_renewed() -> None:
+    welcome = parse("agent-welcome.msgpack")
+    assert isinstance(welcome, messages.Welcome)
+    assert welcome.leases_survive_agent is True and welcome.default_ttl_ms == 60000
+    acquired = parse("agent-acquired.msgpack")
+    assert isinstance(acquired, messages.Acquired)
+    assert acquired.leases == (Grant("dev:a", "lease-0001", 12), Grant("dev:b", "lease-0002", 3))
+    assert acquired.valid_for_ms == 25000
+    free = parse("agent-record-free.msgpack")
+    assert isinstance(free, messages.Record)
+    assert free.record == runlock.KeyRecord(key="dev:a", state="free", token=12, scope="global")
+    held = parse("agent-record-held-file.msgpack")
+    assert isinstance(held, messages.Record) and held.record.holder is not None
+    assert held.record.expires_in_ms is None and held.record.scope == "host"
+    leases = parse("agent-leases.msgpack")
+    assert isinstance(leases, messages.Leases)
+    assert [lease.child_pid for lease in leases.leases] == [4300, None]
+    lost = parse("agent-lost-forced.msgpack")
+    assert isinstance(lost, messages.Lost) and lost.event.reason == "forced"
+    assert lost.event.holder is not None and lost.event.holder.token == 13
+    expired = parse("agent-lost-expired.msgpack")
+    assert isinstance(expired, messages.Lost) and expired.event.holder is None
+    renewed = parse("agent-renewed.msgpack")
+    assert renewed == messages.Renewed(lease_id="lease-0001", valid_for_ms=25000)
+    assert parse("decode-only/agent-pong-unknown-fields.msgpack") == messages.Empty("pong", 8)
+
+
+def test_frame_ping_bin() -> None:
+    raw = (VECTORS / "frame-ping.bin").read_bytes()
+    assert _wire.encode_frame(messages.simple(1, "ping")) == raw
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(raw)
+        body = _wire.read_frame(right)
+        assert body is not None and _wire.decode_body(body) == VALUES["frame-ping.bin"]
+        left.close()
+        assert _wire.read_frame(right) is None  # clean end-of-file between frames
+
+
+def test_oversized_frames_are_refused_both_ways() -> None:
+    with pytest.raises(ProtocolError):
+        _wire.encode_frame({"type": "inspect", "key": "x" * _wire.MAX_BODY_LEN})
+    left, right = socket.socketpair()
+    with left, right:
+        # Only the header is sent: the reader must refuse before reading a body.
+        left.sendall(struct.pack(">I", _wire.MAX_BODY_LEN + 1))
+        with pytest.raises(ProtocolError):
+            _wire.read_frame(right)
+
+
+def test_truncated_frame_is_a_protocol_error() -> None:
+    left, right = socket.socketpair()
+    with left, right:
+        left.sendall(struct.pack(">I", 10) + b"\x82")
+        left.close()
+        with pytest.raises(ProtocolError):
+            _wire.read_frame(right)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        msgpack.packb([1, 2]),  # not a map
+        b"\x82\xa4type\xa4pong\xa4type\xa4pong",  # a key twice
+        b"\x81\x01\x02",  # a non-string key
+        b"\x81\xa4type\xa4pong\x00",  # bytes after the map
+    ],
+)
+def test_undecodable_bodies(body: bytes) -> None:
+    with pytest.raises(ProtocolError):
+        _wire.decode_body(body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"type": "released"},  # required field missing
+        {"type": "released", "count": -1},  # negative
+        {"type": "released", "count": True},  # a bool is not an integer
+        {"type": "released", "count": 1 << 32},  # over uint32
+        {"type": "renewed", "lease_id": 3, "valid_for_ms": 1},  # wrong type
+    ],
+)
+def test_bad_fields_are_protocol_errors(body: Dict[str, Any]) -> None:
+    with pytest.raises(ProtocolError):
+        messages.parse_agent(body)
