@@ -11,6 +11,7 @@ mod config;
 mod crash_release;
 mod file_backend;
 mod lifecycle;
+mod meltano;
 mod restart;
 mod s3;
 mod s3_faults;

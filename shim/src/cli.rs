@@ -44,8 +44,18 @@ pub enum Command {
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
     /// A key to hold (repeat for several; they are taken all or nothing)
-    #[arg(long = "key", short = 'k', value_name = "KEY", required = true)]
+    #[arg(
+        long = "key",
+        short = 'k',
+        value_name = "KEY",
+        required_unless_present = "meltano"
+    )]
     pub keys: Vec<String>,
+    /// Also hold the state ID of every extract-load block of COMMAND, a
+    /// `meltano run`, derived as Meltano does; its --force/-f (or
+    /// MELTANO_RUN_FORCE) becomes runlock's --force
+    #[arg(long)]
+    pub meltano: bool,
     /// Wait up to DUR for held keys (e.g. 30s, 10m) instead of failing at once
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "0s")]
     pub wait: Duration,

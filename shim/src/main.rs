@@ -6,6 +6,7 @@ mod commands;
 mod exit;
 mod format;
 mod host_config;
+mod meltano;
 mod signals;
 
 use clap::Parser;

@@ -31,7 +31,20 @@ type Reattaching = Pin<Box<dyn Future<Output = Result<Client, String>>>>;
 /// How long the shim waits for the agent to confirm the release at the end.
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
 
-pub async fn run(socket: &Path, host: &HostConfig, args: RunArgs) -> Result<ExitCode, Failure> {
+pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<ExitCode, Failure> {
+    if args.meltano {
+        let cwd = std::env::current_dir().map_err(|e| {
+            Failure::new(
+                exit::EXIT_USAGE,
+                format!("--meltano: no working directory: {e}"),
+            )
+        })?;
+        let env = |name: &str| std::env::var(name).ok();
+        let meltano = crate::meltano::invocation(&args.command, &env, &cwd)
+            .map_err(|why| Failure::new(exit::EXIT_USAGE, format!("--meltano: {why}")))?;
+        args.keys.extend(meltano.state_ids);
+        args.force |= meltano.force;
+    }
     for key in &args.keys {
         super::valid_key(key)?;
     }
