@@ -2,6 +2,7 @@
 
 use crate::telemetry::LogFormat;
 use clap::Parser;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -24,6 +25,9 @@ pub struct Args {
     /// Log format
     #[arg(long, value_enum, default_value = "text")]
     pub log_format: LogFormat,
+    /// Serve Prometheus metrics over HTTP on ADDR (IP:PORT, e.g. 127.0.0.1:9464), at /metrics
+    #[arg(long, env = "RUNLOCK_METRICS", value_name = "ADDR")]
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Parses durations written like `500ms`, `30s`, `10m`.
@@ -41,6 +45,8 @@ pub struct Config {
     pub backend: String,
     /// The default lease TTL.
     pub ttl: Duration,
+    /// Where to serve metrics, if anywhere.
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Config {
@@ -63,6 +69,7 @@ impl Config {
             socket,
             backend,
             ttl: args.ttl,
+            metrics: args.metrics,
         })
     }
 }

@@ -6,6 +6,7 @@ pub mod backend;
 pub mod config;
 pub mod connection;
 pub mod listener;
+pub mod metrics;
 pub mod registry;
 pub mod renewal;
 pub mod server;

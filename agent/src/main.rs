@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::Parser;
 use runlock_agent::config::{Args, Config};
 use runlock_agent::registry::{Identity, Registry};
-use runlock_agent::{backend, listener, serve, telemetry};
+use runlock_agent::{backend, listener, metrics, serve, telemetry};
 use std::process::ExitCode;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
@@ -34,7 +34,12 @@ fn main() -> ExitCode {
 
 async fn run(args: Args) -> anyhow::Result<()> {
     let config = Config::from_args(&args)?;
-    let backend = backend::from_uri(&config.backend).await?;
+    let shutdown = CancellationToken::new();
+    let mut backend = backend::from_uri(&config.backend).await?;
+    if let Some(addr) = config.metrics {
+        metrics::start(addr, shutdown.child_token()).await?;
+        backend = metrics::instrument(backend);
+    }
     let identity = Identity {
         host: nix::unistd::gethostname()
             .context("reading the host name")?
@@ -47,7 +52,6 @@ async fn run(args: Args) -> anyhow::Result<()> {
     let registry = Registry::new(backend, identity.clone(), config.ttl);
     let (listener, _guard) = listener::bind(&config.socket)?;
 
-    let shutdown = CancellationToken::new();
     let mut terminate =
         signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
