@@ -11,7 +11,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::process::{Output, Stdio};
 
 /// Runs a `runlockd` that is expected to refuse to start.
-async fn runlockd_refusing(args: &[&str]) -> Result<Output> {
+pub(crate) async fn runlockd_refusing(args: &[&str]) -> Result<Output> {
     let mut command = tokio::process::Command::new(&bins()?.runlockd);
     command
         .args(args)

@@ -9,5 +9,6 @@ mod bad_input;
 mod crash_release;
 mod file_backend;
 mod lifecycle;
+mod metrics;
 mod s3;
 mod s3_faults;
