@@ -43,19 +43,16 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// After a failed accept (out of descriptors, say), wait before the next.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
-/// Every error code an acquire can end with, so each series exists from the start.
-const ERROR_CODES: [ErrorCode; 11] = [
+/// The error codes an acquire ends with, so each series exists from the start
+/// (any other code still gets its series the first time it happens).
+const ACQUIRE_ERRORS: [ErrorCode; 7] = [
     ErrorCode::Held,
     ErrorCode::Timeout,
     ErrorCode::Unavailable,
     ErrorCode::InvalidKey,
-    ErrorCode::NotOwner,
     ErrorCode::Forbidden,
-    ErrorCode::Unsupported,
-    ErrorCode::UnsupportedVersion,
     ErrorCode::BadRequest,
     ErrorCode::Internal,
-    ErrorCode::Unknown,
 ];
 
 type Labels = [(&'static str, &'static str); 1];
@@ -134,7 +131,7 @@ impl Metrics {
         let result = |value| acquisitions.get_or_create_owned(&[("result", value)]);
         let (granted, forced, cancelled) =
             (result("granted"), result("forced"), result("cancelled"));
-        for code in ERROR_CODES {
+        for code in ACQUIRE_ERRORS {
             result(code.as_str());
         }
         registry.register(
