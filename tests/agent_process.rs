@@ -11,7 +11,7 @@ use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::process::{Output, Stdio};
 
 /// Runs a `runlockd` that is expected to refuse to start.
-async fn runlockd_refusing(args: &[&str]) -> Result<Output> {
+pub(crate) async fn runlockd_refusing(args: &[&str]) -> Result<Output> {
     let mut command = tokio::process::Command::new(&bins()?.runlockd);
     command
         .args(args)
@@ -258,6 +258,62 @@ async fn stop_is_prompt_even_with_a_peer_that_never_said_hello() -> Result<()> {
         took < std::time::Duration::from_secs(2),
         "stopping took {took:?}: a connection still in its handshake held up the drain\n{}",
         agent.log()
+    );
+    Ok(())
+}
+
+/// Starts an agent with `env`, runs a locked command through it, stops it and
+/// returns its text log.
+async fn text_log_with(env: &[(&str, &str)]) -> Result<String> {
+    let locks = FileBackendDir::new()?;
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let mut agent = TestAgent::start_with_env(AgentOptions::new(locks.uri()), &env).await?;
+    agent
+        .run(&[&key("text-logs")], &[], "exit 0")?
+        .finish()
+        .await?
+        .expect_code(0)?;
+    agent.stop().await?;
+    Ok(agent.log())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_logs_under_systemd_have_no_colours_or_timestamps() -> Result<()> {
+    for var in ["JOURNAL_STREAM", "INVOCATION_ID"] {
+        let log = text_log_with(&[(var, "8:123456")]).await?;
+        ensure!(
+            log.lines().count() >= 3,
+            "too little logged with {var}:\n{log}"
+        );
+        ensure!(!log.contains('\x1b'), "ANSI escapes with {var}:\n{log}");
+        // Without a timestamp each line opens with its level.
+        for line in log.lines() {
+            ensure!(
+                ["TRACE", "DEBUG", "INFO", "WARN", "ERROR"]
+                    .iter()
+                    .any(|level| line.trim_start().starts_with(level)),
+                "a line with {var} does not open with its level: {line:?}\n{log}"
+            );
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn text_logs_elsewhere_keep_their_timestamps() -> Result<()> {
+    let log = text_log_with(&[]).await?;
+    ensure!(!log.contains('\x1b'), "ANSI escapes in a log file:\n{log}");
+    // RFC 3339, as in 2026-11-30T06:35:59.123456Z.
+    let stamped = |line: &str| {
+        let b = line.as_bytes();
+        b.len() > 20 && b[..4].iter().all(u8::is_ascii_digit) && b[4] == b'-' && b[10] == b'T'
+    };
+    ensure!(
+        log.lines().all(stamped),
+        "a line without a timestamp:\n{log}"
     );
     Ok(())
 }

@@ -12,6 +12,7 @@ mod crash_release;
 mod file_backend;
 mod lifecycle;
 mod meltano;
+mod metrics;
 mod restart;
 mod s3;
 mod s3_faults;

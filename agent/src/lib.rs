@@ -7,6 +7,7 @@ pub mod backend;
 pub mod config;
 pub mod connection;
 pub mod listener;
+pub mod metrics;
 pub mod notify;
 pub mod registry;
 pub mod renewal;

@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::Parser;
 use runlock_agent::config::{Args, Command, Config};
 use runlock_agent::registry::{Identity, Policy, Registry};
-use runlock_agent::{backend, listener, notify, serve, telemetry};
+use runlock_agent::{backend, listener, metrics, notify, serve, telemetry};
 use std::process::ExitCode;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
@@ -44,7 +44,12 @@ fn main() -> ExitCode {
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {
-    let backend = backend::from_uri(&config.backend, &config.backend_options).await?;
+    let shutdown = CancellationToken::new();
+    let mut backend = backend::from_uri(&config.backend, &config.backend_options).await?;
+    if let Some(addr) = config.metrics {
+        metrics::start(addr, shutdown.child_token()).await?;
+        backend = metrics::instrument(backend);
+    }
     let identity = Identity {
         host: nix::unistd::gethostname()
             .context("reading the host name")?
@@ -66,7 +71,6 @@ async fn run(config: Config) -> anyhow::Result<()> {
     };
     let (listener, _guard) = listener::open(&config.socket, permissions)?;
 
-    let shutdown = CancellationToken::new();
     let mut terminate =
         signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;

@@ -166,6 +166,7 @@ impl State {
     /// Forgets a lease; returns it with its connection's means to be told.
     fn remove_lease(&mut self, lease_id: &str) -> Option<LocalLease> {
         let lease = self.leases.remove(lease_id)?;
+        crate::metrics::leases_held(self.leases.len());
         if self.by_key.get(&lease.key).is_some_and(|id| id == lease_id) {
             self.by_key.remove(&lease.key);
         }
@@ -382,6 +383,18 @@ impl Registry {
 
     /// Takes every key of `req`, in sorted order, all or nothing.
     pub async fn acquire(
+        &self,
+        conn: ConnId,
+        req: AcquireRequest,
+        cancel: &CancellationToken,
+    ) -> Result<Granted, WireError> {
+        let force = req.force;
+        let result = self.acquire_all(conn, req, cancel).await;
+        crate::metrics::acquisition(force, &result, cancel.is_cancelled());
+        result
+    }
+
+    async fn acquire_all(
         &self,
         conn: ConnId,
         req: AcquireRequest,
@@ -702,6 +715,7 @@ impl Registry {
                     c.leases.insert(lease_id.clone());
                     let displaced = state.by_key.insert(spec.key.clone(), lease_id.clone());
                     state.leases.insert(lease_id.clone(), lease);
+                    crate::metrics::leases_held(state.leases.len());
                     Some(displaced)
                 }
                 None => None,
@@ -856,6 +870,7 @@ impl Registry {
         };
         self.renewals.stop(lease_id);
         tracing::warn!(key = %lease.key, token = lease.holder.token, ?reason, "lease lost");
+        crate::metrics::lost(reason);
         let grace = runlock_protocol::kill_grace(lease.ttl);
         if let Some((events, peer, child, on_lost)) = notice {
             let _ = events.send(AgentMessage::Lost {

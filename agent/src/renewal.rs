@@ -2,6 +2,7 @@
 //! lease) firing at TTL/3 with jitter, with bounded concurrency toward the store.
 
 use crate::backend::{Backend, BackendError, LeaseRef};
+use crate::metrics;
 use crate::registry::Registry;
 use futures::StreamExt;
 use std::collections::HashMap;
@@ -202,6 +203,7 @@ async fn run(
                 let Some(entry) = entries.get_mut(&id) else { continue };
                 let taken = match outcome {
                     Outcome::Renewed(sent) => {
+                        metrics::renewal(metrics::Renewal::Ok);
                         entry.last_ok = sent;
                         if let Some(registry) = registry.upgrade() {
                             registry.renewed(&id, entry.deadline());
@@ -214,6 +216,7 @@ async fn run(
                     Outcome::Lost => true,
                     Outcome::Expired => false,
                     Outcome::Failed(error) => {
+                        metrics::renewal(metrics::Renewal::Retry);
                         // 250 ms doubling, jittered, never past a third of the TTL.
                         entry.failures += 1;
                         let backoff = Duration::from_millis(250) * 2u32.pow(entry.failures.min(8) - 1);
@@ -225,6 +228,7 @@ async fn run(
                         continue;
                     }
                 };
+                metrics::renewal(metrics::Renewal::Lost);
                 let Some(entry) = entries.remove(&id) else { continue };
                 let Some(registry) = registry.upgrade() else { return };
                 tokio::spawn(async move { registry.renewal_lost(&entry.lease, taken).await });

@@ -1,5 +1,5 @@
 //! Logging: text or JSON to stderr, filtered by `RUST_LOG` (default `info`);
-//! plain text without colours or timestamps under journald, which adds its own.
+//! plain text without colours or timestamps under systemd, whose journal adds its own.
 
 use tracing_subscriber::EnvFilter;
 
@@ -15,6 +15,30 @@ pub enum LogFormat {
     Json,
 }
 
+/// How text lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct TextStyle {
+    ansi: bool,
+    timestamps: bool,
+}
+
+/// Under systemd the journal stamps each line and shows escapes as raw bytes,
+/// so both go; elsewhere lines keep their time, and colours only on a terminal.
+fn text_style(under_systemd: bool, stderr_is_terminal: bool) -> TextStyle {
+    TextStyle {
+        ansi: stderr_is_terminal && !under_systemd,
+        timestamps: !under_systemd,
+    }
+}
+
+/// systemd sets `JOURNAL_STREAM` when stderr goes to the journal, and
+/// `INVOCATION_ID` for every unit it starts.
+fn under_systemd() -> bool {
+    ["JOURNAL_STREAM", "INVOCATION_ID"]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
+}
+
 /// Installs the global subscriber; call once.
 pub fn init(format: LogFormat) {
     use std::io::IsTerminal;
@@ -24,9 +48,47 @@ pub fn init(format: LogFormat) {
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Json => builder.json().init(),
-        LogFormat::Text if std::env::var_os("JOURNAL_STREAM").is_some() => {
-            builder.with_ansi(false).without_time().init()
+        LogFormat::Text => {
+            let style = text_style(under_systemd(), std::io::stderr().is_terminal());
+            let builder = builder.with_ansi(style.ansi);
+            if style.timestamps {
+                builder.init()
+            } else {
+                builder.without_time().init()
+            }
         }
-        LogFormat::Text => builder.with_ansi(std::io::stderr().is_terminal()).init(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn systemd_gets_neither_colours_nor_timestamps() {
+        let plain = TextStyle {
+            ansi: false,
+            timestamps: false,
+        };
+        assert_eq!(text_style(true, true), plain);
+        assert_eq!(text_style(true, false), plain);
+    }
+
+    #[test]
+    fn elsewhere_colours_only_on_a_terminal() {
+        assert_eq!(
+            text_style(false, true),
+            TextStyle {
+                ansi: true,
+                timestamps: true
+            }
+        );
+        assert_eq!(
+            text_style(false, false),
+            TextStyle {
+                ansi: false,
+                timestamps: true
+            }
+        );
     }
 }

@@ -138,10 +138,14 @@ impl TestAgent {
             .arg(&options.backend)
             .args(&options.args)
             .env("NOTIFY_SOCKET", &notify_path)
-            .envs(env.iter().map(|(k, v)| (k, v)))
             .env_remove("RUNLOCK_SOCKET")
             .env_remove("RUNLOCK_BACKEND")
+            .env_remove("RUNLOCK_METRICS")
+            // Set when the tests themselves run under systemd; they change the log's format.
             .env_remove("JOURNAL_STREAM")
+            .env_remove("INVOCATION_ID")
+            // After the removals, so a test can set these on purpose.
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log_file)

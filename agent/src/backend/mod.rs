@@ -116,6 +116,7 @@ impl BackendError {
 }
 
 /// A lock store. One instance serves every connection; state lives inside.
+/// `metrics::TimedBackend` wraps any backend: forward a new method there too.
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// What the backend promises.

@@ -1,0 +1,555 @@
+//! Prometheus metrics on `--metrics ADDR`: the counters the registry and the
+//! renewal scheduler bump where outcomes are decided, a timing decorator around
+//! the backend, and a tiny HTTP server for `GET /metrics`.
+//!
+//! The metrics live in one process-wide instance, set by [`start`], so that
+//! each hook is a one-line call that needs no handle threaded through the
+//! registry; without `--metrics` every hook is a single atomic load.
+
+use crate::backend::{AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef};
+use anyhow::Context;
+use async_trait::async_trait;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::encoding::prometheus_text;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use runlock_protocol::{ErrorCode, Key, KeyRecord, LostReason, WireError};
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+/// Upper bounds of the backend request histogram in seconds: 0.1 ms (an
+/// in-memory store) to 10 s (a store past its 5 s request timeout), in 1-2.5-5 steps.
+const BUCKETS_S: [f64; 16] = [
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0,
+];
+/// Scrapes served at once; more connections are closed unanswered.
+const MAX_CONNECTIONS: usize = 16;
+/// A scrape (headers in, exposition out) may take this long before it is cut off.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a failed accept (out of descriptors, say), wait before the next.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The error codes an acquire ends with, so each series exists from the start
+/// (any other code still gets its series the first time it happens).
+const ACQUIRE_ERRORS: [ErrorCode; 7] = [
+    ErrorCode::Held,
+    ErrorCode::Timeout,
+    ErrorCode::Unavailable,
+    ErrorCode::InvalidKey,
+    ErrorCode::Forbidden,
+    ErrorCode::BadRequest,
+    ErrorCode::Internal,
+];
+
+type Labels = [(&'static str, &'static str); 1];
+type Labels2 = [(&'static str, &'static str); 2];
+
+/// How a renewal attempt ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// The store extended the lease.
+    Ok,
+    /// It failed in a way worth retrying before the lease's deadline.
+    Retry,
+    /// The lease is gone: taken, or not renewed before its deadline.
+    Lost,
+}
+
+/// A backend operation, as the histogram's `operation` label names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// `Backend::acquire`.
+    Acquire,
+    /// `Backend::renew`.
+    Renew,
+    /// `Backend::release`.
+    Release,
+    /// `Backend::inspect`.
+    Inspect,
+    /// `Backend::adopt` (a run reattaching after an agent restart).
+    Adopt,
+}
+
+const OPERATIONS: [&str; 5] = ["acquire", "renew", "release", "inspect", "adopt"];
+
+fn backend_result<T>(result: &Result<T, BackendError>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(BackendError::Held(_)) => "held",
+        Err(BackendError::LeaseMismatch) => "lease_mismatch",
+        Err(BackendError::Unavailable(_)) => "unavailable",
+        Err(BackendError::Corrupt(_)) => "corrupt",
+        Err(BackendError::Unsupported(_)) => "unsupported",
+    }
+}
+
+/// The agent's metrics. Hot-path series are created up front and kept here, so
+/// recording one is an atomic add (a short lock for a histogram), never a lookup.
+pub struct Metrics {
+    registry: prometheus_client::registry::Registry,
+    leases_held: Gauge,
+    acquisitions: Family<Labels, Counter>,
+    granted: Counter,
+    forced: Counter,
+    cancelled: Counter,
+    renewals: [Counter; 3],
+    losses: Family<Labels, Counter>,
+    backend: Family<Labels2, Histogram, fn() -> Histogram>,
+    /// The `result="ok"` histogram of each operation, the common case.
+    backend_ok: [Histogram; OPERATIONS.len()],
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
+
+impl Metrics {
+    /// Every series at zero.
+    pub fn new() -> Metrics {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let leases_held = Gauge::default();
+        registry.register(
+            "runlock_leases_held",
+            "Leases this agent holds now",
+            leases_held.clone(),
+        );
+
+        let acquisitions = Family::<Labels, Counter>::default();
+        let result = |value| acquisitions.get_or_create_owned(&[("result", value)]);
+        let (granted, forced, cancelled) =
+            (result("granted"), result("forced"), result("cancelled"));
+        for code in ACQUIRE_ERRORS {
+            result(code.as_str());
+        }
+        registry.register(
+            "runlock_acquisitions",
+            "Acquire requests by outcome: granted, forced (granted by taking the key over), \
+             cancelled (the client left while waiting), or the error code",
+            acquisitions.clone(),
+        );
+
+        let renewal_family = Family::<Labels, Counter>::default();
+        let renewals =
+            ["ok", "retry", "lost"].map(|r| renewal_family.get_or_create_owned(&[("result", r)]));
+        registry.register(
+            "runlock_renewals",
+            "Lease renewals by outcome: ok, retry (failed, retried until the lease's deadline) or lost",
+            renewal_family,
+        );
+
+        let losses = Family::<Labels, Counter>::default();
+        for reason in ["forced", "broken", "expired"] {
+            losses.get_or_create_owned(&[("reason", reason)]);
+        }
+        registry.register(
+            "runlock_losses",
+            "Leases lost while held: forced (taken with --force), broken (runlock release) \
+             or expired (not renewed before its deadline)",
+            losses.clone(),
+        );
+
+        // Failures get their series when they first happen: listing every
+        // operation × error up front would bury the exposition in empty buckets.
+        let backend = Family::<Labels2, Histogram, fn() -> Histogram>::new_with_constructor(|| {
+            Histogram::new(BUCKETS_S)
+        });
+        let backend_ok = OPERATIONS.map(|operation| {
+            backend.get_or_create_owned(&[("operation", operation), ("result", "ok")])
+        });
+        registry.register(
+            "runlock_backend_request_duration_seconds",
+            "Backend requests by operation and result (ok, held, lease_mismatch, unavailable, \
+             corrupt), in seconds",
+            backend.clone(),
+        );
+
+        Metrics {
+            registry,
+            leases_held,
+            acquisitions,
+            granted,
+            forced,
+            cancelled,
+            renewals,
+            losses,
+            backend,
+            backend_ok,
+        }
+    }
+
+    /// The exposition in Prometheus text format 0.0.4.
+    pub fn render(&self) -> String {
+        let mut text = String::with_capacity(8 * 1024);
+        // invariant: writing to a String cannot fail
+        let _ = prometheus_text::encode(&mut text, &self.registry);
+        text
+    }
+
+    fn acquisition<T>(&self, force: bool, result: &Result<T, WireError>, cancelled: bool) {
+        match result {
+            Ok(_) if force => self.forced.inc(),
+            Ok(_) => self.granted.inc(),
+            Err(_) if cancelled => self.cancelled.inc(),
+            Err(err) => self
+                .acquisitions
+                .get_or_create(&[("result", err.code.as_str())])
+                .inc(),
+        };
+    }
+
+    fn lost(&self, reason: LostReason) {
+        let reason = match reason {
+            LostReason::Forced => "forced",
+            LostReason::Broken => "broken",
+            LostReason::Expired => "expired",
+            LostReason::Unknown => "unknown",
+        };
+        self.losses.get_or_create(&[("reason", reason)]).inc();
+    }
+
+    fn backend_request<T>(
+        &self,
+        operation: Operation,
+        started: Instant,
+        result: &Result<T, BackendError>,
+    ) {
+        let seconds = started.elapsed().as_secs_f64();
+        match backend_result(result) {
+            "ok" => self.backend_ok[operation as usize].observe(seconds),
+            failure => self
+                .backend
+                .get_or_create(&[
+                    ("operation", OPERATIONS[operation as usize]),
+                    ("result", failure),
+                ])
+                .observe(seconds),
+        }
+    }
+}
+
+static GLOBAL: OnceLock<Arc<Metrics>> = OnceLock::new();
+
+/// Counts one acquire request by how it ended; `cancelled` when its client left.
+pub fn acquisition<T>(force: bool, result: &Result<T, WireError>, cancelled: bool) {
+    if let Some(metrics) = GLOBAL.get() {
+        metrics.acquisition(force, result, cancelled);
+    }
+}
+
+/// Sets how many leases the agent holds.
+pub fn leases_held(count: usize) {
+    if let Some(metrics) = GLOBAL.get() {
+        metrics
+            .leases_held
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+}
+
+/// Counts one renewal attempt.
+pub fn renewal(result: Renewal) {
+    if let Some(metrics) = GLOBAL.get() {
+        metrics.renewals[result as usize].inc();
+    }
+}
+
+/// Counts one lease lost while held.
+pub fn lost(reason: LostReason) {
+    if let Some(metrics) = GLOBAL.get() {
+        metrics.lost(reason);
+    }
+}
+
+/// Wraps `backend` so every request is timed, once [`start`] has run; otherwise
+/// returns it as it is.
+pub fn instrument(backend: Arc<dyn Backend>) -> Arc<dyn Backend> {
+    match GLOBAL.get() {
+        Some(metrics) => Arc::new(TimedBackend {
+            inner: backend,
+            metrics: metrics.clone(),
+        }),
+        None => backend,
+    }
+}
+
+/// A backend that times each request of the one inside it. It must forward
+/// every `Backend` method, or the inner backend's own would be bypassed.
+pub struct TimedBackend {
+    inner: Arc<dyn Backend>,
+    metrics: Arc<Metrics>,
+}
+
+impl TimedBackend {
+    /// Times `inner`'s requests into `metrics`.
+    pub fn new(inner: Arc<dyn Backend>, metrics: Arc<Metrics>) -> TimedBackend {
+        TimedBackend { inner, metrics }
+    }
+}
+
+#[async_trait]
+impl Backend for TimedBackend {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+
+    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+        let started = Instant::now();
+        let result = self.inner.acquire(spec).await;
+        self.metrics
+            .backend_request(Operation::Acquire, started, &result);
+        result
+    }
+
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
+        let started = Instant::now();
+        let result = self.inner.renew(lease, ttl).await;
+        self.metrics
+            .backend_request(Operation::Renew, started, &result);
+        result
+    }
+
+    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        let started = Instant::now();
+        let result = self.inner.release(lease).await;
+        self.metrics
+            .backend_request(Operation::Release, started, &result);
+        result
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+        let started = Instant::now();
+        let result = self.inner.inspect(key).await;
+        self.metrics
+            .backend_request(Operation::Inspect, started, &result);
+        result
+    }
+
+    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+        let started = Instant::now();
+        let result = self.inner.adopt(lease, agent_id).await;
+        self.metrics
+            .backend_request(Operation::Adopt, started, &result);
+        result
+    }
+}
+
+/// Turns metrics on for this process and serves them on `addr` until
+/// `shutdown`; returns the address bound (the port is chosen when `addr`'s is 0).
+pub async fn start(addr: SocketAddr, shutdown: CancellationToken) -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot serve metrics on {addr}"))?;
+    let bound = listener
+        .local_addr()
+        .with_context(|| format!("reading the address of the metrics listener on {addr}"))?;
+    let metrics = GLOBAL.get_or_init(|| Arc::new(Metrics::new())).clone();
+    tracing::info!(addr = %bound, "metrics listening on {bound}");
+    tokio::spawn(serve(listener, metrics, shutdown));
+    Ok(bound)
+}
+
+async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    loop {
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot accept a metrics connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        // Too many scrapes at once: closing the extra ones keeps this bounded.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
+        let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            let _slot = slot;
+            let service = hyper::service::service_fn(move |req| {
+                let metrics = metrics.clone();
+                async move { Ok::<_, Infallible>(respond(&req, &metrics)) }
+            });
+            // One request per connection: no idle keep-alive can hold a slot.
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection) => {}
+                _ = shutdown.cancelled() => {}
+            }
+        });
+    }
+}
+
+fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+    let (status, body) = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => (StatusCode::OK, metrics.render()),
+        (_, "/metrics") => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "only GET is served\n".to_string(),
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "not found: metrics are at /metrics\n".to_string(),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    let content_type = if status == StatusCode::OK {
+        prometheus_text::CONTENT_TYPE
+    } else {
+        "text/plain; charset=utf-8"
+    };
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        headers.insert(ALLOW, HeaderValue::from_static("GET"));
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::MemoryBackend;
+    use runlock_protocol::Holder;
+
+    /// The value of one series in an exposition, e.g. `runlock_leases_held`.
+    fn value(text: &str, series: &str) -> Option<f64> {
+        text.lines()
+            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    #[test]
+    fn every_series_exists_at_zero_before_anything_happens() {
+        let text = Metrics::new().render();
+        for series in [
+            "runlock_leases_held",
+            r#"runlock_acquisitions_total{result="granted"}"#,
+            r#"runlock_acquisitions_total{result="forced"}"#,
+            r#"runlock_acquisitions_total{result="held"}"#,
+            r#"runlock_acquisitions_total{result="timeout"}"#,
+            r#"runlock_renewals_total{result="ok"}"#,
+            r#"runlock_renewals_total{result="retry"}"#,
+            r#"runlock_renewals_total{result="lost"}"#,
+            r#"runlock_losses_total{reason="forced"}"#,
+            r#"runlock_losses_total{reason="broken"}"#,
+            r#"runlock_losses_total{reason="expired"}"#,
+            r#"runlock_backend_request_duration_seconds_count{operation="renew",result="ok"}"#,
+        ] {
+            assert_eq!(value(&text, series), Some(0.0), "{series} in\n{text}");
+        }
+        assert!(text.contains("# TYPE runlock_backend_request_duration_seconds histogram"));
+        assert!(
+            text.contains(r#"le="0.0001""#) && text.contains(r#"le="10""#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn outcomes_land_in_their_series() {
+        let metrics = Metrics::new();
+        let granted: Result<(), WireError> = Ok(());
+        let held: Result<(), WireError> = Err(WireError::new(ErrorCode::Held, "held"));
+        metrics.acquisition(false, &granted, false);
+        metrics.acquisition(true, &granted, false);
+        metrics.acquisition(false, &held, false);
+        metrics.acquisition(false, &held, true);
+        metrics.lost(LostReason::Forced);
+        metrics.renewals[Renewal::Retry as usize].inc();
+        metrics.leases_held.set(3);
+        let text = metrics.render();
+        for (series, want) in [
+            (r#"runlock_acquisitions_total{result="granted"}"#, 1.0),
+            (r#"runlock_acquisitions_total{result="forced"}"#, 1.0),
+            (r#"runlock_acquisitions_total{result="held"}"#, 1.0),
+            (r#"runlock_acquisitions_total{result="cancelled"}"#, 1.0),
+            (r#"runlock_losses_total{reason="forced"}"#, 1.0),
+            (r#"runlock_renewals_total{result="retry"}"#, 1.0),
+            (r#"runlock_renewals_total{result="ok"}"#, 0.0),
+            ("runlock_leases_held", 3.0),
+        ] {
+            assert_eq!(value(&text, series), Some(want), "{series} in\n{text}");
+        }
+    }
+
+    #[tokio::test]
+    async fn the_decorator_times_each_backend_request_by_result() {
+        let metrics = Arc::new(Metrics::new());
+        let backend = TimedBackend::new(Arc::new(MemoryBackend::default()), metrics.clone());
+        let key = Key::new("k").expect("valid");
+        let spec = AcquireSpec {
+            key: key.clone(),
+            lease_id: "l1".into(),
+            holder: Holder {
+                host: "h".into(),
+                agent_id: "a".into(),
+                pid: 1,
+                uid: 0,
+                gid: 0,
+                user: "root".into(),
+                command: "test".into(),
+                acquired_at_ms: 0,
+                token: 0,
+            },
+            ttl: Duration::from_secs(30),
+            force: false,
+        };
+        let grant = backend.acquire(&spec).await.expect("free");
+        let again = AcquireSpec {
+            lease_id: "l2".into(),
+            ..spec
+        };
+        assert!(matches!(
+            backend.acquire(&again).await,
+            Err(BackendError::Held(_))
+        ));
+        backend.inspect(&key).await.expect("inspect");
+        let lease = LeaseRef {
+            key,
+            lease_id: "l1".into(),
+            token: grant.holder.token,
+        };
+        backend.release(&lease).await.expect("release");
+        let text = metrics.render();
+        let count = |op: &str, result: &str| {
+            value(
+                &text,
+                &format!(
+                    r#"runlock_backend_request_duration_seconds_count{{operation="{op}",result="{result}"}}"#
+                ),
+            )
+        };
+        assert_eq!(count("acquire", "ok"), Some(1.0), "{text}");
+        assert_eq!(count("acquire", "held"), Some(1.0), "{text}");
+        assert_eq!(count("inspect", "ok"), Some(1.0), "{text}");
+        assert_eq!(count("release", "ok"), Some(1.0), "{text}");
+        assert_eq!(count("renew", "ok"), Some(0.0), "{text}");
+    }
+}

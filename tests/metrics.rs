@@ -1,0 +1,192 @@
+//! `runlockd --metrics ADDR`: the Prometheus endpoint, scraped with curl while
+//! runs take a key, are refused it and lose it to `--force`.
+
+use crate::agent_process::runlockd_refusing;
+use crate::support::agent::{temp_dir, FileBackendDir};
+use crate::support::run::HOLD;
+use crate::support::{key, within, AgentOptions, Deadline, TestAgent, WAIT};
+use anyhow::{ensure, Context, Result};
+use std::net::SocketAddr;
+use std::process::Stdio;
+
+/// An agent on a fresh `file://` backend (which renews its leases) serving
+/// metrics on a port of the kernel's choosing, that port, and the lock
+/// directory (to keep while the agent runs).
+async fn agent_with_metrics(ttl: &str) -> Result<(TestAgent, SocketAddr, FileBackendDir)> {
+    let locks = FileBackendDir::new()?;
+    let mut options = AgentOptions::new(locks.uri());
+    options.args = ["--metrics", "127.0.0.1:0", "--ttl", ttl]
+        .map(String::from)
+        .to_vec();
+    let agent = TestAgent::start_with(options).await?;
+    // The agent logs the address before it reports READY=1.
+    let log = agent.log();
+    let addr = log
+        .lines()
+        .find_map(|line| line.split("metrics listening on ").nth(1))
+        .and_then(|rest| rest.split_whitespace().next())
+        .with_context(|| format!("the agent did not log its metrics address:\n{log}"))?
+        .parse()
+        .with_context(|| format!("a bad metrics address in the log:\n{log}"))?;
+    Ok((agent, addr, locks))
+}
+
+/// `curl` on `http://ADDR/PATH`: the status code and the body.
+async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
+    let mut command = tokio::process::Command::new("curl");
+    command
+        .args(["--silent", "--show-error", "--max-time", "5"])
+        .args(["--write-out", "\n%{http_code}"])
+        .arg(format!("http://{addr}{path}"))
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let out = within(WAIT, "curl", command.output())
+        .await?
+        .context("running curl (is it installed?)")?;
+    ensure!(
+        out.status.success(),
+        "curl failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).context("a non-UTF-8 reply")?;
+    let (body, code) = text.rsplit_once('\n').context("no status code from curl")?;
+    Ok((code.parse().context("a bad status code")?, body.to_string()))
+}
+
+/// The exposition from `GET /metrics`.
+async fn scrape(addr: SocketAddr) -> Result<String> {
+    let (code, body) = get(addr, "/metrics").await?;
+    ensure!(code == 200, "GET /metrics answered {code}: {body}");
+    Ok(body)
+}
+
+/// The value of one series, written as it appears: `name{label="value",...}`.
+fn value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+/// Scrapes until `series` has `want`, within [`WAIT`]; the last exposition
+/// is in the error.
+async fn wait_for(addr: SocketAddr, series: &str, want: impl Fn(f64) -> bool) -> Result<String> {
+    let deadline = Deadline::new(WAIT, format!("{series} to reach its value"));
+    loop {
+        let text = scrape(addr).await?;
+        if value(&text, series).is_some_and(&want) {
+            return Ok(text);
+        }
+        if let Err(err) = deadline.tick().await {
+            return Err(err.context(format!("last scrape:\n{text}")));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_follow_runs_conflicts_and_forced_losses() -> Result<()> {
+    let (agent, addr, _locks) = agent_with_metrics("3s").await?;
+    let text = scrape(addr).await?;
+    ensure!(value(&text, "runlock_leases_held") == Some(0.0), "{text}");
+
+    let k = key("metrics");
+    agent
+        .run(&[&k], &[], "exit 0")?
+        .finish()
+        .await?
+        .expect_code(0)?;
+    let mut holder = agent.run(&[&k], &[], HOLD)?;
+    holder.ready().await?;
+    let text = scrape(addr).await?;
+    ensure!(value(&text, "runlock_leases_held") == Some(1.0), "{text}");
+    // TTL 3 s: the file backend renews every second or so.
+    wait_for(addr, r#"runlock_renewals_total{result="ok"}"#, |v| v >= 1.0).await?;
+
+    agent
+        .run(&[&k], &[], "exit 0")?
+        .finish()
+        .await?
+        .expect_code(75)?;
+    agent
+        .run(&[&k], &["--force"], "exit 0")?
+        .finish()
+        .await?
+        .expect_code(0)?;
+    holder.finish().await?.expect_code(76)?;
+
+    let text = wait_for(addr, "runlock_leases_held", |v| v == 0.0).await?;
+    for (series, want) in [
+        (r#"runlock_acquisitions_total{result="granted"}"#, 2.0),
+        (r#"runlock_acquisitions_total{result="held"}"#, 1.0),
+        (r#"runlock_acquisitions_total{result="forced"}"#, 1.0),
+        (r#"runlock_losses_total{reason="forced"}"#, 1.0),
+        (r#"runlock_losses_total{reason="expired"}"#, 0.0),
+    ] {
+        ensure!(
+            value(&text, series) == Some(want),
+            "{series} is not {want}:\n{text}"
+        );
+    }
+    for series in [
+        r#"runlock_backend_request_duration_seconds_count{operation="acquire",result="ok"}"#,
+        r#"runlock_backend_request_duration_seconds_count{operation="acquire",result="held"}"#,
+        r#"runlock_backend_request_duration_seconds_count{operation="release",result="ok"}"#,
+    ] {
+        ensure!(
+            value(&text, series).is_some_and(|v| v > 0.0),
+            "{series} is not above 0:\n{text}"
+        );
+    }
+    ensure!(
+        text.contains(r#"runlock_backend_request_duration_seconds_bucket{operation="acquire",result="ok",le="0.0001"}"#),
+        "the histogram's buckets do not start at 0.1 ms:\n{text}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_get_metrics_is_served() -> Result<()> {
+    let (_agent, addr, _locks) = agent_with_metrics("30s").await?;
+    let (code, body) = get(addr, "/").await?;
+    ensure!(code == 404 && body.contains("/metrics"), "{code}: {body}");
+    let (code, _) = get(addr, "/metrics?x=1").await?;
+    ensure!(code == 200, "a query string is refused: {code}");
+    let mut command = tokio::process::Command::new("curl");
+    command
+        .args(["--silent", "--output", "/dev/null", "--max-time", "5"])
+        .args(["--write-out", "%{http_code}", "--request", "DELETE"])
+        .arg(format!("http://{addr}/metrics"))
+        .kill_on_drop(true);
+    let out = within(WAIT, "curl", command.output()).await??;
+    ensure!(
+        out.stdout == b"405",
+        "DELETE /metrics answered {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_metrics_address_in_use_stops_the_start_naming_it() -> Result<()> {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let addr = taken.local_addr()?.to_string();
+    let dir = temp_dir()?;
+    let socket = dir.path().join("agent.sock").display().to_string();
+    let out = runlockd_refusing(&[
+        "--socket",
+        &socket,
+        "--backend",
+        "memory://",
+        "--metrics",
+        &addr,
+    ])
+    .await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        stderr.contains(&addr) && stderr.contains("metrics"),
+        "no clear message: {stderr}"
+    );
+    let out = runlockd_refusing(&["--socket", &socket, "--metrics", "localhost"]).await?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    ensure!(stderr.contains("localhost"), "no clear message: {stderr}");
+    Ok(())
+}
