@@ -10,6 +10,7 @@ mod bad_input;
 mod config;
 mod crash_release;
 mod file_backend;
+mod legacy;
 mod lifecycle;
 mod meltano;
 mod metrics;

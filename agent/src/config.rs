@@ -4,6 +4,7 @@
 
 use crate::access::Access;
 use crate::backend::{BackendOptions, S3Options};
+use crate::legacy::MeltanoSystemDb;
 use crate::telemetry::LogFormat;
 use anyhow::Context;
 use clap::Parser;
@@ -12,6 +13,7 @@ use runlock_protocol::OnUnavailable;
 use serde::{Deserialize, Deserializer, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// runlockd: the runlock agent. Holds locks for the runs on this host and
@@ -58,6 +60,16 @@ pub struct Args {
     /// Log format [default: text]
     #[arg(long, env = "RUNLOCK_LOG_FORMAT", value_enum, global = true)]
     pub log_format: Option<LogFormat>,
+    /// Meltano's system database (a SQLite path, sqlite:///PATH or
+    /// postgresql://...): no key is granted while it records a live RUNNING
+    /// run with that state ID, except with --force
+    #[arg(
+        long,
+        env = "RUNLOCK_LEGACY_MELTANO_SYSTEMDB",
+        value_name = "DB",
+        global = true
+    )]
+    pub legacy_meltano_systemdb: Option<String>,
 }
 
 /// What runlockd can do besides serving.
@@ -108,6 +120,7 @@ struct FileConfig {
     on_unavailable: Option<OnUnavailable>,
     metrics: Option<SocketAddr>,
     log_format: Option<LogFormat>,
+    legacy_meltano_systemdb: Option<String>,
     #[serde(default)]
     access: AccessSection,
     #[serde(default)]
@@ -173,6 +186,8 @@ pub struct Config {
     pub metrics: Option<SocketAddr>,
     /// How to log.
     pub log_format: LogFormat,
+    /// Meltano's system database to check before each grant (prints redacted).
+    pub legacy_meltano_systemdb: Option<Arc<MeltanoSystemDb>>,
 }
 
 impl Config {
@@ -208,8 +223,20 @@ impl Config {
             resolve_ids(settings.access.force_users, user_id)?,
             resolve_ids(settings.access.force_groups, group_id)?,
         );
+        let legacy_meltano_systemdb = match args
+            .legacy_meltano_systemdb
+            .as_ref()
+            .or(settings.legacy_meltano_systemdb.as_ref())
+        {
+            Some(setting) => Some(Arc::new(
+                MeltanoSystemDb::parse(setting)
+                    .map_err(|err| anyhow::anyhow!("legacy_meltano_systemdb: {err}"))?,
+            )),
+            None => None,
+        };
         Ok(Config {
             file,
+            legacy_meltano_systemdb,
             socket,
             socket_group,
             socket_mode: args.socket_mode.or(settings.socket_mode).unwrap_or(0o660),
@@ -240,6 +267,8 @@ impl Config {
             #[serde(skip_serializing_if = "Option::is_none")]
             metrics: Option<SocketAddr>,
             log_format: LogFormat,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            legacy_meltano_systemdb: Option<&'a str>,
             access: AccessShown,
             s3: S3Options,
         }
@@ -257,6 +286,10 @@ impl Config {
             on_unavailable: self.on_unavailable,
             metrics: self.metrics,
             log_format: self.log_format,
+            legacy_meltano_systemdb: self
+                .legacy_meltano_systemdb
+                .as_deref()
+                .map(|db| db.describe()),
             access: AccessShown {
                 force_users: self.access.uids().to_vec(),
                 force_groups: self.access.gids().to_vec(),
@@ -384,7 +417,7 @@ mod tests {
         let file = parse(
             "socket = \"/run/x.sock\"\nsocket_mode = \"0600\"\nbackend = \"s3://b/p\"\n\
              ttl = \"10s\"\non_unavailable = \"warn\"\nmetrics = \"127.0.0.1:9464\"\n\
-             log_format = \"json\"\n[access]\nforce_users = [\"root\", 1000]\n\
+             log_format = \"json\"\nlegacy_meltano_systemdb = \"/m/meltano.db\"\n[access]\nforce_users = [\"root\", 1000]\n\
              force_groups = [0]\n[s3]\nregion = \"eu-west-1\"\n",
         )
         .expect("parses");
@@ -392,6 +425,10 @@ mod tests {
         assert_eq!(file.ttl, Some(Duration::from_secs(10)));
         assert_eq!(file.on_unavailable, Some(OnUnavailable::Warn));
         assert_eq!(file.log_format, Some(LogFormat::Json));
+        assert_eq!(
+            file.legacy_meltano_systemdb.as_deref(),
+            Some("/m/meltano.db")
+        );
         assert_eq!(file.s3.region.as_deref(), Some("eu-west-1"));
     }
 

@@ -6,6 +6,7 @@ pub mod access;
 pub mod backend;
 pub mod config;
 pub mod connection;
+pub mod legacy;
 pub mod listener;
 pub mod metrics;
 pub mod notify;

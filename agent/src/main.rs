@@ -63,7 +63,14 @@ async fn run(config: Config) -> anyhow::Result<()> {
         default_ttl: config.ttl,
         on_unavailable: config.on_unavailable,
         access: config.access.clone(),
+        legacy: config.legacy_meltano_systemdb.clone(),
     };
+    if let Some(db) = &config.legacy_meltano_systemdb {
+        tracing::info!(
+            systemdb = db.describe(),
+            "checking Meltano's system database for legacy runs before each grant"
+        );
+    }
     let registry = Registry::new(backend, identity.clone(), policy);
     let permissions = listener::Permissions {
         mode: config.socket_mode,

@@ -3,6 +3,7 @@
 
 use crate::access::Access;
 use crate::backend::{AcquireSpec, Backend, BackendError, Capabilities, Grant, LeaseRef};
+use crate::legacy::{self, MeltanoSystemDb};
 use crate::renewal::deadline;
 use crate::renewal::Renewals;
 use runlock_protocol::{
@@ -59,6 +60,8 @@ pub struct Policy {
     pub on_unavailable: OnUnavailable,
     /// Who may force and break.
     pub access: Access,
+    /// Meltano's system database, checked for legacy runs before each grant.
+    pub legacy: Option<Arc<MeltanoSystemDb>>,
 }
 
 impl Policy {
@@ -68,6 +71,7 @@ impl Policy {
             default_ttl,
             on_unavailable: OnUnavailable::Fail,
             access: Access::default(),
+            legacy: None,
         }
     }
 }
@@ -593,7 +597,13 @@ impl Registry {
                     ttl,
                     force: req.force,
                 };
-                match self.backend.acquire(&spec).await {
+                // --force skips Meltano's check, as `meltano run --force` does.
+                let legacy = legacy::check(self.policy.legacy.as_deref(), &key, req.force);
+                let acquired = match legacy.await {
+                    Ok(()) => self.backend.acquire(&spec).await,
+                    Err(err) => Err(err),
+                };
+                match acquired {
                     Ok(grant) => return self.register(conn, spec, grant).await,
                     Err(BackendError::Held(h)) => h,
                     // A run that may wait also waits out a store that cannot be reached.
@@ -632,6 +642,7 @@ impl Registry {
                 );
                 err.key = Some(key.to_string());
                 err.holder = last_holder;
+                legacy::explain(&mut err);
                 return Err(err);
             }
             // A local release wakes us at once; polling finds holders on other agents.

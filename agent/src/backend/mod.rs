@@ -200,16 +200,31 @@ pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc
     }
 }
 
-/// A URI with its userinfo (user and password) removed, for logs and replies.
+/// A URI with its userinfo (user and password) removed, and the value of any
+/// query parameter naming a password (libpq's `password=`, `sslpassword=`)
+/// replaced, for logs and replies.
 pub fn redact_uri(uri: &str) -> String {
     let Some((scheme, rest)) = uri.split_once("://") else {
         return uri.to_string();
     };
-    let authority_end = rest.find('/').unwrap_or(rest.len());
-    match rest[..authority_end].rfind('@') {
-        Some(at) => format!("{scheme}://***@{}", &rest[at + 1..]),
-        None => uri.to_string(),
-    }
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let rest = match rest[..authority_end].rfind('@') {
+        Some(at) => format!("***@{}", &rest[at + 1..]),
+        None => rest.to_string(),
+    };
+    let Some((before, query)) = rest.split_once('?') else {
+        return format!("{scheme}://{rest}");
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if name.to_ascii_lowercase().contains("password") => {
+                format!("{name}=***")
+            }
+            _ => pair.to_string(),
+        })
+        .collect();
+    format!("{scheme}://{before}?{}", query.join("&"))
 }
 
 #[cfg(test)]
@@ -227,6 +242,14 @@ mod tests {
             "file:///var/lib/runlock"
         );
         assert_eq!(redact_uri("s3://bucket/a@b"), "s3://bucket/a@b");
+        assert_eq!(
+            redact_uri("postgresql://db/m?user=u&password=pa55&sslmode=disable"),
+            "postgresql://db/m?user=u&password=***&sslmode=disable"
+        );
+        assert_eq!(
+            redact_uri("postgresql://u:pa55@db?sslpassword=x"),
+            "postgresql://***@db?sslpassword=***"
+        );
     }
 
     #[tokio::test]

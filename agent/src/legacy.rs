@@ -1,0 +1,325 @@
+//! Meltano's own duplicate-run check, kept while pipelines move to runlock: a
+//! key is not granted while Meltano's system database records a live
+//! `RUNNING` run with that state ID (`runs.job_name`), since such a run is not
+//! wrapped by runlock and so holds no lease (issue 5's migration guard).
+//!
+//! "Live" is Meltano's own rule (`meltano.core.job.job.Job.is_stale`): a run
+//! with a heartbeat is stale once it is older than 5 minutes, one without once
+//! it started more than 24 hours ago. Both columns are naive UTC, so the
+//! comparison uses the database's clock, not the agent's.
+//!
+//! The check and the grant are not atomic: a legacy `meltano run` that starts
+//! between the two is not seen. That gap closes once every run is wrapped.
+
+use crate::backend::{redact_uri, BackendError};
+use runlock_protocol::{Holder, Key, WireError};
+use std::path::PathBuf;
+use std::time::{Duration, UNIX_EPOCH};
+
+/// The `host` of a holder that is a legacy Meltano run, not a runlock lease.
+pub const HOLDER_HOST: &str = "meltano system database";
+/// How long one check may take before the database counts as unavailable.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long SQLite waits for a writer (Meltano itself) to let go.
+const SQLITE_BUSY_TIMEOUT: Duration = Duration::from_secs(1);
+
+const SQLITE_QUERY: &str = "\
+SELECT CASE typeof(run_id) WHEN 'blob' THEN lower(hex(run_id)) ELSE CAST(run_id AS TEXT) END,
+       strftime('%Y-%m-%d %H:%M:%S', started_at),
+       CAST(round((julianday(started_at) - 2440587.5) * 86400000) AS INTEGER)
+FROM runs
+WHERE job_name = ?1 AND state = 'RUNNING'
+  AND CASE WHEN last_heartbeat_at IS NOT NULL
+           THEN julianday(last_heartbeat_at) > julianday('now', '-5 minutes')
+           ELSE julianday(started_at) > julianday('now', '-24 hours') END
+ORDER BY started_at DESC
+LIMIT 1";
+
+const POSTGRES_QUERY: &str = "\
+SELECT run_id::text,
+       to_char(started_at, 'YYYY-MM-DD HH24:MI:SS'),
+       (extract(epoch FROM started_at) * 1000)::bigint
+FROM runs
+WHERE job_name = $1 AND state::text = 'RUNNING'
+  AND CASE WHEN last_heartbeat_at IS NOT NULL
+           THEN last_heartbeat_at > (now() AT TIME ZONE 'utc') - interval '5 minutes'
+           ELSE started_at > (now() AT TIME ZONE 'utc') - interval '24 hours' END
+ORDER BY started_at DESC
+LIMIT 1";
+
+/// Meltano's system database, as `legacy_meltano_systemdb` names it.
+pub struct MeltanoSystemDb {
+    target: Target,
+    /// The setting with any secret removed: the only form that is printed.
+    shown: String,
+}
+
+enum Target {
+    Sqlite(PathBuf),
+    Postgres {
+        /// Holds the password, if any: never printed.
+        uri: String,
+        /// One connection, reused across checks and remade after an error.
+        client: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
+    },
+}
+
+impl std::fmt::Debug for MeltanoSystemDb {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("MeltanoSystemDb").field(&self.shown).finish()
+    }
+}
+
+/// A `RUNNING` row Meltano would not call stale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct LegacyRun {
+    run_id: String,
+    started_at_ms: Option<i64>,
+}
+
+impl MeltanoSystemDb {
+    /// Reads the setting: `/path/meltano.db`, `sqlite:///path/meltano.db`, or
+    /// a `postgresql://` URI (SQLAlchemy's `postgresql+DRIVER://` too).
+    pub fn parse(setting: &str) -> Result<MeltanoSystemDb, String> {
+        let shown = redact_uri(setting);
+        if let Some(rest) = setting.strip_prefix("sqlite://") {
+            // SQLAlchemy writes an absolute path with four slashes; take
+            // three or four alike as absolute (the agent has no useful cwd).
+            let path = format!("/{}", rest.trim_start_matches('/'));
+            if path == "/" {
+                return Err(format!("{shown:?} names no database file"));
+            }
+            return Ok(MeltanoSystemDb {
+                target: Target::Sqlite(PathBuf::from(path)),
+                shown,
+            });
+        }
+        if let Some((scheme, rest)) = setting.split_once("://") {
+            let base = scheme.split_once('+').map_or(scheme, |(base, _)| base);
+            if base != "postgresql" && base != "postgres" {
+                return Err(format!(
+                    "{shown:?}: scheme {scheme:?} is not supported \
+                     (use a SQLite path, sqlite:///PATH or postgresql://...)"
+                ));
+            }
+            let uri = format!("postgresql://{rest}");
+            uri.parse::<tokio_postgres::Config>()
+                .map_err(|err| format!("{shown:?} is not a valid PostgreSQL URI: {err}"))?;
+            return Ok(MeltanoSystemDb {
+                target: Target::Postgres {
+                    uri,
+                    client: tokio::sync::Mutex::new(None),
+                },
+                shown,
+            });
+        }
+        if !setting.starts_with('/') {
+            return Err(format!(
+                "{shown:?} is not an absolute path (nor a sqlite:// or postgresql:// URI)"
+            ));
+        }
+        Ok(MeltanoSystemDb {
+            target: Target::Sqlite(PathBuf::from(setting)),
+            shown,
+        })
+    }
+
+    /// The setting with any secret removed.
+    pub fn describe(&self) -> &str {
+        &self.shown
+    }
+
+    /// `Held` naming the legacy run if Meltano records `key` as running,
+    /// `Unavailable` if the database cannot be read.
+    pub async fn check(&self, key: &Key) -> Result<(), BackendError> {
+        let found = match tokio::time::timeout(CHECK_TIMEOUT, self.find(key)).await {
+            Ok(found) => found,
+            Err(_) => Err(format!("no answer within {}s", CHECK_TIMEOUT.as_secs())),
+        };
+        match found {
+            Ok(None) => Ok(()),
+            Ok(Some(run)) => Err(BackendError::Held(Some(Box::new(holder(&run))))),
+            Err(problem) => {
+                tracing::warn!(systemdb = %self.shown, key = %key, "cannot read Meltano's system database: {problem}");
+                Err(BackendError::Unavailable(format!(
+                    "cannot check Meltano's system database {} for a running {key:?}: {problem}",
+                    self.shown
+                )))
+            }
+        }
+    }
+
+    async fn find(&self, key: &Key) -> Result<Option<LegacyRun>, String> {
+        match &self.target {
+            Target::Sqlite(path) => {
+                let (path, key) = (path.clone(), key.to_string());
+                tokio::task::spawn_blocking(move || find_sqlite(&path, &key))
+                    .await
+                    .map_err(|err| format!("the check failed: {err}"))?
+            }
+            Target::Postgres { uri, client } => {
+                let mut slot = client.lock().await;
+                let result = find_postgres(uri, &mut slot, key.as_str()).await;
+                if result.is_err() {
+                    *slot = None; // reconnect next time
+                }
+                result
+            }
+        }
+    }
+}
+
+/// Opens the file read-only per check: simple, and never creates it.
+fn find_sqlite(path: &std::path::Path, key: &str) -> Result<Option<LegacyRun>, String> {
+    use rusqlite::{OpenFlags, OptionalExtension};
+    if !path.exists() {
+        return Err(format!("{} does not exist", path.display()));
+    }
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let db = rusqlite::Connection::open_with_flags(path, flags)
+        .map_err(|err| format!("opening {}: {err}", path.display()))?;
+    db.busy_timeout(SQLITE_BUSY_TIMEOUT)
+        .map_err(|err| format!("{}: {err}", path.display()))?;
+    db.query_row(SQLITE_QUERY, [key], |row| {
+        Ok(LegacyRun {
+            run_id: row.get::<_, Option<String>>(0)?.unwrap_or_default(),
+            started_at_ms: row.get(2)?,
+        })
+    })
+    .optional()
+    .map_err(|err| format!("reading the runs table in {}: {err}", path.display()))
+}
+
+async fn find_postgres(
+    uri: &str,
+    slot: &mut Option<tokio_postgres::Client>,
+    key: &str,
+) -> Result<Option<LegacyRun>, String> {
+    if slot.as_ref().is_none_or(|c| c.is_closed()) {
+        // NoTls for now: a system database reached over TLS is not supported yet.
+        let (client, connection) = tokio_postgres::connect(uri, tokio_postgres::NoTls)
+            .await
+            .map_err(|err| format!("connecting: {err}"))?;
+        tokio::spawn(async move {
+            if let Err(err) = connection.await {
+                tracing::debug!("Meltano system database connection ended: {err}");
+            }
+        });
+        *slot = Some(client);
+    }
+    let Some(client) = slot.as_ref() else {
+        return Err("not connected".to_string());
+    };
+    let row = client
+        .query_opt(POSTGRES_QUERY, &[&key])
+        .await
+        .map_err(|err| format!("reading the runs table: {err}"))?;
+    Ok(row.map(|row| LegacyRun {
+        run_id: row.get::<_, Option<String>>(0).unwrap_or_default(),
+        started_at_ms: row.get(2),
+    }))
+}
+
+fn holder(run: &LegacyRun) -> Holder {
+    Holder {
+        host: HOLDER_HOST.to_string(),
+        agent_id: String::new(),
+        pid: 0,
+        uid: 0,
+        gid: 0,
+        user: String::new(),
+        command: format!(
+            "meltano run {} (legacy, not wrapped by runlock)",
+            run.run_id
+        ),
+        acquired_at_ms: run
+            .started_at_ms
+            .and_then(|ms| u64::try_from(ms).ok())
+            .unwrap_or(0),
+        token: 0,
+    }
+}
+
+/// Checks `db`, if one is set, unless the run forces the key (as `meltano run
+/// --force` bypasses Meltano's own check).
+pub async fn check(
+    db: Option<&MeltanoSystemDb>,
+    key: &Key,
+    force: bool,
+) -> Result<(), BackendError> {
+    match db {
+        Some(db) if !force => db.check(key).await,
+        _ => Ok(()),
+    }
+}
+
+/// Says in `err`'s message that its holder is a legacy Meltano run, if it is.
+pub fn explain(err: &mut WireError) {
+    let Some(h) = err.holder.as_deref().filter(|h| h.host == HOLDER_HOST) else {
+        return;
+    };
+    let run_id = h
+        .command
+        .strip_prefix("meltano run ")
+        .and_then(|rest| rest.split_once(' '))
+        .map_or("unknown", |(id, _)| id);
+    let since = if h.acquired_at_ms == 0 {
+        "an unknown time".to_string()
+    } else {
+        let at = UNIX_EPOCH + Duration::from_millis(h.acquired_at_ms);
+        humantime::format_rfc3339_seconds(at).to_string()
+    };
+    err.message = format!(
+        "{}: by a Meltano run recorded as RUNNING in the system database since {since} \
+         (run id {run_id}), not wrapped by runlock; wait for it to end, or pass --force \
+         if it is gone",
+        err.message
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_parse_and_never_show_a_password() {
+        for (setting, path) in [
+            ("/p/meltano.db", "/p/meltano.db"),
+            ("sqlite:///p/meltano.db", "/p/meltano.db"),
+            ("sqlite:////p/meltano.db", "/p/meltano.db"),
+        ] {
+            let db = MeltanoSystemDb::parse(setting).expect(setting);
+            assert!(matches!(&db.target, Target::Sqlite(p) if p == std::path::Path::new(path)));
+        }
+        let db = MeltanoSystemDb::parse("postgresql+psycopg://u:pa55@db:5432/meltano")
+            .expect("postgres");
+        assert!(matches!(&db.target, Target::Postgres { uri, .. }
+            if uri == "postgresql://u:pa55@db:5432/meltano"));
+        assert!(!db.describe().contains("pa55"));
+        assert!(!format!("{db:?}").contains("pa55"));
+        for bad in ["meltano.db", "sqlite://", "mysql://u:pa55@db/m"] {
+            let err = MeltanoSystemDb::parse(bad).expect_err(bad);
+            assert!(!err.contains("pa55"), "{err}");
+        }
+    }
+
+    #[test]
+    fn a_legacy_holder_is_explained() {
+        let run = LegacyRun {
+            run_id: "0b1c".to_string(),
+            started_at_ms: Some(1_000),
+        };
+        let mut err = WireError::new(runlock_protocol::ErrorCode::Held, "key \"k\" is held");
+        err.holder = Some(Box::new(holder(&run)));
+        explain(&mut err);
+        assert!(err.message.contains("run id 0b1c"), "{}", err.message);
+        assert!(
+            err.message.contains("1970-01-01T00:00:01Z"),
+            "{}",
+            err.message
+        );
+        let mut other = WireError::new(runlock_protocol::ErrorCode::Held, "key \"k\" is held");
+        explain(&mut other);
+        assert_eq!(other.message, "key \"k\" is held");
+    }
+}

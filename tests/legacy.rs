@@ -1,0 +1,360 @@
+//! `legacy_meltano_systemdb`: while Meltano's system database records a live
+//! `RUNNING` run of a state ID (Meltano's own staleness rule), the agent does
+//! not grant that key. Each case runs on SQLite (a file written here) and on
+//! PostgreSQL (`RUNLOCK_TEST_PG_URI`, from tests/scripts/postgres.sh; a
+//! missing server fails the test, it is never skipped).
+
+use crate::support::agent::temp_dir;
+use crate::support::bins::bins;
+use crate::support::{key, AgentOptions, Run, TestAgent};
+use anyhow::{bail, ensure, Context, Result};
+use std::path::PathBuf;
+use std::process::Stdio;
+use tempfile::TempDir;
+use tokio::process::Command;
+
+/// Runs each `async fn case(Dialect) -> Result<()>` as `case::sqlite` and `case::postgres`.
+macro_rules! on_both_databases {
+    ($($case:ident),* $(,)?) => {$(
+        mod $case {
+            use super::Dialect;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() -> anyhow::Result<()> {
+                super::$case(Dialect::Sqlite).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() -> anyhow::Result<()> {
+                super::$case(Dialect::Postgres).await
+            }
+        }
+    )*};
+}
+
+on_both_databases!(
+    a_fresh_running_row_refuses_the_key_naming_the_run,
+    a_stale_or_finished_run_does_not_hold_the_key,
+    a_run_without_heartbeat_holds_the_key_for_24_hours,
+    force_bypasses_the_check,
+    a_waiting_run_starts_once_the_legacy_run_ends,
+    an_unreadable_database_fails_as_unavailable,
+);
+
+/// Meltano's `runs` table, as its migrations leave it (types per dialect).
+const RUNS_TABLE: &str = "CREATE TABLE runs (
+    id INTEGER PRIMARY KEY, job_name VARCHAR, run_id VARCHAR, state VARCHAR,
+    started_at TIMESTAMP, last_heartbeat_at TIMESTAMP, ended_at TIMESTAMP,
+    payload TEXT, payload_flags INTEGER, trigger VARCHAR)";
+
+#[derive(Debug, Clone, Copy)]
+enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+/// One test's system database: a SQLite file, or a schema of its own in the
+/// test PostgreSQL server (chosen with libpq's `options=-csearch_path=`).
+struct SystemDb {
+    dialect: Dialect,
+    setting: String,
+    _dir: TempDir,
+    path: PathBuf,
+    next_id: u32,
+}
+
+impl SystemDb {
+    /// A database with an empty `runs` table.
+    async fn new(dialect: Dialect, name: &str) -> Result<SystemDb> {
+        let db = SystemDb::without_table(dialect, name).await?;
+        db.exec(RUNS_TABLE).await?;
+        Ok(db)
+    }
+
+    /// A database (or schema) that has no `runs` table.
+    async fn without_table(dialect: Dialect, name: &str) -> Result<SystemDb> {
+        let dir = temp_dir()?;
+        let path = dir.path().join("meltano.db");
+        let setting = match dialect {
+            Dialect::Sqlite => format!("sqlite://{}", path.display()),
+            Dialect::Postgres => {
+                let base = std::env::var("RUNLOCK_TEST_PG_URI").context(
+                    "RUNLOCK_TEST_PG_URI is not set: run `source tests/scripts/postgres.sh; \
+                     pg_start` (scripts/test does)",
+                )?;
+                let schema = format!("legacy_{name}");
+                psql(
+                    &base,
+                    &format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"),
+                )
+                .await?;
+                let sep = if base.contains('?') { '&' } else { '?' };
+                format!("{base}{sep}options=-csearch_path%3D{schema}")
+            }
+        };
+        let db = SystemDb {
+            dialect,
+            setting,
+            _dir: dir,
+            path,
+            next_id: 1,
+        };
+        if let Dialect::Sqlite = dialect {
+            db.exec("PRAGMA user_version = 1").await?; // creates the file
+        }
+        Ok(db)
+    }
+
+    /// "now minus `interval`" in UTC, as the database computes it.
+    fn ago(&self, interval: &str) -> String {
+        match self.dialect {
+            Dialect::Sqlite => format!("strftime('%Y-%m-%d %H:%M:%f', 'now', '-{interval}')"),
+            Dialect::Postgres => format!("(now() AT TIME ZONE 'utc') - interval '{interval}'"),
+        }
+    }
+
+    /// Records a run of `job` in `state`, started and last beating (if at
+    /// all) the given intervals ago; returns its run id.
+    async fn insert(
+        &mut self,
+        job: &str,
+        state: &str,
+        started: &str,
+        heartbeat: Option<&str>,
+    ) -> Result<String> {
+        let id = self.next_id;
+        self.next_id += 1;
+        let run_id = format!("{:032x}", 0x5eed_0000_u64 + u64::from(id));
+        let heartbeat = heartbeat.map_or("NULL".to_string(), |h| self.ago(h));
+        self.exec(&format!(
+            "INSERT INTO runs (id, job_name, run_id, state, started_at, last_heartbeat_at, \
+             payload, payload_flags, trigger) VALUES ({id}, '{job}', '{run_id}', '{state}', \
+             {}, {heartbeat}, '{{}}', 0, 'cli')",
+            self.ago(started)
+        ))
+        .await?;
+        Ok(run_id)
+    }
+
+    async fn exec(&self, sql: &str) -> Result<()> {
+        match self.dialect {
+            Dialect::Postgres => psql(&self.setting, sql).await,
+            Dialect::Sqlite => sqlite(&self.path, sql).await,
+        }
+    }
+
+    /// An agent on `memory://` that checks this database.
+    async fn agent(&self) -> Result<TestAgent> {
+        let mut options = AgentOptions::new("memory://");
+        options.args = vec![
+            "--legacy-meltano-systemdb".to_string(),
+            self.setting.clone(),
+        ];
+        TestAgent::start_with(options).await
+    }
+}
+
+async fn output(mut command: Command, what: &str) -> Result<()> {
+    command.stdin(Stdio::null()).kill_on_drop(true);
+    let out = tokio::time::timeout(crate::support::WAIT, command.output())
+        .await
+        .with_context(|| format!("{what} took too long"))?
+        .with_context(|| format!("running {what}"))?;
+    if !out.status.success() {
+        bail!("{what} failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
+}
+
+async fn psql(uri: &str, sql: &str) -> Result<()> {
+    let mut command = Command::new("psql");
+    command.args([uri, "-v", "ON_ERROR_STOP=1", "-q", "-c", sql]);
+    output(command, "psql").await
+}
+
+/// The `sqlite3` command if installed, else Python's sqlite3 module.
+async fn sqlite(path: &std::path::Path, sql: &str) -> Result<()> {
+    let sqlite3 = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
+        .any(|dir| dir.join("sqlite3").is_file());
+    let mut command;
+    if sqlite3 {
+        command = Command::new("sqlite3");
+        command.arg(path).arg(sql);
+    } else {
+        command = Command::new("python3");
+        command.args([
+            "-c",
+            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.executescript(sys.argv[2]); c.commit()",
+        ]);
+        command.arg(path).arg(sql);
+    }
+    output(command, "sqlite3").await
+}
+
+/// A state ID of Meltano's shape, unique to the test.
+fn state_id(name: &str) -> String {
+    key(&format!("dev:tap-{name}-to-target-y"))
+}
+
+async fn run_once(
+    agent: &TestAgent,
+    k: &str,
+    extra: &[&str],
+) -> Result<crate::support::run::Finished> {
+    agent.run(&[k], extra, "echo started")?.finish().await
+}
+
+fn expect_started(out: &crate::support::run::Finished) -> Result<()> {
+    out.expect_code(0)?;
+    ensure!(out.stdout.contains("started"), "{out:?}");
+    Ok(())
+}
+
+async fn a_fresh_running_row_refuses_the_key_naming_the_run(dialect: Dialect) -> Result<()> {
+    let mut db = SystemDb::new(dialect, "fresh").await?;
+    let k = state_id("fresh");
+    let run_id = db
+        .insert(&k, "RUNNING", "2 minutes", Some("0 seconds"))
+        .await?;
+    let agent = db.agent().await?;
+    let out = run_once(&agent, &k, &[]).await?;
+    out.expect_code(75)?;
+    ensure!(!out.stdout.contains("started"), "the run started: {out:?}");
+    for want in [
+        run_id.as_str(),
+        "RUNNING in the system database",
+        "meltano system database",
+    ] {
+        ensure!(out.stderr.contains(want), "{want:?} missing: {out:?}");
+    }
+    // Another state ID is not held by it.
+    expect_started(&run_once(&agent, &state_id("fresh-other"), &[]).await?)
+}
+
+async fn a_stale_or_finished_run_does_not_hold_the_key(dialect: Dialect) -> Result<()> {
+    let mut db = SystemDb::new(dialect, "stale").await?;
+    let stale = state_id("stale");
+    db.insert(&stale, "RUNNING", "1 hour", Some("6 minutes"))
+        .await?;
+    let done = state_id("done");
+    db.insert(&done, "SUCCESS", "1 minute", Some("0 seconds"))
+        .await?;
+    let agent = db.agent().await?;
+    expect_started(&run_once(&agent, &stale, &[]).await?)?;
+    expect_started(&run_once(&agent, &done, &[]).await?)
+}
+
+async fn a_run_without_heartbeat_holds_the_key_for_24_hours(dialect: Dialect) -> Result<()> {
+    let mut db = SystemDb::new(dialect, "noheartbeat").await?;
+    let recent = state_id("nohb-recent");
+    db.insert(&recent, "RUNNING", "1 hour", None).await?;
+    let old = state_id("nohb-old");
+    db.insert(&old, "RUNNING", "25 hours", None).await?;
+    let agent = db.agent().await?;
+    run_once(&agent, &recent, &[]).await?.expect_code(75)?;
+    expect_started(&run_once(&agent, &old, &[]).await?)
+}
+
+async fn force_bypasses_the_check(dialect: Dialect) -> Result<()> {
+    let mut db = SystemDb::new(dialect, "force").await?;
+    let k = state_id("force");
+    db.insert(&k, "RUNNING", "1 minute", Some("0 seconds"))
+        .await?;
+    let agent = db.agent().await?;
+    run_once(&agent, &k, &[]).await?.expect_code(75)?;
+    expect_started(&run_once(&agent, &k, &["--force"]).await?)
+}
+
+async fn a_waiting_run_starts_once_the_legacy_run_ends(dialect: Dialect) -> Result<()> {
+    let mut db = SystemDb::new(dialect, "wait").await?;
+    let k = state_id("wait");
+    db.insert(&k, "RUNNING", "1 minute", Some("0 seconds"))
+        .await?;
+    let agent = db.agent().await?;
+    let mut waiting: Run = agent.run(&[&k], &["--wait", "20s"], "echo started")?;
+    // Still refused well after its first try: it is waiting, not started.
+    let early = tokio::time::timeout(std::time::Duration::from_millis(700), waiting.wait()).await;
+    ensure!(
+        early.is_err(),
+        "ended while the legacy run was RUNNING: {early:?}"
+    );
+    db.exec(&format!(
+        "UPDATE runs SET state = 'SUCCESS' WHERE job_name = '{k}'"
+    ))
+    .await?;
+    let out = waiting.finish().await?;
+    expect_started(&out)?;
+    ensure!(
+        out.elapsed >= std::time::Duration::from_millis(700),
+        "{out:?}"
+    );
+    Ok(())
+}
+
+async fn an_unreadable_database_fails_as_unavailable(dialect: Dialect) -> Result<()> {
+    let db = SystemDb::without_table(dialect, "unreadable").await?;
+    let agent = db.agent().await?;
+    let out = run_once(&agent, &state_id("unreadable"), &[]).await?;
+    out.expect_code(69)?;
+    ensure!(!out.stdout.contains("started"), "{out:?}");
+    ensure!(
+        out.stderr.contains("runs"),
+        "the table is not named: {out:?}"
+    );
+    if let Dialect::Sqlite = dialect {
+        std::fs::remove_file(&db.path)?;
+        let out = run_once(&agent, &state_id("unreadable"), &[]).await?;
+        out.expect_code(69)?;
+        let path = db.path.display().to_string();
+        ensure!(out.stderr.contains(&path), "{path} is not named: {out:?}");
+        ensure!(
+            !db.path.exists(),
+            "the agent created the missing database file"
+        );
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn check_config_shows_the_system_database_without_its_password() -> Result<()> {
+    let mut command = Command::new(&bins()?.runlockd);
+    for (name, _) in std::env::vars().filter(|(n, _)| n.starts_with("RUNLOCK_")) {
+        command.env_remove(name);
+    }
+    command
+        .args(["check-config", "--backend", "memory://"])
+        .env(
+            "RUNLOCK_LEGACY_MELTANO_SYSTEMDB",
+            "postgresql://meltano:pa55word@db.test:5432/meltano?password=pa55word",
+        );
+    let out = Run::spawn(command)?.finish().await?;
+    out.expect_code(0)?;
+    ensure!(
+        out.stdout.contains(
+            "legacy_meltano_systemdb = \"postgresql://***@db.test:5432/meltano?password=***\""
+        ),
+        "{out:?}"
+    );
+    ensure!(
+        !out.stdout.contains("pa55word"),
+        "a secret was printed: {out:?}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_bad_setting_is_a_config_error() -> Result<()> {
+    let dir = temp_dir()?;
+    let file = dir.path().join("runlockd.toml");
+    std::fs::write(
+        &file,
+        "legacy_meltano_systemdb = \"mysql://u:pa55word@db/m\"\n",
+    )?;
+    let mut command = Command::new(&bins()?.runlockd);
+    command.arg("check-config").arg("--config").arg(&file);
+    let out = Run::spawn(command)?.finish().await?;
+    out.expect_code(78)?;
+    ensure!(out.stderr.contains("legacy_meltano_systemdb"), "{out:?}");
+    ensure!(!out.stderr.contains("pa55word"), "{out:?}");
+    Ok(())
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Starts a throwaway PostgreSQL cluster (../shared/EMULATORS.md section 4) for
+# the tests that read a Meltano system database on PostgreSQL (tests/legacy.rs).
+#
+# Sourced by scripts/test:   source tests/scripts/postgres.sh; pg_start; ...; pg_stop
+# Run by itself:             bash tests/scripts/postgres.sh   (starts it, prints the
+#                            URI, and stops it on Ctrl-C)
+#
+# pg_start exports:
+#   RUNLOCK_TEST_PG_URI  postgresql://postgres@127.0.0.1:PORT/postgres (trust auth)
+#
+# Installs the postgresql package with apt when no server binary is found. The
+# cluster lives in ${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}/pg-PORT and is deleted by pg_stop.
+
+RUNLOCK_EMU_DIR=${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}
+
+pg_bindir() {
+    local dir
+    dir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
+    [ -n "$dir" ] && [ -x "$dir/initdb" ] && echo "$dir"
+}
+
+pg_install() {
+    pg_bindir >/dev/null && command -v psql >/dev/null && return 0
+    echo "installing postgresql with apt" >&2
+    apt-get update -qq && apt-get install -y -qq postgresql >/dev/null
+}
+
+# Prints a free TCP port on 127.0.0.1: 55432 unless it is taken.
+pg_free_port() {
+    python3 - <<'PY'
+import socket
+def free(port):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return s.getsockname()[1]
+    except OSError:
+        return None
+    finally:
+        s.close()
+print(free(55432) or free(0))
+PY
+}
+
+pg_start() {
+    pg_install || { echo "postgres: install failed" >&2; return 1; }
+    local bin port
+    bin=$(pg_bindir) || { echo "postgres: no server binaries" >&2; return 1; }
+    port=$(pg_free_port) || return 1
+    PG_DIR=$RUNLOCK_EMU_DIR/pg-$port
+    rm -rf "$PG_DIR"
+    mkdir -p "$PG_DIR"
+    # initdb refuses to run as root: the cluster belongs to the postgres user.
+    local as=()
+    if [ "$(id -u)" = 0 ]; then
+        chown postgres: "$PG_DIR"
+        as=(runuser -u postgres --)
+    fi
+    "${as[@]}" "$bin/initdb" -D "$PG_DIR/data" -U postgres --auth=trust -E UTF8 --no-sync \
+        >"$PG_DIR/initdb.log" 2>&1 || { cat "$PG_DIR/initdb.log" >&2; return 1; }
+    "${as[@]}" "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w -t 30 \
+        -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_DIR -c fsync=off" start >/dev/null ||
+        { cat "$PG_DIR/log" >&2; return 1; }
+    export RUNLOCK_TEST_PG_URI="postgresql://postgres@127.0.0.1:$port/postgres"
+    echo "postgres: $RUNLOCK_TEST_PG_URI" >&2
+}
+
+pg_stop() {
+    [ -n "${PG_DIR:-}" ] || return 0
+    if [ -f "$PG_DIR/data/postmaster.pid" ]; then
+        local pid
+        pid=$(head -1 "$PG_DIR/data/postmaster.pid")
+        kill -INT "$pid" 2>/dev/null
+        local deadline=$((SECONDS + 15))
+        while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do sleep 0.1; done
+    fi
+    rm -rf "$PG_DIR"
+    unset PG_DIR RUNLOCK_TEST_PG_URI
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    set -euo pipefail
+    pg_start
+    trap pg_stop EXIT
+    echo "$RUNLOCK_TEST_PG_URI"
+    echo "Ctrl-C stops it" >&2
+    while :; do sleep 3600; done
+fi
