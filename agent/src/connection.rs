@@ -7,6 +7,7 @@ use runlock_protocol::{
     AgentCodec, AgentMessage, ClientMessage, Envelope, ErrorCode, ProtocolError, WireError,
     PROTOCOL_VERSION,
 };
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::UnixStream;
@@ -191,7 +192,10 @@ impl Connection {
         }
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let groups = std::mem::take(&mut self.groups);
-        let conn = self.registry.open_connection(self.peer, &groups, events_tx);
+        let renewed_backlog = Arc::new(AtomicUsize::new(0));
+        let conn =
+            self.registry
+                .open_connection(self.peer, &groups, events_tx, renewed_backlog.clone());
         let mut acquire = AcquireSlot::new();
         let result: Result<(), ProtocolError> = async {
             loop {
@@ -202,7 +206,12 @@ impl Connection {
                         self.send(None, AgentMessage::Restarting).await?;
                         return Ok(());
                     }
-                    Some(event) = events.recv() => self.send(None, event).await?,
+                    Some(event) = events.recv() => {
+                        if matches!(event, AgentMessage::Renewed { .. }) {
+                            renewed_backlog.fetch_sub(1, Ordering::Relaxed);
+                        }
+                        self.send(None, event).await?
+                    }
                     Some((id, result)) = acquire.done.recv() => {
                         acquire.task = None;
                         self.send(id, result.map(acquired).unwrap_or_else(AgentMessage::Error)).await?;

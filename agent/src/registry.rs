@@ -11,7 +11,7 @@ use runlock_protocol::{
     OnUnavailable, WireError,
 };
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, Notify};
@@ -20,6 +20,8 @@ use tokio_util::sync::CancellationToken;
 
 /// The shortest and longest TTL a client may ask for.
 pub const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(86_400));
+/// At most this many `renewed` events wait for one peer to read them.
+pub const RENEWED_BACKLOG: usize = 64;
 /// Waiters re-check the backend (for holders on other agents) this often at most.
 const POLL_CAP: Duration = Duration::from_millis(500);
 const POLL_START: Duration = Duration::from_millis(20);
@@ -129,6 +131,8 @@ struct Conn {
     /// Whether the peer may force and break, decided once.
     may_override: bool,
     events: mpsc::UnboundedSender<AgentMessage>,
+    /// `renewed` events queued for the peer and not yet written to it.
+    renewed_backlog: Arc<AtomicUsize>,
     leases: BTreeSet<String>,
     child: Option<(u32, u32)>,
     on_lost: OnLost,
@@ -286,6 +290,7 @@ impl Registry {
         peer: PeerCred,
         groups: &[u32],
         events: mpsc::UnboundedSender<AgentMessage>,
+        renewed_backlog: Arc<AtomicUsize>,
     ) -> ConnId {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let user = user_name(peer.uid);
@@ -296,6 +301,7 @@ impl Registry {
             user,
             may_override,
             events,
+            renewed_backlog,
             leases: BTreeSet::new(),
             child: None,
             on_lost: OnLost::Term,
@@ -561,6 +567,12 @@ impl Registry {
             .get(lease_id)
             .and_then(|l| state.conns.get(&l.conn))
         {
+            // A peer that does not read would otherwise make the queue grow
+            // without end; skipping one only leaves it an earlier, safe deadline.
+            if c.renewed_backlog.fetch_add(1, Ordering::Relaxed) >= RENEWED_BACKLOG {
+                c.renewed_backlog.fetch_sub(1, Ordering::Relaxed);
+                return;
+            }
             let _ = c.events.send(AgentMessage::Renewed {
                 lease_id: lease_id.to_string(),
                 valid_for_ms: valid_until
@@ -1071,7 +1083,7 @@ mod tests {
         peer: PeerCred,
     ) -> (ConnId, mpsc::UnboundedReceiver<AgentMessage>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (registry.open_connection(peer, &[], tx), rx)
+        (registry.open_connection(peer, &[], tx, Arc::default()), rx)
     }
 
     async fn take(
@@ -1420,5 +1432,29 @@ mod tests {
             .await
             .expect_err("memory:// cannot");
         assert_eq!(err.code, ErrorCode::Unsupported);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_does_not_read_gets_a_bounded_backlog_of_renewed_events() {
+        use crate::backend::cas::{CasEngine, MemoryCasStore};
+        let identity = Identity {
+            host: "h".into(),
+            agent_id: "a".into(),
+            uid: 0,
+        };
+        let engine = Arc::new(CasEngine::new(Arc::new(MemoryCasStore::new()), ""));
+        let policy = Policy::with_ttl(Duration::from_secs(3));
+        let registry = Registry::new(engine, identity, policy);
+        let (conn, mut events) = connect(&registry, ROOT);
+        take(&registry, conn, &["k"]).await.expect("free");
+        // About 300 renewals (one a second); nobody reads the events.
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        let mut renewed = 0;
+        while let Ok(event) = events.try_recv() {
+            assert!(matches!(event, AgentMessage::Renewed { .. }), "{event:?}");
+            renewed += 1;
+        }
+        assert_eq!(renewed, RENEWED_BACKLOG);
+        assert_eq!(registry.list().len(), 1, "the lease itself is unaffected");
     }
 }
