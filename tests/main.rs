@@ -13,6 +13,7 @@ mod file_backend;
 mod legacy;
 mod lifecycle;
 mod meltano;
+mod meltano_e2e;
 mod metrics;
 mod restart;
 mod s3;

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Installs the real Meltano and target-jsonl, each into a cached venv of its
+# own (their pinned dependencies conflict in one), for tests/meltano_e2e.rs.
+#
+# Sourced by scripts/test:   source tests/scripts/meltano.sh; meltano_install
+# Run by itself:             bash tests/scripts/meltano.sh   (installs, prints the exports)
+#
+# meltano_install exports:
+#   RUNLOCK_TEST_MELTANO       the venv's `meltano`
+#   RUNLOCK_TEST_TARGET_JSONL  the other venv's `target-jsonl` (a loader the
+#                              test project names by `executable:`, so that no
+#                              `meltano install` runs per test)
+#
+# The venvs live in ${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}/meltano and
+# .../target-jsonl and are reused when a stamp file says they have these
+# versions. A cold install takes about 45 s (the two run in parallel).
+
+MELTANO_VERSION=4.4.1
+TARGET_JSONL_VERSION=0.1.4
+RUNLOCK_EMU_DIR=${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}
+
+# meltano_venv DIR EXE REQUIREMENT: installs REQUIREMENT into the venv DIR
+# unless its stamp says it is there and DIR/bin/EXE exists.
+meltano_venv() {
+    local venv=$1 exe=$2 req=$3
+    local stamp=$venv/.runlock-$req
+    if [ -f "$stamp" ] && [ -x "$venv/bin/$exe" ]; then
+        return 0
+    fi
+    echo "installing $req into $venv" >&2
+    mkdir -p "$RUNLOCK_EMU_DIR"
+    rm -rf "$venv"
+    python3 -m venv "$venv" || return 1
+    "$venv/bin/pip" install -q --disable-pip-version-check "$req" || return 1
+    touch "$stamp"
+}
+
+meltano_install() {
+    local m=$RUNLOCK_EMU_DIR/meltano t=$RUNLOCK_EMU_DIR/target-jsonl
+    meltano_venv "$m" meltano "meltano==$MELTANO_VERSION" &
+    local mpid=$!
+    meltano_venv "$t" target-jsonl "target-jsonl==$TARGET_JSONL_VERSION" &
+    local tpid=$!
+    local ok=0
+    wait "$mpid" || { echo "meltano: install failed" >&2; ok=1; }
+    wait "$tpid" || { echo "target-jsonl: install failed" >&2; ok=1; }
+    [ $ok -eq 0 ] || return 1
+    export RUNLOCK_TEST_MELTANO=$m/bin/meltano
+    export RUNLOCK_TEST_TARGET_JSONL=$t/bin/target-jsonl
+    echo "meltano $MELTANO_VERSION: $RUNLOCK_TEST_MELTANO" >&2
+}
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then
+    set -euo pipefail
+    meltano_install
+    echo "RUNLOCK_TEST_MELTANO=$RUNLOCK_TEST_MELTANO"
+    echo "RUNLOCK_TEST_TARGET_JSONL=$RUNLOCK_TEST_TARGET_JSONL"
+fi
