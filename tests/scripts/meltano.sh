@@ -19,27 +19,14 @@ MELTANO_VERSION=4.4.1
 TARGET_JSONL_VERSION=0.1.4
 RUNLOCK_EMU_DIR=${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}
 
-# meltano_venv DIR EXE REQUIREMENT: installs REQUIREMENT into the venv DIR
-# unless its stamp says it is there and DIR/bin/EXE exists.
-meltano_venv() {
-    local venv=$1 exe=$2 req=$3
-    local stamp=$venv/.runlock-$req
-    if [ -f "$stamp" ] && [ -x "$venv/bin/$exe" ]; then
-        return 0
-    fi
-    echo "installing $req into $venv" >&2
-    mkdir -p "$RUNLOCK_EMU_DIR"
-    rm -rf "$venv"
-    python3 -m venv "$venv" || return 1
-    "$venv/bin/pip" install -q --disable-pip-version-check "$req" || return 1
-    touch "$stamp"
-}
+# shellcheck source=venv.sh
+source "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
 
 meltano_install() {
     local m=$RUNLOCK_EMU_DIR/meltano t=$RUNLOCK_EMU_DIR/target-jsonl
-    meltano_venv "$m" meltano "meltano==$MELTANO_VERSION" &
+    cached_venv "$m" meltano "meltano==$MELTANO_VERSION" &
     local mpid=$!
-    meltano_venv "$t" target-jsonl "target-jsonl==$TARGET_JSONL_VERSION" &
+    cached_venv "$t" target-jsonl "target-jsonl==$TARGET_JSONL_VERSION" &
     local tpid=$!
     local ok=0
     wait "$mpid" || { echo "meltano: install failed" >&2; ok=1; }

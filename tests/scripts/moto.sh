@@ -17,19 +17,12 @@
 MOTO_VERSION=5.2.5
 RUNLOCK_EMU_DIR=${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}
 
+# shellcheck source=venv.sh
+source "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
+
 moto_install() {
-    local venv=$RUNLOCK_EMU_DIR/venv
-    local stamp=$venv/.runlock-moto-$MOTO_VERSION
-    if [ -f "$stamp" ] && [ -x "$venv/bin/moto_server" ]; then
-        return 0
-    fi
-    echo "installing moto $MOTO_VERSION into $venv" >&2
-    mkdir -p "$RUNLOCK_EMU_DIR"
-    rm -rf "$venv"
-    python3 -m venv "$venv" || return 1
-    "$venv/bin/pip" install -q --disable-pip-version-check \
-        "moto[s3]==$MOTO_VERSION" flask flask-cors boto3 || return 1
-    touch "$stamp"
+    cached_venv "$RUNLOCK_EMU_DIR/venv" moto_server \
+        "moto[s3]==$MOTO_VERSION" flask flask-cors boto3
 }
 
 # Prints a free TCP port on 127.0.0.1: 5000 unless it is taken.
