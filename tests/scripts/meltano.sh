@@ -19,8 +19,8 @@ MELTANO_VERSION=4.4.1
 TARGET_JSONL_VERSION=0.1.4
 RUNLOCK_EMU_DIR=${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}
 
-# shellcheck source=venv.sh
-source "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 meltano_install() {
     local m=$RUNLOCK_EMU_DIR/meltano t=$RUNLOCK_EMU_DIR/target-jsonl

@@ -17,54 +17,23 @@
 MOTO_VERSION=5.2.5
 RUNLOCK_EMU_DIR=${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}
 
-# shellcheck source=venv.sh
-source "$(dirname "${BASH_SOURCE[0]}")/venv.sh"
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 moto_install() {
     cached_venv "$RUNLOCK_EMU_DIR/venv" moto_server \
         "moto[s3]==$MOTO_VERSION" flask flask-cors boto3
 }
 
-# Prints a free TCP port on 127.0.0.1: 5000 unless it is taken.
-moto_free_port() {
-    python3 - <<'PY'
-import socket
-def free(port):
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port))
-        return s.getsockname()[1]
-    except OSError:
-        return None
-    finally:
-        s.close()
-print(free(5000) or free(0))
-PY
-}
-
 moto_start() {
     moto_install || { echo "moto: install failed" >&2; return 1; }
     local venv=$RUNLOCK_EMU_DIR/venv port log
-    port=$(moto_free_port) || return 1
+    port=$(free_port 5000) || return 1
     log=$RUNLOCK_EMU_DIR/moto-$port.log
     # The server on its own line, so that $! is its pid (EMULATORS.md, pitfalls).
     "$venv/bin/moto_server" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
     MOTO_PID=$!
-    local deadline=$((SECONDS + 30))
-    until curl -sf "http://127.0.0.1:$port/moto-api/" >/dev/null 2>&1; do
-        if ! kill -0 "$MOTO_PID" 2>/dev/null; then
-            echo "moto: moto_server exited at start; its log ($log):" >&2
-            cat "$log" >&2
-            return 1
-        fi
-        if [ $SECONDS -ge $deadline ]; then
-            echo "moto: not answering on port $port after 30 s; its log ($log):" >&2
-            cat "$log" >&2
-            moto_stop
-            return 1
-        fi
-        sleep 0.1
-    done
+    await_server moto "$MOTO_PID" "$log" 30 curl -sf "http://127.0.0.1:$port/moto-api/" || return 1
     export RUNLOCK_TEST_S3_ENDPOINT=http://127.0.0.1:$port
     export RUNLOCK_TEST_MOTO_PID=$MOTO_PID
     export RUNLOCK_TEST_PYTHON=$venv/bin/python
@@ -72,16 +41,7 @@ moto_start() {
 }
 
 moto_stop() {
-    [ -n "${MOTO_PID:-}" ] || return 0
-    # A test may leave it paused (SIGSTOP): continue it so that it can exit.
-    kill -CONT "$MOTO_PID" 2>/dev/null || true
-    kill -TERM "$MOTO_PID" 2>/dev/null || true
-    local deadline=$((SECONDS + 5))
-    while kill -0 "$MOTO_PID" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
-        sleep 0.1
-    done
-    kill -KILL "$MOTO_PID" 2>/dev/null || true
-    wait "$MOTO_PID" 2>/dev/null || true
+    stop_pid "${MOTO_PID:-}"
     MOTO_PID=
 }
 

@@ -14,6 +14,9 @@
 
 RUNLOCK_EMU_DIR=${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}
 
+# shellcheck source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
 pg_bindir() {
     local dir
     dir=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)
@@ -26,28 +29,11 @@ pg_install() {
     apt-get update -qq && apt-get install -y -qq postgresql >/dev/null
 }
 
-# Prints a free TCP port on 127.0.0.1: 55432 unless it is taken.
-pg_free_port() {
-    python3 - <<'PY'
-import socket
-def free(port):
-    s = socket.socket()
-    try:
-        s.bind(("127.0.0.1", port))
-        return s.getsockname()[1]
-    except OSError:
-        return None
-    finally:
-        s.close()
-print(free(55432) or free(0))
-PY
-}
-
 pg_start() {
     pg_install || { echo "postgres: install failed" >&2; return 1; }
     local bin port
     bin=$(pg_bindir) || { echo "postgres: no server binaries" >&2; return 1; }
-    port=$(pg_free_port) || return 1
+    port=$(free_port 55432) || return 1
     PG_DIR=$RUNLOCK_EMU_DIR/pg-$port
     rm -rf "$PG_DIR"
     mkdir -p "$PG_DIR"

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Helpers the emulator scripts beside this file share. Sourced, never run.
+
+# cached_venv DIR EXE REQUIREMENT...: a Python venv in DIR with the
+# requirements installed, reused when its stamp names these same requirements
+# and DIR/bin/EXE exists. Each emulator keeps a venv of its own, so that two
+# scripts never reinstall each other's.
+cached_venv() {
+    local venv=$1 exe=$2
+    shift 2
+    local stamp
+    stamp="$venv/.runlock-$(printf '%s_' "$@" | tr -c 'A-Za-z0-9.=_-' '_')"
+    if [ -f "$stamp" ] && [ -x "$venv/bin/$exe" ]; then
+        return 0
+    fi
+    echo "installing $* into $venv" >&2
+    mkdir -p "$(dirname "$venv")"
+    rm -rf "$venv"
+    python3 -m venv "$venv" || return 1
+    "$venv/bin/pip" install -q --disable-pip-version-check "$@" || return 1
+    touch "$stamp"
+}
+
+# free_port DEFAULT: prints DEFAULT if nothing listens on 127.0.0.1:DEFAULT,
+# else a port the kernel picks.
+free_port() {
+    python3 - "$1" <<'PY'
+import socket, sys
+def free(port):
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+        return s.getsockname()[1]
+    except OSError:
+        return None
+    finally:
+        s.close()
+print(free(int(sys.argv[1])) or free(0))
+PY
+}
+
+# await_server NAME PID LOG SECONDS COMMAND...: waits until COMMAND succeeds.
+# Fails, printing LOG, if PID exits first or SECONDS pass.
+await_server() {
+    local name=$1 pid=$2 log=$3 deadline=$((SECONDS + $4))
+    shift 4
+    until "$@" >/dev/null 2>&1; do
+        if ! kill -0 "$pid" 2>/dev/null; then
+            echo "$name: exited at start; its log ($log):" >&2
+            cat "$log" >&2
+            return 1
+        fi
+        if [ $SECONDS -ge $deadline ]; then
+            echo "$name: not ready after $4 s; its log ($log):" >&2
+            cat "$log" >&2
+            stop_pid "$pid"
+            return 1
+        fi
+        sleep 0.1
+    done
+}
+
+# stop_pid PID: continues it (a test may have paused it with SIGSTOP), asks it
+# to stop, and kills it after 5 s.
+stop_pid() {
+    local pid=$1
+    [ -n "$pid" ] || return 0
+    kill -CONT "$pid" 2>/dev/null || true
+    kill -TERM "$pid" 2>/dev/null || true
+    local deadline=$((SECONDS + 5))
+    while kill -0 "$pid" 2>/dev/null && [ $SECONDS -lt $deadline ]; do
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+}
