@@ -5,7 +5,7 @@
 //! without it these tests fail (they never skip). The cross-host scenarios
 //! through real agents are in `scenarios.rs`.
 
-use crate::support::azure::{self, Container};
+use crate::support::stores::{azure, unique_name, Azure, Endpoint, Store};
 use anyhow::{bail, ensure, Context, Result};
 use runlock_agent::backend::cas::{AzureOptions, AzureStore, CasEngine, CasError, CasStore};
 use runlock_agent::backend::{AcquireSpec, Backend, BackendError, LeaseRef};
@@ -20,11 +20,45 @@ fn options(endpoint: &str, key: &str) -> AzureOptions {
     }
 }
 
-fn open(container: &Container, prefix: &str) -> Result<AzureStore> {
-    AzureStore::open(
-        &container.uri(prefix),
-        &options(&container.endpoint, azure::KEY),
-    )
+/// A new, empty container in the shared Azurite.
+struct Container {
+    at: Endpoint,
+    name: String,
+}
+
+impl Container {
+    async fn create(hint: &str) -> Result<Container> {
+        let at = Azure.shared()?;
+        let name = unique_name(hint);
+        Azure.create(&at, &name).await?;
+        Ok(Container { at, name })
+    }
+
+    /// A container nobody creates.
+    fn missing(hint: &str) -> Result<Container> {
+        Ok(Container {
+            at: Azure.shared()?,
+            name: unique_name(hint),
+        })
+    }
+
+    fn uri(&self, prefix: &str) -> String {
+        Azure.uri(&self.at, &self.name, prefix)
+    }
+
+    /// The agent's adapter on it, records under `prefix`, signing with `key`.
+    fn open_with_key(&self, prefix: &str, key: &str) -> Result<AzureStore> {
+        AzureStore::open(&self.uri(prefix), &options(&self.at.url, key))
+    }
+
+    fn open(&self, prefix: &str) -> Result<AzureStore> {
+        self.open_with_key(prefix, azure::KEY)
+    }
+
+    /// Every blob under the records of `prefix`, read with the Python SDK.
+    async fn records(&self, prefix: &str) -> Result<Vec<crate::support::stores::Record>> {
+        Azure.records(&self.at, &self.name, prefix).await
+    }
 }
 
 fn spec(key: &str, lease: &str) -> Result<AcquireSpec> {
@@ -58,7 +92,7 @@ fn near(a: SystemTime, b: SystemTime, slack: Duration) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn conditional_writes_keep_their_meaning_on_azurite() -> Result<()> {
     let container = Container::create("conditions").await?;
-    let store = open(&container, "p")?;
+    let store = container.open("p")?;
     let name = format!("{}k.json", store.records_prefix());
     ensure!(name == "p/.runlock/locks/k.json", "{name}");
 
@@ -109,7 +143,7 @@ async fn conditional_writes_keep_their_meaning_on_azurite() -> Result<()> {
     );
 
     // The Python SDK sees what the adapter wrote.
-    let blobs = container.blobs("p/").await?;
+    let blobs = container.records("p").await?;
     ensure!(
         blobs.len() == 1 && blobs[0].body == "{\"n\":2}",
         "{blobs:?}"
@@ -123,7 +157,7 @@ async fn racing_engines_on_one_key_make_one_holder_and_tokens_grow() -> Result<(
     let container = Container::create("race").await?;
     let engines = (0..AGENTS)
         .map(|_| {
-            let store = open(&container, "")?;
+            let store = container.open("")?;
             let prefix = store.records_prefix().to_string();
             Ok(Arc::new(CasEngine::new(Arc::new(store), prefix)))
         })
@@ -152,7 +186,7 @@ async fn racing_engines_on_one_key_make_one_holder_and_tokens_grow() -> Result<(
     ensure!(token == 1, "first token {token}");
 
     // The record, read with Azure's own SDK, names the winner.
-    let record = container.blobs(".runlock/locks/").await?;
+    let record = container.records("").await?;
     ensure!(record.len() == 1, "{record:?}");
     let json = record[0].json()?;
     ensure!(
@@ -170,7 +204,7 @@ async fn racing_engines_on_one_key_make_one_holder_and_tokens_grow() -> Result<(
         .renew(&lease, Duration::from_secs(30))
         .await?;
     engines[winner].release(&lease).await?;
-    let json = container.blobs(".runlock/locks/").await?[0].json()?;
+    let json = container.records("").await?[0].json()?;
     ensure!(json["state"] == "free" && json["token"] == 1, "{json}");
     let other = (winner + 1) % AGENTS;
     let next = engines[other]
@@ -182,11 +216,9 @@ async fn racing_engines_on_one_key_make_one_holder_and_tokens_grow() -> Result<(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_failures_are_named_without_the_key() -> Result<()> {
-    let endpoint = azure::endpoint()?;
-
     // A container nobody created.
     let missing = Container::missing("missing")?;
-    match open(&missing, "p")?.probe().await {
+    match missing.open("p")?.probe().await {
         Err(CasError::Refused(text)) => ensure!(
             text.contains(&format!("container {} does not exist", missing.name)),
             "{text}"
@@ -196,8 +228,8 @@ async fn store_failures_are_named_without_the_key() -> Result<()> {
 
     // A wrong (but well-formed) key: Azurite checks the Shared Key signature.
     let container = Container::create("wrong-key").await?;
-    let wrong = "d3Jvbmcta2V5LXdyb25nLWtleS13cm9uZy1rZXktd3Jvbmcta2V5LXdyb25nLWtleQ==";
-    let store = AzureStore::open(&container.uri("p"), &options(&endpoint, wrong))?;
+    let wrong = azure::WRONG_KEY;
+    let store = container.open_with_key("p", wrong)?;
     match store.probe().await {
         Err(CasError::Refused(text)) => {
             ensure!(
@@ -221,7 +253,7 @@ async fn store_failures_are_named_without_the_key() -> Result<()> {
     }
 
     // An endpoint where nothing listens.
-    let port = crate::support::s3::closed_port()?;
+    let port = crate::support::closed_port()?;
     let nowhere = format!("http://127.0.0.1:{port}/{}", azure::ACCOUNT);
     let store = AzureStore::open("azure://locks", &options(&nowhere, azure::KEY))?;
     match store.probe().await {

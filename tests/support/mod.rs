@@ -23,7 +23,6 @@ macro_rules! on_both_backends {
 }
 
 pub mod agent;
-pub mod azure;
 pub mod bins;
 pub mod client;
 pub mod journal;
