@@ -93,6 +93,7 @@ async fn run() -> Result<()> {
     }
 
     rows.extend(s3_latency(&bins.agent, scratch.path()).await?);
+    rows.extend(azure_rows(&bins.agent, scratch.path()).await?);
     rows.extend(many_leases(&bins.agent, scratch.path()).await?);
 
     println!();
@@ -194,6 +195,302 @@ async fn s3_latency(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>>
         ),
         (
             "S3 (moto): acquire round trip through the agent".into(),
+            format!("{}  ({ratio:.2}× raw p50)", percentiles(acquires)),
+        ),
+    ])
+}
+
+/// Azure Blob (Azurites of the bench's own): the store requests each agent
+/// operation costs, counted in Azurite's own request log, and acquire through
+/// the agent beside a raw conditional write with the agent's own Azure client,
+/// in the same run. Needs the variables of `tests/scripts/azurite.sh`.
+async fn azure_rows(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+    let (Ok(azurite), Ok(python)) = (
+        std::env::var("RUNLOCK_TEST_AZURITE"),
+        std::env::var("RUNLOCK_TEST_AZURE_PYTHON"),
+    ) else {
+        let why = "skipped: RUNLOCK_TEST_AZURITE is not set (source tests/scripts/azurite.sh)";
+        return Ok(vec![("Azure (Azurite)".into(), why.into())]);
+    };
+    let mut rows = azure_requests(bin, scratch, &azurite, &python).await?;
+    rows.extend(azure_latency(bin, scratch, &azurite, &python).await?);
+    Ok(rows)
+}
+
+/// An Azurite of the bench's own, with its request log when `log` is given.
+struct OwnAzurite {
+    /// Killed when dropped.
+    _child: Child,
+    endpoint: String,
+    connection_string: String,
+}
+
+impl OwnAzurite {
+    async fn start(azurite: &str, dir: &Path, log: Option<&Path>) -> Result<OwnAzurite> {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        std::fs::create_dir_all(dir)?;
+        let mut command = Command::new(azurite);
+        command
+            .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
+            .arg("--location")
+            .arg(dir)
+            .args(["--skipApiVersionCheck", "--loose", "--disableTelemetry"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true);
+        if let Some(log) = log {
+            command.arg("--debug").arg(log);
+        }
+        let child = command.spawn().context("starting azurite-blob")?;
+        let started = Instant::now();
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("Azurite did not listen within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let endpoint = format!("http://127.0.0.1:{port}/devstoreaccount1");
+        let connection_string = format!(
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=\
+             Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;\
+             BlobEndpoint={endpoint};"
+        );
+        Ok(OwnAzurite {
+            _child: child,
+            endpoint,
+            connection_string,
+        })
+    }
+
+    /// Creates `container` with Azure's Python SDK.
+    async fn create(&self, python: &str, container: &str) -> Result<()> {
+        let out = Command::new(python)
+            .args([
+                "-c",
+                "import os, sys\nfrom azure.storage.blob import BlobServiceClient\n\
+                 BlobServiceClient.from_connection_string(os.environ['CS'])\
+                 .get_container_client(sys.argv[1]).create_container()",
+                container,
+            ])
+            .env("CS", &self.connection_string)
+            .output()
+            .await?;
+        if !out.status.success() {
+            bail!(
+                "creating container {container} at {}: {}",
+                self.endpoint,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+}
+
+/// Requests Azurite has logged, once its log has caught up with its answers.
+async fn azurite_requests(log: &Path) -> Result<usize> {
+    let count = || -> Result<(usize, usize)> {
+        let text = std::fs::read_to_string(log)?;
+        Ok((
+            text.matches("RequestMethod=").count(),
+            text.matches("EndMiddleware: End response").count(),
+        ))
+    };
+    let started = Instant::now();
+    let mut last = count()?;
+    loop {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let now = count()?;
+        if now == last && now.0 == now.1 {
+            return Ok(now.0);
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            bail!("Azurite's request log did not settle: {now:?}");
+        }
+        last = now;
+    }
+}
+
+/// The agent's count of successful renewals, from its metrics endpoint.
+async fn renewals(metrics: &str) -> Result<f64> {
+    let out = Command::new("curl")
+        .args(["-sSf", "-m", "5", &format!("http://{metrics}/metrics")])
+        .output()
+        .await?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.lines()
+        .find_map(|l| l.strip_prefix(r#"runlock_renewals_total{result="ok"} "#))
+        .context("no renewal count in the agent's metrics")?
+        .trim()
+        .parse()
+        .context("a renewal count")
+}
+
+async fn azure_requests(
+    bin: &Path,
+    scratch: &Path,
+    azurite: &str,
+    python: &str,
+) -> Result<Vec<(String, String)>> {
+    let log = scratch.join("azurite-requests.log");
+    let store = OwnAzurite::start(azurite, &scratch.join("azurite-counted"), Some(&log)).await?;
+    store.create(python, "bench").await?;
+    let env = [(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        store.connection_string.as_str(),
+    )];
+    let metrics = format!(
+        "127.0.0.1:{}",
+        std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port()
+    );
+    let uri = "azure://bench/counted";
+    // TTL 3 s: renewals every second.
+    let extra = ["--ttl", "3s", "--metrics", metrics.as_str()];
+    let a = Agent::start(bin, scratch, "azure-a", uri, &extra, &env).await?;
+    let b = Agent::start(bin, scratch, "azure-b", uri, &["--ttl", "3s"], &env).await?;
+    let mut a_conn = connect(&a.socket).await?;
+    let mut b_conn = connect(&b.socket).await?;
+    let mut rows = Vec::new();
+    let mut id = 0;
+    let mut counted = |what: &str, before: usize, after: usize, per: f64| {
+        rows.push((
+            format!("Azure (Azurite): store requests per {what}"),
+            format!("{}", (after - before) as f64 / per),
+        ));
+    };
+
+    let before = azurite_requests(&log).await?;
+    id += 1;
+    let lease = acquired(call(&mut a_conn, id, acquire("new-key", 0)).await?)?;
+    let after = azurite_requests(&log).await?;
+    counted("acquire of a key never seen", before, after, 1.0);
+
+    // Holding: only renewals reach the store.
+    let renewed = renewals(&metrics).await?;
+    tokio::time::sleep(Duration::from_millis(4500)).await;
+    let held = azurite_requests(&log).await?;
+    let renewed = renewals(&metrics).await? - renewed;
+    counted("renewal", after, held, renewed);
+
+    id += 1;
+    release(&mut a_conn, id, lease).await?;
+    let released = azurite_requests(&log).await?;
+    counted("release", held, released, 1.0);
+
+    id += 1;
+    let lease = acquired(call(&mut a_conn, id, acquire("new-key", 0)).await?)?;
+    let again = azurite_requests(&log).await?;
+    counted("acquire of a key this agent freed", released, again, 1.0);
+
+    id += 1;
+    match call(&mut b_conn, id, acquire("new-key", 0)).await? {
+        AgentMessage::Error(e) if e.code == runlock_protocol::ErrorCode::Held => {}
+        other => bail!("B's acquire of a held key: {other:?}"),
+    }
+    let refused = azurite_requests(&log).await?;
+    counted("acquire refused as held", again, refused, 1.0);
+    id += 1;
+    release(&mut a_conn, id, lease).await?;
+
+    // A key another agent wrote last: this agent's guess fails, then it reads.
+    id += 1;
+    let lease = acquired(call(&mut b_conn, id, acquire("b-key", 0)).await?)?;
+    id += 1;
+    release(&mut b_conn, id, lease).await?;
+    let before = azurite_requests(&log).await?;
+    id += 1;
+    let lease = acquired(call(&mut a_conn, id, acquire("b-key", 0)).await?)?;
+    let after = azurite_requests(&log).await?;
+    counted("acquire of a key another agent freed", before, after, 1.0);
+    id += 1;
+    release(&mut a_conn, id, lease).await?;
+
+    drop((a_conn, b_conn));
+    a.stop().await?;
+    b.stop().await?;
+    drop(store);
+    Ok(rows)
+}
+
+fn acquired(reply: AgentMessage) -> Result<String> {
+    match reply {
+        AgentMessage::Acquired { mut leases, .. } => Ok(leases.pop().context("no lease")?.lease_id),
+        other => bail!("acquire: {other:?}"),
+    }
+}
+
+async fn release(conn: &mut Conn, id: u64, lease_id: String) -> Result<()> {
+    let request = ClientMessage::Release {
+        lease_ids: vec![lease_id],
+        key: None,
+    };
+    match call(conn, id, request).await? {
+        AgentMessage::Released { count: 1 } => Ok(()),
+        other => bail!("release: {other:?}"),
+    }
+}
+
+async fn azure_latency(
+    bin: &Path,
+    scratch: &Path,
+    azurite: &str,
+    python: &str,
+) -> Result<Vec<(String, String)>> {
+    let store = OwnAzurite::start(azurite, &scratch.join("azurite-timed"), None).await?;
+    store.create(python, "bench").await?;
+    let env = [(
+        "AZURE_STORAGE_CONNECTION_STRING",
+        store.connection_string.as_str(),
+    )];
+    let uri = "azure://bench/timed";
+    let agent = Agent::start(bin, scratch, "azure", uri, &[], &env).await?;
+    let mut conn = connect(&agent.socket).await?;
+    let key = "dev:tap-x-to-target-y";
+    for i in 0..50 {
+        pair(&mut conn, 2 * i + 1, key).await?;
+    }
+    let mut acquires = Vec::new();
+    for i in 0..S3_ROUND_TRIPS as u64 {
+        acquires.push(pair(&mut conn, 1_000 + 2 * i, key).await?.0);
+    }
+    agent.stop().await?;
+
+    // The agent's own Azure client (the adapter it wraps its engine around), a
+    // body of a record's size, If-Match on the ETag it wrote last: what one
+    // uncontended acquire costs the store.
+    use runlock_agent::backend::cas::{AzureOptions, AzureStore, CasStore};
+    let options = AzureOptions {
+        connection_string: Some(store.connection_string.clone()),
+        ..AzureOptions::default()
+    };
+    let client = AzureStore::open("azure://bench/raw", &options)?;
+    let name = "raw/record.json";
+    let body = vec![b'x'; 480];
+    let mut etag = client.put_if_absent(name, body.clone()).await?;
+    let mut raw = Vec::new();
+    for i in 0..(50 + S3_ROUND_TRIPS) {
+        let started = Instant::now();
+        etag = client.put_if_match(name, body.clone(), &etag).await?;
+        if i >= 50 {
+            raw.push(started.elapsed());
+        }
+    }
+    let ratio = quantile(&mut acquires.clone(), 0.5).as_secs_f64()
+        / quantile(&mut raw.clone(), 0.5).as_secs_f64();
+    drop(store);
+    Ok(vec![
+        (
+            "Azure (Azurite): raw conditional PUT (If-Match), the agent's client".into(),
+            percentiles(raw),
+        ),
+        (
+            "Azure (Azurite): acquire round trip through the agent".into(),
             format!("{}  ({ratio:.2}× raw p50)", percentiles(acquires)),
         ),
     ])

@@ -76,7 +76,9 @@ async fn check_config_never_prints_a_secret() -> Result<()> {
         dir.path(),
         "runlockd.toml",
         "backend = \"s3://locks/meltano\"\n[s3]\nendpoint_url = \"http://user:pa55word@s3.test:9000\"\n\
-         access_key_id = \"AKIDEXAMPLE\"\nsecret_access_key = \"s3cr3t-v4lue\"\n",
+         access_key_id = \"AKIDEXAMPLE\"\nsecret_access_key = \"s3cr3t-v4lue\"\n\
+         [azure]\nconnection_string = \"AccountName=acct1;AccountKey=YXp1cmUtc2VjcmV0\"\n\
+         account_name = \"acct1\"\naccount_key = \"YXp1cmUta2V5\"\n",
     )?;
     let out = runlockd(&["check-config", "--config", &file], &[]).await?;
     out.expect_code(0)?;
@@ -92,6 +94,11 @@ async fn check_config_never_prints_a_secret() -> Result<()> {
     ensure!(
         !out.stdout.contains("s3cr3t-v4lue") && !out.stdout.contains("pa55word"),
         "a secret was printed: {out:?}"
+    );
+    ensure!(out.stdout.contains("account_name = \"acct1\""), "{out:?}");
+    ensure!(
+        !out.stdout.contains("YXp1cmUtc2VjcmV0") && !out.stdout.contains("YXp1cmUta2V5"),
+        "an Azure secret was printed: {out:?}"
     );
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! Object stores (S3, GCS, Azure Blob) share one lease engine, written once
 //! over this tiny compare-and-swap trait; each store only adapts it.
 
+mod azure;
 mod engine;
 mod memory;
 mod s3;
@@ -9,6 +10,7 @@ mod simulation;
 #[cfg(test)]
 pub(crate) mod testing;
 
+pub use azure::{AzureOptions, AzureStore};
 pub use engine::{grace, CasEngine, LockRecord, CLOCK_RESOLUTION};
 pub use memory::MemoryCasStore;
 pub use s3::{S3Options, S3Store};

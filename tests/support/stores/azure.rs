@@ -1,0 +1,212 @@
+//! Azure Blob through Azurite, which `scripts/test` starts
+//! (tests/scripts/azurite.sh) and names in `RUNLOCK_TEST_AZURE_*`; records are
+//! read back with Azure's own Python SDK (`RUNLOCK_TEST_AZURE_PYTHON`), the way
+//! a person would.
+
+use super::{output_of, test_var, Endpoint, Failure, OwnServer, Record, Store, RECORDS};
+use crate::support::closed_port;
+use anyhow::{Context, Result};
+use std::time::{Duration, UNIX_EPOCH};
+use tokio::process::Command;
+
+/// Azurite's well-known account and key (documented, not a secret).
+pub const ACCOUNT: &str = "devstoreaccount1";
+pub const KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+/// A well-formed key that is not the account's: Azurite checks Shared Key signatures.
+pub const WRONG_KEY: &str = "cnVubG9jay13cm9uZy1hY2NvdW50LWtleS1tdXN0LW5vdC1sZWFrIQ==";
+
+/// The Azure Blob store, as Azurite serves it; an endpoint is the account's
+/// blob URL, `http://127.0.0.1:PORT/devstoreaccount1`.
+#[derive(Debug, Clone, Copy)]
+pub struct Azure;
+
+const SCRIPT: &str = "azurite.sh";
+
+/// A Python with azure-storage-blob.
+fn python() -> Result<String> {
+    test_var("RUNLOCK_TEST_AZURE_PYTHON", SCRIPT)
+}
+
+/// A connection string for the account at `endpoint`, signing with `key`.
+pub fn connection_string_with_key(endpoint: &str, key: &str) -> String {
+    format!(
+        "DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={key};\
+         BlobEndpoint={endpoint};"
+    )
+}
+
+/// The environment an agent (or the Python SDK) needs to use `endpoint`, signing with `key`.
+fn env_with_key(endpoint: &str, key: &str) -> Vec<(String, String)> {
+    vec![(
+        "AZURE_STORAGE_CONNECTION_STRING".to_string(),
+        connection_string_with_key(endpoint, key),
+    )]
+}
+
+const SDK: &str = r#"
+import json, os, sys
+from azure.core.exceptions import ResourceNotFoundError
+from azure.storage.blob import BlobServiceClient
+action, container, arg = sys.argv[1], sys.argv[2], sys.argv[3]
+service = BlobServiceClient.from_connection_string(os.environ["AZURE_STORAGE_CONNECTION_STRING"])
+blobs = service.get_container_client(container)
+if action == "create":
+    blobs.create_container()
+    print("[]")
+elif action == "list":
+    out = []
+    for item in blobs.list_blobs(name_starts_with=arg):
+        got = blobs.download_blob(item.name)
+        out.append({"name": item.name, "last_modified": got.properties.last_modified.timestamp(),
+                    "body": got.readall().decode()})
+    print(json.dumps(out))
+elif action == "get":
+    try:
+        print(json.dumps(blobs.download_blob(arg).readall().decode()))
+    except ResourceNotFoundError:
+        print("null")
+elif action == "put":
+    blobs.upload_blob(arg, sys.stdin.buffer.read(), overwrite=True)
+    print("[]")
+"#;
+
+/// Runs the Python SDK's `action` on `container` at `at`.
+async fn sdk(
+    at: &Endpoint,
+    action: &str,
+    container: &str,
+    arg: &str,
+    input: &[u8],
+) -> Result<String> {
+    let mut command = Command::new(python()?);
+    command
+        .args(["-c", SDK, action, container, arg])
+        // In the environment, not argv, so that `ps` never shows the key.
+        .envs(env_with_key(&at.url, KEY));
+    output_of(
+        command,
+        input,
+        &format!("azure-storage-blob {action} {arg:?} in {container}"),
+    )
+    .await
+}
+
+#[async_trait::async_trait]
+impl Store for Azure {
+    fn name(&self) -> &'static str {
+        "azure"
+    }
+
+    fn shared(&self) -> Result<Endpoint> {
+        Ok(Endpoint {
+            url: test_var("RUNLOCK_TEST_AZURE_ENDPOINT", SCRIPT)?,
+        })
+    }
+
+    async fn start_own(&self) -> Result<OwnServer> {
+        let bin = test_var("RUNLOCK_TEST_AZURITE", SCRIPT)?;
+        let data = tempfile::Builder::new()
+            .prefix("runlock-azurite")
+            .tempdir_in("/tmp")?;
+        let port = closed_port()?;
+        let mut command = Command::new(bin);
+        command
+            .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
+            .arg("--location")
+            .arg(data.path())
+            .args(["--skipApiVersionCheck", "--loose", "--disableTelemetry"]);
+        let base = format!("http://127.0.0.1:{port}");
+        let url = format!("{base}/{ACCOUNT}");
+        OwnServer::spawn(command, Endpoint { url }, Some(data), move || {
+            // Any HTTP answer (400 for `/`) means it is up; curl exits 0 on one.
+            let mut curl = Command::new("curl");
+            curl.args(["-s", "-o", "/dev/null", "-m", "2", &format!("{base}/")]);
+            curl
+        })
+        .await
+    }
+
+    async fn create(&self, at: &Endpoint, name: &str) -> Result<()> {
+        sdk(at, "create", name, "", b"").await.map(|_| ())
+    }
+
+    fn uri(&self, _at: &Endpoint, name: &str, prefix: &str) -> String {
+        if prefix.is_empty() {
+            format!("azure://{name}")
+        } else {
+            format!("azure://{name}/{prefix}")
+        }
+    }
+
+    fn env(&self, at: &Endpoint) -> Vec<(String, String)> {
+        env_with_key(&at.url, KEY)
+    }
+
+    async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
+        let under = if prefix.is_empty() {
+            RECORDS.to_string()
+        } else {
+            format!("{prefix}/{RECORDS}")
+        };
+        let text = sdk(at, "list", name, &under, b"").await?;
+        let listed: Vec<serde_json::Value> = serde_json::from_str(text.trim())
+            .with_context(|| format!("the Azure SDK printed {text:?}"))?;
+        listed
+            .into_iter()
+            .map(|b| {
+                let seconds = b["last_modified"].as_f64().context("no last_modified")?;
+                Ok(Record {
+                    name: b["name"].as_str().context("no name")?.to_string(),
+                    written: Some(UNIX_EPOCH + Duration::from_secs_f64(seconds)),
+                    body: b["body"].as_str().context("no body")?.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {
+        sdk(at, "put", name, object, body).await.map(|_| ())
+    }
+
+    async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>> {
+        let text = sdk(at, "get", name, object, b"").await?;
+        serde_json::from_str(text.trim()).with_context(|| format!("the Azure SDK printed {text:?}"))
+    }
+
+    async fn failures(&self, at: &Endpoint) -> Result<Vec<Failure>> {
+        let missing = super::unique_name("missing");
+        let existing = super::unique_name("wrong-key");
+        self.create(at, &existing).await?;
+        let refusing = format!("http://127.0.0.1:{}/{ACCOUNT}", closed_port()?);
+        // No role-based permissions with a Shared Key: Azurite cannot show a key
+        // that may read but not write.
+        Ok(vec![
+            Failure {
+                what: "a missing container".into(),
+                uri: format!("azure://{missing}/x"),
+                env: env_with_key(&at.url, KEY),
+                names: vec![missing, "does not exist".into()],
+                secret: Some(KEY.into()),
+            },
+            Failure {
+                what: "a wrong account key".into(),
+                uri: format!("azure://{existing}/x"),
+                env: env_with_key(&at.url, WRONG_KEY),
+                names: vec![
+                    existing,
+                    "access denied".into(),
+                    "check the account key".into(),
+                ],
+                secret: Some(WRONG_KEY.into()),
+            },
+            Failure {
+                what: "an endpoint where nothing listens".into(),
+                uri: "azure://locks/x".into(),
+                env: env_with_key(&refusing, KEY),
+                names: vec![refusing, "cannot reach".into()],
+                secret: Some(KEY.into()),
+            },
+        ])
+    }
+}
