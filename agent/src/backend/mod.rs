@@ -123,6 +123,11 @@ pub trait Backend: Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities;
     /// The backend's URI with any secret removed.
     fn describe(&self) -> String;
+    /// The shortest TTL it can keep renewed (a store that takes few writes per
+    /// record needs renewals far apart); shorter requests are refused.
+    fn min_ttl(&self) -> Duration {
+        Duration::ZERO
+    }
     /// Takes `spec.key` now, or reports its holder; never waits for a holder.
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError>;
     /// Confirms the lease is still ours and extends it.
