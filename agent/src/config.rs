@@ -3,7 +3,7 @@
 //! one before, resolved into one `Config`.
 
 use crate::access::Access;
-use crate::backend::{BackendOptions, S3Options};
+use crate::backend::{BackendOptions, GcsOptions, S3Options};
 use crate::legacy::MeltanoSystemDb;
 use crate::telemetry::LogFormat;
 use anyhow::Context;
@@ -43,7 +43,7 @@ pub struct Args {
     #[arg(long, env = "RUNLOCK_SOCKET_MODE", value_name = "MODE", global = true,
           value_parser = parse_mode)]
     pub socket_mode: Option<u32>,
-    /// Lock backend: file:///DIR, s3://BUCKET/PREFIX or memory:// [default:
+    /// Lock backend: file:///DIR, s3://BUCKET/PREFIX, gs://BUCKET/PREFIX or memory:// [default:
     /// file:// under $XDG_STATE_HOME/runlock, or /var/lib/runlock for root]
     #[arg(long, env = "RUNLOCK_BACKEND", value_name = "URI", global = true)]
     pub backend: Option<String>,
@@ -125,6 +125,8 @@ struct FileConfig {
     access: AccessSection,
     #[serde(default)]
     s3: S3Options,
+    #[serde(default)]
+    gcs: GcsOptions,
 }
 
 /// `[access]`: who may force a lock or break another's.
@@ -241,7 +243,10 @@ impl Config {
             socket_group,
             socket_mode: args.socket_mode.or(settings.socket_mode).unwrap_or(0o660),
             backend,
-            backend_options: BackendOptions { s3: settings.s3 },
+            backend_options: BackendOptions {
+                s3: settings.s3,
+                gcs: settings.gcs,
+            },
             ttl: args.ttl.or(settings.ttl).unwrap_or(Duration::from_secs(30)),
             on_unavailable,
             access,
@@ -271,6 +276,7 @@ impl Config {
             legacy_meltano_systemdb: Option<&'a str>,
             access: AccessShown,
             s3: S3Options,
+            gcs: &'a GcsOptions,
         }
         #[derive(Serialize)]
         struct AccessShown {
@@ -295,6 +301,7 @@ impl Config {
                 force_groups: self.access.gids().to_vec(),
             },
             s3: self.backend_options.s3.redacted(),
+            gcs: &self.backend_options.gcs,
         };
         let source = match &self.file {
             Some(path) => format!("# from {} and the environment\n", path.display()),
@@ -418,7 +425,8 @@ mod tests {
             "socket = \"/run/x.sock\"\nsocket_mode = \"0600\"\nbackend = \"s3://b/p\"\n\
              ttl = \"10s\"\non_unavailable = \"warn\"\nmetrics = \"127.0.0.1:9464\"\n\
              log_format = \"json\"\nlegacy_meltano_systemdb = \"/m/meltano.db\"\n[access]\nforce_users = [\"root\", 1000]\n\
-             force_groups = [0]\n[s3]\nregion = \"eu-west-1\"\n",
+             force_groups = [0]\n[s3]\nregion = \"eu-west-1\"\n\
+             [gcs]\ncredentials_file = \"/etc/runlock/gcs-key.json\"\n",
         )
         .expect("parses");
         assert_eq!(file.socket_mode, Some(0o600));
@@ -430,6 +438,10 @@ mod tests {
             Some("/m/meltano.db")
         );
         assert_eq!(file.s3.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(
+            file.gcs.credentials_file.as_deref(),
+            Some(Path::new("/etc/runlock/gcs-key.json"))
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@ mod file;
 mod key_name;
 mod memory;
 
-pub use cas::S3Options;
+pub use cas::{GcsOptions, S3Options};
 pub use file::FileBackend;
 pub use memory::MemoryBackend;
 
@@ -153,6 +153,8 @@ pub trait Backend: Send + Sync + 'static {
 pub struct BackendOptions {
     /// `[s3]`.
     pub s3: S3Options,
+    /// `[gcs]`.
+    pub gcs: GcsOptions,
 }
 
 /// How long the start-up check of a network store may take.
@@ -164,7 +166,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(6);
 pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc<dyn Backend>> {
     let (scheme, rest) = uri.split_once("://").ok_or_else(|| {
         anyhow::anyhow!(
-            "backend {:?} is not a URI (expected file:///path, s3://bucket/prefix or memory://)",
+            "backend {:?} is not a URI (expected file:///path, s3://bucket/prefix, \
+             gs://bucket/prefix or memory://)",
             redact_uri(uri)
         )
     })?;
@@ -183,25 +186,39 @@ pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc
         ))),
         "s3" => {
             let store = cas::S3Store::open(uri, &options.s3).await?;
-            let problem = match tokio::time::timeout(PROBE_TIMEOUT, store.probe()).await {
-                Ok(Ok(())) => None,
-                Ok(Err(err)) => Some(err.to_string()),
-                Err(_) => Some(format!("no answer within {}s", PROBE_TIMEOUT.as_secs())),
-            };
-            if let Some(problem) = problem {
-                tracing::warn!(
-                    backend = %cas::CasStore::describe(&store),
-                    "the backend cannot be used yet: {problem}; runs will fail as unavailable \
-                     until it can"
-                );
-            }
+            warn_if_unusable(&store, store.probe()).await;
+            let prefix = store.records_prefix().to_string();
+            Ok(Arc::new(cas::CasEngine::new(Arc::new(store), prefix)))
+        }
+        "gs" => {
+            let store = cas::GcsStore::open(uri, &options.gcs)?;
+            warn_if_unusable(&store, store.probe()).await;
             let prefix = store.records_prefix().to_string();
             Ok(Arc::new(cas::CasEngine::new(Arc::new(store), prefix)))
         }
         other => anyhow::bail!(
             "backend scheme {other:?} is not supported by this build \
-             (supported: file://, s3://, memory://)"
+             (supported: file://, s3://, gs://, memory://)"
         ),
+    }
+}
+
+/// The start-up check of a network store: a warning naming the cause when it
+/// cannot be used; the agent starts anyway.
+async fn warn_if_unusable(
+    store: &dyn cas::CasStore,
+    probe: impl std::future::Future<Output = Result<(), cas::CasError>>,
+) {
+    let problem = match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+        Ok(Ok(())) => None,
+        Ok(Err(err)) => Some(err.to_string()),
+        Err(_) => Some(format!("no answer within {}s", PROBE_TIMEOUT.as_secs())),
+    };
+    if let Some(problem) = problem {
+        tracing::warn!(
+            backend = %store.describe(),
+            "the backend cannot be used yet: {problem}; runs will fail as unavailable until it can"
+        );
     }
 }
 
@@ -270,5 +287,6 @@ mod tests {
             .await
             .is_err());
         assert!(from_uri("s3://", &BackendOptions::default()).await.is_err());
+        assert!(from_uri("gs://", &BackendOptions::default()).await.is_err());
     }
 }

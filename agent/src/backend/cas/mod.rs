@@ -2,6 +2,7 @@
 //! over this tiny compare-and-swap trait; each store only adapts it.
 
 mod engine;
+mod gcs;
 mod memory;
 mod s3;
 #[cfg(test)]
@@ -10,6 +11,7 @@ mod simulation;
 pub(crate) mod testing;
 
 pub use engine::{grace, CasEngine, LockRecord, CLOCK_RESOLUTION};
+pub use gcs::{GcsOptions, GcsStore};
 pub use memory::MemoryCasStore;
 pub use s3::{S3Options, S3Store};
 
