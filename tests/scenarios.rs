@@ -21,6 +21,11 @@ macro_rules! on_every_store {
             async fn s3() -> anyhow::Result<()> {
                 super::$case(S3).await
             }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn gcs() -> anyhow::Result<()> {
+                super::$case(Gcs).await
+            }
         }
     )*};
 }
@@ -35,6 +40,11 @@ macro_rules! on_every_object_store {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn s3() -> anyhow::Result<()> {
                 super::$case(S3).await
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn gcs() -> anyhow::Result<()> {
+                super::$case(Gcs).await
             }
         }
     )*};
