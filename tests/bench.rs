@@ -24,6 +24,8 @@ const THROUGHPUT_TIME: Duration = Duration::from_secs(3);
 const CRASHES: usize = 40;
 const MANY_LEASES: usize = 10_000;
 const S3_ROUND_TRIPS: usize = 500;
+/// GCS takes one write per object per second, so each sample is a key of its own.
+const GCS_KEYS: usize = 300;
 
 fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -94,6 +96,7 @@ async fn run() -> Result<()> {
 
     rows.extend(s3_latency(&bins.agent, scratch.path()).await?);
     rows.extend(azure_rows(&bins.agent, scratch.path()).await?);
+    rows.extend(gcs_latency(&bins.agent, scratch.path()).await?);
     rows.extend(many_leases(&bins.agent, scratch.path()).await?);
 
     println!();
@@ -494,6 +497,177 @@ async fn azure_latency(
             format!("{}  ({ratio:.2}× raw p50)", percentiles(acquires)),
         ),
     ])
+}
+
+/// Acquire through the agent on GCS (fake-gcs-server) beside raw multipart
+/// uploads with `ifGenerationMatch` over the same HTTP stack (hyper-util's
+/// pooled client), in the same run. GCS sustains one write per object per
+/// second, so every sample writes an object of its own: acquires of new keys
+/// (one create each) beside raw creates, then, a second later, acquires of
+/// the keys this agent freed (one replace each) beside raw replaces; and a few
+/// acquires right after a release of the same key, which the engine spaces
+/// by that second. Needs `RUNLOCK_TEST_GCS_ENDPOINT` (BENCHMARKS.md).
+async fn gcs_latency(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+    let Ok(endpoint) = std::env::var("RUNLOCK_TEST_GCS_ENDPOINT") else {
+        let why = "skipped: RUNLOCK_TEST_GCS_ENDPOINT is not set (see BENCHMARKS.md)";
+        return Ok(vec![("GCS (fake-gcs-server)".into(), why.into())]);
+    };
+    let bucket = format!("runlock-bench-{}", std::process::id());
+    let created = Command::new("curl")
+        .args([
+            "-sSf",
+            "-m",
+            "10",
+            "-X",
+            "POST",
+            "-H",
+            "Content-Type: application/json",
+        ])
+        .args(["-d", &format!("{{\"name\":\"{bucket}\"}}")])
+        .arg(format!("{endpoint}/storage/v1/b?project=bench"))
+        .output()
+        .await?;
+    if !created.status.success() {
+        bail!(
+            "creating bucket {bucket}: {}",
+            String::from_utf8_lossy(&created.stderr)
+        );
+    }
+    let uri = format!("gs://{bucket}/bench");
+    let env = [("STORAGE_EMULATOR_HOST", endpoint.as_str())];
+    let agent = Agent::start(bin, scratch, "gcs", &uri, &[], &env).await?;
+    let mut conn = connect(&agent.socket).await?;
+    let new_keys = gcs_acquire_all(&mut conn, 1, "new").await?;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let freed_keys = gcs_acquire_all(&mut conn, 1_000, "freed").await?;
+    let mut right_after = Vec::new();
+    for i in 0..5 {
+        let started = Instant::now();
+        pair(&mut conn, 10_000 + 2 * i, "dev:gcs-right-after").await?;
+        if i > 0 {
+            right_after.push(started.elapsed());
+        }
+    }
+    agent.stop().await?;
+
+    // Raw: the same requests the adapter sends, over the same client stack.
+    let client: hyper_util::client::legacy::Client<_, http_body_util::Full<bytes::Bytes>> =
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build_http();
+    let body = format!("{{\"pad\":\"{}\"}}", "x".repeat(470));
+    let upload = |name: String, generation: String| {
+        let boundary = "runlock-bench-boundary";
+        let multipart = format!(
+            "--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n\
+             {{\"name\":\"{name}\",\"contentType\":\"application/json\"}}\r\n--{boundary}\r\n\
+             Content-Type: application/json\r\n\r\n{body}\r\n--{boundary}--\r\n"
+        );
+        let request = hyper::Request::post(format!(
+            "{endpoint}/upload/storage/v1/b/{bucket}/o?uploadType=multipart\
+             &ifGenerationMatch={generation}&fields=generation"
+        ))
+        .header(
+            "content-type",
+            format!("multipart/related; boundary={boundary}"),
+        )
+        .body(http_body_util::Full::new(bytes::Bytes::from(multipart)));
+        let client = client.clone();
+        async move {
+            let response = client.request(request?).await?;
+            let status = response.status();
+            let answer = http_body_util::BodyExt::collect(response.into_body())
+                .await?
+                .to_bytes();
+            if !status.is_success() {
+                bail!("raw upload of {name}: {status}");
+            }
+            let answer: serde_json::Value = serde_json::from_slice(&answer)?;
+            answer["generation"]
+                .as_str()
+                .map(str::to_string)
+                .context("no generation")
+        }
+    };
+    let (mut raw_creates, mut generations) = (Vec::new(), Vec::new());
+    for i in 0..(30 + GCS_KEYS) {
+        let started = Instant::now();
+        generations.push(upload(format!("raw/{i}.json"), "0".into()).await?);
+        if i >= 30 {
+            raw_creates.push(started.elapsed());
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut raw_replaces = Vec::new();
+    for (i, generation) in generations.into_iter().enumerate() {
+        let started = Instant::now();
+        upload(format!("raw/{i}.json"), generation).await?;
+        if i >= 30 {
+            raw_replaces.push(started.elapsed());
+        }
+    }
+    let ratio = |agent: &[Duration], raw: &[Duration]| {
+        quantile(&mut agent.to_vec(), 0.5).as_secs_f64()
+            / quantile(&mut raw.to_vec(), 0.5).as_secs_f64()
+    };
+    Ok(vec![
+        (
+            "GCS (fake-gcs-server): raw create (multipart, ifGenerationMatch=0), same HTTP client"
+                .into(),
+            percentiles(raw_creates.clone()),
+        ),
+        (
+            "GCS (fake-gcs-server): acquire of a new key through the agent".into(),
+            format!(
+                "{}  ({:.2}× raw p50)",
+                percentiles(new_keys.clone()),
+                ratio(&new_keys, &raw_creates)
+            ),
+        ),
+        (
+            "GCS (fake-gcs-server): raw replace (multipart, ifGenerationMatch=<generation>)".into(),
+            percentiles(raw_replaces.clone()),
+        ),
+        (
+            "GCS (fake-gcs-server): acquire of a key this agent freed ≥ 1 s before".into(),
+            format!(
+                "{}  ({:.2}× raw p50)",
+                percentiles(freed_keys.clone()),
+                ratio(&freed_keys, &raw_replaces)
+            ),
+        ),
+        (
+            "GCS (fake-gcs-server): acquire+release pair of one key, back to back".into(),
+            percentiles(right_after),
+        ),
+    ])
+}
+
+/// Acquires keys `dev:gcs-0..` one request at a time, then releases them in
+/// one request; the samples leave out the first 30 (warm-up).
+async fn gcs_acquire_all(conn: &mut Conn, first_id: u64, round: &str) -> Result<Vec<Duration>> {
+    let (mut samples, mut lease_ids) = (Vec::new(), Vec::new());
+    let mut id = first_id;
+    for i in 0..(30 + GCS_KEYS) {
+        id += 1;
+        let started = Instant::now();
+        match call(conn, id, acquire(&format!("dev:gcs-{i}"), 0)).await? {
+            AgentMessage::Acquired { mut leases, .. } => {
+                lease_ids.push(leases.pop().context("no lease")?.lease_id)
+            }
+            other => bail!("{round} acquire: {other:?}"),
+        }
+        if i >= 30 {
+            samples.push(started.elapsed());
+        }
+    }
+    let release = ClientMessage::Release {
+        lease_ids,
+        key: None,
+    };
+    match call(conn, id + 1, release).await? {
+        AgentMessage::Released { .. } => Ok(samples),
+        other => bail!("{round} release: {other:?}"),
+    }
 }
 
 /// One agent holding 10,000 leases (TTL 30 s) on the in-memory CAS store:

@@ -1,6 +1,6 @@
 //! The cross-host scenarios, written once and run for every shared store:
 //! two agents with their own sockets and agent ids on one space play two
-//! hosts. Each case is an `async fn(store)`; `on_every_store!` names it as one
+//! hosts. Each case is an `async fn(store)`; `on_stores!` names it as one
 //! test per store (`scenarios::CASE::STORE`). The stores' emulators are
 //! started by `scripts/test`; without them these tests fail (they never skip).
 
@@ -11,46 +11,25 @@ use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// Runs each `async fn case(store) -> Result<()>` as one test per store.
-macro_rules! on_every_store {
-    ($($case:ident),* $(,)?) => {$(
-        mod $case {
-            use crate::support::stores::*;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn s3() -> anyhow::Result<()> {
-                super::$case(S3).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn azure() -> anyhow::Result<()> {
-                super::$case(Azure).await
-            }
-        }
+/// `on_stores!([name: Store, ...]; case, ...)` runs each
+/// `async fn case(store) -> Result<()>` as one test per store, named
+/// `scenarios::case::name`.
+macro_rules! on_stores {
+    ($stores:tt; $($case:ident),* $(,)?) => {$(
+        on_stores!(@case $case $stores);
     )*};
+    (@case $case:ident [$($name:ident: $store:ident),* $(,)?]) => {
+        mod $case {$(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() -> anyhow::Result<()> {
+                super::$case(crate::support::stores::$store).await
+            }
+        )*}
+    };
 }
 
-/// Like `on_every_store!`, for the object stores only (S3, Azure Blob, GCS),
-/// whose records sit beside Meltano's own state files.
-macro_rules! on_every_object_store {
-    ($($case:ident),* $(,)?) => {$(
-        mod $case {
-            use crate::support::stores::*;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn s3() -> anyhow::Result<()> {
-                super::$case(S3).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn azure() -> anyhow::Result<()> {
-                super::$case(Azure).await
-            }
-        }
-    )*};
-}
-
-on_every_store!(
+on_stores!(
+    [s3: S3, azure: Azure, gcs: Gcs];
     a_conflict_names_the_holder_on_the_other_host,
     a_killed_run_frees_its_key_for_the_other_host_at_once,
     a_lost_host_s_lease_is_taken_over_after_its_ttl_and_not_before,
@@ -61,7 +40,11 @@ on_every_store!(
     the_store_s_own_failures_make_runs_exit_69_with_a_clear_message,
 );
 
-on_every_object_store!(records_read_back_with_the_store_s_own_tools_as_json_beside_meltano_state);
+// The object stores' records sit beside Meltano's own state files.
+on_stores!(
+    [s3: S3, azure: Azure, gcs: Gcs];
+    records_read_back_with_the_store_s_own_tools_as_json_beside_meltano_state,
+);
 
 fn now_ms() -> u64 {
     SystemTime::now()

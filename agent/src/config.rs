@@ -3,7 +3,7 @@
 //! one before, resolved into one `Config`.
 
 use crate::access::Access;
-use crate::backend::{AzureOptions, BackendOptions, S3Options};
+use crate::backend::{AzureOptions, BackendOptions, GcsOptions, S3Options};
 use crate::legacy::MeltanoSystemDb;
 use crate::telemetry::LogFormat;
 use anyhow::Context;
@@ -43,8 +43,8 @@ pub struct Args {
     #[arg(long, env = "RUNLOCK_SOCKET_MODE", value_name = "MODE", global = true,
           value_parser = parse_mode)]
     pub socket_mode: Option<u32>,
-    /// Lock backend: file:///DIR, s3://BUCKET/PREFIX, azure://CONTAINER/PREFIX
-    /// or memory:// [default:
+    /// Lock backend: file:///DIR, s3://BUCKET/PREFIX, azure://CONTAINER/PREFIX,
+    /// gs://BUCKET/PREFIX or memory:// [default:
     /// file:// under $XDG_STATE_HOME/runlock, or /var/lib/runlock for root]
     #[arg(long, env = "RUNLOCK_BACKEND", value_name = "URI", global = true)]
     pub backend: Option<String>,
@@ -128,6 +128,7 @@ struct FileConfig {
     s3: S3Options,
     #[serde(default)]
     azure: AzureOptions,
+    gcs: GcsOptions,
 }
 
 /// `[access]`: who may force a lock or break another's.
@@ -247,6 +248,7 @@ impl Config {
             backend_options: BackendOptions {
                 s3: settings.s3,
                 azure: settings.azure,
+                gcs: settings.gcs,
             },
             ttl: args.ttl.or(settings.ttl).unwrap_or(Duration::from_secs(30)),
             on_unavailable,
@@ -278,6 +280,7 @@ impl Config {
             access: AccessShown,
             s3: S3Options,
             azure: AzureOptions,
+            gcs: &'a GcsOptions,
         }
         #[derive(Serialize)]
         struct AccessShown {
@@ -303,6 +306,7 @@ impl Config {
             },
             s3: self.backend_options.s3.redacted(),
             azure: self.backend_options.azure.redacted(),
+            gcs: &self.backend_options.gcs,
         };
         let source = match &self.file {
             Some(path) => format!("# from {} and the environment\n", path.display()),
@@ -427,7 +431,8 @@ mod tests {
              ttl = \"10s\"\non_unavailable = \"warn\"\nmetrics = \"127.0.0.1:9464\"\n\
              log_format = \"json\"\nlegacy_meltano_systemdb = \"/m/meltano.db\"\n[access]\nforce_users = [\"root\", 1000]\n\
              force_groups = [0]\n[s3]\nregion = \"eu-west-1\"\n\
-             [azure]\naccount_name = \"acct1\"\naccount_key = \"a2V5\"\n",
+             [azure]\naccount_name = \"acct1\"\naccount_key = \"a2V5\"\n\
+             [gcs]\ncredentials_file = \"/etc/runlock/gcs-key.json\"\n",
         )
         .expect("parses");
         assert_eq!(file.socket_mode, Some(0o600));
@@ -440,6 +445,10 @@ mod tests {
         );
         assert_eq!(file.s3.region.as_deref(), Some("eu-west-1"));
         assert_eq!(file.azure.account_name.as_deref(), Some("acct1"));
+        assert_eq!(
+            file.gcs.credentials_file.as_deref(),
+            Some(Path::new("/etc/runlock/gcs-key.json"))
+        );
     }
 
     #[test]

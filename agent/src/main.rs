@@ -59,6 +59,14 @@ async fn run(config: Config) -> anyhow::Result<()> {
         uid: nix::unistd::geteuid().as_raw(),
     };
     let capabilities = backend.capabilities();
+    if config.ttl < backend.min_ttl() {
+        anyhow::bail!(
+            "ttl {} is too short for {}: it needs at least {}",
+            humantime::format_duration(config.ttl),
+            backend.describe(),
+            humantime::format_duration(backend.min_ttl())
+        );
+    }
     let policy = Policy {
         default_ttl: config.ttl,
         on_unavailable: config.on_unavailable,

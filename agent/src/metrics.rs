@@ -311,6 +311,10 @@ impl Backend for TimedBackend {
         self.inner.describe()
     }
 
+    fn min_ttl(&self) -> Duration {
+        self.inner.min_ttl()
+    }
+
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         let started = Instant::now();
         let result = self.inner.acquire(spec).await;

@@ -455,9 +455,16 @@ impl Registry {
             return Err(bad_request("acquire needs at least one key"));
         }
         let ttl = req.ttl.unwrap_or(self.policy.default_ttl);
-        if ttl < TTL_RANGE.0 || ttl > TTL_RANGE.1 {
+        let shortest = TTL_RANGE.0.max(self.backend.min_ttl());
+        if ttl < shortest || ttl > TTL_RANGE.1 {
+            let on = if shortest > TTL_RANGE.0 {
+                format!(" on {}", self.backend.describe())
+            } else {
+                String::new()
+            };
             return Err(bad_request(format!(
-                "ttl_ms must be between 1000 and 86400000, got {}",
+                "ttl_ms must be between {} and 86400000{on}, got {}",
+                shortest.as_millis(),
                 ttl.as_millis()
             )));
         }

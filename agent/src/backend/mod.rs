@@ -5,7 +5,7 @@ mod file;
 mod key_name;
 mod memory;
 
-pub use cas::{AzureOptions, S3Options};
+pub use cas::{AzureOptions, GcsOptions, S3Options};
 pub use file::FileBackend;
 pub use memory::MemoryBackend;
 
@@ -123,6 +123,11 @@ pub trait Backend: Send + Sync + 'static {
     fn capabilities(&self) -> Capabilities;
     /// The backend's URI with any secret removed.
     fn describe(&self) -> String;
+    /// The shortest TTL it can keep renewed (a store that takes few writes per
+    /// record needs renewals far apart); shorter requests are refused.
+    fn min_ttl(&self) -> Duration {
+        Duration::ZERO
+    }
     /// Takes `spec.key` now, or reports its holder; never waits for a holder.
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError>;
     /// Confirms the lease is still ours and extends it.
@@ -156,6 +161,8 @@ pub struct BackendOptions {
     pub s3: S3Options,
     /// `[azure]`.
     pub azure: AzureOptions,
+    /// `[gcs]`.
+    pub gcs: GcsOptions,
 }
 
 /// How long the start-up check of a network store may take.
@@ -168,7 +175,7 @@ pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc
     let (scheme, rest) = uri.split_once("://").ok_or_else(|| {
         anyhow::anyhow!(
             "backend {:?} is not a URI (expected file:///path, s3://bucket/prefix, \
-             azure://container/prefix or memory://)",
+             azure://container/prefix, gs://bucket/prefix or memory://)",
             redact_uri(uri)
         )
     })?;
@@ -189,19 +196,30 @@ pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc
             let store = cas::S3Store::open(uri, &options.s3).await?;
             warn_if_unusable(&store, store.probe()).await;
             let prefix = store.records_prefix().to_string();
-            Ok(Arc::new(cas::CasEngine::new(Arc::new(store), prefix)))
+            Ok(on_the_lease_engine(store, prefix))
         }
         "azure" => {
             let store = cas::AzureStore::open(uri, &options.azure)?;
             warn_if_unusable(&store, store.probe()).await;
             let prefix = store.records_prefix().to_string();
-            Ok(Arc::new(cas::CasEngine::new(Arc::new(store), prefix)))
+            Ok(on_the_lease_engine(store, prefix))
+        }
+        "gs" => {
+            let store = cas::GcsStore::open(uri, &options.gcs)?;
+            warn_if_unusable(&store, store.probe()).await;
+            let prefix = store.records_prefix().to_string();
+            Ok(on_the_lease_engine(store, prefix))
         }
         other => anyhow::bail!(
             "backend scheme {other:?} is not supported by this build \
-             (supported: file://, s3://, azure://, memory://)"
+             (supported: file://, s3://, azure://, gs://, memory://)"
         ),
     }
+}
+
+/// The object-store lease engine over `store`, its records under the store's prefix.
+fn on_the_lease_engine(store: impl cas::CasStore, prefix: String) -> Arc<dyn Backend> {
+    Arc::new(cas::CasEngine::new(Arc::new(store), prefix))
 }
 
 /// Logs a warning naming why `store` cannot be used, if its start-up check
@@ -292,5 +310,6 @@ mod tests {
         assert!(from_uri("azure://", &BackendOptions::default())
             .await
             .is_err());
+        assert!(from_uri("gs://", &BackendOptions::default()).await.is_err());
     }
 }

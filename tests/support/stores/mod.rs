@@ -4,9 +4,11 @@
 //! and how to read its lock records with the store's own tools.
 
 pub mod azure;
+mod gcs;
 mod s3;
 
 pub use azure::Azure;
+pub use gcs::Gcs;
 pub use s3::{env_for as s3_env_for, RECORDS, S3};
 
 use super::agent::{AgentOptions, TestAgent};

@@ -34,6 +34,11 @@ pub fn grace(ttl: Duration) -> Duration {
 /// How many times one operation re-reads after losing a race or a request.
 const ATTEMPTS: usize = 6;
 
+/// The shortest TTL, in write intervals, on a store that limits writes per
+/// record: renewals go out every TTL/3 less 10% jitter, so five intervals keep
+/// them 1.5 intervals apart, never slowed by [`Pacer`], with room for a retry.
+const MIN_TTL_IN_WRITE_INTERVALS: u32 = 5;
+
 /// Waits before attempt `attempt + 1`: 10 ms doubling, jittered.
 async fn backoff(attempt: usize) {
     let base = Duration::from_millis(10 << attempt);
@@ -69,6 +74,56 @@ struct Held {
     record: LockRecord,
 }
 
+/// Spaces this agent's writes of one record by the store's minimum write
+/// interval (GCS: about one per object per second), so that a release right
+/// after an acquire, or an acquire right after a release, does not meet the
+/// store's throttling. Other agents' writes are not known here: a write that
+/// is throttled anyway is retried by the store adapter.
+struct Pacer {
+    interval: Duration,
+    /// When each record's last write that may have landed was (or will be) sent.
+    booked: Mutex<HashMap<String, Instant>>,
+}
+
+/// One write's slot, for [`Pacer::cancel`].
+struct Booking {
+    at: Instant,
+    previous: Option<Instant>,
+}
+
+impl Pacer {
+    /// Waits until `name` may be written again and books that moment for the
+    /// write about to be sent.
+    async fn book(&self, name: &str) -> Option<Booking> {
+        if self.interval.is_zero() {
+            return None;
+        }
+        let now = Instant::now();
+        let booking = {
+            let mut booked = self.booked.lock().unwrap_or_else(|e| e.into_inner());
+            booked.retain(|_, last| *last + self.interval > now);
+            let previous = booked.get(name).copied();
+            let at = previous.map_or(now, |last| (last + self.interval).max(now));
+            booked.insert(name.to_string(), at);
+            Booking { at, previous }
+        };
+        tokio::time::sleep_until(booking.at).await;
+        Some(booking)
+    }
+
+    /// The booked write changed nothing (its precondition failed): it does not count.
+    fn cancel(&self, name: &str, booking: Option<Booking>) {
+        let Some(booking) = booking else { return };
+        let mut booked = self.booked.lock().unwrap_or_else(|e| e.into_inner());
+        if booked.get(name) == Some(&booking.at) {
+            match booking.previous {
+                Some(previous) => booked.insert(name.to_string(), previous),
+                None => booked.remove(name),
+            };
+        }
+    }
+}
+
 /// The lease engine over one compare-and-swap store.
 pub struct CasEngine {
     store: Arc<dyn CasStore>,
@@ -82,6 +137,7 @@ pub struct CasEngine {
     known_free: Mutex<HashMap<String, (String, u64)>>,
     /// Records this agent has seen at all; one never seen is first tried as absent.
     known: Mutex<std::collections::HashSet<String>>,
+    pacer: Pacer,
 }
 
 fn now_ms() -> u64 {
@@ -102,6 +158,10 @@ impl CasEngine {
     /// An engine keeping records under `prefix` (which ends with `/` or is empty).
     pub fn new(store: Arc<dyn CasStore>, prefix: impl Into<String>) -> CasEngine {
         CasEngine {
+            pacer: Pacer {
+                interval: store.min_write_interval(),
+                booked: Mutex::new(HashMap::new()),
+            },
             store,
             prefix: prefix.into(),
             held: Mutex::new(HashMap::new()),
@@ -218,11 +278,15 @@ impl CasEngine {
             None => self.decide(spec, name).await?,
         };
         let body = Self::body(&record);
+        let booking = self.pacer.book(name).await;
         let sent = Instant::now();
         let written = match &version {
             None => self.store.put_if_absent(name, body).await,
             Some(version) => self.store.put_if_match(name, body, version).await,
         };
+        if written == Err(CasError::Conflict) {
+            self.pacer.cancel(name, booking);
+        }
         match written {
             Ok(version) => {
                 self.seen
@@ -293,6 +357,7 @@ impl CasEngine {
             .ok_or(BackendError::LeaseMismatch)?;
         let mut last_error = None;
         for attempt in 0..ATTEMPTS {
+            let booking = self.pacer.book(&name).await;
             match self
                 .store
                 .put_if_match(&name, Self::body(&record), &version)
@@ -305,7 +370,7 @@ impl CasEngine {
                     backoff(attempt).await;
                     continue;
                 }
-                Err(CasError::Conflict) => {}
+                Err(CasError::Conflict) => self.pacer.cancel(&name, booking),
             }
             let read = self.store.get(&name).await.map_err(unavailable)?;
             let current = match &read.object {
@@ -354,6 +419,10 @@ impl Backend for CasEngine {
 
     fn describe(&self) -> String {
         self.store.describe()
+    }
+
+    fn min_ttl(&self) -> Duration {
+        self.store.min_write_interval() * MIN_TTL_IN_WRITE_INTERVALS
     }
 
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
@@ -694,6 +763,118 @@ mod tests {
         ));
         one.release(&lease("k", "l1", 1)).await.expect("release");
         assert_eq!(stored(store.as_ref(), "k").await.state, KeyState::Free);
+    }
+
+    /// A memory store that wants writes of one object a second apart (as GCS
+    /// does) and notes when each successful write happened.
+    struct Throttled {
+        inner: MemoryCasStore,
+        writes: Mutex<Vec<(String, Instant)>>,
+    }
+
+    impl Throttled {
+        fn new() -> Throttled {
+            Throttled {
+                inner: MemoryCasStore::new(),
+                writes: Mutex::new(Vec::new()),
+            }
+        }
+
+        fn noted<T>(&self, name: &str, result: Result<T, CasError>) -> Result<T, CasError> {
+            if result.is_ok() {
+                let mut writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+                writes.push((name.to_string(), Instant::now()));
+            }
+            result
+        }
+
+        /// The shortest time between two successful writes of one object.
+        fn closest_writes(&self) -> Option<Duration> {
+            let writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+            let mut closest: Option<Duration> = None;
+            for (i, (name, at)) in writes.iter().enumerate() {
+                if let Some((_, before)) = writes[..i].iter().rev().find(|(n, _)| n == name) {
+                    let gap = *at - *before;
+                    closest = Some(closest.map_or(gap, |c| c.min(gap)));
+                }
+            }
+            closest
+        }
+    }
+
+    #[async_trait]
+    impl CasStore for Throttled {
+        fn describe(&self) -> String {
+            "throttled://".into()
+        }
+        fn min_write_interval(&self) -> Duration {
+            Duration::from_secs(1)
+        }
+        async fn get(&self, name: &str) -> Result<Read, CasError> {
+            self.inner.get(name).await
+        }
+        async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
+            let result = self.inner.put_if_absent(name, body).await;
+            self.noted(name, result)
+        }
+        async fn put_if_match(
+            &self,
+            name: &str,
+            body: Vec<u8>,
+            version: &str,
+        ) -> Result<String, CasError> {
+            let result = self.inner.put_if_match(name, body, version).await;
+            self.noted(name, result)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn on_a_store_that_limits_writes_one_record_is_written_at_most_once_an_interval() {
+        let store = Arc::new(Throttled::new());
+        let engine = CasEngine::new(store.clone(), "locks/");
+        assert_eq!(engine.min_ttl(), Duration::from_secs(5));
+        let ttl = engine.min_ttl();
+        // Short runs back to back, each acquire right after the previous release.
+        for (token, id) in [(1, "l1"), (2, "l2"), (3, "l3")] {
+            let mut short = spec("k", id, false);
+            short.ttl = ttl;
+            engine.acquire(&short).await.expect("free");
+            engine
+                .renew(&lease("k", id, token), ttl)
+                .await
+                .expect("renew");
+            engine
+                .release(&lease("k", id, token))
+                .await
+                .expect("release");
+        }
+        // Another key is not held up by this one.
+        let started = Instant::now();
+        engine.acquire(&spec("j", "j1", false)).await.expect("free");
+        assert_eq!(started.elapsed(), Duration::ZERO);
+        let closest = store.closest_writes().expect("rewrites");
+        assert!(closest >= Duration::from_secs(1), "{closest:?}");
+        assert_eq!(store.writes.lock().expect("lock").len(), 10);
+        assert!(CasEngine::new(Arc::new(MemoryCasStore::new()), "")
+            .min_ttl()
+            .is_zero());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_whose_precondition_failed_does_not_hold_up_the_next() {
+        let store = Arc::new(Throttled::new());
+        let (one, two) = (
+            CasEngine::new(store.clone(), "locks/"),
+            CasEngine::new(store.clone(), "locks/"),
+        );
+        one.acquire(&spec("k", "l1", false)).await.expect("free");
+        one.release(&lease("k", "l1", 1)).await.expect("release");
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        // `two` first tries to create the record, fails, reads it, and replaces it at once.
+        let started = Instant::now();
+        let grant = two.acquire(&spec("k", "l2", false)).await.expect("free");
+        assert_eq!(grant.holder.token, 2);
+        assert_eq!(started.elapsed(), Duration::ZERO);
     }
 
     /// BENCHMARKS.md quotes these counts.

@@ -3,6 +3,7 @@
 
 mod azure;
 mod engine;
+mod gcs;
 mod memory;
 mod s3;
 #[cfg(test)]
@@ -12,11 +13,12 @@ pub(crate) mod testing;
 
 pub use azure::{AzureOptions, AzureStore};
 pub use engine::{grace, CasEngine, LockRecord, CLOCK_RESOLUTION};
+pub use gcs::{GcsOptions, GcsStore};
 pub use memory::MemoryCasStore;
 pub use s3::{S3Options, S3Store};
 
 use async_trait::async_trait;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 /// An object as the store returned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +60,12 @@ pub enum CasError {
 pub trait CasStore: Send + Sync + 'static {
     /// The store's URI with any secret removed.
     fn describe(&self) -> String;
+    /// How far apart the store wants writes of one object (GCS sustains about
+    /// one per second); the engine spaces its own writes of a record by this,
+    /// and refuses TTLs too short to renew at that pace. Zero: no limit.
+    fn min_write_interval(&self) -> Duration {
+        Duration::ZERO
+    }
     /// Reads an object.
     async fn get(&self, name: &str) -> Result<Read, CasError>;
     /// Creates an object only if none exists (`If-None-Match: *`); returns its version.
