@@ -195,6 +195,23 @@ impl Granted {
     }
 }
 
+/// Resolves when `feed` announces `key` as released, or when it lost track
+/// of some announcements (it lagged); never when there is no feed.
+async fn announced(feed: &mut Option<tokio::sync::broadcast::Receiver<Key>>, key: &Key) {
+    use tokio::sync::broadcast::error::RecvError;
+    if let Some(receiver) = feed {
+        loop {
+            match receiver.recv().await {
+                Ok(released) if released == *key => return,
+                Ok(_) => {}
+                Err(RecvError::Lagged(_)) => return,
+                Err(RecvError::Closed) => break,
+            }
+        }
+    }
+    std::future::pending().await
+}
+
 /// The lease registry of one agent.
 pub struct Registry {
     backend: Arc<dyn Backend>,
@@ -594,6 +611,8 @@ impl Registry {
         cancel: &CancellationToken,
     ) -> Result<(Lease, Option<Instant>), WireError> {
         let place = self.enqueue(&key);
+        // Subscribed before the first attempt, so a release right after it is heard.
+        let mut released_elsewhere = self.backend.releases();
         let mut poll = POLL_START;
         loop {
             let at_head = req.force || self.is_head(&key, place.id);
@@ -657,10 +676,12 @@ impl Registry {
                 legacy::explain(&mut err);
                 return Err(err);
             }
-            // A local release wakes us at once; polling finds holders on other agents.
+            // A local release wakes us at once, and so does one the backend
+            // announces; polling finds the rest (expiries, stores that announce nothing).
             let jittered = poll.mul_f64(0.5 + fastrand::f64());
             tokio::select! {
                 _ = place.notify.notified() => {}
+                _ = announced(&mut released_elsewhere, &key) => {}
                 _ = tokio::time::sleep(jittered) => {}
                 _ = tokio::time::sleep_until(deadline) => {}
                 _ = cancel.cancelled() => {
