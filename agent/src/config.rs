@@ -3,7 +3,7 @@
 //! one before, resolved into one `Config`.
 
 use crate::access::Access;
-use crate::backend::{BackendOptions, S3Options};
+use crate::backend::{BackendOptions, PostgresOptions, S3Options};
 use crate::legacy::MeltanoSystemDb;
 use crate::telemetry::LogFormat;
 use anyhow::Context;
@@ -125,6 +125,8 @@ struct FileConfig {
     access: AccessSection,
     #[serde(default)]
     s3: S3Options,
+    #[serde(default)]
+    postgres: PostgresOptions,
 }
 
 /// `[access]`: who may force a lock or break another's.
@@ -234,6 +236,7 @@ impl Config {
             )),
             None => None,
         };
+        settings.postgres.schema().map_err(anyhow::Error::msg)?;
         Ok(Config {
             file,
             legacy_meltano_systemdb,
@@ -241,7 +244,10 @@ impl Config {
             socket_group,
             socket_mode: args.socket_mode.or(settings.socket_mode).unwrap_or(0o660),
             backend,
-            backend_options: BackendOptions { s3: settings.s3 },
+            backend_options: BackendOptions {
+                s3: settings.s3,
+                postgres: settings.postgres,
+            },
             ttl: args.ttl.or(settings.ttl).unwrap_or(Duration::from_secs(30)),
             on_unavailable,
             access,
@@ -271,6 +277,7 @@ impl Config {
             legacy_meltano_systemdb: Option<&'a str>,
             access: AccessShown,
             s3: S3Options,
+            postgres: PostgresOptions,
         }
         #[derive(Serialize)]
         struct AccessShown {
@@ -295,6 +302,7 @@ impl Config {
                 force_groups: self.access.gids().to_vec(),
             },
             s3: self.backend_options.s3.redacted(),
+            postgres: self.backend_options.postgres.clone(),
         };
         let source = match &self.file {
             Some(path) => format!("# from {} and the environment\n", path.display()),
@@ -418,7 +426,8 @@ mod tests {
             "socket = \"/run/x.sock\"\nsocket_mode = \"0600\"\nbackend = \"s3://b/p\"\n\
              ttl = \"10s\"\non_unavailable = \"warn\"\nmetrics = \"127.0.0.1:9464\"\n\
              log_format = \"json\"\nlegacy_meltano_systemdb = \"/m/meltano.db\"\n[access]\nforce_users = [\"root\", 1000]\n\
-             force_groups = [0]\n[s3]\nregion = \"eu-west-1\"\n",
+             force_groups = [0]\n[s3]\nregion = \"eu-west-1\"\n[postgres]\nschema = \"locks\"\n\
+             listen = false\n",
         )
         .expect("parses");
         assert_eq!(file.socket_mode, Some(0o600));
@@ -430,6 +439,8 @@ mod tests {
             Some("/m/meltano.db")
         );
         assert_eq!(file.s3.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(file.postgres.schema.as_deref(), Some("locks"));
+        assert_eq!(file.postgres.listen, Some(false));
     }
 
     #[test]
