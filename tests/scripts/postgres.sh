@@ -12,6 +12,7 @@
 #   RUNLOCK_TEST_PG_PW_URI    the same server as role runlock_pw, which must log in with
 #                             scram-sha-256 (no password in the URI)
 #   RUNLOCK_TEST_PG_PASSWORD  runlock_pw's password (random per start)
+#                             (role runlock_limited logs in without one and may create nothing)
 #   RUNLOCK_TEST_PG_CA        the CA that signed the server's TLS certificate (for
 #                             127.0.0.1 and localhost); the server offers TLS
 #   RUNLOCK_TEST_PG_BIN       the server's bin directory (postgres, initdb), for tests
@@ -84,8 +85,9 @@ HBA
     local password
     password=rl-$(od -An -N8 -tx1 /dev/urandom | tr -d ' \n')
     "$bin/psql" -q -h "$PG_DIR" -p "$port" -U postgres -d postgres -v ON_ERROR_STOP=1 \
-        -c "CREATE ROLE runlock_pw LOGIN PASSWORD '$password'" >/dev/null ||
-        { echo "postgres: creating role runlock_pw failed" >&2; return 1; }
+        -c "CREATE ROLE runlock_pw LOGIN PASSWORD '$password'" \
+        -c "CREATE ROLE runlock_limited LOGIN" >/dev/null ||
+        { echo "postgres: creating roles runlock_pw and runlock_limited failed" >&2; return 1; }
     export RUNLOCK_TEST_PG_URI="postgresql://postgres@127.0.0.1:$port/postgres"
     export RUNLOCK_TEST_PG_PW_URI="postgresql://runlock_pw@127.0.0.1:$port/postgres"
     export RUNLOCK_TEST_PG_PASSWORD=$password
