@@ -343,6 +343,10 @@ impl Backend for TimedBackend {
         result
     }
 
+    fn releases(&self) -> Option<tokio::sync::broadcast::Receiver<runlock_protocol::Key>> {
+        self.inner.releases()
+    }
+
     async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
         let started = Instant::now();
         let result = self.inner.adopt(lease, agent_id).await;

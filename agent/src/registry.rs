@@ -157,6 +157,31 @@ struct State {
     handing_over: bool,
 }
 
+/// Wakes the first local waiter for each key the backend says another agent
+/// let go; every waiter when too many came at once to keep count.
+async fn wake_on_releases(
+    registry: std::sync::Weak<Registry>,
+    mut releases: tokio::sync::broadcast::Receiver<Key>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let released = releases.recv().await;
+        let Some(registry) = registry.upgrade() else {
+            return;
+        };
+        let state = registry.state();
+        match released {
+            Ok(key) => state.wake_head(&key),
+            Err(RecvError::Lagged(_)) => {
+                for key in state.queues.keys() {
+                    state.wake_head(key);
+                }
+            }
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
 impl State {
     fn wake_head(&self, key: &Key) {
         if let Some(head) = self.queues.get(key).and_then(|q| q.front()) {
@@ -264,7 +289,8 @@ fn bad_request(message: impl Into<String>) -> WireError {
 impl Registry {
     /// A registry over `backend`; starts the renewal scheduler on the current runtime.
     pub fn new(backend: Arc<dyn Backend>, identity: Identity, policy: Policy) -> Arc<Registry> {
-        Arc::new_cyclic(|me| Registry {
+        let releases = backend.releases();
+        let registry = Arc::new_cyclic(|me| Registry {
             capabilities: backend.capabilities(),
             renewals: Renewals::start(backend.clone(), me.clone()),
             backend,
@@ -272,7 +298,11 @@ impl Registry {
             policy,
             state: Mutex::new(State::default()),
             next_id: AtomicU64::new(1),
-        })
+        });
+        if let Some(releases) = releases {
+            tokio::spawn(wake_on_releases(Arc::downgrade(&registry), releases));
+        }
+        registry
     }
 
     fn state(&self) -> MutexGuard<'_, State> {
@@ -1122,6 +1152,90 @@ mod tests {
     fn waiting(registry: &Registry, key: &str) -> usize {
         let key = Key::new(key).expect("valid");
         registry.state().queues.get(&key).map_or(0, |q| q.len())
+    }
+
+    /// Two agents on one store whose releases are announced, as a Postgres
+    /// `NOTIFY` or an etcd watch announces them.
+    struct Announcing {
+        store: Arc<MemoryBackend>,
+        released: tokio::sync::broadcast::Sender<Key>,
+    }
+
+    #[async_trait::async_trait]
+    impl Backend for Announcing {
+        fn capabilities(&self) -> crate::backend::Capabilities {
+            self.store.capabilities()
+        }
+        fn describe(&self) -> String {
+            "announcing".into()
+        }
+        async fn acquire(
+            &self,
+            spec: &crate::backend::AcquireSpec,
+        ) -> Result<crate::backend::Grant, BackendError> {
+            self.store.acquire(spec).await
+        }
+        async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
+            self.store.renew(lease, ttl).await
+        }
+        async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+            self.store.release(lease).await?;
+            let _ = self.released.send(lease.key.clone());
+            Ok(())
+        }
+        async fn inspect(&self, key: &Key) -> Result<runlock_protocol::KeyRecord, BackendError> {
+            self.store.inspect(key).await
+        }
+        fn releases(&self) -> Option<tokio::sync::broadcast::Receiver<Key>> {
+            Some(self.released.subscribe())
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_the_backend_announces_wakes_a_waiter_on_another_agent_at_once() {
+        let (released, _) = tokio::sync::broadcast::channel(16);
+        let backend = Arc::new(Announcing {
+            store: Arc::new(MemoryBackend::default()),
+            released,
+        });
+        let agent = |id: &str| {
+            let identity = Identity {
+                host: "test-host".into(),
+                agent_id: id.into(),
+                uid: 0,
+            };
+            Registry::new(
+                backend.clone(),
+                identity,
+                Policy::with_ttl(Duration::from_secs(30)),
+            )
+        };
+        let (a, b) = (agent("agent-a"), agent("agent-b"));
+        let (holder, _a_events) = connect(&a, ROOT);
+        let held = take(&a, holder, &["k"]).await.expect("free");
+        let (waiter, _b_events) = connect(&b, ROOT);
+        let shared = b.clone();
+        let granted = tokio::spawn(async move {
+            let never = CancellationToken::new();
+            let req = request(&["k"], Duration::from_secs(3600), false);
+            let granted = shared.acquire(waiter, req, &never).await;
+            (granted.is_ok(), Instant::now())
+        });
+        // Long enough for B's polls to back off to their cap.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let released_at = Instant::now();
+        a.release(holder, &[held[0].lease_id.clone()])
+            .await
+            .expect("released");
+        let (ok, at) = granted.await.expect("the waiter ran");
+        assert!(ok, "B was not granted the key");
+        // Nothing on the woken path waits on a timer, so no (paused) time passes;
+        // polling alone would wait out what is left of a sleep of up to POLL_CAP.
+        assert!(
+            at - released_at < Duration::from_millis(1),
+            "B took the key {:?} after the release",
+            at - released_at
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -133,6 +133,12 @@ pub trait Backend: Send + Sync + 'static {
     async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError>;
     /// Reads the key's record.
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError>;
+    /// Keys that may have just become free through another agent (a Postgres
+    /// `NOTIFY`, an etcd watch), so that waiters here try again at once
+    /// instead of at their next poll. `None`, the default: waiters poll.
+    fn releases(&self) -> Option<tokio::sync::broadcast::Receiver<Key>> {
+        None
+    }
     /// Takes over a lease granted through an agent that has stopped, if the
     /// store still holds it, unexpired, with this id and token: rewrites its
     /// record naming `agent_id` and extends it, as a renewal would.
