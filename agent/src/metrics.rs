@@ -354,10 +354,6 @@ impl Backend for TimedBackend {
             .backend_request(Operation::Adopt, started, &result);
         result
     }
-
-    fn releases(&self) -> Option<tokio::sync::broadcast::Receiver<Key>> {
-        self.inner.releases()
-    }
 }
 
 /// Turns metrics on for this process and serves them on `addr` until

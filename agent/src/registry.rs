@@ -220,23 +220,6 @@ impl Granted {
     }
 }
 
-/// Resolves when `feed` announces `key` as released, or when it lost track
-/// of some announcements (it lagged); never when there is no feed.
-async fn announced(feed: &mut Option<tokio::sync::broadcast::Receiver<Key>>, key: &Key) {
-    use tokio::sync::broadcast::error::RecvError;
-    if let Some(receiver) = feed {
-        loop {
-            match receiver.recv().await {
-                Ok(released) if released == *key => return,
-                Ok(_) => {}
-                Err(RecvError::Lagged(_)) => return,
-                Err(RecvError::Closed) => break,
-            }
-        }
-    }
-    std::future::pending().await
-}
-
 /// The lease registry of one agent.
 pub struct Registry {
     backend: Arc<dyn Backend>,
@@ -641,8 +624,6 @@ impl Registry {
         cancel: &CancellationToken,
     ) -> Result<(Lease, Option<Instant>), WireError> {
         let place = self.enqueue(&key);
-        // Subscribed before the first attempt, so a release right after it is heard.
-        let mut released_elsewhere = self.backend.releases();
         let mut poll = POLL_START;
         loop {
             let at_head = req.force || self.is_head(&key, place.id);
@@ -706,12 +687,10 @@ impl Registry {
                 legacy::explain(&mut err);
                 return Err(err);
             }
-            // A local release wakes us at once, and so does one the backend
-            // announces; polling finds the rest (expiries, stores that announce nothing).
+            // A local release wakes us at once; polling finds holders on other agents.
             let jittered = poll.mul_f64(0.5 + fastrand::f64());
             tokio::select! {
                 _ = place.notify.notified() => {}
-                _ = announced(&mut released_elsewhere, &key) => {}
                 _ = tokio::time::sleep(jittered) => {}
                 _ = tokio::time::sleep_until(deadline) => {}
                 _ = cancel.cancelled() => {
@@ -1317,100 +1296,6 @@ mod tests {
             Instant::now() - released_at < POLL_START,
             "woken at once, not by polling"
         );
-    }
-
-    /// A store shared by two agents that announces releases, as Postgres
-    /// does with NOTIFY; it also says when an acquire attempt reached it.
-    #[derive(Default)]
-    struct Announcing {
-        inner: MemoryBackend,
-        released: Option<tokio::sync::broadcast::Sender<Key>>,
-        attempted: Notify,
-    }
-
-    #[async_trait::async_trait]
-    impl Backend for Announcing {
-        fn capabilities(&self) -> Capabilities {
-            self.inner.capabilities()
-        }
-        fn describe(&self) -> String {
-            "announcing://".into()
-        }
-        async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
-            let result = self.inner.acquire(spec).await;
-            self.attempted.notify_one();
-            result
-        }
-        async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
-            self.inner.renew(lease, ttl).await
-        }
-        async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
-            let result = self.inner.release(lease).await;
-            if let Some(released) = &self.released {
-                let _ = released.send(lease.key.clone());
-            }
-            result
-        }
-        async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
-            self.inner.inspect(key).await
-        }
-        fn releases(&self) -> Option<tokio::sync::broadcast::Receiver<Key>> {
-            self.released.as_ref().map(|r| r.subscribe())
-        }
-    }
-
-    /// How long after another agent's release a waiter, which has just polled, takes the key.
-    async fn wake_up_across_agents(announces: bool) -> Duration {
-        let backend = Arc::new(Announcing {
-            released: announces.then(|| tokio::sync::broadcast::channel(16).0),
-            ..Announcing::default()
-        });
-        let agent = |id: &str| {
-            let identity = Identity {
-                host: format!("host-{id}"),
-                agent_id: id.into(),
-                uid: 0,
-            };
-            Registry::new(
-                backend.clone(),
-                identity,
-                Policy::with_ttl(Duration::from_secs(30)),
-            )
-        };
-        let (one, two) = (agent("one"), agent("two"));
-        let (holder, _e1) = connect(&one, ROOT);
-        let (waiter, _e2) = connect(&two, ROOT);
-        let held = take(&one, holder, &["k"]).await.expect("free");
-        let task = tokio::spawn(async move {
-            let never = CancellationToken::new();
-            let req = request(&["k"], Duration::from_secs(60), false);
-            let granted = two.acquire(waiter, req, &never).await;
-            (granted, Instant::now())
-        });
-        // Let its polling back off to the cap, then release just after one of
-        // its polls: the next is at least POLL_CAP / 2 away.
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        backend.attempted.notified().await;
-        backend.attempted.notified().await;
-        let released_at = Instant::now();
-        one.release(holder, &[held[0].lease_id.clone()])
-            .await
-            .expect("release");
-        let (granted, at) = task.await.expect("task");
-        assert_eq!(granted.expect("granted").leases[0].token, 2);
-        at - released_at
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_release_the_store_announces_wakes_a_waiter_on_another_agent_at_once() {
-        let announced = wake_up_across_agents(true).await;
-        assert!(
-            announced < POLL_START,
-            "woken {announced:?} after the release"
-        );
-        // Without the announcement only the next poll finds the key free.
-        let polled = wake_up_across_agents(false).await;
-        assert!(polled >= POLL_CAP / 2, "found {polled:?} after the release");
     }
 
     #[tokio::test]

@@ -149,14 +149,6 @@ pub trait Backend: Send + Sync + 'static {
             self.describe()
         )))
     }
-
-    /// Keys that may just have become free through another agent, as the
-    /// store announces them (Postgres `NOTIFY`), so that waiters retry at once
-    /// rather than at their next poll. `None`: the store announces nothing
-    /// and waiters only poll. A notice is a hint, never a grant.
-    fn releases(&self) -> Option<tokio::sync::broadcast::Receiver<Key>> {
-        None
-    }
 }
 
 /// Per-backend settings from the configuration file, one section each.
