@@ -29,7 +29,7 @@ macro_rules! on_stores {
 }
 
 on_stores!(
-    [s3: S3, azure: Azure, gcs: Gcs];
+    [s3: S3, azure: Azure, gcs: Gcs, postgres: Postgres];
     a_conflict_names_the_holder_on_the_other_host,
     a_killed_run_frees_its_key_for_the_other_host_at_once,
     a_lost_host_s_lease_is_taken_over_after_its_ttl_and_not_before,
@@ -128,6 +128,7 @@ async fn a_lost_host_s_lease_is_taken_over_after_its_ttl_and_not_before(
     store: impl Store,
 ) -> Result<()> {
     const TTL: Duration = Duration::from_secs(5);
+    let resolution = store.stamp_resolution();
     let space = Space::create(store, "host-loss").await?;
     let mut a = space.agent("p", &["--ttl", "5s"]).await?;
     // B's own leases last 30 s, so nothing renews B's record before it is read below.
@@ -173,9 +174,9 @@ async fn a_lost_host_s_lease_is_taken_over_after_its_ttl_and_not_before(
 
     // Not before: where the store stamps writes with its own clock (HTTP stores
     // in whole seconds: a write stamped `t` happened in [t, t + 1 s)), A's last
-    // write happened before `last_by_a + 1 s` and B's takeover at or after its
-    // own stamp. So `B's stamp >= A's stamp + TTL + 1 s` proves B wrote no
-    // earlier than TTL after A's last write, by one clock, with no agent's wall
+    // write happened before `last_by_a + resolution` and B's takeover at or after
+    // its own stamp. So `B's stamp >= A's stamp + TTL + resolution` proves B wrote
+    // no earlier than TTL after A's last write, by one clock, with no agent's wall
     // clock involved.
     let taken = space.only_record("p").await?;
     let record = taken.json()?;
@@ -186,7 +187,7 @@ async fn a_lost_host_s_lease_is_taken_over_after_its_ttl_and_not_before(
     if let (Some(before), Some(after)) = (last_by_a.written, taken.written) {
         let gap = after.duration_since(before).unwrap_or_default();
         ensure!(
-            gap >= TTL + Duration::from_secs(1),
+            gap >= TTL + resolution,
             "B took the key {gap:?} (store clock) after A's last write: sooner than the TTL"
         );
         eprintln!("store-clock gap {gap:?}");

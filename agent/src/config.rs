@@ -3,7 +3,7 @@
 //! one before, resolved into one `Config`.
 
 use crate::access::Access;
-use crate::backend::{AzureOptions, BackendOptions, GcsOptions, S3Options};
+use crate::backend::{AzureOptions, BackendOptions, GcsOptions, PostgresOptions, S3Options};
 use crate::legacy::MeltanoSystemDb;
 use crate::telemetry::LogFormat;
 use anyhow::Context;
@@ -129,6 +129,7 @@ struct FileConfig {
     #[serde(default)]
     azure: AzureOptions,
     gcs: GcsOptions,
+    postgres: PostgresOptions,
 }
 
 /// `[access]`: who may force a lock or break another's.
@@ -238,6 +239,7 @@ impl Config {
             )),
             None => None,
         };
+        settings.postgres.schema().map_err(anyhow::Error::msg)?;
         Ok(Config {
             file,
             legacy_meltano_systemdb,
@@ -249,6 +251,7 @@ impl Config {
                 s3: settings.s3,
                 azure: settings.azure,
                 gcs: settings.gcs,
+                postgres: settings.postgres,
             },
             ttl: args.ttl.or(settings.ttl).unwrap_or(Duration::from_secs(30)),
             on_unavailable,
@@ -281,6 +284,7 @@ impl Config {
             s3: S3Options,
             azure: AzureOptions,
             gcs: &'a GcsOptions,
+            postgres: PostgresOptions,
         }
         #[derive(Serialize)]
         struct AccessShown {
@@ -307,6 +311,7 @@ impl Config {
             s3: self.backend_options.s3.redacted(),
             azure: self.backend_options.azure.redacted(),
             gcs: &self.backend_options.gcs,
+            postgres: self.backend_options.postgres.clone(),
         };
         let source = match &self.file {
             Some(path) => format!("# from {} and the environment\n", path.display()),
@@ -432,7 +437,8 @@ mod tests {
              log_format = \"json\"\nlegacy_meltano_systemdb = \"/m/meltano.db\"\n[access]\nforce_users = [\"root\", 1000]\n\
              force_groups = [0]\n[s3]\nregion = \"eu-west-1\"\n\
              [azure]\naccount_name = \"acct1\"\naccount_key = \"a2V5\"\n\
-             [gcs]\ncredentials_file = \"/etc/runlock/gcs-key.json\"\n",
+             [gcs]\ncredentials_file = \"/etc/runlock/gcs-key.json\"\n\
+             [postgres]\nschema = \"locks\"\nlisten = false\n",
         )
         .expect("parses");
         assert_eq!(file.socket_mode, Some(0o600));
@@ -449,6 +455,8 @@ mod tests {
             file.gcs.credentials_file.as_deref(),
             Some(Path::new("/etc/runlock/gcs-key.json"))
         );
+        assert_eq!(file.postgres.schema.as_deref(), Some("locks"));
+        assert_eq!(file.postgres.listen, Some(false));
     }
 
     #[test]

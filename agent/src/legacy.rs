@@ -11,6 +11,7 @@
 //! The check and the grant are not atomic: a legacy `meltano run` that starts
 //! between the two is not seen. That gap closes once every run is wrapped.
 
+use crate::backend::postgres::Settings;
 use crate::backend::{redact_uri, BackendError};
 use runlock_protocol::{Holder, Key, WireError};
 use std::path::PathBuf;
@@ -57,8 +58,9 @@ pub struct MeltanoSystemDb {
 enum Target {
     Sqlite(PathBuf),
     Postgres {
-        /// Holds the password, if any: never printed.
-        uri: String,
+        /// Where and how to connect, as the backend reads a URI (`PG*`
+        /// variables, TLS); holds the password, if any: never printed.
+        settings: Box<Settings>,
         /// One connection, reused across checks and remade after an error.
         client: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
     },
@@ -103,11 +105,11 @@ impl MeltanoSystemDb {
                 ));
             }
             let uri = format!("postgresql://{rest}");
-            uri.parse::<tokio_postgres::Config>()
-                .map_err(|err| format!("{shown:?} is not a valid PostgreSQL URI: {err}"))?;
+            let settings = Settings::from_uri(&uri, Some(CHECK_TIMEOUT))
+                .map_err(|err| format!("{shown:?} is not a usable PostgreSQL URI: {err}"))?;
             return Ok(MeltanoSystemDb {
                 target: Target::Postgres {
-                    uri,
+                    settings: Box::new(settings),
                     client: tokio::sync::Mutex::new(None),
                 },
                 shown,
@@ -157,9 +159,9 @@ impl MeltanoSystemDb {
                     .await
                     .map_err(|err| format!("the check failed: {err}"))?
             }
-            Target::Postgres { uri, client } => {
+            Target::Postgres { settings, client } => {
                 let mut slot = client.lock().await;
-                let result = find_postgres(uri, &mut slot, key.as_str()).await;
+                let result = find_postgres(settings, &mut slot, key.as_str()).await;
                 if result.is_err() {
                     *slot = None; // reconnect next time
                 }
@@ -191,21 +193,12 @@ fn find_sqlite(path: &std::path::Path, key: &str) -> Result<Option<LegacyRun>, S
 }
 
 async fn find_postgres(
-    uri: &str,
+    settings: &Settings,
     slot: &mut Option<tokio_postgres::Client>,
     key: &str,
 ) -> Result<Option<LegacyRun>, String> {
     if slot.as_ref().is_none_or(|c| c.is_closed()) {
-        // NoTls for now: a system database reached over TLS is not supported yet.
-        let (client, connection) = tokio_postgres::connect(uri, tokio_postgres::NoTls)
-            .await
-            .map_err(|err| format!("connecting: {err}"))?;
-        tokio::spawn(async move {
-            if let Err(err) = connection.await {
-                tracing::debug!("Meltano system database connection ended: {err}");
-            }
-        });
-        *slot = Some(client);
+        *slot = Some(settings.connect_spawned().await?);
     }
     let Some(client) = slot.as_ref() else {
         return Err("not connected".to_string());
@@ -293,8 +286,8 @@ mod tests {
         }
         let db = MeltanoSystemDb::parse("postgresql+psycopg://u:pa55@db:5432/meltano")
             .expect("postgres");
-        assert!(matches!(&db.target, Target::Postgres { uri, .. }
-            if uri == "postgresql://u:pa55@db:5432/meltano"));
+        assert!(matches!(&db.target, Target::Postgres { settings, .. }
+            if settings.dbname() == "meltano" && settings.user() == "u"));
         assert!(!db.describe().contains("pa55"));
         assert!(!format!("{db:?}").contains("pa55"));
         for bad in ["meltano.db", "sqlite://", "mysql://u:pa55@db/m"] {

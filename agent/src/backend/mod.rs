@@ -4,10 +4,12 @@ pub mod cas;
 mod file;
 mod key_name;
 mod memory;
+pub mod postgres;
 
 pub use cas::{AzureOptions, GcsOptions, S3Options};
 pub use file::FileBackend;
 pub use memory::MemoryBackend;
+pub use postgres::{PostgresBackend, PostgresOptions};
 
 use async_trait::async_trait;
 use runlock_protocol::{ErrorCode, Holder, Key, KeyRecord, Scope, WireError};
@@ -163,6 +165,8 @@ pub struct BackendOptions {
     pub azure: AzureOptions,
     /// `[gcs]`.
     pub gcs: GcsOptions,
+    /// `[postgres]`.
+    pub postgres: PostgresOptions,
 }
 
 /// How long the start-up check of a network store may take.
@@ -175,7 +179,7 @@ pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc
     let (scheme, rest) = uri.split_once("://").ok_or_else(|| {
         anyhow::anyhow!(
             "backend {:?} is not a URI (expected file:///path, s3://bucket/prefix, \
-             azure://container/prefix, gs://bucket/prefix or memory://)",
+             azure://container/prefix, gs://bucket/prefix, postgresql://… or memory://)",
             redact_uri(uri)
         )
     })?;
@@ -210,9 +214,25 @@ pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc
             let prefix = store.records_prefix().to_string();
             Ok(on_the_lease_engine(store, prefix))
         }
+        "postgresql" | "postgres" => {
+            let backend = PostgresBackend::open(uri, &options.postgres)?;
+            let problem = match tokio::time::timeout(PROBE_TIMEOUT, backend.probe()).await {
+                Ok(Ok(())) => None,
+                Ok(Err(err)) => Some(err),
+                Err(_) => Some(format!("no answer within {}s", PROBE_TIMEOUT.as_secs())),
+            };
+            if let Some(problem) = problem {
+                tracing::warn!(
+                    backend = %backend.describe(),
+                    "the backend cannot be used yet: {problem}; runs will fail as unavailable \
+                     until it can"
+                );
+            }
+            Ok(Arc::new(backend))
+        }
         other => anyhow::bail!(
             "backend scheme {other:?} is not supported by this build \
-             (supported: file://, s3://, azure://, gs://, memory://)"
+             (supported: file://, s3://, azure://, gs://, postgresql://, memory://)"
         ),
     }
 }

@@ -5,10 +5,12 @@
 
 pub mod azure;
 mod gcs;
+mod postgres;
 mod s3;
 
 pub use azure::Azure;
 pub use gcs::Gcs;
+pub use postgres::Postgres;
 pub use s3::{env_for as s3_env_for, RECORDS, S3};
 
 use super::agent::{AgentOptions, TestAgent};
@@ -90,6 +92,11 @@ pub trait Store: Send + Sync + 'static {
     async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>>;
     /// The store's own failure modes.
     async fn failures(&self, at: &Endpoint) -> Result<Vec<Failure>>;
+    /// How coarse [`Record::written`] is: a write stamped `t` happened in
+    /// `[t, t + this)`. HTTP dates (`Last-Modified`) have whole seconds.
+    fn stamp_resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
 }
 
 /// A store instance a test started for itself, in a process group of its own.
