@@ -3,7 +3,7 @@
 //! one before, resolved into one `Config`.
 
 use crate::access::Access;
-use crate::backend::{BackendOptions, S3Options};
+use crate::backend::{BackendOptions, EtcdOptions, S3Options};
 use crate::legacy::MeltanoSystemDb;
 use crate::telemetry::LogFormat;
 use anyhow::Context;
@@ -43,7 +43,8 @@ pub struct Args {
     #[arg(long, env = "RUNLOCK_SOCKET_MODE", value_name = "MODE", global = true,
           value_parser = parse_mode)]
     pub socket_mode: Option<u32>,
-    /// Lock backend: file:///DIR, s3://BUCKET/PREFIX or memory:// [default:
+    /// Lock backend: file:///DIR, s3://BUCKET/PREFIX, etcd://HOST:PORT[,HOST:PORT]/PREFIX
+    /// or memory:// [default:
     /// file:// under $XDG_STATE_HOME/runlock, or /var/lib/runlock for root]
     #[arg(long, env = "RUNLOCK_BACKEND", value_name = "URI", global = true)]
     pub backend: Option<String>,
@@ -125,6 +126,8 @@ struct FileConfig {
     access: AccessSection,
     #[serde(default)]
     s3: S3Options,
+    #[serde(default)]
+    etcd: EtcdOptions,
 }
 
 /// `[access]`: who may force a lock or break another's.
@@ -241,7 +244,10 @@ impl Config {
             socket_group,
             socket_mode: args.socket_mode.or(settings.socket_mode).unwrap_or(0o660),
             backend,
-            backend_options: BackendOptions { s3: settings.s3 },
+            backend_options: BackendOptions {
+                s3: settings.s3,
+                etcd: settings.etcd,
+            },
             ttl: args.ttl.or(settings.ttl).unwrap_or(Duration::from_secs(30)),
             on_unavailable,
             access,
@@ -271,6 +277,7 @@ impl Config {
             legacy_meltano_systemdb: Option<&'a str>,
             access: AccessShown,
             s3: S3Options,
+            etcd: EtcdOptions,
         }
         #[derive(Serialize)]
         struct AccessShown {
@@ -295,6 +302,7 @@ impl Config {
                 force_groups: self.access.gids().to_vec(),
             },
             s3: self.backend_options.s3.redacted(),
+            etcd: self.backend_options.etcd.redacted(),
         };
         let source = match &self.file {
             Some(path) => format!("# from {} and the environment\n", path.display()),

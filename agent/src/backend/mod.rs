@@ -1,11 +1,13 @@
 //! The backend trait every store implements, its errors, and `from_uri`.
 
 pub mod cas;
+mod etcd;
 mod file;
 mod key_name;
 mod memory;
 
 pub use cas::S3Options;
+pub use etcd::{EtcdBackend, EtcdOptions};
 pub use file::FileBackend;
 pub use memory::MemoryBackend;
 
@@ -141,6 +143,14 @@ pub trait Backend: Send + Sync + 'static {
             self.describe()
         )))
     }
+
+    /// Where the store can tell: keys that may have just become free (released,
+    /// expired or forced out, through any agent), so that waiting acquires try
+    /// again at once instead of at their next poll. Polling stays the fallback,
+    /// so a report that is missed or late only costs a poll interval.
+    fn released(&self) -> Option<tokio::sync::broadcast::Receiver<Key>> {
+        None
+    }
 }
 
 /// Per-backend settings from the configuration file, one section each.
@@ -148,6 +158,8 @@ pub trait Backend: Send + Sync + 'static {
 pub struct BackendOptions {
     /// `[s3]`.
     pub s3: S3Options,
+    /// `[etcd]`.
+    pub etcd: EtcdOptions,
 }
 
 /// How long the start-up check of a network store may take.
@@ -159,7 +171,8 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(6);
 pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc<dyn Backend>> {
     let (scheme, rest) = uri.split_once("://").ok_or_else(|| {
         anyhow::anyhow!(
-            "backend {:?} is not a URI (expected file:///path, s3://bucket/prefix or memory://)",
+            "backend {:?} is not a URI (expected file:///path, s3://bucket/prefix, \
+             etcd://host:port/prefix or memory://)",
             redact_uri(uri)
         )
     })?;
@@ -193,9 +206,20 @@ pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc
             let prefix = store.records_prefix().to_string();
             Ok(Arc::new(cas::CasEngine::new(Arc::new(store), prefix)))
         }
+        "etcd" => {
+            let backend = EtcdBackend::open(uri, &options.etcd)?;
+            if let Err(err) = backend.probe().await {
+                tracing::warn!(
+                    backend = %backend.describe(),
+                    "the backend cannot be used yet: {err}; runs will fail as unavailable \
+                     until it can"
+                );
+            }
+            Ok(Arc::new(backend))
+        }
         other => anyhow::bail!(
             "backend scheme {other:?} is not supported by this build \
-             (supported: file://, s3://, memory://)"
+             (supported: file://, s3://, etcd://, memory://)"
         ),
     }
 }
