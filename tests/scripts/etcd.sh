@@ -58,10 +58,10 @@ etcd_start() {
     local plain auth
     etcd_launch plain 23790 || return 1
     etcd_launch auth 23791 || return 1
-    local ctl=(etcdctl --endpoints "$auth" --command-timeout 5s)
-    "${ctl[@]}" user add "root:$ETCD_ROOT_PASSWORD" >/dev/null &&
-        "${ctl[@]}" auth enable >/dev/null ||
-        { echo "etcd: enabling authentication failed" >&2; return 1; }
+    local ctl=(etcdctl --endpoints "$auth" --command-timeout 5s) out
+    # etcdctl logs a retry while it gives root its role: shown only on failure.
+    out=$("${ctl[@]}" user add "root:$ETCD_ROOT_PASSWORD" 2>&1 && "${ctl[@]}" auth enable 2>&1) ||
+        { echo "etcd: enabling authentication failed: $out" >&2; return 1; }
     export RUNLOCK_TEST_ETCD_ENDPOINT=$plain
     export RUNLOCK_TEST_ETCD_AUTH_ENDPOINT=$auth
     export RUNLOCK_TEST_ETCD_ROOT_PASSWORD=$ETCD_ROOT_PASSWORD
