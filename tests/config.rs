@@ -4,8 +4,9 @@
 
 use crate::support::agent::temp_dir;
 use crate::support::bins::bins;
+use crate::support::closed_port;
 use crate::support::run::Finished;
-use crate::support::s3::{closed_port, env_for};
+use crate::support::stores::s3_env_for as env_for;
 use crate::support::{key, AgentOptions, Run, TestAgent};
 use anyhow::{ensure, Context, Result};
 use std::path::Path;

@@ -16,6 +16,5 @@ mod meltano;
 mod meltano_e2e;
 mod metrics;
 mod restart;
-mod s3;
-mod s3_faults;
+mod scenarios;
 mod systemd;

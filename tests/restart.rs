@@ -3,7 +3,7 @@
 //! only a run that cannot reattach before its lease's deadline is stopped (76).
 
 use crate::support::run::{Ready, HOLD};
-use crate::support::s3::Bucket;
+use crate::support::stores::{Space, S3};
 use crate::support::{key, Deadline, Run, TestAgent, WAIT};
 use anyhow::{ensure, Context, Result};
 use runlock_protocol::{AgentMessage, ClientMessage, LeaseInfo};
@@ -37,13 +37,13 @@ async fn leases_of(agent: &TestAgent) -> Result<Vec<LeaseInfo>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_within_the_ttl_keeps_every_run_and_its_token() -> Result<()> {
     let ttl = Duration::from_secs(12);
-    let bucket = Bucket::create("restart-quick").await?;
-    let mut old = bucket.agent("state", &["--ttl", "12s"]).await?;
+    let space = Space::create(S3, "restart-quick").await?;
+    let mut old = space.agent("state", &["--ttl", "12s"]).await?;
     let runs = hold_many(&old, "kept").await?;
 
     let stopped = Instant::now();
     old.stop().await?;
-    let new = bucket
+    let new = space
         .agent_on_socket("state", &["--ttl", "12s"], old.socket())
         .await?;
     let new_id = new.agent_id().await?;
@@ -99,8 +99,8 @@ async fn a_restart_within_the_ttl_keeps_every_run_and_its_token() -> Result<()> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_slower_than_the_deadline_stops_every_run_before_expiry() -> Result<()> {
     let ttl = Duration::from_secs(6);
-    let bucket = Bucket::create("restart-slow").await?;
-    let mut old = bucket.agent("state", &["--ttl", "6s"]).await?;
+    let space = Space::create(S3, "restart-slow").await?;
+    let mut old = space.agent("state", &["--ttl", "6s"]).await?;
     let runs = hold_many(&old, "dropped").await?;
 
     let stopped = Instant::now();
@@ -122,13 +122,13 @@ async fn a_restart_slower_than_the_deadline_stops_every_run_before_expiry() -> R
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_agent_is_replaced_without_stopping_the_run() -> Result<()> {
-    let bucket = Bucket::create("crash-replace").await?;
-    let mut old = bucket.agent("state", &["--ttl", "12s"]).await?;
+    let space = Space::create(S3, "crash-replace").await?;
+    let mut old = space.agent("state", &["--ttl", "12s"]).await?;
     let k = key("crash-replace");
     let mut run = old.run(&[&k], &[], HOLD)?;
     let ready = run.ready().await?;
     old.kill().await?;
-    let new = bucket
+    let new = space
         .agent_on_socket("state", &["--ttl", "12s"], old.socket())
         .await?;
     let deadline = Deadline::new(WAIT, "the run to reattach");

@@ -27,7 +27,7 @@ pub mod bins;
 pub mod client;
 pub mod journal;
 pub mod run;
-pub mod s3;
+pub mod stores;
 
 pub use agent::{AgentOptions, TestAgent};
 pub use run::Run;
@@ -99,4 +99,10 @@ pub fn user_name() -> String {
         Ok(Some(user)) => user.name,
         _ => uid.as_raw().to_string(),
     }
+}
+
+/// A port on 127.0.0.1 where nothing listens (bound, then closed).
+pub fn closed_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").context("binding a local port")?;
+    Ok(listener.local_addr()?.port())
 }

@@ -1,0 +1,198 @@
+//! S3 through moto, which `scripts/test` starts (tests/scripts/moto.sh) and
+//! names in `RUNLOCK_TEST_S3_ENDPOINT`; records are read back with boto3
+//! (`RUNLOCK_TEST_PYTHON`), the way a person would with AWS's own tools.
+
+use super::{output_of, test_var, Endpoint, Failure, OwnServer, Record, Store};
+use crate::support::closed_port;
+use anyhow::{Context, Result};
+use std::time::{Duration, UNIX_EPOCH};
+use tokio::process::Command;
+
+/// Where the agent keeps lock records, under its URI's prefix.
+pub const RECORDS: &str = ".runlock/locks/";
+
+/// The S3 store, as moto serves it.
+#[derive(Debug, Clone, Copy)]
+pub struct S3;
+
+const SCRIPT: &str = "moto.sh";
+
+/// A Python with boto3.
+fn python() -> Result<String> {
+    test_var("RUNLOCK_TEST_PYTHON", SCRIPT)
+}
+
+/// The environment an agent (or boto3) needs to use `endpoint` as its S3.
+pub fn env_for(endpoint: &str) -> Vec<(String, String)> {
+    [
+        ("AWS_ENDPOINT_URL", endpoint),
+        ("AWS_ENDPOINT_URL_S3", endpoint),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_REGION", "us-east-1"),
+        ("AWS_EC2_METADATA_DISABLED", "true"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
+}
+
+const BOTO: &str = r#"
+import boto3, json, sys
+action, bucket, arg = sys.argv[1], sys.argv[2], sys.argv[3]
+s3 = boto3.client("s3")
+if action == "list":
+    out = []
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=arg):
+        for o in page.get("Contents", []):
+            got = s3.get_object(Bucket=bucket, Key=o["Key"])
+            out.append({"key": o["Key"], "last_modified": got["LastModified"].timestamp(),
+                        "body": got["Body"].read().decode()})
+    print(json.dumps(out))
+elif action == "get":
+    try:
+        got = s3.get_object(Bucket=bucket, Key=arg)
+        print(json.dumps(got["Body"].read().decode()))
+    except s3.exceptions.NoSuchKey:
+        print("null")
+elif action == "put":
+    s3.put_object(Bucket=bucket, Key=arg, Body=sys.stdin.buffer.read())
+    print("[]")
+"#;
+
+async fn boto(
+    at: &Endpoint,
+    action: &str,
+    bucket: &str,
+    arg: &str,
+    input: &[u8],
+) -> Result<String> {
+    let mut command = Command::new(python()?);
+    command
+        .args(["-c", BOTO, action, bucket, arg])
+        .envs(env_for(&at.url))
+        .env_remove("AWS_PROFILE");
+    output_of(
+        command,
+        input,
+        &format!("boto3 {action} {arg:?} in {bucket}"),
+    )
+    .await
+}
+
+#[async_trait::async_trait]
+impl Store for S3 {
+    fn name(&self) -> &'static str {
+        "s3"
+    }
+
+    fn shared(&self) -> Result<Endpoint> {
+        Ok(Endpoint {
+            url: test_var("RUNLOCK_TEST_S3_ENDPOINT", SCRIPT)?,
+        })
+    }
+
+    async fn start_own(&self) -> Result<OwnServer> {
+        let server = std::path::Path::new(&python()?).with_file_name("moto_server");
+        let port = closed_port()?;
+        let mut command = Command::new(server);
+        command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+        let url = format!("http://127.0.0.1:{port}");
+        let probe = format!("{url}/moto-api/");
+        OwnServer::spawn(command, Endpoint { url }, None, move || {
+            let mut curl = Command::new("curl");
+            curl.args(["-sf", "-m", "2", &probe]);
+            curl
+        })
+        .await
+    }
+
+    async fn create(&self, at: &Endpoint, name: &str) -> Result<()> {
+        // moto accepts an unsigned bucket creation (EMULATORS.md).
+        let mut curl = Command::new("curl");
+        curl.args([
+            "-sS",
+            "-f",
+            "-m",
+            "10",
+            "-X",
+            "PUT",
+            &format!("{}/{name}", at.url),
+        ]);
+        output_of(curl, b"", "creating a bucket with curl")
+            .await
+            .map(|_| ())
+    }
+
+    fn uri(&self, _at: &Endpoint, name: &str, prefix: &str) -> String {
+        if prefix.is_empty() {
+            format!("s3://{name}")
+        } else {
+            format!("s3://{name}/{prefix}")
+        }
+    }
+
+    fn env(&self, at: &Endpoint) -> Vec<(String, String)> {
+        env_for(&at.url)
+    }
+
+    async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
+        let under = if prefix.is_empty() {
+            RECORDS.to_string()
+        } else {
+            format!("{prefix}/{RECORDS}")
+        };
+        let text = boto(at, "list", name, &under, b"").await?;
+        let listed: Vec<serde_json::Value> =
+            serde_json::from_str(text.trim()).with_context(|| format!("boto3 printed {text:?}"))?;
+        listed
+            .into_iter()
+            .map(|o| {
+                let seconds = o["last_modified"].as_f64().context("no last_modified")?;
+                Ok(Record {
+                    name: o["key"].as_str().context("no key")?.to_string(),
+                    written: Some(UNIX_EPOCH + Duration::from_secs_f64(seconds)),
+                    body: o["body"].as_str().context("no body")?.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {
+        boto(at, "put", name, object, body).await.map(|_| ())
+    }
+
+    async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>> {
+        let text = boto(at, "get", name, object, b"").await?;
+        serde_json::from_str(text.trim()).with_context(|| format!("boto3 printed {text:?}"))
+    }
+
+    async fn failures(&self, at: &Endpoint) -> Result<Vec<Failure>> {
+        let missing = super::unique_name("missing");
+        let secret = "sEcReT-must-not-leak";
+        let refusing = format!("http://127.0.0.1:{}", closed_port()?);
+        let mut env = env_for(&refusing);
+        for (name, value) in env.iter_mut() {
+            if name == "AWS_SECRET_ACCESS_KEY" {
+                *value = secret.to_string();
+            }
+        }
+        // moto checks no signatures, so a wrong key cannot be shown here.
+        Ok(vec![
+            Failure {
+                what: "a missing bucket".into(),
+                uri: format!("s3://{missing}/x"),
+                env: env_for(&at.url),
+                names: vec![missing, "does not exist".into()],
+                secret: None,
+            },
+            Failure {
+                what: "an endpoint where nothing listens".into(),
+                uri: "s3://locks/x".into(),
+                env,
+                names: vec![refusing, "cannot reach".into()],
+                secret: Some(secret.into()),
+            },
+        ])
+    }
+}
