@@ -21,6 +21,11 @@ macro_rules! on_every_store {
             async fn s3() -> anyhow::Result<()> {
                 super::$case(S3).await
             }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn etcd() -> anyhow::Result<()> {
+                super::$case(Etcd).await
+            }
         }
     )*};
 }

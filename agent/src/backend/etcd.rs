@@ -827,6 +827,7 @@ impl Backend for EtcdBackend {
             let Some(kv) = self.read(&name).await? else {
                 return Ok(answer);
             };
+            let record = self.parse(&name, &kv)?;
             let holder = self.holder_of(&name, &kv)?;
             answer.state = KeyState::Held;
             answer.token = holder.token;
@@ -837,9 +838,13 @@ impl Backend for EtcdBackend {
                     .connection
                     .call(|mut c| async move { c.lease_time_to_live(id, None).await })
                     .await;
-                // Seconds, by etcd's clock; unknown (rather than an error) if it cannot say.
-                if let Ok(left) = left.map(|l| l.ttl()).map(|ttl| ttl.max(0) as u64) {
-                    answer.expires_in_ms = Some(left * 1000);
+                // Whole seconds by etcd's clock, less the grace the lease was
+                // given (as the object stores report it); unknown, rather than
+                // an error, if etcd cannot say.
+                if let Ok(left) = left.map(|l| l.ttl().max(0) as u64) {
+                    let ttl = Duration::from_millis(record.ttl_ms);
+                    let grace = lease_seconds(ttl) as u64 * 1000 - record.ttl_ms;
+                    answer.expires_in_ms = Some((left * 1000).saturating_sub(grace));
                 }
             }
             Ok(answer)
@@ -1165,10 +1170,7 @@ mod tests {
             (KeyState::Held, first.holder.token, Scope::Global)
         );
         let left = record.expires_in_ms.expect("a lease expires");
-        assert!(
-            left <= 1000 * lease_seconds(TTL) as u64 && left > 0,
-            "{left}"
-        );
+        assert!(left <= TTL.as_millis() as u64 && left > 0, "{left}");
 
         let first_lease = lease("k", "l1", first.holder.token);
         one.renew(&first_lease, TTL).await.expect("renew");

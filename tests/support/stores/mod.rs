@@ -3,8 +3,10 @@
 //! started, how to start one of a test's own, how to make a fresh space in it,
 //! and how to read its lock records with the store's own tools.
 
+mod etcd;
 mod s3;
 
+pub use etcd::Etcd;
 pub use s3::{env_for as s3_env_for, RECORDS, S3};
 
 use super::agent::{AgentOptions, TestAgent};
