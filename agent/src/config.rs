@@ -426,7 +426,8 @@ mod tests {
             "socket = \"/run/x.sock\"\nsocket_mode = \"0600\"\nbackend = \"s3://b/p\"\n\
              ttl = \"10s\"\non_unavailable = \"warn\"\nmetrics = \"127.0.0.1:9464\"\n\
              log_format = \"json\"\nlegacy_meltano_systemdb = \"/m/meltano.db\"\n[access]\nforce_users = [\"root\", 1000]\n\
-             force_groups = [0]\n[s3]\nregion = \"eu-west-1\"\n",
+             force_groups = [0]\n[s3]\nregion = \"eu-west-1\"\n[etcd]\nuser = \"ops\"\n\
+             password = \"pa55\"\n",
         )
         .expect("parses");
         assert_eq!(file.socket_mode, Some(0o600));
@@ -438,6 +439,8 @@ mod tests {
             Some("/m/meltano.db")
         );
         assert_eq!(file.s3.region.as_deref(), Some("eu-west-1"));
+        assert_eq!(file.etcd.user.as_deref(), Some("ops"));
+        assert_eq!(file.etcd.redacted().password.as_deref(), Some("<redacted>"));
     }
 
     #[test]

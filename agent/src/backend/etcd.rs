@@ -938,10 +938,11 @@ async fn watch_releases(
     loop {
         let watched = tokio::select! {
             _ = stop.cancelled() => return,
-            watched = watch_once(&connection, &released, &mut next_revision) => watched,
+            watched = watch_once(&connection, &released, &mut next_revision, &mut failures) =>
+                watched,
         };
         match watched {
-            Ok(()) => failures = 0,
+            Ok(()) => {}
             Err(why) => {
                 if failures == 0 {
                     tracing::warn!(
@@ -964,6 +965,7 @@ async fn watch_once(
     connection: &Connection,
     released: &broadcast::Sender<Key>,
     next_revision: &mut i64,
+    failures: &mut u32,
 ) -> Result<(), String> {
     let describe = |err: etcd_client::Error| match connection.classify(err) {
         Problem::Transient(why) | Problem::Refused(why) | Problem::Other(why) => why,
@@ -991,6 +993,8 @@ async fn watch_once(
             }
             return Err(format!("etcd ended the watch: {}", answer.cancel_reason()));
         }
+        // Watching again: the next failure is news worth a warning.
+        *failures = 0;
         for event in answer.events() {
             if event.event_type() != EventType::Delete {
                 continue;
