@@ -26,6 +26,8 @@ const MANY_LEASES: usize = 10_000;
 const S3_ROUND_TRIPS: usize = 500;
 /// GCS takes one write per object per second, so each sample is a key of its own.
 const GCS_KEYS: usize = 300;
+const ETCD_ROUND_TRIPS: usize = 500;
+const ETCD_WAKE_UPS: usize = 20;
 
 fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -97,6 +99,7 @@ async fn run() -> Result<()> {
     rows.extend(s3_latency(&bins.agent, scratch.path()).await?);
     rows.extend(azure_rows(&bins.agent, scratch.path()).await?);
     rows.extend(gcs_latency(&bins.agent, scratch.path()).await?);
+    rows.extend(etcd_rows(&bins.agent, scratch.path()).await?);
     rows.extend(many_leases(&bins.agent, scratch.path()).await?);
 
     println!();
@@ -667,6 +670,191 @@ async fn gcs_acquire_all(conn: &mut Conn, first_id: u64, round: &str) -> Result<
     match call(conn, id + 1, release).await? {
         AgentMessage::Released { .. } => Ok(samples),
         other => bail!("{round} release: {other:?}"),
+    }
+}
+
+/// etcd through the agent, with `RUNLOCK_TEST_ETCD_ENDPOINT` (tests/scripts/etcd.sh):
+/// the requests each operation makes, counted by etcd itself (its `/metrics`,
+/// so nothing else may use that etcd meanwhile); acquire beside one raw
+/// transaction made with the same client crate; and how soon a waiter on a
+/// second agent gets a key released on the first, woken by the watch or,
+/// with `?watch=false`, by its polling.
+async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+    let Ok(endpoint) = std::env::var("RUNLOCK_TEST_ETCD_ENDPOINT") else {
+        let why = "skipped: RUNLOCK_TEST_ETCD_ENDPOINT is not set (see BENCHMARKS.md)";
+        return Ok(vec![("etcd".into(), why.into())]);
+    };
+    let host = endpoint.trim_start_matches("http://");
+    let uri = format!("etcd://{host}/runlock-bench-{}", std::process::id());
+    let mut rows = Vec::new();
+    let key = "dev:tap-x-to-target-y";
+
+    // Acquire + release pairs: their latency, and what each cost etcd.
+    let agent = Agent::start(bin, scratch, "etcd", &uri, &[], &[]).await?;
+    let mut conn = connect(&agent.socket).await?;
+    for i in 0..50 {
+        pair(&mut conn, 2 * i + 1, key).await?;
+    }
+    let before = etcd_requests(&endpoint).await?;
+    let mut acquires = Vec::new();
+    for i in 0..ETCD_ROUND_TRIPS as u64 {
+        acquires.push(pair(&mut conn, 1_000 + 2 * i, key).await?.0);
+    }
+    let per_pair = etcd_requests(&endpoint)
+        .await?
+        .since(&before, ETCD_ROUND_TRIPS);
+    rows.push(("etcd: requests per acquire + release".into(), per_pair));
+
+    // A waiter on another agent polls a held key for 5 s.
+    let other = Agent::start(bin, scratch, "etcd-b", &uri, &[], &[]).await?;
+    let lease_id = acquired(call(&mut conn, 5_000, acquire(key, 0)).await?)?;
+    let mut waiter = connect(&other.socket).await?;
+    let before = etcd_requests(&endpoint).await?;
+    match call(&mut waiter, 1, acquire(key, 5_000)).await? {
+        AgentMessage::Error(_) => {}
+        unexpected => bail!("a held key was granted: {unexpected:?}"),
+    }
+    rows.push((
+        "etcd: requests of one waiter on another agent, 5 s on a held key".into(),
+        etcd_requests(&endpoint).await?.since(&before, 1),
+    ));
+    release(&mut conn, 5_001, lease_id).await?;
+    agent.stop().await?;
+    other.stop().await?;
+
+    // Renewals: TTL 3 s renews about every second.
+    let agent = Agent::start(bin, scratch, "etcd-renew", &uri, &["--ttl", "3s"], &[]).await?;
+    let mut conn = connect(&agent.socket).await?;
+    let lease_id = acquired(call(&mut conn, 1, acquire(key, 0)).await?)?;
+    let before = etcd_requests(&endpoint).await?;
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let during = etcd_requests(&endpoint).await?;
+    let renewals = during.count("LeaseKeepAlive") - before.count("LeaseKeepAlive");
+    rows.push((
+        format!("etcd: requests per renewal (TTL 3 s, {renewals} renewals in 10 s)"),
+        during.since(&before, renewals.max(1) as usize),
+    ));
+    release(&mut conn, 2, lease_id).await?;
+    agent.stop().await?;
+
+    // The same client crate and etcd: one conditional put, as an acquire's
+    // transaction is (an acquire also grants its lease first).
+    let mut client = etcd_client::Client::connect([endpoint.as_str()], None).await?;
+    let raw_key = format!("runlock-bench-raw-{}", std::process::id());
+    let body = vec![b'x'; 300];
+    let mut revision = 0;
+    let mut raw = Vec::new();
+    for i in 0..(50 + ETCD_ROUND_TRIPS) {
+        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+        let txn = Txn::new()
+            .when([Compare::mod_revision(
+                raw_key.as_str(),
+                CompareOp::Equal,
+                revision,
+            )])
+            .and_then([TxnOp::put(raw_key.as_str(), body.clone(), None)]);
+        let started = Instant::now();
+        let answer = client.txn(txn).await?;
+        if i >= 50 {
+            raw.push(started.elapsed());
+        }
+        if !answer.succeeded() {
+            bail!("the raw transaction's condition failed");
+        }
+        revision = answer.header().context("no header")?.revision();
+    }
+    client.delete(raw_key.as_str(), None).await?;
+    let ratio = quantile(&mut acquires.clone(), 0.5).as_secs_f64()
+        / quantile(&mut raw.clone(), 0.5).as_secs_f64();
+    rows.push((
+        "etcd: raw conditional put (one Txn), same client crate".into(),
+        percentiles(raw),
+    ));
+    rows.push((
+        "etcd: acquire round trip through the agent".into(),
+        format!("{}  ({ratio:.2}× raw p50)", percentiles(acquires)),
+    ));
+
+    // Wake-ups across agents: a waiter on B gets the key A releases.
+    for (name, b_uri) in [
+        ("watch", uri.clone()),
+        ("polling", format!("{uri}?watch=false")),
+    ] {
+        let a = Agent::start(bin, scratch, "etcd-wake-a", &uri, &[], &[]).await?;
+        let b = Agent::start(bin, scratch, "etcd-wake-b", &b_uri, &[], &[]).await?;
+        let (mut holder, mut waiter) = (connect(&a.socket).await?, connect(&b.socket).await?);
+        let mut samples = Vec::new();
+        for i in 0..ETCD_WAKE_UPS as u64 {
+            let lease_id = acquired(call(&mut holder, 10 * i + 1, acquire(key, 0)).await?)?;
+            waiter
+                .send(Envelope::request(10 * i + 2, acquire(key, 30_000)))
+                .await?;
+            // Long enough for the waiter's polling to reach its cap.
+            tokio::time::sleep(Duration::from_millis(1_500)).await;
+            let released = Instant::now();
+            release(&mut holder, 10 * i + 3, lease_id).await?;
+            let reply = loop {
+                match waiter.next().await.context("agent closed")?? {
+                    Ok(Envelope { id: Some(id), body }) if id == 10 * i + 2 => break body,
+                    _ => continue,
+                }
+            };
+            samples.push(released.elapsed());
+            let lease_id = acquired(reply)?;
+            release(&mut waiter, 10 * i + 4, lease_id).await?;
+        }
+        rows.push((
+            format!("etcd: release on one agent → a waiter on another holds the key ({name})"),
+            percentiles(samples),
+        ));
+        a.stop().await?;
+        b.stop().await?;
+    }
+    Ok(rows)
+}
+
+/// etcd's count of requests started, per gRPC method, from its `/metrics`.
+struct EtcdRequests(std::collections::BTreeMap<String, u64>);
+
+async fn etcd_requests(endpoint: &str) -> Result<EtcdRequests> {
+    let out = Command::new("curl")
+        .args(["-sSf", "-m", "5", &format!("{endpoint}/metrics")])
+        .output()
+        .await?;
+    if !out.status.success() {
+        bail!(
+            "reading etcd's metrics: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let mut counts = std::collections::BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(rest) = line.strip_prefix("grpc_server_started_total{grpc_method=\"") else {
+            continue;
+        };
+        let (method, rest) = rest.split_once('"').context("metrics format")?;
+        let value = rest.rsplit(' ').next().context("metrics format")?;
+        counts.insert(method.to_string(), value.parse::<f64>()? as u64);
+    }
+    Ok(EtcdRequests(counts))
+}
+
+impl EtcdRequests {
+    fn count(&self, method: &str) -> u64 {
+        self.0.get(method).copied().unwrap_or(0)
+    }
+
+    /// What was started since `before`, per operation (of `operations`).
+    fn since(&self, before: &EtcdRequests, operations: usize) -> String {
+        let parts: Vec<String> = self
+            .0
+            .iter()
+            .filter_map(|(method, &now)| {
+                let delta = now - before.count(method);
+                (delta > 0).then(|| format!("{method} {:.2}", delta as f64 / operations as f64))
+            })
+            .collect();
+        parts.join(" + ")
     }
 }
 

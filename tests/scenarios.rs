@@ -29,7 +29,7 @@ macro_rules! on_stores {
 }
 
 on_stores!(
-    [s3: S3, azure: Azure, gcs: Gcs, postgres: Postgres];
+    [s3: S3, azure: Azure, gcs: Gcs, postgres: Postgres, etcd: Etcd];
     a_conflict_names_the_holder_on_the_other_host,
     a_killed_run_frees_its_key_for_the_other_host_at_once,
     a_lost_host_s_lease_is_taken_over_after_its_ttl_and_not_before,

@@ -3,7 +3,9 @@
 //! one before, resolved into one `Config`.
 
 use crate::access::Access;
-use crate::backend::{AzureOptions, BackendOptions, GcsOptions, PostgresOptions, S3Options};
+use crate::backend::{
+    AzureOptions, BackendOptions, EtcdOptions, GcsOptions, PostgresOptions, S3Options,
+};
 use crate::legacy::MeltanoSystemDb;
 use crate::telemetry::LogFormat;
 use anyhow::Context;
@@ -44,7 +46,8 @@ pub struct Args {
           value_parser = parse_mode)]
     pub socket_mode: Option<u32>,
     /// Lock backend: file:///DIR, s3://BUCKET/PREFIX, azure://CONTAINER/PREFIX,
-    /// gs://BUCKET/PREFIX or memory:// [default:
+    /// gs://BUCKET/PREFIX, postgresql://…, etcd://HOST:PORT[,HOST:PORT]/PREFIX
+    /// or memory:// [default:
     /// file:// under $XDG_STATE_HOME/runlock, or /var/lib/runlock for root]
     #[arg(long, env = "RUNLOCK_BACKEND", value_name = "URI", global = true)]
     pub backend: Option<String>,
@@ -130,6 +133,7 @@ struct FileConfig {
     azure: AzureOptions,
     gcs: GcsOptions,
     postgres: PostgresOptions,
+    etcd: EtcdOptions,
 }
 
 /// `[access]`: who may force a lock or break another's.
@@ -252,6 +256,7 @@ impl Config {
                 azure: settings.azure,
                 gcs: settings.gcs,
                 postgres: settings.postgres,
+                etcd: settings.etcd,
             },
             ttl: args.ttl.or(settings.ttl).unwrap_or(Duration::from_secs(30)),
             on_unavailable,
@@ -285,6 +290,7 @@ impl Config {
             azure: AzureOptions,
             gcs: &'a GcsOptions,
             postgres: PostgresOptions,
+            etcd: EtcdOptions,
         }
         #[derive(Serialize)]
         struct AccessShown {
@@ -312,6 +318,7 @@ impl Config {
             azure: self.backend_options.azure.redacted(),
             gcs: &self.backend_options.gcs,
             postgres: self.backend_options.postgres.clone(),
+            etcd: self.backend_options.etcd.redacted(),
         };
         let source = match &self.file {
             Some(path) => format!("# from {} and the environment\n", path.display()),
@@ -438,7 +445,8 @@ mod tests {
              force_groups = [0]\n[s3]\nregion = \"eu-west-1\"\n\
              [azure]\naccount_name = \"acct1\"\naccount_key = \"a2V5\"\n\
              [gcs]\ncredentials_file = \"/etc/runlock/gcs-key.json\"\n\
-             [postgres]\nschema = \"locks\"\nlisten = false\n",
+             [postgres]\nschema = \"locks\"\nlisten = false\n\
+             [etcd]\nuser = \"ops\"\npassword = \"pa55\"\n",
         )
         .expect("parses");
         assert_eq!(file.socket_mode, Some(0o600));
@@ -457,6 +465,8 @@ mod tests {
         );
         assert_eq!(file.postgres.schema.as_deref(), Some("locks"));
         assert_eq!(file.postgres.listen, Some(false));
+        assert_eq!(file.etcd.user.as_deref(), Some("ops"));
+        assert_eq!(file.etcd.redacted().password.as_deref(), Some("<redacted>"));
     }
 
     #[test]

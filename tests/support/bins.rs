@@ -35,6 +35,24 @@ fn build() -> anyhow::Result<Bins> {
         .current_dir(workspace)
         .args(["build", "--message-format=json-render-diagnostics"])
         .args(["-p", "runlock-agent", "-p", "runlock-shim"]);
+    // What cargo sets for this test process describes the tests package, not
+    // a build: ring's build script tracks these names, so passing them on
+    // rebuilt ring and the AWS SDK over it here, and again in the next `cargo test`.
+    for (name, _) in std::env::vars_os() {
+        let name = name.to_string_lossy();
+        if name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_MANIFEST_")
+            || [
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+                "OUT_DIR",
+            ]
+            .contains(&name.as_ref())
+        {
+            cargo.env_remove(name.as_ref());
+        }
+    }
     if !cfg!(debug_assertions) {
         cargo.arg("--release");
     }

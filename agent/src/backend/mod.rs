@@ -1,12 +1,14 @@
 //! The backend trait every store implements, its errors, and `from_uri`.
 
 pub mod cas;
+mod etcd;
 mod file;
 mod key_name;
 mod memory;
 pub mod postgres;
 
 pub use cas::{AzureOptions, GcsOptions, S3Options};
+pub use etcd::{EtcdBackend, EtcdOptions};
 pub use file::FileBackend;
 pub use memory::MemoryBackend;
 pub use postgres::{PostgresBackend, PostgresOptions};
@@ -154,6 +156,14 @@ pub trait Backend: Send + Sync + 'static {
             self.describe()
         )))
     }
+
+    /// Where the store can tell: keys that may have just become free (released,
+    /// expired or forced out, through any agent), so that waiting acquires try
+    /// again at once instead of at their next poll. Polling stays the fallback,
+    /// so a report that is missed or late only costs a poll interval.
+    fn released(&self) -> Option<tokio::sync::broadcast::Receiver<Key>> {
+        None
+    }
 }
 
 /// Per-backend settings from the configuration file, one section each.
@@ -167,6 +177,8 @@ pub struct BackendOptions {
     pub gcs: GcsOptions,
     /// `[postgres]`.
     pub postgres: PostgresOptions,
+    /// `[etcd]`.
+    pub etcd: EtcdOptions,
 }
 
 /// How long the start-up check of a network store may take.
@@ -179,7 +191,8 @@ pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc
     let (scheme, rest) = uri.split_once("://").ok_or_else(|| {
         anyhow::anyhow!(
             "backend {:?} is not a URI (expected file:///path, s3://bucket/prefix, \
-             azure://container/prefix, gs://bucket/prefix, postgresql://… or memory://)",
+             azure://container/prefix, gs://bucket/prefix, postgresql://…,
+             etcd://host:port/prefix or memory://)",
             redact_uri(uri)
         )
     })?;
@@ -230,9 +243,20 @@ pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc
             }
             Ok(Arc::new(backend))
         }
+        "etcd" => {
+            let backend = EtcdBackend::open(uri, &options.etcd)?;
+            if let Err(err) = backend.probe().await {
+                tracing::warn!(
+                    backend = %backend.describe(),
+                    "the backend cannot be used yet: {err}; runs will fail as unavailable \
+                     until it can"
+                );
+            }
+            Ok(Arc::new(backend))
+        }
         other => anyhow::bail!(
             "backend scheme {other:?} is not supported by this build \
-             (supported: file://, s3://, azure://, gs://, postgresql://, memory://)"
+             (supported: file://, s3://, azure://, gs://, postgresql://, etcd://, memory://)"
         ),
     }
 }

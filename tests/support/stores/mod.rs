@@ -4,11 +4,13 @@
 //! and how to read its lock records with the store's own tools.
 
 pub mod azure;
+mod etcd;
 mod gcs;
 mod postgres;
 mod s3;
 
 pub use azure::Azure;
+pub use etcd::Etcd;
 pub use gcs::Gcs;
 pub use postgres::Postgres;
 pub use s3::{env_for as s3_env_for, RECORDS, S3};
