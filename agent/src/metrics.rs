@@ -358,10 +358,6 @@ impl Backend for TimedBackend {
             .backend_request(Operation::Adopt, started, &result);
         result
     }
-
-    fn released(&self) -> Option<tokio::sync::broadcast::Receiver<Key>> {
-        self.inner.released()
-    }
 }
 
 /// Turns metrics on for this process and serves them on `addr` until

@@ -14,7 +14,7 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-use tokio::sync::{broadcast, mpsc, Notify};
+use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -263,25 +263,6 @@ fn is_zombie(pid: u32) -> bool {
     stat.rsplit_once(')')
         .and_then(|(_, rest)| rest.split_whitespace().next())
         == Some("Z")
-}
-
-/// Returns when the backend reports `key` released (or that it may have missed
-/// a report); never where the backend makes no reports.
-async fn reported_free(released: &mut Option<broadcast::Receiver<Key>>, key: &Key) {
-    let Some(reports) = released else {
-        return std::future::pending().await;
-    };
-    loop {
-        match reports.recv().await {
-            Ok(freed) if freed == *key => return,
-            Ok(_) => {}
-            Err(broadcast::error::RecvError::Lagged(_)) => return,
-            Err(broadcast::error::RecvError::Closed) => {
-                *released = None;
-                return std::future::pending().await;
-            }
-        }
-    }
 }
 
 fn bad_request(message: impl Into<String>) -> WireError {
@@ -650,8 +631,6 @@ impl Registry {
         cancel: &CancellationToken,
     ) -> Result<(Lease, Option<Instant>), WireError> {
         let place = self.enqueue(&key);
-        // Subscribed before the first try, so that no release after it is missed.
-        let mut released = self.backend.released();
         let mut poll = POLL_START;
         loop {
             let at_head = req.force || self.is_head(&key, place.id);
@@ -719,7 +698,6 @@ impl Registry {
             let jittered = poll.mul_f64(0.5 + fastrand::f64());
             tokio::select! {
                 _ = place.notify.notified() => {}
-                _ = reported_free(&mut released, &key) => {}
                 _ = tokio::time::sleep(jittered) => {}
                 _ = tokio::time::sleep_until(deadline) => {}
                 _ = cancel.cancelled() => {

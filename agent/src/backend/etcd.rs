@@ -19,7 +19,7 @@
 //!   only if the key is still attached to it.
 //! - a holder whose agent dies stops keeping its lease alive, and etcd deletes
 //!   the key when the lease runs out, by etcd's own clock.
-//! - waiters: one watch on the prefix reports deleted keys (`released`).
+//! - waiters: one watch on the prefix reports deleted keys (`releases`).
 //!
 //! No message built here carries the password: etcd's own messages never
 //! echo it, and the endpoints are kept without userinfo.
@@ -908,7 +908,7 @@ impl Backend for EtcdBackend {
         .await
     }
 
-    fn released(&self) -> Option<broadcast::Receiver<Key>> {
+    fn releases(&self) -> Option<broadcast::Receiver<Key>> {
         if !self.watch {
             return None;
         }
@@ -1229,7 +1229,7 @@ mod tests {
         // The holder trusts its lease until sent + TTL - TTL/6; nobody may take
         // it before sent + TTL (etcd gives TTL + grace, in whole seconds).
         let earliest = granted.sent + short.ttl;
-        let mut reports = two.released().expect("etcd reports releases");
+        let mut reports = two.releases().expect("etcd reports releases");
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             match two.acquire(&spec("k", "l2", false)).await {
@@ -1259,7 +1259,7 @@ mod tests {
     async fn a_release_is_reported_to_other_agents_watching() {
         let prefix = fresh_prefix("watch");
         let (one, two) = (open(&prefix), open(&prefix));
-        let mut reports = two.released().expect("etcd reports releases");
+        let mut reports = two.releases().expect("etcd reports releases");
         // The watch starts in the background: wait until it reports a first release.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -1293,7 +1293,7 @@ mod tests {
             &EtcdOptions::default(),
         )
         .expect("opens");
-        assert!(polling.released().is_none());
+        assert!(polling.releases().is_none());
     }
 
     #[tokio::test]

@@ -156,14 +156,6 @@ pub trait Backend: Send + Sync + 'static {
             self.describe()
         )))
     }
-
-    /// Where the store can tell: keys that may have just become free (released,
-    /// expired or forced out, through any agent), so that waiting acquires try
-    /// again at once instead of at their next poll. Polling stays the fallback,
-    /// so a report that is missed or late only costs a poll interval.
-    fn released(&self) -> Option<tokio::sync::broadcast::Receiver<Key>> {
-        None
-    }
 }
 
 /// Per-backend settings from the configuration file, one section each.
