@@ -131,8 +131,11 @@ struct FileConfig {
     s3: S3Options,
     #[serde(default)]
     azure: AzureOptions,
+    #[serde(default)]
     gcs: GcsOptions,
+    #[serde(default)]
     postgres: PostgresOptions,
+    #[serde(default)]
     etcd: EtcdOptions,
 }
 
