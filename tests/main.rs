@@ -11,6 +11,7 @@ mod bad_input;
 mod config;
 mod crash_release;
 mod file_backend;
+mod gcs;
 mod legacy;
 mod lifecycle;
 mod meltano;
