@@ -1,7 +1,9 @@
 //! `cargo bench -p runlock-tests`: runs the release binaries and prints one
 //! table: acquire/release round trips on memory:// and file:// beside a raw
 //! MessagePack echo over a Unix socket, pair throughput over 16 connections,
-//! and crash release (SIGKILL of a run until a waiter holds the key).
+//! and crash release (SIGKILL of a run until a waiter holds the key); with
+//! the emulators' variables, S3, Azure, GCS, PostgreSQL and etcd beside raw
+//! writes with the same clients.
 //! The figures go into BENCHMARKS.md; nothing here asserts a time.
 
 use anyhow::{bail, Context, Result};
@@ -27,7 +29,9 @@ const S3_ROUND_TRIPS: usize = 500;
 /// GCS takes one write per object per second, so each sample is a key of its own.
 const GCS_KEYS: usize = 300;
 const ETCD_ROUND_TRIPS: usize = 500;
-const ETCD_WAKE_UPS: usize = 20;
+const PG_ROUND_TRIPS: usize = 500;
+/// Release → another agent's waiter holds the key, per backend and wake-up path.
+const WAKE_UPS: usize = 20;
 
 fn main() -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -44,6 +48,11 @@ fn main() -> Result<()> {
 }
 
 async fn run() -> Result<()> {
+    // `cargo bench -p runlock-tests -- NAME` measures only the groups whose
+    // name contains NAME (memory, file, s3, azure, gcs, postgres, etcd,
+    // leases); the echo always.
+    let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let wanted = |group: &str| only.as_deref().is_none_or(|o| group.contains(o));
     let bins = build_release()?;
     let scratch = tempfile::Builder::new()
         .prefix("runlock-bench")
@@ -64,6 +73,9 @@ async fn run() -> Result<()> {
             format!("file://{}", scratch.path().join("locks").display()),
         ),
     ] {
+        if !wanted(name) {
+            continue;
+        }
         let agent = Agent::start_plain(
             &bins.agent,
             scratch.path(),
@@ -96,11 +108,24 @@ async fn run() -> Result<()> {
         agent.stop().await?;
     }
 
-    rows.extend(s3_latency(&bins.agent, scratch.path()).await?);
-    rows.extend(azure_rows(&bins.agent, scratch.path()).await?);
-    rows.extend(gcs_latency(&bins.agent, scratch.path()).await?);
-    rows.extend(etcd_rows(&bins.agent, scratch.path()).await?);
-    rows.extend(many_leases(&bins.agent, scratch.path()).await?);
+    if wanted("s3") {
+        rows.extend(s3_latency(&bins.agent, scratch.path()).await?);
+    }
+    if wanted("azure") {
+        rows.extend(azure_rows(&bins.agent, scratch.path()).await?);
+    }
+    if wanted("gcs") {
+        rows.extend(gcs_latency(&bins.agent, scratch.path()).await?);
+    }
+    if wanted("postgres") {
+        rows.extend(postgres(&bins.agent, scratch.path()).await?);
+    }
+    if wanted("etcd") {
+        rows.extend(etcd_rows(&bins.agent, scratch.path()).await?);
+    }
+    if wanted("leases") {
+        rows.extend(many_leases(&bins.agent, scratch.path()).await?);
+    }
 
     println!();
     println!("| measurement | p50 / p99 (or rate) |");
@@ -782,30 +807,9 @@ async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> 
     ] {
         let a = Agent::start(bin, scratch, "etcd-wake-a", &uri, &[], &[]).await?;
         let b = Agent::start(bin, scratch, "etcd-wake-b", &b_uri, &[], &[]).await?;
-        let (mut holder, mut waiter) = (connect(&a.socket).await?, connect(&b.socket).await?);
-        let mut samples = Vec::new();
-        for i in 0..ETCD_WAKE_UPS as u64 {
-            let lease_id = acquired(call(&mut holder, 10 * i + 1, acquire(key, 0)).await?)?;
-            waiter
-                .send(Envelope::request(10 * i + 2, acquire(key, 30_000)))
-                .await?;
-            // Long enough for the waiter's polling to reach its cap.
-            tokio::time::sleep(Duration::from_millis(1_500)).await;
-            let released = Instant::now();
-            release(&mut holder, 10 * i + 3, lease_id).await?;
-            let reply = loop {
-                match waiter.next().await.context("agent closed")?? {
-                    Ok(Envelope { id: Some(id), body }) if id == 10 * i + 2 => break body,
-                    _ => continue,
-                }
-            };
-            samples.push(released.elapsed());
-            let lease_id = acquired(reply)?;
-            release(&mut waiter, 10 * i + 4, lease_id).await?;
-        }
         rows.push((
             format!("etcd: release on one agent → a waiter on another holds the key ({name})"),
-            percentiles(samples),
+            percentiles(wake_ups(&a.socket, &b.socket, key).await?),
         ));
         a.stop().await?;
         b.stop().await?;
@@ -856,6 +860,190 @@ impl EtcdRequests {
             .collect();
         parts.join(" + ")
     }
+}
+
+/// PostgreSQL (the test cluster, `RUNLOCK_TEST_PG_URI`): statements per
+/// operation by the server's own count, acquire through the agent beside a raw
+/// `INSERT … ON CONFLICT` on the same server in the same run, and how soon an
+/// agent on another "host" takes a key after its release, woken by NOTIFY or
+/// by its own polling (`[postgres] listen = false`). Plain TCP for both the
+/// agent and the raw client (`sslmode=disable`), so TLS is not measured.
+async fn postgres(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+    let Ok(server_uri) = std::env::var("RUNLOCK_TEST_PG_URI") else {
+        let why = "skipped: RUNLOCK_TEST_PG_URI is not set (see BENCHMARKS.md)";
+        return Ok(vec![("PostgreSQL".into(), why.into())]);
+    };
+    let (server, _) = server_uri
+        .rsplit_once('/')
+        .context("RUNLOCK_TEST_PG_URI names no database")?;
+    let database = format!("runlock_bench_{}", std::process::id());
+    let uri = format!("{server}/{database}?sslmode=disable");
+    let pg = |uri: String| async move {
+        let (client, connection) = tokio_postgres::connect(&uri, tokio_postgres::NoTls).await?;
+        tokio::spawn(connection);
+        anyhow::Ok(client)
+    };
+    // The counting connection sits in another database, so its own
+    // transactions do not count.
+    let admin = pg(format!("{server}/postgres?sslmode=disable")).await?;
+    admin
+        .batch_execute(&format!("DROP DATABASE IF EXISTS {database}"))
+        .await?;
+    admin
+        .batch_execute(&format!("CREATE DATABASE {database}"))
+        .await?;
+    let quiet_config = scratch.join("pg-poll.toml");
+    std::fs::write(&quiet_config, "[postgres]\nlisten = false\n")?;
+    let quiet = ["--config", quiet_config.to_str().context("utf-8 path")?];
+    let agent = Agent::start(bin, scratch, "pg", &uri, &[], &[]).await?;
+    let polling = Agent::start(bin, scratch, "pg-poll", &uri, &quiet, &[]).await?;
+    let key = "dev:tap-x-to-target-y";
+    let mut conn = connect(&agent.socket).await?;
+    let (listening_count, acquires, releases) =
+        counted_pairs(&mut conn, &admin, &database, key, PG_ROUND_TRIPS).await?;
+    let mut quiet_conn = connect(&polling.socket).await?;
+    let (quiet_count, _, _) =
+        counted_pairs(&mut quiet_conn, &admin, &database, key, PG_ROUND_TRIPS / 2).await?;
+    drop(quiet_conn);
+
+    // Raw: the same upsert shape on a table of its own, prepared, one connection.
+    let raw_client = pg(uri.clone()).await?;
+    raw_client
+        .batch_execute("CREATE TABLE raw (key text PRIMARY KEY, token bigint NOT NULL)")
+        .await?;
+    let upsert = raw_client
+        .prepare(
+            "INSERT INTO raw AS r VALUES ($1, 1) \
+             ON CONFLICT (key) DO UPDATE SET token = r.token + 1 RETURNING token",
+        )
+        .await?;
+    let mut raw = Vec::new();
+    for i in 0..(50 + PG_ROUND_TRIPS) {
+        let started = Instant::now();
+        raw_client.query_one(&upsert, &[&key]).await?;
+        if i >= 50 {
+            raw.push(started.elapsed());
+        }
+    }
+
+    // Wake-ups: the holder on `agent`, waiters on two more agents (hosts).
+    let listening = Agent::start(bin, scratch, "pg-listen", &uri, &[], &[]).await?;
+    let notified = wake_ups(&agent.socket, &listening.socket, "wake-notify").await?;
+    let polled = wake_ups(&agent.socket, &polling.socket, "wake-poll").await?;
+    for agent in [agent, listening, polling] {
+        agent.stop().await?;
+    }
+    drop(raw_client);
+    admin
+        .batch_execute(&format!("DROP DATABASE {database} WITH (FORCE)"))
+        .await?;
+
+    let ratio = quantile(&mut acquires.clone(), 0.5).as_secs_f64()
+        / quantile(&mut raw.clone(), 0.5).as_secs_f64();
+    Ok(vec![
+        (
+            "PostgreSQL: transactions per acquire or release, by the server's count".into(),
+            format!(
+                "{:.3} with the agent not listening ({} for {}); {:.3} listening ({} for {}: \
+                 a listening connection reads each NOTIFY in a transaction of its own)",
+                quiet_count as f64 / PG_ROUND_TRIPS as f64,
+                quiet_count,
+                PG_ROUND_TRIPS,
+                listening_count as f64 / (2 * PG_ROUND_TRIPS) as f64,
+                listening_count,
+                2 * PG_ROUND_TRIPS
+            ),
+        ),
+        (
+            "PostgreSQL: raw INSERT … ON CONFLICT, prepared, one connection".into(),
+            percentiles(raw),
+        ),
+        (
+            "PostgreSQL: acquire round trip through the agent".into(),
+            format!("{}  ({ratio:.2}× raw p50)", percentiles(acquires)),
+        ),
+        (
+            "PostgreSQL: release round trip through the agent".into(),
+            percentiles(releases),
+        ),
+        (
+            "PostgreSQL: another host's waiter takes the key after a release, LISTEN/NOTIFY".into(),
+            percentiles(notified),
+        ),
+        (
+            "PostgreSQL: the same, polling (`listen = false`)".into(),
+            percentiles(polled),
+        ),
+    ])
+}
+
+/// `pairs` acquire+release pairs of `key` through `conn`, after 50 unmeasured:
+/// the transactions the server counted in `database` for them, and the
+/// acquire and release round trips.
+async fn counted_pairs(
+    conn: &mut Conn,
+    admin: &tokio_postgres::Client,
+    database: &str,
+    key: &str,
+    pairs: usize,
+) -> Result<(i64, Vec<Duration>, Vec<Duration>)> {
+    let transactions = || async {
+        let row = admin
+            .query_one(
+                "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = $1",
+                &[&database],
+            )
+            .await?;
+        anyhow::Ok(row.get::<_, i64>(0))
+    };
+    // A backend publishes its counts at most once a second: an inspect more
+    // than a second after the last statement publishes everything before it.
+    for i in 0..50 {
+        pair(conn, 2 * i + 1, key).await?;
+    }
+    // A backend publishes its counts at most once a second: an inspect more
+    // than a second after the last statement publishes everything before it.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    call(conn, 500, ClientMessage::Inspect { key: key.into() }).await?;
+    let before = transactions().await?;
+    let (mut acquires, mut releases) = (Vec::new(), Vec::new());
+    for i in 0..pairs as u64 {
+        let (acquire, release) = pair(conn, 1_000 + 2 * i, key).await?;
+        acquires.push(acquire);
+        releases.push(release);
+    }
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    call(conn, 501, ClientMessage::Inspect { key: key.into() }).await?;
+    let counted = transactions().await? - before - 1; // less the settling inspect
+    Ok((counted, acquires, releases))
+}
+
+/// From a release through the agent at `holder` to the grant of a client
+/// waiting for that key on the agent at `waiter`, `WAKE_UPS` times. Each
+/// waiter waits 1.5 s first, so its polling has backed off to its cap, as
+/// for any wait that lasts.
+async fn wake_ups(holder: &Path, waiter: &Path, key: &str) -> Result<Vec<Duration>> {
+    let (mut holder, mut waiter) = (connect(holder).await?, connect(waiter).await?);
+    let mut samples = Vec::new();
+    for i in 0..WAKE_UPS as u64 {
+        let lease_id = acquired(call(&mut holder, 10 * i + 1, acquire(key, 0)).await?)?;
+        waiter
+            .send(Envelope::request(10 * i + 2, acquire(key, 30_000)))
+            .await?;
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        let released = Instant::now();
+        release(&mut holder, 10 * i + 3, lease_id).await?;
+        let reply = loop {
+            match waiter.next().await.context("agent closed")?? {
+                Ok(Envelope { id: Some(id), body }) if id == 10 * i + 2 => break body,
+                _ => continue,
+            }
+        };
+        samples.push(released.elapsed());
+        let lease_id = acquired(reply)?;
+        release(&mut waiter, 10 * i + 4, lease_id).await?;
+    }
+    Ok(samples)
 }
 
 /// One agent holding 10,000 leases (TTL 30 s) on the in-memory CAS store:
