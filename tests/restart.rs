@@ -52,7 +52,7 @@ async fn a_restart_within_the_ttl_keeps_every_run_and_its_token() -> Result<()> 
     let deadline = Deadline::new(WAIT, format!("{RUNS} runs to reattach"));
     let adopted = loop {
         let leases = leases_of(&new).await?;
-        if leases.len() == RUNS {
+        if leases.len() == RUNS && leases.iter().all(|l| l.child_pid.is_some()) {
             break leases;
         }
         deadline.tick().await?;
