@@ -5,7 +5,8 @@
 //! without it these tests fail (they never skip). The cross-host scenarios
 //! through real agents are in `scenarios.rs`.
 
-use crate::support::stores::{azure, unique_name, Azure, Endpoint, Store};
+use crate::support::stores::{azure, unique_name, Azure, Endpoint, Space, Store};
+use crate::support::{key, AgentOptions, TestAgent};
 use anyhow::{bail, ensure, Context, Result};
 use runlock_agent::backend::cas::{AzureOptions, AzureStore, CasEngine, CasError, CasStore};
 use runlock_agent::backend::{AcquireSpec, Backend, BackendError, LeaseRef};
@@ -263,5 +264,31 @@ async fn store_failures_are_named_without_the_key() -> Result<()> {
         ),
         other => bail!("refused endpoint: {other:?}"),
     }
+    Ok(())
+}
+
+/// azure_core logs every request with its `Authorization: SharedKey
+/// account:signature` header at `debug`; the agent drops client libraries'
+/// events below `info`, so even `RUST_LOG=trace` writes no signature (nor the key).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trace_log_holds_no_shared_key_signature() -> Result<()> {
+    let space = Space::create(Azure, "trace-log").await?;
+    let mut env = space.env();
+    env.push(("RUST_LOG".into(), "trace".into()));
+    let agent = TestAgent::start_with_env(AgentOptions::new(space.uri("p")), &env).await?;
+    agent
+        .run(&[&key("trace-log")], &[], "true")?
+        .finish()
+        .await?
+        .expect_code(0)?;
+    let log = agent.log();
+    ensure!(
+        log.contains("DEBUG runlock_agent") || log.contains("TRACE runlock_agent"),
+        "the agent did not log verbosely: {log}"
+    );
+    ensure!(
+        !log.contains("SharedKey") && !log.contains(azure::KEY),
+        "a credential is in the trace log"
+    );
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! Logging: text or JSON to stderr, filtered by `RUST_LOG` (default `info`);
 //! plain text without colours or timestamps under systemd, whose journal adds its own.
 
+use tracing::Level;
 use tracing_subscriber::EnvFilter;
 
 /// The log formats `--log-format` accepts.
@@ -39,22 +40,53 @@ fn under_systemd() -> bool {
         .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
 }
 
+/// Client libraries that log request headers or signing material at `debug`
+/// or `trace` (azure_core every request with its `Authorization: SharedKey`
+/// signature, aws-sigv4 its string to sign, hyper and h2 raw headers): only
+/// their `info` and above are logged, whatever `RUST_LOG` asks, so that no log
+/// holds a secret.
+const CHATTY_WITH_SECRETS: &[&str] = &[
+    "azure_core",
+    "azure_storage",
+    "azure_storage_blobs",
+    "aws_sigv4",
+    "aws_smithy_runtime",
+    "aws_smithy_runtime_api",
+    "hyper",
+    "hyper_util",
+    "h2",
+    "reqwest",
+    "tonic",
+    "tokio_postgres",
+];
+
+/// Whether an event or span of `target` at `level` may be logged at all
+/// (see [`CHATTY_WITH_SECRETS`]). In tracing, more verbose levels compare greater.
+fn may_be_logged(target: &str, level: Level) -> bool {
+    let crate_name = target.split("::").next().unwrap_or(target);
+    level <= Level::INFO || !CHATTY_WITH_SECRETS.contains(&crate_name)
+}
+
 /// Installs the global subscriber; call once.
 pub fn init(format: LogFormat) {
     use std::io::IsTerminal;
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let no_secrets =
+        tracing_subscriber::filter::filter_fn(|meta| may_be_logged(meta.target(), *meta.level()));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     match format {
-        LogFormat::Json => builder.json().init(),
+        LogFormat::Json => builder.json().finish().with(no_secrets).init(),
         LogFormat::Text => {
             let style = text_style(under_systemd(), std::io::stderr().is_terminal());
             let builder = builder.with_ansi(style.ansi);
             if style.timestamps {
-                builder.init()
+                builder.finish().with(no_secrets).init()
             } else {
-                builder.without_time().init()
+                builder.without_time().finish().with(no_secrets).init()
             }
         }
     }
@@ -63,6 +95,19 @@ pub fn init(format: LogFormat) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_libraries_log_nothing_below_info_and_ours_may() {
+        assert!(!may_be_logged(
+            "azure_core::policies::transport",
+            Level::TRACE
+        ));
+        assert!(!may_be_logged("azure_core::policies::transport", Level::DEBUG));
+        assert!(!may_be_logged("h2", Level::TRACE));
+        assert!(may_be_logged("azure_core::http_client", Level::INFO));
+        assert!(may_be_logged("runlock_agent::registry", Level::TRACE));
+        assert!(may_be_logged("hyperfine", Level::TRACE));
+    }
 
     #[test]
     fn systemd_gets_neither_colours_nor_timestamps() {
