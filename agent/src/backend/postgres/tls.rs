@@ -127,84 +127,39 @@ pub fn connector(
         .map_err(|err| format!("TLS setup: {err}"))?;
     let checks_chain = matches!(mode, SslMode::VerifyCa | SslMode::VerifyFull)
         || (mode == SslMode::Require && root_cert.is_some());
-    let config = if !checks_chain {
-        builder
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(Unverified(provider)))
-            .with_no_client_auth()
-    } else {
+    let config = if mode == SslMode::VerifyFull {
         let roots = Arc::new(roots(root_cert, home, mode)?);
-        if mode == SslMode::VerifyFull {
-            builder.with_root_certificates(roots).with_no_client_auth()
-        } else {
-            let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider)
+        builder.with_root_certificates(roots).with_no_client_auth()
+    } else {
+        let chain = if checks_chain {
+            let roots = Arc::new(roots(root_cert, home, mode)?);
+            let webpki = WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                 .build()
                 .map_err(|err| format!("TLS setup: {err}"))?;
-            builder
-                .dangerous()
-                .with_custom_certificate_verifier(Arc::new(AnyName(webpki)))
-                .with_no_client_auth()
-        }
+            Some(webpki)
+        } else {
+            None
+        };
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(Lenient { provider, chain }))
+            .with_no_client_auth()
     };
     Ok(MakeRustlsConnect::new(config))
 }
 
-/// `prefer`/`require`: encryption without authentication of the server, as
-/// libpq does; the handshake's signatures are still checked.
+/// libpq's modes short of `verify-full`: `prefer`/`require` encrypt without
+/// authenticating the server (`chain` is `None`); `verify-ca` checks that the
+/// chain leads to a trusted root but not the name (webpki checks the chain
+/// before the name, so a name error means the chain held). The handshake's
+/// signatures are checked in every mode.
 #[derive(Debug)]
-struct Unverified(Arc<CryptoProvider>);
-
-impl ServerCertVerifier for Unverified {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
-    }
+struct Lenient {
+    provider: Arc<CryptoProvider>,
+    chain: Option<Arc<WebPkiServerVerifier>>,
 }
 
-/// `verify-ca`: the chain must lead to a trusted root; the name may differ.
-/// webpki checks the chain before the name, so a name error means the chain held.
-#[derive(Debug)]
-struct AnyName(Arc<WebPkiServerVerifier>);
-
-impl ServerCertVerifier for AnyName {
+impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -213,10 +168,10 @@ impl ServerCertVerifier for AnyName {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .0
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        let Some(chain) = &self.chain else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) => Ok(ServerCertVerified::assertion()),
@@ -230,7 +185,8 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls12_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
     }
 
     fn verify_tls13_signature(
@@ -239,11 +195,14 @@ impl ServerCertVerifier for AnyName {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0.verify_tls13_signature(message, cert, dss)
+        let algorithms = &self.provider.signature_verification_algorithms;
+        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.supported_verify_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
