@@ -1016,6 +1016,7 @@ async fn watch_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::fixtures::{lease, spec};
     use etcd_client::Permission;
 
     const TTL: Duration = Duration::from_secs(10);
@@ -1082,7 +1083,7 @@ mod tests {
 
     #[test]
     fn a_record_keeps_the_holder_but_not_its_token() {
-        let spec = spec("dev:tap-a-to-target-b", "l1", false);
+        let spec = spec("dev:tap-a-to-target-b", "l1", false, TTL);
         let record = EtcdRecord::new(&spec);
         let body: serde_json::Value = serde_json::from_slice(&record.body()).expect("json");
         assert_eq!(body["state"], "held");
@@ -1097,34 +1098,6 @@ mod tests {
                 ..spec.holder
             }
         );
-    }
-
-    fn spec(key: &str, lease: &str, force: bool) -> AcquireSpec {
-        AcquireSpec {
-            key: Key::new(key).expect("valid"),
-            lease_id: lease.into(),
-            holder: Holder {
-                host: format!("host-of-{lease}"),
-                agent_id: "a".into(),
-                pid: 1,
-                uid: 0,
-                gid: 0,
-                user: "u".into(),
-                command: "c".into(),
-                acquired_at_ms: 0,
-                token: 0,
-            },
-            ttl: TTL,
-            force,
-        }
-    }
-
-    fn lease(key: &str, lease_id: &str, token: u64) -> LeaseRef {
-        LeaseRef {
-            key: Key::new(key).expect("valid"),
-            lease_id: lease_id.into(),
-            token,
-        }
     }
 
     /// The etcd that `tests/scripts/etcd.sh` started (scripts/test does); its
@@ -1159,8 +1132,11 @@ mod tests {
         let prefix = fresh_prefix("exclude");
         let (one, two) = (open(&prefix), open(&prefix));
         one.probe().await.expect("etcd answers");
-        let first = one.acquire(&spec("k", "l1", false)).await.expect("free");
-        match two.acquire(&spec("k", "l2", false)).await {
+        let first = one
+            .acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
+        match two.acquire(&spec("k", "l2", false, TTL)).await {
             Err(BackendError::Held(Some(h))) => {
                 assert_eq!(
                     (h.host.as_str(), h.token),
@@ -1182,7 +1158,10 @@ mod tests {
         one.release(&first_lease).await.expect("release");
         let record = two.inspect(&key("k")).await.expect("inspect");
         assert_eq!((record.state, record.holder), (KeyState::Free, None));
-        let second = two.acquire(&spec("k", "l2", false)).await.expect("freed");
+        let second = two
+            .acquire(&spec("k", "l2", false, TTL))
+            .await
+            .expect("freed");
         assert!(second.holder.token > first.holder.token, "{second:?}");
         // A lease already let go releases quietly, and frees nothing of the new holder's.
         one.release(&first_lease).await.expect("quiet");
@@ -1200,8 +1179,14 @@ mod tests {
     async fn force_takes_the_key_with_a_larger_token_and_the_old_holder_loses_it() {
         let prefix = fresh_prefix("force");
         let (one, two) = (open(&prefix), open(&prefix));
-        let first = one.acquire(&spec("k", "l1", false)).await.expect("free");
-        let forced = two.acquire(&spec("k", "l2", true)).await.expect("forced");
+        let first = one
+            .acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
+        let forced = two
+            .acquire(&spec("k", "l2", true, TTL))
+            .await
+            .expect("forced");
         assert!(forced.holder.token > first.holder.token);
         let old = lease("k", "l1", first.holder.token);
         assert!(matches!(
@@ -1224,7 +1209,7 @@ mod tests {
         let (one, two) = (open(&prefix), open(&prefix));
         let short = AcquireSpec {
             ttl: Duration::from_secs(1),
-            ..spec("k", "l1", false)
+            ..spec("k", "l1", false, TTL)
         };
         let granted = one.acquire(&short).await.expect("free");
         // The holder trusts its lease until sent + TTL - TTL/6; nobody may take
@@ -1233,7 +1218,7 @@ mod tests {
         let mut reports = two.releases().expect("etcd reports releases");
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            match two.acquire(&spec("k", "l2", false)).await {
+            match two.acquire(&spec("k", "l2", false, TTL)).await {
                 Ok(_) => break,
                 Err(BackendError::Held(_)) => {}
                 Err(other) => panic!("{other}"),
@@ -1264,7 +1249,10 @@ mod tests {
         // The watch starts in the background: wait until it reports a first release.
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            let probe = one.acquire(&spec("probe", "p", false)).await.expect("free");
+            let probe = one
+                .acquire(&spec("probe", "p", false, TTL))
+                .await
+                .expect("free");
             one.release(&lease("probe", "p", probe.holder.token))
                 .await
                 .expect("release");
@@ -1274,7 +1262,7 @@ mod tests {
             }
         }
         let held = one
-            .acquire(&spec("dev:x", "l1", false))
+            .acquire(&spec("dev:x", "l1", false, TTL))
             .await
             .expect("free");
         one.release(&lease("dev:x", "l1", held.holder.token))
@@ -1301,7 +1289,10 @@ mod tests {
     async fn another_agent_adopts_a_live_lease_and_names_itself() {
         let prefix = fresh_prefix("adopt");
         let (old, new) = (open(&prefix), open(&prefix));
-        let granted = old.acquire(&spec("k", "l1", false)).await.expect("free");
+        let granted = old
+            .acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
         let taken = lease("k", "l1", granted.holder.token);
         assert!(matches!(
             new.adopt(&lease("k", "l1", granted.holder.token + 1), "new")
@@ -1340,7 +1331,7 @@ mod tests {
         .expect("opens");
         let started = Instant::now();
         let err = backend
-            .acquire(&spec("k", "l1", false))
+            .acquire(&spec("k", "l1", false, TTL))
             .await
             .expect_err("nothing listens");
         assert!(started.elapsed() <= OPERATION_TIMEOUT + Duration::from_millis(500));
@@ -1398,7 +1389,7 @@ mod tests {
         .expect("opens");
         read_only.probe().await.expect("may read");
         let err = read_only
-            .acquire(&spec("k", "l1", false))
+            .acquire(&spec("k", "l1", false, TTL))
             .await
             .expect_err("may not write")
             .to_string();

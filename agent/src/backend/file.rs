@@ -418,38 +418,9 @@ impl Backend for FileBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::fixtures::{lease, spec};
 
-    fn holder() -> Holder {
-        Holder {
-            host: "h".into(),
-            agent_id: "a".into(),
-            pid: 1,
-            uid: 0,
-            gid: 0,
-            user: "root".into(),
-            command: "true".into(),
-            acquired_at_ms: 0,
-            token: 0,
-        }
-    }
-
-    fn spec(key: &str, lease: &str, force: bool) -> AcquireSpec {
-        AcquireSpec {
-            key: Key::new(key).expect("valid"),
-            lease_id: lease.into(),
-            holder: holder(),
-            ttl: Duration::from_secs(30),
-            force,
-        }
-    }
-
-    fn lease(key: &str, lease_id: &str, token: u64) -> LeaseRef {
-        LeaseRef {
-            key: Key::new(key).expect("valid"),
-            lease_id: lease_id.into(),
-            token,
-        }
-    }
+    const TTL: Duration = Duration::from_secs(30);
 
     #[tokio::test]
     async fn two_backends_on_one_directory_exclude_each_other_and_tokens_grow() {
@@ -457,11 +428,11 @@ mod tests {
         let one = FileBackend::open(dir.path().into()).expect("open");
         let two = FileBackend::open(dir.path().into()).expect("open");
         let first = one
-            .acquire(&spec("k", "l1", false))
+            .acquire(&spec("k", "l1", false, TTL))
             .await
             .expect("free key");
         assert_eq!(first.holder.token, 1);
-        match two.acquire(&spec("k", "l2", false)).await {
+        match two.acquire(&spec("k", "l2", false, TTL)).await {
             Err(BackendError::Held(Some(h))) => assert_eq!(h.token, 1),
             other => panic!("expected held, got {other:?}"),
         }
@@ -478,7 +449,10 @@ mod tests {
             .await
             .expect("inspect");
         assert_eq!((record.state, record.token), (KeyState::Free, 1));
-        let second = two.acquire(&spec("k", "l2", false)).await.expect("freed");
+        let second = two
+            .acquire(&spec("k", "l2", false, TTL))
+            .await
+            .expect("freed");
         assert_eq!(second.holder.token, 2);
     }
 
@@ -487,10 +461,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let one = FileBackend::open(dir.path().into()).expect("open");
         let two = FileBackend::open(dir.path().into()).expect("open");
-        one.acquire(&spec("k", "l1", false))
+        one.acquire(&spec("k", "l1", false, TTL))
             .await
             .expect("free key");
-        let forced = two.acquire(&spec("k", "l2", true)).await.expect("force");
+        let forced = two
+            .acquire(&spec("k", "l2", true, TTL))
+            .await
+            .expect("force");
         assert_eq!(forced.holder.token, 2);
         assert!(matches!(
             one.renew(&lease("k", "l1", 1), Duration::from_secs(1))
@@ -509,7 +486,7 @@ mod tests {
         assert_eq!((record.state, record.token), (KeyState::Held, 2));
         two.release(&lease("k", "l2", 2)).await.expect("release");
         assert_eq!(
-            one.acquire(&spec("k", "l3", false))
+            one.acquire(&spec("k", "l3", false, TTL))
                 .await
                 .expect("free")
                 .holder
@@ -523,7 +500,7 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let backend = FileBackend::open(dir.path().into()).expect("open");
         std::fs::write(dir.path().join("k.lock"), b"not json").expect("write");
-        match backend.acquire(&spec("k", "l1", false)).await {
+        match backend.acquire(&spec("k", "l1", false, TTL)).await {
             Err(BackendError::Corrupt(msg)) => assert!(msg.contains("k.lock"), "{msg}"),
             other => panic!("expected corrupt, got {other:?}"),
         }

@@ -3,6 +3,8 @@
 pub mod cas;
 mod etcd;
 mod file;
+#[cfg(test)]
+mod fixtures;
 mod key_name;
 mod memory;
 pub mod postgres;

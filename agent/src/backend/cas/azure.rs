@@ -22,7 +22,6 @@ use azure_core::{ExponentialRetryOptions, RetryOptions, TransportOptions};
 use azure_storage::{CloudLocation, StorageCredentials};
 use azure_storage_blobs::prelude::{ClientBuilder, ContainerClient};
 use futures::StreamExt;
-use std::error::Error as StdError;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -270,7 +269,9 @@ impl AzureStore {
             .timeout(ATTEMPT_TIMEOUT)
             .pool_idle_timeout(POOL_IDLE)
             .build()
-            .map_err(|err| anyhow::anyhow!("cannot set up an HTTP client: {}", innermost(&err)))?;
+            .map_err(|err| {
+                anyhow::anyhow!("cannot set up an HTTP client: {}", super::root_cause(&err))
+            })?;
         let retry = ExponentialRetryOptions::default()
             .max_retries(HTTP_RETRIES)
             .initial_delay(Duration::from_millis(50))
@@ -330,18 +331,18 @@ impl AzureStore {
             ErrorKind::Io => Failure::Other(CasError::Unavailable(format!(
                 "cannot reach Azure Blob at {}: {}",
                 self.location,
-                innermost(err)
+                super::root_cause(err)
             ))),
             ErrorKind::DataConversion => Failure::Other(CasError::Unavailable(format!(
                 "Azure Blob at {} sent an unreadable answer for {what}: {}",
                 self.location,
-                innermost(err)
+                super::root_cause(err)
             ))),
             // Signing failed, or the request could not be built.
             _ => Failure::Other(CasError::Refused(format!(
                 "cannot make a request to Azure Blob at {} for {what}: {}",
                 self.location,
-                innermost(err)
+                super::root_cause(err)
             ))),
         }
     }
@@ -433,22 +434,13 @@ impl AzureStore {
 
 /// `azure://container/prefix` → (container, prefix without surrounding slashes).
 fn parse_uri(uri: &str) -> anyhow::Result<(String, String)> {
-    let rest = uri
-        .strip_prefix("azure://")
-        .ok_or_else(|| anyhow::anyhow!("{uri:?} is not an azure:// URI"))?;
-    let (container, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    if container.is_empty() {
-        anyhow::bail!(
-            "backend azure:// needs a container, as in azure://my-container/meltano-state"
-        );
-    }
-    if container.contains(['@', '?', '#', ':']) || prefix.contains(['?', '#']) {
-        anyhow::bail!(
-            "backend {:?}: write azure://CONTAINER/PREFIX; the account and its key come from \
-             AZURE_STORAGE_CONNECTION_STRING (or AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY)",
-            redact_uri(uri)
-        );
-    }
+    let (container, prefix) = super::place_and_prefix(
+        uri,
+        "azure",
+        "container",
+        "the account and its key come from AZURE_STORAGE_CONNECTION_STRING (or \
+         AZURE_STORAGE_ACCOUNT and AZURE_STORAGE_KEY)",
+    )?;
     // Azure's rule for container names, checked here so that a typo is named at start.
     let valid = (3..=63).contains(&container.len())
         && container
@@ -463,22 +455,7 @@ fn parse_uri(uri: &str) -> anyhow::Result<(String, String)> {
              and single hyphens, starting and ending with a letter or digit"
         );
     }
-    Ok((container.to_string(), prefix.trim_matches('/').to_string()))
-}
-
-/// The last error in `err`'s source chain: the root cause, without the
-/// wrapping (and without reqwest's URL), on one line.
-fn innermost(err: &(dyn StdError + 'static)) -> String {
-    let mut cause = err;
-    while let Some(next) = cause.source() {
-        cause = next;
-    }
-    let text = cause.to_string();
-    text.lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
+    Ok((container, prefix))
 }
 
 #[async_trait]

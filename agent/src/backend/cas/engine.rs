@@ -566,36 +566,9 @@ mod tests {
     use super::super::testing::FaultyStore;
     use super::super::MemoryCasStore;
     use super::*;
+    use crate::backend::fixtures::{lease, spec};
 
     const TTL: Duration = Duration::from_secs(10);
-
-    fn spec(key: &str, lease: &str, force: bool) -> AcquireSpec {
-        AcquireSpec {
-            key: Key::new(key).expect("valid"),
-            lease_id: lease.into(),
-            holder: Holder {
-                host: format!("host-of-{lease}"),
-                agent_id: "a".into(),
-                pid: 1,
-                uid: 0,
-                gid: 0,
-                user: "u".into(),
-                command: "c".into(),
-                acquired_at_ms: 0,
-                token: 0,
-            },
-            ttl: TTL,
-            force,
-        }
-    }
-
-    fn lease(key: &str, lease_id: &str, token: u64) -> LeaseRef {
-        LeaseRef {
-            key: Key::new(key).expect("valid"),
-            lease_id: lease_id.into(),
-            token,
-        }
-    }
 
     fn pair(store: Arc<dyn CasStore>) -> (CasEngine, CasEngine) {
         (
@@ -614,14 +587,14 @@ mod tests {
         let store = Arc::new(MemoryCasStore::new());
         let (one, two) = pair(store.clone());
         assert_eq!(
-            one.acquire(&spec("k", "l1", false))
+            one.acquire(&spec("k", "l1", false, TTL))
                 .await
                 .expect("free")
                 .holder
                 .token,
             1
         );
-        match two.acquire(&spec("k", "l2", false)).await {
+        match two.acquire(&spec("k", "l2", false, TTL)).await {
             Err(BackendError::Held(Some(h))) => {
                 assert_eq!((h.host.as_str(), h.token), ("host-of-l1", 1))
             }
@@ -635,7 +608,7 @@ mod tests {
             (KeyState::Free, 1, None)
         );
         assert_eq!(
-            two.acquire(&spec("k", "l2", false))
+            two.acquire(&spec("k", "l2", false, TTL))
                 .await
                 .expect("freed")
                 .holder
@@ -656,11 +629,13 @@ mod tests {
     async fn a_silent_holder_is_taken_over_only_after_ttl_grace_and_a_second_by_the_store_clock() {
         let store = Arc::new(MemoryCasStore::new());
         let (one, two) = pair(store.clone());
-        one.acquire(&spec("k", "l1", false)).await.expect("free");
+        one.acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
         let written = Instant::now();
         let earliest = written + TTL + grace(TTL);
         loop {
-            match two.acquire(&spec("k", "l2", false)).await {
+            match two.acquire(&spec("k", "l2", false, TTL)).await {
                 Ok(grant) => {
                     let at = Instant::now();
                     assert!(at >= earliest, "taken over {:?} too early", earliest - at);
@@ -686,11 +661,13 @@ mod tests {
     async fn without_a_store_clock_a_record_must_be_seen_unchanged_for_ttl_and_grace() {
         let store = Arc::new(MemoryCasStore::with_clock(false));
         let (one, two) = pair(store.clone());
-        one.acquire(&spec("k", "l1", false)).await.expect("free");
+        one.acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
         tokio::time::sleep(TTL * 5).await; // time passing unseen by `two` counts for nothing
         let first_look = Instant::now();
         assert!(matches!(
-            two.acquire(&spec("k", "l2", false)).await,
+            two.acquire(&spec("k", "l2", false, TTL)).await,
             Err(BackendError::Held(_))
         ));
         // A renewal in between starts the watch again.
@@ -698,7 +675,7 @@ mod tests {
         one.renew(&lease("k", "l1", 1), TTL).await.expect("renew");
         let renewed = Instant::now();
         loop {
-            match two.acquire(&spec("k", "l2", false)).await {
+            match two.acquire(&spec("k", "l2", false, TTL)).await {
                 Ok(_) => break,
                 Err(BackendError::Held(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
                 Err(other) => panic!("{other}"),
@@ -712,9 +689,11 @@ mod tests {
     async fn force_writes_a_larger_token_and_the_old_holder_can_neither_renew_nor_free_it() {
         let store = Arc::new(MemoryCasStore::new());
         let (one, two) = pair(store.clone());
-        one.acquire(&spec("k", "l1", false)).await.expect("free");
+        one.acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
         assert_eq!(
-            two.acquire(&spec("k", "l2", true))
+            two.acquire(&spec("k", "l2", true, TTL))
                 .await
                 .expect("forced")
                 .holder
@@ -742,7 +721,7 @@ mod tests {
         let (one, two) = pair(store.clone());
         store.lose_next_answer();
         assert_eq!(
-            one.acquire(&spec("k", "l1", false))
+            one.acquire(&spec("k", "l1", false, TTL))
                 .await
                 .expect("adopted")
                 .holder
@@ -758,7 +737,7 @@ mod tests {
             .await
             .expect("and its version kept");
         assert!(matches!(
-            two.acquire(&spec("k", "l2", false)).await,
+            two.acquire(&spec("k", "l2", false, TTL)).await,
             Err(BackendError::Held(_))
         ));
         one.release(&lease("k", "l1", 1)).await.expect("release");
@@ -836,7 +815,7 @@ mod tests {
         let ttl = engine.min_ttl();
         // Short runs back to back, each acquire right after the previous release.
         for (token, id) in [(1, "l1"), (2, "l2"), (3, "l3")] {
-            let mut short = spec("k", id, false);
+            let mut short = spec("k", id, false, TTL);
             short.ttl = ttl;
             engine.acquire(&short).await.expect("free");
             engine
@@ -850,7 +829,10 @@ mod tests {
         }
         // Another key is not held up by this one.
         let started = Instant::now();
-        engine.acquire(&spec("j", "j1", false)).await.expect("free");
+        engine
+            .acquire(&spec("j", "j1", false, TTL))
+            .await
+            .expect("free");
         assert_eq!(started.elapsed(), Duration::ZERO);
         let closest = store.closest_writes().expect("rewrites");
         assert!(closest >= Duration::from_secs(1), "{closest:?}");
@@ -867,12 +849,17 @@ mod tests {
             CasEngine::new(store.clone(), "locks/"),
             CasEngine::new(store.clone(), "locks/"),
         );
-        one.acquire(&spec("k", "l1", false)).await.expect("free");
+        one.acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
         one.release(&lease("k", "l1", 1)).await.expect("release");
         tokio::time::sleep(Duration::from_secs(2)).await;
         // `two` first tries to create the record, fails, reads it, and replaces it at once.
         let started = Instant::now();
-        let grant = two.acquire(&spec("k", "l2", false)).await.expect("free");
+        let grant = two
+            .acquire(&spec("k", "l2", false, TTL))
+            .await
+            .expect("free");
         assert_eq!(grant.holder.token, 2);
         assert_eq!(started.elapsed(), Duration::ZERO);
     }
@@ -882,7 +869,10 @@ mod tests {
     async fn uncontended_operations_cost_one_write_each() {
         let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
         let engine = CasEngine::new(store.clone(), "locks/");
-        engine.acquire(&spec("k", "l1", false)).await.expect("free");
+        engine
+            .acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
         assert_eq!(
             store.requests(),
             (0, 1),
@@ -896,7 +886,7 @@ mod tests {
         engine.release(&lease("k", "l1", 1)).await.expect("release");
         assert_eq!(store.requests(), (0, 3), "release: one conditional PUT");
         let again = engine
-            .acquire(&spec("k", "l2", false))
+            .acquire(&spec("k", "l2", false, TTL))
             .await
             .expect("free again");
         assert_eq!(again.holder.token, 2);
@@ -908,12 +898,15 @@ mod tests {
 
         // A key last written by another agent: the guess fails, then a read and a write.
         let other = CasEngine::new(store.clone(), "locks/");
-        other.acquire(&spec("j", "o1", false)).await.expect("free");
+        other
+            .acquire(&spec("j", "o1", false, TTL))
+            .await
+            .expect("free");
         other.release(&lease("j", "o1", 1)).await.expect("release");
         let before = store.requests();
         assert_eq!(
             engine
-                .acquire(&spec("j", "l3", false))
+                .acquire(&spec("j", "l3", false, TTL))
                 .await
                 .expect("free")
                 .holder
@@ -932,7 +925,7 @@ mod tests {
             .await
             .expect("put");
         let engine = CasEngine::new(store.clone(), "locks/");
-        match engine.acquire(&spec("k", "l1", false)).await {
+        match engine.acquire(&spec("k", "l1", false, TTL)).await {
             Err(BackendError::Corrupt(msg)) => assert!(msg.contains("locks/k.json"), "{msg}"),
             other => panic!("expected corrupt, got {other:?}"),
         }

@@ -30,7 +30,6 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
-use std::error::Error as StdError;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -385,11 +384,11 @@ impl GcsStore {
         match err {
             gcp_auth::Error::Other("HTTP request failed", cause) => CasError::Unavailable(format!(
                 "cannot reach Google's token service for {source}: {}",
-                innermost(cause.as_ref())
+                super::root_cause(cause.as_ref())
             )),
             gcp_auth::Error::Http(what, cause) => CasError::Unavailable(format!(
                 "Google's token service, for {source}: {what}: {}",
-                innermost(cause)
+                super::root_cause(cause)
             )),
             gcp_auth::Error::Str("token request failed") => CasError::Refused(format!(
                 "Google's token service refused {source}: check that the key is current \
@@ -459,12 +458,16 @@ impl GcsStore {
     async fn send(&self, request: Request<Full<Bytes>>) -> Result<Answer, String> {
         let response = self.http.request(request).await.map_err(|err| {
             if err.is_connect() {
-                format!("cannot reach GCS at {}: {}", self.location, innermost(&err))
+                format!(
+                    "cannot reach GCS at {}: {}",
+                    self.location,
+                    super::root_cause(&err)
+                )
             } else {
                 format!(
                     "GCS at {} failed to answer: {}",
                     self.location,
-                    innermost(&err)
+                    super::root_cause(&err)
                 )
             }
         })?;
@@ -476,7 +479,7 @@ impl GcsStore {
                 format!(
                     "reading an answer from GCS at {}: {}",
                     self.location,
-                    innermost(err.as_ref())
+                    super::root_cause(err.as_ref())
                 )
             })?
             .to_bytes();
@@ -579,22 +582,15 @@ fn header_time(headers: &HeaderMap, name: hyper::header::HeaderName) -> Option<S
 
 /// `gs://bucket/prefix` → (bucket, prefix without surrounding slashes).
 fn parse_uri(uri: &str) -> anyhow::Result<(String, String)> {
-    let rest = uri
-        .strip_prefix("gs://")
-        .ok_or_else(|| anyhow::anyhow!("{:?} is not a gs:// URI", redact_uri(uri)))?;
-    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    if bucket.is_empty() {
-        anyhow::bail!("backend gs:// needs a bucket, as in gs://my-bucket/meltano-state");
-    }
-    if bucket.contains(['@', '?', '#', ':']) || prefix.contains(['?', '#']) {
-        anyhow::bail!(
-            "backend {:?}: write gs://BUCKET/PREFIX; credentials come from \
-             GOOGLE_APPLICATION_CREDENTIALS, [gcs] credentials_file or gcloud, and an \
-             emulator from {EMULATOR_ENV}",
-            redact_uri(uri)
-        );
-    }
-    Ok((bucket.to_string(), prefix.trim_matches('/').to_string()))
+    super::place_and_prefix(
+        uri,
+        "gs",
+        "bucket",
+        &format!(
+            "credentials come from GOOGLE_APPLICATION_CREDENTIALS, [gcs] credentials_file or \
+             gcloud, and an emulator from {EMULATOR_ENV}"
+        ),
+    )
 }
 
 /// `STORAGE_EMULATOR_HOST` as a base URL: `host:port` or `http://host:port`.
@@ -647,21 +643,6 @@ fn http_client(plain: bool) -> anyhow::Result<HttpClient> {
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(30))
         .build(https))
-}
-
-/// The last error in `err`'s source chain, on one line.
-fn innermost(err: &(dyn StdError + 'static)) -> String {
-    let mut cause = err;
-    while let Some(next) = cause.source() {
-        cause = next;
-    }
-    cause
-        .to_string()
-        .lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
 }
 
 #[async_trait]
@@ -739,8 +720,11 @@ impl CasStore for GcsStore {
 mod tests {
     use super::super::{CasEngine, CasStore};
     use super::*;
-    use crate::backend::{AcquireSpec, Backend, BackendError, LeaseRef};
-    use runlock_protocol::{Holder, Key, KeyState};
+    use crate::backend::fixtures::{lease, spec};
+
+    const TTL: Duration = Duration::from_secs(10);
+    use crate::backend::{Backend, BackendError};
+    use runlock_protocol::{Key, KeyState};
     use std::io::Write as _;
 
     /// Would-be secrets planted in answers and key files: no message may carry them.
@@ -1132,34 +1116,6 @@ mod tests {
         assert_eq!(won, 1);
     }
 
-    fn spec(key: &str, lease: &str) -> AcquireSpec {
-        AcquireSpec {
-            key: Key::new(key).expect("valid"),
-            lease_id: lease.into(),
-            holder: Holder {
-                host: format!("host-of-{lease}"),
-                agent_id: lease.into(),
-                pid: 1,
-                uid: 0,
-                gid: 0,
-                user: "u".into(),
-                command: "c".into(),
-                acquired_at_ms: 0,
-                token: 0,
-            },
-            ttl: Duration::from_secs(10),
-            force: false,
-        }
-    }
-
-    fn lease(key: &str, lease_id: &str, token: u64) -> LeaseRef {
-        LeaseRef {
-            key: Key::new(key).expect("valid"),
-            lease_id: lease_id.into(),
-            token,
-        }
-    }
-
     #[tokio::test]
     async fn the_engine_on_gcs_excludes_frees_and_spaces_its_writes() {
         let (store, bucket) = bucket("engine").await;
@@ -1170,9 +1126,12 @@ mod tests {
         assert_eq!(one.min_ttl(), Duration::from_secs(5));
 
         let started = Instant::now();
-        let grant = one.acquire(&spec("dev:k", "l1")).await.expect("free");
+        let grant = one
+            .acquire(&spec("dev:k", "l1", false, TTL))
+            .await
+            .expect("free");
         assert_eq!(grant.holder.token, 1);
-        match two.acquire(&spec("dev:k", "l2")).await {
+        match two.acquire(&spec("dev:k", "l2", false, TTL)).await {
             Err(BackendError::Held(Some(holder))) => {
                 assert_eq!((holder.host.as_str(), holder.token), ("host-of-l1", 1))
             }
@@ -1204,7 +1163,10 @@ mod tests {
             "{name} in {bucket}"
         );
 
-        let grant = two.acquire(&spec("dev:k", "l2")).await.expect("freed");
+        let grant = two
+            .acquire(&spec("dev:k", "l2", false, TTL))
+            .await
+            .expect("freed");
         assert_eq!(grant.holder.token, 2);
         two.renew(&lease("dev:k", "l2", 2), Duration::from_secs(10))
             .await
@@ -1236,7 +1198,7 @@ mod tests {
             Err(CasError::Refused(expected.clone()))
         );
         let engine = CasEngine::new(Arc::new(store), "p/.runlock/locks/");
-        match engine.acquire(&spec("k", "l1")).await {
+        match engine.acquire(&spec("k", "l1", false, TTL)).await {
             Err(BackendError::Unavailable(text)) => assert_eq!(text, expected),
             other => panic!("{other:?}"),
         }

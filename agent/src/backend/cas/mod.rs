@@ -17,7 +17,9 @@ pub use gcs::{GcsOptions, GcsStore};
 pub use memory::MemoryCasStore;
 pub use s3::{S3Options, S3Store};
 
+use crate::backend::redact_uri;
 use async_trait::async_trait;
+use std::error::Error as StdError;
 use std::time::{Duration, SystemTime};
 
 /// An object as the store returned it.
@@ -77,4 +79,50 @@ pub trait CasStore: Send + Sync + 'static {
         body: Vec<u8>,
         version: &str,
     ) -> Result<String, CasError>;
+}
+
+/// `SCHEME://PLACE/prefix` → (PLACE, the prefix without surrounding slashes):
+/// every object store's URI. `place` is what the store calls it ("bucket",
+/// "container"); `settings` says where credentials and endpoints come from
+/// instead, for the error that refuses a URI carrying them.
+fn place_and_prefix(
+    uri: &str,
+    scheme: &str,
+    place: &str,
+    settings: &str,
+) -> anyhow::Result<(String, String)> {
+    let rest = uri
+        .strip_prefix(scheme)
+        .and_then(|rest| rest.strip_prefix("://"))
+        .ok_or_else(|| anyhow::anyhow!("{:?} is not a {scheme}:// URI", redact_uri(uri)))?;
+    let (name, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if name.is_empty() {
+        anyhow::bail!(
+            "backend {scheme}:// needs a {place}, as in {scheme}://my-{place}/meltano-state"
+        );
+    }
+    if name.contains(['@', '?', '#', ':']) || prefix.contains(['?', '#']) {
+        anyhow::bail!(
+            "backend {:?}: write {scheme}://{}/PREFIX; {settings}",
+            redact_uri(uri),
+            place.to_uppercase()
+        );
+    }
+    Ok((name.to_string(), prefix.trim_matches('/').to_string()))
+}
+
+/// The last error in `err`'s source chain, on one line: the root cause,
+/// without a client library's wrapping (which may repeat the URL).
+fn root_cause(err: &(dyn StdError + 'static)) -> String {
+    let mut cause = err;
+    while let Some(next) = cause.source() {
+        cause = next;
+    }
+    cause
+        .to_string()
+        .lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .collect::<Vec<_>>()
+        .join("; ")
 }

@@ -299,7 +299,7 @@ impl S3Store {
                 OPERATION_TIMEOUT.as_secs()
             ))),
             SdkError::DispatchFailure(dispatch) => {
-                let cause = innermost(&err);
+                let cause = super::root_cause(&err);
                 let message = if dispatch.is_timeout() {
                     format!(
                         "S3 at {} did not answer in time for {what}: {cause}",
@@ -318,13 +318,13 @@ impl S3Store {
             SdkError::ResponseError(_) => Failure::Other(CasError::Unavailable(format!(
                 "S3 at {} sent an unreadable answer for {what}: {}",
                 self.location,
-                innermost(&err)
+                super::root_cause(&err)
             ))),
             // Building or signing the request failed: no credentials, a bad region.
             _ => Failure::Other(CasError::Refused(format!(
                 "cannot make a request to S3 at {} for {what}: {}",
                 self.location,
-                innermost(&err)
+                super::root_cause(&err)
             ))),
         }
     }
@@ -378,36 +378,13 @@ impl S3Store {
 
 /// `s3://bucket/prefix` → (bucket, prefix without surrounding slashes).
 fn parse_uri(uri: &str) -> anyhow::Result<(String, String)> {
-    let rest = uri
-        .strip_prefix("s3://")
-        .ok_or_else(|| anyhow::anyhow!("{uri:?} is not an s3:// URI"))?;
-    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    if bucket.is_empty() {
-        anyhow::bail!("backend s3:// needs a bucket, as in s3://my-bucket/meltano-state");
-    }
-    if bucket.contains(['@', '?', '#', ':']) || prefix.contains(['?', '#']) {
-        anyhow::bail!(
-            "backend {:?}: write s3://BUCKET/PREFIX; credentials and the endpoint come from the \
-             AWS configuration (AWS_PROFILE, AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ...)",
-            redact_uri(uri)
-        );
-    }
-    Ok((bucket.to_string(), prefix.trim_matches('/').to_string()))
-}
-
-/// The last error in `err`'s source chain: the root cause, without the SDK's
-/// wrapping, on one line.
-fn innermost(err: &(dyn StdError + 'static)) -> String {
-    let mut cause = err;
-    while let Some(next) = cause.source() {
-        cause = next;
-    }
-    let text = cause.to_string();
-    text.lines()
-        .map(str::trim)
-        .filter(|line| !line.is_empty())
-        .collect::<Vec<_>>()
-        .join("; ")
+    super::place_and_prefix(
+        uri,
+        "s3",
+        "bucket",
+        "credentials and the endpoint come from the AWS configuration (AWS_PROFILE, \
+         AWS_ACCESS_KEY_ID, AWS_ENDPOINT_URL, ...)",
+    )
 }
 
 /// Records the response's `Date` header, for one request.
@@ -490,7 +467,7 @@ impl CasStore for S3Store {
             CasError::Unavailable(format!(
                 "reading {key} from S3 at {}: {}",
                 self.location,
-                innermost(&e)
+                super::root_cause(&e)
             ))
         })?;
         Ok(Read {

@@ -4,7 +4,8 @@
 //! test works in a schema (or database) of its own.
 
 use super::*;
-use crate::backend::{AcquireSpec, LeaseRef};
+use crate::backend::fixtures::{lease, spec};
+use crate::backend::AcquireSpec;
 use anyhow::{bail, ensure, Context, Result};
 use std::sync::Arc;
 use tokio::time::Instant;
@@ -55,34 +56,6 @@ fn on(uri: &str, schema: &str) -> Result<PostgresBackend> {
     PostgresBackend::open(uri, &options)
 }
 
-fn spec(key: &str, lease: &str, force: bool, ttl: Duration) -> Result<AcquireSpec> {
-    Ok(AcquireSpec {
-        key: Key::new(key)?,
-        lease_id: lease.into(),
-        holder: Holder {
-            host: format!("host-of-{lease}"),
-            agent_id: format!("agent-of-{lease}"),
-            pid: 7,
-            uid: 1000,
-            gid: 1000,
-            user: "etl".into(),
-            command: "meltano run tap target".into(),
-            acquired_at_ms: 1,
-            token: 0,
-        },
-        ttl,
-        force,
-    })
-}
-
-fn lease(key: &str, lease_id: &str, token: u64) -> Result<LeaseRef> {
-    Ok(LeaseRef {
-        key: Key::new(key)?,
-        lease_id: lease_id.into(),
-        token,
-    })
-}
-
 /// The row of `key`, as psql would show it.
 async fn row(
     schema: &str,
@@ -110,13 +83,13 @@ async fn row(
 async fn agents_exclude_each_other_naming_the_holder_and_tokens_outlive_release() -> Result<()> {
     let one = fresh("t_exclude").await?;
     let two = on(&var("RUNLOCK_TEST_PG_URI")?, "t_exclude")?;
-    let granted = one.acquire(&spec("k", "l1", false, TTL)?).await?;
+    let granted = one.acquire(&spec("k", "l1", false, TTL)).await?;
     ensure!(
         granted.holder.token == 1,
         "first token: {}",
         granted.holder.token
     );
-    match two.acquire(&spec("k", "l2", false, TTL)?).await {
+    match two.acquire(&spec("k", "l2", false, TTL)).await {
         Err(BackendError::Held(Some(h))) => {
             ensure!((h.host.as_str(), h.token) == ("host-of-l1", 1), "{h:?}")
         }
@@ -138,26 +111,26 @@ async fn agents_exclude_each_other_naming_the_holder_and_tokens_outlive_release(
         "{holder}"
     );
 
-    one.renew(&lease("k", "l1", 1)?, TTL).await?;
+    one.renew(&lease("k", "l1", 1), TTL).await?;
     // Renew and release are conditioned on the lease id and the token.
     ensure!(matches!(
-        two.renew(&lease("k", "l2", 1)?, TTL).await,
+        two.renew(&lease("k", "l2", 1), TTL).await,
         Err(BackendError::LeaseMismatch)
     ));
     ensure!(matches!(
-        two.renew(&lease("k", "l1", 2)?, TTL).await,
+        two.renew(&lease("k", "l1", 2), TTL).await,
         Err(BackendError::LeaseMismatch)
     ));
-    two.release(&lease("k", "l1", 2)?).await?;
+    two.release(&lease("k", "l1", 2)).await?;
     ensure!(
         row("t_exclude", "k").await?.0 == "held",
         "a wrong token freed the key"
     );
 
-    one.release(&lease("k", "l1", 1)?).await?;
+    one.release(&lease("k", "l1", 1)).await?;
     let (state, token, holder, _) = row("t_exclude", "k").await?;
     ensure!((state.as_str(), token, holder) == ("free", 1, None));
-    let again = two.acquire(&spec("k", "l2", false, TTL)?).await?;
+    let again = two.acquire(&spec("k", "l2", false, TTL)).await?;
     ensure!(
         again.holder.token == 2,
         "the token grows past a release: {}",
@@ -174,10 +147,10 @@ async fn a_silent_holder_is_taken_over_only_after_ttl_and_grace_by_the_database_
     let ttl = Duration::from_secs(1);
     let one = fresh("t_expiry").await?;
     let two = on(&var("RUNLOCK_TEST_PG_URI")?, "t_expiry")?;
-    let sent = one.acquire(&spec("k", "l1", false, ttl)?).await?.sent;
+    let sent = one.acquire(&spec("k", "l1", false, ttl)).await?.sent;
     let earliest = sent + ttl + grace(ttl);
     let taken = loop {
-        match two.acquire(&spec("k", "l2", false, ttl)?).await {
+        match two.acquire(&spec("k", "l2", false, ttl)).await {
             Ok(grant) => break grant,
             Err(BackendError::Held(_)) => {}
             Err(other) => bail!("{other}"),
@@ -195,16 +168,16 @@ async fn a_silent_holder_is_taken_over_only_after_ttl_and_grace_by_the_database_
     );
     ensure!(taken.holder.token == 2);
     ensure!(matches!(
-        one.renew(&lease("k", "l1", 1)?, ttl).await,
+        one.renew(&lease("k", "l1", 1), ttl).await,
         Err(BackendError::LeaseMismatch)
     ));
     // An expired row that nobody took is free to inspect, and its lease can no longer renew.
     let three = on(&var("RUNLOCK_TEST_PG_URI")?, "t_expiry")?;
-    three.acquire(&spec("j", "l3", false, ttl)?).await?;
+    three.acquire(&spec("j", "l3", false, ttl)).await?;
     tokio::time::sleep(ttl + grace(ttl) + Duration::from_millis(100)).await;
     ensure!(three.inspect(&Key::new("j")?).await?.state == KeyState::Free);
     ensure!(matches!(
-        three.renew(&lease("j", "l3", 1)?, ttl).await,
+        three.renew(&lease("j", "l3", 1), ttl).await,
         Err(BackendError::LeaseMismatch)
     ));
     Ok(())
@@ -215,20 +188,20 @@ async fn force_records_whom_it_took_from_and_the_old_lease_can_neither_renew_nor
 {
     let one = fresh("t_force").await?;
     let two = on(&var("RUNLOCK_TEST_PG_URI")?, "t_force")?;
-    one.acquire(&spec("k", "l1", false, TTL)?).await?;
-    let forced = two.acquire(&spec("k", "l2", true, TTL)?).await?;
+    one.acquire(&spec("k", "l1", false, TTL)).await?;
+    let forced = two.acquire(&spec("k", "l2", true, TTL)).await?;
     ensure!(forced.holder.token == 2);
     let (state, token, _, forced_from) = row("t_force", "k").await?;
     ensure!((state.as_str(), token, forced_from) == ("held", 2, Some(1)));
     ensure!(matches!(
-        one.renew(&lease("k", "l1", 1)?, TTL).await,
+        one.renew(&lease("k", "l1", 1), TTL).await,
         Err(BackendError::LeaseMismatch)
     ));
-    one.release(&lease("k", "l1", 1)?).await?;
+    one.release(&lease("k", "l1", 1)).await?;
     ensure!(row("t_force", "k").await?.0 == "held");
     // Acquiring again with the same lease id (an attempt whose answer was
     // lost) keeps the token and what it was forced from.
-    let repeated = two.acquire(&spec("k", "l2", true, TTL)?).await?;
+    let repeated = two.acquire(&spec("k", "l2", true, TTL)).await?;
     ensure!(repeated.holder.token == 2);
     ensure!(row("t_force", "k").await?.3 == Some(1));
     Ok(())
@@ -248,7 +221,7 @@ async fn agents_starting_together_make_the_table_once_and_racing_acquires_have_o
     }
     let specs: Vec<AcquireSpec> = (0..8)
         .map(|i| spec("k", &format!("l{i}"), false, TTL))
-        .collect::<Result<_>>()?;
+        .collect();
     let results =
         futures::future::join_all(agents.iter().zip(&specs).map(|(a, s)| a.acquire(s))).await;
     let winners = results.iter().filter(|r| r.is_ok()).count();
@@ -266,16 +239,14 @@ async fn a_release_is_announced_to_other_agents() -> Result<()> {
     let two = on(&var("RUNLOCK_TEST_PG_URI")?, "t_notify")?;
     two.probe().await.map_err(anyhow::Error::msg)?; // listening from now on
     let mut releases = two.releases().context("postgres announces releases")?;
-    let granted = one.acquire(&spec("k", "l1", false, TTL)?).await?;
-    one.release(&lease("k", "l1", granted.holder.token)?)
-        .await?;
+    let granted = one.acquire(&spec("k", "l1", false, TTL)).await?;
+    one.release(&lease("k", "l1", granted.holder.token)).await?;
     let heard = tokio::time::timeout(Duration::from_secs(5), releases.recv())
         .await
         .context("no announcement within 5 s")??;
     ensure!(heard.as_str() == "k");
     // Releasing a lease that is not held announces nothing.
-    one.release(&lease("k", "l1", granted.holder.token)?)
-        .await?;
+    one.release(&lease("k", "l1", granted.holder.token)).await?;
     ensure!(
         tokio::time::timeout(Duration::from_millis(300), releases.recv())
             .await
@@ -296,7 +267,7 @@ async fn a_release_is_announced_to_other_agents() -> Result<()> {
 #[tokio::test]
 async fn a_dropped_connection_is_made_again_and_the_lease_renewed() -> Result<()> {
     let one = fresh("t_reconnect").await?;
-    let granted = one.acquire(&spec("k", "l1", false, TTL)?).await?;
+    let granted = one.acquire(&spec("k", "l1", false, TTL)).await?;
     let admin = admin(&var("RUNLOCK_TEST_PG_URI")?).await?;
     let killed = admin
         .query(
@@ -307,7 +278,7 @@ async fn a_dropped_connection_is_made_again_and_the_lease_renewed() -> Result<()
         )
         .await?;
     ensure!(killed.len() == 1, "terminated {} connections", killed.len());
-    one.renew(&lease("k", "l1", granted.holder.token)?, TTL)
+    one.renew(&lease("k", "l1", granted.holder.token), TTL)
         .await?;
     ensure!(row("t_reconnect", "k").await?.0 == "held");
     Ok(())
@@ -317,13 +288,13 @@ async fn a_dropped_connection_is_made_again_and_the_lease_renewed() -> Result<()
 async fn a_restarted_agent_adopts_a_lease_that_is_still_held() -> Result<()> {
     let old = fresh("t_adopt").await?;
     let new = on(&var("RUNLOCK_TEST_PG_URI")?, "t_adopt")?;
-    let granted = old.acquire(&spec("k", "l1", false, TTL)?).await?;
+    let granted = old.acquire(&spec("k", "l1", false, TTL)).await?;
     let token = granted.holder.token;
     ensure!(matches!(
-        new.adopt(&lease("k", "l1", token + 1)?, "agent-new").await,
+        new.adopt(&lease("k", "l1", token + 1), "agent-new").await,
         Err(BackendError::LeaseMismatch)
     ));
-    let adopted = new.adopt(&lease("k", "l1", token)?, "agent-new").await?;
+    let adopted = new.adopt(&lease("k", "l1", token), "agent-new").await?;
     ensure!(adopted.ttl == TTL);
     ensure!(adopted.grant.holder.agent_id == "agent-new" && adopted.grant.holder.token == token);
     let holder = new
@@ -332,10 +303,10 @@ async fn a_restarted_agent_adopts_a_lease_that_is_still_held() -> Result<()> {
         .holder
         .context("still held")?;
     ensure!(holder.agent_id == "agent-new" && holder.host == "host-of-l1");
-    new.renew(&lease("k", "l1", token)?, TTL).await?;
-    new.release(&lease("k", "l1", token)?).await?;
+    new.renew(&lease("k", "l1", token), TTL).await?;
+    new.release(&lease("k", "l1", token)).await?;
     ensure!(matches!(
-        new.adopt(&lease("k", "l1", token)?, "agent-new").await,
+        new.adopt(&lease("k", "l1", token), "agent-new").await,
         Err(BackendError::LeaseMismatch)
     ));
     Ok(())
@@ -348,13 +319,13 @@ async fn each_operation_is_one_statement() -> Result<()> {
     backend.probe().await.map_err(anyhow::Error::msg)?;
     let count = |before: u64| backend.statements_sent() - before;
     let before = backend.statements_sent();
-    let granted = backend.acquire(&spec("k", "l1", false, TTL)?).await?;
+    let granted = backend.acquire(&spec("k", "l1", false, TTL)).await?;
     ensure!(
         count(before) == 1,
         "acquire of a new key: {}",
         count(before)
     );
-    let lease = lease("k", "l1", granted.holder.token)?;
+    let lease = lease("k", "l1", granted.holder.token);
     for (what, statements) in [
         ("renew", {
             let before = backend.statements_sent();
@@ -373,12 +344,12 @@ async fn each_operation_is_one_statement() -> Result<()> {
         }),
         ("acquire of a freed key", {
             let before = backend.statements_sent();
-            backend.acquire(&spec("k", "l2", false, TTL)?).await?;
+            backend.acquire(&spec("k", "l2", false, TTL)).await?;
             count(before)
         }),
         ("acquire of a held key, naming its holder", {
             let before = backend.statements_sent();
-            let held = backend.acquire(&spec("k", "l3", false, TTL)?).await;
+            let held = backend.acquire(&spec("k", "l3", false, TTL)).await;
             ensure!(matches!(held, Err(BackendError::Held(Some(_)))));
             count(before)
         }),
@@ -411,9 +382,9 @@ async fn meltanos_tables_beside_the_lock_table_are_left_alone() -> Result<()> {
         )
         .await?;
     let backend = on(&uri, DEFAULT_SCHEMA)?;
-    let granted = backend.acquire(&spec("k", "l1", false, TTL)?).await?;
+    let granted = backend.acquire(&spec("k", "l1", false, TTL)).await?;
     backend
-        .release(&lease("k", "l1", granted.holder.token)?)
+        .release(&lease("k", "l1", granted.holder.token))
         .await?;
     let snapshot = meltano
         .query_one(
@@ -444,7 +415,7 @@ async fn meltanos_tables_beside_the_lock_table_are_left_alone() -> Result<()> {
 /// Every failure: unavailable, naming the cause and what to check, never the password.
 async fn fails_with(backend: &PostgresBackend, says: &[&str], secret: Option<&str>) -> Result<()> {
     let probe = backend.probe().await;
-    let acquired = backend.acquire(&spec("k", "l1", false, TTL)?).await;
+    let acquired = backend.acquire(&spec("k", "l1", false, TTL)).await;
     let Err(probe) = probe else {
         bail!("the probe passed")
     };
@@ -494,7 +465,7 @@ async fn a_wrong_password_is_refused_clearly_and_the_right_one_works() -> Result
         )
         .await?;
     let right = on(&with(&password), "t_password")?;
-    right.acquire(&spec("k", "l1", false, TTL)?).await?;
+    right.acquire(&spec("k", "l1", false, TTL)).await?;
     ensure!(right.inspect(&Key::new("k")?).await?.state == KeyState::Held);
     Ok(())
 }
@@ -580,6 +551,6 @@ async fn tls_is_used_and_checked_as_sslmode_asks() -> Result<()> {
         &format!("{uri}?sslmode=verify-full&sslrootcert={ca}"),
         "t_tls",
     )?;
-    backend.acquire(&spec("k", "l1", false, TTL)?).await?;
+    backend.acquire(&spec("k", "l1", false, TTL)).await?;
     Ok(())
 }

@@ -1,0 +1,33 @@
+//! Lease requests for the backends' unit tests, one shape for every store:
+//! the holder names its lease (`host-of-l1`), so a test reads who won.
+
+use super::{AcquireSpec, Holder, Key, LeaseRef};
+use std::time::Duration;
+
+pub fn spec(key: &str, lease: &str, force: bool, ttl: Duration) -> AcquireSpec {
+    AcquireSpec {
+        key: Key::new(key).expect("a valid key"),
+        lease_id: lease.into(),
+        holder: Holder {
+            host: format!("host-of-{lease}"),
+            agent_id: format!("agent-of-{lease}"),
+            pid: 7,
+            uid: 1000,
+            gid: 1000,
+            user: "etl".into(),
+            command: "meltano run tap target".into(),
+            acquired_at_ms: 1,
+            token: 0,
+        },
+        ttl,
+        force,
+    }
+}
+
+pub fn lease(key: &str, lease_id: &str, token: u64) -> LeaseRef {
+    LeaseRef {
+        key: Key::new(key).expect("a valid key"),
+        lease_id: lease_id.into(),
+        token,
+    }
+}
