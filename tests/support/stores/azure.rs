@@ -3,10 +3,12 @@
 //! read back with Azure's own Python SDK (`RUNLOCK_TEST_AZURE_PYTHON`), the way
 //! a person would.
 
-use super::{output_of, test_var, Endpoint, Failure, OwnServer, Record, Store, RECORDS};
+use super::{
+    object_uri, output_of, records_from_listing, records_under, test_var, Endpoint, Failure,
+    OwnServer, Record, Store,
+};
 use crate::support::closed_port;
 use anyhow::{Context, Result};
-use std::time::{Duration, UNIX_EPOCH};
 use tokio::process::Command;
 
 /// Azurite's well-known account and key (documented, not a secret).
@@ -132,11 +134,7 @@ impl Store for Azure {
     }
 
     fn uri(&self, _at: &Endpoint, name: &str, prefix: &str) -> String {
-        if prefix.is_empty() {
-            format!("azure://{name}")
-        } else {
-            format!("azure://{name}/{prefix}")
-        }
+        object_uri("azure", name, prefix)
     }
 
     fn env(&self, at: &Endpoint) -> Vec<(String, String)> {
@@ -144,25 +142,8 @@ impl Store for Azure {
     }
 
     async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
-        let under = if prefix.is_empty() {
-            RECORDS.to_string()
-        } else {
-            format!("{prefix}/{RECORDS}")
-        };
-        let text = sdk(at, "list", name, &under, b"").await?;
-        let listed: Vec<serde_json::Value> = serde_json::from_str(text.trim())
-            .with_context(|| format!("the Azure SDK printed {text:?}"))?;
-        listed
-            .into_iter()
-            .map(|b| {
-                let seconds = b["last_modified"].as_f64().context("no last_modified")?;
-                Ok(Record {
-                    name: b["name"].as_str().context("no name")?.to_string(),
-                    written: Some(UNIX_EPOCH + Duration::from_secs_f64(seconds)),
-                    body: b["body"].as_str().context("no body")?.to_string(),
-                })
-            })
-            .collect()
+        let text = sdk(at, "list", name, &records_under(prefix), b"").await?;
+        records_from_listing(&text, "name")
     }
 
     async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {

@@ -2,8 +2,10 @@
 //! (tests/scripts/fake_gcs.sh) and names in `RUNLOCK_TEST_GCS_ENDPOINT`;
 //! records are read back with curl on the JSON API, the way a person would.
 
-use super::s3::RECORDS;
-use super::{output_of, test_var, unique_name, Endpoint, Failure, OwnServer, Record, Store};
+use super::{
+    object_uri, output_of, records_under, test_var, unique_name, Endpoint, Failure, OwnServer,
+    Record, Store,
+};
 use crate::support::closed_port;
 use anyhow::{bail, Context, Result};
 use tokio::process::Command;
@@ -97,11 +99,7 @@ impl Store for Gcs {
     }
 
     fn uri(&self, _at: &Endpoint, name: &str, prefix: &str) -> String {
-        if prefix.is_empty() {
-            format!("gs://{name}")
-        } else {
-            format!("gs://{name}/{prefix}")
-        }
+        object_uri("gs", name, prefix)
     }
 
     fn env(&self, at: &Endpoint) -> Vec<(String, String)> {
@@ -109,11 +107,7 @@ impl Store for Gcs {
     }
 
     async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
-        let under = if prefix.is_empty() {
-            RECORDS.to_string()
-        } else {
-            format!("{prefix}/{RECORDS}")
-        };
+        let under = records_under(prefix);
         let mut list = curl();
         list.args(["-G", "--data-urlencode", &format!("prefix={under}")])
             .arg(format!("{}/storage/v1/b/{name}/o", at.url));

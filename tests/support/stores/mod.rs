@@ -13,7 +13,7 @@ pub use azure::Azure;
 pub use etcd::Etcd;
 pub use gcs::Gcs;
 pub use postgres::Postgres;
-pub use s3::{env_for as s3_env_for, RECORDS, S3};
+pub use s3::{env_for as s3_env_for, S3};
 
 use super::agent::{AgentOptions, TestAgent};
 use super::Deadline;
@@ -350,4 +350,44 @@ pub async fn output_of(mut command: Command, input: &[u8], what: &str) -> Result
         );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Where the lease engine keeps its records in an object store, below the prefix.
+pub const RECORDS: &str = ".runlock/locks/";
+
+/// `SCHEME://NAME/PREFIX` (no slash when the prefix is empty): a space's URI
+/// on an object store.
+fn object_uri(scheme: &str, name: &str, prefix: &str) -> String {
+    if prefix.is_empty() {
+        format!("{scheme}://{name}")
+    } else {
+        format!("{scheme}://{name}/{prefix}")
+    }
+}
+
+/// The object name prefix of the records of a space with `prefix`.
+fn records_under(prefix: &str) -> String {
+    if prefix.is_empty() {
+        RECORDS.to_string()
+    } else {
+        format!("{prefix}/{RECORDS}")
+    }
+}
+
+/// Records from a store SDK's listing printed as JSON by our Python helper:
+/// `[{<name_field>, "last_modified": seconds, "body"}]`.
+fn records_from_listing(text: &str, name_field: &str) -> Result<Vec<Record>> {
+    let listed: Vec<serde_json::Value> = serde_json::from_str(text.trim())
+        .with_context(|| format!("the store's SDK printed {text:?}"))?;
+    listed
+        .into_iter()
+        .map(|o| {
+            let seconds = o["last_modified"].as_f64().context("no last_modified")?;
+            Ok(Record {
+                name: o[name_field].as_str().context("no name")?.to_string(),
+                written: Some(std::time::UNIX_EPOCH + Duration::from_secs_f64(seconds)),
+                body: o["body"].as_str().context("no body")?.to_string(),
+            })
+        })
+        .collect()
 }

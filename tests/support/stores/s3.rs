@@ -2,14 +2,13 @@
 //! names in `RUNLOCK_TEST_S3_ENDPOINT`; records are read back with boto3
 //! (`RUNLOCK_TEST_PYTHON`), the way a person would with AWS's own tools.
 
-use super::{output_of, test_var, Endpoint, Failure, OwnServer, Record, Store};
+use super::{
+    object_uri, output_of, records_from_listing, records_under, test_var, Endpoint, Failure,
+    OwnServer, Record, Store,
+};
 use crate::support::closed_port;
 use anyhow::{Context, Result};
-use std::time::{Duration, UNIX_EPOCH};
 use tokio::process::Command;
-
-/// Where the agent keeps lock records, under its URI's prefix.
-pub const RECORDS: &str = ".runlock/locks/";
 
 /// The S3 store, as moto serves it.
 #[derive(Debug, Clone, Copy)]
@@ -125,11 +124,7 @@ impl Store for S3 {
     }
 
     fn uri(&self, _at: &Endpoint, name: &str, prefix: &str) -> String {
-        if prefix.is_empty() {
-            format!("s3://{name}")
-        } else {
-            format!("s3://{name}/{prefix}")
-        }
+        object_uri("s3", name, prefix)
     }
 
     fn env(&self, at: &Endpoint) -> Vec<(String, String)> {
@@ -137,25 +132,8 @@ impl Store for S3 {
     }
 
     async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
-        let under = if prefix.is_empty() {
-            RECORDS.to_string()
-        } else {
-            format!("{prefix}/{RECORDS}")
-        };
-        let text = boto(at, "list", name, &under, b"").await?;
-        let listed: Vec<serde_json::Value> =
-            serde_json::from_str(text.trim()).with_context(|| format!("boto3 printed {text:?}"))?;
-        listed
-            .into_iter()
-            .map(|o| {
-                let seconds = o["last_modified"].as_f64().context("no last_modified")?;
-                Ok(Record {
-                    name: o["key"].as_str().context("no key")?.to_string(),
-                    written: Some(UNIX_EPOCH + Duration::from_secs_f64(seconds)),
-                    body: o["body"].as_str().context("no body")?.to_string(),
-                })
-            })
-            .collect()
+        let text = boto(at, "list", name, &records_under(prefix), b"").await?;
+        records_from_listing(&text, "key")
     }
 
     async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {
