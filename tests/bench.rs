@@ -6,6 +6,9 @@
 //! writes with the same clients.
 //! The figures go into BENCHMARKS.md; nothing here asserts a time.
 
+#[path = "support/bins.rs"]
+mod bins;
+
 use anyhow::{bail, Context, Result};
 use futures::{SinkExt, StreamExt};
 use runlock_protocol::{
@@ -25,11 +28,13 @@ const THROUGHPUT_CONNECTIONS: usize = 16;
 const THROUGHPUT_TIME: Duration = Duration::from_secs(3);
 const CRASHES: usize = 40;
 const MANY_LEASES: usize = 10_000;
-const S3_ROUND_TRIPS: usize = 500;
+/// Acquires through the agent on a store, and raw writes beside them.
+const STORE_ROUND_TRIPS: usize = 500;
+/// Unmeasured pairs or writes before those (connections, caches, JIT-free but
+/// not pool-free).
+const WARM_UP: usize = 50;
 /// GCS takes one write per object per second, so each sample is a key of its own.
 const GCS_KEYS: usize = 300;
-const ETCD_ROUND_TRIPS: usize = 500;
-const PG_ROUND_TRIPS: usize = 500;
 /// Release → another agent's waiter holds the key, per backend and wake-up path.
 const WAKE_UPS: usize = 20;
 
@@ -53,7 +58,8 @@ async fn run() -> Result<()> {
     // leases); the echo always.
     let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let wanted = |group: &str| only.as_deref().is_none_or(|o| group.contains(o));
-    let bins = build_release()?;
+    // Release binaries (the bench profile is optimised), built as the tests build theirs.
+    let bins = bins::bins()?;
     let scratch = tempfile::Builder::new()
         .prefix("runlock-bench")
         .tempdir_in("/tmp")?;
@@ -77,7 +83,7 @@ async fn run() -> Result<()> {
             continue;
         }
         let agent = Agent::start_plain(
-            &bins.agent,
+            &bins.runlockd,
             scratch.path(),
             name.trim_end_matches("://"),
             &uri,
@@ -99,7 +105,7 @@ async fn run() -> Result<()> {
             ));
         }
         if name == "file://" {
-            let crash = crash_release(&bins.shim, &agent.socket).await?;
+            let crash = crash_release(&bins.runlock, &agent.socket).await?;
             rows.push((
                 "file:// crash release (SIGKILL of a run → waiter holds the key)".into(),
                 percentiles(crash),
@@ -109,22 +115,40 @@ async fn run() -> Result<()> {
     }
 
     if wanted("s3") {
-        rows.extend(s3_latency(&bins.agent, scratch.path()).await?);
+        rows.extend(or_failure(
+            "s3_rows",
+            s3_rows(&bins.runlockd, scratch.path()).await,
+        ));
     }
     if wanted("azure") {
-        rows.extend(azure_rows(&bins.agent, scratch.path()).await?);
+        rows.extend(or_failure(
+            "azure_rows",
+            azure_rows(&bins.runlockd, scratch.path()).await,
+        ));
     }
     if wanted("gcs") {
-        rows.extend(gcs_latency(&bins.agent, scratch.path()).await?);
+        rows.extend(or_failure(
+            "gcs_rows",
+            gcs_rows(&bins.runlockd, scratch.path()).await,
+        ));
     }
     if wanted("postgres") {
-        rows.extend(postgres(&bins.agent, scratch.path()).await?);
+        rows.extend(or_failure(
+            "postgres",
+            postgres(&bins.runlockd, scratch.path()).await,
+        ));
     }
     if wanted("etcd") {
-        rows.extend(etcd_rows(&bins.agent, scratch.path()).await?);
+        rows.extend(or_failure(
+            "etcd_rows",
+            etcd_rows(&bins.runlockd, scratch.path()).await,
+        ));
     }
     if wanted("leases") {
-        rows.extend(many_leases(&bins.agent, scratch.path()).await?);
+        rows.extend(or_failure(
+            "many_leases",
+            many_leases(&bins.runlockd, scratch.path()).await,
+        ));
     }
 
     println!();
@@ -136,9 +160,9 @@ async fn run() -> Result<()> {
     Ok(())
 }
 
-/// Acquire through the agent on S3 (moto) beside a raw conditional PUT with the
-/// same SDK, in the same run. Needs `RUNLOCK_TEST_S3_ENDPOINT` (BENCHMARKS.md).
-async fn s3_latency(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+/// S3 on moto: the requests each agent operation costs the store, and acquire
+/// through the agent beside a raw conditional PUT with the same SDK, in the same run. Needs `RUNLOCK_TEST_S3_ENDPOINT` (BENCHMARKS.md).
+async fn s3_rows(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
     let Ok(endpoint) = std::env::var("RUNLOCK_TEST_S3_ENDPOINT") else {
         let why = "skipped: RUNLOCK_TEST_S3_ENDPOINT is not set (see BENCHMARKS.md)";
         return Ok(vec![("S3 (moto)".into(), why.into())]);
@@ -167,17 +191,15 @@ async fn s3_latency(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>>
         ("AWS_SECRET_ACCESS_KEY", "test"),
         ("AWS_REGION", "us-east-1"),
     ];
+    let proxy = CountingProxy::start(&endpoint).await?;
+    let mut proxied = env;
+    proxied[0].1 = &proxy.url;
+    let uri = format!("s3://{bucket}/counted");
+    let mut rows =
+        requests_per_operation(bin, scratch, "S3 (moto)", &uri, &proxied, &proxy, "3s").await?;
     let uri = format!("s3://{bucket}/bench");
     let agent = Agent::start(bin, scratch, "s3", &uri, &[], &env).await?;
-    let mut conn = connect(&agent.socket).await?;
-    let key = "dev:tap-x-to-target-y";
-    for i in 0..50 {
-        pair(&mut conn, 2 * i + 1, key).await?;
-    }
-    let mut acquires = Vec::new();
-    for i in 0..S3_ROUND_TRIPS as u64 {
-        acquires.push(pair(&mut conn, 1_000 + 2 * i, key).await?.0);
-    }
+    let acquires = acquire_round_trips(&agent.socket).await?;
     agent.stop().await?;
 
     // The same SDK, the same endpoint, a body of a record's size, If-Match on the
@@ -208,142 +230,265 @@ async fn s3_latency(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>>
         }
         .send()
     };
-    let mut etag = put(None).await?.e_tag;
-    let mut raw = Vec::new();
-    for i in 0..(50 + S3_ROUND_TRIPS) {
-        let started = Instant::now();
-        etag = put(etag).await?.e_tag;
-        if i >= 50 {
-            raw.push(started.elapsed());
-        }
-    }
-    let ratio = quantile(&mut acquires.clone(), 0.5).as_secs_f64()
-        / quantile(&mut raw.clone(), 0.5).as_secs_f64();
-    Ok(vec![
-        (
-            "S3 (moto): raw conditional PUT (If-Match), same SDK".into(),
-            percentiles(raw),
-        ),
-        (
-            "S3 (moto): acquire round trip through the agent".into(),
-            format!("{}  ({ratio:.2}× raw p50)", percentiles(acquires)),
-        ),
-    ])
-}
-
-/// Azure Blob (Azurites of the bench's own): the store requests each agent
-/// operation costs, counted in Azurite's own request log, and acquire through
-/// the agent beside a raw conditional write with the agent's own Azure client,
-/// in the same run. Needs the variables of `tests/scripts/azurite.sh`.
-async fn azure_rows(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
-    let (Ok(azurite), Ok(python)) = (
-        std::env::var("RUNLOCK_TEST_AZURITE"),
-        std::env::var("RUNLOCK_TEST_AZURE_PYTHON"),
-    ) else {
-        let why = "skipped: RUNLOCK_TEST_AZURITE is not set (source tests/scripts/azurite.sh)";
-        return Ok(vec![("Azure (Azurite)".into(), why.into())]);
-    };
-    let mut rows = azure_requests(bin, scratch, &azurite, &python).await?;
-    rows.extend(azure_latency(bin, scratch, &azurite, &python).await?);
+    let first = put(None).await?.e_tag;
+    let raw = time_raw(first, |etag| async { Ok(put(etag).await?.e_tag) }).await?;
+    rows.extend(beside_raw(
+        "S3 (moto)",
+        "raw conditional PUT (If-Match), same SDK",
+        raw,
+        acquires,
+    ));
     Ok(rows)
 }
 
-/// An Azurite of the bench's own, with its request log when `log` is given.
-struct OwnAzurite {
-    /// Killed when dropped.
-    _child: Child,
-    endpoint: String,
-    connection_string: String,
+/// The Azurite key every Azurite accepts for its development account.
+const AZURITE_KEY: &str =
+    "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==";
+
+/// Azure Blob on the Azurite of `tests/scripts/azurite.sh`: the requests each
+/// agent operation costs the store, and acquire through the agent beside a
+/// raw conditional write with the agent's own Azure client, in the same run.
+async fn azure_rows(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+    let (Ok(endpoint), Ok(python)) = (
+        std::env::var("RUNLOCK_TEST_AZURE_ENDPOINT"),
+        std::env::var("RUNLOCK_TEST_AZURE_PYTHON"),
+    ) else {
+        let why = "skipped: RUNLOCK_TEST_AZURE_ENDPOINT is not set (see BENCHMARKS.md)";
+        return Ok(vec![("Azure (Azurite)".into(), why.into())]);
+    };
+    let container = format!("runlock-bench-{}", std::process::id());
+    let connection_string = |blob_endpoint: &str| {
+        format!(
+            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;\
+             AccountKey={AZURITE_KEY};BlobEndpoint={blob_endpoint};"
+        )
+    };
+    let direct = connection_string(&endpoint);
+    let created = Command::new(&python)
+        .args([
+            "-c",
+            "import os, sys\nfrom azure.storage.blob import BlobServiceClient\n\
+             BlobServiceClient.from_connection_string(os.environ['CS'])\
+             .get_container_client(sys.argv[1]).create_container()",
+            &container,
+        ])
+        .env("CS", &direct)
+        .output()
+        .await?;
+    if !created.status.success() {
+        bail!(
+            "creating container {container}: {}",
+            String::from_utf8_lossy(&created.stderr)
+        );
+    }
+
+    let proxy = CountingProxy::start(&endpoint).await?;
+    let proxied = connection_string(&format!("{}/devstoreaccount1", proxy.url));
+    let env = [("AZURE_STORAGE_CONNECTION_STRING", proxied.as_str())];
+    let uri = format!("azure://{container}/counted");
+    let mut rows =
+        requests_per_operation(bin, scratch, "Azure (Azurite)", &uri, &env, &proxy, "3s").await?;
+
+    let env = [("AZURE_STORAGE_CONNECTION_STRING", direct.as_str())];
+    let uri = format!("azure://{container}/timed");
+    let agent = Agent::start(bin, scratch, "azure", &uri, &[], &env).await?;
+    let acquires = acquire_round_trips(&agent.socket).await?;
+    agent.stop().await?;
+
+    // The agent's own Azure client (the adapter it wraps its engine around), a
+    // body of a record's size, If-Match on the ETag it wrote last: what one
+    // uncontended acquire costs the store.
+    use runlock_agent::backend::cas::{AzureOptions, AzureStore, CasStore};
+    let options = AzureOptions {
+        connection_string: Some(direct.clone()),
+        ..AzureOptions::default()
+    };
+    let client = AzureStore::open(&format!("azure://{container}/raw"), &options)?;
+    let name = "raw/record.json";
+    let body = vec![b'x'; 480];
+    let first = client.put_if_absent(name, body.clone()).await?;
+    let raw = time_raw(first, |etag| {
+        let (client, body) = (&client, body.clone());
+        async move { Ok(client.put_if_match(name, body, &etag).await?) }
+    })
+    .await?;
+    rows.extend(beside_raw(
+        "Azure (Azurite)",
+        "raw conditional PUT (If-Match), the agent's client",
+        raw,
+        acquires,
+    ));
+    Ok(rows)
 }
 
-impl OwnAzurite {
-    async fn start(azurite: &str, dir: &Path, log: Option<&Path>) -> Result<OwnAzurite> {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        std::fs::create_dir_all(dir)?;
-        let mut command = Command::new(azurite);
-        command
-            .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
-            .arg("--location")
-            .arg(dir)
-            .args(["--skipApiVersionCheck", "--loose", "--disableTelemetry"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true);
-        if let Some(log) = log {
-            command.arg("--debug").arg(log);
-        }
-        let child = command.spawn().context("starting azurite-blob")?;
-        let started = Instant::now();
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            if started.elapsed() > Duration::from_secs(30) {
-                bail!("Azurite did not listen within 30 s");
+/// A TCP proxy in front of an HTTP store that counts the requests it passes
+/// (request lines in the client's stream): what an agent's operations cost
+/// the store, read the same way for every object store. A request is counted
+/// before it is forwarded, so once its answer is back it is in the count.
+struct CountingProxy {
+    url: String,
+    requests: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl CountingProxy {
+    /// A proxy to the host and port of `upstream` (an `http://` URL).
+    async fn start(upstream: &str) -> Result<CountingProxy> {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let upstream = upstream
+            .strip_prefix("http://")
+            .and_then(|rest| rest.split('/').next())
+            .with_context(|| format!("{upstream:?} is not an http:// URL"))?
+            .to_string();
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}", listener.local_addr()?);
+        let requests = std::sync::Arc::new(AtomicUsize::new(0));
+        let counter = requests.clone();
+        let accepting = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let (upstream, counter) = (upstream.clone(), counter.clone());
+                tokio::spawn(async move {
+                    let Ok(server) = tokio::net::TcpStream::connect(&upstream).await else {
+                        return;
+                    };
+                    let (mut from_client, mut to_client) = client.into_split();
+                    let (mut from_server, mut to_server) = server.into_split();
+                    let up = async {
+                        let (mut buf, mut line) = (vec![0; 64 * 1024], Vec::new());
+                        loop {
+                            let n = from_client.read(&mut buf).await?;
+                            if n == 0 {
+                                break;
+                            }
+                            for &byte in &buf[..n] {
+                                if byte == b'\n' {
+                                    if is_request_line(&line) {
+                                        counter.fetch_add(1, Ordering::SeqCst);
+                                    }
+                                    line.clear();
+                                } else if line.len() < 8192 {
+                                    line.push(byte);
+                                }
+                            }
+                            to_server.write_all(&buf[..n]).await?;
+                        }
+                        to_server.shutdown().await
+                    };
+                    let down = tokio::io::copy(&mut from_server, &mut to_client);
+                    let _ = tokio::join!(up, down);
+                });
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        let endpoint = format!("http://127.0.0.1:{port}/devstoreaccount1");
-        let connection_string = format!(
-            "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=\
-             Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw==;\
-             BlobEndpoint={endpoint};"
-        );
-        Ok(OwnAzurite {
-            _child: child,
-            endpoint,
-            connection_string,
+        });
+        Ok(CountingProxy {
+            url,
+            requests,
+            accepting,
         })
     }
 
-    /// Creates `container` with Azure's Python SDK.
-    async fn create(&self, python: &str, container: &str) -> Result<()> {
-        let out = Command::new(python)
-            .args([
-                "-c",
-                "import os, sys\nfrom azure.storage.blob import BlobServiceClient\n\
-                 BlobServiceClient.from_connection_string(os.environ['CS'])\
-                 .get_container_client(sys.argv[1]).create_container()",
-                container,
-            ])
-            .env("CS", &self.connection_string)
-            .output()
-            .await?;
-        if !out.status.success() {
-            bail!(
-                "creating container {container} at {}: {}",
-                self.endpoint,
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Ok(())
+    fn requests(&self) -> usize {
+        self.requests.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
-/// Requests Azurite has logged, once its log has caught up with its answers.
-async fn azurite_requests(log: &Path) -> Result<usize> {
-    let count = || -> Result<(usize, usize)> {
-        let text = std::fs::read_to_string(log)?;
-        Ok((
-            text.matches("RequestMethod=").count(),
-            text.matches("EndMiddleware: End response").count(),
-        ))
-    };
-    let started = Instant::now();
-    let mut last = count()?;
-    loop {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        let now = count()?;
-        if now == last && now.0 == now.1 {
-            return Ok(now.0);
-        }
-        if started.elapsed() > Duration::from_secs(10) {
-            bail!("Azurite's request log did not settle: {now:?}");
-        }
-        last = now;
+impl Drop for CountingProxy {
+    fn drop(&mut self) {
+        self.accepting.abort();
     }
+}
+
+/// A request line, `METHOD /target HTTP/1.1` (without its `\n`). Only
+/// those end so in a client's stream; a body without a final newline runs
+/// into the next request's line, so the start is not checked.
+fn is_request_line(line: &[u8]) -> bool {
+    line.ends_with(b" HTTP/1.1\r")
+}
+
+/// The store requests each operation of an agent on `uri` costs, counted by
+/// `proxy` (which `env` points the agents at): acquires of a new key, of a
+/// key this agent freed and of one another agent freed, one refused as held,
+/// a renewal (TTL `ttl`, by the agent's own count of them) and a release.
+async fn requests_per_operation(
+    bin: &Path,
+    scratch: &Path,
+    store: &str,
+    uri: &str,
+    env: &[(&str, &str)],
+    proxy: &CountingProxy,
+    ttl: &str,
+) -> Result<Vec<(String, String)>> {
+    let metrics = format!(
+        "127.0.0.1:{}",
+        std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port()
+    );
+    let extra = ["--ttl", ttl, "--metrics", metrics.as_str()];
+    let a = Agent::start(bin, scratch, "counted-a", uri, &extra, env).await?;
+    let b = Agent::start(bin, scratch, "counted-b", uri, &["--ttl", ttl], env).await?;
+    let mut a_conn = connect(&a.socket).await?;
+    let mut b_conn = connect(&b.socket).await?;
+    let mut rows = Vec::new();
+    let mut id = 0;
+    let mut counted = |what: &str, before: usize, after: usize, per: f64| {
+        rows.push((
+            format!("{store}: store requests per {what}"),
+            format!("{}", (after - before) as f64 / per),
+        ));
+    };
+
+    let before = proxy.requests();
+    id += 1;
+    let lease = acquired(call(&mut a_conn, id, acquire("new-key", 0)).await?)?;
+    let after = proxy.requests();
+    counted("acquire of a key never seen", before, after, 1.0);
+
+    // Holding: only renewals reach the store (at least two of them).
+    let renewed = renewals(&metrics).await?;
+    let ttl_time = humantime::parse_duration(ttl)?;
+    tokio::time::sleep(ttl_time + ttl_time / 2).await;
+    let held = proxy.requests();
+    let renewed = renewals(&metrics).await? - renewed;
+    counted("renewal", after, held, renewed);
+
+    id += 1;
+    release(&mut a_conn, id, lease).await?;
+    let released = proxy.requests();
+    counted("release", held, released, 1.0);
+
+    id += 1;
+    let lease = acquired(call(&mut a_conn, id, acquire("new-key", 0)).await?)?;
+    let again = proxy.requests();
+    counted("acquire of a key this agent freed", released, again, 1.0);
+
+    id += 1;
+    match call(&mut b_conn, id, acquire("new-key", 0)).await? {
+        AgentMessage::Error(e) if e.code == runlock_protocol::ErrorCode::Held => {}
+        other => bail!("B's acquire of a held key: {other:?}"),
+    }
+    let refused = proxy.requests();
+    counted("acquire refused as held", again, refused, 1.0);
+    id += 1;
+    release(&mut a_conn, id, lease).await?;
+
+    // A key another agent wrote last: this agent's guess fails, then it reads.
+    id += 1;
+    let lease = acquired(call(&mut b_conn, id, acquire("b-key", 0)).await?)?;
+    id += 1;
+    release(&mut b_conn, id, lease).await?;
+    let before = proxy.requests();
+    id += 1;
+    let lease = acquired(call(&mut a_conn, id, acquire("b-key", 0)).await?)?;
+    let after = proxy.requests();
+    counted("acquire of a key another agent freed", before, after, 1.0);
+    id += 1;
+    release(&mut a_conn, id, lease).await?;
+
+    drop((a_conn, b_conn));
+    a.stop().await?;
+    b.stop().await?;
+    Ok(rows)
 }
 
 /// The agent's count of successful renewals, from its metrics endpoint.
@@ -361,92 +506,86 @@ async fn renewals(metrics: &str) -> Result<f64> {
         .context("a renewal count")
 }
 
-async fn azure_requests(
-    bin: &Path,
-    scratch: &Path,
-    azurite: &str,
-    python: &str,
-) -> Result<Vec<(String, String)>> {
-    let log = scratch.join("azurite-requests.log");
-    let store = OwnAzurite::start(azurite, &scratch.join("azurite-counted"), Some(&log)).await?;
-    store.create(python, "bench").await?;
-    let env = [(
-        "AZURE_STORAGE_CONNECTION_STRING",
-        store.connection_string.as_str(),
-    )];
-    let metrics = format!(
-        "127.0.0.1:{}",
-        std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port()
-    );
-    let uri = "azure://bench/counted";
-    // TTL 3 s: renewals every second.
-    let extra = ["--ttl", "3s", "--metrics", metrics.as_str()];
-    let a = Agent::start(bin, scratch, "azure-a", uri, &extra, &env).await?;
-    let b = Agent::start(bin, scratch, "azure-b", uri, &["--ttl", "3s"], &env).await?;
-    let mut a_conn = connect(&a.socket).await?;
-    let mut b_conn = connect(&b.socket).await?;
-    let mut rows = Vec::new();
-    let mut id = 0;
-    let mut counted = |what: &str, before: usize, after: usize, per: f64| {
-        rows.push((
-            format!("Azure (Azurite): store requests per {what}"),
-            format!("{}", (after - before) as f64 / per),
-        ));
-    };
-
-    let before = azurite_requests(&log).await?;
-    id += 1;
-    let lease = acquired(call(&mut a_conn, id, acquire("new-key", 0)).await?)?;
-    let after = azurite_requests(&log).await?;
-    counted("acquire of a key never seen", before, after, 1.0);
-
-    // Holding: only renewals reach the store.
-    let renewed = renewals(&metrics).await?;
-    tokio::time::sleep(Duration::from_millis(4500)).await;
-    let held = azurite_requests(&log).await?;
-    let renewed = renewals(&metrics).await? - renewed;
-    counted("renewal", after, held, renewed);
-
-    id += 1;
-    release(&mut a_conn, id, lease).await?;
-    let released = azurite_requests(&log).await?;
-    counted("release", held, released, 1.0);
-
-    id += 1;
-    let lease = acquired(call(&mut a_conn, id, acquire("new-key", 0)).await?)?;
-    let again = azurite_requests(&log).await?;
-    counted("acquire of a key this agent freed", released, again, 1.0);
-
-    id += 1;
-    match call(&mut b_conn, id, acquire("new-key", 0)).await? {
-        AgentMessage::Error(e) if e.code == runlock_protocol::ErrorCode::Held => {}
-        other => bail!("B's acquire of a held key: {other:?}"),
+/// `WARM_UP` acquire+release pairs of `key` on `conn`, unmeasured.
+async fn warm_up(conn: &mut Conn, key: &str) -> Result<()> {
+    for i in 0..WARM_UP as u64 {
+        pair(conn, 2 * i + 1, key).await?;
     }
-    let refused = azurite_requests(&log).await?;
-    counted("acquire refused as held", again, refused, 1.0);
-    id += 1;
-    release(&mut a_conn, id, lease).await?;
+    Ok(())
+}
 
-    // A key another agent wrote last: this agent's guess fails, then it reads.
-    id += 1;
-    let lease = acquired(call(&mut b_conn, id, acquire("b-key", 0)).await?)?;
-    id += 1;
-    release(&mut b_conn, id, lease).await?;
-    let before = azurite_requests(&log).await?;
-    id += 1;
-    let lease = acquired(call(&mut a_conn, id, acquire("b-key", 0)).await?)?;
-    let after = azurite_requests(&log).await?;
-    counted("acquire of a key another agent freed", before, after, 1.0);
-    id += 1;
-    release(&mut a_conn, id, lease).await?;
+/// `pairs` acquire+release pairs of `key` on `conn`: their acquire and their
+/// release round trips.
+async fn timed_pairs(
+    conn: &mut Conn,
+    key: &str,
+    pairs: usize,
+) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    let (mut acquires, mut releases) = (Vec::new(), Vec::new());
+    for i in 0..pairs as u64 {
+        let (acquire, release) = pair(conn, 1_000 + 2 * i, key).await?;
+        acquires.push(acquire);
+        releases.push(release);
+    }
+    Ok((acquires, releases))
+}
 
-    drop((a_conn, b_conn));
-    a.stop().await?;
-    b.stop().await?;
-    drop(store);
-    Ok(rows)
+/// `STORE_ROUND_TRIPS` acquire round trips through the agent at `socket`,
+/// after the warm-up, on one key: an uncontended acquire on a store.
+async fn acquire_round_trips(socket: &Path) -> Result<Vec<Duration>> {
+    let mut conn = connect(socket).await?;
+    let key = "dev:tap-x-to-target-y";
+    warm_up(&mut conn, key).await?;
+    Ok(timed_pairs(&mut conn, key, STORE_ROUND_TRIPS).await?.0)
+}
+
+/// Times `STORE_ROUND_TRIPS` raw writes after `WARM_UP` untimed ones; each
+/// write gets what the one before returned (an ETag, a revision).
+async fn time_raw<S, W>(first: S, mut write: impl FnMut(S) -> W) -> Result<Vec<Duration>>
+where
+    W: std::future::Future<Output = Result<S>>,
+{
+    let (mut last, mut samples) = (first, Vec::new());
+    for i in 0..(WARM_UP + STORE_ROUND_TRIPS) {
+        let started = Instant::now();
+        last = write(last).await?;
+        if i >= WARM_UP {
+            samples.push(started.elapsed());
+        }
+    }
+    Ok(samples)
+}
+
+/// Two rows for `store`: its raw write, and the agent's acquire beside it.
+fn beside_raw(
+    store: &str,
+    raw_what: &str,
+    raw: Vec<Duration>,
+    acquires: Vec<Duration>,
+) -> Vec<(String, String)> {
+    vec![
+        (format!("{store}: {raw_what}"), percentiles(raw.clone())),
+        (
+            format!("{store}: acquire round trip through the agent"),
+            against(acquires, &raw),
+        ),
+    ]
+}
+
+/// The agent's samples, with their p50 as a multiple of the raw p50.
+fn against(agent: Vec<Duration>, raw: &[Duration]) -> String {
+    let ratio = quantile(&mut agent.clone(), 0.5).as_secs_f64()
+        / quantile(&mut raw.to_vec(), 0.5).as_secs_f64();
+    format!("{}  ({ratio:.2}× raw p50)", percentiles(agent))
+}
+
+/// A group's rows, or one row saying why it failed: one store's trouble does
+/// not lose the figures of the others.
+fn or_failure(group: &str, rows: Result<Vec<(String, String)>>) -> Vec<(String, String)> {
+    rows.unwrap_or_else(|err| {
+        eprintln!("{group} failed: {err:?}");
+        vec![(group.to_string(), format!("FAILED: {err:#}"))]
+    })
 }
 
 fn acquired(reply: AgentMessage) -> Result<String> {
@@ -467,67 +606,8 @@ async fn release(conn: &mut Conn, id: u64, lease_id: String) -> Result<()> {
     }
 }
 
-async fn azure_latency(
-    bin: &Path,
-    scratch: &Path,
-    azurite: &str,
-    python: &str,
-) -> Result<Vec<(String, String)>> {
-    let store = OwnAzurite::start(azurite, &scratch.join("azurite-timed"), None).await?;
-    store.create(python, "bench").await?;
-    let env = [(
-        "AZURE_STORAGE_CONNECTION_STRING",
-        store.connection_string.as_str(),
-    )];
-    let uri = "azure://bench/timed";
-    let agent = Agent::start(bin, scratch, "azure", uri, &[], &env).await?;
-    let mut conn = connect(&agent.socket).await?;
-    let key = "dev:tap-x-to-target-y";
-    for i in 0..50 {
-        pair(&mut conn, 2 * i + 1, key).await?;
-    }
-    let mut acquires = Vec::new();
-    for i in 0..S3_ROUND_TRIPS as u64 {
-        acquires.push(pair(&mut conn, 1_000 + 2 * i, key).await?.0);
-    }
-    agent.stop().await?;
-
-    // The agent's own Azure client (the adapter it wraps its engine around), a
-    // body of a record's size, If-Match on the ETag it wrote last: what one
-    // uncontended acquire costs the store.
-    use runlock_agent::backend::cas::{AzureOptions, AzureStore, CasStore};
-    let options = AzureOptions {
-        connection_string: Some(store.connection_string.clone()),
-        ..AzureOptions::default()
-    };
-    let client = AzureStore::open("azure://bench/raw", &options)?;
-    let name = "raw/record.json";
-    let body = vec![b'x'; 480];
-    let mut etag = client.put_if_absent(name, body.clone()).await?;
-    let mut raw = Vec::new();
-    for i in 0..(50 + S3_ROUND_TRIPS) {
-        let started = Instant::now();
-        etag = client.put_if_match(name, body.clone(), &etag).await?;
-        if i >= 50 {
-            raw.push(started.elapsed());
-        }
-    }
-    let ratio = quantile(&mut acquires.clone(), 0.5).as_secs_f64()
-        / quantile(&mut raw.clone(), 0.5).as_secs_f64();
-    drop(store);
-    Ok(vec![
-        (
-            "Azure (Azurite): raw conditional PUT (If-Match), the agent's client".into(),
-            percentiles(raw),
-        ),
-        (
-            "Azure (Azurite): acquire round trip through the agent".into(),
-            format!("{}  ({ratio:.2}× raw p50)", percentiles(acquires)),
-        ),
-    ])
-}
-
-/// Acquire through the agent on GCS (fake-gcs-server) beside raw multipart
+/// GCS on fake-gcs-server: the requests each agent operation costs the store,
+/// and acquire through the agent beside raw multipart
 /// uploads with `ifGenerationMatch` over the same HTTP stack (hyper-util's
 /// pooled client), in the same run. GCS sustains one write per object per
 /// second, so every sample writes an object of its own: acquires of new keys
@@ -535,7 +615,7 @@ async fn azure_latency(
 /// the keys this agent freed (one replace each) beside raw replaces; and a few
 /// acquires right after a release of the same key, which the engine spaces
 /// by that second. Needs `RUNLOCK_TEST_GCS_ENDPOINT` (BENCHMARKS.md).
-async fn gcs_latency(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+async fn gcs_rows(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
     let Ok(endpoint) = std::env::var("RUNLOCK_TEST_GCS_ENDPOINT") else {
         let why = "skipped: RUNLOCK_TEST_GCS_ENDPOINT is not set (see BENCHMARKS.md)";
         return Ok(vec![("GCS (fake-gcs-server)".into(), why.into())]);
@@ -561,6 +641,21 @@ async fn gcs_latency(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>
             String::from_utf8_lossy(&created.stderr)
         );
     }
+    let proxy = CountingProxy::start(&endpoint).await?;
+    let env = [("STORAGE_EMULATOR_HOST", proxy.url.as_str())];
+    let uri = format!("gs://{bucket}/counted");
+    // TTL 6 s: GCS's shortest is 5 s.
+    let mut rows = requests_per_operation(
+        bin,
+        scratch,
+        "GCS (fake-gcs-server)",
+        &uri,
+        &env,
+        &proxy,
+        "6s",
+    )
+    .await?;
+    drop(proxy);
     let uri = format!("gs://{bucket}/bench");
     let env = [("STORAGE_EMULATOR_HOST", endpoint.as_str())];
     let agent = Agent::start(bin, scratch, "gcs", &uri, &[], &env).await?;
@@ -633,41 +728,28 @@ async fn gcs_latency(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>
             raw_replaces.push(started.elapsed());
         }
     }
-    let ratio = |agent: &[Duration], raw: &[Duration]| {
-        quantile(&mut agent.to_vec(), 0.5).as_secs_f64()
-            / quantile(&mut raw.to_vec(), 0.5).as_secs_f64()
-    };
-    Ok(vec![
-        (
-            "GCS (fake-gcs-server): raw create (multipart, ifGenerationMatch=0), same HTTP client"
-                .into(),
-            percentiles(raw_creates.clone()),
-        ),
-        (
-            "GCS (fake-gcs-server): acquire of a new key through the agent".into(),
-            format!(
-                "{}  ({:.2}× raw p50)",
-                percentiles(new_keys.clone()),
-                ratio(&new_keys, &raw_creates)
-            ),
-        ),
-        (
-            "GCS (fake-gcs-server): raw replace (multipart, ifGenerationMatch=<generation>)".into(),
-            percentiles(raw_replaces.clone()),
-        ),
-        (
-            "GCS (fake-gcs-server): acquire of a key this agent freed ≥ 1 s before".into(),
-            format!(
-                "{}  ({:.2}× raw p50)",
-                percentiles(freed_keys.clone()),
-                ratio(&freed_keys, &raw_replaces)
-            ),
-        ),
-        (
-            "GCS (fake-gcs-server): acquire+release pair of one key, back to back".into(),
-            percentiles(right_after),
-        ),
-    ])
+    rows.push((
+        "GCS (fake-gcs-server): raw create (multipart, ifGenerationMatch=0), same HTTP client"
+            .into(),
+        percentiles(raw_creates.clone()),
+    ));
+    rows.push((
+        "GCS (fake-gcs-server): acquire of a new key through the agent".into(),
+        against(new_keys, &raw_creates),
+    ));
+    rows.push((
+        "GCS (fake-gcs-server): raw replace (multipart, ifGenerationMatch=<generation>)".into(),
+        percentiles(raw_replaces.clone()),
+    ));
+    rows.push((
+        "GCS (fake-gcs-server): acquire of a key this agent freed ≥ 1 s before".into(),
+        against(freed_keys, &raw_replaces),
+    ));
+    rows.push((
+        "GCS (fake-gcs-server): acquire+release pair of one key, back to back".into(),
+        percentiles(right_after),
+    ));
+    Ok(rows)
 }
 
 /// Acquires keys `dev:gcs-0..` one request at a time, then releases them in
@@ -717,17 +799,12 @@ async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> 
     // Acquire + release pairs: their latency, and what each cost etcd.
     let agent = Agent::start(bin, scratch, "etcd", &uri, &[], &[]).await?;
     let mut conn = connect(&agent.socket).await?;
-    for i in 0..50 {
-        pair(&mut conn, 2 * i + 1, key).await?;
-    }
+    warm_up(&mut conn, key).await?;
     let before = etcd_requests(&endpoint).await?;
-    let mut acquires = Vec::new();
-    for i in 0..ETCD_ROUND_TRIPS as u64 {
-        acquires.push(pair(&mut conn, 1_000 + 2 * i, key).await?.0);
-    }
+    let (acquires, _) = timed_pairs(&mut conn, key, STORE_ROUND_TRIPS).await?;
     let per_pair = etcd_requests(&endpoint)
         .await?
-        .since(&before, ETCD_ROUND_TRIPS);
+        .since(&before, STORE_ROUND_TRIPS);
     rows.push(("etcd: requests per acquire + release".into(), per_pair));
 
     // A waiter on another agent polls a held key for 5 s.
@@ -767,9 +844,7 @@ async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> 
     let mut client = etcd_client::Client::connect([endpoint.as_str()], None).await?;
     let raw_key = format!("runlock-bench-raw-{}", std::process::id());
     let body = vec![b'x'; 300];
-    let mut revision = 0;
-    let mut raw = Vec::new();
-    for i in 0..(50 + ETCD_ROUND_TRIPS) {
+    let raw = time_raw(0, |revision| {
         use etcd_client::{Compare, CompareOp, Txn, TxnOp};
         let txn = Txn::new()
             .when([Compare::mod_revision(
@@ -778,26 +853,22 @@ async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> 
                 revision,
             )])
             .and_then([TxnOp::put(raw_key.as_str(), body.clone(), None)]);
-        let started = Instant::now();
-        let answer = client.txn(txn).await?;
-        if i >= 50 {
-            raw.push(started.elapsed());
+        let mut client = client.clone();
+        async move {
+            let answer = client.txn(txn).await?;
+            if !answer.succeeded() {
+                bail!("the raw transaction's condition failed");
+            }
+            Ok(answer.header().context("no header")?.revision())
         }
-        if !answer.succeeded() {
-            bail!("the raw transaction's condition failed");
-        }
-        revision = answer.header().context("no header")?.revision();
-    }
+    })
+    .await?;
     client.delete(raw_key.as_str(), None).await?;
-    let ratio = quantile(&mut acquires.clone(), 0.5).as_secs_f64()
-        / quantile(&mut raw.clone(), 0.5).as_secs_f64();
-    rows.push((
-        "etcd: raw conditional put (one Txn), same client crate".into(),
-        percentiles(raw),
-    ));
-    rows.push((
-        "etcd: acquire round trip through the agent".into(),
-        format!("{}  ({ratio:.2}× raw p50)", percentiles(acquires)),
+    rows.extend(beside_raw(
+        "etcd",
+        "raw conditional put (one Txn), same client crate",
+        raw,
+        acquires,
     ));
 
     // Wake-ups across agents: a waiter on B gets the key A releases.
@@ -900,10 +971,16 @@ async fn postgres(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
     let key = "dev:tap-x-to-target-y";
     let mut conn = connect(&agent.socket).await?;
     let (listening_count, acquires, releases) =
-        counted_pairs(&mut conn, &admin, &database, key, PG_ROUND_TRIPS).await?;
+        counted_pairs(&mut conn, &admin, &database, key, STORE_ROUND_TRIPS).await?;
     let mut quiet_conn = connect(&polling.socket).await?;
-    let (quiet_count, _, _) =
-        counted_pairs(&mut quiet_conn, &admin, &database, key, PG_ROUND_TRIPS / 2).await?;
+    let (quiet_count, _, _) = counted_pairs(
+        &mut quiet_conn,
+        &admin,
+        &database,
+        key,
+        STORE_ROUND_TRIPS / 2,
+    )
+    .await?;
     drop(quiet_conn);
 
     // Raw: the same upsert shape on a table of its own, prepared, one connection.
@@ -917,14 +994,11 @@ async fn postgres(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
              ON CONFLICT (key) DO UPDATE SET token = r.token + 1 RETURNING token",
         )
         .await?;
-    let mut raw = Vec::new();
-    for i in 0..(50 + PG_ROUND_TRIPS) {
-        let started = Instant::now();
+    let raw = time_raw((), |()| async {
         raw_client.query_one(&upsert, &[&key]).await?;
-        if i >= 50 {
-            raw.push(started.elapsed());
-        }
-    }
+        Ok(())
+    })
+    .await?;
 
     // Wake-ups: the holder on `agent`, waiters on two more agents (hosts).
     let listening = Agent::start(bin, scratch, "pg-listen", &uri, &[], &[]).await?;
@@ -938,46 +1012,41 @@ async fn postgres(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
         .batch_execute(&format!("DROP DATABASE {database} WITH (FORCE)"))
         .await?;
 
-    let ratio = quantile(&mut acquires.clone(), 0.5).as_secs_f64()
-        / quantile(&mut raw.clone(), 0.5).as_secs_f64();
-    Ok(vec![
-        (
-            "PostgreSQL: transactions per acquire or release, by the server's count".into(),
-            format!(
-                "{:.3} with the agent not listening ({} for {}); {:.3} listening ({} for {}: \
+    let mut rows = vec![(
+        "PostgreSQL: transactions per acquire or release, by the server's count".into(),
+        format!(
+            "{:.3} with the agent not listening ({} for {}); {:.3} listening ({} for {}: \
                  a listening connection reads each NOTIFY in a transaction of its own)",
-                quiet_count as f64 / PG_ROUND_TRIPS as f64,
-                quiet_count,
-                PG_ROUND_TRIPS,
-                listening_count as f64 / (2 * PG_ROUND_TRIPS) as f64,
-                listening_count,
-                2 * PG_ROUND_TRIPS
-            ),
+            quiet_count as f64 / STORE_ROUND_TRIPS as f64,
+            quiet_count,
+            STORE_ROUND_TRIPS,
+            listening_count as f64 / (2 * STORE_ROUND_TRIPS) as f64,
+            listening_count,
+            2 * STORE_ROUND_TRIPS
         ),
-        (
-            "PostgreSQL: raw INSERT … ON CONFLICT, prepared, one connection".into(),
-            percentiles(raw),
-        ),
-        (
-            "PostgreSQL: acquire round trip through the agent".into(),
-            format!("{}  ({ratio:.2}× raw p50)", percentiles(acquires)),
-        ),
-        (
-            "PostgreSQL: release round trip through the agent".into(),
-            percentiles(releases),
-        ),
-        (
-            "PostgreSQL: another host's waiter takes the key after a release, LISTEN/NOTIFY".into(),
-            percentiles(notified),
-        ),
-        (
-            "PostgreSQL: the same, polling (`listen = false`)".into(),
-            percentiles(polled),
-        ),
-    ])
+    )];
+    rows.extend(beside_raw(
+        "PostgreSQL",
+        "raw INSERT … ON CONFLICT, prepared, one connection",
+        raw,
+        acquires,
+    ));
+    rows.push((
+        "PostgreSQL: release round trip through the agent".into(),
+        percentiles(releases),
+    ));
+    rows.push((
+        "PostgreSQL: another host's waiter takes the key after a release, LISTEN/NOTIFY".into(),
+        percentiles(notified),
+    ));
+    rows.push((
+        "PostgreSQL: the same, polling (`listen = false`)".into(),
+        percentiles(polled),
+    ));
+    Ok(rows)
 }
 
-/// `pairs` acquire+release pairs of `key` through `conn`, after 50 unmeasured:
+/// `pairs` acquire+release pairs of `key` through `conn`, after `WARM_UP` unmeasured:
 /// the transactions the server counted in `database` for them, and the
 /// acquire and release round trips.
 async fn counted_pairs(
@@ -996,22 +1065,13 @@ async fn counted_pairs(
             .await?;
         anyhow::Ok(row.get::<_, i64>(0))
     };
-    // A backend publishes its counts at most once a second: an inspect more
-    // than a second after the last statement publishes everything before it.
-    for i in 0..50 {
-        pair(conn, 2 * i + 1, key).await?;
-    }
+    warm_up(conn, key).await?;
     // A backend publishes its counts at most once a second: an inspect more
     // than a second after the last statement publishes everything before it.
     tokio::time::sleep(Duration::from_millis(1100)).await;
     call(conn, 500, ClientMessage::Inspect { key: key.into() }).await?;
     let before = transactions().await?;
-    let (mut acquires, mut releases) = (Vec::new(), Vec::new());
-    for i in 0..pairs as u64 {
-        let (acquire, release) = pair(conn, 1_000 + 2 * i, key).await?;
-        acquires.push(acquire);
-        releases.push(release);
-    }
+    let (acquires, releases) = timed_pairs(conn, key, pairs).await?;
     tokio::time::sleep(Duration::from_millis(1100)).await;
     call(conn, 501, ClientMessage::Inspect { key: key.into() }).await?;
     let counted = transactions().await? - before - 1; // less the settling inspect
@@ -1147,36 +1207,6 @@ fn rss_kib(pid: u32) -> Result<u64> {
         .parse()?)
 }
 
-struct Bins {
-    agent: PathBuf,
-    shim: PathBuf,
-}
-
-fn build_release() -> Result<Bins> {
-    let status = std::process::Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--release",
-            "-q",
-            "-p",
-            "runlock-agent",
-            "-p",
-            "runlock-shim",
-        ])
-        .status()
-        .context("running cargo build")?;
-    if !status.success() {
-        bail!("cargo build --release failed");
-    }
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    Ok(Bins {
-        agent: target.join("release/runlockd"),
-        shim: target.join("release/runlock"),
-    })
-}
-
 /// The agent binary on a scratch socket, ready when it says READY=1.
 struct Agent {
     child: Child,
@@ -1195,7 +1225,10 @@ impl Agent {
     ) -> Result<Agent> {
         let socket = scratch.join(format!("{name}.sock"));
         let notify_path = scratch.join(format!("{name}.notify"));
-        let notify = UnixDatagram::bind(&notify_path)?;
+        // An agent of this name may have run before (the wake-up loops).
+        let _ = std::fs::remove_file(&notify_path);
+        let notify = UnixDatagram::bind(&notify_path)
+            .with_context(|| format!("binding {}", notify_path.display()))?;
         let log = std::fs::File::create(scratch.join(format!("{name}.log")))?;
         let child = Command::new(bin)
             .args([
