@@ -102,7 +102,10 @@ mod tests {
             "azure_core::policies::transport",
             Level::TRACE
         ));
-        assert!(!may_be_logged("azure_core::policies::transport", Level::DEBUG));
+        assert!(!may_be_logged(
+            "azure_core::policies::transport",
+            Level::DEBUG
+        ));
         assert!(!may_be_logged("h2", Level::TRACE));
         assert!(may_be_logged("azure_core::http_client", Level::INFO));
         assert!(may_be_logged("runlock_agent::registry", Level::TRACE));
