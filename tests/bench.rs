@@ -52,6 +52,10 @@ fn main() -> Result<()> {
     runtime.block_on(run())
 }
 
+/// A group of rows measured against the agent binary, in a scratch directory.
+type Group = for<'a> fn(&'a Path, &'a Path) -> futures::future::BoxFuture<'a, Result<Rows>>;
+type Rows = Vec<(String, String)>;
+
 async fn run() -> Result<()> {
     // `cargo bench -p runlock-tests -- NAME` measures only the groups whose
     // name contains NAME (memory, file, s3, azure, gcs, postgres, etcd,
@@ -114,41 +118,19 @@ async fn run() -> Result<()> {
         agent.stop().await?;
     }
 
-    if wanted("s3") {
-        rows.extend(or_failure(
-            "s3_rows",
-            s3_rows(&bins.runlockd, scratch.path()).await,
-        ));
-    }
-    if wanted("azure") {
-        rows.extend(or_failure(
-            "azure_rows",
-            azure_rows(&bins.runlockd, scratch.path()).await,
-        ));
-    }
-    if wanted("gcs") {
-        rows.extend(or_failure(
-            "gcs_rows",
-            gcs_rows(&bins.runlockd, scratch.path()).await,
-        ));
-    }
-    if wanted("postgres") {
-        rows.extend(or_failure(
-            "postgres",
-            postgres(&bins.runlockd, scratch.path()).await,
-        ));
-    }
-    if wanted("etcd") {
-        rows.extend(or_failure(
-            "etcd_rows",
-            etcd_rows(&bins.runlockd, scratch.path()).await,
-        ));
-    }
-    if wanted("leases") {
-        rows.extend(or_failure(
-            "many_leases",
-            many_leases(&bins.runlockd, scratch.path()).await,
-        ));
+    let groups: [(&str, Group); 6] = [
+        ("s3", |bin, scratch| Box::pin(s3_rows(bin, scratch))),
+        ("azure", |bin, scratch| Box::pin(azure_rows(bin, scratch))),
+        ("gcs", |bin, scratch| Box::pin(gcs_rows(bin, scratch))),
+        ("postgres", |bin, scratch| Box::pin(postgres(bin, scratch))),
+        ("etcd", |bin, scratch| Box::pin(etcd_rows(bin, scratch))),
+        ("leases", |bin, scratch| Box::pin(many_leases(bin, scratch))),
+    ];
+    for (name, group) in groups {
+        if wanted(name) {
+            let measured = group(&bins.runlockd, scratch.path()).await;
+            rows.extend(or_failure(name, measured));
+        }
     }
 
     println!();
@@ -162,7 +144,7 @@ async fn run() -> Result<()> {
 
 /// S3 on moto: the requests each agent operation costs the store, and acquire
 /// through the agent beside a raw conditional PUT with the same SDK, in the same run. Needs `RUNLOCK_TEST_S3_ENDPOINT` (BENCHMARKS.md).
-async fn s3_rows(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+async fn s3_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
     let Ok(endpoint) = std::env::var("RUNLOCK_TEST_S3_ENDPOINT") else {
         let why = "skipped: RUNLOCK_TEST_S3_ENDPOINT is not set (see BENCHMARKS.md)";
         return Ok(vec![("S3 (moto)".into(), why.into())]);
@@ -248,7 +230,7 @@ const AZURITE_KEY: &str =
 /// Azure Blob on the Azurite of `tests/scripts/azurite.sh`: the requests each
 /// agent operation costs the store, and acquire through the agent beside a
 /// raw conditional write with the agent's own Azure client, in the same run.
-async fn azure_rows(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+async fn azure_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
     let (Ok(endpoint), Ok(python)) = (
         std::env::var("RUNLOCK_TEST_AZURE_ENDPOINT"),
         std::env::var("RUNLOCK_TEST_AZURE_PYTHON"),
@@ -417,7 +399,7 @@ async fn requests_per_operation(
     env: &[(&str, &str)],
     proxy: &CountingProxy,
     ttl: &str,
-) -> Result<Vec<(String, String)>> {
+) -> Result<Rows> {
     let metrics = format!(
         "127.0.0.1:{}",
         std::net::TcpListener::bind("127.0.0.1:0")?
@@ -557,12 +539,7 @@ where
 }
 
 /// Two rows for `store`: its raw write, and the agent's acquire beside it.
-fn beside_raw(
-    store: &str,
-    raw_what: &str,
-    raw: Vec<Duration>,
-    acquires: Vec<Duration>,
-) -> Vec<(String, String)> {
+fn beside_raw(store: &str, raw_what: &str, raw: Vec<Duration>, acquires: Vec<Duration>) -> Rows {
     vec![
         (format!("{store}: {raw_what}"), percentiles(raw.clone())),
         (
@@ -581,7 +558,7 @@ fn against(agent: Vec<Duration>, raw: &[Duration]) -> String {
 
 /// A group's rows, or one row saying why it failed: one store's trouble does
 /// not lose the figures of the others.
-fn or_failure(group: &str, rows: Result<Vec<(String, String)>>) -> Vec<(String, String)> {
+fn or_failure(group: &str, rows: Result<Rows>) -> Rows {
     rows.unwrap_or_else(|err| {
         eprintln!("{group} failed: {err:?}");
         vec![(group.to_string(), format!("FAILED: {err:#}"))]
@@ -615,7 +592,7 @@ async fn release(conn: &mut Conn, id: u64, lease_id: String) -> Result<()> {
 /// the keys this agent freed (one replace each) beside raw replaces; and a few
 /// acquires right after a release of the same key, which the engine spaces
 /// by that second. Needs `RUNLOCK_TEST_GCS_ENDPOINT` (BENCHMARKS.md).
-async fn gcs_rows(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+async fn gcs_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
     let Ok(endpoint) = std::env::var("RUNLOCK_TEST_GCS_ENDPOINT") else {
         let why = "skipped: RUNLOCK_TEST_GCS_ENDPOINT is not set (see BENCHMARKS.md)";
         return Ok(vec![("GCS (fake-gcs-server)".into(), why.into())]);
@@ -786,7 +763,7 @@ async fn gcs_acquire_all(conn: &mut Conn, first_id: u64, round: &str) -> Result<
 /// transaction made with the same client crate; and how soon a waiter on a
 /// second agent gets a key released on the first, woken by the watch or,
 /// with `?watch=false`, by its polling.
-async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
     let Ok(endpoint) = std::env::var("RUNLOCK_TEST_ETCD_ENDPOINT") else {
         let why = "skipped: RUNLOCK_TEST_ETCD_ENDPOINT is not set (see BENCHMARKS.md)";
         return Ok(vec![("etcd".into(), why.into())]);
@@ -939,7 +916,7 @@ impl EtcdRequests {
 /// agent on another "host" takes a key after its release, woken by NOTIFY or
 /// by its own polling (`[postgres] listen = false`). Plain TCP for both the
 /// agent and the raw client (`sslmode=disable`), so TLS is not measured.
-async fn postgres(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+async fn postgres(bin: &Path, scratch: &Path) -> Result<Rows> {
     let Ok(server_uri) = std::env::var("RUNLOCK_TEST_PG_URI") else {
         let why = "skipped: RUNLOCK_TEST_PG_URI is not set (see BENCHMARKS.md)";
         return Ok(vec![("PostgreSQL".into(), why.into())]);
@@ -1109,7 +1086,7 @@ async fn wake_ups(holder: &Path, waiter: &Path, key: &str) -> Result<Vec<Duratio
 /// One agent holding 10,000 leases (TTL 30 s) on the in-memory CAS store:
 /// how late renewals go out (the agent's own once-a-minute report), its
 /// resident memory, and its share of one core over that minute.
-async fn many_leases(bin: &Path, scratch: &Path) -> Result<Vec<(String, String)>> {
+async fn many_leases(bin: &Path, scratch: &Path) -> Result<Rows> {
     let agent = Agent::start(
         bin,
         scratch,
