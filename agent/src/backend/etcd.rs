@@ -1318,6 +1318,33 @@ mod tests {
         );
     }
 
+    /// A cluster URI names every member; one of them down (here: the first,
+    /// where nothing listens) must not fail the runs the others can serve.
+    #[tokio::test]
+    async fn a_member_down_leaves_the_others_serving() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        let live = endpoint("RUNLOCK_TEST_ETCD_ENDPOINT");
+        let prefix = fresh_prefix("member-down");
+        let uri = format!("etcd://127.0.0.1:{closed},{live}/{prefix}");
+        let backend = EtcdBackend::open(&uri, &EtcdOptions::default()).expect("opens");
+        backend.probe().await.expect("the live member answers");
+        let mut last_token = 0;
+        for round in 0..20 {
+            let granted = backend
+                .acquire(&spec("k", &format!("l{round}"), false, TTL))
+                .await
+                .unwrap_or_else(|err| panic!("acquire {round}: {err}"));
+            assert!(granted.holder.token > last_token);
+            last_token = granted.holder.token;
+            let held = lease("k", &format!("l{round}"), last_token);
+            backend.renew(&held, TTL).await.expect("renew");
+            backend.release(&held).await.expect("release");
+        }
+    }
+
     #[tokio::test]
     async fn an_unreachable_etcd_is_named_within_the_bound() {
         let closed = std::net::TcpListener::bind("127.0.0.1:0")
