@@ -38,19 +38,6 @@ pg_install() {
     apt-get update -qq && apt-get install -y -qq postgresql openssl >/dev/null
 }
 
-# pg_tls DIR: a CA and a server certificate it signs for 127.0.0.1 and localhost.
-pg_tls() {
-    local dir=$1
-    openssl req -new -x509 -days 2 -nodes -subj /CN=runlock-test-ca \
-        -keyout "$dir/ca.key" -out "$dir/ca.crt" >/dev/null 2>&1 &&
-        openssl req -new -nodes -subj /CN=localhost \
-            -keyout "$dir/server.key" -out "$dir/server.csr" >/dev/null 2>&1 &&
-        printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$dir/server.ext" &&
-        openssl x509 -req -days 2 -in "$dir/server.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
-            -CAcreateserial -extfile "$dir/server.ext" -out "$dir/server.crt" >/dev/null 2>&1 &&
-        chmod 600 "$dir/server.key"
-}
-
 pg_start() {
     pg_install || { echo "postgres: install failed" >&2; return 1; }
     local bin port
@@ -75,7 +62,7 @@ host  all runlock_pw ::1/128      scram-sha-256
 host  all all        127.0.0.1/32 trust
 host  all all        ::1/128      trust
 HBA
-    pg_tls "$PG_DIR/data" || { echo "postgres: making the TLS certificates failed" >&2; return 1; }
+    test_ca "$PG_DIR/data" || { echo "postgres: making the TLS certificates failed" >&2; return 1; }
     if [ "$(id -u)" = 0 ]; then chown -R postgres: "$PG_DIR"; fi
     "${as[@]}" "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w -t 30 \
         -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_DIR -c fsync=off -c ssl=on \

@@ -183,6 +183,15 @@ impl Store for Etcd {
         let auth = Endpoint {
             url: test_var("RUNLOCK_TEST_ETCD_AUTH_ENDPOINT", SCRIPT)?,
         };
+        let tls_host = test_var("RUNLOCK_TEST_ETCD_TLS_ENDPOINT", SCRIPT)?
+            .trim_start_matches("https://")
+            .to_string();
+        let tls_file = |name: &str| -> Result<String> {
+            Ok(format!(
+                "{}/{name}",
+                test_var("RUNLOCK_TEST_ETCD_TLS_DIR", SCRIPT)?
+            ))
+        };
         let secret = "sEcReT-must-not-leak";
         let refusing = format!("127.0.0.1:{}", closed_port()?);
         // A user whose role grants nothing under the prefix it is given.
@@ -233,6 +242,25 @@ impl Store for Etcd {
                     "readwrite".into(),
                 ],
                 secret: Some(secret.into()),
+            },
+            Failure {
+                what: "TLS without the client certificate etcd requires (CA from ETCDCTL_CACERT)"
+                    .into(),
+                uri: format!("etcd://{tls_host}/x?tls=true"),
+                env: vec![("ETCDCTL_CACERT".into(), tls_file("ca.crt")?)],
+                // etcd refuses in the handshake or drops the connection after it.
+                names: vec!["cert_file".into(), tls_host.clone()],
+                secret: None,
+            },
+            Failure {
+                what: "a server certificate from a CA this host does not trust".into(),
+                uri: format!("etcd://{tls_host}/x"),
+                env: vec![
+                    ("ETCDCTL_CERT".into(), tls_file("client.crt")?),
+                    ("ETCDCTL_KEY".into(), tls_file("client.key")?),
+                ],
+                names: vec!["the TLS handshake failed".into(), "ca_file".into()],
+                secret: None,
             },
         ])
     }

@@ -27,15 +27,18 @@
 use super::{
     cas, key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef,
 };
+mod tls;
+
 use async_trait::async_trait;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions, Txn,
-    TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions,
+    TlsOptions, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 use runlock_protocol::{Holder, Key, KeyRecord, KeyState, Scope};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 use tokio::sync::broadcast;
@@ -81,14 +84,23 @@ pub struct EtcdOptions {
     /// Its password: never printed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<String>,
+    /// The CA that signed etcd's certificate (PEM); turns TLS on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate (PEM), for etcd's `--client-cert-auth`; turns TLS on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
 }
 
 impl EtcdOptions {
     /// The options with the password replaced, for printing.
     pub fn redacted(&self) -> EtcdOptions {
         EtcdOptions {
-            user: self.user.clone(),
             password: self.password.as_ref().map(|_| "<redacted>".into()),
+            ..self.clone()
         }
     }
 }
@@ -99,6 +111,9 @@ impl std::fmt::Debug for EtcdOptions {
         f.debug_struct("EtcdOptions")
             .field("user", &shown.user)
             .field("password", &shown.password)
+            .field("ca_file", &shown.ca_file)
+            .field("cert_file", &shown.cert_file)
+            .field("key_file", &shown.key_file)
             .finish()
     }
 }
@@ -113,6 +128,8 @@ struct Target {
     user: Option<(String, Option<String>)>,
     /// Whether waiters are woken by a watch (`?watch=false` leaves them to polling).
     watch: bool,
+    /// `?tls=true`: TLS even without certificate files (the system's roots).
+    tls: bool,
 }
 
 fn parse_uri(uri: &str) -> anyhow::Result<Target> {
@@ -156,12 +173,16 @@ fn parse_uri(uri: &str) -> anyhow::Result<Target> {
             Some((percent_decode(name)?, password))
         }
     };
-    let mut watch = true;
+    let (mut watch, mut tls) = (true, false);
     for pair in query.into_iter().flat_map(|q| q.split('&')) {
         match pair.split_once('=') {
             Some(("watch", "false")) => watch = false,
             Some(("watch", "true")) => watch = true,
-            _ => anyhow::bail!("{shown:?}: unknown setting {pair:?} (the only one is watch=false)"),
+            Some(("tls", "false")) => tls = false,
+            Some(("tls", "true")) => tls = true,
+            _ => anyhow::bail!(
+                "{shown:?}: unknown setting {pair:?} (there are watch=false and tls=true)"
+            ),
         }
     }
     let prefix = match path.trim_matches('/') {
@@ -173,6 +194,7 @@ fn parse_uri(uri: &str) -> anyhow::Result<Target> {
         prefix: format!("{prefix}/"),
         user,
         watch,
+        tls,
     })
 }
 
@@ -303,6 +325,8 @@ struct Connection {
     endpoints: Vec<String>,
     user: Option<(String, String)>,
     client: tokio::sync::Mutex<Option<Client>>,
+    /// `None` for plain HTTP.
+    tls: Option<TlsOptions>,
     /// `etcd at host:port,…`, for messages.
     place: String,
     prefix: String,
@@ -318,6 +342,9 @@ impl Connection {
             .with_connect_timeout(CONNECT_TIMEOUT)
             .with_timeout(ATTEMPT_TIMEOUT)
             .with_keep_alive(PING_INTERVAL, PING_TIMEOUT);
+        if let Some(tls) = &self.tls {
+            options = options.with_tls(tls.clone());
+        }
         if let Some((user, password)) = &self.user {
             // Tokens expire (etcd's --auth-token-ttl): get a new one when refused.
             options = options
@@ -339,6 +366,12 @@ impl Connection {
     fn classify(&self, err: etcd_client::Error) -> Problem {
         use etcd_client::Error as E;
         match err {
+            E::GRpcStatus(status) if tls_refused(&cause_of(&status, status.message())) => {
+                self.tls_refusal(&cause_of(&status, status.message()))
+            }
+            E::GRpcStatus(status) if status.message() == "transport error" => {
+                Problem::Transient(cause_of(&status, status.message()))
+            }
             E::GRpcStatus(status) => {
                 let message = status.message().to_string();
                 // gRPC's numeric codes (tonic's `Code` is not re-exported by etcd-client).
@@ -376,6 +409,9 @@ impl Connection {
                 }
             }
             E::LeaseKeepAliveError(message) if message.contains("not found") => Problem::LeaseGone,
+            E::TransportError(_) | E::IoError(_) if tls_refused(&error_chain(&err)) => {
+                self.tls_refusal(&error_chain(&err))
+            }
             E::TransportError(_) | E::IoError(_) | E::LeaseKeepAliveError(_) | E::WatchError(_) => {
                 Problem::Transient(error_chain(&err))
             }
@@ -383,8 +419,25 @@ impl Connection {
         }
     }
 
+    fn tls_refusal(&self, detail: &str) -> Problem {
+        Problem::Refused(format!(
+            "{}: the TLS handshake failed ({detail}): check the CA that signed etcd's \
+             certificate ([etcd] ca_file or ETCDCTL_CACERT) and, where etcd asks for one, the \
+             client certificate ([etcd] cert_file and key_file, or ETCDCTL_CERT and ETCDCTL_KEY)",
+            self.place
+        ))
+    }
+
     fn unavailable(&self, problem: Problem) -> BackendError {
         BackendError::Unavailable(match problem {
+            // etcd drops a TLS client without the certificate it requires
+            // after the handshake: the client sees only a closed connection.
+            Problem::Transient(why) if self.tls.is_some() => format!(
+                "cannot reach {} over TLS ({why}): check that etcd runs there and this host \
+                 can reach it, and, where etcd requires client certificates, that [etcd] \
+                 cert_file and key_file (or ETCDCTL_CERT and ETCDCTL_KEY) name one its CA signed",
+                self.place
+            ),
             Problem::Transient(why) => format!(
                 "cannot reach {} ({why}): check that etcd runs there and this host can reach it",
                 self.place
@@ -438,6 +491,24 @@ impl Connection {
     }
 }
 
+/// Whether a transport error is a TLS refusal (a certificate not trusted,
+/// or none given where etcd requires one), which no retry mends.
+fn tls_refused(chain: &str) -> bool {
+    let chain = chain.to_ascii_lowercase();
+    ["certificate", "handshake", "unknownissuer", "tls alert"]
+        .iter()
+        .any(|word| chain.contains(word))
+}
+
+/// What a gRPC status says went wrong: its source's chain where it has one
+/// (a transport failure), not the status's debug form.
+fn cause_of(status: &(dyn std::error::Error + 'static), message: &str) -> String {
+    match status.source() {
+        Some(source) => error_chain(source),
+        None => message.to_string(),
+    }
+}
+
 /// An error with its sources, as one line.
 fn error_chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
@@ -475,16 +546,26 @@ impl EtcdBackend {
     pub fn open(uri: &str, options: &EtcdOptions) -> anyhow::Result<EtcdBackend> {
         let target = parse_uri(uri)?;
         let user = credentials(target.user, options)?;
+        let tls = tls::settings(target.tls, options)?;
         let hosts = target.hosts.join(",");
         let prefix = target.prefix;
         let mut description = format!("etcd://{hosts}/{}", prefix.trim_end_matches('/'));
-        if let Some((name, _)) = &user {
-            description.push_str(&format!(" (user {name})"));
+        match (&user, &tls) {
+            (Some((name, _)), Some(_)) => description.push_str(&format!(" (user {name}, TLS)")),
+            (Some((name, _)), None) => description.push_str(&format!(" (user {name})")),
+            (None, Some(_)) => description.push_str(" (TLS)"),
+            (None, None) => {}
         }
+        let scheme = if tls.is_some() { "https" } else { "http" };
         Ok(EtcdBackend {
             connection: Arc::new(Connection {
-                endpoints: target.hosts.iter().map(|h| format!("http://{h}")).collect(),
+                endpoints: target
+                    .hosts
+                    .iter()
+                    .map(|h| format!("{scheme}://{h}"))
+                    .collect(),
                 user,
+                tls,
                 client: tokio::sync::Mutex::new(None),
                 place: format!("etcd at {hosts}"),
                 prefix: prefix.clone(),
@@ -1037,6 +1118,7 @@ mod tests {
         );
         assert!(!target.watch);
 
+        assert!(parse_uri("etcd://h/p?tls=true").expect("valid").tls);
         for bad in ["etcd://", "etcd://h:port/x", "etcd://h?tls=1", "s3://b"] {
             assert!(parse_uri(bad).is_err(), "{bad} was accepted");
         }
@@ -1051,6 +1133,7 @@ mod tests {
         let file = EtcdOptions {
             user: Some("file-user".into()),
             password: Some("file-pw".into()),
+            ..EtcdOptions::default()
         };
         let from_uri = Some(("uri-user".to_string(), Some("uri-pw".to_string())));
         assert_eq!(
@@ -1316,6 +1399,69 @@ mod tests {
             new.inspect(&key("k")).await.expect("inspect").state,
             KeyState::Free
         );
+    }
+
+    /// The etcd served over TLS that requires client certificates, and the
+    /// directory of the CA that signed its certificate and the client's.
+    fn tls_etcd() -> (String, PathBuf) {
+        let host = endpoint("RUNLOCK_TEST_ETCD_TLS_ENDPOINT");
+        let host = host.trim_start_matches("https://").to_string();
+        let dir = std::env::var_os("RUNLOCK_TEST_ETCD_TLS_DIR")
+            .map(PathBuf::from)
+            .expect("RUNLOCK_TEST_ETCD_TLS_DIR is set with RUNLOCK_TEST_ETCD_TLS_ENDPOINT");
+        (host, dir)
+    }
+
+    #[tokio::test]
+    async fn tls_with_the_ca_and_a_client_certificate_serves_and_without_them_is_named() {
+        let (host, dir) = tls_etcd();
+        let prefix = fresh_prefix("tls");
+        let uri = format!("etcd://{host}/{prefix}");
+        let full = EtcdOptions {
+            ca_file: Some(dir.join("ca.crt")),
+            cert_file: Some(dir.join("client.crt")),
+            key_file: Some(dir.join("client.key")),
+            ..EtcdOptions::default()
+        };
+        let backend = EtcdBackend::open(&uri, &full).expect("opens");
+        assert!(
+            backend.describe().ends_with("(TLS)"),
+            "{}",
+            backend.describe()
+        );
+        backend.probe().await.expect("etcd answers over TLS");
+        let granted = backend
+            .acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
+        let held = lease("k", "l1", granted.holder.token);
+        backend.renew(&held, TTL).await.expect("renew");
+        backend.release(&held).await.expect("release");
+
+        let refused = |options: EtcdOptions, uri: String| async move {
+            let backend = EtcdBackend::open(&uri, &options).expect("opens");
+            match backend.probe().await {
+                Err(BackendError::Unavailable(text)) => text,
+                other => panic!("expected a refusal, got {other:?}"),
+            }
+        };
+        // etcd requires a client certificate; none is given. etcd closes the
+        // connection after the handshake, so the message can only point at it.
+        let ca_only = EtcdOptions {
+            ca_file: full.ca_file.clone(),
+            ..EtcdOptions::default()
+        };
+        let text = refused(ca_only, uri.clone()).await;
+        assert!(text.contains("cert_file"), "{text}");
+        assert!(text.contains(&host), "{text}");
+        // The system's roots do not know the test CA.
+        let no_ca = EtcdOptions {
+            ca_file: None,
+            ..full.clone()
+        };
+        let text = refused(no_ca, format!("{uri}?tls=true")).await;
+        assert!(text.contains("the TLS handshake failed"), "{text}");
+        assert!(text.contains("ca_file"), "{text}");
     }
 
     /// A cluster URI names every member; one of them down (here: the first,
