@@ -133,6 +133,32 @@ async fn a_bad_file_is_refused_naming_file_line_and_setting() -> Result<()> {
     Ok(())
 }
 
+/// A backend the agent cannot use as given is a configuration error too
+/// (78, which systemd need not restart): a malformed URI, a certificate
+/// file that is not there. Nothing is listening afterwards.
+#[tokio::test]
+async fn an_unusable_backend_setting_stops_the_agent_with_78() -> Result<()> {
+    let dir = temp_dir()?;
+    let socket = dir.path().join("agent.sock");
+    let socket = socket.to_str().context("utf-8 path")?;
+    for (backend, env, says) in [
+        ("s3://", vec![], "needs a bucket"),
+        ("etcd://127.0.0.1:x/p", vec![], "\"x\" is not a port number"),
+        (
+            "etcd://127.0.0.1:2379/p",
+            vec![("ETCDCTL_CACERT", "/nonexistent/ca.pem")],
+            "reading the CA file /nonexistent/ca.pem",
+        ),
+    ] {
+        let out = runlockd(&["--socket", socket, "--backend", backend], &env).await?;
+        out.expect_code(78)
+            .with_context(|| format!("backend {backend}"))?;
+        ensure!(out.stderr.contains(says), "{backend}: {out:?}");
+        ensure!(!Path::new(socket).exists(), "{backend}: a socket was left");
+    }
+    Ok(())
+}
+
 /// `runlock run` against a socket nobody listens on, with `env` added.
 async fn run_without_agent(env: &[(&str, &str)]) -> Result<Finished> {
     let dir = temp_dir()?;

@@ -36,16 +36,37 @@ fn main() -> ExitCode {
     };
     match runtime.block_on(run(config)) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(err) => {
+        Err(Stop::Config(err)) => {
+            eprintln!("runlockd: error: {err:#}");
+            ExitCode::from(78) // EX_CONFIG
+        }
+        Err(Stop::Failed(err)) => {
             eprintln!("runlockd: error: {err:#}");
             ExitCode::FAILURE
         }
     }
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
+/// Why the agent stopped early: configuration it cannot use (exit 78, as a
+/// bad file: a restart would not help), or a failure of the moment (exit 1).
+enum Stop {
+    Config(anyhow::Error),
+    Failed(anyhow::Error),
+}
+
+impl From<anyhow::Error> for Stop {
+    fn from(err: anyhow::Error) -> Stop {
+        Stop::Failed(err)
+    }
+}
+
+async fn run(config: Config) -> Result<(), Stop> {
     let shutdown = CancellationToken::new();
-    let mut backend = backend::from_uri(&config.backend, &config.backend_options).await?;
+    // Opening a backend fails only on what it was given (a malformed URI, an
+    // unreadable key or certificate file); an unreachable store is a warning.
+    let mut backend = backend::from_uri(&config.backend, &config.backend_options)
+        .await
+        .map_err(Stop::Config)?;
     if let Some(addr) = config.metrics {
         metrics::start(addr, shutdown.child_token()).await?;
         backend = metrics::instrument(backend);
@@ -60,12 +81,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
     };
     let capabilities = backend.capabilities();
     if config.ttl < backend.min_ttl() {
-        anyhow::bail!(
+        return Err(Stop::Config(anyhow::anyhow!(
             "ttl {} is too short for {}: it needs at least {}",
             humantime::format_duration(config.ttl),
             backend.describe(),
             humantime::format_duration(backend.min_ttl())
-        );
+        )));
     }
     let policy = Policy {
         default_ttl: config.ttl,
