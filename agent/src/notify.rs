@@ -51,7 +51,7 @@ impl Notifier {
             )
         };
         let task = tokio::spawn(async move {
-            let mut leases = registry.list().len();
+            let mut leases = registry.lease_count();
             send(&[
                 sd_notify::NotifyState::Ready,
                 sd_notify::NotifyState::Status(&status(leases)),
@@ -75,7 +75,7 @@ impl Notifier {
                         send(&[sd_notify::NotifyState::Watchdog]);
                     }
                     _ = checks.tick() => {
-                        let now = registry.list().len();
+                        let now = registry.lease_count();
                         if now != leases {
                             leases = now;
                             send(&[sd_notify::NotifyState::Status(&status(leases))]);
@@ -83,7 +83,7 @@ impl Notifier {
                     }
                 }
             }
-            let leases = registry.list().len();
+            let leases = registry.lease_count();
             send(&[
                 sd_notify::NotifyState::Stopping,
                 sd_notify::NotifyState::Status(&format!(

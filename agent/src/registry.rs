@@ -1005,6 +1005,11 @@ impl Registry {
         }
     }
 
+    /// How many leases this agent holds (without copying them, as `list` does).
+    pub fn lease_count(&self) -> usize {
+        self.state().leases.len()
+    }
+
     /// Every lease held through this agent.
     pub fn list(&self) -> Vec<LeaseInfo> {
         let state = self.state();
