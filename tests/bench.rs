@@ -143,30 +143,20 @@ async fn run() -> Result<()> {
 }
 
 /// S3 on moto: the requests each agent operation costs the store, and acquire
-/// through the agent beside a raw conditional PUT with the same SDK, in the same run. Needs `RUNLOCK_TEST_S3_ENDPOINT` (BENCHMARKS.md).
+/// through the agent beside a raw conditional PUT with the same SDK, in the
+/// same run. Needs `RUNLOCK_TEST_S3_ENDPOINT` (BENCHMARKS.md).
 async fn s3_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
     let Ok(endpoint) = std::env::var("RUNLOCK_TEST_S3_ENDPOINT") else {
         let why = "skipped: RUNLOCK_TEST_S3_ENDPOINT is not set (see BENCHMARKS.md)";
         return Ok(vec![("S3 (moto)".into(), why.into())]);
     };
     let bucket = format!("runlock-bench-{}", std::process::id());
-    let created = Command::new("curl")
-        .args([
-            "-sSf",
-            "-m",
-            "10",
-            "-X",
-            "PUT",
-            &format!("{endpoint}/{bucket}"),
-        ])
-        .output()
-        .await?;
-    if !created.status.success() {
-        bail!(
-            "creating bucket {bucket}: {}",
-            String::from_utf8_lossy(&created.stderr)
-        );
-    }
+    // moto accepts an unsigned bucket creation.
+    curl(
+        &["-X", "PUT", &format!("{endpoint}/{bucket}")],
+        "creating a bucket",
+    )
+    .await?;
     let env = [
         ("AWS_ENDPOINT_URL", endpoint.as_str()),
         ("AWS_ACCESS_KEY_ID", "test"),
@@ -473,13 +463,27 @@ async fn requests_per_operation(
     Ok(rows)
 }
 
-/// The agent's count of successful renewals, from its metrics endpoint.
-async fn renewals(metrics: &str) -> Result<f64> {
+/// `curl ARGS` (failing on an HTTP error, 10 s at most): its output, or an
+/// error saying `what` failed and curl's own words.
+async fn curl(args: &[&str], what: &str) -> Result<String> {
     let out = Command::new("curl")
-        .args(["-sSf", "-m", "5", &format!("http://{metrics}/metrics")])
+        .args(["-sSf", "-m", "10"])
+        .args(args)
         .output()
         .await?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("{what}: {}", String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The agent's count of successful renewals, from its metrics endpoint.
+async fn renewals(metrics: &str) -> Result<f64> {
+    let text = curl(
+        &[&format!("http://{metrics}/metrics")],
+        "reading the agent's metrics",
+    )
+    .await?;
     text.lines()
         .find_map(|l| l.strip_prefix(r#"runlock_renewals_total{result="ok"} "#))
         .context("no renewal count in the agent's metrics")?
@@ -598,26 +602,16 @@ async fn gcs_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
         return Ok(vec![("GCS (fake-gcs-server)".into(), why.into())]);
     };
     let bucket = format!("runlock-bench-{}", std::process::id());
-    let created = Command::new("curl")
-        .args([
-            "-sSf",
-            "-m",
-            "10",
-            "-X",
-            "POST",
-            "-H",
-            "Content-Type: application/json",
-        ])
-        .args(["-d", &format!("{{\"name\":\"{bucket}\"}}")])
-        .arg(format!("{endpoint}/storage/v1/b?project=bench"))
-        .output()
-        .await?;
-    if !created.status.success() {
-        bail!(
-            "creating bucket {bucket}: {}",
-            String::from_utf8_lossy(&created.stderr)
-        );
-    }
+    let create = [
+        "-X",
+        "POST",
+        "-H",
+        "Content-Type: application/json",
+        "-d",
+        &format!("{{\"name\":\"{bucket}\"}}"),
+        &format!("{endpoint}/storage/v1/b?project=bench"),
+    ];
+    curl(&create, "creating a bucket").await?;
     let proxy = CountingProxy::start(&endpoint).await?;
     let env = [("STORAGE_EMULATOR_HOST", proxy.url.as_str())];
     let uri = format!("gs://{bucket}/counted");
@@ -869,18 +863,9 @@ async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
 struct EtcdRequests(std::collections::BTreeMap<String, u64>);
 
 async fn etcd_requests(endpoint: &str) -> Result<EtcdRequests> {
-    let out = Command::new("curl")
-        .args(["-sSf", "-m", "5", &format!("{endpoint}/metrics")])
-        .output()
-        .await?;
-    if !out.status.success() {
-        bail!(
-            "reading etcd's metrics: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    let text = curl(&[&format!("{endpoint}/metrics")], "reading etcd's metrics").await?;
     let mut counts = std::collections::BTreeMap::new();
-    for line in String::from_utf8_lossy(&out.stdout).lines() {
+    for line in text.lines() {
         let Some(rest) = line.strip_prefix("grpc_server_started_total{grpc_method=\"") else {
             continue;
         };

@@ -12,7 +12,6 @@
 //! here carries the key or the connection string: answers are named by their
 //! status and error code, and transport failures by their root cause.
 
-use super::s3::RECORDS;
 use super::{CasError, CasStore, Read, Stored};
 use crate::backend::redact_uri;
 use async_trait::async_trait;
@@ -286,16 +285,8 @@ impl AzureStore {
             .retry(RetryOptions::exponential(retry))
             .transport(TransportOptions::new(Arc::new(http)))
             .container_client(container_name.clone());
-        let records = if prefix.is_empty() {
-            RECORDS.to_string()
-        } else {
-            format!("{prefix}/{RECORDS}")
-        };
-        let plain = if prefix.is_empty() {
-            format!("azure://{container_name}")
-        } else {
-            format!("azure://{container_name}/{prefix}")
-        };
+        let records = super::records_under(&prefix);
+        let plain = super::object_uri("azure", &container_name, &prefix);
         let location = redact_uri(&account.endpoint);
         Ok(AzureStore {
             container,

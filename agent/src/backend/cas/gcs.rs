@@ -16,7 +16,6 @@
 //! header (the store's clock) and preconditions on multipart uploads (the only
 //! ones the emulator enforces), and the JSON API it needs is three requests.
 
-use super::s3::RECORDS;
 use super::{CasError, CasStore, Read, Stored};
 use crate::backend::redact_uri;
 use async_trait::async_trait;
@@ -165,16 +164,8 @@ impl GcsStore {
                 (GOOGLE_API.to_string(), credentials)
             }
         };
-        let records = if prefix.is_empty() {
-            RECORDS.to_string()
-        } else {
-            format!("{prefix}/{RECORDS}")
-        };
-        let plain = if prefix.is_empty() {
-            format!("gs://{bucket}")
-        } else {
-            format!("gs://{bucket}/{prefix}")
-        };
+        let records = super::records_under(&prefix);
+        let plain = super::object_uri("gs", &bucket, &prefix);
         let (description, location) = match emulator {
             Some(_) => {
                 let shown = redact_uri(&api);
@@ -1159,7 +1150,7 @@ mod tests {
         assert_eq!(record["state"], "free");
         assert_eq!(record["token"], 1);
         assert!(
-            name.starts_with(&format!("p/{RECORDS}")),
+            name.starts_with(&format!("p/{}", super::super::RECORDS)),
             "{name} in {bucket}"
         );
 

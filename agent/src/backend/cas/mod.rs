@@ -81,6 +81,28 @@ pub trait CasStore: Send + Sync + 'static {
     ) -> Result<String, CasError>;
 }
 
+/// Where the lock records live, below the URI's prefix: apart from Meltano's
+/// `prefix/<state_id>/` objects, so one URI serves both.
+const RECORDS: &str = ".runlock/locks/";
+
+/// The object name prefix of the records of a store whose URI has `prefix`.
+fn records_under(prefix: &str) -> String {
+    if prefix.is_empty() {
+        RECORDS.to_string()
+    } else {
+        format!("{prefix}/{RECORDS}")
+    }
+}
+
+/// `SCHEME://PLACE[/prefix]`, for descriptions.
+fn object_uri(scheme: &str, place: &str, prefix: &str) -> String {
+    if prefix.is_empty() {
+        format!("{scheme}://{place}")
+    } else {
+        format!("{scheme}://{place}/{prefix}")
+    }
+}
+
 /// `SCHEME://PLACE/prefix` → (PLACE, the prefix without surrounding slashes):
 /// every object store's URI. `place` is what the store calls it ("bucket",
 /// "container"); `settings` says where credentials and endpoints come from

@@ -30,8 +30,6 @@ use std::error::Error as StdError;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-/// Where under the URI's prefix the lock records live.
-pub const RECORDS: &str = ".runlock/locks/";
 /// Connecting to the store may take this long.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// One HTTP attempt may take this long.
@@ -175,16 +173,8 @@ impl S3Store {
                 .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
         }
         let client = Client::from_conf(config.build());
-        let records = if prefix.is_empty() {
-            RECORDS.to_string()
-        } else {
-            format!("{prefix}/{RECORDS}")
-        };
-        let plain = if prefix.is_empty() {
-            format!("s3://{bucket}")
-        } else {
-            format!("s3://{bucket}/{prefix}")
-        };
+        let records = super::records_under(&prefix);
+        let plain = super::object_uri("s3", &bucket, &prefix);
         let (description, location) = match &endpoint {
             Some(url) => {
                 let url = redact_uri(url);
@@ -524,7 +514,7 @@ mod tests {
         S3Store {
             client: Client::from_conf(config),
             bucket: "locks".into(),
-            records: format!("p/{RECORDS}"),
+            records: format!("p/{}", super::super::RECORDS),
             description: "s3://locks/p (endpoint http://s3.test)".into(),
             location: "http://s3.test".into(),
         }
