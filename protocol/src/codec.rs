@@ -1,15 +1,18 @@
 //! Framing: a 4-byte big-endian length, then a MessagePack body of at most
-//! [`MAX_FRAME_LEN`] bytes, enforced in both directions. The only place that
-//! turns bytes into messages and back.
+//! [`MAX_FRAME_LEN`] bytes (or a smaller limit the reader sets), enforced in
+//! both directions. The only place that turns bytes into messages and back.
 
 use crate::error::ProtocolError;
 use crate::message::{AgentMessage, ClientMessage, Envelope};
 use crate::MAX_FRAME_LEN;
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, BufMut, BytesMut};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use std::marker::PhantomData;
-use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
+use tokio_util::codec::{Decoder, Encoder};
+
+/// The length prefix of every frame.
+const HEADER_LEN: usize = 4;
 
 /// A frame whose body could not be decoded. The stream is still in step, so
 /// the reader answers `bad_request` (echoing `id` when it could be read) and goes on.
@@ -25,7 +28,7 @@ pub struct BodyError {
 
 /// Reads `In` and writes `Out`, each in an [`Envelope`].
 pub struct MessageCodec<In, Out> {
-    frames: LengthDelimitedCodec,
+    max_frame_len: usize,
     _direction: PhantomData<fn(Out) -> In>,
 }
 
@@ -37,11 +40,7 @@ pub type ShimCodec = MessageCodec<AgentMessage, ClientMessage>;
 impl<In, Out> Default for MessageCodec<In, Out> {
     fn default() -> Self {
         MessageCodec {
-            frames: LengthDelimitedCodec::builder()
-                .length_field_length(4)
-                .big_endian()
-                .max_frame_length(MAX_FRAME_LEN)
-                .new_codec(),
+            max_frame_len: MAX_FRAME_LEN,
             _direction: PhantomData,
         }
     }
@@ -52,6 +51,18 @@ impl<In, Out> MessageCodec<In, Out> {
     pub fn new() -> Self {
         Self::default()
     }
+
+    /// Refuses frames read from now on whose body exceeds `len` bytes (at most
+    /// [`MAX_FRAME_LEN`]): the agent reads a small `hello` before trusting a
+    /// peer with a megabyte.
+    pub fn set_max_frame_len(&mut self, len: usize) {
+        self.max_frame_len = len.min(MAX_FRAME_LEN);
+    }
+
+    /// The largest body read now.
+    pub fn max_frame_len(&self) -> usize {
+        self.max_frame_len
+    }
 }
 
 /// Encodes one message body the way every frame is encoded: a named-field map.
@@ -59,9 +70,12 @@ pub fn encode_body<T: Serialize>(message: &Envelope<T>) -> Result<Vec<u8>, Proto
     Ok(rmp_serde::to_vec_named(message)?)
 }
 
-/// Decodes one message body; on failure, recovers what it can of the header.
+/// Decodes one message body, which must have the shape SPEC 3.1 gives (see
+/// [`crate::strict`]); on failure, recovers what it can of the header.
 pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<Envelope<T>, BodyError> {
-    rmp_serde::from_slice(body).map_err(|err| {
+    let decoded = crate::strict::check(body)
+        .and_then(|()| rmp_serde::from_slice(body).map_err(|err| err.to_string()));
+    decoded.map_err(|reason| {
         #[derive(Deserialize)]
         struct Header {
             #[serde(default)]
@@ -73,7 +87,7 @@ pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<Envelope<T>, Body
         BodyError {
             id: header.as_ref().and_then(|h| h.id),
             kind: header.and_then(|h| h.kind),
-            reason: err.to_string(),
+            reason,
         }
     })
 }
@@ -83,18 +97,21 @@ impl<In: DeserializeOwned, Out> Decoder for MessageCodec<In, Out> {
     type Error = ProtocolError;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<Self::Item>, ProtocolError> {
-        match self.frames.decode(src) {
-            Ok(Some(frame)) => Ok(Some(decode_body(&frame))),
-            Ok(None) => Ok(None),
-            // LengthDelimitedCodec refuses an oversized length as InvalidData before
-            // it consumes the header or reads (or allocates) the body, so the header
-            // is still at the front of `src`. Only then: mid-frame, `src` holds body bytes.
-            Err(err) if err.kind() == std::io::ErrorKind::InvalidData && src.len() >= 4 => {
-                let len = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
-                Err(ProtocolError::FrameTooLarge(len))
-            }
-            Err(err) => Err(ProtocolError::Io(err)),
+        let Some(header) = src.get(..HEADER_LEN) else {
+            return Ok(None);
+        };
+        let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]) as usize;
+        if len > self.max_frame_len {
+            return Err(ProtocolError::FrameTooLarge(len));
         }
+        // Nothing is reserved for the body: the buffer grows only with bytes
+        // that arrived, so a frame announced and never sent costs nothing.
+        if src.len() < HEADER_LEN + len {
+            return Ok(None);
+        }
+        src.advance(HEADER_LEN);
+        let body = src.split_to(len);
+        Ok(Some(decode_body(&body)))
     }
 }
 
@@ -106,9 +123,10 @@ impl<In, Out: Serialize> Encoder<Envelope<Out>> for MessageCodec<In, Out> {
         if body.len() > MAX_FRAME_LEN {
             return Err(ProtocolError::FrameTooLarge(body.len()));
         }
-        self.frames
-            .encode(Bytes::from(body), dst)
-            .map_err(ProtocolError::Io)
+        dst.reserve(HEADER_LEN + body.len());
+        dst.put_u32(body.len() as u32);
+        dst.extend_from_slice(&body);
+        Ok(())
     }
 }
 

@@ -7,6 +7,7 @@ pub mod codec;
 pub mod error;
 pub mod message;
 pub mod socket_path;
+pub mod strict;
 pub mod types;
 
 pub use codec::{AgentCodec, BodyError, MessageCodec, ShimCodec};
@@ -22,6 +23,14 @@ pub const PROTOCOL_VERSION: u16 = 1;
 
 /// The largest frame body either side sends or accepts (DESIGN: bodies over 1 MiB are refused).
 pub const MAX_FRAME_LEN: usize = 1 << 20;
+
+/// The longest holder command line the agent records or shows, in bytes; a
+/// longer one is cut with a marker, so that every reply fits a frame.
+pub const MAX_COMMAND_LEN: usize = 4096;
+
+/// The most keys one `acquire`, or leases one `reattach`, may name: the
+/// reply (up to 512 bytes of key and a lease id each) then fits a frame.
+pub const MAX_KEYS_PER_REQUEST: usize = 1000;
 
 /// How long a run gets between SIGTERM and SIGKILL when its lease is lost
 /// under `on_lost = term`, whether the shim or the agent stops it (at most;

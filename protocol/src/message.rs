@@ -37,6 +37,10 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
 /// What a client sends.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -159,8 +163,11 @@ pub enum AgentMessage {
     Attached,
     /// Answers `list`.
     Leases {
-        /// Every lease held through this agent.
+        /// The leases held through this agent, as many as fit one frame.
         leases: Vec<LeaseInfo>,
+        /// How many more are held and were left out to fit.
+        #[serde(default, skip_serializing_if = "is_zero_u32")]
+        omitted: u32,
     },
     /// Answers `inspect`.
     Record(KeyRecord),

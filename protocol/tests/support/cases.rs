@@ -266,6 +266,29 @@ pub fn canonical() -> Vec<Vector> {
                             child_pid: None,
                         },
                     ],
+                    omitted: 0,
+                },
+            ),
+        },
+        Vector {
+            name: "agent-leases-omitted",
+            meaning: "Answers request 6 on an agent holding more leases than one frame lists: \
+                      the one that fit, and `omitted`: 2499 more were left out. Another user's \
+                      command shows only its program name.",
+            message: agent(
+                Some(6),
+                AgentMessage::Leases {
+                    leases: vec![LeaseInfo {
+                        key: "dev:a".into(),
+                        lease_id: "lease-0001".into(),
+                        ttl_ms: 30_000,
+                        holder: Holder {
+                            command: "meltano [arguments hidden]".into(),
+                            ..holder(4242, 12)
+                        },
+                        child_pid: Some(4300),
+                    }],
+                    omitted: 2499,
                 },
             ),
         },
