@@ -202,7 +202,13 @@ async fn acquire_with_an_invalid_key_gets_invalid_key_naming_the_rule() -> Resul
         match &reply {
             AgentMessage::Error(err) => {
                 ensure!(err.code == ErrorCode::InvalidKey, "{bad:?}: {reply:?}");
-                ensure!(err.key.as_deref() == Some(bad), "{bad:?}: {reply:?}");
+                // A key too long to be valid is echoed cut, so the error fits a frame.
+                let echoed = err.key.as_deref().unwrap_or_default();
+                let whole_or_cut = echoed == bad
+                    || (echoed.len() <= 512
+                        && echoed.ends_with("[cut]")
+                        && bad.starts_with(&echoed[..100]));
+                ensure!(whole_or_cut, "{bad:?}: {reply:?}");
                 ensure!(
                     err.message.contains(rule),
                     "{bad:?}: the rule is not named: {reply:?}"
@@ -295,7 +301,7 @@ async fn agent_keeps_its_leases_and_serves_through_all_bad_input() -> Result<()>
         drop(client);
     }
     let reply = holder.call(ClientMessage::List).await?;
-    let AgentMessage::Leases { leases } = &reply else {
+    let AgentMessage::Leases { leases, .. } = &reply else {
         bail!("expected leases, got {reply:?}");
     };
     ensure!(

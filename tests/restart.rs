@@ -29,7 +29,7 @@ async fn hold_many(agent: &TestAgent, hint: &str) -> Result<Vec<(String, Run, Re
 
 async fn leases_of(agent: &TestAgent) -> Result<Vec<LeaseInfo>> {
     match agent.client().await?.call(ClientMessage::List).await? {
-        AgentMessage::Leases { leases } => Ok(leases),
+        AgentMessage::Leases { leases, .. } => Ok(leases),
         other => anyhow::bail!("expected leases, got {other:?}"),
     }
 }

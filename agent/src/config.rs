@@ -7,6 +7,7 @@ use crate::backend::{
     AzureOptions, BackendOptions, EtcdOptions, GcsOptions, PostgresOptions, S3Options,
 };
 use crate::legacy::MeltanoSystemDb;
+use crate::limits::Limits;
 use crate::telemetry::LogFormat;
 use anyhow::Context;
 use clap::Parser;
@@ -128,6 +129,8 @@ struct FileConfig {
     #[serde(default)]
     access: AccessSection,
     #[serde(default)]
+    limits: LimitsSection,
+    #[serde(default)]
     s3: S3Options,
     #[serde(default)]
     azure: AzureOptions,
@@ -147,6 +150,45 @@ struct AccessSection {
     force_users: Option<Vec<NameOrId>>,
     #[serde(default)]
     force_groups: Option<Vec<NameOrId>>,
+}
+
+/// `[limits]`: how much of the agent one peer may take.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LimitsSection {
+    connections: Option<usize>,
+    connections_per_user: Option<usize>,
+    #[serde(default, deserialize_with = "handshake_timeout")]
+    handshake_timeout: Option<Duration>,
+}
+
+impl LimitsSection {
+    fn resolve(self) -> anyhow::Result<Limits> {
+        let default = Limits::default();
+        let limits = Limits {
+            connections: self.connections.unwrap_or(default.connections),
+            connections_per_user: self
+                .connections_per_user
+                .unwrap_or(default.connections_per_user),
+            handshake_timeout: self.handshake_timeout.unwrap_or(default.handshake_timeout),
+        };
+        if limits.connections == 0 || limits.connections_per_user == 0 {
+            anyhow::bail!("[limits] connections and connections_per_user must be at least 1");
+        }
+        Ok(limits)
+    }
+}
+
+fn handshake_timeout<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(d)?;
+    let timeout = parse_duration(&text).map_err(serde::de::Error::custom)?;
+    if timeout < Duration::from_millis(100) || timeout > Duration::from_secs(600) {
+        return Err(serde::de::Error::custom(format!(
+            "{} is outside 100ms..10m",
+            humantime::format_duration(timeout)
+        )));
+    }
+    Ok(Some(timeout))
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -194,6 +236,8 @@ pub struct Config {
     pub on_unavailable: OnUnavailable,
     /// Who may force and break.
     pub access: Access,
+    /// How much of the agent one peer may take.
+    pub limits: Limits,
     /// Where to serve metrics.
     pub metrics: Option<SocketAddr>,
     /// How to log.
@@ -264,6 +308,7 @@ impl Config {
             ttl: args.ttl.or(settings.ttl).unwrap_or(Duration::from_secs(30)),
             on_unavailable,
             access,
+            limits: settings.limits.resolve()?,
             metrics: args.metrics.or(settings.metrics),
             log_format: args
                 .log_format
@@ -289,11 +334,18 @@ impl Config {
             #[serde(skip_serializing_if = "Option::is_none")]
             legacy_meltano_systemdb: Option<&'a str>,
             access: AccessShown,
+            limits: LimitsShown,
             s3: S3Options,
             azure: AzureOptions,
             gcs: &'a GcsOptions,
             postgres: PostgresOptions,
             etcd: EtcdOptions,
+        }
+        #[derive(Serialize)]
+        struct LimitsShown {
+            connections: usize,
+            connections_per_user: usize,
+            handshake_timeout: String,
         }
         #[derive(Serialize)]
         struct AccessShown {
@@ -316,6 +368,12 @@ impl Config {
             access: AccessShown {
                 force_users: self.access.uids().to_vec(),
                 force_groups: self.access.gids().to_vec(),
+            },
+            limits: LimitsShown {
+                connections: self.limits.connections,
+                connections_per_user: self.limits.connections_per_user,
+                handshake_timeout: humantime::format_duration(self.limits.handshake_timeout)
+                    .to_string(),
             },
             s3: self.backend_options.s3.redacted(),
             azure: self.backend_options.azure.redacted(),
@@ -445,7 +503,7 @@ mod tests {
             "socket = \"/run/x.sock\"\nsocket_mode = \"0600\"\nbackend = \"s3://b/p\"\n\
              ttl = \"10s\"\non_unavailable = \"warn\"\nmetrics = \"127.0.0.1:9464\"\n\
              log_format = \"json\"\nlegacy_meltano_systemdb = \"/m/meltano.db\"\n[access]\nforce_users = [\"root\", 1000]\n\
-             force_groups = [0]\n[s3]\nregion = \"eu-west-1\"\n\
+             force_groups = [0]\n[limits]\nconnections = 50\nhandshake_timeout = \"2s\"\n[s3]\nregion = \"eu-west-1\"\n\
              [azure]\naccount_name = \"acct1\"\naccount_key = \"a2V5\"\n\
              [gcs]\ncredentials_file = \"/etc/runlock/gcs-key.json\"\n\
              [postgres]\nschema = \"locks\"\nlisten = false\n\
@@ -460,6 +518,10 @@ mod tests {
             file.legacy_meltano_systemdb.as_deref(),
             Some("/m/meltano.db")
         );
+        let limits = file.limits.resolve().expect("valid limits");
+        assert_eq!(limits.connections, 50);
+        assert_eq!(limits.connections_per_user, 128);
+        assert_eq!(limits.handshake_timeout, Duration::from_secs(2));
         assert_eq!(file.s3.region.as_deref(), Some("eu-west-1"));
         assert_eq!(file.azure.account_name.as_deref(), Some("acct1"));
         assert_eq!(

@@ -1,14 +1,19 @@
 //! One peer: the handshake, its requests, its events, and at its end (EOF)
 //! the release of every lease it held.
 
+use crate::limits::{Limits, HELLO_FRAME_LEN};
 use crate::registry::{AcquireRequest, ConnId, Granted, PeerCred, Registry};
+use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
 use runlock_protocol::{
-    AgentCodec, AgentMessage, ClientMessage, Envelope, ErrorCode, ProtocolError, WireError,
-    PROTOCOL_VERSION,
+    AgentCodec, AgentMessage, BodyError, ClientMessage, Envelope, ErrorCode, ProtocolError,
+    WireError, MAX_FRAME_LEN, PROTOCOL_VERSION,
 };
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
@@ -19,33 +24,30 @@ use tracing::Instrument;
 
 type Transport = Framed<UnixStream, AgentCodec>;
 type AcquireResult = Result<Granted, WireError>;
+/// What reading the next frame gives: none at EOF, a body or why it is not one.
+type Frame = Option<Result<Result<Envelope<ClientMessage>, BodyError>, ProtocolError>>;
 /// How often the agent looks whether a reattached run whose shim is gone has ended.
 const RUN_POLL: Duration = Duration::from_millis(100);
 
-/// Serves one accepted connection until the peer goes or the agent stops.
+/// Serves one accepted connection from `peer` until the peer goes or the agent stops.
 pub async fn serve_connection(
     stream: UnixStream,
+    peer: PeerCred,
+    limits: Limits,
     registry: Arc<Registry>,
     shutdown: CancellationToken,
 ) {
-    let peer = match stream.peer_cred() {
-        Ok(cred) => PeerCred {
-            pid: cred.pid().unwrap_or(0) as u32,
-            uid: cred.uid(),
-            gid: cred.gid(),
-        },
-        Err(err) => {
-            tracing::warn!(error = %err, "cannot read peer credentials; closing");
-            return;
-        }
-    };
     let groups = peer_groups(&stream);
     let span = tracing::info_span!("conn", pid = peer.pid, uid = peer.uid);
+    let mut codec = AgentCodec::new();
+    codec.set_max_frame_len(HELLO_FRAME_LEN);
     Connection {
-        transport: Framed::new(stream, AgentCodec::new()),
+        transport: Framed::new(stream, codec),
         registry,
         peer,
         groups,
+        limits,
+        frame_timer: FrameTimer::new(limits.handshake_timeout),
     }
     .run(shutdown)
     .instrument(span)
@@ -89,27 +91,107 @@ struct Connection {
     registry: Arc<Registry>,
     peer: PeerCred,
     groups: Vec<u32>,
+    limits: Limits,
+    frame_timer: FrameTimer,
+}
+
+/// The bound on a frame that has begun to arrive: a peer that sends part of
+/// a frame and stops is closed, not kept holding what it sent.
+struct FrameTimer {
+    limit: Duration,
+    expiry: Pin<Box<tokio::time::Sleep>>,
+    armed: bool,
+}
+
+impl FrameTimer {
+    fn new(limit: Duration) -> FrameTimer {
+        FrameTimer {
+            limit,
+            expiry: Box::pin(tokio::time::sleep(limit)),
+            armed: false,
+        }
+    }
+}
+
+/// Buffers grown past this by one large frame are given back once it is done,
+/// so an idle connection holds little whatever it sent before.
+const KEEP_BUFFER: usize = 64 * 1024;
+
+fn shrink(buffer: &mut BytesMut) {
+    if buffer.capacity() > KEEP_BUFFER && buffer.len() <= KEEP_BUFFER {
+        *buffer = BytesMut::from(&buffer[..]);
+    }
 }
 
 impl Connection {
     async fn send(&mut self, id: Option<u64>, body: AgentMessage) -> Result<(), ProtocolError> {
-        match self.transport.send(Envelope { id, body }).await {
+        let sent = match self.transport.send(Envelope { id, body }).await {
             Err(ProtocolError::FrameTooLarge(n)) => {
+                // Replies are bounded to fit (SPEC 10), so this is a bug: say so
+                // rather than close.
+                tracing::error!(bytes = n, "a reply exceeded the frame limit");
                 let message = format!("the reply ({n} bytes) exceeds the 1 MiB frame limit");
                 let body = AgentMessage::Error(WireError::new(ErrorCode::Internal, message));
                 self.transport.send(Envelope { id, body }).await
             }
             other => other,
+        };
+        shrink(self.transport.write_buffer_mut());
+        sent
+    }
+
+    /// The next frame, or an error once a frame begun stays unfinished past
+    /// the handshake timeout.
+    fn poll_frame(&mut self, cx: &mut std::task::Context<'_>) -> Poll<Frame> {
+        if let Poll::Ready(frame) = self.transport.poll_next_unpin(cx) {
+            self.frame_timer.armed = false;
+            shrink(self.transport.read_buffer_mut());
+            return Poll::Ready(frame);
         }
+        let timer = &mut self.frame_timer;
+        if self.transport.read_buffer().is_empty() {
+            timer.armed = false;
+            return Poll::Pending;
+        }
+        if !timer.armed {
+            timer.armed = true;
+            let at = tokio::time::Instant::now() + timer.limit;
+            timer.expiry.as_mut().reset(at);
+        }
+        match timer.expiry.as_mut().poll(cx) {
+            Poll::Ready(()) => Poll::Ready(Some(Err(ProtocolError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "a frame was begun and not finished within {}",
+                    humantime::format_duration(timer.limit)
+                ),
+            ))))),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    async fn next_frame(&mut self) -> Frame {
+        std::future::poll_fn(|cx| self.poll_frame(cx)).await
     }
 
     async fn reply_error(&mut self, id: Option<u64>, err: WireError) -> Result<(), ProtocolError> {
         self.send(id, AgentMessage::Error(err)).await
     }
 
-    /// Waits for `hello`; anything else is refused and closes the connection.
+    /// Waits (bounded) for `hello`; anything else is refused and closes the connection.
     async fn handshake(&mut self) -> Result<bool, ProtocolError> {
-        let Some(frame) = self.transport.next().await else {
+        let limit = self.limits.handshake_timeout;
+        let Ok(frame) = tokio::time::timeout(limit, self.next_frame()).await else {
+            let message = format!(
+                "no hello within {}; closing the connection",
+                humantime::format_duration(limit)
+            );
+            tracing::debug!("no hello in time; closing");
+            self.reply_error(None, WireError::new(ErrorCode::BadRequest, message))
+                .await?;
+            return Ok(false);
+        };
+        let Some(frame) = frame else {
             return Ok(false);
         };
         let (id, version) = match frame {
@@ -122,7 +204,8 @@ impl Connection {
                         pid,
                     },
             })) => {
-                tracing::debug!(%client, client_pid = pid, version, "hello");
+                // Debug, not Display: the peer's text is escaped in the log.
+                tracing::debug!(?client, client_pid = pid, version, "hello");
                 (id, version)
             }
             Ok(Ok(Envelope { id, .. })) => {
@@ -159,6 +242,7 @@ impl Connection {
             leases_survive_agent: self.registry.capabilities().survives_agent,
         };
         self.send(id, welcome).await?;
+        self.transport.codec_mut().set_max_frame_len(MAX_FRAME_LEN);
         Ok(true)
     }
 
@@ -166,10 +250,23 @@ impl Connection {
     async fn frame_failed(&mut self, err: ProtocolError) -> Result<(), ProtocolError> {
         if let ProtocolError::FrameTooLarge(n) = err {
             tracing::warn!(bytes = n, "oversized frame; closing");
-            let message =
-                format!("frame of {n} bytes exceeds the 1 MiB limit; closing the connection");
+            let limit = self.transport.codec().max_frame_len();
+            let message = if limit < MAX_FRAME_LEN {
+                format!("a frame of {n} bytes before hello (the limit is {limit}); closing the connection")
+            } else {
+                format!("frame of {n} bytes exceeds the 1 MiB limit; closing the connection")
+            };
             self.reply_error(None, WireError::new(ErrorCode::BadRequest, message))
                 .await?;
+        } else if let ProtocolError::Io(io) = &err {
+            if io.kind() == std::io::ErrorKind::TimedOut {
+                tracing::warn!(error = %io, "unfinished frame; closing");
+                let message = format!("{io}; closing the connection");
+                self.reply_error(None, WireError::new(ErrorCode::BadRequest, message))
+                    .await?;
+            } else {
+                tracing::debug!(error = %err, "connection failed");
+            }
         } else {
             tracing::debug!(error = %err, "connection failed");
         }
@@ -214,9 +311,9 @@ impl Connection {
                     }
                     Some((id, result)) = acquire.done.recv() => {
                         acquire.task = None;
-                        self.send(id, result.map(acquired).unwrap_or_else(AgentMessage::Error)).await?;
+                        self.grant(conn, id, result).await?;
                     }
-                    frame = self.transport.next() => match frame {
+                    frame = self.next_frame() => match frame {
                         None => return Ok(()),
                         Some(Err(err)) => return self.frame_failed(err).await,
                         Some(Ok(Err(bad))) => {
@@ -258,6 +355,44 @@ impl Connection {
         self.registry.close_connection(conn).await;
     }
 
+    /// Answers an `acquire` or `reattach`. A grant whose reply cannot be sent
+    /// is given back, so the peer never holds keys it was not told of.
+    async fn grant(
+        &mut self,
+        conn: ConnId,
+        id: Option<u64>,
+        result: AcquireResult,
+    ) -> Result<(), ProtocolError> {
+        let granted = match result {
+            Ok(granted) => granted,
+            Err(err) => return self.reply_error(id, err).await,
+        };
+        let lease_ids: Vec<String> = granted.leases.iter().map(|l| l.lease_id.clone()).collect();
+        match self
+            .transport
+            .send(Envelope {
+                id,
+                body: acquired(granted),
+            })
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(err) => {
+                let _ = self.registry.release(conn, &lease_ids).await;
+                if let ProtocolError::FrameTooLarge(n) = err {
+                    tracing::error!(bytes = n, "a grant's reply exceeded the frame limit");
+                    let message = format!(
+                        "the reply ({n} bytes) exceeds the 1 MiB frame limit; nothing was taken"
+                    );
+                    return self
+                        .reply_error(id, WireError::new(ErrorCode::Internal, message))
+                        .await;
+                }
+                Err(err)
+            }
+        }
+    }
+
     async fn request(
         &mut self,
         conn: ConnId,
@@ -296,10 +431,8 @@ impl Connection {
                     if req.wait.is_zero() {
                         // Nothing to wait for, so nothing to abandon: no task needed,
                         // and the store write is awaited to its end like any other.
-                        self.registry
-                            .acquire(conn, req, &acquire.cancel)
-                            .await
-                            .map(acquired)
+                        let result = self.registry.acquire(conn, req, &acquire.cancel).await;
+                        return self.grant(conn, id, result).await;
                     } else {
                         acquire.spawn(self.registry.clone(), conn, id, req);
                         return Ok(());
@@ -319,12 +452,15 @@ impl Connection {
                 self.registry.attach(conn, pid, pgid);
                 Ok(AgentMessage::Attached)
             }
-            ClientMessage::List => Ok(AgentMessage::Leases {
-                leases: self.registry.list(),
-            }),
-            ClientMessage::Inspect { key } => {
-                self.registry.inspect(&key).await.map(AgentMessage::Record)
+            ClientMessage::List => {
+                let (leases, omitted) = self.registry.list_for(conn);
+                Ok(AgentMessage::Leases { leases, omitted })
             }
+            ClientMessage::Inspect { key } => self
+                .registry
+                .inspect_for(conn, &key)
+                .await
+                .map(AgentMessage::Record),
             ClientMessage::Reattach { leases, on_lost } => {
                 if acquire.task.is_some() {
                     Err(WireError::new(
@@ -332,10 +468,8 @@ impl Connection {
                         "an acquire is in progress on this connection",
                     ))
                 } else {
-                    self.registry
-                        .reattach(conn, leases, on_lost)
-                        .await
-                        .map(acquired)
+                    let result = self.registry.reattach(conn, leases, on_lost).await;
+                    return self.grant(conn, id, result).await;
                 }
             }
             ClientMessage::Ping => Ok(AgentMessage::Pong),

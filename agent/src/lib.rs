@@ -7,12 +7,14 @@ pub mod backend;
 pub mod config;
 pub mod connection;
 pub mod legacy;
+pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod notify;
 pub mod registry;
 pub mod renewal;
 pub mod server;
+pub mod shown;
 pub mod telemetry;
 
 pub use server::serve;

@@ -5,7 +5,7 @@ use anyhow::Context;
 use clap::Parser;
 use runlock_agent::config::{Args, Command, Config};
 use runlock_agent::registry::{Identity, Policy, Registry};
-use runlock_agent::{backend, listener, metrics, notify, serve, telemetry};
+use runlock_agent::{backend, limits, listener, metrics, notify, serve, telemetry};
 use std::process::ExitCode;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
@@ -101,6 +101,16 @@ async fn run(config: Config) -> Result<(), Stop> {
         );
     }
     let registry = Registry::new(backend, identity.clone(), policy);
+    let descriptors = limits::raise_descriptor_limit().context("raising the descriptor limit")?;
+    let admission = limits::Admission::new(config.limits, descriptors, identity.uid);
+    if let Some(bound) = admission.descriptor_bound() {
+        tracing::warn!(
+            descriptors,
+            connections = bound,
+            configured = config.limits.connections,
+            "the descriptor limit allows fewer connections than [limits] connections (raise LimitNOFILE)"
+        );
+    }
     let permissions = listener::Permissions {
         mode: config.socket_mode,
         group: config.socket_group,
@@ -129,7 +139,7 @@ async fn run(config: Config) -> Result<(), Stop> {
         "runlockd ready"
     );
     let notifier = notify::Notifier::start(&listener, registry.clone(), shutdown.clone());
-    serve(listener, registry.clone(), shutdown).await;
+    serve(listener, registry.clone(), admission, shutdown).await;
     notifier.finish().await;
     Ok(())
 }

@@ -108,6 +108,7 @@ pub struct Metrics {
     cancelled: Counter,
     renewals: [Counter; 3],
     losses: Family<Labels, Counter>,
+    refused: Counter,
     backend: Family<Labels2, Histogram, fn() -> Histogram>,
     /// The `result="ok"` histogram of each operation, the common case.
     backend_ok: [Histogram; OPERATIONS.len()],
@@ -164,6 +165,13 @@ impl Metrics {
             losses.clone(),
         );
 
+        let refused = Counter::default();
+        registry.register(
+            "runlock_connections_refused",
+            "Connections refused as busy because they were over a limit of [limits] or of descriptors",
+            refused.clone(),
+        );
+
         // Failures get their series when they first happen: listing every
         // operation × error up front would bury the exposition in empty buckets.
         let backend = Family::<Labels2, Histogram, fn() -> Histogram>::new_with_constructor(|| {
@@ -188,6 +196,7 @@ impl Metrics {
             cancelled,
             renewals,
             losses,
+            refused,
             backend,
             backend_ok,
         }
@@ -272,6 +281,13 @@ pub fn renewal(result: Renewal) {
 pub fn lost(reason: LostReason) {
     if let Some(metrics) = GLOBAL.get() {
         metrics.lost(reason);
+    }
+}
+
+/// Counts one connection refused as busy.
+pub fn refused() {
+    if let Some(metrics) = GLOBAL.get() {
+        metrics.refused.inc();
     }
 }
 

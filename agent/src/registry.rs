@@ -6,9 +6,11 @@ use crate::backend::{AcquireSpec, Backend, BackendError, Capabilities, Grant, Le
 use crate::legacy::{self, MeltanoSystemDb};
 use crate::renewal::deadline;
 use crate::renewal::Renewals;
+use crate::shown::{self, Viewer};
+use runlock_protocol::types::MAX_KEY_LEN;
 use runlock_protocol::{
     AgentMessage, ErrorCode, Holder, Key, KeyRecord, Lease, LeaseInfo, LostReason, OnLost,
-    OnUnavailable, WireError,
+    OnUnavailable, WireError, MAX_COMMAND_LEN, MAX_FRAME_LEN, MAX_KEYS_PER_REQUEST,
 };
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -269,6 +271,15 @@ fn bad_request(message: impl Into<String>) -> WireError {
     WireError::new(ErrorCode::BadRequest, message)
 }
 
+/// The key, or `invalid_key` naming the rule it breaks; the key is echoed
+/// cut to the longest valid length, so the error fits a frame.
+fn valid_key(key: &str) -> Result<Key, WireError> {
+    Key::new(key).map_err(|e| WireError {
+        key: Some(shown::cut(key, MAX_KEY_LEN)),
+        ..WireError::new(ErrorCode::InvalidKey, e.to_string())
+    })
+}
+
 impl Registry {
     /// A registry over `backend`; starts the renewal scheduler on the current runtime.
     pub fn new(backend: Arc<dyn Backend>, identity: Identity, policy: Policy) -> Arc<Registry> {
@@ -410,6 +421,20 @@ impl Registry {
             .ok_or_else(|| WireError::new(ErrorCode::Internal, "connection is closing"))
     }
 
+    /// How the connection's peer sees holders.
+    fn viewer(&self, conn: ConnId) -> Viewer {
+        let state = self.state();
+        let c = state.conns.get(&conn);
+        Viewer {
+            uid: c.map_or(u32::MAX, |c| c.peer.uid),
+            may_override: c.is_some_and(|c| c.may_override),
+        }
+    }
+
+    fn show(&self, holder: &Holder, viewer: Viewer) -> Holder {
+        shown::holder(holder, viewer, &self.identity.host)
+    }
+
     fn forbidden(&self, peer: PeerCred, what: &str) -> WireError {
         WireError::new(
             ErrorCode::Forbidden,
@@ -440,13 +465,15 @@ impl Registry {
         req: AcquireRequest,
         cancel: &CancellationToken,
     ) -> Result<Granted, WireError> {
+        if req.keys.len() > MAX_KEYS_PER_REQUEST {
+            return Err(bad_request(format!(
+                "acquire names {} keys; at most {MAX_KEYS_PER_REQUEST} may be taken at once",
+                req.keys.len()
+            )));
+        }
         let mut keys = Vec::with_capacity(req.keys.len());
         for key in &req.keys {
-            let key = Key::new(key.clone()).map_err(|e| WireError {
-                key: Some(key.clone()),
-                ..WireError::new(ErrorCode::InvalidKey, e.to_string())
-            })?;
-            keys.push(key);
+            keys.push(valid_key(key)?);
         }
         // Every agent takes keys in the same order, so multi-key runs cannot deadlock.
         keys.sort();
@@ -479,7 +506,7 @@ impl Registry {
             uid: peer.uid,
             gid: peer.gid,
             user,
-            command: req.command.clone(),
+            command: shown::cut(&req.command, MAX_COMMAND_LEN),
             acquired_at_ms: 0,
             token: 0,
         };
@@ -529,11 +556,14 @@ impl Registry {
             ttl: Duration::ZERO,
             valid_until: None,
         };
+        if leases.len() > MAX_KEYS_PER_REQUEST {
+            return Err(bad_request(format!(
+                "reattach names {} leases; at most {MAX_KEYS_PER_REQUEST} may be adopted at once",
+                leases.len()
+            )));
+        }
         for lease in leases {
-            let key = Key::new(lease.key.clone()).map_err(|e| WireError {
-                key: Some(lease.key.clone()),
-                ..WireError::new(ErrorCode::InvalidKey, e.to_string())
-            })?;
+            let key = valid_key(&lease.key)?;
             if self.state().leases.contains_key(&lease.lease_id) {
                 return Err(bad_request(format!(
                     "lease {} is already held through this agent",
@@ -692,6 +722,8 @@ impl Registry {
                 err.key = Some(key.to_string());
                 err.holder = last_holder;
                 legacy::explain(&mut err);
+                let viewer = self.viewer(conn);
+                err.holder = err.holder.map(|h| Box::new(self.show(&h, viewer)));
                 return Err(err);
             }
             // A local release wakes us at once; polling finds holders on other agents.
@@ -850,10 +882,7 @@ impl Registry {
 
     /// Breaks whoever holds `key`, on this agent or another sharing the backend.
     pub async fn break_key(&self, conn: ConnId, key: &str) -> Result<u32, WireError> {
-        let key = Key::new(key).map_err(|e| WireError {
-            key: Some(key.to_string()),
-            ..WireError::new(ErrorCode::InvalidKey, e.to_string())
-        })?;
+        let key = valid_key(key)?;
         let (peer, user, may_override) = self.peer(conn)?;
         if !may_override {
             return Err(self.forbidden(peer, "release another's lock"));
@@ -933,12 +962,16 @@ impl Registry {
         crate::metrics::lost(reason);
         let grace = runlock_protocol::kill_grace(lease.ttl);
         if let Some((events, peer, child, on_lost)) = notice {
+            let viewer = Viewer {
+                uid: peer.uid,
+                may_override: false,
+            };
             let _ = events.send(AgentMessage::Lost {
                 lease_id: lease_id.to_string(),
                 key: lease.key.to_string(),
                 reason,
                 message,
-                holder,
+                holder: holder.map(|h| self.show(&h, viewer)),
             });
             // The shim acts on `lost` itself; only when it is gone does the agent act for it.
             if let Some((_, pgid)) = child.filter(|_| !process_alive(peer.pid)) {
@@ -980,7 +1013,10 @@ impl Registry {
                 LostReason::Forced,
                 format!(
                     "taken over by {}@{} (pid {}, token {})",
-                    h.user, h.host, h.pid, h.token
+                    shown::cut(&h.user, 256),
+                    shown::cut(&h.host, 256),
+                    h.pid,
+                    h.token
                 ),
                 Some(h),
             ),
@@ -1032,12 +1068,46 @@ impl Registry {
         leases
     }
 
+    /// The leases held through this agent as the connection's peer may see
+    /// them, as many as fit one reply; and how many were left out.
+    pub fn list_for(&self, conn: ConnId) -> (Vec<LeaseInfo>, u32) {
+        // Field names, lease id and integers of one entry take less than this.
+        const ENTRY_OVERHEAD: usize = 320;
+        let viewer = self.viewer(conn);
+        let mut room = MAX_FRAME_LEN - 4096;
+        let mut shown = Vec::new();
+        let all = self.list();
+        let total = all.len();
+        for mut lease in all {
+            lease.holder = self.show(&lease.holder, viewer);
+            let h = &lease.holder;
+            let size = ENTRY_OVERHEAD
+                + lease.key.len()
+                + h.host.len()
+                + h.agent_id.len()
+                + h.user.len()
+                + h.command.len();
+            if size > room {
+                break;
+            }
+            room -= size;
+            shown.push(lease);
+        }
+        let omitted = u32::try_from(total - shown.len()).unwrap_or(u32::MAX);
+        (shown, omitted)
+    }
+
+    /// The backend's record of a key, as the connection's peer may see it.
+    pub async fn inspect_for(&self, conn: ConnId, key: &str) -> Result<KeyRecord, WireError> {
+        let mut record = self.inspect(key).await?;
+        let viewer = self.viewer(conn);
+        record.holder = record.holder.map(|h| self.show(&h, viewer));
+        Ok(record)
+    }
+
     /// The backend's record of a key.
     pub async fn inspect(&self, key: &str) -> Result<KeyRecord, WireError> {
-        let key = Key::new(key).map_err(|e| WireError {
-            key: Some(key.to_string()),
-            ..WireError::new(ErrorCode::InvalidKey, e.to_string())
-        })?;
+        let key = valid_key(key)?;
         self.backend
             .inspect(&key)
             .await

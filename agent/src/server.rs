@@ -1,20 +1,38 @@
-//! The accept loop: one task per connection, tracked so that shutdown can
-//! tell each peer and wait (bounded) for them to finish.
+//! The accept loop: one task per admitted connection, tracked so that shutdown
+//! can tell each peer and wait (bounded) for them to finish; a connection over
+//! the limits is told the agent is busy and closed.
 
 use crate::connection::serve_connection;
-use crate::registry::Registry;
+use crate::limits::{Admission, Ticket};
+use crate::registry::{PeerCred, Registry};
+use futures::SinkExt;
+use runlock_protocol::{AgentCodec, AgentMessage, Envelope, ErrorCode, WireError};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::UnixListener;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// How long shutdown waits for connections to finish.
 const DRAIN: Duration = Duration::from_secs(5);
+/// Refusals in progress at once; past this a connection is closed unanswered,
+/// so a flood of connects cannot turn refusals into a cost of their own.
+const MAX_REFUSING: usize = 64;
+/// How long a refused peer has to read its answer before the close.
+const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 
 /// Serves `listener` until `shutdown` is cancelled.
-pub async fn serve(listener: UnixListener, registry: Arc<Registry>, shutdown: CancellationToken) {
+pub async fn serve(
+    listener: UnixListener,
+    registry: Arc<Registry>,
+    admission: Arc<Admission>,
+    shutdown: CancellationToken,
+) {
     let tracker = TaskTracker::new();
+    let refusing = Arc::new(AtomicUsize::new(0));
     loop {
         let stream = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -28,11 +46,37 @@ pub async fn serve(listener: UnixListener, registry: Arc<Registry>, shutdown: Ca
                 }
             },
         };
-        tracker.spawn(serve_connection(
-            stream,
-            registry.clone(),
-            shutdown.child_token(),
-        ));
+        let peer = match peer_cred(&stream) {
+            Ok(peer) => peer,
+            Err(err) => {
+                tracing::warn!(error = %err, "cannot read peer credentials; closing");
+                continue;
+            }
+        };
+        match admission.admit(peer.uid) {
+            Ok(ticket) => {
+                tracker.spawn(admitted(
+                    stream,
+                    peer,
+                    ticket,
+                    registry.clone(),
+                    shutdown.child_token(),
+                ));
+            }
+            Err(limit) => {
+                crate::metrics::refused();
+                tracing::warn!(uid = peer.uid, pid = peer.pid, %limit, "agent busy; refusing a connection");
+                if refusing.fetch_add(1, Ordering::Relaxed) < MAX_REFUSING {
+                    let refusing = refusing.clone();
+                    tokio::spawn(async move {
+                        refuse(stream, limit).await;
+                        refusing.fetch_sub(1, Ordering::Relaxed);
+                    });
+                } else {
+                    refusing.fetch_sub(1, Ordering::Relaxed);
+                }
+            }
+        }
     }
     drop(listener);
     tracker.close();
@@ -42,4 +86,53 @@ pub async fn serve(listener: UnixListener, registry: Arc<Registry>, shutdown: Ca
             "connections still open after the drain period"
         );
     }
+}
+
+async fn admitted(
+    stream: UnixStream,
+    peer: PeerCred,
+    ticket: Ticket,
+    registry: Arc<Registry>,
+    shutdown: CancellationToken,
+) {
+    serve_connection(stream, peer, ticket.limits(), registry, shutdown).await;
+    drop(ticket);
+}
+
+fn peer_cred(stream: &UnixStream) -> std::io::Result<PeerCred> {
+    let cred = stream.peer_cred()?;
+    Ok(PeerCred {
+        pid: cred.pid().unwrap_or(0) as u32,
+        uid: cred.uid(),
+        gid: cred.gid(),
+    })
+}
+
+/// Tells a peer over the limits why, before it has said anything (so that
+/// it learns the agent is there and busy, not gone), then closes.
+async fn refuse(stream: UnixStream, limit: String) {
+    let mut transport = Framed::new(stream, AgentCodec::new());
+    let busy = WireError::new(ErrorCode::Unavailable, format!("agent busy: {limit}"));
+    let told = tokio::time::timeout(
+        REFUSAL_LINGER,
+        transport.send(Envelope::event(AgentMessage::Error(busy))),
+    );
+    if !matches!(told.await, Ok(Ok(()))) {
+        return;
+    }
+    // Closing with the peer's hello unread would reset the connection, and a
+    // reset may reach the peer before our answer: read what it sends, briefly.
+    let mut stream = transport.into_inner();
+    let _ = stream.shutdown().await;
+    let mut sink = [0u8; 1024];
+    let drained = async {
+        let mut left = crate::limits::HELLO_FRAME_LEN;
+        while left > 0 {
+            match stream.read(&mut sink).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => left = left.saturating_sub(n),
+            }
+        }
+    };
+    let _ = tokio::time::timeout(REFUSAL_LINGER, drained).await;
 }

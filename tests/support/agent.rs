@@ -311,7 +311,7 @@ impl TestAgent {
         let deadline = Deadline::new(WAIT, format!("the agent to know child {child_pid}"));
         loop {
             match client.call(ClientMessage::List).await? {
-                AgentMessage::Leases { leases } => {
+                AgentMessage::Leases { leases, .. } => {
                     if leases.iter().any(|l| l.child_pid == Some(child_pid)) {
                         return Ok(());
                     }

@@ -10,7 +10,12 @@ use std::process::ExitCode;
 pub async fn run(socket: &Path, json: bool) -> Result<ExitCode, Failure> {
     let mut client = Client::connect(socket).await?;
     let leases = match client.call(ClientMessage::List).await {
-        Ok(AgentMessage::Leases { leases }) => leases,
+        Ok(AgentMessage::Leases { leases, omitted }) => {
+            if omitted > 0 {
+                eprintln!("runlock: {omitted} more leases are held than one reply lists");
+            }
+            leases
+        }
         Ok(other) => return Err(unexpected("list", &other)),
         Err(err) => return Err(err.into_failure("listing leases")),
     };

@@ -1,0 +1,194 @@
+//! How much of the agent one peer may take: connections in all and per user,
+//! the time it has to say hello or finish a frame, and the descriptors kept
+//! back for the backend. A peer over a limit is told the agent is busy and
+//! which limit it hit; it never makes the agent fail another user's request.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The operator's limits (`[limits]` in the configuration file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Connections from users other than root and the agent's own, in all.
+    pub connections: usize,
+    /// Connections from any one such user.
+    pub connections_per_user: usize,
+    /// How long a peer has to send `hello`, and to finish a frame it began.
+    pub handshake_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            connections: 1024,
+            connections_per_user: 128,
+            handshake_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// The largest frame read before `hello`: a hello is a few dozen bytes.
+pub const HELLO_FRAME_LEN: usize = 4096;
+/// Descriptors kept back from connections: the backend's sockets and files,
+/// the listener, refusals, logs.
+pub const DESCRIPTOR_HEADROOM: usize = 256;
+
+/// Raises the soft descriptor limit to the hard one; returns the soft limit
+/// now in force.
+pub fn raise_descriptor_limit() -> std::io::Result<u64> {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    if soft < hard {
+        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    }
+    Ok(hard.max(soft))
+}
+
+/// Counts connections and decides, at accept, whether one more may be served.
+pub struct Admission {
+    limits: Limits,
+    /// Connections of every user together, privileged ones included, may not
+    /// use the descriptors the backend needs.
+    descriptor_cap: usize,
+    privileged: [u32; 2],
+    counts: Mutex<Counts>,
+}
+
+#[derive(Default)]
+struct Counts {
+    all: usize,
+    unprivileged: usize,
+    by_uid: HashMap<u32, usize>,
+}
+
+/// One admitted connection; dropping it frees its place.
+pub struct Ticket {
+    admission: Arc<Admission>,
+    uid: u32,
+    privileged: bool,
+}
+
+impl Admission {
+    /// Admission under `limits`, with `descriptors` the soft descriptor limit;
+    /// root and `agent_uid` are privileged (not counted against the user caps).
+    pub fn new(limits: Limits, descriptors: u64, agent_uid: u32) -> Arc<Admission> {
+        let descriptors = usize::try_from(descriptors).unwrap_or(usize::MAX);
+        let descriptor_cap = descriptors.saturating_sub(DESCRIPTOR_HEADROOM).max(1);
+        Arc::new(Admission {
+            limits,
+            descriptor_cap,
+            privileged: [0, agent_uid],
+            counts: Mutex::new(Counts::default()),
+        })
+    }
+
+    /// The connection limit the descriptors leave, when it is below the
+    /// configured one (worth a warning at start).
+    pub fn descriptor_bound(&self) -> Option<usize> {
+        (self.descriptor_cap < self.limits.connections).then_some(self.descriptor_cap)
+    }
+
+    /// A place for a connection of `uid`, or which limit it would break.
+    pub fn admit(self: &Arc<Self>, uid: u32) -> Result<Ticket, String> {
+        let privileged = self.privileged.contains(&uid);
+        // invariant: nothing panics while holding this lock
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if counts.all >= self.descriptor_cap {
+            return Err(format!(
+                "{} connections use every descriptor the agent may spend on them (raise LimitNOFILE)",
+                counts.all
+            ));
+        }
+        if !privileged {
+            let mine = counts.by_uid.get(&uid).copied().unwrap_or(0);
+            if mine >= self.limits.connections_per_user {
+                return Err(format!(
+                    "uid {uid} has {mine} connections open, the most one user may have \
+                     (limits.connections_per_user)"
+                ));
+            }
+            if counts.unprivileged >= self.limits.connections {
+                return Err(format!(
+                    "{} connections are open, the most the agent serves (limits.connections)",
+                    counts.unprivileged
+                ));
+            }
+            counts.unprivileged += 1;
+            *counts.by_uid.entry(uid).or_default() += 1;
+        }
+        counts.all += 1;
+        Ok(Ticket {
+            admission: self.clone(),
+            uid,
+            privileged,
+        })
+    }
+}
+
+impl Ticket {
+    /// The limits in force.
+    pub fn limits(&self) -> Limits {
+        self.admission.limits
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut counts = self
+            .admission
+            .counts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        counts.all -= 1;
+        if !self.privileged {
+            counts.unprivileged -= 1;
+            if let Some(n) = counts.by_uid.get_mut(&self.uid) {
+                *n -= 1;
+                if *n == 0 {
+                    counts.by_uid.remove(&self.uid);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(connections: usize, per_user: usize) -> Limits {
+        Limits {
+            connections,
+            connections_per_user: per_user,
+            ..Limits::default()
+        }
+    }
+
+    #[test]
+    fn one_user_cannot_take_every_place() {
+        let admission = Admission::new(limits(3, 2), 10_000, 999);
+        let a = admission.admit(1000).expect("first");
+        let _b = admission.admit(1000).expect("second");
+        let err = admission.admit(1000).err().expect("third refused");
+        assert!(err.contains("connections_per_user"), "{err}");
+        let _c = admission.admit(1001).expect("another user");
+        let err = admission.admit(1002).err().expect("all taken");
+        assert!(err.contains("limits.connections"), "{err}");
+        // Root and the agent's user are never refused for the users' caps.
+        let _root = admission.admit(0).expect("root");
+        let _agent = admission.admit(999).expect("agent user");
+        drop(a);
+        admission.admit(1000).expect("a place was freed");
+    }
+
+    #[test]
+    fn descriptors_bound_everyone() {
+        let admission = Admission::new(limits(1024, 128), DESCRIPTOR_HEADROOM as u64 + 2, 999);
+        assert_eq!(admission.descriptor_bound(), Some(2));
+        let _a = admission.admit(0).expect("first");
+        let _b = admission.admit(0).expect("second");
+        let err = admission.admit(0).err().expect("no descriptor left");
+        assert!(err.contains("LimitNOFILE"), "{err}");
+    }
+}
