@@ -19,4 +19,5 @@ mod meltano_e2e;
 mod metrics;
 mod restart;
 mod scenarios;
+mod shim_trust;
 mod systemd;

@@ -93,7 +93,38 @@ impl From<OnLostArg> for runlock_protocol::OnLost {
     }
 }
 
+/// A duration the protocol can carry: whole milliseconds in a u64 (a longer
+/// one is refused here, so that it cannot wrap to a short one on the wire).
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text)
-        .map_err(|e| format!("{e} (write durations like 500ms, 30s, 10m)"))
+    let duration = humantime::parse_duration(text)
+        .map_err(|e| format!("{e} (write durations like 500ms, 30s, 10m)"))?;
+    match u64::try_from(duration.as_millis()) {
+        Ok(_) => Ok(duration),
+        Err(_) => Err(format!(
+            "too long: the protocol carries at most {}ms",
+            u64::MAX
+        )),
+    }
+}
+
+/// A parsed duration in the wire's milliseconds.
+pub fn millis(duration: Duration) -> u64 {
+    // invariant: parse_duration refused every duration whose milliseconds overflow
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_duration_the_wire_cannot_carry_is_refused_not_wrapped() {
+        let max = Duration::from_millis(u64::MAX);
+        assert_eq!(
+            parse_duration(&humantime::format_duration(max).to_string()),
+            Ok(max)
+        );
+        let over = parse_duration("584542046years 33days 2h 26min 21s 616ms");
+        assert!(over.is_err_and(|why| why.contains("too long")));
+    }
 }

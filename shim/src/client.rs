@@ -1,6 +1,7 @@
 //! A connection to the agent: connect, `hello`, and requests matched to their
 //! replies by id, with events set aside for whoever wants them.
 
+use crate::display;
 use crate::exit::{self, Failure};
 use futures::{SinkExt, StreamExt};
 use runlock_protocol::{
@@ -8,11 +9,14 @@ use runlock_protocol::{
     WireError, PROTOCOL_VERSION,
 };
 use std::collections::VecDeque;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 use tokio::net::UnixStream;
 use tokio_util::codec::Framed;
 
 pub struct Client {
+    /// Where the agent listens, for messages.
+    socket: PathBuf,
     pub transport: Framed<UnixStream, ShimCodec>,
     next_id: u64,
     /// Events that arrived while waiting for a reply.
@@ -34,25 +38,70 @@ pub enum CallError {
 impl CallError {
     pub fn into_failure(self, what: &str) -> Failure {
         match self {
-            CallError::Agent(err) => Failure::new(exit::for_error(err.code), err.message),
+            CallError::Agent(err) => {
+                Failure::new(exit::for_error(err.code), display::escape(&err.message))
+            }
             CallError::Gone(why) => Failure::new(exit::EXIT_UNAVAILABLE, format!("{what}: {why}")),
         }
     }
 }
 
+/// How long the agent has to accept a connection and answer `hello`, and to
+/// answer a request that does not wait for keys or touch the backend: a live
+/// agent does both at once, so past this it is stopped or overloaded.
+pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the agent has to answer a request that reads or writes the
+/// backend (`inspect`, breaking a lease): it bounds each backend operation at
+/// 5 s itself and may need a few, so this leaves it room to say why it failed.
+pub const BACKEND_ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Why there is no connection to the agent.
+#[derive(Debug)]
+pub enum ConnectError {
+    /// No agent answered: none listens there, the connection failed, or it
+    /// stayed silent past [`ANSWER_TIMEOUT`]. `on_unavailable` applies.
+    Unreachable(Failure),
+    /// An agent answered `hello` with an error (at its limits, or not
+    /// speaking our version), or with nonsense. It was reached and said no,
+    /// so this is never a reason to run without a lock: otherwise any member
+    /// of the socket group could unlock other users' runs by filling the
+    /// agent's connection limits.
+    Refused(Failure),
+}
+
+impl From<ConnectError> for Failure {
+    fn from(err: ConnectError) -> Failure {
+        match err {
+            ConnectError::Unreachable(failure) | ConnectError::Refused(failure) => failure,
+        }
+    }
+}
+
 impl Client {
-    /// Connects and says hello; an unreachable agent is `unavailable` (69).
-    pub async fn connect(socket: &Path) -> Result<Client, Failure> {
-        let stream = UnixStream::connect(socket).await.map_err(|err| {
-            Failure::new(
+    /// Connects and says hello, within [`ANSWER_TIMEOUT`].
+    pub async fn connect(socket: &Path) -> Result<Client, ConnectError> {
+        tokio::time::timeout(ANSWER_TIMEOUT, Client::handshake(socket))
+            .await
+            .unwrap_or_else(|_| {
+                let why = silent(socket, ANSWER_TIMEOUT);
+                let failure = Failure::new(exit::EXIT_UNAVAILABLE, why);
+                Err(ConnectError::Unreachable(failure))
+            })
+    }
+
+    async fn handshake(socket: &Path) -> Result<Client, ConnectError> {
+        let unreachable = |why: String| {
+            ConnectError::Unreachable(Failure::new(
                 exit::EXIT_UNAVAILABLE,
-                format!(
-                    "cannot reach the agent at {}: {err} (is runlockd running?)",
-                    socket.display()
-                ),
-            )
-        })?;
+                format!("cannot reach the agent at {}: {why}", socket.display()),
+            ))
+        };
+        let stream = connect_stream(socket)
+            .await
+            .map_err(|err| unreachable(format!("{err} (is runlockd running?)")))?;
         let mut client = Client {
+            socket: socket.to_path_buf(),
             transport: Framed::new(stream, ShimCodec::new()),
             next_id: 1,
             events: VecDeque::new(),
@@ -64,22 +113,56 @@ impl Client {
             client: concat!("runlock ", env!("CARGO_PKG_VERSION")).to_string(),
             pid: std::process::id(),
         };
-        match client.call(hello).await {
-            Ok(AgentMessage::Welcome {
-                on_unavailable,
-                leases_survive_agent,
-                ..
-            }) => {
-                client.on_unavailable = on_unavailable;
-                client.leases_survive_agent = leases_survive_agent;
-                Ok(client)
-            }
-            Ok(other) => Err(Failure::new(
-                exit::EXIT_SOFTWARE,
-                format!("unexpected answer to hello: {other:?}"),
-            )),
-            Err(err) => {
-                Err(err.into_failure("the agent closed the connection during the handshake"))
+        // An agent at its limits says so and closes before it reads anything,
+        // so hello may find the socket closed with that answer waiting to be read.
+        let sent = client.send(hello).await.err();
+        let sent = sent.map(|err| err.into_failure("sending hello").message);
+        let refused =
+            |code: u8, message: String| ConnectError::Refused(Failure::new(code, message));
+        loop {
+            match client.transport.next().await {
+                Some(Ok(Ok(Envelope {
+                    body:
+                        AgentMessage::Welcome {
+                            on_unavailable,
+                            leases_survive_agent,
+                            ..
+                        },
+                    ..
+                }))) => {
+                    client.on_unavailable = on_unavailable;
+                    client.leases_survive_agent = leases_survive_agent;
+                    return Ok(client);
+                }
+                // Whether or not it carries hello's id, nothing but hello can be answered yet.
+                Some(Ok(Ok(Envelope {
+                    body: AgentMessage::Error(err),
+                    ..
+                }))) => {
+                    let message = format!(
+                        "the agent at {} refused the connection: {}",
+                        socket.display(),
+                        display::escape(&err.message)
+                    );
+                    return Err(refused(exit::for_error(err.code), message));
+                }
+                Some(Ok(Ok(Envelope { id: None, .. }))) => {} // an event: nothing to act on yet
+                Some(Ok(Ok(Envelope { body, .. }))) => {
+                    return Err(ConnectError::Refused(unexpected("hello", &body)))
+                }
+                Some(Ok(Err(bad))) => {
+                    let message = format!(
+                        "cannot decode the agent's answer to hello: {}",
+                        display::escape(&bad.reason)
+                    );
+                    return Err(refused(exit::EXIT_SOFTWARE, message));
+                }
+                // Without an answer, why hello could not be sent says most.
+                Some(Err(err)) => return Err(unreachable(sent.unwrap_or_else(|| describe(&err)))),
+                None => {
+                    let closed = "the agent closed the connection during the handshake";
+                    return Err(unreachable(sent.unwrap_or_else(|| closed.into())));
+                }
             }
         }
     }
@@ -104,7 +187,7 @@ impl Client {
                 Some(Ok(Err(bad))) => {
                     return Err(CallError::Gone(format!(
                         "cannot decode the agent's message: {}",
-                        bad.reason
+                        display::escape(&bad.reason)
                     )))
                 }
                 Some(Ok(Ok(Envelope {
@@ -127,6 +210,35 @@ impl Client {
         let id = self.send(body).await?;
         self.reply(id).await
     }
+
+    /// Like [`Client::call`], for a request that must be answered within `limit`.
+    pub async fn call_within(
+        &mut self,
+        limit: Duration,
+        body: ClientMessage,
+    ) -> Result<AgentMessage, CallError> {
+        let call = self.call(body);
+        match tokio::time::timeout(limit, call).await {
+            Ok(result) => result,
+            Err(_) => Err(CallError::Gone(silent(&self.socket, limit))),
+        }
+    }
+}
+
+/// Connects to `socket`. A full listen queue (`EAGAIN` on a Unix socket) is
+/// an agent slow to accept, not a missing one, so it is retried; the caller
+/// bounds the whole handshake.
+async fn connect_stream(socket: &Path) -> std::io::Result<UnixStream> {
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match UnixStream::connect(socket).await {
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_millis(200));
+            }
+            result => return result,
+        }
+    }
 }
 
 pub fn describe(err: &ProtocolError) -> String {
@@ -136,25 +248,35 @@ pub fn describe(err: &ProtocolError) -> String {
     }
 }
 
+/// What the shim says of an agent that stayed silent for `limit`.
+fn silent(socket: &Path, limit: Duration) -> String {
+    format!(
+        "the agent at {} did not answer within {}s (is runlockd stopped or overloaded?)",
+        socket.display(),
+        limit.as_secs()
+    )
+}
+
 /// An unexpected reply type, as a failure.
 pub fn unexpected(what: &str, got: &AgentMessage) -> Failure {
+    let got = format!("{got:?}");
     Failure::new(
         exit::EXIT_SOFTWARE,
-        format!("unexpected reply to {what}: {got:?}"),
+        format!("unexpected reply to {what}: {}", display::escape(&got)),
     )
 }
 
 /// `held`/`timeout` failures print who holds the key.
 pub fn describe_wire_error(err: &WireError) -> String {
-    let mut text = err.message.clone();
+    let mut text = display::escape(&err.message).into_owned();
     if let (ErrorCode::Held | ErrorCode::Timeout, Some(h)) = (err.code, &err.holder) {
         text.push_str(&format!(
             "\n  host:    {}\n  pid:     {}\n  user:    {} (uid {})\n  command: {}\n  since:   {}\n  token:   {}",
-            h.host,
+            display::escape(&h.host),
             h.pid,
-            h.user,
+            display::escape(&h.user),
             h.uid,
-            h.command,
+            display::escape(&h.command),
             crate::format::since(h.acquired_at_ms),
             h.token
         ));

@@ -2,8 +2,15 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// An epoch-milliseconds instant as RFC 3339 (UTC).
+/// The last instant RFC 3339 can write (9999-12-31T23:59:59.999Z), in epoch milliseconds.
+const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
+
+/// An epoch-milliseconds instant as RFC 3339 (UTC); one past the year 9999
+/// (which humantime refuses to format) as its raw number.
 pub fn rfc3339(ms: u64) -> String {
+    if ms > LAST_RFC3339_MS {
+        return format!("{ms}ms after the epoch");
+    }
     humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
 }
 
@@ -17,5 +24,17 @@ pub fn since(ms: u64) -> String {
             humantime::format_duration(Duration::from_secs(ago.as_secs()))
         ),
         Err(_) => rfc3339(ms),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn instants_past_the_year_9999_are_shown_not_panicked_on() {
+        assert_eq!(rfc3339(LAST_RFC3339_MS), "9999-12-31T23:59:59.999Z");
+        assert_eq!(rfc3339(u64::MAX), format!("{}ms after the epoch", u64::MAX));
+        assert!(since(u64::MAX).starts_with(&u64::MAX.to_string()));
     }
 }

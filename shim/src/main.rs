@@ -3,6 +3,7 @@
 mod cli;
 mod client;
 mod commands;
+mod display;
 mod exit;
 mod format;
 mod host_config;

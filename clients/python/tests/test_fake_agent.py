@@ -8,13 +8,14 @@ import queue
 import socket
 import struct
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Dict
 
 import pytest
 
 import runlock
-from runlock import _wire
+from runlock import _connection, _wire
 
 BOUND_S = 10.0
 
@@ -137,5 +138,77 @@ def test_unsupported_version_is_a_protocol_error(tmp_path: Path) -> None:
     thread.start()
     with pytest.raises(runlock.ProtocolError):
         runlock.status(socket=path)
+    thread.join(BOUND_S)
+    listener.close()
+
+
+def listen(path: str) -> socket.socket:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)
+    return listener
+
+
+def test_an_agent_at_its_limits_refuses_and_that_is_not_an_outage(tmp_path: Path) -> None:
+    # The agent's "busy": one error without id, sent before it reads anything, then close.
+    path = str(tmp_path / "fake.sock")
+    listener = listen(path)
+    busy = {"type": "error", "code": "unavailable", "message": "agent busy: 64 connections"}
+
+    def run() -> None:
+        for _ in range(2):
+            conn, _ = listener.accept()
+            with conn:
+                send(conn, busy)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    for attempt in (lambda: runlock.status(socket=path), lambda: runlock.lock("k", socket=path)):
+        with pytest.raises(runlock.Unavailable) as caught:
+            attempt()
+        assert caught.value.code == "unavailable"  # the agent's answer: a refusal, not unreachable
+        assert "refused the connection: agent busy: 64 connections" in caught.value.message
+    thread.join(BOUND_S)
+    listener.close()
+
+
+def test_an_agent_that_never_answers_is_unavailable_within_the_bound(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "fake.sock")
+    listener = listen(path)  # never accepts: the kernel completes the connect anyway
+    monkeypatch.setattr(_connection, "HANDSHAKE_TIMEOUT_S", 0.5)
+    started = time.monotonic()
+    with pytest.raises(runlock.Unavailable) as caught:
+        runlock.status(socket=path)
+    assert time.monotonic() - started < BOUND_S
+    assert caught.value.code is None
+    assert caught.value.message.startswith(f"the agent at {path} did not answer within 0.5s")
+    listener.close()
+
+
+def test_an_agent_trickling_bytes_is_bound_by_the_whole_handshake(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = str(tmp_path / "fake.sock")
+    listener = listen(path)
+    done = threading.Event()
+
+    def run() -> None:
+        conn, _ = listener.accept()
+        with conn:
+            read(conn)
+            conn.sendall(struct.pack(">I", 100))
+            # One byte per 0.2 s never trips a per-read timeout of 0.5 s.
+            while not done.wait(0.2):
+                conn.sendall(b"\x00")
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    monkeypatch.setattr(_connection, "HANDSHAKE_TIMEOUT_S", 0.5)
+    with pytest.raises(runlock.Unavailable) as caught:
+        runlock.status(socket=path)
+    done.set()
+    assert "did not answer within 0.5s" in caught.value.message
     thread.join(BOUND_S)
     listener.close()

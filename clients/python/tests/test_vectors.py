@@ -192,6 +192,24 @@ def test_oversized_frames_are_refused_both_ways() -> None:
             _wire.read_frame(right)
 
 
+def test_strings_go_in_the_str_family_and_bytes_are_refused() -> None:
+    # SPEC 3.2: str, never bin. 80 bytes of UTF-8 take str 8 (d9), not bin 8 (c4).
+    body = _wire.encode_body({"type": "inspect", "key": "\u00e9" * 40})
+    assert b"\xd9\x50" + "\u00e9".encode() * 40 in body and b"\xc4" not in body
+    for bad in [b"k", bytearray(b"k"), 1.5, -1, 1 << 64, {1: "x"}]:
+        with pytest.raises(ValueError):
+            _wire.encode_body({"type": "inspect", "key": bad})
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), float("nan"), 18446744073709552.0])
+def test_a_duration_the_wire_cannot_carry_is_refused_before_connecting(seconds: float) -> None:
+    # No agent at this socket: the ValueError shows nothing was sent.
+    with pytest.raises(ValueError):
+        runlock.lock("k", ttl=seconds, socket="/nonexistent/agent.sock")
+    with pytest.raises(ValueError):
+        runlock.lock("k", wait=seconds, socket="/nonexistent/agent.sock")
+
+
 def test_truncated_frame_is_a_protocol_error() -> None:
     left, right = socket.socketpair()
     with left, right:

@@ -1,6 +1,7 @@
 //! `runlock inspect KEY [--json]`: the backend's record of one key.
 
-use crate::client::{unexpected, Client};
+use crate::client::{unexpected, Client, BACKEND_ANSWER_TIMEOUT};
+use crate::display::escape;
 use crate::exit::Failure;
 use crate::format;
 use runlock_protocol::{AgentMessage, ClientMessage, Holder, KeyState, Scope};
@@ -32,12 +33,10 @@ fn state_name(state: KeyState) -> &'static str {
 pub async fn run(socket: &Path, key: &str, json: bool) -> Result<ExitCode, Failure> {
     super::valid_key(key)?;
     let mut client = Client::connect(socket).await?;
-    let record = match client
-        .call(ClientMessage::Inspect {
-            key: key.to_string(),
-        })
-        .await
-    {
+    let request = ClientMessage::Inspect {
+        key: key.to_string(),
+    };
+    let record = match client.call_within(BACKEND_ANSWER_TIMEOUT, request).await {
         Ok(AgentMessage::Record(record)) => record,
         Ok(other) => return Err(unexpected("inspect", &other)),
         Err(err) => return Err(err.into_failure("inspecting")),
@@ -59,15 +58,15 @@ pub async fn run(socket: &Path, key: &str, json: bool) -> Result<ExitCode, Failu
         println!("{value}");
         return Ok(ExitCode::SUCCESS);
     }
-    println!("key:     {}", record.key);
+    println!("key:     {}", escape(&record.key));
     println!("state:   {}", state_name(record.state));
     println!("token:   {}", record.token);
     if let Some(h) = &record.holder {
-        println!("host:    {}", h.host);
-        println!("agent:   {}", h.agent_id);
+        println!("host:    {}", escape(&h.host));
+        println!("agent:   {}", escape(&h.agent_id));
         println!("pid:     {}", h.pid);
-        println!("user:    {} (uid {})", h.user, h.uid);
-        println!("command: {}", h.command);
+        println!("user:    {} (uid {})", escape(&h.user), h.uid);
+        println!("command: {}", escape(&h.command));
         println!("since:   {}", format::since(h.acquired_at_ms));
     }
     match record.expires_in_ms {

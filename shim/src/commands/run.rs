@@ -4,8 +4,11 @@
 //! the run through an agent restart by reattaching before the leases'
 //! deadline, release when the command exits, and exit with its status.
 
-use crate::cli::{OnLostArg, RunArgs};
-use crate::client::{describe_wire_error, unexpected, CallError, Client};
+use crate::cli::{self, OnLostArg, RunArgs};
+use crate::client::{
+    describe_wire_error, unexpected, CallError, Client, ConnectError, ANSWER_TIMEOUT,
+};
+use crate::display::escape;
 use crate::exit::{self, Failure};
 use crate::host_config::HostConfig;
 use crate::signals::Signals;
@@ -56,10 +59,10 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
     })?;
     let mut client = match Client::connect(socket).await {
         Ok(client) => client,
-        Err(failure) if failure.code == exit::EXIT_UNAVAILABLE => {
+        Err(ConnectError::Unreachable(failure)) => {
             return unlocked(host.on_unavailable, failure, &args, &mut signals).await;
         }
-        Err(failure) => return Err(failure),
+        Err(refused) => return Err(refused.into()),
     };
 
     let (leases, ttl, valid_for) = match acquire(&mut client, &args, &mut signals).await {
@@ -90,7 +93,7 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
         valid_until: HashMap::new(),
     };
     if let Some(valid_for) = valid_for {
-        let until = Instant::now() + valid_for;
+        let until = after(valid_for);
         watch.valid_until = leases.iter().map(|l| (l.lease_id.clone(), until)).collect();
     }
     for event in std::mem::take(&mut client.events) {
@@ -115,7 +118,7 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
             frame = client.transport.next(), if watch.agent_open => match frame {
                 Some(Ok(Ok(Envelope { id: None, body }))) => watch.event(body),
                 Some(Ok(Ok(_))) => {} // a late reply; nothing waits for it
-                Some(Ok(Err(bad))) => eprintln!("runlock: warning: undecodable message from the agent: {}", bad.reason),
+                Some(Ok(Err(bad))) => eprintln!("runlock: warning: undecodable message from the agent: {}", escape(&bad.reason)),
                 None | Some(Err(_)) => watch.agent_gone(),
             },
             reattached = poll_some(&mut reattaching) => {
@@ -224,8 +227,8 @@ async fn acquire(
 ) -> Result<Result<Acquired, Signal>, Failure> {
     let request = ClientMessage::Acquire {
         keys: args.keys.clone(),
-        ttl_ms: args.ttl.map(|d| d.as_millis() as u64),
-        wait_ms: args.wait.as_millis() as u64,
+        ttl_ms: args.ttl.map(cli::millis),
+        wait_ms: cli::millis(args.wait),
         force: args.force,
         command: command_line(&args.command),
         on_lost: args.on_lost.into(),
@@ -306,11 +309,15 @@ fn spawn(
 
 /// Tells the agent the run's pid and process group; a failure only weakens
 /// what the agent can do for the run if the shim dies, so it is a warning.
+/// Bounded, since the command already runs and needs the shim back.
 async fn attach(client: &mut Client, pid: u32) {
-    match client.call(ClientMessage::Attach { pid, pgid: pid }).await {
+    let request = ClientMessage::Attach { pid, pgid: pid };
+    match client.call_within(ANSWER_TIMEOUT, request).await {
         Ok(AgentMessage::Attached) => {}
         Ok(other) => eprintln!("runlock: warning: {}", unexpected("attach", &other).message),
-        Err(CallError::Agent(err)) => eprintln!("runlock: warning: attach failed: {}", err.message),
+        Err(CallError::Agent(err)) => {
+            eprintln!("runlock: warning: attach failed: {}", escape(&err.message))
+        }
         Err(CallError::Gone(why)) => eprintln!("runlock: warning: attach failed: {why}"),
     }
 }
@@ -334,14 +341,10 @@ async fn reattach(
             };
             match client.call(request).await {
                 Ok(AgentMessage::Acquired { valid_for_ms, .. }) => {
-                    let valid_for = valid_for_ms.map(Duration::from_millis);
-                    let until = valid_for.map(|v| Instant::now() + v);
                     for lease in &leases {
                         client.events.push_back(AgentMessage::Renewed {
                             lease_id: lease.lease_id.clone(),
-                            valid_for_ms: until.map_or(0, |u| {
-                                u.saturating_duration_since(Instant::now()).as_millis() as u64
-                            }),
+                            valid_for_ms: valid_for_ms.unwrap_or(0),
                         });
                     }
                     attach(&mut client, pid).await;
@@ -349,7 +352,7 @@ async fn reattach(
                 }
                 Ok(other) => return Err(unexpected("reattach", &other).message),
                 Err(CallError::Agent(err)) if err.code != ErrorCode::Unavailable => {
-                    return Err(err.message)
+                    return Err(escape(&err.message).into_owned())
                 }
                 Err(_) => {} // its backend cannot be reached, or it went away: try again
             }
@@ -385,14 +388,14 @@ impl Watch {
     fn event(&mut self, event: AgentMessage) {
         match event {
             AgentMessage::Lost { key, message, .. } => {
-                eprintln!("runlock: lost the lock on {key:?}: {message}");
+                eprintln!("runlock: lost the lock on {key:?}: {}", escape(&message));
                 self.stop_run();
             }
             AgentMessage::Renewed {
                 lease_id,
                 valid_for_ms,
             } => {
-                let until = Instant::now() + Duration::from_millis(valid_for_ms);
+                let until = after(Duration::from_millis(valid_for_ms));
                 self.valid_until.insert(lease_id, until);
             }
             AgentMessage::Restarting if self.survives_agent => {
@@ -449,10 +452,17 @@ impl Watch {
             }
             OnLostArg::Term => {
                 let _ = killpg(self.group, Signal::SIGTERM);
-                self.kill_at = Some(Instant::now() + self.kill_grace);
+                self.kill_at = Some(after(self.kill_grace));
             }
         }
     }
+}
+
+/// `duration` from now; one beyond what the clock can count is as good as never.
+fn after(duration: Duration) -> Instant {
+    let now = Instant::now();
+    now.checked_add(duration)
+        .unwrap_or_else(|| now + Duration::from_secs(100 * 365 * 24 * 3600))
 }
 
 async fn sleep_until(at: Option<Instant>) {

@@ -1,6 +1,7 @@
 //! `runlock status [--json]`: the leases held through this host's agent.
 
-use crate::client::{unexpected, Client};
+use crate::client::{unexpected, Client, ANSWER_TIMEOUT};
+use crate::display::escape;
 use crate::exit::Failure;
 use crate::format;
 use runlock_protocol::{AgentMessage, ClientMessage};
@@ -9,7 +10,10 @@ use std::process::ExitCode;
 
 pub async fn run(socket: &Path, json: bool) -> Result<ExitCode, Failure> {
     let mut client = Client::connect(socket).await?;
-    let leases = match client.call(ClientMessage::List).await {
+    let leases = match client
+        .call_within(ANSWER_TIMEOUT, ClientMessage::List)
+        .await
+    {
         Ok(AgentMessage::Leases { leases, omitted }) => {
             if omitted > 0 {
                 eprintln!("runlock: {omitted} more leases are held than one reply lists");
@@ -40,19 +44,25 @@ pub async fn run(socket: &Path, json: bool) -> Result<ExitCode, Failure> {
         println!("no leases held through this agent");
         return Ok(ExitCode::SUCCESS);
     }
+    // PID is the holder's, as every host sees it in the backend's record (the
+    // shim's, for a `runlock run`); CHILD is the command that the lease protects.
     println!(
-        "{:<40} {:>8} {:>8} {:<10} {:<26} COMMAND",
-        "KEY", "TOKEN", "PID", "USER", "SINCE"
+        "{:<40} {:>8} {:>8} {:>8} {:<10} {:<26} COMMAND",
+        "KEY", "TOKEN", "PID", "CHILD", "USER", "SINCE"
     );
     for l in &leases {
+        let child = l
+            .child_pid
+            .map_or_else(|| "-".to_string(), |pid| pid.to_string());
         println!(
-            "{:<40} {:>8} {:>8} {:<10} {:<26} {}",
-            l.key,
+            "{:<40} {:>8} {:>8} {:>8} {:<10} {:<26} {}",
+            escape(&l.key),
             l.holder.token,
-            l.child_pid.unwrap_or(l.holder.pid),
-            l.holder.user,
+            l.holder.pid,
+            child,
+            escape(&l.holder.user),
             format::rfc3339(l.holder.acquired_at_ms),
-            l.holder.command
+            escape(&l.holder.command)
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -14,9 +14,10 @@ import logging
 import os
 import socket
 import threading
+import time
 from typing import Any, Callable, Dict, List, Optional
 
-from . import messages
+from . import errors, messages
 from ._wire import decode_body, encode_frame, read_frame
 from .errors import ProtocolError, RunlockError, Unavailable
 from .messages import AgentMessage, Welcome
@@ -26,8 +27,9 @@ CLIENT_NAME = f"runlock-python {__version__}"
 
 _log = logging.getLogger("runlock")
 
-#: Bounds the connect and the handshake: a live agent answers `hello` at once.
-HANDSHAKE_TIMEOUT_S = 10.0
+#: Bounds the connect and the handshake together, as the shim does: a live
+#: agent answers `hello` at once, so past this it is stopped or overloaded.
+HANDSHAKE_TIMEOUT_S = 5.0
 
 EventHandler = Callable[[AgentMessage], None]
 CloseHandler = Callable[[RunlockError], None]
@@ -78,11 +80,17 @@ class Connection:
         self._on_close: Optional[CloseHandler] = None
         self._backlog: List[AgentMessage] = []
         self._ended: Optional[RunlockError] = None
+        deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
         try:
-            self._sock.settimeout(HANDSHAKE_TIMEOUT_S)
-            self._sock.connect(path)
-            self.welcome = self._handshake()
+            self._connect(deadline)
+            self.welcome = self._handshake(deadline)
             self._sock.settimeout(None)
+        except socket.timeout as err:
+            self._sock.close()
+            raise Unavailable(
+                f"the agent at {path} did not answer within {HANDSHAKE_TIMEOUT_S:g}s"
+                " (is runlockd stopped or overloaded?)"
+            ) from err
         except OSError as err:
             self._sock.close()
             raise Unavailable(
@@ -98,13 +106,47 @@ class Connection:
 
     # ------------------------------------------------------------------ handshake
 
-    def _handshake(self) -> Welcome:
-        """Sends ``hello`` and waits for ``welcome`` before the reader starts,
-        so nothing else can be in flight yet (SPEC 5.1)."""
-        self._sock.sendall(encode_frame(messages.hello(CLIENT_NAME, os.getpid())))
+    def _connect(self, deadline: float) -> None:
+        """Connects by ``deadline``. A full listen queue (``EAGAIN`` on a Unix
+        socket) is an agent slow to accept, not a missing one: retried."""
+        pause = 0.01
         while True:
-            body = read_frame(self._sock)
+            self._sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            try:
+                self._sock.connect(self.path)
+                return
+            except BlockingIOError:
+                if time.monotonic() + pause >= deadline:
+                    raise socket.timeout("timed out") from None
+                time.sleep(pause)
+                pause = min(pause * 2, 0.2)
+
+    def _handshake(self, deadline: float) -> Welcome:
+        """Sends ``hello`` and waits for ``welcome`` before the reader starts,
+        so nothing else can be in flight yet (SPEC 5.1).
+
+        Any ``error`` before ``welcome``, with hello's id or without one, is
+        the agent's answer to hello: an agent at its connection limits sends
+        ``unavailable`` ("agent busy") before reading anything and closes. It
+        is raised as that error (:class:`Unavailable` for ``unavailable``),
+        never taken for an agent that could not be reached.
+        """
+        try:
+            self._sock.sendall(encode_frame(messages.hello(CLIENT_NAME, os.getpid())))
+            unsent: Optional[OSError] = None
+        except OSError as err:
+            # The agent may have answered and closed before reading hello.
+            unsent = err
+        while True:
+            try:
+                body = read_frame(self._sock, deadline)
+            except OSError:
+                if unsent is not None:
+                    raise unsent from None
+                raise
             if body is None:
+                if unsent is not None:
+                    raise unsent
                 raise Unavailable(f"the agent at {self.path} closed the connection during hello")
             reply = messages.parse_agent(decode_body(body))
             if isinstance(reply, Welcome):
@@ -112,7 +154,12 @@ class Connection:
                     raise ProtocolError(f"agent answered with protocol version {reply.version}")
                 return reply
             if isinstance(reply, messages.Error):
-                raise reply.exception()
+                raise errors.from_wire(
+                    reply.code,
+                    f"the agent at {self.path} refused the connection: {reply.message}",
+                    reply.key,
+                    reply.holder,
+                )
             if reply.id is not None:
                 raise ProtocolError(f"unexpected answer to hello: {reply!r}")
             # An event or unknown message before welcome carries nothing for us.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 from typing import Any, Dict, List, Optional, Tuple
 
 import msgpack
@@ -18,13 +19,42 @@ MAX_BODY_LEN = 1 << 20
 _LEN = struct.Struct(">I")
 
 
+_MAX_UINT = (1 << 64) - 1
+
+
+def _check_wire_value(value: Any, where: str) -> None:
+    """Refuses what SPEC 3.2 has no place for, before it reaches the agent as
+    an undecodable body: bytes (bin, where the protocol only has str), floats,
+    negative or over-u64 integers, and maps with non-str keys."""
+    if value is None or isinstance(value, (bool, str)):
+        return
+    if isinstance(value, int):
+        if not 0 <= value <= _MAX_UINT:
+            raise ValueError(f"{where}: {value} is not an unsigned 64-bit integer")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise ValueError(f"{where}: map key {key!r} is not a str")
+            _check_wire_value(item, f"{where}.{key}")
+        return
+    if isinstance(value, (list, tuple)):
+        for index, item in enumerate(value):
+            _check_wire_value(item, f"{where}[{index}]")
+        return
+    raise ValueError(f"{where}: a {type(value).__name__} cannot be sent (SPEC 3.2)")
+
+
 def encode_body(message: Dict[str, Any]) -> bytes:
     """Encodes one map, keeping the dict's insertion order.
 
     Callers build dicts in the reference encoder's field order (``id``,
     ``type``, then the SPEC tables' order), which reproduces the vectors byte
     for byte; msgpack already picks the smallest integer format.
+    ``use_bin_type`` keeps str in the str family (SPEC 3.2: never bin); bytes,
+    which would be bin, are refused with the rest of what SPEC has no place for.
     """
+    _check_wire_value(message, "message")
     return msgpack.packb(message, use_bin_type=True)
 
 
@@ -70,11 +100,22 @@ def encode_frame(message: Dict[str, Any]) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
-def _read_exactly(sock: socket.socket, count: int) -> Optional[bytes]:
-    """Reads ``count`` bytes; None on end-of-file before the first byte."""
+def _read_exactly(
+    sock: socket.socket, count: int, deadline: Optional[float] = None
+) -> Optional[bytes]:
+    """Reads ``count`` bytes; None on end-of-file before the first byte.
+
+    With a ``deadline`` (a ``time.monotonic()`` value) the whole read ends by
+    then with ``socket.timeout``, however slowly the bytes trickle in.
+    """
     chunks = []
     remaining = count
     while remaining:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout("timed out")
+            sock.settimeout(left)
         chunk = sock.recv(min(remaining, 65536))
         if not chunk:
             if remaining == count:
@@ -85,20 +126,21 @@ def _read_exactly(sock: socket.socket, count: int) -> Optional[bytes]:
     return b"".join(chunks)
 
 
-def read_frame(sock: socket.socket) -> Optional[bytes]:
+def read_frame(sock: socket.socket, deadline: Optional[float] = None) -> Optional[bytes]:
     """Reads one frame's body; None when the agent closed the connection cleanly.
+    ``deadline`` bounds the whole frame (see ``_read_exactly``).
 
     The length is checked before anything of the body is read or allocated
     (SPEC 2): an oversized frame raises ProtocolError and the caller must drop
     the connection, since the stream cannot be resynchronised.
     """
-    header = _read_exactly(sock, _LEN.size)
+    header = _read_exactly(sock, _LEN.size, deadline)
     if header is None:
         return None
     (length,) = _LEN.unpack(header)
     if length > MAX_BODY_LEN:
         raise ProtocolError(f"agent sent a {length}-byte frame, over the {MAX_BODY_LEN}-byte limit")
-    body = _read_exactly(sock, length)
+    body = _read_exactly(sock, length, deadline)
     if body is None:
         raise ProtocolError("connection closed in the middle of a frame")
     return body

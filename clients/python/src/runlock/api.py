@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import shlex
 import sys
@@ -27,10 +28,20 @@ SocketPath = Union[str, "os.PathLike[str]", None]
 OnLost = Callable[[LostEvent], None]
 
 
+#: The wire carries durations as u64 milliseconds (SPEC): a longer one must
+#: not be sent, nor wrap.
+_MAX_MILLIS = (1 << 64) - 1
+
+
 def _millis(seconds: float, what: str) -> int:
+    if not math.isfinite(seconds):
+        raise ValueError(f"{what} must be a finite number of seconds")
     if seconds < 0:
         raise ValueError(f"{what} must not be negative")
-    return int(round(seconds * 1000))
+    millis = int(round(seconds * 1000))
+    if millis > _MAX_MILLIS:
+        raise ValueError(f"{what} is too long: the protocol carries at most {_MAX_MILLIS}ms")
+    return millis
 
 
 def _default_command() -> str:
