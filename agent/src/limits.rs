@@ -35,14 +35,24 @@ pub const HELLO_FRAME_LEN: usize = 4096;
 pub const DESCRIPTOR_HEADROOM: usize = 256;
 
 /// Raises the soft descriptor limit to the hard one; returns the soft limit
-/// now in force.
-pub fn raise_descriptor_limit() -> std::io::Result<u64> {
+/// now in force. Where raising is refused (a seccomp filter such as
+/// systemd's `~@resources`, which `LimitNOFILE=` makes moot), the limit stays
+/// and a warning says so.
+pub fn raise_descriptor_limit() -> u64 {
     use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
-    if soft < hard {
-        setrlimit(Resource::RLIMIT_NOFILE, hard, hard)?;
+    let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) else {
+        return 1024;
+    };
+    if soft >= hard {
+        return soft;
     }
-    Ok(hard.max(soft))
+    match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+        Ok(()) => hard,
+        Err(err) => {
+            tracing::warn!(soft, hard, error = %err, "cannot raise the descriptor limit");
+            soft
+        }
+    }
 }
 
 /// Counts connections and decides, at accept, whether one more may be served.

@@ -101,7 +101,7 @@ async fn run(config: Config) -> Result<(), Stop> {
         );
     }
     let registry = Registry::new(backend, identity.clone(), policy);
-    let descriptors = limits::raise_descriptor_limit().context("raising the descriptor limit")?;
+    let descriptors = limits::raise_descriptor_limit();
     let admission = limits::Admission::new(config.limits, descriptors, identity.uid);
     if let Some(bound) = admission.descriptor_bound() {
         tracing::warn!(
