@@ -288,10 +288,12 @@ class Released:
 
 @dataclass(frozen=True)
 class Leases:
-    """Answer to ``list``."""
+    """Answer to ``list``: as many leases as fit one frame, and how many
+    more were left out."""
 
     leases: Tuple[LeaseInfo, ...]
     id: Optional[int] = None
+    omitted: int = 0
 
 
 @dataclass(frozen=True)
@@ -414,7 +416,9 @@ def parse_agent(body: Dict[str, Any]) -> AgentMessage:
         return Released(count=_int(body, "count", limit=_U32), id=request_id)
     if kind == "leases":
         return Leases(
-            leases=tuple(LeaseInfo.from_wire(v) for v in _list(body, "leases")), id=request_id
+            leases=tuple(LeaseInfo.from_wire(v) for v in _list(body, "leases")),
+            id=request_id,
+            omitted=_int(body, "omitted", limit=_U32, required=False) or 0,
         )
     if kind == "record":
         record = KeyRecord(
