@@ -1,6 +1,7 @@
 //! One peer: the handshake, its requests, its events, and at its end (EOF)
 //! the release of every lease it held.
 
+use crate::process::Peer;
 use crate::registry::{AcquireRequest, ConnId, Granted, PeerCred, Registry};
 use futures::{SinkExt, StreamExt};
 use runlock_protocol::{
@@ -40,11 +41,14 @@ pub async fn serve_connection(
         }
     };
     let groups = peer_groups(&stream);
+    // Taken now, while the peer's pid cannot yet have been reused.
+    let shim = Peer::of(&stream, peer.pid);
     let span = tracing::info_span!("conn", pid = peer.pid, uid = peer.uid);
     Connection {
         transport: Framed::new(stream, AgentCodec::new()),
         registry,
         peer,
+        shim,
         groups,
     }
     .run(shutdown)
@@ -88,6 +92,7 @@ struct Connection {
     transport: Transport,
     registry: Arc<Registry>,
     peer: PeerCred,
+    shim: Peer,
     groups: Vec<u32>,
 }
 
@@ -192,10 +197,15 @@ impl Connection {
         }
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let groups = std::mem::take(&mut self.groups);
+        let shim = std::mem::take(&mut self.shim);
         let renewed_backlog = Arc::new(AtomicUsize::new(0));
-        let conn =
-            self.registry
-                .open_connection(self.peer, &groups, events_tx, renewed_backlog.clone());
+        let conn = self.registry.open_connection(
+            self.peer,
+            shim,
+            &groups,
+            events_tx,
+            renewed_backlog.clone(),
+        );
         let mut acquire = AcquireSlot::new();
         let result: Result<(), ProtocolError> = async {
             loop {
@@ -315,10 +325,10 @@ impl Connection {
                 )),
             }
             .map(|count| AgentMessage::Released { count }),
-            ClientMessage::Attach { pid, pgid } => {
-                self.registry.attach(conn, pid, pgid);
-                Ok(AgentMessage::Attached)
-            }
+            ClientMessage::Attach { pid, pgid } => self
+                .registry
+                .attach(conn, pid, pgid)
+                .map(|()| AgentMessage::Attached),
             ClientMessage::List => Ok(AgentMessage::Leases {
                 leases: self.registry.list(),
             }),

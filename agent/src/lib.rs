@@ -10,6 +10,7 @@ pub mod legacy;
 pub mod listener;
 pub mod metrics;
 pub mod notify;
+pub mod process;
 pub mod registry;
 pub mod renewal;
 pub mod server;
