@@ -1504,6 +1504,18 @@ mod tests {
             new.inspect("k").await.expect("record").state,
             runlock_protocol::KeyState::Held
         );
+        // Its shim gone, an adopted run keeps its lease while its group has members.
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .expect("spawn");
+        new.attach(conn, child.id(), child.id()).expect("our child");
+        assert_eq!(new.run_outliving(conn), Some(child.id()));
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        assert_eq!(new.run_outliving(conn), None);
     }
 
     #[tokio::test]
