@@ -6,20 +6,20 @@
 
 use crate::support::bins::bins;
 use crate::support::run::{Finished, HOLD};
-use crate::support::{key, AgentOptions, Run, TestAgent};
+use crate::support::{key, setpriv, AgentOptions, Run, TestAgent};
 use anyhow::{ensure, Context, Result};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use tokio::process::Command;
 
-const NOBODY: u32 = 65534;
+pub(crate) const NOBODY: u32 = 65534;
 /// The socket's group: any gid will do, root can give the socket to it.
-const RUNLOCK_GROUP: u32 = 4242;
+pub(crate) const RUNLOCK_GROUP: u32 = 4242;
 /// A group the configuration lets force and break.
 const ADMIN_GROUP: u32 = 4243;
 
 /// An agent whose socket belongs to `RUNLOCK_GROUP`, mode 0660, in a
 /// directory others may pass through; `config` is its configuration file.
-async fn agent(config: &str) -> Result<TestAgent> {
+pub(crate) async fn agent(config: &str) -> Result<TestAgent> {
     let dir = crate::support::agent::temp_dir()?;
     let file = dir.path().join("runlockd.toml");
     std::fs::write(&file, config)?;
@@ -37,18 +37,9 @@ async fn agent(config: &str) -> Result<TestAgent> {
 }
 
 /// `runlock --socket S ARGS...` as `nobody` with the supplementary `groups`.
-fn as_nobody(agent: &TestAgent, groups: &[u32], args: &[&str]) -> Result<Run> {
-    let groups = if groups.is_empty() {
-        "--clear-groups".to_string()
-    } else {
-        let list: Vec<String> = groups.iter().map(u32::to_string).collect();
-        format!("--groups={}", list.join(","))
-    };
-    let mut command = Command::new("setpriv");
+pub(crate) fn as_nobody(agent: &TestAgent, groups: &[u32], args: &[&str]) -> Result<Run> {
+    let mut command = setpriv(NOBODY, NOBODY, groups);
     command
-        .arg(format!("--reuid={NOBODY}"))
-        .arg(format!("--regid={NOBODY}"))
-        .arg(groups)
         .arg(&bins()?.runlock)
         .arg("--socket")
         .arg(agent.socket())
