@@ -102,6 +102,14 @@ async fn attach(member: &mut RawClient, pid: u32, pgid: u32) -> Result<AgentMess
     member.call(ClientMessage::Attach { pid, pgid }).await
 }
 
+/// [`member_holding`], its own process group `group` attached.
+async fn member_attached(agent: &TestAgent, key: &str, group: u32) -> Result<RawClient> {
+    let mut member = member_holding(agent, key).await?;
+    let attached = attach(&mut member, group, group).await?;
+    ensure!(matches!(attached, AgentMessage::Attached), "{attached:?}");
+    Ok(member)
+}
+
 /// `breaker` takes the member's lease, and the member is told.
 async fn break_and_tell(
     agent: &TestAgent,
@@ -182,9 +190,7 @@ async fn a_members_run_is_stopped_but_roots_process_in_its_group_is_left_alone()
         // Root's process joins nobody's group (same session), as a member cannot make it.
         let roots = roots_sleeper(Some(group))?;
         let root = pid_of(&roots)?;
-        let mut member = member_holding(&agent, &k).await?;
-        let attached = attach(&mut member, group, group).await?;
-        ensure!(matches!(attached, AgentMessage::Attached), "{attached:?}");
+        let mut member = member_attached(&agent, &k, group).await?;
         break_and_tell(&agent, &mut member, &k, breaker).await?;
         let status = own.wait().await?;
         ensure!(
@@ -253,9 +259,7 @@ async fn a_members_pid_reused_by_root_after_its_run_ended_is_not_signalled() -> 
     let k = key("attach-reused");
     for breaker in BREAKERS {
         let (mut own, group) = nobodys_sleeper().await?;
-        let mut member = member_holding(&agent, &k).await?;
-        let attached = attach(&mut member, group, group).await?;
-        ensure!(matches!(attached, AgentMessage::Attached), "{attached:?}");
+        let mut member = member_attached(&agent, &k, group).await?;
         own.signal(Signal::SIGKILL)?;
         own.wait().await?;
         drop(own);

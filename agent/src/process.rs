@@ -136,13 +136,19 @@ struct Process {
 }
 
 impl Process {
-    fn read(pid: u32) -> Option<Process> {
+    /// The process `pid`, if its group and session pass `wanted` (asked
+    /// before its owner is read: a scan of /proc reads a file less per process).
+    fn read(pid: u32, wanted: impl Fn(u32, u32) -> bool) -> Option<Process> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         // The fields after the command name, which is in parentheses and may
         // itself hold spaces and parentheses: from field 3 (state) on.
         let (_, rest) = stat.rsplit_once(')')?;
         let fields: Vec<&str> = rest.split_whitespace().collect();
         let field = |n: usize| fields.get(n - 3).copied();
+        let (pgrp, session) = (field(5)?.parse().ok()?, field(6)?.parse().ok()?);
+        if !wanted(pgrp, session) {
+            return None;
+        }
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
         let uid = status
             .lines()
@@ -152,8 +158,8 @@ impl Process {
         Some(Process {
             pid,
             exited: matches!(field(3)?, "Z" | "X" | "x"),
-            pgrp: field(5)?.parse().ok()?,
-            session: field(6)?.parse().ok()?,
+            pgrp,
+            session,
             start: field(22)?.parse().ok()?,
             uid: uid.parse().ok()?,
         })
@@ -222,7 +228,7 @@ impl Run {
         let fd = Pidfd::open(pid).map_err(|_| gone())?;
         // Read after the pidfd pins the process: if it has not exited since, what
         // /proc said was about it and not about a process that reused its pid.
-        let process = Process::read(pid)
+        let process = Process::read(pid, |_, _| true)
             .filter(|p| !p.exited && !fd.exited())
             .ok_or_else(gone)?;
         let owner = (uid != 0).then_some(uid);
@@ -262,8 +268,12 @@ impl Run {
         self.pgid
     }
 
+    fn in_group(&self, pgrp: u32, session: u32) -> bool {
+        pgrp == self.pgid && session == self.session
+    }
+
     fn place(&self, p: &Process) -> Place {
-        if p.exited || p.pgrp != self.pgid || p.session != self.session {
+        if p.exited || !self.in_group(p.pgrp, p.session) {
             Place::Outside
         } else if protected(p.pid) || self.owner.is_some_and(|uid| uid != p.uid) {
             Place::Foreign
@@ -277,7 +287,7 @@ impl Run {
         let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
         entries
             .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-            .filter_map(Process::read)
+            .filter_map(|pid| Process::read(pid, |pgrp, sid| self.in_group(pgrp, sid)))
             .map(|p| (p, self.place(&p)))
             .filter(|(_, place)| *place != Place::Outside)
     }
@@ -327,7 +337,8 @@ impl Run {
         };
         // As in `attach`: checked after the pidfd pins the process, and trusted
         // only if it has not exited since, so the signal reaches what was checked.
-        let checked = Process::read(pid).is_some_and(|p| self.place(&p) == Place::Member);
+        let checked = Process::read(pid, |pgrp, sid| self.in_group(pgrp, sid))
+            .is_some_and(|p| self.place(&p) == Place::Member);
         checked && !fd.exited() && fd.signal(signal).is_ok()
     }
 
