@@ -41,7 +41,7 @@ pub async fn serve_connection(
         }
     };
     let groups = peer_groups(&stream);
-    // Taken now, while the peer's pid cannot yet have been reused.
+    // The process that connected, by pidfd: whatever later reuses its pid is not it.
     let shim = Peer::of(&stream, peer.pid);
     let span = tracing::info_span!("conn", pid = peer.pid, uid = peer.uid);
     Connection {
