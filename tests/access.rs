@@ -6,7 +6,7 @@
 
 use crate::support::bins::bins;
 use crate::support::run::{Finished, HOLD};
-use crate::support::{key, AgentOptions, Run, TestAgent};
+use crate::support::{key, setpriv, AgentOptions, Run, TestAgent};
 use anyhow::{ensure, Context, Result};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use tokio::process::Command;
@@ -38,17 +38,8 @@ pub(crate) async fn agent(config: &str) -> Result<TestAgent> {
 
 /// `runlock --socket S ARGS...` as `nobody` with the supplementary `groups`.
 pub(crate) fn as_nobody(agent: &TestAgent, groups: &[u32], args: &[&str]) -> Result<Run> {
-    let groups = if groups.is_empty() {
-        "--clear-groups".to_string()
-    } else {
-        let list: Vec<String> = groups.iter().map(u32::to_string).collect();
-        format!("--groups={}", list.join(","))
-    };
-    let mut command = Command::new("setpriv");
+    let mut command = setpriv(NOBODY, NOBODY, groups);
     command
-        .arg(format!("--reuid={NOBODY}"))
-        .arg(format!("--regid={NOBODY}"))
-        .arg(groups)
         .arg(&bins()?.runlock)
         .arg("--socket")
         .arg(agent.socket())

@@ -6,6 +6,7 @@ mod support;
 
 mod access;
 mod agent_process;
+mod attach;
 mod azure;
 mod bad_input;
 mod config;
@@ -21,3 +22,4 @@ mod restart;
 mod scenarios;
 mod shim_trust;
 mod systemd;
+mod trust;

@@ -2,6 +2,7 @@
 //! the release of every lease it held.
 
 use crate::limits::{Limits, HELLO_FRAME_LEN};
+use crate::process::Peer;
 use crate::registry::{AcquireRequest, ConnId, Granted, PeerCred, Registry};
 use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
@@ -38,6 +39,8 @@ pub async fn serve_connection(
     shutdown: CancellationToken,
 ) {
     let groups = peer_groups(&stream);
+    // The process that connected, by pidfd: whatever later reuses its pid is not it.
+    let shim = Peer::of(&stream, peer.pid);
     let span = tracing::info_span!("conn", pid = peer.pid, uid = peer.uid);
     let mut codec = AgentCodec::new();
     codec.set_max_frame_len(HELLO_FRAME_LEN);
@@ -45,6 +48,7 @@ pub async fn serve_connection(
         transport: Framed::new(stream, codec),
         registry,
         peer,
+        shim,
         groups,
         limits,
         frame_timer: FrameTimer::new(limits.handshake_timeout),
@@ -90,6 +94,7 @@ struct Connection {
     transport: Transport,
     registry: Arc<Registry>,
     peer: PeerCred,
+    shim: Peer,
     groups: Vec<u32>,
     limits: Limits,
     frame_timer: FrameTimer,
@@ -289,10 +294,15 @@ impl Connection {
         }
         let (events_tx, mut events) = mpsc::unbounded_channel();
         let groups = std::mem::take(&mut self.groups);
+        let shim = std::mem::take(&mut self.shim);
         let renewed_backlog = Arc::new(AtomicUsize::new(0));
-        let conn =
-            self.registry
-                .open_connection(self.peer, &groups, events_tx, renewed_backlog.clone());
+        let conn = self.registry.open_connection(
+            self.peer,
+            shim,
+            &groups,
+            events_tx,
+            renewed_backlog.clone(),
+        );
         let mut acquire = AcquireSlot::new();
         let result: Result<(), ProtocolError> = async {
             loop {
@@ -448,10 +458,10 @@ impl Connection {
                 )),
             }
             .map(|count| AgentMessage::Released { count }),
-            ClientMessage::Attach { pid, pgid } => {
-                self.registry.attach(conn, pid, pgid);
-                Ok(AgentMessage::Attached)
-            }
+            ClientMessage::Attach { pid, pgid } => self
+                .registry
+                .attach(conn, pid, pgid)
+                .map(|()| AgentMessage::Attached),
             ClientMessage::List => {
                 let (leases, omitted) = self.registry.list_for(conn);
                 Ok(AgentMessage::Leases { leases, omitted })

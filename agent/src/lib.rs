@@ -11,6 +11,7 @@ pub mod limits;
 pub mod listener;
 pub mod metrics;
 pub mod notify;
+pub mod process;
 pub mod registry;
 pub mod renewal;
 pub mod server;

@@ -4,6 +4,7 @@
 use crate::access::Access;
 use crate::backend::{AcquireSpec, Backend, BackendError, Capabilities, Grant, LeaseRef};
 use crate::legacy::{self, MeltanoSystemDb};
+use crate::process::{Peer, Run};
 use crate::renewal::deadline;
 use crate::renewal::Renewals;
 use crate::shown::{self, Viewer};
@@ -136,7 +137,9 @@ struct Conn {
     /// `renewed` events queued for the peer and not yet written to it.
     renewed_backlog: Arc<AtomicUsize>,
     leases: BTreeSet<String>,
-    child: Option<(u32, u32)>,
+    /// The peer's own process, to tell whether it is still there to act on `lost`.
+    shim: Peer,
+    child: Option<Run>,
     on_lost: OnLost,
     /// Its leases were adopted from a stopped agent: the run does not hold
     /// this connection, so its end is not the run's end.
@@ -247,26 +250,6 @@ fn user_name(uid: u32) -> String {
     }
 }
 
-fn process_alive(pid: u32) -> bool {
-    // EPERM means it exists but is not ours to signal: still alive.
-    let exists = !matches!(
-        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), None),
-        Err(nix::errno::Errno::ESRCH)
-    );
-    // A killed shim whose parent has not reaped it yet is a zombie: gone for our purpose.
-    exists && !is_zombie(pid)
-}
-
-fn is_zombie(pid: u32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The state follows the command name, which is in parentheses and may hold spaces.
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.split_whitespace().next())
-        == Some("Z")
-}
-
 fn bad_request(message: impl Into<String>) -> WireError {
     WireError::new(ErrorCode::BadRequest, message)
 }
@@ -325,10 +308,11 @@ impl Registry {
     }
 
     /// Registers a connection from `peer`, whose supplementary groups are
-    /// `groups`; `events` receives its events.
+    /// `groups` and whose process is `shim`; `events` receives its events.
     pub fn open_connection(
         &self,
         peer: PeerCred,
+        shim: Peer,
         groups: &[u32],
         events: mpsc::UnboundedSender<AgentMessage>,
         renewed_backlog: Arc<AtomicUsize>,
@@ -344,6 +328,7 @@ impl Registry {
             events,
             renewed_backlog,
             leases: BTreeSet::new(),
+            shim,
             child: None,
             on_lost: OnLost::Term,
             reattached: false,
@@ -398,18 +383,14 @@ impl Registry {
     /// The process group of a reattached connection's run while it still has
     /// members: such a connection's end (its shim killed) is not the run's.
     pub fn run_outliving(&self, conn: ConnId) -> Option<u32> {
-        let state = self.state();
-        let c = state
+        let run = self
+            .state()
             .conns
             .get(&conn)
-            .filter(|c| c.reattached && !c.leases.is_empty())?;
-        let (_, pgid) = c.child?;
-        let group = nix::unistd::Pid::from_raw(-(pgid as i32));
-        let alive = !matches!(
-            nix::sys::signal::kill(group, None),
-            Err(nix::errno::Errno::ESRCH)
-        );
-        alive.then_some(pgid)
+            .filter(|c| c.reattached && !c.leases.is_empty())?
+            .child?;
+        // Outside the lock: this reads /proc.
+        run.has_members().then_some(run.pgid())
     }
 
     /// The connection's peer, its user name, and whether it may force and break.
@@ -951,21 +932,25 @@ impl Registry {
             let Some(lease) = state.remove_lease(lease_id) else {
                 return;
             };
-            let notice = state
-                .conns
-                .get(&lease.conn)
-                .map(|c| (c.events.clone(), c.peer, c.child, c.on_lost));
+            let notice = state.conns.get(&lease.conn).map(|c| {
+                let viewer = Viewer {
+                    uid: c.peer.uid,
+                    may_override: c.may_override,
+                };
+                (
+                    c.events.clone(),
+                    viewer,
+                    c.child.filter(|_| c.shim.gone()),
+                    c.on_lost,
+                )
+            });
             (lease, notice)
         };
         self.renewals.stop(lease_id);
         tracing::warn!(key = %lease.key, token = lease.holder.token, ?reason, "lease lost");
         crate::metrics::lost(reason);
         let grace = runlock_protocol::kill_grace(lease.ttl);
-        if let Some((events, peer, child, on_lost)) = notice {
-            let viewer = Viewer {
-                uid: peer.uid,
-                may_override: false,
-            };
+        if let Some((events, viewer, orphan, on_lost)) = notice {
             let _ = events.send(AgentMessage::Lost {
                 lease_id: lease_id.to_string(),
                 key: lease.key.to_string(),
@@ -974,8 +959,8 @@ impl Registry {
                 holder: holder.map(|h| self.show(&h, viewer)),
             });
             // The shim acts on `lost` itself; only when it is gone does the agent act for it.
-            if let Some((_, pgid)) = child.filter(|_| !process_alive(peer.pid)) {
-                enforce_on_lost(pgid, on_lost, grace);
+            if let Some(run) = orphan {
+                run.stop(on_lost, grace);
             }
         }
         let reference = lease.reference(lease_id);
@@ -1034,11 +1019,17 @@ impl Registry {
         self.lose(&lease.lease_id, reason, message, holder).await;
     }
 
-    /// Names the run's process for every lease of the connection.
-    pub fn attach(&self, conn: ConnId, pid: u32, pgid: u32) {
+    /// Names the run's process for every lease of the connection, once it is
+    /// found to be the peer's; a refused one leaves any earlier one in place.
+    pub fn attach(&self, conn: ConnId, pid: u32, pgid: u32) -> Result<(), WireError> {
+        let (peer, _, _) = self.peer(conn)?;
+        let run = Run::attach(peer.uid, pid, pgid).inspect_err(|err| {
+            tracing::warn!(pid, pgid, error = %err, "attach refused");
+        })?;
         if let Some(c) = self.state().conns.get_mut(&conn) {
-            c.child = Some((pid, pgid));
+            c.child = Some(run);
         }
+        Ok(())
     }
 
     /// How many leases this agent holds (without copying them, as `list` does).
@@ -1061,7 +1052,7 @@ impl Registry {
                     .conns
                     .get(&l.conn)
                     .and_then(|c| c.child)
-                    .map(|(pid, _)| pid),
+                    .map(|run| run.pid()),
             })
             .collect();
         leases.sort_by(|a, b| a.key.cmp(&b.key));
@@ -1137,24 +1128,6 @@ impl Drop for Place<'_> {
     }
 }
 
-fn enforce_on_lost(pgid: u32, on_lost: OnLost, grace: Duration) {
-    use nix::sys::signal::{killpg, Signal};
-    let group = nix::unistd::Pid::from_raw(pgid as i32);
-    match on_lost {
-        OnLost::Ignore => {}
-        OnLost::Kill => {
-            let _ = killpg(group, Signal::SIGKILL);
-        }
-        OnLost::Term => {
-            let _ = killpg(group, Signal::SIGTERM);
-            tokio::spawn(async move {
-                tokio::time::sleep(grace).await;
-                let _ = killpg(group, Signal::SIGKILL);
-            });
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1195,7 +1168,11 @@ mod tests {
         peer: PeerCred,
     ) -> (ConnId, mpsc::UnboundedReceiver<AgentMessage>) {
         let (tx, rx) = mpsc::unbounded_channel();
-        (registry.open_connection(peer, &[], tx, Arc::default()), rx)
+        let shim = Peer::of_pid(std::process::id());
+        (
+            registry.open_connection(peer, shim, &[], tx, Arc::default()),
+            rx,
+        )
     }
 
     async fn take(
@@ -1541,19 +1518,6 @@ mod tests {
         );
     }
 
-    #[test]
-    fn zombies_count_as_gone() {
-        assert!(process_alive(std::process::id()));
-        let mut child = std::process::Command::new("true").spawn().expect("spawn");
-        let pid = child.id();
-        // Wait until it has exited but is not yet reaped.
-        while !is_zombie(pid) {
-            std::thread::yield_now();
-        }
-        assert!(!process_alive(pid));
-        child.wait().expect("reap");
-    }
-
     #[tokio::test(start_paused = true)]
     async fn a_new_agent_adopts_a_handed_over_lease_with_its_token() {
         use crate::backend::cas::{CasEngine, MemoryCasStore};
@@ -1611,6 +1575,18 @@ mod tests {
             new.inspect("k").await.expect("record").state,
             runlock_protocol::KeyState::Held
         );
+        // Its shim gone, an adopted run keeps its lease while its group has members.
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .expect("spawn");
+        new.attach(conn, child.id(), child.id()).expect("our child");
+        assert_eq!(new.run_outliving(conn), Some(child.id()));
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        assert_eq!(new.run_outliving(conn), None);
     }
 
     #[tokio::test]

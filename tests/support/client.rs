@@ -2,12 +2,14 @@
 //! replies and events themselves, or to send bytes no real client would.
 
 use super::{within, WAIT};
-use anyhow::{bail, Context};
+use anyhow::{bail, ensure, Context};
 use futures::{SinkExt, StreamExt};
 use runlock_protocol::{AgentMessage, ClientMessage, Envelope, ShimCodec, PROTOCOL_VERSION};
 use serde::Serialize;
 use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
+use std::process::Stdio;
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 use tokio_util::codec::Framed;
@@ -61,6 +63,44 @@ impl RawClient {
             .with_context(|| format!("connecting to {}", socket.display()))?;
         Ok(RawClient {
             framed: Framed::new(stream, ShimCodec::new()),
+            next_id: 1,
+            events: VecDeque::new(),
+        })
+    }
+
+    /// Connects as `uid`:`gid` with the supplementary `groups`, through a
+    /// process that exits at once: the agent sees a peer of that user whose
+    /// own process (a real client's shim) is gone, while the connection lives
+    /// on here, as it does in a run whose shim was killed.
+    pub async fn connect_as(
+        socket: &Path,
+        uid: u32,
+        gid: u32,
+        groups: &[u32],
+    ) -> anyhow::Result<RawClient> {
+        // python3's standard library can pass a descriptor back (send_fds).
+        // The system's: a per-user one (pyenv's shims) may be closed to others.
+        const CONNECT: &str = "import socket, sys\n\
+            s = socket.socket(socket.AF_UNIX)\n\
+            s.connect(sys.argv[1])\n\
+            socket.send_fds(socket.socket(fileno=0), [b'x'], [s.fileno()])\n";
+        let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+        let mut command = super::setpriv(uid, gid, groups);
+        command
+            .args(["/usr/bin/python3", "-c", CONNECT])
+            .arg(socket)
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
+            .kill_on_drop(true);
+        let out = within(WAIT, "python3 to connect", command.output()).await??;
+        ensure!(
+            out.status.success(),
+            "connecting as uid {uid}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let stream = std::os::unix::net::UnixStream::from(receive_fd(&ours)?);
+        stream.set_nonblocking(true)?;
+        Ok(RawClient {
+            framed: Framed::new(UnixStream::from_std(stream)?, ShimCodec::new()),
             next_id: 1,
             events: VecDeque::new(),
         })
@@ -181,4 +221,33 @@ impl RawClient {
             Some(other) => bail!("expected the connection to close, got {other:?}"),
         }
     }
+}
+
+/// The one descriptor sent over `socket` (SCM_RIGHTS), already there.
+fn receive_fd(socket: &std::os::unix::net::UnixStream) -> anyhow::Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: byte.len(),
+    };
+    // Room for one descriptor's control message; u64s align it for cmsghdr.
+    let mut control = [0u64; 8];
+    // SAFETY: msghdr is plain data, and all zeros is an empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    // SAFETY: the buffers msg points to live across the call, with their true lengths.
+    let n = unsafe { libc::recvmsg(socket.as_raw_fd(), &mut msg, libc::MSG_CMSG_CLOEXEC) };
+    ensure!(n >= 0, "recvmsg: {}", std::io::Error::last_os_error());
+    // SAFETY: msg was filled in by recvmsg; the header, if any, lies in `control`.
+    let header = unsafe { libc::CMSG_FIRSTHDR(&msg).as_ref() };
+    let rights =
+        header.filter(|h| h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS);
+    let header = rights.context("no descriptor came with the message")?;
+    // SAFETY: an SCM_RIGHTS message holds at least one int, maybe unaligned.
+    let fd = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>()) };
+    // SAFETY: the kernel installed this descriptor for us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }

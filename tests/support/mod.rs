@@ -79,6 +79,24 @@ impl Deadline {
     }
 }
 
+/// `setpriv` set to run its command as `uid`:`gid` with exactly the
+/// supplementary `groups`.
+pub fn setpriv(uid: u32, gid: u32, groups: &[u32]) -> tokio::process::Command {
+    let groups = match groups {
+        [] => "--clear-groups".to_string(),
+        _ => {
+            let list: Vec<String> = groups.iter().map(u32::to_string).collect();
+            format!("--groups={}", list.join(","))
+        }
+    };
+    let mut command = tokio::process::Command::new("setpriv");
+    command
+        .arg(format!("--reuid={uid}"))
+        .arg(format!("--regid={gid}"))
+        .arg(groups);
+    command
+}
+
 /// A fresh key name for a test, so that no two tests' keys meet even in one backend.
 pub fn key(name: &str) -> String {
     format!("test:{name}")

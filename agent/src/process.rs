@@ -1,0 +1,486 @@
+//! The run's processes: who owns them, whether they live, and signalling them
+//! safely (DESIGN invariant 7). A pid or group a peer names must be its own
+//! (its uid; anyone's for root) and never init's or the agent's; that is
+//! checked when it is named and again, through a pidfd, before every signal,
+//! so a pid reused by another process is never signalled.
+
+use nix::sys::signal::Signal;
+use runlock_protocol::{ErrorCode, OnLost, WireError};
+use std::collections::HashSet;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::time::Duration;
+
+/// How often a group is scanned again for members forked while it was being
+/// signalled (killpg is one step in the kernel; a scan of /proc is not).
+const SIGNAL_PASSES: usize = 4;
+
+/// A process held by a pidfd: whatever later reuses its pid is not it.
+#[derive(Debug)]
+pub struct Pidfd(OwnedFd);
+
+impl Pidfd {
+    /// The process `pid` is now.
+    pub fn open(pid: u32) -> io::Result<Pidfd> {
+        let pid =
+            libc::pid_t::try_from(pid).map_err(|_| io::Error::from_raw_os_error(libc::ESRCH))?;
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: the kernel just created this descriptor (close-on-exec) and nothing else owns it.
+        Ok(Pidfd(unsafe { OwnedFd::from_raw_fd(fd as i32) }))
+    }
+
+    /// The process that connected `socket`, as it was when it connected (SO_PEERPIDFD).
+    pub fn of_peer(socket: &impl AsFd) -> io::Result<Pidfd> {
+        let mut fd: libc::c_int = -1;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: `fd` is valid for `len` bytes and the kernel writes at most that many.
+        let rc = unsafe {
+            libc::getsockopt(
+                socket.as_fd().as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_PEERPIDFD,
+                (&mut fd as *mut libc::c_int).cast(),
+                &mut len,
+            )
+        };
+        if rc != 0 || fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: on success the kernel handed us a new descriptor that nothing else owns.
+        Ok(Pidfd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Whether the process has exited, a zombie not yet reaped included.
+    pub fn exited(&self) -> bool {
+        self.wait_exit(Duration::ZERO)
+    }
+
+    /// Waits at most `limit` for the process to exit; whether it has.
+    fn wait_exit(&self, limit: Duration) -> bool {
+        let mut poll = libc::pollfd {
+            fd: self.0.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let timeout = limit.as_millis().min(i32::MAX as u128) as libc::c_int;
+        // SAFETY: one valid pollfd, for the duration of the call.
+        let rc = unsafe { libc::poll(&mut poll, 1, timeout) };
+        // A pidfd turns readable when its process exits. An error cannot show it
+        // alive, and "exited" is the side that never signals it.
+        rc != 0
+    }
+
+    fn signal(&self, signal: Signal) -> io::Result<()> {
+        // SAFETY: a valid pidfd, a signal number, no siginfo and no flags.
+        let rc = unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                self.0.as_raw_fd(),
+                signal as libc::c_int,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            )
+        };
+        if rc < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+/// A connection's peer (its shim), watched from the moment it connected, so
+/// that a reused pid cannot pass for it. Unknown counts as gone: the agent
+/// then acts for the run, which it may only do on the run's own processes.
+#[derive(Debug, Default)]
+pub struct Peer(Option<Pidfd>);
+
+impl Peer {
+    /// The peer of `socket`, whose pid SO_PEERCRED says is `pid`.
+    pub fn of(socket: &impl AsFd, pid: u32) -> Peer {
+        match Pidfd::of_peer(socket) {
+            Ok(fd) => Peer(Some(fd)),
+            // Before Linux 6.5: the pid, opened at once, can only be someone
+            // else's if the peer has already gone.
+            Err(e) if e.raw_os_error() == Some(libc::ENOPROTOOPT) => Peer::of_pid(pid),
+            Err(_) => Peer(None),
+        }
+    }
+
+    /// The process `pid` is now.
+    pub fn of_pid(pid: u32) -> Peer {
+        Peer(Pidfd::open(pid).ok())
+    }
+
+    /// Whether the peer has exited (or was never known).
+    pub fn gone(&self) -> bool {
+        self.0.as_ref().is_none_or(Pidfd::exited)
+    }
+}
+
+/// What /proc says of one process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Process {
+    pid: u32,
+    /// Zombie or dead: exited, whether or not reaped.
+    exited: bool,
+    pgrp: u32,
+    session: u32,
+    /// Since boot, in clock ticks: with the pid, names one process for good.
+    start: u64,
+    /// The real uid, the one kill(2) checks.
+    uid: u32,
+}
+
+impl Process {
+    /// The process `pid`, if its group and session pass `wanted` (asked
+    /// before its owner is read: a scan of /proc reads a file less per process).
+    fn read(pid: u32, wanted: impl Fn(u32, u32) -> bool) -> Option<Process> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // The fields after the command name, which is in parentheses and may
+        // itself hold spaces and parentheses: from field 3 (state) on.
+        let (_, rest) = stat.rsplit_once(')')?;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let field = |n: usize| fields.get(n - 3).copied();
+        let (pgrp, session) = (field(5)?.parse().ok()?, field(6)?.parse().ok()?);
+        if !wanted(pgrp, session) {
+            return None;
+        }
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+        let uid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))?
+            .split_whitespace()
+            .next()?;
+        Some(Process {
+            pid,
+            exited: matches!(field(3)?, "Z" | "X" | "x"),
+            pgrp,
+            session,
+            start: field(22)?.parse().ok()?,
+            uid: uid.parse().ok()?,
+        })
+    }
+}
+
+/// Processes no peer may have signalled, whatever its uid.
+fn protected(pid: u32) -> bool {
+    pid == 1 || pid == std::process::id()
+}
+
+/// A live process's place with respect to a run.
+#[derive(Debug, PartialEq, Eq)]
+enum Place {
+    Outside,
+    /// In the run's group, but another user's (or init, or the agent).
+    Foreign,
+    Member,
+}
+
+/// The run a peer attached: its process group, checked to be the peer's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Run {
+    pid: u32,
+    pgid: u32,
+    /// A group lives in one session: the same number in another session is a
+    /// reused one, not this run's.
+    session: u32,
+    /// Whose processes it may signal: the peer's uid, or anyone's for root.
+    owner: Option<u32>,
+}
+
+fn refused(code: ErrorCode, message: String) -> WireError {
+    WireError::new(code, message)
+}
+
+impl Run {
+    /// The run of a peer of `uid` whose pid is `pid` in group `pgid`, if
+    /// `pid` is a live process of that uid (anyone's for root) in that group,
+    /// and neither init nor the agent; the refusal names what is wrong.
+    pub fn attach(uid: u32, pid: u32, pgid: u32) -> Result<Run, WireError> {
+        use ErrorCode::{BadRequest, Forbidden};
+        let agent_group = nix::unistd::getpgrp().as_raw() as u32;
+        if pid == 0 {
+            return Err(refused(BadRequest, "pid 0 is not a process".into()));
+        }
+        if pgid == 0 {
+            return Err(refused(BadRequest, "pgid 0 is not a process group".into()));
+        }
+        if pid == 1 || pgid == 1 {
+            return Err(refused(
+                Forbidden,
+                "init (pid 1) and its group are never signalled".into(),
+            ));
+        }
+        if pid == std::process::id() {
+            return Err(refused(Forbidden, format!("pid {pid} is the agent itself")));
+        }
+        if pgid == agent_group {
+            return Err(refused(
+                Forbidden,
+                format!("process group {pgid} is the agent's own"),
+            ));
+        }
+        let gone = || refused(BadRequest, format!("there is no process {pid}"));
+        let fd = Pidfd::open(pid).map_err(|_| gone())?;
+        // Read after the pidfd pins the process: if it has not exited since, what
+        // /proc said was about it and not about a process that reused its pid.
+        let process = Process::read(pid, |_, _| true)
+            .filter(|p| !p.exited && !fd.exited())
+            .ok_or_else(gone)?;
+        let owner = (uid != 0).then_some(uid);
+        if owner.is_some_and(|uid| uid != process.uid) {
+            return Err(refused(
+                Forbidden,
+                format!(
+                    "uid {uid} may not attach process {pid}: it belongs to uid {}",
+                    process.uid
+                ),
+            ));
+        }
+        if process.pgrp != pgid {
+            return Err(refused(
+                BadRequest,
+                format!(
+                    "process {pid} is in process group {}, not {pgid}",
+                    process.pgrp
+                ),
+            ));
+        }
+        Ok(Run {
+            pid,
+            pgid,
+            session: process.session,
+            owner,
+        })
+    }
+
+    /// The attached pid.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// The attached process group.
+    pub fn pgid(&self) -> u32 {
+        self.pgid
+    }
+
+    fn in_group(&self, pgrp: u32, session: u32) -> bool {
+        pgrp == self.pgid && session == self.session
+    }
+
+    fn place(&self, p: &Process) -> Place {
+        if p.exited || !self.in_group(p.pgrp, p.session) {
+            Place::Outside
+        } else if protected(p.pid) || self.owner.is_some_and(|uid| uid != p.uid) {
+            Place::Foreign
+        } else {
+            Place::Member
+        }
+    }
+
+    /// Every live process in the run's group, with its place.
+    fn scan(&self) -> impl Iterator<Item = (Process, Place)> + '_ {
+        let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+        entries
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(|pid| Process::read(pid, |pgrp, sid| self.in_group(pgrp, sid)))
+            .map(|p| (p, self.place(&p)))
+            .filter(|(_, place)| *place != Place::Outside)
+    }
+
+    /// Whether the run's group still has a live process of the run's owner:
+    /// another user's process in it does not keep the run going.
+    pub fn has_members(&self) -> bool {
+        self.scan().any(|(_, place)| place == Place::Member)
+    }
+
+    /// Sends `signal` to each member of the group, through a pidfd and after
+    /// checking it again; returns how many were signalled.
+    fn signal(&self, signal: Signal) -> usize {
+        let mut signalled = HashSet::new();
+        let mut foreign = 0;
+        for _ in 0..SIGNAL_PASSES {
+            let mut fresh = 0;
+            foreign = 0;
+            for (p, place) in self.scan() {
+                if place == Place::Foreign {
+                    foreign += 1;
+                } else if !signalled.contains(&(p.pid, p.start)) {
+                    fresh += 1;
+                    if self.signal_one(p.pid, signal) {
+                        signalled.insert((p.pid, p.start));
+                    }
+                }
+            }
+            if fresh == 0 {
+                break;
+            }
+        }
+        if foreign > 0 {
+            tracing::warn!(
+                pgid = self.pgid,
+                processes = foreign,
+                "left processes of other users in the run's group alone"
+            );
+        }
+        tracing::info!(pgid = self.pgid, %signal, processes = signalled.len(), "signalled the run");
+        signalled.len()
+    }
+
+    fn signal_one(&self, pid: u32, signal: Signal) -> bool {
+        let Ok(fd) = Pidfd::open(pid) else {
+            return false;
+        };
+        // As in `attach`: checked after the pidfd pins the process, and trusted
+        // only if it has not exited since, so the signal reaches what was checked.
+        let checked = Process::read(pid, |pgrp, sid| self.in_group(pgrp, sid))
+            .is_some_and(|p| self.place(&p) == Place::Member);
+        checked && !fd.exited() && fd.signal(signal).is_ok()
+    }
+
+    /// Applies `on_lost` to the run, whose client is gone: SIGTERM now and
+    /// SIGKILL after `grace`, SIGKILL now, or nothing.
+    pub fn stop(self, on_lost: OnLost, grace: Duration) {
+        match on_lost {
+            OnLost::Ignore => {}
+            OnLost::Kill => {
+                self.signal(Signal::SIGKILL);
+            }
+            OnLost::Term => {
+                self.signal(Signal::SIGTERM);
+                tokio::spawn(async move {
+                    tokio::time::sleep(grace).await;
+                    self.signal(Signal::SIGKILL);
+                });
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+    use std::process::{Child, Command};
+
+    const NOBODY: u32 = 65534;
+    /// Bounds every wait for a child to exit.
+    const WAIT: Duration = Duration::from_secs(10);
+
+    /// `sleep 60` in a process group of its own, or in `group`, as `uid`.
+    fn sleeper(group: Option<u32>, uid: Option<u32>) -> anyhow::Result<Child> {
+        let mut command = Command::new("sleep");
+        command.arg("60").process_group(group.unwrap_or(0) as i32);
+        if let Some(uid) = uid {
+            command.uid(uid).gid(uid);
+        }
+        Ok(command.spawn()?)
+    }
+
+    /// Waits (bounded) until `child` has been killed; reaps it.
+    fn killed(child: &mut Child) -> anyhow::Result<bool> {
+        let fd = Pidfd::open(child.id())?;
+        anyhow::ensure!(fd.wait_exit(WAIT), "{} did not exit", child.id());
+        Ok(child.wait()?.code().is_none())
+    }
+
+    fn alive(child: &mut Child) -> anyhow::Result<bool> {
+        Ok(child.try_wait()?.is_none())
+    }
+
+    fn root() -> u32 {
+        nix::unistd::getuid().as_raw()
+    }
+
+    #[test]
+    fn a_child_of_ours_is_ours_to_attach_and_signal() -> anyhow::Result<()> {
+        let mut child = sleeper(None, None)?;
+        let pid = child.id();
+        let run = Run::attach(root(), pid, pid)?;
+        assert!(run.has_members());
+        let stranger = Run::attach(4242, pid, pid).expect_err("not uid 4242's");
+        assert_eq!(stranger.code, ErrorCode::Forbidden);
+        assert!(stranger.message.contains("belongs to uid"), "{stranger:?}");
+        assert_eq!(run.signal(Signal::SIGKILL), 1);
+        assert!(killed(&mut child)?);
+        assert!(!run.has_members());
+        Ok(())
+    }
+
+    #[test]
+    fn a_zombie_counts_as_gone() -> anyhow::Result<()> {
+        let mut child = sleeper(None, None)?;
+        let pid = child.id();
+        let run = Run::attach(root(), pid, pid)?;
+        let peer = Peer::of_pid(pid);
+        assert!(!peer.gone());
+        child.kill()?;
+        // Exited, not yet reaped: a zombie still has its pid and its group.
+        let fd = Pidfd::open(pid)?;
+        assert!(fd.wait_exit(WAIT), "{pid} did not exit");
+        assert!(peer.gone());
+        assert!(!run.has_members());
+        let err = Run::attach(root(), pid, pid).expect_err("a zombie");
+        assert_eq!(err.code, ErrorCode::BadRequest);
+        child.wait()?;
+        Ok(())
+    }
+
+    #[test]
+    fn a_pid_outside_the_group_named_is_refused() -> anyhow::Result<()> {
+        let (mut a, mut b) = (sleeper(None, None)?, sleeper(None, None)?);
+        let err = Run::attach(root(), a.id(), b.id()).expect_err("another group");
+        assert_eq!(err.code, ErrorCode::BadRequest);
+        let want = format!("is in process group {}, not {}", a.id(), b.id());
+        assert!(err.message.contains(&want), "{err:?}");
+        a.kill()?;
+        b.kill()?;
+        a.wait()?;
+        b.wait()?;
+        Ok(())
+    }
+
+    #[test]
+    fn init_the_agent_and_nonsense_are_refused_even_for_root() -> anyhow::Result<()> {
+        let me = std::process::id();
+        let my_group = nix::unistd::getpgrp().as_raw() as u32;
+        let mut child = sleeper(None, None)?;
+        let pid = child.id();
+        for (pid, pgid, code) in [
+            (1, 1, ErrorCode::Forbidden),
+            (pid, 1, ErrorCode::Forbidden),
+            (me, my_group, ErrorCode::Forbidden),
+            (me, pid, ErrorCode::Forbidden),
+            (pid, my_group, ErrorCode::Forbidden),
+            (pid, 0, ErrorCode::BadRequest),
+            (0, pid, ErrorCode::BadRequest),
+            (u32::MAX, pid, ErrorCode::BadRequest),
+        ] {
+            let err = Run::attach(root(), pid, pgid).expect_err("refused");
+            assert_eq!(err.code, code, "attach {pid} {pgid}: {err:?}");
+        }
+        child.kill()?;
+        child.wait()?;
+        Ok(())
+    }
+
+    #[test]
+    fn another_users_process_in_the_group_is_neither_signalled_nor_counted() -> anyhow::Result<()> {
+        let mut leader = sleeper(None, None)?;
+        let group = leader.id();
+        let mut theirs = sleeper(Some(group), Some(NOBODY))?;
+        // spawn returns after exec, so nobody's uid is already in place.
+        let run = Run::attach(NOBODY, theirs.id(), group)?;
+        assert_eq!(run.signal(Signal::SIGKILL), 1);
+        assert!(killed(&mut theirs)?);
+        assert!(alive(&mut leader)?, "root's leader was signalled");
+        assert!(!run.has_members(), "root's process kept nobody's run going");
+        leader.kill()?;
+        leader.wait()?;
+        Ok(())
+    }
+}
