@@ -11,19 +11,24 @@ use anyhow::{ensure, Context, Result};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use tokio::process::Command;
 
-const NOBODY: u32 = 65534;
+pub(crate) const NOBODY: u32 = 65534;
 /// The socket's group: any gid will do, root can give the socket to it.
-const RUNLOCK_GROUP: u32 = 4242;
+pub(crate) const RUNLOCK_GROUP: u32 = 4242;
 /// A group the configuration lets force and break.
 const ADMIN_GROUP: u32 = 4243;
 
 /// An agent whose socket belongs to `RUNLOCK_GROUP`, mode 0660, in a
 /// directory others may pass through; `config` is its configuration file.
 async fn agent(config: &str) -> Result<TestAgent> {
+    agent_on("memory://", config).await
+}
+
+/// Like [`agent`], on `backend`.
+pub(crate) async fn agent_on(backend: &str, config: &str) -> Result<TestAgent> {
     let dir = crate::support::agent::temp_dir()?;
     let file = dir.path().join("runlockd.toml");
     std::fs::write(&file, config)?;
-    let mut options = AgentOptions::new("memory://");
+    let mut options = AgentOptions::new(backend);
     options.args = vec![
         "--config".into(),
         file.display().to_string(),
@@ -37,7 +42,7 @@ async fn agent(config: &str) -> Result<TestAgent> {
 }
 
 /// `runlock --socket S ARGS...` as `nobody` with the supplementary `groups`.
-fn as_nobody(agent: &TestAgent, groups: &[u32], args: &[&str]) -> Result<Run> {
+pub(crate) fn as_nobody(agent: &TestAgent, groups: &[u32], args: &[&str]) -> Result<Run> {
     let groups = if groups.is_empty() {
         "--clear-groups".to_string()
     } else {
@@ -58,7 +63,11 @@ fn as_nobody(agent: &TestAgent, groups: &[u32], args: &[&str]) -> Result<Run> {
     Run::spawn(command)
 }
 
-async fn nobody_runs(agent: &TestAgent, groups: &[u32], args: &[&str]) -> Result<Finished> {
+pub(crate) async fn nobody_runs(
+    agent: &TestAgent,
+    groups: &[u32],
+    args: &[&str],
+) -> Result<Finished> {
     as_nobody(agent, groups, args)?.finish().await
 }
 
