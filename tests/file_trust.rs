@@ -7,7 +7,7 @@
 use crate::access::{agent_on, nobody_runs, NOBODY, RUNLOCK_GROUP};
 use crate::config::runlockd;
 use crate::support::agent::{temp_dir, FileBackendDir};
-use crate::support::run::HOLD;
+use crate::support::run::{Finished, HOLD};
 use crate::support::{AgentOptions, TestAgent};
 use anyhow::{ensure, Context, Result};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -24,29 +24,27 @@ fn mode(path: &Path) -> Result<u32> {
     Ok(meta.mode() & 0o7777)
 }
 
-/// `runlock run --key K -- echo ran` as `nobody` in the socket's group: refused
-/// with `internal` (70), the command never run.
-async fn nobody_is_refused(agent: &TestAgent, k: &str, says: &str) -> Result<()> {
-    let out = nobody_runs(
+/// `runlock run --key K -- echo ran` as `nobody` in the socket's group.
+async fn nobody_echoes(agent: &TestAgent, k: &str) -> Result<Finished> {
+    nobody_runs(
         agent,
         &[RUNLOCK_GROUP],
         &["run", "--key", k, "--", "echo", "ran"],
     )
-    .await?;
+    .await
+}
+
+/// Refused with `internal` (70) naming `says`, the command never run.
+async fn nobody_is_refused(agent: &TestAgent, k: &str, says: &str) -> Result<()> {
+    let out = nobody_echoes(agent, k).await?;
     out.expect_code(70).with_context(|| format!("key {k}"))?;
     ensure!(!out.stdout.contains("ran"), "{out:?}");
     ensure!(out.stderr.contains(says), "{says:?} not named: {out:?}");
     Ok(())
 }
 
-/// A run of `k` as `nobody` that is granted.
 async fn nobody_is_granted(agent: &TestAgent, k: &str) -> Result<()> {
-    let out = nobody_runs(
-        agent,
-        &[RUNLOCK_GROUP],
-        &["run", "--key", k, "--", "echo", "ran"],
-    )
-    .await?;
+    let out = nobody_echoes(agent, k).await?;
     out.expect_code(0).with_context(|| format!("key {k}"))?;
     ensure!(out.stdout.contains("ran"), "{out:?}");
     Ok(())

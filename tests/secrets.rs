@@ -5,7 +5,6 @@
 use crate::config::runlockd;
 use crate::support::agent::temp_dir;
 use crate::support::stores::{Space, S3};
-use crate::support::{key, AgentOptions, TestAgent};
 use anyhow::{ensure, Context, Result};
 
 /// Two halves that must never be shown, joined by each character that ends
@@ -103,22 +102,10 @@ async fn the_exit_78_message_hides_a_password_whatever_it_holds() -> Result<()> 
 async fn an_s3_trace_log_holds_no_secret_and_no_client_library_detail() -> Result<()> {
     const SECRET: &str = "tRaCe-s3cr3t-access-key";
     let space = Space::create(S3, "trace-log").await?;
-    let mut env = space.env();
-    for (name, value) in env.iter_mut() {
-        if name == "AWS_SECRET_ACCESS_KEY" {
-            *value = SECRET.to_string();
-        }
-    }
-    env.push(("RUST_LOG".into(), "trace".into()));
-    let mut options = AgentOptions::new(space.uri("p"));
-    options.args = vec!["--log-format".into(), "json".into()];
-    let agent = TestAgent::start_with_env(options, &env).await?;
-    agent
-        .run(&[&key("trace-log")], &[], "true")?
-        .finish()
-        .await?
-        .expect_code(0)?;
-    let log = agent.log();
+    let env = [("AWS_SECRET_ACCESS_KEY", SECRET)];
+    let log = space
+        .trace_log_of_one_run(&["--log-format", "json"], &env)
+        .await?;
     let mut ours = 0;
     for line in log.lines() {
         let event: serde_json::Value =
