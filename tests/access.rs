@@ -20,10 +20,15 @@ const ADMIN_GROUP: u32 = 4243;
 /// An agent whose socket belongs to `RUNLOCK_GROUP`, mode 0660, in a
 /// directory others may pass through; `config` is its configuration file.
 pub(crate) async fn agent(config: &str) -> Result<TestAgent> {
+    agent_on("memory://", config).await
+}
+
+/// Like [`agent`], on `backend`.
+pub(crate) async fn agent_on(backend: &str, config: &str) -> Result<TestAgent> {
     let dir = crate::support::agent::temp_dir()?;
     let file = dir.path().join("runlockd.toml");
     std::fs::write(&file, config)?;
-    let mut options = AgentOptions::new("memory://");
+    let mut options = AgentOptions::new(backend);
     options.args = vec![
         "--config".into(),
         file.display().to_string(),
@@ -49,7 +54,11 @@ pub(crate) fn as_nobody(agent: &TestAgent, groups: &[u32], args: &[&str]) -> Res
     Run::spawn(command)
 }
 
-async fn nobody_runs(agent: &TestAgent, groups: &[u32], args: &[&str]) -> Result<Finished> {
+pub(crate) async fn nobody_runs(
+    agent: &TestAgent,
+    groups: &[u32],
+    args: &[&str],
+) -> Result<Finished> {
     as_nobody(agent, groups, args)?.finish().await
 }
 

@@ -59,11 +59,8 @@ async fn agent_replaces_a_stale_socket_left_by_a_killed_agent() -> Result<()> {
     let dir = temp_dir()?;
     let socket = dir.path().join("agent.sock");
     let locks = FileBackendDir::new()?;
-    let options = AgentOptions {
-        backend: locks.uri(),
-        socket: Some(socket.clone()),
-        args: Vec::new(),
-    };
+    let mut options = AgentOptions::new(locks.uri());
+    options.socket = Some(socket.clone());
     let mut killed = TestAgent::start_with(options.clone()).await?;
     killed.kill().await?;
     ensure!(socket.exists(), "SIGKILL left no socket file to test with");

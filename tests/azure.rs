@@ -6,7 +6,6 @@
 //! through real agents are in `scenarios.rs`.
 
 use crate::support::stores::{azure, unique_name, Azure, Endpoint, Space, Store};
-use crate::support::{key, AgentOptions, TestAgent};
 use anyhow::{bail, ensure, Context, Result};
 use runlock_agent::backend::cas::{AzureOptions, AzureStore, CasEngine, CasError, CasStore};
 use runlock_agent::backend::{AcquireSpec, Backend, BackendError, LeaseRef};
@@ -273,15 +272,7 @@ async fn store_failures_are_named_without_the_key() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_trace_log_holds_no_shared_key_signature() -> Result<()> {
     let space = Space::create(Azure, "trace-log").await?;
-    let mut env = space.env();
-    env.push(("RUST_LOG".into(), "trace".into()));
-    let agent = TestAgent::start_with_env(AgentOptions::new(space.uri("p")), &env).await?;
-    agent
-        .run(&[&key("trace-log")], &[], "true")?
-        .finish()
-        .await?
-        .expect_code(0)?;
-    let log = agent.log();
+    let log = space.trace_log_of_one_run(&[], &[]).await?;
     ensure!(
         log.contains("DEBUG runlock_agent") || log.contains("TRACE runlock_agent"),
         "the agent did not log verbosely: {log}"

@@ -13,7 +13,7 @@ use std::path::Path;
 use tokio::process::Command;
 
 /// `runlockd ARGS...` to its end, with `env` added and no inherited `RUNLOCK_*`.
-async fn runlockd(args: &[&str], env: &[(&str, &str)]) -> Result<Finished> {
+pub(crate) async fn runlockd(args: &[&str], env: &[(&str, &str)]) -> Result<Finished> {
     let mut command = Command::new(&bins()?.runlockd);
     for (name, _) in std::env::vars().filter(|(n, _)| n.starts_with("RUNLOCK_")) {
         command.env_remove(name);

@@ -195,11 +195,7 @@ async fn held_error_names_a_holder_on_another_agent_even_behind_a_local_waiter()
 async fn a_lock_directory_that_is_gone_makes_runs_exit_69() -> Result<()> {
     let locks = FileBackendDir::new()?;
     let agent = TestAgent::start(locks.uri()).await?;
-    let dir = locks
-        .uri()
-        .strip_prefix("file://")
-        .map(std::path::PathBuf::from)
-        .context("not a file:// URI")?;
+    let dir = locks.path();
     std::fs::remove_dir_all(&dir)?;
     let k = key("gone-directory");
     let out = agent.run(&[&k], &[], "echo must-not-run")?.finish().await?;
@@ -222,11 +218,7 @@ async fn a_waiting_run_rides_out_an_unreachable_store_until_its_wait_ends() -> R
     // Debug logs show each request as it arrives: the event the test waits for.
     let debug = [("RUST_LOG".to_string(), "debug".to_string())];
     let agent = TestAgent::start_with_env(AgentOptions::new(locks.uri()), &debug).await?;
-    let dir = locks
-        .uri()
-        .strip_prefix("file://")
-        .map(std::path::PathBuf::from)
-        .context("not a file:// URI")?;
+    let dir = locks.path();
     std::fs::remove_dir_all(&dir)?;
     let k = key("unreachable-store");
     let gave_up = agent

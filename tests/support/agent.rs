@@ -24,6 +24,8 @@ pub struct AgentOptions {
     pub socket: Option<PathBuf>,
     /// More flags for `runlockd`.
     pub args: Vec<String>,
+    /// The agent's umask, if not the test's.
+    pub umask: Option<u32>,
 }
 
 impl AgentOptions {
@@ -33,6 +35,7 @@ impl AgentOptions {
             backend: backend.into(),
             socket: None,
             args: Vec::new(),
+            umask: None,
         }
     }
 }
@@ -69,7 +72,17 @@ impl FileBackendDir {
 
     /// Its URI.
     pub fn uri(&self) -> String {
-        format!("file://{}", self.dir.path().join("locks").display())
+        format!("file://{}", self.path().display())
+    }
+
+    /// The lock directory (the agent creates it).
+    pub fn path(&self) -> PathBuf {
+        self.dir.path().join("locks")
+    }
+
+    /// The directory the lock directory is made in.
+    pub fn parent(&self) -> &Path {
+        self.dir.path()
     }
 }
 
@@ -150,6 +163,16 @@ impl TestAgent {
             .stdout(Stdio::null())
             .stderr(log_file)
             .kill_on_drop(true);
+        if let Some(mask) = options.umask {
+            let mask = nix::sys::stat::Mode::from_bits_truncate(mask);
+            // SAFETY: umask is async-signal-safe and touches no memory of ours.
+            unsafe {
+                command.pre_exec(move || {
+                    nix::sys::stat::umask(mask);
+                    Ok(())
+                });
+            }
+        }
         let child = command
             .spawn()
             .with_context(|| format!("starting {}", bins.runlockd.display()))?;

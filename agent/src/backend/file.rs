@@ -9,16 +9,25 @@
 //! renewal, when the path no longer names its inode. `.force.lock` orders a
 //! force against plain acquisitions (shared for those, exclusive for force),
 //! so no two grants read the same previous token.
+//!
+//! The directory is opened once and every name is looked up relative to it
+//! (`openat`, `renameat`, `fstatat`) with `O_NOFOLLOW`: the agent runs as root
+//! for every user of its socket, so a link planted where a lock file belongs
+//! is refused, never followed out of the directory. A directory that anyone
+//! but root and the agent's user could change is refused at start.
 
 use super::{AcquireSpec, Backend, BackendError, Capabilities, Grant, LeaseRef};
+use anyhow::Context as _;
 use async_trait::async_trait;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::Mode;
 use runlock_protocol::{Holder, Key, KeyRecord, KeyState, Scope};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::io::{AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,31 +51,49 @@ pub struct FileBackend {
 }
 
 struct Inner {
+    /// The directory as configured: reopened from here only if it was deleted.
     dir: PathBuf,
+    /// The directory, open: every file name is resolved relative to it.
+    dir_fd: Mutex<Arc<File>>,
     /// Open (and so locked) files by lease id; dropping one unlocks its key.
     held: Mutex<HashMap<String, File>>,
 }
 
+/// A record names its holder's command line, which is not for every user.
+const FILE_MODE: u32 = 0o640;
+const DIR_MODE: u32 = 0o750;
+const GATE_FILE: &str = ".force.lock";
+
 impl FileBackend {
-    /// Opens (creating if needed) the lock directory.
+    /// Opens (creating if needed, mode 0750) the lock directory, refusing
+    /// one that a user other than root or the agent's own could change.
     pub fn open(dir: PathBuf) -> anyhow::Result<FileBackend> {
-        use anyhow::Context as _;
-        std::fs::create_dir_all(&dir)
+        DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(&dir)
             .with_context(|| format!("creating lock directory {}", dir.display()))?;
-        let probe = dir.join(GATE_FILE);
-        OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o644)
-            .open(&probe)
-            .with_context(|| format!("lock directory {} is not writable", dir.display()))?;
+        let dir_fd = open_dir(&dir)?;
+        let inner = Inner {
+            dir,
+            dir_fd: Mutex::new(Arc::new(dir_fd)),
+            held: Mutex::new(HashMap::new()),
+        };
+        let dir = inner.dir()?;
+        match inner.open(&dir, GATE_FILE, OFlag::O_RDWR | OFlag::O_CREAT) {
+            Ok(_) => {}
+            Err(BackendError::Corrupt(why)) => {
+                tracing::warn!("{why}; every --force is refused until it is removed");
+            }
+            Err(err) => {
+                anyhow::bail!(
+                    "lock directory {} is not writable: {err}",
+                    inner.dir.display()
+                )
+            }
+        }
         Ok(FileBackend {
-            inner: Arc::new(Inner {
-                dir,
-                held: Mutex::new(HashMap::new()),
-            }),
+            inner: Arc::new(inner),
         })
     }
 
@@ -81,21 +108,117 @@ impl FileBackend {
     }
 }
 
-const GATE_FILE: &str = ".force.lock";
-
-/// Opens (creating if needed) a file we lock and write in place.
-fn open_rw(path: &Path) -> io::Result<File> {
+/// Opens the lock directory after checking who can change it.
+fn open_dir(dir: &Path) -> anyhow::Result<File> {
+    let real = resolve_checked(dir)?;
     OpenOptions::new()
         .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .open(path)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(&real)
+        .with_context(|| format!("opening lock directory {}", dir.display()))
 }
 
-fn io_error(what: &str, path: &Path, err: io::Error) -> BackendError {
-    BackendError::Unavailable(format!("{what} {}: {err}", path.display()))
+/// Resolves `dir` one name at a time, following links as the kernel would,
+/// and refuses it when a directory looked through on the way, or the lock
+/// directory itself, could be changed by someone else (see [`refuse_writers`]):
+/// whoever could would choose where the agent writes as root.
+fn resolve_checked(dir: &Path) -> anyhow::Result<PathBuf> {
+    let absolute = std::path::absolute(dir)
+        .with_context(|| format!("resolving lock directory {}", dir.display()))?;
+    let mut todo: Vec<std::ffi::OsString> = Vec::new();
+    push_components(&mut todo, &absolute);
+    let mut real = PathBuf::from("/");
+    let mut links = 0;
+    while let Some(name) = todo.pop() {
+        if name == ".." {
+            real.pop();
+            continue;
+        }
+        refuse_writers(dir, &real, false)?;
+        let next = real.join(&name);
+        let meta = std::fs::symlink_metadata(&next)
+            .with_context(|| format!("resolving lock directory {}", dir.display()))?;
+        if meta.file_type().is_symlink() {
+            links += 1;
+            if links > 40 {
+                anyhow::bail!("lock directory {}: too many symbolic links", dir.display());
+            }
+            let target = std::fs::read_link(&next)
+                .with_context(|| format!("resolving lock directory {}", dir.display()))?;
+            if target.is_absolute() {
+                real = PathBuf::from("/");
+            }
+            push_components(&mut todo, &target);
+        } else {
+            real = next;
+        }
+    }
+    refuse_writers(dir, &real, true)?;
+    Ok(real)
+}
+
+/// Pushes `path`'s names so that the first is popped first (`.` dropped).
+fn push_components(todo: &mut Vec<std::ffi::OsString>, path: &Path) {
+    use std::path::Component;
+    let names = path.components().filter_map(|c| match c {
+        Component::Normal(name) => Some(name.to_os_string()),
+        Component::ParentDir => Some("..".into()),
+        Component::RootDir | Component::CurDir | Component::Prefix(_) => None,
+    });
+    let names: Vec<_> = names.collect();
+    todo.extend(names.into_iter().rev());
+}
+
+/// Like sshd's StrictModes: `place` must belong to root or the agent's user
+/// and be writable by no group or other user. A directory on the way (not
+/// the lock directory) may be a root-owned sticky one, as /tmp, where no one
+/// else can rename or remove what is ours.
+fn refuse_writers(dir: &Path, place: &Path, is_lock_dir: bool) -> anyhow::Result<()> {
+    let euid = nix::unistd::geteuid().as_raw();
+    let meta = std::fs::metadata(place)
+        .with_context(|| format!("checking lock directory {}", dir.display()))?;
+    let (owner, mode) = (meta.uid(), meta.mode() & 0o7777);
+    let sticky_on_the_way = !is_lock_dir && owner == 0 && mode & libc::S_ISVTX != 0;
+    let why = if owner != 0 && owner != euid {
+        format!("is owned by {}", user_name(owner))
+    } else if sticky_on_the_way {
+        return Ok(());
+    } else {
+        match (mode & 0o020 != 0, mode & 0o002 != 0) {
+            (true, true) => format!(
+                "is writable by group {} and all users",
+                group_name(meta.gid())
+            ),
+            (true, false) => format!("is writable by group {}", group_name(meta.gid())),
+            (false, true) => "is writable by all users".to_string(),
+            (false, false) => return Ok(()),
+        }
+    };
+    let owners = match euid {
+        0 => "root".to_string(),
+        _ => format!("root or {}", user_name(euid)),
+    };
+    anyhow::bail!(
+        "refusing lock directory {}: {} {why} (mode {mode:04o}, owner {}); it and the \
+         directories above it must be owned by {owners} and writable by no one else",
+        dir.display(),
+        place.display(),
+        user_name(owner),
+    )
+}
+
+fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(uid.into()) {
+        Ok(Some(user)) => format!("uid {uid} ({})", user.name),
+        _ => format!("uid {uid}"),
+    }
+}
+
+fn group_name(gid: u32) -> String {
+    match nix::unistd::Group::from_gid(gid.into()) {
+        Ok(Some(group)) => format!("{gid} ({})", group.name),
+        _ => gid.to_string(),
+    }
 }
 
 /// The file name for a key.
@@ -141,15 +264,6 @@ fn ofd_is_locked(file: &File) -> io::Result<bool> {
         return Err(io::Error::last_os_error());
     }
     Ok(lock.l_type != libc::F_UNLCK as libc::c_short)
-}
-
-fn same_inode(file: &File, path: &Path) -> io::Result<bool> {
-    let ours = file.metadata()?;
-    match std::fs::metadata(path) {
-        Ok(theirs) => Ok(ours.ino() == theirs.ino() && ours.dev() == theirs.dev()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
-        Err(e) => Err(e),
-    }
 }
 
 fn read_bytes(mut file: &File) -> io::Result<Vec<u8>> {
@@ -209,20 +323,115 @@ fn read_record_settled(
 }
 
 impl Inner {
-    fn path(&self, key: &Key) -> PathBuf {
-        self.dir.join(file_name(key))
+    /// A name in the lock directory, for messages.
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
     }
 
-    fn open_gate(&self, exclusive: bool) -> Result<File, BackendError> {
-        let path = self.dir.join(GATE_FILE);
-        let gate = open_rw(&path).map_err(|e| io_error("opening", &path, e))?;
+    fn io_error(&self, what: &str, name: &str, err: impl Into<io::Error>) -> BackendError {
+        let err = err.into();
+        BackendError::Unavailable(format!("{what} {}: {err}", self.path(name).display()))
+    }
+
+    /// The open lock directory; reopened (and checked again) from its path if
+    /// it was deleted, so that runs go on once it is back.
+    fn dir(&self) -> Result<Arc<File>, BackendError> {
+        // invariant: nothing panics while holding this lock
+        let mut dir = self.dir_fd.lock().unwrap_or_else(|e| e.into_inner());
+        let gone = dir
+            .metadata()
+            .map_err(|e| self.io_error("checking", "", e))?
+            .nlink()
+            == 0;
+        if gone {
+            let reopened =
+                open_dir(&self.dir).map_err(|e| BackendError::Unavailable(format!("{e:#}")))?;
+            *dir = Arc::new(reopened);
+        }
+        Ok(dir.clone())
+    }
+
+    /// Opens `name` in `dir`, which must exist (see [`Inner::try_open`]).
+    fn open(&self, dir: &File, name: &str, flags: OFlag) -> Result<File, BackendError> {
+        self.try_open(dir, name, flags)?
+            .ok_or_else(|| self.io_error("opening", name, nix::errno::Errno::ENOENT))
+    }
+
+    /// Opens `name` in `dir` (created 0640 with `O_CREAT`), never through a
+    /// link; `Ok(None)` when it does not exist. A link, or anything but a
+    /// plain file with one name, is `Corrupt`: that key stays unusable until
+    /// a person removes it, and nothing outside the directory is touched. A
+    /// file opened for writing is tightened to 0640 if it was wider.
+    fn try_open(&self, dir: &File, name: &str, flags: OFlag) -> Result<Option<File>, BackendError> {
+        let fd = nix::fcntl::openat(
+            Some(dir.as_raw_fd()),
+            name,
+            flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(FILE_MODE),
+        );
+        let fd = match fd {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::ENOENT) => return Ok(None),
+            Err(nix::errno::Errno::ELOOP) => {
+                return Err(BackendError::Corrupt(format!(
+                    "{} is a symbolic link, which runlock never follows; remove it",
+                    self.path(name).display()
+                )))
+            }
+            Err(err) => return Err(self.io_error("opening", name, err)),
+        };
+        // SAFETY: openat just returned this descriptor and nothing else owns it.
+        let file = unsafe { File::from_raw_fd(fd) };
+        let meta = file
+            .metadata()
+            .map_err(|e| self.io_error("checking", name, e))?;
+        if !meta.file_type().is_file() || meta.nlink() != 1 {
+            return Err(BackendError::Corrupt(format!(
+                "{} is not a plain file with one name (a hard link, a directory or a device); \
+                 remove it",
+                self.path(name).display()
+            )));
+        }
+        let mode = meta.mode() & 0o7777;
+        if flags.contains(OFlag::O_RDWR) && mode & !FILE_MODE != 0 {
+            nix::sys::stat::fchmod(file.as_raw_fd(), Mode::from_bits_truncate(mode & FILE_MODE))
+                .map_err(|e| self.io_error("restricting the mode of", name, e))?;
+        }
+        Ok(Some(file))
+    }
+
+    /// Whether `name` in `dir` is still `file` (not replaced by a force, or removed).
+    fn same_inode(&self, dir: &File, file: &File, name: &str) -> Result<bool, BackendError> {
+        let ours = file
+            .metadata()
+            .map_err(|e| self.io_error("checking", name, e))?;
+        match nix::sys::stat::fstatat(Some(dir.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(theirs) => Ok(ours.ino() == theirs.st_ino && ours.dev() == theirs.st_dev),
+            Err(nix::errno::Errno::ENOENT) => Ok(false),
+            Err(err) => Err(self.io_error("checking", name, err)),
+        }
+    }
+
+    /// The gate, locked shared (plain acquisitions) or exclusive (force).
+    /// `None` when `.force.lock` is not a plain file (a planted link): a
+    /// force is refused, and a plain acquisition goes ahead without it, as
+    /// no agent can force through that gate, so none needs ordering against.
+    fn open_gate(&self, dir: &File, exclusive: bool) -> Result<Option<File>, BackendError> {
+        let gate = match self.open(dir, GATE_FILE, OFlag::O_RDWR | OFlag::O_CREAT) {
+            Ok(gate) => gate,
+            Err(BackendError::Corrupt(why)) if !exclusive => {
+                tracing::warn!("{why}; every --force is refused until it is removed");
+                return Ok(None);
+            }
+            Err(err) => return Err(err),
+        };
         let kind = if exclusive {
             libc::F_WRLCK
         } else {
             libc::F_RDLCK
         };
-        ofd_lock(&gate, kind, true).map_err(|e| io_error("locking", &path, e))?;
-        Ok(gate)
+        ofd_lock(&gate, kind, true).map_err(|e| self.io_error("locking", GATE_FILE, e))?;
+        Ok(Some(gate))
     }
 
     fn remember(&self, lease_id: &str, file: File) {
@@ -235,25 +444,28 @@ impl Inner {
 
     fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         let sent = tokio::time::Instant::now();
-        let _gate = self.open_gate(spec.force)?;
-        let path = self.path(&spec.key);
+        let dir = self.dir()?;
+        let _gate = self.open_gate(&dir, spec.force)?;
+        let name = file_name(&spec.key);
         loop {
-            let file = open_rw(&path).map_err(|e| io_error("opening", &path, e))?;
-            if !ofd_lock(&file, libc::F_WRLCK, false).map_err(|e| io_error("locking", &path, e))? {
+            let file = self.open(&dir, &name, OFlag::O_RDWR | OFlag::O_CREAT)?;
+            if !ofd_lock(&file, libc::F_WRLCK, false)
+                .map_err(|e| self.io_error("locking", &name, e))?
+            {
                 let current = read_record_settled(&file, |r| r.state == KeyState::Held)
-                    .map_err(|e| io_error("reading", &path, e))?;
+                    .map_err(|e| self.io_error("reading", &name, e))?;
                 if spec.force {
-                    return self.take_over(spec, &path, current);
+                    return self.take_over(&dir, spec, &name, current);
                 }
                 return Err(BackendError::Held(
                     current.and_then(|r| r.holder).map(Box::new),
                 ));
             }
-            // A force may have renamed a new file over the path between our open and lock.
-            if !same_inode(&file, &path).map_err(|e| io_error("checking", &path, e))? {
+            // A force may have renamed a new file over the name between our open and lock.
+            if !self.same_inode(&dir, &file, &name)? {
                 continue;
             }
-            let bytes = read_bytes(&file).map_err(|e| io_error("reading", &path, e))?;
+            let bytes = read_bytes(&file).map_err(|e| self.io_error("reading", &name, e))?;
             let previous = if bytes.is_empty() {
                 0
             } else {
@@ -261,47 +473,47 @@ impl Inner {
                     .map_err(|e| {
                         BackendError::Corrupt(format!(
                             "lock file {} is not a runlock record ({e}); move it aside to free the key",
-                            path.display()
+                            self.path(&name).display()
                         ))
                     })?
                     .token
             };
             let (holder, record) = held_record(spec, previous + 1, None);
-            write_record(&file, &record, true).map_err(|e| io_error("writing", &path, e))?;
+            write_record(&file, &record, true).map_err(|e| self.io_error("writing", &name, e))?;
             self.remember(&spec.lease_id, file);
             return Ok(Grant { holder, sent });
         }
     }
 
-    /// Force: a new locked file with a larger token renamed over the path.
+    /// Force: a new locked file with a larger token renamed over the name.
     fn take_over(
         &self,
+        dir: &File,
         spec: &AcquireSpec,
-        path: &Path,
+        name: &str,
         current: Option<FileRecord>,
     ) -> Result<Grant, BackendError> {
         let current = current.ok_or_else(|| {
             BackendError::Corrupt(format!(
                 "lock file {} is held but its record cannot be read; cannot take it over",
-                path.display()
+                self.path(name).display()
             ))
         })?;
-        let temp = self.dir.join(format!(".take-{}", spec.lease_id));
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .mode(0o644)
-            .open(&temp)
-            .map_err(|e| io_error("creating", &temp, e))?;
+        let temp = format!(".take-{}", uuid::Uuid::new_v4());
+        let file = self.open(dir, &temp, OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL)?;
         let (holder, record) = held_record(spec, current.token + 1, Some(current.token));
+        let dir_fd = Some(dir.as_raw_fd());
         let placed = ofd_lock(&file, libc::F_WRLCK, false)
             .and_then(|_| write_record(&file, &record, true))
-            .and_then(|_| std::fs::rename(&temp, path))
-            .and_then(|_| File::open(&self.dir)?.sync_all());
+            .and_then(|_| Ok(nix::fcntl::renameat(dir_fd, temp.as_str(), dir_fd, name)?))
+            .and_then(|_| dir.sync_all());
         if let Err(e) = placed {
-            let _ = std::fs::remove_file(&temp);
-            return Err(io_error("replacing", path, e));
+            let _ = nix::unistd::unlinkat(
+                dir_fd,
+                temp.as_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            );
+            return Err(self.io_error("replacing", name, e));
         }
         self.remember(&spec.lease_id, file);
         Ok(Grant {
@@ -311,15 +523,15 @@ impl Inner {
     }
 
     fn renew(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        let dir = self.dir()?;
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let file = held
             .get(&lease.lease_id)
             .ok_or(BackendError::LeaseMismatch)?;
-        let path = self.path(&lease.key);
-        match same_inode(file, &path) {
-            Ok(true) => Ok(()),
-            Ok(false) => Err(BackendError::LeaseMismatch),
-            Err(e) => Err(io_error("checking", &path, e)),
+        if self.same_inode(&dir, file, &file_name(&lease.key))? {
+            Ok(())
+        } else {
+            Err(BackendError::LeaseMismatch)
         }
     }
 
@@ -332,10 +544,14 @@ impl Inner {
         else {
             return Ok(());
         };
-        let path = self.path(&lease.key);
-        // Leave a `free` record (keeping the token) only if the path is still ours;
+        let name = file_name(&lease.key);
+        // Leave a `free` record (keeping the token) only if the name is still ours;
         // after a force it names the new holder's file.
-        if same_inode(&file, &path).unwrap_or(false) {
+        let ours = self
+            .dir()
+            .and_then(|dir| self.same_inode(&dir, &file, &name))
+            .unwrap_or(false);
+        if ours {
             let record = FileRecord {
                 key: lease.key.to_string(),
                 state: KeyState::Free,
@@ -344,14 +560,14 @@ impl Inner {
                 forced_from: None,
             };
             // Not synced: a lost `free` record is harmless, the kernel lock is the truth.
-            write_record(&file, &record, false).map_err(|e| io_error("writing", &path, e))?;
+            write_record(&file, &record, false).map_err(|e| self.io_error("writing", &name, e))?;
         }
         drop(file); // closing the description drops the lock
         Ok(())
     }
 
     fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
-        let path = self.path(key);
+        let name = file_name(key);
         let mut record = KeyRecord {
             key: key.to_string(),
             state: KeyState::Free,
@@ -360,15 +576,14 @@ impl Inner {
             expires_in_ms: None,
             scope: Scope::Host,
         };
-        let file = match File::open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(record),
-            Err(e) => return Err(io_error("opening", &path, e)),
+        let dir = self.dir()?;
+        let Some(file) = self.try_open(&dir, &name, OFlag::O_RDONLY)? else {
+            return Ok(record);
         };
-        let locked = ofd_is_locked(&file).map_err(|e| io_error("checking", &path, e))?;
+        let locked = ofd_is_locked(&file).map_err(|e| self.io_error("checking", &name, e))?;
         let wanted = |r: &FileRecord| !locked || r.state == KeyState::Held;
         let stored =
-            read_record_settled(&file, wanted).map_err(|e| io_error("reading", &path, e))?;
+            read_record_settled(&file, wanted).map_err(|e| self.io_error("reading", &name, e))?;
         if locked {
             record.state = KeyState::Held;
         }
@@ -508,5 +723,138 @@ mod tests {
             std::fs::read(dir.path().join("k.lock")).expect("read"),
             b"not json"
         );
+    }
+
+    fn corrupt_naming(result: Result<Grant, BackendError>, name: &str) -> String {
+        match result {
+            Err(BackendError::Corrupt(msg)) => {
+                assert!(msg.contains(name), "{msg}");
+                msg
+            }
+            other => panic!("expected corrupt naming {name}, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_planted_link_is_refused_never_followed_and_other_keys_go_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        let precious = outside.path().join("precious");
+        let absent = outside.path().join("absent");
+        std::fs::write(&precious, b"keep me").expect("write");
+        let backend = FileBackend::open(dir.path().into()).expect("open");
+        std::os::unix::fs::symlink(&precious, dir.path().join("k.lock")).expect("link");
+        std::os::unix::fs::symlink(&absent, dir.path().join("d.lock")).expect("link");
+
+        let msg = corrupt_naming(
+            backend.acquire(&spec("k", "l1", false, TTL)).await,
+            "k.lock",
+        );
+        assert!(msg.contains("symbolic link"), "{msg}");
+        corrupt_naming(backend.acquire(&spec("k", "l2", true, TTL)).await, "k.lock");
+        corrupt_naming(
+            backend.acquire(&spec("d", "l3", false, TTL)).await,
+            "d.lock",
+        );
+        corrupt_naming(backend.acquire(&spec("d", "l4", true, TTL)).await, "d.lock");
+        assert!(matches!(
+            backend.inspect(&Key::new("k").expect("valid")).await,
+            Err(BackendError::Corrupt(_))
+        ));
+        assert_eq!(std::fs::read(&precious).expect("read"), b"keep me");
+        assert!(!absent.exists(), "the link's target was created");
+        let other = backend
+            .acquire(&spec("other", "l5", false, TTL))
+            .await
+            .expect("another key is unaffected");
+        assert_eq!(other.holder.token, 1);
+    }
+
+    #[tokio::test]
+    async fn a_linked_gate_refuses_force_and_lets_plain_acquisitions_go_on() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let outside = tempfile::tempdir().expect("tempdir");
+        let target = outside.path().join("gate-target");
+        let backend = FileBackend::open(dir.path().into()).expect("open");
+        std::fs::remove_file(dir.path().join(GATE_FILE)).expect("remove the gate");
+        std::os::unix::fs::symlink(&target, dir.path().join(GATE_FILE)).expect("link");
+        corrupt_naming(
+            backend.acquire(&spec("k", "l1", true, TTL)).await,
+            GATE_FILE,
+        );
+        backend
+            .acquire(&spec("k", "l2", false, TTL))
+            .await
+            .expect("plain acquisitions need no gate no force can take");
+        assert!(!target.exists(), "the gate's target was created");
+        // An agent started on such a directory serves too.
+        FileBackend::open(dir.path().into()).expect("open with a linked gate");
+        assert!(!target.exists(), "the gate's target was created");
+    }
+
+    #[tokio::test]
+    async fn lock_files_are_0640_and_a_wider_one_is_tightened() {
+        use std::os::unix::fs::PermissionsExt;
+        let top = tempfile::tempdir().expect("tempdir");
+        let dir = top.path().join("new").join("locks");
+        let backend = FileBackend::open(dir.clone()).expect("open");
+        let mode = |path: &Path| std::fs::metadata(path).expect("stat").mode() & 0o7777;
+        assert_eq!(mode(&dir) & !DIR_MODE, 0, "directory mode {:o}", mode(&dir));
+        let wide = dir.join("wide.lock");
+        std::fs::write(&wide, b"").expect("write");
+        std::fs::set_permissions(&wide, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+        backend
+            .acquire(&spec("wide", "l1", false, TTL))
+            .await
+            .expect("free key");
+        assert_eq!(mode(&wide), 0o640);
+        backend
+            .acquire(&spec("fresh", "l2", false, TTL))
+            .await
+            .expect("free key");
+        let fresh = mode(&dir.join("fresh.lock"));
+        assert_eq!(fresh & !FILE_MODE, 0, "new lock file mode {fresh:o}");
+    }
+
+    #[test]
+    fn a_directory_others_can_change_is_refused_naming_it() {
+        use std::os::unix::fs::PermissionsExt;
+        let chmod = |path: &Path, mode: u32| {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod")
+        };
+        let top = tempfile::tempdir().expect("tempdir");
+        let locks = top.path().join("locks");
+        std::fs::create_dir(&locks).expect("mkdir");
+        for (mode, who) in [(0o770, "group"), (0o703, "all users")] {
+            chmod(&locks, mode);
+            let Err(err) = FileBackend::open(locks.clone()) else {
+                panic!("mode {mode:o} was accepted");
+            };
+            let msg = format!("{err:#}");
+            assert!(msg.contains(&locks.display().to_string()), "{msg}");
+            assert!(
+                msg.contains(who) && msg.contains(&format!("{mode:04o}")),
+                "{msg}"
+            );
+        }
+        chmod(&locks, 0o700);
+        FileBackend::open(locks.clone()).expect("a private directory");
+
+        // A parent anyone can write, or one a link passes through, is refused too.
+        let open = top.path().join("open");
+        std::fs::create_dir(&open).expect("mkdir");
+        chmod(&open, 0o777);
+        std::fs::create_dir(open.join("locks")).expect("mkdir");
+        std::os::unix::fs::symlink(&locks, open.join("link")).expect("link");
+        for given in [open.join("locks"), open.join("link")] {
+            let Err(err) = FileBackend::open(given.clone()) else {
+                panic!("{} was accepted", given.display());
+            };
+            let msg = format!("{err:#}");
+            assert!(
+                msg.contains(&format!("{} is writable by", open.display())) && msg.contains("0777"),
+                "{msg}"
+            );
+        }
     }
 }

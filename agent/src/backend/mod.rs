@@ -8,12 +8,15 @@ mod fixtures;
 mod key_name;
 mod memory;
 pub mod postgres;
+mod uri;
 
 pub use cas::{AzureOptions, GcsOptions, S3Options};
 pub use etcd::{EtcdBackend, EtcdOptions};
 pub use file::FileBackend;
 pub use memory::MemoryBackend;
 pub use postgres::{PostgresBackend, PostgresOptions};
+pub use uri::redact_uri;
+pub(crate) use uri::split_userinfo;
 
 use async_trait::async_trait;
 use runlock_protocol::{ErrorCode, Holder, Key, KeyRecord, Scope, WireError};
@@ -280,57 +283,9 @@ async fn warn_if_unusable(
     }
 }
 
-/// A URI with its userinfo (user and password) removed, and the value of any
-/// query parameter naming a password (libpq's `password=`, `sslpassword=`)
-/// replaced, for logs and replies.
-pub fn redact_uri(uri: &str) -> String {
-    let Some((scheme, rest)) = uri.split_once("://") else {
-        return uri.to_string();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let rest = match rest[..authority_end].rfind('@') {
-        Some(at) => format!("***@{}", &rest[at + 1..]),
-        None => rest.to_string(),
-    };
-    let Some((before, query)) = rest.split_once('?') else {
-        return format!("{scheme}://{rest}");
-    };
-    let query: Vec<String> = query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if name.to_ascii_lowercase().contains("password") => {
-                format!("{name}=***")
-            }
-            _ => pair.to_string(),
-        })
-        .collect();
-    format!("{scheme}://{before}?{}", query.join("&"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn redaction_removes_userinfo_only() {
-        assert_eq!(
-            redact_uri("postgresql://u:secret@db:5432/x"),
-            "postgresql://***@db:5432/x"
-        );
-        assert_eq!(
-            redact_uri("file:///var/lib/runlock"),
-            "file:///var/lib/runlock"
-        );
-        assert_eq!(redact_uri("s3://bucket/a@b"), "s3://bucket/a@b");
-        assert_eq!(
-            redact_uri("postgresql://db/m?user=u&password=pa55&sslmode=disable"),
-            "postgresql://db/m?user=u&password=***&sslmode=disable"
-        );
-        assert_eq!(
-            redact_uri("postgresql://u:pa55@db?sslpassword=x"),
-            "postgresql://***@db?sslpassword=***"
-        );
-    }
 
     #[tokio::test]
     async fn unknown_scheme_is_named() {

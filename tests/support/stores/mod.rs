@@ -260,6 +260,28 @@ impl Space {
             .await
     }
 
+    /// The log of a `RUST_LOG=trace` agent on `uri("p")` with `args`, after one
+    /// run through it; `env` comes after the space's own, so it may replace a
+    /// credential with one a test can look for.
+    pub async fn trace_log_of_one_run(
+        &self,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Result<String> {
+        let mut all = self.env();
+        all.push(("RUST_LOG".into(), "trace".into()));
+        all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        let mut options = AgentOptions::new(self.uri("p"));
+        options.args = args.iter().map(|a| a.to_string()).collect();
+        let agent = TestAgent::start_with_env(options, &all).await?;
+        agent
+            .run(&[&super::key("trace-log")], &[], "true")?
+            .finish()
+            .await?
+            .expect_code(0)?;
+        Ok(agent.log())
+    }
+
     async fn agent_with(
         &self,
         prefix: &str,

@@ -137,15 +137,13 @@ fn parse_uri(uri: &str) -> anyhow::Result<Target> {
     let rest = uri
         .strip_prefix("etcd://")
         .ok_or_else(|| anyhow::anyhow!("{shown:?} is not an etcd:// URI"))?;
+    // The userinfo first, as `redact_uri` hides it: a password may hold `/` or `?`.
+    let (userinfo, rest) = super::split_userinfo(rest);
     let (rest, query) = match rest.split_once('?') {
         Some((rest, query)) => (rest, Some(query)),
         None => (rest, None),
     };
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => (Some(userinfo), hosts),
-        None => (None, authority),
-    };
+    let (hosts, path) = rest.split_once('/').unwrap_or((rest, ""));
     let hosts = hosts
         .split(',')
         .map(|host| {
@@ -180,8 +178,10 @@ fn parse_uri(uri: &str) -> anyhow::Result<Target> {
             Some(("watch", "true")) => watch = true,
             Some(("tls", "false")) => tls = false,
             Some(("tls", "true")) => tls = true,
+            // Only the name: a value is not for the log, whatever was put in it.
             _ => anyhow::bail!(
-                "{shown:?}: unknown setting {pair:?} (there are watch=false and tls=true)"
+                "{shown:?}: unknown setting {:?} (there are watch=false and tls=true)",
+                pair.split_once('=').map_or(pair, |(name, _)| name)
             ),
         }
     }
@@ -1126,6 +1126,20 @@ mod tests {
             panic!("a bad port was accepted");
         };
         assert!(!err.to_string().contains("secret"), "{err}");
+        for password in ["pa/ss", "p?w", "p#w", "p:w", "p@w", "a/b?c#d:e@f"] {
+            let uri = format!("etcd://ops:{password}@h1,h2:2380/team?watch=false");
+            let target = parse_uri(&uri).expect("valid");
+            assert_eq!(target.hosts, ["h1:2379", "h2:2380"]);
+            assert_eq!((target.prefix.as_str(), target.watch), ("team/", false));
+            assert_eq!(
+                target.user,
+                Some(("ops".to_string(), Some(password.to_string())))
+            );
+            let Err(err) = parse_uri(&format!("etcd://ops:{password}@h:x/p?tls=1")) else {
+                panic!("a bad port was accepted");
+            };
+            assert!(!err.to_string().contains(password), "{err}");
+        }
     }
 
     #[test]

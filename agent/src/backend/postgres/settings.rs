@@ -107,22 +107,19 @@ fn split_uri(uri: &str) -> Result<UriParts, String> {
         .strip_prefix("postgresql://")
         .or_else(|| uri.strip_prefix("postgres://"))
         .ok_or("it does not start with postgresql:// or postgres://")?;
+    // The userinfo first, as `redact_uri` hides it: a password may hold `/` or `?`.
+    let (userinfo, rest) = crate::backend::split_userinfo(rest);
     let (rest, query) = rest.split_once('?').unwrap_or((rest, ""));
-    let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
+    let (hostspec, path) = rest.split_once('/').unwrap_or((rest, ""));
     let mut parts = UriParts::default();
-    // The last '@' ends the user info, as in `redact_uri`.
-    let hostspec = match authority.rfind('@') {
-        Some(at) => {
-            let (user, password) = match authority[..at].split_once(':') {
-                Some((user, password)) => (user, Some(password)),
-                None => (&authority[..at], None),
-            };
-            parts.user = Some(decode(user)?).filter(|u| !u.is_empty());
-            parts.password = password.map(decode).transpose()?;
-            &authority[at + 1..]
-        }
-        None => authority,
-    };
+    if let Some(userinfo) = userinfo {
+        let (user, password) = match userinfo.split_once(':') {
+            Some((user, password)) => (user, Some(password)),
+            None => (userinfo, None),
+        };
+        parts.user = Some(decode(user)?).filter(|u| !u.is_empty());
+        parts.password = password.map(decode).transpose()?;
+    }
     if !hostspec.is_empty() {
         for chunk in hostspec.split(',') {
             let (host, port) = match chunk.strip_prefix('[') {
@@ -508,5 +505,28 @@ mod tests {
         }
         let settings = resolve("postgresql://u:pa55@h/d", &[]).expect("parses");
         assert!(!format!("{settings:?}").contains("pa55"));
+    }
+
+    #[test]
+    fn a_password_may_hold_any_character_unencoded() {
+        for password in ["pa/ss", "p?w", "p#w", "p:w", "p@w", "a/b?c#d:e@f"] {
+            let uri = format!("postgresql://u:{password}@h:6543/d?sslmode=disable");
+            let settings = resolve(&uri, &[]).map_err(|e| format!("{uri}: {e}"));
+            let settings = settings.expect("parses");
+            assert_eq!(settings.config.get_password(), Some(password.as_bytes()));
+            assert_eq!(
+                (hosts(&settings), settings.config.get_ports().to_vec()),
+                (vec!["h".to_string()], vec![6543])
+            );
+            assert_eq!((settings.user(), settings.dbname()), ("u", "d"));
+            assert_eq!(settings.ssl_mode(), SslMode::Disable);
+            assert!(!settings.shown().contains(password), "{}", settings.shown());
+        }
+        // An `@` in a query value, with no userinfo, stays in the query.
+        let settings = resolve("postgresql://h/d?application_name=a@b", &[]).expect("parses");
+        assert_eq!(
+            (hosts(&settings), settings.dbname()),
+            (vec!["h".to_string()], "d")
+        );
     }
 }

@@ -1,0 +1,132 @@
+//! Secrets stay secret for any bytes a password may hold (issue 13): not in
+//! `check-config`, not in the exit-78 message, and not in a `RUST_LOG=trace`
+//! log, where only the agent's own crates log below `info`.
+
+use crate::config::runlockd;
+use crate::support::agent::temp_dir;
+use crate::support::stores::{Space, S3};
+use anyhow::{ensure, Context, Result};
+
+/// Two halves that must never be shown, joined by each character that ends
+/// a part of a URI: a redaction that stops at it shows the second half, a
+/// parser that splits there shows the first.
+const HALVES: (&str, &str) = ("Qz7sekr", "Xw9vrt");
+
+fn passwords() -> Vec<String> {
+    ['/', '?', '#', ':', '@']
+        .iter()
+        .map(|c| format!("{}{c}{}", HALVES.0, HALVES.1))
+        .collect()
+}
+
+fn ensure_hidden(what: &str, text: &str) -> Result<()> {
+    ensure!(
+        !text.contains(HALVES.0) && !text.contains(HALVES.1),
+        "{what}: part of the password is shown:\n{text}"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn check_config_hides_a_password_whatever_it_holds() -> Result<()> {
+    for password in passwords() {
+        for uri in [
+            format!("postgresql://runlock:{password}@db.test:5432/meltano"),
+            format!("postgres://runlock:{password}@db.test/meltano?sslmode=disable"),
+            format!("postgresql://db.test/meltano?user=runlock&password={password}"),
+            format!("etcd://runlock:{password}@etcd.test:2379/locks"),
+            format!("s3://runlock:{password}@bucket/prefix"),
+            format!("azure://runlock:{password}@container/prefix"),
+            format!("gs://runlock:{password}@bucket/prefix"),
+        ] {
+            let systemdb = format!("postgresql+psycopg2://meltano:{password}@db.test/meltano");
+            let env = [("RUNLOCK_LEGACY_MELTANO_SYSTEMDB", systemdb.as_str())];
+            let out = runlockd(&["check-config", "--backend", &uri], &env).await?;
+            out.expect_code(0).with_context(|| uri.clone())?;
+            ensure!(out.stdout.contains("backend = \""), "{uri}: {out:?}");
+            ensure_hidden(&uri, &format!("{}{}", out.stdout, out.stderr))?;
+        }
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_exit_78_message_hides_a_password_whatever_it_holds() -> Result<()> {
+    let dir = temp_dir()?;
+    let socket = dir.path().join("agent.sock");
+    let socket = socket.to_str().context("utf-8 path")?;
+    for password in passwords() {
+        for (uri, says) in [
+            (
+                format!("postgresql://runlock:{password}@db.test:port/meltano"),
+                "not a number",
+            ),
+            (
+                format!("etcd://runlock:{password}@etcd.test:port/locks"),
+                "not a port number",
+            ),
+            (
+                format!("etcd://runlock:{password}@etcd.test/locks?bogus=1"),
+                "unknown setting",
+            ),
+            (format!("s3://runlock:{password}@bucket/prefix"), "s3://"),
+            (
+                format!("azure://runlock:{password}@container/p"),
+                "azure://",
+            ),
+            (format!("gs://runlock:{password}@bucket/prefix"), "gs://"),
+            (format!("runlock:{password}@db.test"), "is not a URI"),
+        ] {
+            let out = runlockd(&["--socket", socket, "--backend", &uri], &[]).await?;
+            out.expect_code(78).with_context(|| uri.clone())?;
+            ensure!(
+                out.stderr.contains(says),
+                "{uri}: {says:?} not said: {out:?}"
+            );
+            ensure_hidden(&uri, &out.stderr)?;
+        }
+        let systemdb = format!("mysql://meltano:{password}@db.test/meltano");
+        let env = [("RUNLOCK_LEGACY_MELTANO_SYSTEMDB", systemdb.as_str())];
+        let out = runlockd(&["check-config", "--backend", "memory://"], &env).await?;
+        out.expect_code(78)?;
+        ensure!(out.stderr.contains("not supported"), "{out:?}");
+        ensure_hidden(&systemdb, &out.stderr)?;
+    }
+    Ok(())
+}
+
+/// The AWS SDK and the HTTP and TLS stacks under it log headers, strings to
+/// sign and signatures at `debug` and `trace`; only the agent's own crates
+/// may log below `info`, so `RUST_LOG=trace` shows none of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_s3_trace_log_holds_no_secret_and_no_client_library_detail() -> Result<()> {
+    const SECRET: &str = "tRaCe-s3cr3t-access-key";
+    let space = Space::create(S3, "trace-log").await?;
+    let env = [("AWS_SECRET_ACCESS_KEY", SECRET)];
+    let log = space
+        .trace_log_of_one_run(&["--log-format", "json"], &env)
+        .await?;
+    let mut ours = 0;
+    for line in log.lines() {
+        let event: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("not JSON: {line}"))?;
+        let level = event["level"].as_str().unwrap_or_default();
+        let target = event["target"].as_str().unwrap_or_default();
+        if level == "DEBUG" || level == "TRACE" {
+            let crate_name = target.split("::").next().unwrap_or_default();
+            ensure!(
+                ["runlock_agent", "runlockd", "runlock_protocol"].contains(&crate_name),
+                "{target} logged at {level}: {line}"
+            );
+            ours += 1;
+        }
+    }
+    ensure!(ours > 0, "the agent did not log verbosely: {log}");
+    for secret in [SECRET, "Authorization", "Signature=", "AWS4-HMAC-SHA256"] {
+        ensure!(
+            !log.contains(secret),
+            "{secret:?} is in the trace log: {log}"
+        );
+    }
+    Ok(())
+}
