@@ -124,18 +124,6 @@ async fn break_and_tell(
     }
 }
 
-/// The agent still answers root, and takes and frees a key for it.
-async fn still_serves(agent: &TestAgent) -> Result<()> {
-    let mut client = agent.client().await?;
-    let pong = client.call(ClientMessage::Ping).await?;
-    ensure!(matches!(pong, AgentMessage::Pong), "{pong:?}");
-    let out = agent.run(&[&key("attach-after")], &[], "echo served")?;
-    let out = out.finish().await?;
-    out.expect_code(0)?;
-    ensure!(out.stdout.contains("served"), "{out:?}");
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn attach_of_what_is_not_the_members_own_is_refused_and_nothing_is_signalled() -> Result<()> {
     let agent = agent("").await?;
@@ -175,7 +163,7 @@ async fn attach_of_what_is_not_the_members_own_is_refused_and_nothing_is_signall
                 ensure!(alive(pid), "{case}: {whose} process {pid} was killed");
             }
             ensure!(alive(agent_pid), "{case}: the agent was killed");
-            still_serves(&agent).await.context(case)?;
+            agent.still_serves().await.context(case)?;
         }
     }
     Ok(())
@@ -201,7 +189,7 @@ async fn a_members_run_is_stopped_but_roots_process_in_its_group_is_left_alone()
             alive(root),
             "{breaker:?}: root's process in the group was killed"
         );
-        still_serves(&agent).await?;
+        agent.still_serves().await?;
     }
     Ok(())
 }
@@ -270,7 +258,7 @@ async fn a_members_pid_reused_by_root_after_its_run_ended_is_not_signalled() -> 
             alive(pid_of(&roots)?),
             "{breaker:?}: root's process that reused pid {group} was killed"
         );
-        still_serves(&agent).await?;
+        agent.still_serves().await?;
     }
     Ok(())
 }

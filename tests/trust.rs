@@ -46,18 +46,6 @@ async fn expect_error(client: &mut RawClient, code: ErrorCode, text: &str) -> Re
     }
 }
 
-/// The agent still answers root: `status` and a fresh run.
-async fn still_serves(agent: &TestAgent) -> Result<()> {
-    agent.runlock_output(&["status"]).await?.expect_code(0)?;
-    let out = agent
-        .run(&[&key("still-served")], &[], "echo served")?
-        .finish()
-        .await?;
-    out.expect_code(0)?;
-    ensure!(out.stdout.contains("served"), "{out:?}");
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_at_its_connection_cap_neither_unlocks_nor_starves_anothers_run() -> Result<()> {
     let agent = limited_agent().await?;
@@ -90,7 +78,7 @@ async fn a_member_at_its_connection_cap_neither_unlocks_nor_starves_anothers_run
     )
     .await?;
     other.expect_code(0)?;
-    still_serves(&agent).await?;
+    agent.still_serves().await?;
     // Places come back as connections close.
     drop(idle);
     let deadline = crate::support::Deadline::new(crate::support::WAIT, "a freed place");
@@ -135,7 +123,7 @@ async fn silent_and_unfinished_connections_are_closed_after_the_handshake_timeou
     )
     .await?;
     partial.expect_closed().await?;
-    still_serves(&agent).await
+    agent.still_serves().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -148,7 +136,7 @@ async fn a_large_frame_before_hello_is_refused_at_its_header() -> Result<()> {
         .await?;
     expect_error(&mut client, ErrorCode::BadRequest, "before hello").await?;
     client.expect_closed().await?;
-    still_serves(&agent).await
+    agent.still_serves().await
 }
 
 /// A map body written by hand: `fields` as MessagePack bytes, keys included.
@@ -194,7 +182,7 @@ async fn bodies_are_decoded_as_spec_says_not_leniently() -> Result<()> {
         matches!(client.call(ClientMessage::Ping).await?, AgentMessage::Pong),
         "no pong"
     );
-    still_serves(&agent).await
+    agent.still_serves().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -288,5 +276,5 @@ async fn oversized_fields_get_their_own_errors_and_every_reply_fits() -> Result<
         command.len()
     );
     ensure!(command.ends_with("[cut]"), "no cut marker");
-    still_serves(&agent).await
+    agent.still_serves().await
 }

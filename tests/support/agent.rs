@@ -312,6 +312,21 @@ impl TestAgent {
             .with_context(|| format!("no token printed: {out:?}"))
     }
 
+    /// Fails unless the agent still serves root: a ping, and a run that
+    /// takes and frees a key of its own (after an attack, say).
+    pub async fn still_serves(&self) -> anyhow::Result<()> {
+        let mut client = self.client().await?;
+        let pong = client.call(ClientMessage::Ping).await?;
+        anyhow::ensure!(matches!(pong, AgentMessage::Pong), "{pong:?}");
+        let out = self
+            .run(&[&super::key("still-served")], &[], "echo served")?
+            .finish()
+            .await?;
+        out.expect_code(0)?;
+        anyhow::ensure!(out.stdout.contains("served"), "{out:?}");
+        Ok(())
+    }
+
     /// The agent's id, from its `welcome`.
     pub async fn agent_id(&self) -> anyhow::Result<String> {
         let mut client = RawClient::connect(self.socket()).await?;
