@@ -33,6 +33,7 @@ pub async fn serve(
 ) {
     let tracker = TaskTracker::new();
     let refusing = Arc::new(AtomicUsize::new(0));
+    let mut refusals = RefusalLog::default();
     loop {
         let stream = tokio::select! {
             _ = shutdown.cancelled() => break,
@@ -65,7 +66,7 @@ pub async fn serve(
             }
             Err(limit) => {
                 crate::metrics::refused();
-                tracing::warn!(uid = peer.uid, pid = peer.pid, %limit, "agent busy; refusing a connection");
+                refusals.note(peer, &limit);
                 if refusing.fetch_add(1, Ordering::Relaxed) < MAX_REFUSING {
                     let refusing = refusing.clone();
                     tokio::spawn(async move {
@@ -97,6 +98,30 @@ async fn admitted(
 ) {
     serve_connection(stream, peer, ticket.limits(), registry, shutdown).await;
     drop(ticket);
+}
+
+/// Refusals are logged at most once a second, with how many went unlogged:
+/// a peer flooding the socket must not flood the journal too.
+#[derive(Default)]
+struct RefusalLog {
+    last: Option<tokio::time::Instant>,
+    unlogged: u64,
+}
+
+impl RefusalLog {
+    fn note(&mut self, peer: PeerCred, limit: &str) {
+        let now = tokio::time::Instant::now();
+        if self
+            .last
+            .is_some_and(|at| now - at < Duration::from_secs(1))
+        {
+            self.unlogged += 1;
+            return;
+        }
+        self.last = Some(now);
+        let unlogged = std::mem::take(&mut self.unlogged);
+        tracing::warn!(uid = peer.uid, pid = peer.pid, %limit, unlogged, "agent busy; refusing a connection");
+    }
 }
 
 fn peer_cred(stream: &UnixStream) -> std::io::Result<PeerCred> {
