@@ -59,7 +59,7 @@ type Rows = Vec<(String, String)>;
 async fn run() -> Result<()> {
     // `cargo bench -p runlock-tests -- NAME` measures only the groups whose
     // name contains NAME (memory, file, s3, azure, gcs, postgres, etcd,
-    // leases); the echo always.
+    // leases, hostile); the echo always.
     let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let wanted = |group: &str| only.as_deref().is_none_or(|o| group.contains(o));
     // Release binaries (the bench profile is optimised), built as the tests build theirs.
@@ -118,13 +118,14 @@ async fn run() -> Result<()> {
         agent.stop().await?;
     }
 
-    let groups: [(&str, Group); 6] = [
+    let groups: [(&str, Group); 7] = [
         ("s3", |bin, scratch| Box::pin(s3_rows(bin, scratch))),
         ("azure", |bin, scratch| Box::pin(azure_rows(bin, scratch))),
         ("gcs", |bin, scratch| Box::pin(gcs_rows(bin, scratch))),
         ("postgres", |bin, scratch| Box::pin(postgres(bin, scratch))),
         ("etcd", |bin, scratch| Box::pin(etcd_rows(bin, scratch))),
         ("leases", |bin, scratch| Box::pin(many_leases(bin, scratch))),
+        ("hostile", |bin, scratch| Box::pin(hostile(bin, scratch))),
     ];
     for (name, group) in groups {
         if wanted(name) {
@@ -1143,6 +1144,145 @@ async fn many_leases(bin: &Path, scratch: &Path) -> Result<Rows> {
             format!("{:.2} %", cpu_share * 100.0),
         ),
     ])
+}
+
+/// Hostile connections a member of the socket group opens at once.
+const HOSTILE: usize = 2_000;
+/// Pings of a good client, quiet and beside the hostile connections.
+const PINGS: usize = 2_000;
+
+/// Opens N connections as whoever runs it and holds them until stdin closes:
+/// `silent` ones say nothing; `partial` ones say hello, then send 1 MiB − 1 of
+/// a 1 MiB frame. Prints `held N refused M` once all are open.
+const HOSTILE_PEER: &str = r#"
+import socket, sys, struct, time
+path, count, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+hello = bytes.fromhex(sys.argv[4])
+refused, socks = 0, []
+for _ in range(count):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect(path)
+    try:
+        if mode == "partial":
+            s.sendall(struct.pack(">I", len(hello)) + hello)
+            head = s.recv(4)
+            body = s.recv(struct.unpack(">I", head)[0]) if len(head) == 4 else b""
+            if b"welcome" not in body:
+                raise OSError("refused")
+            s.sendall(struct.pack(">I", 1 << 20) + b"\x90" * ((1 << 20) - 1))
+        socks.append(s)
+    except OSError:
+        refused += 1
+        s.close()
+if mode == "silent":
+    # A refused connection has its answer (or its end) waiting by now.
+    time.sleep(1)
+    for s in list(socks):
+        s.setblocking(False)
+        try:
+            s.recv(1)
+            socks.remove(s)
+            refused += 1
+        except BlockingIOError:
+            pass
+held = len(socks)
+print(f"held {held} refused {refused}", flush=True)
+sys.stdin.read()
+"#;
+
+/// A member of the socket group (`nobody`) opens [`HOSTILE`] silent, then
+/// partial-frame, connections: the agent's memory and a good client's ping
+/// beside them, under the default limits and with the limits raised to
+/// admit them all (what the limits spare the agent).
+async fn hostile(bin: &Path, scratch: &Path) -> Result<Rows> {
+    use std::os::unix::fs::PermissionsExt;
+    // nobody must reach the socket: the scratch directory is root's 0700.
+    let dir = scratch.join("hostile");
+    std::fs::create_dir_all(&dir)?;
+    std::fs::set_permissions(scratch, std::fs::Permissions::from_mode(0o755))?;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755))?;
+    let hello = runlock_protocol::codec::encode_body(&Envelope::event(ClientMessage::Hello {
+        version: PROTOCOL_VERSION,
+        client: "hostile".into(),
+        pid: 1,
+    }))?;
+    let hex: String = hello.iter().map(|b| format!("{b:02x}")).collect();
+    let mut rows = Vec::new();
+    for (setting, config) in [
+        ("default limits", "[limits]\nhandshake_timeout = \"10m\"\n"),
+        (
+            "limits raised to admit all",
+            "[limits]\nconnections = 4096\nconnections_per_user = 4096\nhandshake_timeout = \"10m\"\n",
+        ),
+    ] {
+        let file = dir.join("runlockd.toml");
+        std::fs::write(&file, config)?;
+        let extra = ["--config", file.to_str().context("utf-8")?, "--socket-group", "65534"];
+        let agent = Agent::start(bin, &dir, "hostile", "memory://", &extra, &[]).await?;
+        let pid = agent.child.id().context("agent pid")?;
+        let mut good = connect(&agent.socket).await?;
+        let quiet = pings(&mut good).await?;
+        let quiet_p50 = quantile(&mut quiet.clone(), 0.5);
+        rows.push((
+            format!("{setting}: agent memory, quiet"),
+            format!("{:.1} MiB", rss_kib(pid)? as f64 / 1024.0),
+        ));
+        rows.push((format!("{setting}: good client ping, quiet"), percentiles(quiet)));
+        for mode in ["silent", "partial"] {
+            let mut peer = Command::new("setpriv")
+                .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                // Debian's python3: root's pyenv shims are not reachable by nobody.
+                .args(["/usr/bin/python3", "-c", HOSTILE_PEER])
+                .arg(&agent.socket)
+                .args([&HOSTILE.to_string(), mode, &hex])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .kill_on_drop(true)
+                .spawn()?;
+            let stdout = peer.stdout.take().context("peer stdout")?;
+            let mut lines = BufReader::new(stdout).lines();
+            let opened = tokio::time::timeout(Duration::from_secs(300), lines.next_line())
+                .await
+                .context("the hostile peer did not finish opening")??
+                .context("the hostile peer exited")?;
+            let under = pings(&mut good).await?;
+            let ratio = quantile(&mut under.clone(), 0.5).as_secs_f64() / quiet_p50.as_secs_f64();
+            rows.push((
+                format!("{setting}: {HOSTILE} {mode} connections from nobody"),
+                opened.replace("held", "admitted"),
+            ));
+            rows.push((
+                format!("{setting}: agent memory with them open"),
+                format!("{:.1} MiB", rss_kib(pid)? as f64 / 1024.0),
+            ));
+            rows.push((
+                format!("{setting}: good client ping beside them"),
+                format!("{}  ({ratio:.2}× quiet p50)", percentiles(under)),
+            ));
+            drop(peer.stdin.take());
+            tokio::time::timeout(Duration::from_secs(60), peer.wait()).await??;
+            // The agent sees them close a moment later; give it that moment.
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            rows.push((
+                format!("{setting}: agent memory after they closed"),
+                format!("{:.1} MiB", rss_kib(pid)? as f64 / 1024.0),
+            ));
+        }
+        agent.stop().await?;
+    }
+    Ok(rows)
+}
+
+async fn pings(conn: &mut Conn) -> Result<Vec<Duration>> {
+    let mut samples = Vec::with_capacity(PINGS);
+    for i in 0..PINGS {
+        let started = Instant::now();
+        match call(conn, 1_000_000 + i as u64, ClientMessage::Ping).await? {
+            AgentMessage::Pong => samples.push(started.elapsed()),
+            other => bail!("ping: {other:?}"),
+        }
+    }
+    Ok(samples)
 }
 
 fn cpu_seconds(pid: u32) -> Result<f64> {
