@@ -998,8 +998,8 @@ impl Registry {
                 LostReason::Forced,
                 format!(
                     "taken over by {}@{} (pid {}, token {})",
-                    shown::cut(&h.user, 256),
-                    shown::cut(&h.host, 256),
+                    shown::cut(&h.user, shown::MAX_NAME_LEN),
+                    shown::cut(&h.host, shown::MAX_NAME_LEN),
                     h.pid,
                     h.token
                 ),
@@ -1062,10 +1062,12 @@ impl Registry {
     /// The leases held through this agent as the connection's peer may see
     /// them, as many as fit one reply; and how many were left out.
     pub fn list_for(&self, conn: ConnId) -> (Vec<LeaseInfo>, u32) {
-        // Field names, lease id and integers of one entry take less than this.
+        // Field names, lease id and integers of one entry take less than this,
+        // and the reply's own envelope less than the headroom.
         const ENTRY_OVERHEAD: usize = 320;
+        const ENVELOPE_HEADROOM: usize = 4096;
         let viewer = self.viewer(conn);
-        let mut room = MAX_FRAME_LEN - 4096;
+        let mut room = MAX_FRAME_LEN - ENVELOPE_HEADROOM;
         let mut shown = Vec::new();
         let all = self.list();
         let total = all.len();

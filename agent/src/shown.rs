@@ -7,7 +7,7 @@ use runlock_protocol::{Holder, MAX_COMMAND_LEN};
 
 /// Host names, user names and agent ids are far shorter; a record from a
 /// store is still cut to this.
-const MAX_NAME_LEN: usize = 256;
+pub const MAX_NAME_LEN: usize = 256;
 /// Ends a string that was cut.
 const CUT: &str = "…[cut]";
 /// Follows a program name whose arguments are not shown.
