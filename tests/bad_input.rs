@@ -158,6 +158,7 @@ async fn hello_with_an_unknown_version_gets_unsupported_version_and_a_close() ->
             version: 99,
             client: name,
             pid,
+            takes_locks: false,
         }))
         .await?;
     let reply = client.recv().await?;

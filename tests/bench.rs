@@ -1205,6 +1205,7 @@ async fn hostile(bin: &Path, scratch: &Path) -> Result<Rows> {
         version: PROTOCOL_VERSION,
         client: "hostile".into(),
         pid: 1,
+        takes_locks: false,
     }))?;
     let hex: String = hello.iter().map(|b| format!("{b:02x}")).collect();
     let mut rows = Vec::new();
@@ -1381,6 +1382,7 @@ async fn connect(socket: &Path) -> Result<Conn> {
         version: PROTOCOL_VERSION,
         client: "bench".into(),
         pid: std::process::id(),
+        takes_locks: false,
     };
     match call(&mut conn, 0, hello).await? {
         AgentMessage::Welcome { .. } => Ok(conn),

@@ -1,6 +1,8 @@
 //! Crash release (DESIGN invariant 2): the lock lasts exactly as long as some
-//! process of the run lives, however the run ends, and a run whose agent goes
-//! away is stopped (invariant 4: loss is never silent).
+//! process of the run lives, however the run ends; a run whose agent goes
+//! away keeps going where it holds its lock itself (`file://`) and is stopped
+//! where the lock died with the agent (`memory://`: invariant 4, loss is
+//! never silent).
 
 use crate::support::agent::Backend;
 use crate::support::run::{HOLD, HOLD_IGNORING_TERM};
@@ -19,7 +21,7 @@ on_both_backends!(
     sigkill_of_the_whole_run_frees_the_key_at_once,
     sigkill_of_the_shim_alone_keeps_the_key_until_the_command_dies,
     a_daemon_left_behind_by_the_command_does_not_keep_the_key,
-    agent_stop_stops_the_run_with_76,
+    agent_stop_stops_only_a_run_whose_lock_died_with_it,
     agent_stops_an_orphaned_command_whose_lease_is_broken_or_forced,
     a_waiting_run_whose_agent_dies_exits_69,
 );
@@ -111,7 +113,7 @@ async fn a_daemon_left_behind_by_the_command_does_not_keep_the_key(backend: Back
     result
 }
 
-async fn agent_stop_stops_the_run_with_76(backend: Backend) -> Result<()> {
+async fn agent_stop_stops_only_a_run_whose_lock_died_with_it(backend: Backend) -> Result<()> {
     let mut agent = TestAgent::start_on(backend).await?;
     let k = key("agent-stops");
     let mut run = agent.run(&[&k], &[], HOLD)?;
@@ -123,7 +125,18 @@ async fn agent_stop_stops_the_run_with_76(backend: Backend) -> Result<()> {
         "runlockd exited with {status:?}: {}",
         agent.log()
     );
-    // This build's backends lose their locks with the agent, so the run must stop.
+    if backend == Backend::File {
+        // The run holds the kernel lock itself: it goes on, and ends as it ends.
+        run.end();
+        let out = run.finish().await?;
+        out.expect_code(0)?;
+        ensure!(
+            out.stdout.contains("bye"),
+            "the command was stopped: {out:?}"
+        );
+        return Ok(());
+    }
+    // memory:// locks die with the agent, so the run must stop.
     let out = run.finish().await?;
     out.expect_code(76)?;
     ensure!(
@@ -251,5 +264,10 @@ async fn a_waiting_run_whose_agent_dies_exits_69(backend: Backend) -> Result<()>
     let out = waiter.finish().await?;
     out.expect_code(69)?;
     ensure!(!out.stdout.contains("must-not-run"), "{out:?}");
+    // The holder goes on only where it holds its lock itself.
+    if backend == Backend::File {
+        holder.end();
+        return holder.finish().await?.expect_code(0);
+    }
     holder.finish().await?.expect_code(76)
 }

@@ -195,3 +195,63 @@ async fn lock_files_are_0640_and_unreadable_by_others_even_under_umask_000() -> 
     run.end();
     run.finish().await?.expect_code(0)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lock_a_run_holds_lets_it_neither_write_a_token_nor_read_a_record() -> Result<()> {
+    let locks = FileBackendDir::new()?;
+    let agent = agent_on(&locks.uri(), "").await?;
+    let k = "handed";
+    // Through every descriptor it inherited that names a lock file, the run
+    // tries to write, to read, and to reach the key's record beside it.
+    let script = r#"
+        for f in /proc/$$/fd/*; do
+            t=$(readlink "$f"); n=${f##*/}
+            case "$t" in *.run)
+                echo found-lock
+                if (printf '{"token":0}' >&"$n") 2>/dev/null; then echo wrote-lock; fi
+                if [ -n "$(cat <&"$n")" ]; then echo read-lock; fi
+                r="${t%.run}.lock"
+                if cat "$r" >/dev/null 2>&1; then echo read-record; fi
+                if (printf '{"token":0}' >"$r") 2>/dev/null; then echo wrote-record; fi
+                if (printf x >"${t%/*}/other.run") 2>/dev/null; then echo made-a-lock; fi
+            esac
+        done
+        echo ready $$ $RUNLOCK_TOKEN"#;
+    let out = nobody_runs(
+        &agent,
+        &[RUNLOCK_GROUP],
+        &["run", "--key", k, "--", "sh", "-c", script],
+    )
+    .await?;
+    out.expect_code(0)?;
+    ensure!(
+        out.stdout.contains("found-lock"),
+        "no lock inherited: {out:?}"
+    );
+    for refused in [
+        "wrote-lock",
+        "read-lock",
+        "read-record",
+        "wrote-record",
+        "made-a-lock",
+    ] {
+        ensure!(!out.stdout.contains(refused), "{refused}: {out:?}");
+    }
+    let token: u64 = out
+        .stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("ready "))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .context("no ready line")?
+        .parse()?;
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(locks.path().join(format!("{k}.lock")))?)?;
+    ensure!(record["token"] == token, "the token moved: {record}");
+    ensure!(
+        !locks.path().join("other.run").exists(),
+        "a lock file was made"
+    );
+    let next = agent.token_of_a_run(k).await?;
+    ensure!(next > token, "{next} after {token}");
+    agent.still_serves().await
+}

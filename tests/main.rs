@@ -20,6 +20,7 @@ mod meltano;
 mod meltano_e2e;
 mod metrics;
 mod restart;
+mod run_holds_lock;
 mod scenarios;
 mod secrets;
 mod shim_trust;

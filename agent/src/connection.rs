@@ -52,6 +52,7 @@ pub async fn serve_connection(
         groups,
         limits,
         frame_timer: FrameTimer::new(limits.handshake_timeout),
+        takes_locks: false,
     }
     .run(shutdown)
     .instrument(span)
@@ -98,6 +99,8 @@ struct Connection {
     groups: Vec<u32>,
     limits: Limits,
     frame_timer: FrameTimer,
+    /// The peer said `takes_locks`: its grants carry the locks for its run.
+    takes_locks: bool,
 }
 
 /// The bound on a frame that has begun to arrive: a peer that sends part of
@@ -207,10 +210,12 @@ impl Connection {
                         version,
                         client,
                         pid,
+                        takes_locks,
                     },
             })) => {
                 // Debug, not Display: the peer's text is escaped in the log.
-                tracing::debug!(?client, client_pid = pid, version, "hello");
+                tracing::debug!(?client, client_pid = pid, version, takes_locks, "hello");
+                self.takes_locks = takes_locks;
                 (id, version)
             }
             Ok(Ok(Envelope { id, .. })) => {
@@ -244,11 +249,18 @@ impl Connection {
             scope: self.registry.capabilities().scope,
             default_ttl_ms: self.registry.policy().default_ttl.as_millis() as u64,
             on_unavailable: self.registry.policy().on_unavailable,
-            leases_survive_agent: self.registry.capabilities().survives_agent,
+            leases_survive_agent: self.leases_survive_agent(),
         };
         self.send(id, welcome).await?;
         self.transport.codec_mut().set_max_frame_len(MAX_FRAME_LEN);
         Ok(true)
+    }
+
+    /// Whether this peer's leases outlive the agent: where the run holds the
+    /// lock itself, only if it takes the lock.
+    fn leases_survive_agent(&self) -> bool {
+        let capabilities = self.registry.capabilities();
+        capabilities.survives_agent && (self.takes_locks || !capabilities.run_holds_lock)
     }
 
     /// A frame that breaks the framing: say why if we can, then close.
@@ -373,19 +385,25 @@ impl Connection {
         id: Option<u64>,
         result: AcquireResult,
     ) -> Result<(), ProtocolError> {
-        let granted = match result {
+        let mut granted = match result {
             Ok(granted) => granted,
             Err(err) => return self.reply_error(id, err).await,
         };
         let lease_ids: Vec<String> = granted.leases.iter().map(|l| l.lease_id.clone()).collect();
-        match self
-            .transport
-            .send(Envelope {
-                id,
-                body: acquired(granted),
-            })
-            .await
-        {
+        let locks = match self.takes_locks {
+            true => std::mem::take(&mut granted.locks),
+            false => Vec::new(), // the agent's own copies hold the locks: they end with it
+        };
+        let reply = Envelope {
+            id,
+            body: acquired(granted, locks.len()),
+        };
+        let sent = if locks.is_empty() {
+            self.transport.send(reply).await
+        } else {
+            self.send_with_locks(reply, &locks).await
+        };
+        match sent {
             Ok(()) => Ok(()),
             Err(err) => {
                 let _ = self.registry.release(conn, &lease_ids).await;
@@ -401,6 +419,21 @@ impl Connection {
                 Err(err)
             }
         }
+    }
+
+    /// Sends `reply` with the run's locks riding on its bytes (SPEC 5.4),
+    /// after everything queued before it.
+    async fn send_with_locks(
+        &mut self,
+        reply: Envelope<AgentMessage>,
+        locks: &[std::os::fd::OwnedFd],
+    ) -> Result<(), ProtocolError> {
+        use tokio_util::codec::Encoder;
+        self.transport.flush().await?;
+        let mut frame = BytesMut::new();
+        self.transport.codec_mut().encode(reply, &mut frame)?;
+        crate::handoff::send_with_fds(self.transport.get_ref(), &frame, locks).await?;
+        Ok(())
     }
 
     async fn request(
@@ -529,9 +562,10 @@ impl AcquireSlot {
     }
 }
 
-fn acquired(granted: Granted) -> AgentMessage {
+fn acquired(granted: Granted, locks: usize) -> AgentMessage {
     let now = tokio::time::Instant::now();
     AgentMessage::Acquired {
+        locks: locks as u32,
         leases: granted.leases,
         ttl_ms: granted.ttl.as_millis() as u64,
         valid_for_ms: granted

@@ -6,6 +6,7 @@ pub mod access;
 pub mod backend;
 pub mod config;
 pub mod connection;
+mod handoff;
 pub mod legacy;
 pub mod limits;
 pub mod listener;

@@ -14,6 +14,7 @@ use runlock_protocol::{
     OnUnavailable, WireError, MAX_COMMAND_LEN, MAX_FRAME_LEN, MAX_KEYS_PER_REQUEST,
 };
 use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -99,16 +100,22 @@ pub struct AcquireRequest {
 }
 
 /// What `acquire` and `reattach` hand back.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Granted {
     /// One lease per key, in sorted key order.
     pub leases: Vec<Lease>,
     /// Their time to live.
     pub ttl: Duration,
     /// Until when all of them stay guaranteed without another renewal, where
-    /// leases outlive the agent.
+    /// leases outlive the agent and can expire.
     pub valid_until: Option<Instant>,
+    /// The locks for the run to hold, one per lease in order, where the
+    /// backend hands them over (`Grant::lock`); empty elsewhere.
+    pub locks: Vec<OwnedFd>,
 }
+
+/// One key taken: its lease, until when it stays guaranteed, its lock for the run.
+type Taken = (Lease, Option<Instant>, Option<OwnedFd>);
 
 struct LocalLease {
     key: Key,
@@ -216,8 +223,18 @@ impl State {
 }
 
 impl Granted {
-    fn add(&mut self, lease: Lease, valid_until: Option<Instant>) {
+    fn new(ttl: Duration, capacity: usize) -> Granted {
+        Granted {
+            leases: Vec::with_capacity(capacity),
+            ttl,
+            valid_until: None,
+            locks: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, (lease, valid_until, lock): Taken) {
         self.leases.push(lease);
+        self.locks.extend(lock);
         self.valid_until = match (self.valid_until, valid_until) {
             (Some(a), Some(b)) => Some(a.min(b)),
             (a, b) => a.or(b),
@@ -492,17 +509,13 @@ impl Registry {
             token: 0,
         };
         let deadline = Instant::now() + req.wait;
-        let mut granted = Granted {
-            leases: Vec::with_capacity(keys.len()),
-            ttl,
-            valid_until: None,
-        };
+        let mut granted = Granted::new(ttl, keys.len());
         for key in keys {
             match self
                 .acquire_key(conn, key, ttl, &req, &holder, deadline, cancel)
                 .await
             {
-                Ok((lease, valid_until)) => granted.add(lease, valid_until),
+                Ok(taken) => granted.add(taken),
                 Err(err) => {
                     for lease in granted.leases {
                         self.release_lease(&lease.lease_id).await;
@@ -532,11 +545,7 @@ impl Registry {
             return Err(bad_request("reattach needs at least one lease"));
         }
         let (peer, _, may_override) = self.peer(conn)?;
-        let mut granted = Granted {
-            leases: Vec::with_capacity(leases.len()),
-            ttl: Duration::ZERO,
-            valid_until: None,
-        };
+        let mut granted = Granted::new(Duration::ZERO, leases.len());
         if leases.len() > MAX_KEYS_PER_REQUEST {
             return Err(bad_request(format!(
                 "reattach names {} leases; at most {MAX_KEYS_PER_REQUEST} may be adopted at once",
@@ -593,8 +602,8 @@ impl Registry {
                 ttl: adopted.ttl,
                 force: false,
             };
-            let (lease, valid_until) = self.register(conn, spec, adopted.grant).await?;
-            granted.add(lease, valid_until);
+            let taken = self.register(conn, spec, adopted.grant).await?;
+            granted.add(taken);
         }
         if let Some(c) = self.state().conns.get_mut(&conn) {
             c.on_lost = on_lost;
@@ -606,7 +615,7 @@ impl Registry {
     /// A lease was renewed: its run learns how long it may go on should it lose
     /// this agent (only where leases outlive the agent).
     pub(crate) fn renewed(&self, lease_id: &str, valid_until: Instant) {
-        if !self.capabilities.survives_agent {
+        if !(self.capabilities.survives_agent && self.capabilities.lease_expires) {
             return;
         }
         let state = self.state();
@@ -640,7 +649,7 @@ impl Registry {
         holder: &Holder,
         deadline: Instant,
         cancel: &CancellationToken,
-    ) -> Result<(Lease, Option<Instant>), WireError> {
+    ) -> Result<Taken, WireError> {
         let place = self.enqueue(&key);
         let mut poll = POLL_START;
         loop {
@@ -771,8 +780,8 @@ impl Registry {
         conn: ConnId,
         spec: AcquireSpec,
         grant: Grant,
-    ) -> Result<(Lease, Option<Instant>), WireError> {
-        let holder = grant.holder;
+    ) -> Result<Taken, WireError> {
+        let (holder, lock) = (grant.holder, grant.lock);
         let lease_id = spec.lease_id.clone();
         let lease = LocalLease {
             key: spec.key.clone(),
@@ -813,16 +822,14 @@ impl Registry {
                 .await;
         }
         tracing::info!(key = %spec.key, token = holder.token, lease = %lease_id, force = spec.force, "acquired");
-        let valid_until = self
-            .capabilities
-            .survives_agent
+        let valid_until = (self.capabilities.survives_agent && self.capabilities.lease_expires)
             .then(|| deadline(grant.sent, spec.ttl));
         let lease = Lease {
             key: spec.key.to_string(),
             lease_id,
             token: holder.token,
         };
-        Ok((lease, valid_until))
+        Ok((lease, valid_until, lock))
     }
 
     /// Releases leases this connection holds.

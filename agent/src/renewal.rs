@@ -1,5 +1,8 @@
 //! One scheduler renews every lease: a single `DelayQueue` (not a task per
 //! lease) firing at TTL/3 with jitter, with bounded concurrency toward the store.
+//! Where a held lease cannot expire (a kernel lock), the same checks only
+//! look for a force: they have no deadline, and a late or failed one loses
+//! nothing.
 
 use crate::backend::{Backend, BackendError, LeaseRef};
 use crate::metrics;
@@ -92,7 +95,8 @@ impl Renewals {
     /// Starts the scheduler task; it ends when the registry is dropped.
     pub fn start(backend: Arc<dyn Backend>, registry: Weak<Registry>) -> Renewals {
         let (commands, rx) = mpsc::unbounded_channel();
-        tokio::spawn(run(backend, registry, rx));
+        let expires = backend.capabilities().lease_expires;
+        tokio::spawn(run(backend, registry, rx, expires));
         Renewals { commands }
     }
 
@@ -125,8 +129,9 @@ struct Entry {
 }
 
 impl Entry {
-    fn deadline(&self) -> Instant {
-        deadline(self.last_ok, self.ttl)
+    /// `None` where the lease cannot expire.
+    fn deadline(&self, expires: bool) -> Option<Instant> {
+        expires.then(|| deadline(self.last_ok, self.ttl))
     }
 }
 
@@ -147,6 +152,7 @@ async fn run(
     backend: Arc<dyn Backend>,
     registry: Weak<Registry>,
     mut commands: mpsc::UnboundedReceiver<Command>,
+    expires: bool,
 ) {
     let mut queue: DelayQueue<String> = DelayQueue::new();
     let mut entries: HashMap<String, Entry> = HashMap::new();
@@ -179,18 +185,22 @@ async fn run(
                 let id = due.into_inner();
                 let Some(entry) = entries.get_mut(&id) else { continue };
                 entry.slot = None;
-                let (lease, ttl, deadline, due) = (entry.lease.clone(), entry.ttl, entry.deadline(), entry.due);
+                let (lease, ttl, deadline, due) = (entry.lease.clone(), entry.ttl, entry.deadline(expires), entry.due);
                 let (backend, limit, done_tx) = (backend.clone(), limit.clone(), done_tx.clone());
                 let lateness = lateness.clone();
                 tokio::spawn(async move {
-                    // A store that hangs must not keep a lease past its deadline.
-                    let renewed = tokio::time::timeout_at(deadline, async {
+                    let renew = async {
                         let _permit = limit.acquire_owned().await;
                         let sent = Instant::now();
                         lateness.record(sent - due);
                         backend.renew(&lease, ttl).await.map(|()| sent)
-                    });
-                    let outcome = match renewed.await {
+                    };
+                    // A store that hangs must not keep a lease past its deadline.
+                    let renewed = match deadline {
+                        Some(deadline) => tokio::time::timeout_at(deadline, renew).await,
+                        None => Ok(renew.await),
+                    };
+                    let outcome = match renewed {
                         Ok(Ok(sent)) => Outcome::Renewed(sent),
                         Ok(Err(BackendError::LeaseMismatch)) => Outcome::Lost,
                         Ok(Err(err)) => Outcome::Failed(err.to_string()),
@@ -205,8 +215,8 @@ async fn run(
                     Outcome::Renewed(sent) => {
                         metrics::renewal(metrics::Renewal::Ok);
                         entry.last_ok = sent;
-                        if let Some(registry) = registry.upgrade() {
-                            registry.renewed(&id, entry.deadline());
+                        if let (Some(registry), Some(deadline)) = (registry.upgrade(), entry.deadline(expires)) {
+                            registry.renewed(&id, deadline);
                         }
                         entry.failures = 0;
                         entry.due = Instant::now() + period(entry.ttl);
@@ -221,9 +231,10 @@ async fn run(
                         entry.failures += 1;
                         let backoff = Duration::from_millis(250) * 2u32.pow(entry.failures.min(8) - 1);
                         let retry = backoff.min(entry.ttl / 3).mul_f64(0.5 + fastrand::f64());
-                        tracing::warn!(key = %entry.lease.key, %error, "renewal failed, retrying until the lease's deadline");
+                        tracing::warn!(key = %entry.lease.key, %error, "renewal failed, retrying until the lease's deadline (if it has one)");
                         // The retry is raced against the deadline like any renewal.
-                        entry.due = (Instant::now() + retry).min(entry.deadline());
+                        let retry_at = Instant::now() + retry;
+                        entry.due = entry.deadline(expires).map_or(retry_at, |d| retry_at.min(d));
                         entry.slot = Some(queue.insert_at(id.clone(), entry.due));
                         continue;
                     }

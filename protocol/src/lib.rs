@@ -31,6 +31,8 @@ pub const MAX_COMMAND_LEN: usize = 4096;
 /// The most keys one `acquire`, or leases one `reattach`, may name: the
 /// reply (up to 512 bytes of key and a lease id each) then fits a frame.
 pub const MAX_KEYS_PER_REQUEST: usize = 1000;
+/// Lock descriptors passed with one `sendmsg` (SPEC 5.4; the kernel takes 253).
+pub const MAX_LOCKS_PER_MESSAGE: usize = 250;
 
 /// How long a run gets between SIGTERM and SIGKILL when its lease is lost
 /// under `on_lost = term`, whether the shim or the agent stops it (at most;

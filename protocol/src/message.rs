@@ -53,6 +53,11 @@ pub enum ClientMessage {
         client: String,
         /// The client's pid, for logs (the agent trusts SO_PEERCRED instead).
         pid: u32,
+        /// The client receives lock descriptors with `acquired` (SCM_RIGHTS)
+        /// and hands them to the processes it protects, so that a kernel
+        /// lock lives as long as they do, agent or no agent.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        takes_locks: bool,
     },
     /// Takes every key in `keys`, all or nothing, in sorted order.
     Acquire {
@@ -153,6 +158,10 @@ pub enum AgentMessage {
         /// a client that lost its agent must have stopped its run.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         valid_for_ms: Option<u64>,
+        /// How many lock descriptors came with this frame, one per lease in
+        /// order: the kernel locks themselves, for the run to hold.
+        #[serde(default, skip_serializing_if = "is_zero_u32")]
+        locks: u32,
     },
     /// Answers `release`.
     Released {

@@ -221,6 +221,7 @@ mod tests {
             version: 1,
             client: "t".into(),
             pid: 2,
+            takes_locks: false,
         });
         assert_eq!(check(&body(&hello)), Ok(()));
         let reattach = crate::Envelope::request(

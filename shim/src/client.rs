@@ -3,12 +3,14 @@
 
 use crate::display;
 use crate::exit::{self, Failure};
+use crate::fd_stream::FdStream;
 use futures::{SinkExt, StreamExt};
 use runlock_protocol::{
     AgentMessage, ClientMessage, Envelope, ErrorCode, OnUnavailable, ProtocolError, ShimCodec,
     WireError, PROTOCOL_VERSION,
 };
 use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use tokio::net::UnixStream;
@@ -17,7 +19,7 @@ use tokio_util::codec::Framed;
 pub struct Client {
     /// Where the agent listens, for messages.
     socket: PathBuf,
-    pub transport: Framed<UnixStream, ShimCodec>,
+    pub transport: Framed<FdStream, ShimCodec>,
     next_id: u64,
     /// Events that arrived while waiting for a reply.
     pub events: VecDeque<AgentMessage>,
@@ -102,7 +104,7 @@ impl Client {
             .map_err(|err| unreachable(format!("{err} (is runlockd running?)")))?;
         let mut client = Client {
             socket: socket.to_path_buf(),
-            transport: Framed::new(stream, ShimCodec::new()),
+            transport: Framed::new(FdStream::new(stream), ShimCodec::new()),
             next_id: 1,
             events: VecDeque::new(),
             on_unavailable: OnUnavailable::Fail,
@@ -112,6 +114,7 @@ impl Client {
             version: PROTOCOL_VERSION,
             client: concat!("runlock ", env!("CARGO_PKG_VERSION")).to_string(),
             pid: std::process::id(),
+            takes_locks: true,
         };
         // An agent at its limits says so and closes before it reads anything,
         // so hello may find the socket closed with that answer waiting to be read.
@@ -165,6 +168,25 @@ impl Client {
                 }
             }
         }
+    }
+
+    /// The `count` lock descriptors that came with the last `acquired`, in
+    /// order (SPEC 5.4); any others that arrived are closed.
+    pub fn take_locks(&mut self, count: u32) -> Result<Vec<OwnedFd>, Failure> {
+        let received = &mut self.transport.get_mut().received;
+        let count = count as usize;
+        if received.len() < count {
+            return Err(Failure::new(
+                exit::EXIT_SOFTWARE,
+                format!(
+                    "the agent announced {count} lock descriptors but {} arrived",
+                    received.len()
+                ),
+            ));
+        }
+        let locks = received.drain(..count).collect();
+        received.clear();
+        Ok(locks)
     }
 
     /// Sends a request without waiting; returns its id.

@@ -5,6 +5,7 @@ mod client;
 mod commands;
 mod display;
 mod exit;
+mod fd_stream;
 mod format;
 mod host_config;
 mod meltano;

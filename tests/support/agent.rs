@@ -372,13 +372,14 @@ impl TestAgent {
         self.wait().await
     }
 
-    fn signal(&self, signal: Signal) -> anyhow::Result<()> {
+    /// Sends `signal` to the agent (SIGSTOP and SIGCONT pause and resume it).
+    pub fn signal(&self, signal: Signal) -> anyhow::Result<()> {
         let pid = self.pid().context("agent not running")?;
         kill(Pid::from_raw(pid as i32), signal)
             .with_context(|| format!("sending {signal} to runlockd"))
     }
 
-    async fn wait(&mut self) -> anyhow::Result<ExitStatus> {
+    pub async fn wait(&mut self) -> anyhow::Result<ExitStatus> {
         let mut child = self.child.take().context("agent not running")?;
         within(WAIT, "runlockd to exit", child.wait())
             .await?

@@ -40,6 +40,7 @@ pub fn hello() -> ClientMessage {
         version: PROTOCOL_VERSION,
         client: "runlock-tests".to_string(),
         pid: std::process::id(),
+        takes_locks: false,
     }
 }
 

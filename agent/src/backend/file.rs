@@ -1,14 +1,26 @@
-//! `file://DIR`: one file per key, held with an open-file-description lock
-//! (`F_OFD_SETLK`), so the kernel releases a key the moment the agent dies.
-//! The file also records the holder and the fencing token, which survives
-//! every release and restart.
+//! `file://DIR`: two files per key. `KEY.run` is empty and exists only to
+//! be locked (`flock`, exclusive); the run holds that locked open file
+//! description itself (the agent hands it over, `Grant::lock`), as
+//! `flock(1)`'s children do, so the key is held exactly as long as the run's
+//! processes live, whether or not an agent does, and a kernel lock has no
+//! deadline to miss. The run's descriptor is read-only on the empty file: it
+//! can keep or drop the lock, nothing else. `KEY.lock` records the holder
+//! and the fencing token, and only agents open it, each write made while
+//! holding the key's lock.
 //!
-//! Force cannot break another process's kernel lock, so it writes a new file
-//! (locked, with a larger token) and renames it over the key's path; the old
-//! holder still locks the unlinked inode and learns of the loss at its next
-//! renewal, when the path no longer names its inode. `.force.lock` orders a
-//! force against plain acquisitions (shared for those, exclusive for force),
-//! so no two grants read the same previous token.
+//! Force cannot break another process's kernel lock, so it renames a new,
+//! locked `KEY.run` over the old one; the old holder still locks the
+//! unlinked inode and learns of the loss at its next check, when the name no
+//! longer names its inode. `.force.lock` orders a force against every other
+//! record write (shared for those, exclusive for force), so no two grants
+//! read the same previous token.
+//!
+//! Making every token durable (`fdatasync`) would double the cost of an
+//! acquisition, so tokens are reserved in durable blocks: a record says up to
+//! which token it has promised (`reserved`) and on which boot it was written;
+//! within a block and a boot a token is written without a sync (the page
+//! cache survives an agent's crash), and after a reboot, when an unsynced
+//! write may have been lost, the next token starts above the whole block.
 //!
 //! The directory is opened once and every name is looked up relative to it
 //! (`openat`, `renameat`, `fstatat`) with `O_NOFOLLOW`: the agent runs as root
@@ -16,7 +28,7 @@
 //! is refused, never followed out of the directory. A directory that anyone
 //! but root and the agent's user could change is refused at start.
 
-use super::{AcquireSpec, Backend, BackendError, Capabilities, Grant, LeaseRef};
+use super::{AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef};
 use anyhow::Context as _;
 use async_trait::async_trait;
 use nix::fcntl::{AtFlags, OFlag};
@@ -26,6 +38,7 @@ use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::fs::{DirBuilder, File, OpenOptions};
 use std::io::{self, Read, Seek, Write};
+use std::os::fd::OwnedFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::{AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
@@ -42,6 +55,43 @@ struct FileRecord {
     holder: Option<Holder>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     forced_from: Option<u64>,
+    /// The lease that holds the key, so that the next agent can adopt it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    lease_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ttl_ms: Option<u64>,
+    /// Every token up to this one may have been handed out: it is durable,
+    /// `token` may not be.
+    #[serde(default)]
+    reserved: u64,
+    /// The boot `token` was written in.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    boot_id: String,
+}
+
+/// Tokens reserved by one durable write.
+const TOKEN_BLOCK: u64 = 1024;
+
+/// The token after `previous`, the block it falls in, and whether that block
+/// must be written durably before the token is handed out.
+fn next_token(previous: Option<&FileRecord>, boot_id: &str) -> (u64, u64, bool) {
+    let (token, reserved, same_boot) = match previous {
+        Some(r) => (r.token, r.reserved, r.boot_id == boot_id),
+        None => (0, 0, false),
+    };
+    if same_boot && token < reserved {
+        return (token + 1, reserved, false);
+    }
+    // A reboot may have lost any unsynced token up to `reserved`: start above it.
+    let next = token.max(reserved) + 1;
+    (next, next + TOKEN_BLOCK - 1, true)
+}
+
+/// This boot's id: a record written in another boot may have lost its last tokens.
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|id| id.trim().to_string())
+        .unwrap_or_default()
 }
 
 /// A directory of lock files.
@@ -55,19 +105,38 @@ struct Inner {
     dir: PathBuf,
     /// The directory, open: every file name is resolved relative to it.
     dir_fd: Mutex<Arc<File>>,
-    /// Open (and so locked) files by lease id; dropping one unlocks its key.
-    held: Mutex<HashMap<String, File>>,
+    /// The lock file of each lease held through this agent, by lease id.
+    held: Mutex<HashMap<String, Held>>,
+    /// This boot's id, or "" where the kernel gives none (every block is then durable).
+    boot_id: String,
+}
+
+/// A lease's lock file, open read-only: the locked description the run also
+/// holds, or, for an adopted lease, a description of the same file the run
+/// holds the lock through.
+struct Held {
+    lock: File,
+    agent_id: String,
 }
 
 /// A record names its holder's command line, which is not for every user.
 const FILE_MODE: u32 = 0o640;
 const DIR_MODE: u32 = 0o750;
 const GATE_FILE: &str = ".force.lock";
+/// How long a failed lock attempt waits before it is believed once more: a
+/// `free` record beside a locked file is an agent between taking the lock and
+/// writing, or `inspect` looking.
+const SECOND_LOOK: Duration = Duration::from_millis(2);
 
 impl FileBackend {
     /// Opens (creating if needed, mode 0750) the lock directory, refusing
     /// one that a user other than root or the agent's own could change.
     pub fn open(dir: PathBuf) -> anyhow::Result<FileBackend> {
+        FileBackend::open_in_boot(dir, boot_id())
+    }
+
+    /// As [`FileBackend::open`], as if the host were in boot `boot_id`.
+    fn open_in_boot(dir: PathBuf, boot_id: String) -> anyhow::Result<FileBackend> {
         DirBuilder::new()
             .recursive(true)
             .mode(DIR_MODE)
@@ -78,6 +147,7 @@ impl FileBackend {
             dir,
             dir_fd: Mutex::new(Arc::new(dir_fd)),
             held: Mutex::new(HashMap::new()),
+            boot_id,
         };
         let dir = inner.dir()?;
         match inner.open(&dir, GATE_FILE, OFlag::O_RDWR | OFlag::O_CREAT) {
@@ -221,12 +291,34 @@ fn group_name(gid: u32) -> String {
     }
 }
 
-/// The file name for a key.
+/// The name of a key's record.
 fn file_name(key: &Key) -> String {
     format!("{}.lock", super::key_name::escaped(key))
 }
 
-fn flock(kind: libc::c_int) -> libc::flock {
+/// The name of the empty file whose lock holds a key.
+fn lock_name(key: &Key) -> String {
+    format!("{}.run", super::key_name::escaped(key))
+}
+
+/// Takes (`LOCK_EX`), tries (`| LOCK_NB`) or drops (`LOCK_UN`) a `flock`
+/// lock; `Ok(false)` when another description holds it.
+fn flock(file: &File, operation: libc::c_int) -> io::Result<bool> {
+    loop {
+        // SAFETY: the descriptor is open for the duration of the call.
+        if unsafe { libc::flock(file.as_raw_fd(), operation) } == 0 {
+            return Ok(true);
+        }
+        let err = io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EWOULDBLOCK) => return Ok(false),
+            _ => return Err(err),
+        }
+    }
+}
+
+fn range_lock(kind: libc::c_int) -> libc::flock {
     // SAFETY: flock is plain old data; all-zero is a valid value to start from.
     let mut lock: libc::flock = unsafe { std::mem::zeroed() };
     lock.l_type = kind as libc::c_short;
@@ -236,7 +328,7 @@ fn flock(kind: libc::c_int) -> libc::flock {
 
 /// Takes an OFD lock on the whole file; `Ok(false)` when another holds it.
 fn ofd_lock(file: &File, kind: libc::c_int, wait: bool) -> io::Result<bool> {
-    let lock = flock(kind);
+    let lock = range_lock(kind);
     let cmd = if wait {
         libc::F_OFD_SETLKW
     } else {
@@ -254,16 +346,6 @@ fn ofd_lock(file: &File, kind: libc::c_int, wait: bool) -> io::Result<bool> {
             _ => return Err(err),
         }
     }
-}
-
-/// Whether some other open file description holds a write-conflicting lock.
-fn ofd_is_locked(file: &File) -> io::Result<bool> {
-    let mut lock = flock(libc::F_WRLCK);
-    // SAFETY: as above; F_OFD_GETLK writes into `lock`.
-    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_GETLK, &mut lock) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(lock.l_type != libc::F_UNLCK as libc::c_short)
 }
 
 fn read_bytes(mut file: &File) -> io::Result<Vec<u8>> {
@@ -287,8 +369,15 @@ fn write_record(mut file: &File, record: &FileRecord, durable: bool) -> io::Resu
     Ok(())
 }
 
-/// The record (and its holder) that grants `spec` with `token`.
-fn held_record(spec: &AcquireSpec, token: u64, forced_from: Option<u64>) -> (Holder, FileRecord) {
+/// The record (and its holder) that grants `spec` after `previous`, and
+/// whether it must be written durably.
+fn held_record(
+    spec: &AcquireSpec,
+    previous: Option<&FileRecord>,
+    forced_from: Option<u64>,
+    boot_id: &str,
+) -> (Holder, FileRecord, bool) {
+    let (token, reserved, durable) = next_token(previous, boot_id);
     let holder = Holder {
         token,
         ..spec.holder.clone()
@@ -299,8 +388,12 @@ fn held_record(spec: &AcquireSpec, token: u64, forced_from: Option<u64>) -> (Hol
         token,
         holder: Some(holder.clone()),
         forced_from,
+        lease_id: Some(spec.lease_id.clone()),
+        ttl_ms: Some(spec.ttl.as_millis() as u64),
+        reserved,
+        boot_id: boot_id.to_string(),
     };
-    (holder, record)
+    (holder, record, durable)
 }
 
 /// Reads a record another process may be writing this instant: a torn read
@@ -434,109 +527,211 @@ impl Inner {
         Ok(Some(gate))
     }
 
-    fn remember(&self, lease_id: &str, file: File) {
+    fn remember(&self, lease_id: &str, lock: File, agent_id: &str) {
+        let held = Held {
+            lock,
+            agent_id: agent_id.to_string(),
+        };
         // invariant: nothing panics while holding this lock
         self.held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(lease_id.to_string(), file);
+            .insert(lease_id.to_string(), held);
+    }
+
+    /// The key's record; `None` when it was never written.
+    fn read_record(&self, file: &File, name: &str) -> Result<Option<FileRecord>, BackendError> {
+        let bytes = read_bytes(file).map_err(|e| self.io_error("reading", name, e))?;
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            BackendError::Corrupt(format!(
+                "lock file {} is not a runlock record ({e}); move it aside to free the key",
+                self.path(name).display()
+            ))
+        })
+    }
+
+    /// Writes the record of a key whose lock this agent holds; a new record
+    /// file is made durable with its directory entry.
+    fn write(
+        &self,
+        dir: &File,
+        name: &str,
+        record: &FileRecord,
+        durable: bool,
+    ) -> Result<(), BackendError> {
+        let file = self.open(dir, name, OFlag::O_RDWR | OFlag::O_CREAT)?;
+        let new = file.metadata().map(|m| m.len() == 0).unwrap_or(false);
+        write_record(&file, record, durable || new)
+            .and_then(|_| if new { dir.sync_all() } else { Ok(()) })
+            .map_err(|e| self.io_error("writing", name, e))
     }
 
     fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         let sent = tokio::time::Instant::now();
         let dir = self.dir()?;
         let _gate = self.open_gate(&dir, spec.force)?;
-        let name = file_name(&spec.key);
+        let (name, lock_name) = (file_name(&spec.key), lock_name(&spec.key));
         loop {
-            let file = self.open(&dir, &name, OFlag::O_RDWR | OFlag::O_CREAT)?;
-            if !ofd_lock(&file, libc::F_WRLCK, false)
-                .map_err(|e| self.io_error("locking", &name, e))?
-            {
-                let current = read_record_settled(&file, |r| r.state == KeyState::Held)
-                    .map_err(|e| self.io_error("reading", &name, e))?;
+            let lock = self.open(&dir, &lock_name, OFlag::O_RDONLY | OFlag::O_CREAT)?;
+            if !self.try_lock(&dir, &lock, &lock_name, &name)? {
+                let current = self.holder_record(&dir, &name)?;
                 if spec.force {
-                    return self.take_over(&dir, spec, &name, current);
+                    return self.take_over(&dir, spec, current);
                 }
                 return Err(BackendError::Held(
                     current.and_then(|r| r.holder).map(Box::new),
                 ));
             }
             // A force may have renamed a new file over the name between our open and lock.
-            if !self.same_inode(&dir, &file, &name)? {
+            if !self.same_inode(&dir, &lock, &lock_name)? {
                 continue;
             }
-            let bytes = read_bytes(&file).map_err(|e| self.io_error("reading", &name, e))?;
-            let previous = if bytes.is_empty() {
-                0
-            } else {
-                serde_json::from_slice::<FileRecord>(&bytes)
-                    .map_err(|e| {
-                        BackendError::Corrupt(format!(
-                            "lock file {} is not a runlock record ({e}); move it aside to free the key",
-                            self.path(&name).display()
-                        ))
-                    })?
-                    .token
+            let granted = self
+                .try_open(&dir, &name, OFlag::O_RDONLY)
+                .and_then(|file| {
+                    let previous = match file {
+                        Some(file) => self.read_record(&file, &name)?,
+                        None => None,
+                    };
+                    let (holder, record, durable) =
+                        held_record(spec, previous.as_ref(), None, &self.boot_id);
+                    self.write(&dir, &name, &record, durable)?;
+                    Ok(holder)
+                });
+            let holder = match granted {
+                Ok(holder) => holder,
+                Err(err) => {
+                    let _ = flock(&lock, libc::LOCK_UN);
+                    return Err(err);
+                }
             };
-            let (holder, record) = held_record(spec, previous + 1, None);
-            write_record(&file, &record, true).map_err(|e| self.io_error("writing", &name, e))?;
-            self.remember(&spec.lease_id, file);
-            return Ok(Grant { holder, sent });
+            let run = self.run_copy(&lock, &lock_name)?;
+            self.remember(&spec.lease_id, lock, &spec.holder.agent_id);
+            return Ok(Grant {
+                holder,
+                sent,
+                lock: Some(run),
+            });
         }
     }
 
-    /// Force: a new locked file with a larger token renamed over the name.
+    /// Tries the key's lock. A refusal is believed only once it has lasted
+    /// [`SECOND_LOOK`] while the record says the key is free: a holder takes
+    /// the lock before it writes its record, and `inspect` takes it shared
+    /// for an instant to tell a stale record from a held key.
+    fn try_lock(
+        &self,
+        dir: &File,
+        lock: &File,
+        lock_name: &str,
+        name: &str,
+    ) -> Result<bool, BackendError> {
+        let attempt = || {
+            flock(lock, libc::LOCK_EX | libc::LOCK_NB)
+                .map_err(|e| self.io_error("locking", lock_name, e))
+        };
+        if attempt()? {
+            return Ok(true);
+        }
+        let held = match self.try_open(dir, name, OFlag::O_RDONLY)? {
+            Some(file) => matches!(
+                self.read_record(&file, name),
+                Ok(Some(r)) if r.state == KeyState::Held
+            ),
+            None => false,
+        };
+        if held {
+            return Ok(false);
+        }
+        std::thread::sleep(SECOND_LOOK);
+        attempt()
+    }
+
+    /// The record of a key someone holds, read once its writer is done.
+    fn holder_record(&self, dir: &File, name: &str) -> Result<Option<FileRecord>, BackendError> {
+        let Some(file) = self.try_open(dir, name, OFlag::O_RDONLY)? else {
+            return Ok(None);
+        };
+        read_record_settled(&file, |r| r.state == KeyState::Held)
+            .map_err(|e| self.io_error("reading", name, e))
+    }
+
+    /// A duplicate of a held lock file's description, for the run.
+    fn run_copy(&self, lock: &File, lock_name: &str) -> Result<OwnedFd, BackendError> {
+        lock.try_clone()
+            .map(OwnedFd::from)
+            .map_err(|e| self.io_error("duplicating", lock_name, e))
+    }
+
+    /// Force: a new locked lock file renamed over the old, then the record.
     fn take_over(
         &self,
         dir: &File,
         spec: &AcquireSpec,
-        name: &str,
         current: Option<FileRecord>,
     ) -> Result<Grant, BackendError> {
+        let (name, lock_name) = (file_name(&spec.key), lock_name(&spec.key));
         let current = current.ok_or_else(|| {
             BackendError::Corrupt(format!(
                 "lock file {} is held but its record cannot be read; cannot take it over",
-                self.path(name).display()
+                self.path(&name).display()
             ))
         })?;
         let temp = format!(".take-{}", uuid::Uuid::new_v4());
-        let file = self.open(dir, &temp, OFlag::O_RDWR | OFlag::O_CREAT | OFlag::O_EXCL)?;
-        let (holder, record) = held_record(spec, current.token + 1, Some(current.token));
+        let lock = self.open(dir, &temp, OFlag::O_RDONLY | OFlag::O_CREAT | OFlag::O_EXCL)?;
         let dir_fd = Some(dir.as_raw_fd());
-        let placed = ofd_lock(&file, libc::F_WRLCK, false)
-            .and_then(|_| write_record(&file, &record, true))
-            .and_then(|_| Ok(nix::fcntl::renameat(dir_fd, temp.as_str(), dir_fd, name)?))
-            .and_then(|_| dir.sync_all());
+        let placed = flock(&lock, libc::LOCK_EX | libc::LOCK_NB).and_then(|_| {
+            Ok(nix::fcntl::renameat(
+                dir_fd,
+                temp.as_str(),
+                dir_fd,
+                lock_name.as_str(),
+            )?)
+        });
         if let Err(e) = placed {
             let _ = nix::unistd::unlinkat(
                 dir_fd,
                 temp.as_str(),
                 nix::unistd::UnlinkatFlags::NoRemoveDir,
             );
-            return Err(self.io_error("replacing", name, e));
+            return Err(self.io_error("replacing", &lock_name, e));
         }
-        self.remember(&spec.lease_id, file);
+        let (holder, record, durable) =
+            held_record(spec, Some(&current), Some(current.token), &self.boot_id);
+        self.write(dir, &name, &record, durable)?;
+        let run = self.run_copy(&lock, &lock_name)?;
+        self.remember(&spec.lease_id, lock, &spec.holder.agent_id);
         Ok(Grant {
             holder,
             sent: tokio::time::Instant::now(),
+            lock: Some(run),
         })
     }
 
     fn renew(&self, lease: &LeaseRef) -> Result<(), BackendError> {
         let dir = self.dir()?;
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
-        let file = held
+        let held = held
             .get(&lease.lease_id)
             .ok_or(BackendError::LeaseMismatch)?;
-        if self.same_inode(&dir, file, &file_name(&lease.key))? {
+        if self.same_inode(&dir, &held.lock, &lock_name(&lease.key))? {
             Ok(())
         } else {
             Err(BackendError::LeaseMismatch)
         }
     }
 
+    /// Ends a lease: its record is marked free, then its lock dropped for
+    /// every holder of the description (a daemon the run left behind too).
+    /// The record is written only while this agent holds the lock on the
+    /// key's current lock file and the record still names the lease: the
+    /// run may have dropped the lock already, and then someone else may
+    /// hold the key.
     fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
-        let Some(file) = self
+        let Some(held) = self
             .held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -544,31 +739,103 @@ impl Inner {
         else {
             return Ok(());
         };
-        let name = file_name(&lease.key);
-        // Leave a `free` record (keeping the token) only if the name is still ours;
-        // after a force it names the new holder's file.
-        let ours = self
-            .dir()
-            .and_then(|dir| self.same_inode(&dir, &file, &name))
-            .unwrap_or(false);
-        if ours {
-            let record = FileRecord {
-                key: lease.key.to_string(),
-                state: KeyState::Free,
-                token: lease.token,
-                holder: None,
-                forced_from: None,
-            };
-            // Not synced: a lost `free` record is harmless, the kernel lock is the truth.
-            write_record(&file, &record, false).map_err(|e| self.io_error("writing", &name, e))?;
+        let (name, lock_name) = (file_name(&lease.key), lock_name(&lease.key));
+        let dir = self.dir()?;
+        let _gate = self.open_gate(&dir, false)?;
+        let ours = flock(&held.lock, libc::LOCK_EX | libc::LOCK_NB)
+            .map_err(|e| self.io_error("locking", &lock_name, e))?
+            && self.same_inode(&dir, &held.lock, &lock_name)?;
+        if !ours {
+            return Ok(()); // someone else holds the key, or the run still does (an adopted lease)
         }
-        drop(file); // closing the description drops the lock
-        Ok(())
+        let result = self.free_record(&dir, &name, lease, &held.agent_id);
+        let _ = flock(&held.lock, libc::LOCK_UN);
+        result
+    }
+
+    /// Marks the record free, keeping its token, if it still names `lease`
+    /// as granted or adopted through this agent.
+    fn free_record(
+        &self,
+        dir: &File,
+        name: &str,
+        lease: &LeaseRef,
+        agent_id: &str,
+    ) -> Result<(), BackendError> {
+        let Some(file) = self.try_open(dir, name, OFlag::O_RDONLY)? else {
+            return Ok(());
+        };
+        let Some(mut record) = self.read_record(&file, name)? else {
+            return Ok(());
+        };
+        let ours = record.state == KeyState::Held
+            && record.lease_id.as_deref() == Some(lease.lease_id.as_str())
+            && record.token == lease.token
+            && record
+                .holder
+                .as_ref()
+                .is_some_and(|h| h.agent_id == agent_id);
+        if !ours {
+            return Ok(());
+        }
+        record.state = KeyState::Free;
+        record.holder = None;
+        record.lease_id = None;
+        record.ttl_ms = None;
+        record.forced_from = None;
+        // Not synced: a lost `free` record is harmless, the kernel lock is the truth.
+        self.write(dir, name, &record, false)
+    }
+
+    /// Takes over a lease granted through an agent that has stopped, whose
+    /// run still holds the lock: the record must name the lease and its
+    /// token, and the key's lock file must be locked (by the run) or free
+    /// (then this agent holds it, as nobody else took the key since).
+    fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+        let (name, lock_name) = (file_name(&lease.key), lock_name(&lease.key));
+        let dir = self.dir()?;
+        let _gate = self.open_gate(&dir, false)?;
+        let lock = self
+            .try_open(&dir, &lock_name, OFlag::O_RDONLY)?
+            .ok_or(BackendError::LeaseMismatch)?;
+        let record = match self.try_open(&dir, &name, OFlag::O_RDONLY)? {
+            Some(file) => self.read_record(&file, &name)?,
+            None => None,
+        };
+        let Some(mut record) = record.filter(|r| {
+            r.state == KeyState::Held
+                && r.lease_id.as_deref() == Some(lease.lease_id.as_str())
+                && r.token == lease.token
+        }) else {
+            return Err(BackendError::LeaseMismatch);
+        };
+        let mut holder = record.holder.clone().ok_or_else(|| {
+            BackendError::Corrupt(format!(
+                "{} is held but names no holder",
+                self.path(&name).display()
+            ))
+        })?;
+        // Whether the run holds it or nobody does, nobody else can take it now.
+        let _ = flock(&lock, libc::LOCK_EX | libc::LOCK_NB)
+            .map_err(|e| self.io_error("locking", &lock_name, e))?;
+        holder.agent_id = agent_id.to_string();
+        record.holder = Some(holder.clone());
+        self.write(&dir, &name, &record, false)?;
+        let ttl = Duration::from_millis(record.ttl_ms.unwrap_or(60_000));
+        self.remember(&lease.lease_id, lock, agent_id);
+        Ok(Adopted {
+            grant: Grant {
+                holder,
+                sent: tokio::time::Instant::now(),
+                lock: None,
+            },
+            ttl,
+        })
     }
 
     fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
-        let name = file_name(key);
-        let mut record = KeyRecord {
+        let (name, lock_name) = (file_name(key), lock_name(key));
+        let mut answer = KeyRecord {
             key: key.to_string(),
             state: KeyState::Free,
             token: 0,
@@ -578,20 +845,33 @@ impl Inner {
         };
         let dir = self.dir()?;
         let Some(file) = self.try_open(&dir, &name, OFlag::O_RDONLY)? else {
-            return Ok(record);
+            return Ok(answer);
         };
-        let locked = ofd_is_locked(&file).map_err(|e| self.io_error("checking", &name, e))?;
-        let wanted = |r: &FileRecord| !locked || r.state == KeyState::Held;
-        let stored =
-            read_record_settled(&file, wanted).map_err(|e| self.io_error("reading", &name, e))?;
+        let Some(record) =
+            read_record_settled(&file, |_| true).map_err(|e| self.io_error("reading", &name, e))?
+        else {
+            return Ok(answer);
+        };
+        answer.token = record.token;
+        if record.state != KeyState::Held {
+            return Ok(answer);
+        }
+        // A record left held by a run that ended with no agent to tell: the
+        // lock says whether anyone still holds the key. Shared, and only for
+        // an instant, so it never stands in a holder's way for long.
+        let locked = match self.try_open(&dir, &lock_name, OFlag::O_RDONLY)? {
+            Some(lock) => {
+                let free = flock(&lock, libc::LOCK_SH | libc::LOCK_NB)
+                    .map_err(|e| self.io_error("checking", &lock_name, e))?;
+                !free
+            }
+            None => false,
+        };
         if locked {
-            record.state = KeyState::Held;
+            answer.state = KeyState::Held;
+            answer.holder = record.holder;
         }
-        if let Some(stored) = stored {
-            record.token = stored.token;
-            record.holder = if locked { stored.holder } else { None };
-        }
-        Ok(record)
+        Ok(answer)
     }
 }
 
@@ -600,8 +880,11 @@ impl Backend for FileBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities {
             scope: Scope::Host,
-            survives_agent: false,
+            survives_agent: true,
+            // Only to notice a force, which renames a new lock file over ours.
             needs_renewal: true,
+            lease_expires: false,
+            run_holds_lock: true,
         }
     }
 
@@ -627,6 +910,12 @@ impl Backend for FileBackend {
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
         let key = key.clone();
         self.blocking(move |inner| inner.inspect(&key)).await
+    }
+
+    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+        let (lease, agent_id) = (lease.clone(), agent_id.to_string());
+        self.blocking(move |inner| inner.adopt(&lease, &agent_id))
+            .await
     }
 }
 
@@ -708,6 +997,193 @@ mod tests {
                 .token,
             3
         );
+    }
+
+    fn record_at(dir: &Path, name: &str) -> FileRecord {
+        serde_json::from_slice(&std::fs::read(dir.join(name)).expect("read")).expect("a record")
+    }
+
+    #[tokio::test]
+    async fn the_run_gets_the_lock_read_only_on_an_empty_file_apart_from_the_record() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let backend = FileBackend::open(dir.path().into()).expect("open");
+        let grant = backend
+            .acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free key");
+        let lock = File::from(grant.lock.expect("a lock for the run"));
+        let flags =
+            nix::fcntl::fcntl(lock.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL).expect("flags");
+        assert_eq!(flags & libc::O_ACCMODE, libc::O_RDONLY);
+        assert!(
+            (&lock).write_all(b"token 0").is_err(),
+            "the run could write"
+        );
+        let ino = |path: &Path| std::fs::metadata(path).expect("stat").ino();
+        let meta = lock.metadata().expect("stat");
+        assert_eq!(meta.len(), 0);
+        assert_eq!(meta.ino(), ino(&dir.path().join("k.run")));
+        assert_ne!(meta.ino(), ino(&dir.path().join("k.lock")));
+        assert_eq!(meta.mode() & 0o7777 & !FILE_MODE, 0);
+    }
+
+    #[tokio::test]
+    async fn a_lock_the_run_holds_outlives_its_agent_and_is_adopted_by_the_next() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let key = Key::new("k").expect("valid");
+        let old = FileBackend::open(dir.path().into()).expect("open");
+        let run = old
+            .acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free key")
+            .lock
+            .expect("a lock for the run");
+        drop(old); // the agent dies; every descriptor it had is closed
+
+        let new = FileBackend::open(dir.path().into()).expect("open");
+        assert!(matches!(
+            new.acquire(&spec("k", "l2", false, TTL)).await,
+            Err(BackendError::Held(Some(h))) if h.token == 1
+        ));
+        assert_eq!(
+            new.inspect(&key).await.expect("inspect").state,
+            KeyState::Held
+        );
+        assert!(matches!(
+            new.adopt(&lease("k", "l1", 2), "new-agent").await,
+            Err(BackendError::LeaseMismatch)
+        ));
+        assert!(matches!(
+            new.adopt(&lease("k", "other", 1), "new-agent").await,
+            Err(BackendError::LeaseMismatch)
+        ));
+        let adopted = new
+            .adopt(&lease("k", "l1", 1), "new-agent")
+            .await
+            .expect("adopt");
+        assert_eq!(
+            (
+                adopted.grant.holder.token,
+                adopted.grant.holder.agent_id.as_str()
+            ),
+            (1, "new-agent")
+        );
+        assert_eq!(adopted.ttl, TTL);
+        new.renew(&lease("k", "l1", 1), TTL)
+            .await
+            .expect("still ours");
+        // Held by the run alone: the adopting agent's copy does not lock it.
+        assert!(matches!(
+            new.acquire(&spec("k", "l3", false, TTL)).await,
+            Err(BackendError::Held(_))
+        ));
+
+        // The run ends (its shim drops the lock), then the agent releases.
+        flock(&File::from(run), libc::LOCK_UN).expect("unlock");
+        new.release(&lease("k", "l1", 1)).await.expect("release");
+        let record = record_at(dir.path(), "k.lock");
+        assert_eq!((record.state, record.token), (KeyState::Free, 1));
+        let next = new
+            .acquire(&spec("k", "l4", false, TTL))
+            .await
+            .expect("free");
+        assert_eq!(next.holder.token, 2);
+    }
+
+    #[tokio::test]
+    async fn a_record_left_held_by_a_run_that_ended_alone_reads_as_free() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let key = Key::new("k").expect("valid");
+        let old = FileBackend::open(dir.path().into()).expect("open");
+        let run = old
+            .acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
+        drop((old, run)); // agent and run both gone, the record still says held
+        assert_eq!(record_at(dir.path(), "k.lock").state, KeyState::Held);
+        let new = FileBackend::open(dir.path().into()).expect("open");
+        let record = new.inspect(&key).await.expect("inspect");
+        assert_eq!(
+            (record.state, record.token, record.holder),
+            (KeyState::Free, 1, None)
+        );
+        let next = new
+            .acquire(&spec("k", "l2", false, TTL))
+            .await
+            .expect("free");
+        assert_eq!(next.holder.token, 2);
+    }
+
+    #[test]
+    fn tokens_come_from_durable_blocks_and_a_new_boot_starts_above_the_block() {
+        let record = |token, reserved, boot: &str| FileRecord {
+            key: "k".into(),
+            state: KeyState::Free,
+            token,
+            holder: None,
+            forced_from: None,
+            lease_id: None,
+            ttl_ms: None,
+            reserved,
+            boot_id: boot.into(),
+        };
+        assert_eq!(next_token(None, "a"), (1, TOKEN_BLOCK, true));
+        assert_eq!(
+            next_token(Some(&record(1, 1024, "a")), "a"),
+            (2, 1024, false)
+        );
+        assert_eq!(
+            next_token(Some(&record(1023, 1024, "a")), "a"),
+            (1024, 1024, false)
+        );
+        assert_eq!(
+            next_token(Some(&record(1024, 1024, "a")), "a"),
+            (1025, 2048, true)
+        );
+        // After a reboot the record may lag behind what was handed out.
+        assert_eq!(
+            next_token(Some(&record(3, 1024, "a")), "b"),
+            (1025, 2048, true)
+        );
+        // A record from before blocks (no reservation) goes on from its token.
+        assert_eq!(next_token(Some(&record(7, 0, "")), "b"), (8, 1031, true));
+    }
+
+    #[tokio::test]
+    async fn after_a_reboot_no_token_handed_out_before_it_comes_again() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let before = FileBackend::open_in_boot(dir.path().into(), "boot-1".into()).expect("open");
+        let mut handed_out = Vec::new();
+        for i in 0..3 {
+            let id = format!("l{i}");
+            let grant = before
+                .acquire(&spec("k", &id, false, TTL))
+                .await
+                .expect("free");
+            handed_out.push(grant.holder.token);
+            before
+                .release(&lease("k", &id, grant.holder.token))
+                .await
+                .expect("release");
+        }
+        assert_eq!(handed_out, [1, 2, 3]);
+        assert_eq!(record_at(dir.path(), "k.lock").reserved, TOKEN_BLOCK);
+        drop(before);
+        // Power lost before tokens 2 and 3 reached the disk: it holds the first grant's record.
+        let mut lagging = record_at(dir.path(), "k.lock");
+        lagging.token = 1;
+        std::fs::write(
+            dir.path().join("k.lock"),
+            serde_json::to_vec(&lagging).expect("json"),
+        )
+        .expect("write");
+        let after = FileBackend::open_in_boot(dir.path().into(), "boot-2".into()).expect("open");
+        let grant = after
+            .acquire(&spec("k", "l9", false, TTL))
+            .await
+            .expect("free");
+        assert_eq!(grant.holder.token, TOKEN_BLOCK + 1);
+        assert_eq!(record_at(dir.path(), "k.lock").reserved, 2 * TOKEN_BLOCK);
     }
 
     #[tokio::test]

@@ -34,6 +34,8 @@ impl Backend for MemoryBackend {
             scope: Scope::Host,
             survives_agent: false,
             needs_renewal: false,
+            lease_expires: false,
+            run_holds_lock: false,
         }
     }
 
@@ -55,6 +57,7 @@ impl Backend for MemoryBackend {
             Ok(Grant {
                 holder,
                 sent: tokio::time::Instant::now(),
+                lock: None,
             })
         })
     }

@@ -29,10 +29,17 @@ use std::time::Duration;
 pub struct Capabilities {
     /// How far its exclusion reaches.
     pub scope: Scope,
-    /// Whether a lease outlives the agent process (network stores) or dies with it (kernel locks).
+    /// Whether a lease outlives the agent process: network stores, and a
+    /// kernel lock the run holds itself.
     pub survives_agent: bool,
     /// Whether the agent must check each lease periodically to notice it was taken.
     pub needs_renewal: bool,
+    /// Whether a held lease lapses unless renewed in time. A kernel lock
+    /// cannot: it has no deadline, and a slow or paused agent loses nothing.
+    pub lease_expires: bool,
+    /// Whether the run itself holds the lock (`Grant::lock`), so that its
+    /// lease outlives the agent only for a client that takes the lock.
+    pub run_holds_lock: bool,
 }
 
 /// Everything needed to take one key.
@@ -62,17 +69,21 @@ pub struct LeaseRef {
 }
 
 /// What a successful acquire returns.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Grant {
     /// The recorded holder, with the new fencing token.
     pub holder: Holder,
     /// When the write that granted the lease was sent: the lease's clock starts
     /// here, not when the answer arrived (DESIGN, invariant 1).
     pub sent: tokio::time::Instant,
+    /// Where the run holds the lock itself (a kernel lock): a descriptor of
+    /// the locked open file description, for the run to inherit, so that the
+    /// lock lives exactly as long as the run, agent or no agent.
+    pub lock: Option<std::os::fd::OwnedFd>,
 }
 
 /// What a successful adopt returns.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Adopted {
     /// The lease, now recorded as this agent's, as if just granted.
     pub grant: Grant,

@@ -112,7 +112,16 @@ pub fn canonical() -> Vec<Vector> {
             meaning: "Opens the connection: the client speaks protocol version 1, names itself and gives its pid.",
             message: client(
                 None,
-                ClientMessage::Hello { version: 1, client: "runlock 0.1.0".into(), pid: 4242 },
+                ClientMessage::Hello { version: 1, client: "runlock 0.1.0".into(), pid: 4242, takes_locks: false },
+            ),
+        },
+        Vector {
+            name: "client-hello-takes-locks",
+            meaning: "As `client-hello`, from a client that receives lock descriptors with `acquired` \
+                      and hands them to the processes it protects (`takes_locks`, 5.4).",
+            message: client(
+                None,
+                ClientMessage::Hello { version: 1, client: "runlock 0.1.0".into(), pid: 4242, takes_locks: true },
             ),
         },
         Vector {
@@ -230,6 +239,22 @@ pub fn canonical() -> Vec<Vector> {
                     leases: vec![lease("dev:a", "lease-0001", 12), lease("dev:b", "lease-0002", 3)],
                     ttl_ms: 30_000,
                     valid_for_ms: Some(25_000),
+                    locks: 0,
+                },
+            ),
+        },
+        Vector {
+            name: "agent-acquired-locks",
+            meaning: "Answers request 2 on `file://` to a client that takes locks: one lease, with no \
+                      `valid_for_ms` (a kernel lock cannot expire while held), and one descriptor \
+                      passed with the frame (`locks`, SCM_RIGHTS) holding its lock.",
+            message: agent(
+                Some(2),
+                AgentMessage::Acquired {
+                    leases: vec![lease("dev:a", "lease-0001", 12)],
+                    ttl_ms: 30_000,
+                    valid_for_ms: None,
+                    locks: 1,
                 },
             ),
         },
@@ -514,7 +539,7 @@ pub fn decode_only() -> Vec<DecodeOnly> {
             ]),
             message: client(
                 Some(1),
-                ClientMessage::Hello { version: 1, client: "py".into(), pid: 4242 },
+                ClientMessage::Hello { version: 1, client: "py".into(), pid: 4242, takes_locks: false },
             ),
         },
         DecodeOnly {

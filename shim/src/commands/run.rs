@@ -65,7 +65,7 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
         Err(refused) => return Err(refused.into()),
     };
 
-    let (leases, ttl, valid_for) = match acquire(&mut client, &args, &mut signals).await {
+    let (leases, ttl, valid_for, locks) = match acquire(&mut client, &args, &mut signals).await {
         Ok(Ok(granted)) => granted,
         Ok(Err(signal)) => return Ok(ExitCode::from(128 + signal as u8)),
         Err(failure) if failure.code == exit::EXIT_UNAVAILABLE => {
@@ -76,7 +76,7 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
     };
 
     let fd = client.transport.get_ref().as_raw_fd();
-    let mut child = spawn(Some(fd), &args.command, &args.keys, &leases)?;
+    let mut child = spawn(Some(fd), &locks, &args.command, &args.keys, &leases)?;
     // invariant: a spawned child has a pid until it is waited for
     let pid = child.id().unwrap_or_default();
     let group = Pid::from_raw(pid as i32);
@@ -90,6 +90,7 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
         on_lost: args.on_lost,
         group,
         survives_agent: client.leases_survive_agent,
+        expires: valid_for.is_some(),
         valid_until: HashMap::new(),
     };
     if let Some(valid_for) = valid_for {
@@ -150,6 +151,13 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
         }
     };
 
+    // Dropped for every holder of the lock (a daemon the run left behind
+    // too) before the agent is told: it marks the record free only once it
+    // can take the lock itself, so this leaves no moment with two holders.
+    for lock in &locks {
+        // SAFETY: the descriptor is open; LOCK_UN only drops our lock.
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_UN) };
+    }
     if watch.agent_open {
         let lease_ids = leases.iter().map(|l| l.lease_id.clone()).collect();
         let release = client.call(ClientMessage::Release {
@@ -158,7 +166,7 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
         });
         // A lease already lost answers not_owner, which is fine: the run is over either way.
         let _ = tokio::time::timeout(RELEASE_WAIT, release).await;
-    } else if !watch.lost {
+    } else if !watch.lost && locks.is_empty() {
         eprintln!("runlock: no agent to release the lock to; it expires by itself within its TTL");
     }
     let status = status
@@ -200,7 +208,7 @@ async fn unlocked(
         OnUnavailable::Skip => {}
         OnUnavailable::Fail | OnUnavailable::Unknown => return Err(failure),
     }
-    let mut child = spawn(None, &args.command, &args.keys, &[])?;
+    let mut child = spawn(None, &[], &args.command, &args.keys, &[])?;
     // invariant: a spawned child has a pid until it is waited for
     let group = Pid::from_raw(child.id().unwrap_or_default() as i32);
     let status = loop {
@@ -216,8 +224,9 @@ async fn unlocked(
         .map_err(|e| Failure::new(exit::EXIT_SOFTWARE, format!("waiting for the command: {e}")))
 }
 
-/// The leases, their TTL, and how long they stay guaranteed without the agent.
-type Acquired = (Vec<Lease>, Duration, Option<Duration>);
+/// The leases, their TTL, how long they stay guaranteed without the agent
+/// (`None`: for as long as the run holds its locks), and those locks.
+type Acquired = (Vec<Lease>, Duration, Option<Duration>, Vec<OwnedFd>);
 
 /// Asks for every key: what `acquired` said, or `Ok(Err(signal))` when a signal came first.
 async fn acquire(
@@ -237,44 +246,60 @@ async fn acquire(
         .send(request)
         .await
         .map_err(|e| e.into_failure("asking for the lock"))?;
-    tokio::select! {
-        reply = client.reply(id) => match reply {
-            Ok(AgentMessage::Acquired { leases, ttl_ms, valid_for_ms }) => Ok(Ok((
-                leases,
-                Duration::from_millis(ttl_ms),
-                valid_for_ms.map(Duration::from_millis),
-            ))),
-            Ok(other) => Err(unexpected("acquire", &other)),
-            Err(CallError::Agent(err)) => Err(Failure::new(exit::for_error(err.code), describe_wire_error(&err))),
-            Err(gone) => Err(gone.into_failure("asking for the lock")),
-        },
+    let reply = tokio::select! {
+        reply = client.reply(id) => reply,
         // Closing the connection (by returning) abandons the wait in the agent.
-        signal = signals.next() => Ok(Err(signal)),
+        signal = signals.next() => return Ok(Err(signal)),
+    };
+    match reply {
+        Ok(AgentMessage::Acquired {
+            leases,
+            ttl_ms,
+            valid_for_ms,
+            locks,
+        }) => Ok(Ok((
+            leases,
+            Duration::from_millis(ttl_ms),
+            valid_for_ms.map(Duration::from_millis),
+            client.take_locks(locks)?,
+        ))),
+        Ok(other) => Err(unexpected("acquire", &other)),
+        Err(CallError::Agent(err)) => Err(Failure::new(
+            exit::for_error(err.code),
+            describe_wire_error(&err),
+        )),
+        Err(gone) => Err(gone.into_failure("asking for the lock")),
     }
 }
 
 /// Starts the command in its own process group. With an agent `socket`, the
 /// command holds a duplicate of it, so that the agent sees the connection
-/// close only when every process of the run has exited; without one (no
-/// lock), it gets only `RUNLOCK_KEY`.
+/// close only when every process of the run has exited, and of each of its
+/// `locks`, so that a kernel lock lasts as long as the run, agent or no
+/// agent; without one (no lock), it gets only `RUNLOCK_KEY`.
 fn spawn(
     socket: Option<RawFd>,
+    locks: &[OwnedFd],
     command: &[String],
     keys: &[String],
     leases: &[Lease],
 ) -> Result<tokio::process::Child, Failure> {
-    let inherited = match socket {
-        // dup() leaves close-on-exec clear on the copy, so the command inherits it.
-        Some(socket) => Some(nix::unistd::dup(socket).map_err(|e| {
-            Failure::new(
-                exit::EXIT_SOFTWARE,
-                format!("cannot duplicate the agent socket: {e}"),
-            )
-        })?),
-        None => None,
-    };
-    // SAFETY: `dup` just returned this descriptor and nothing else owns it.
-    let inherited = inherited.map(|fd| unsafe { OwnedFd::from_raw_fd(fd) });
+    let descriptors = socket
+        .into_iter()
+        .chain(locks.iter().map(|lock| lock.as_raw_fd()));
+    let inherited = descriptors
+        .map(|fd| {
+            // dup() leaves close-on-exec clear on the copy, so the command inherits it.
+            let copy = nix::unistd::dup(fd).map_err(|e| {
+                Failure::new(
+                    exit::EXIT_SOFTWARE,
+                    format!("cannot duplicate a descriptor for the command: {e}"),
+                )
+            })?;
+            // SAFETY: `dup` just returned this descriptor and nothing else owns it.
+            Ok(unsafe { OwnedFd::from_raw_fd(copy) })
+        })
+        .collect::<Result<Vec<_>, Failure>>()?;
     let join = |f: fn(&Lease) -> String| leases.iter().map(f).collect::<Vec<_>>().join("\n");
     let (program, args) = command
         .split_first()
@@ -297,7 +322,7 @@ fn spawn(
             .env_remove("RUNLOCK_LEASE_ID");
     }
     let spawned = builder.spawn();
-    drop(inherited); // the child has its copy; ours would keep the run's lock alive after it
+    drop(inherited); // the child has its copies; these would keep the run's lock alive after it
     spawned.map_err(|e| {
         let code = match e.kind() {
             std::io::ErrorKind::NotFound => exit::EXIT_NOT_FOUND,
@@ -341,7 +366,7 @@ async fn reattach(
             };
             match client.call(request).await {
                 Ok(AgentMessage::Acquired { valid_for_ms, .. }) => {
-                    for lease in &leases {
+                    for lease in valid_for_ms.map_or(&[][..], |_| &leases[..]) {
                         client.events.push_back(AgentMessage::Renewed {
                             lease_id: lease.lease_id.clone(),
                             valid_for_ms: valid_for_ms.unwrap_or(0),
@@ -380,6 +405,8 @@ struct Watch {
     group: Pid,
     /// Whether the leases outlive the agent, so the run may wait for the next one.
     survives_agent: bool,
+    /// Whether they lapse unless renewed; a lock the run holds itself does not.
+    expires: bool,
     /// Until when each lease stays guaranteed without a renewal.
     valid_until: HashMap<String, Instant>,
 }
@@ -399,9 +426,14 @@ impl Watch {
                 self.valid_until.insert(lease_id, until);
             }
             AgentMessage::Restarting if self.survives_agent => {
-                eprintln!(
-                    "runlock: the agent is restarting; keeping the run while the lease lasts"
-                );
+                match self.expires {
+                    true => eprintln!(
+                        "runlock: the agent is restarting; keeping the run while the lease lasts"
+                    ),
+                    false => eprintln!(
+                        "runlock: the agent is restarting; the run holds its lock and goes on"
+                    ),
+                }
                 // Stop reading the old agent: it is handing the leases over.
                 self.agent_open = false;
             }
@@ -414,7 +446,9 @@ impl Watch {
     /// on while the next agent is sought; elsewhere its locks died with it.
     fn agent_gone(&mut self) {
         self.agent_open = false;
-        if self.survives_agent {
+        if self.survives_agent && !self.expires {
+            eprintln!("runlock: lost the agent; the run holds its lock and goes on");
+        } else if self.survives_agent {
             eprintln!("runlock: lost the agent; keeping the run while the lease lasts");
         } else {
             eprintln!("runlock: the agent went away, and its locks with it");
@@ -429,6 +463,9 @@ impl Watch {
 
     /// The earliest deadline of the leases: past it the run must stop.
     fn orphan_deadline(&self) -> Option<Instant> {
+        if !self.expires {
+            return None;
+        }
         Some(
             self.valid_until
                 .values()

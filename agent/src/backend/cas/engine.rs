@@ -300,7 +300,11 @@ impl CasEngine {
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(spec.lease_id.clone(), held);
-                Ok(Some(Grant { holder, sent }))
+                Ok(Some(Grant {
+                    holder,
+                    sent,
+                    lock: None,
+                }))
             }
             // Lost a race, or lost the answer: read again to see who won.
             Err(CasError::Conflict) | Err(CasError::Unavailable(_)) => {
@@ -414,6 +418,8 @@ impl Backend for CasEngine {
             scope: Scope::Global,
             survives_agent: true,
             needs_renewal: true,
+            lease_expires: true,
+            run_holds_lock: false,
         }
     }
 
@@ -518,7 +524,11 @@ impl Backend for CasEngine {
             Ok(version) => {
                 held.insert(lease.lease_id.clone(), Held { version, record });
                 Ok(Adopted {
-                    grant: Grant { holder, sent },
+                    grant: Grant {
+                        holder,
+                        sent,
+                        lock: None,
+                    },
                     ttl,
                 })
             }

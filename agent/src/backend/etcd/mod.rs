@@ -706,6 +706,7 @@ impl EtcdBackend {
                 ..spec.holder.clone()
             },
             sent,
+            lock: None,
         }
     }
 
@@ -842,6 +843,8 @@ impl Backend for EtcdBackend {
             // The etcd lease outlives the agent; the next agent adopts it.
             survives_agent: true,
             needs_renewal: true,
+            lease_expires: true,
+            run_holds_lock: false,
         }
     }
 
@@ -981,7 +984,11 @@ impl Backend for EtcdBackend {
                 .unwrap_or_else(|e| e.into_inner())
                 .insert(lease.lease_id.clone(), id);
             Ok(Adopted {
-                grant: Grant { holder, sent },
+                grant: Grant {
+                    holder,
+                    sent,
+                    lock: None,
+                },
                 ttl: Duration::from_millis(record.ttl_ms),
             })
         })

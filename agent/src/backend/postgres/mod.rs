@@ -146,6 +146,8 @@ impl Backend for PostgresBackend {
             scope: Scope::Global,
             survives_agent: true,
             needs_renewal: true,
+            lease_expires: true,
+            run_holds_lock: false,
         }
     }
 
@@ -184,7 +186,11 @@ impl Backend for PostgresBackend {
                 token: token(token_value, &spec.key)?,
                 ..spec.holder.clone()
             };
-            return Ok(Grant { holder, sent });
+            return Ok(Grant {
+                holder,
+                sent,
+                lock: None,
+            });
         }
         Err(BackendError::Held(None))
     }
@@ -290,7 +296,11 @@ impl Backend for PostgresBackend {
             ))
         })?;
         Ok(Adopted {
-            grant: Grant { holder, sent },
+            grant: Grant {
+                holder,
+                sent,
+                lock: None,
+            },
             ttl: Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0)),
         })
     }
