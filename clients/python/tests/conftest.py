@@ -2,21 +2,27 @@
 
 The agent is built once per session with cargo (set ``RUNLOCKD`` to a built
 binary to skip the build) and started per test on ``memory://`` and on
-``file://``, so every agent test runs on both backends.
+``file://``, so every agent test runs on both backends. The restart tests
+also run on ``s3://`` against moto, at ``RUNLOCK_TEST_S3_ENDPOINT`` (which
+tests/scripts/moto.sh exports, and scripts/test starts before these tests):
+without it they are skipped, or fail when ``CI`` is set.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
+from typing import Dict, Iterator, Optional
 
 import pytest
 
@@ -59,14 +65,32 @@ def runlockd() -> Path:
 
 
 class Agent:
-    """A running runlockd on its own socket; ``stop()`` sends SIGTERM."""
+    """A running runlockd on its own socket; ``stop()`` sends SIGTERM.
 
-    def __init__(self, binary: Path, workdir: Path, backend: str):
-        self.socket = str(workdir / "agent.sock")
+    ``name`` tells apart several agents of one test (their socket and log
+    files); ``socket`` puts one on the path of an earlier one, as a restart
+    does; ``env`` adds to its environment (a store's endpoint and credentials).
+    """
+
+    def __init__(
+        self,
+        binary: Path,
+        workdir: Path,
+        backend: str,
+        *,
+        name: str = "agent",
+        socket: Optional[str] = None,
+        env: Optional[Dict[str, str]] = None,
+    ):
+        self.socket = socket or str(workdir / f"{name}.sock")
         self.backend = backend
-        self.log_path = workdir / "agent.log"
+        self.log_path = workdir / f"{name}.log"
+        (workdir / "runlockd.toml").touch()
         # Only this test's settings: an empty config file, no inherited RUNLOCK_*.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("RUNLOCK_")}
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith(("RUNLOCK_", "AWS_"))},
+            **(env or {}),
+        }
         env.pop("NOTIFY_SOCKET", None)
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
@@ -123,3 +147,71 @@ def agent(request: pytest.FixtureRequest, runlockd: Path) -> Iterator[Agent]:
     finally:
         started.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def memory_agent(runlockd: Path, workdir: Path) -> Iterator[Agent]:
+    """An agent on memory://, whose locks die with it."""
+    started = Agent(runlockd, workdir, "memory://")
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    """A directory for agents' sockets, logs and file:// locks (under /tmp:
+    a Unix socket path must stay under ~108 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="runlock-py-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class Backend:
+    """A backend URI and the environment an agent needs to use it."""
+
+    name: str
+    uri: str
+    env: Dict[str, str] = field(default_factory=dict)
+
+
+def s3_env(endpoint: str) -> Dict[str, str]:
+    """What the Rust tests give an agent to use moto (tests/support/stores/s3.rs)."""
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ENDPOINT_URL_S3": endpoint,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
+def s3_backend() -> Backend:
+    """A fresh bucket in moto. Without RUNLOCK_TEST_S3_ENDPOINT the test is
+    skipped, except in CI, where a missing emulator must not pass unnoticed."""
+    endpoint = os.environ.get("RUNLOCK_TEST_S3_ENDPOINT")
+    if not endpoint:
+        why = "RUNLOCK_TEST_S3_ENDPOINT is not set (source tests/scripts/moto.sh; moto_start)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    bucket = f"runlock-py-{secrets.token_hex(6)}"
+    # moto accepts an unsigned bucket creation, as the Rust tests use it.
+    urllib.request.urlopen(
+        urllib.request.Request(f"{endpoint}/{bucket}", method="PUT"), timeout=10
+    ).close()
+    return Backend("s3", f"s3://{bucket}/locks", s3_env(endpoint))
+
+
+@pytest.fixture(params=["file", "s3"])
+def surviving_backend(request: pytest.FixtureRequest, workdir: Path) -> Backend:
+    """A backend whose leases outlive the agent: file:// (the client holds the
+    kernel locks) and s3:// (through moto)."""
+    if request.param == "file":
+        return Backend("file", f"file://{workdir / 'locks'}")
+    return s3_backend()

@@ -1,4 +1,5 @@
-"""The client against a real runlockd (memory:// and file://, see conftest)."""
+"""The client against a real runlockd (memory:// and file://, see conftest;
+the restart tests on file:// and s3://)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from typing import List
 import pytest
 
 import runlock
+from conftest import Agent, Backend
 
 #: Every wait on another thread or process is bounded by this.
 BOUND_S = 10.0
 
 
-def test_lock_and_unlock_with_a_growing_token(agent) -> None:
+def test_lock_and_unlock_with_a_growing_token(agent: Agent) -> None:
     with runlock.lock("dev:tap-x-to-target-y", socket=agent.socket, ttl=30) as first:
         assert first.key == "dev:tap-x-to-target-y"
         assert first.lease_id and first.token >= 1
@@ -36,7 +38,7 @@ def test_lock_and_unlock_with_a_growing_token(agent) -> None:
     assert record.state == "free" and record.token == second.token
 
 
-def test_held_names_the_holder(agent) -> None:
+def test_held_names_the_holder(agent: Agent) -> None:
     with runlock.lock("dev:held", socket=agent.socket, command="pytest holder") as lease:
         with pytest.raises(runlock.Held) as caught:
             runlock.lock("dev:held", socket=agent.socket)
@@ -51,7 +53,7 @@ def test_held_names_the_holder(agent) -> None:
     assert caught.value.key == "dev:held"
 
 
-def test_timeout_after_waiting_names_the_holder(agent) -> None:
+def test_timeout_after_waiting_names_the_holder(agent: Agent) -> None:
     with runlock.lock("dev:busy", socket=agent.socket) as lease:
         with pytest.raises(runlock.Timeout) as caught:
             runlock.lock("dev:busy", socket=agent.socket, wait=0.3)
@@ -59,7 +61,7 @@ def test_timeout_after_waiting_names_the_holder(agent) -> None:
     assert caught.value.holder is not None and caught.value.holder.token == lease.token
 
 
-def test_wait_succeeds_once_the_holder_releases(agent) -> None:
+def test_wait_succeeds_once_the_holder_releases(agent: Agent) -> None:
     first = runlock.lock("dev:queue", socket=agent.socket)
     acquired = threading.Event()
     results: List[object] = []
@@ -84,7 +86,7 @@ def test_wait_succeeds_once_the_holder_releases(agent) -> None:
     assert results and isinstance(results[0], int) and results[0] > first.token
 
 
-def test_invalid_key(agent) -> None:
+def test_invalid_key(agent: Agent) -> None:
     with pytest.raises(runlock.InvalidKey) as caught:
         runlock.lock("dev\nx", socket=agent.socket)
     assert caught.value.key == "dev\nx" and caught.value.code == "invalid_key"
@@ -106,7 +108,7 @@ def test_unreachable_socket_is_unavailable(tmp_path: Path) -> None:
         runlock.inspect("dev:a", socket=str(tmp_path / "stale.sock"))
 
 
-def test_force_fires_the_first_holders_on_lost(agent) -> None:
+def test_force_fires_the_first_holders_on_lost(agent: Agent) -> None:
     events: "queue.Queue[runlock.LostEvent]" = queue.Queue()
     with runlock.lock("dev:force", socket=agent.socket, on_lost=events.put) as first:
         with runlock.lock("dev:force", socket=agent.socket, force=True) as second:
@@ -119,7 +121,7 @@ def test_force_fires_the_first_holders_on_lost(agent) -> None:
     # on_lost was given, so leaving the block does not raise.
 
 
-def test_loss_without_on_lost_raises_when_the_block_exits(agent) -> None:
+def test_loss_without_on_lost_raises_when_the_block_exits(agent: Agent) -> None:
     with pytest.raises(runlock.LockLost) as caught:
         with runlock.lock("dev:broken", socket=agent.socket) as lease:
             assert runlock.break_lock("dev:broken", socket=agent.socket) == 1
@@ -130,7 +132,7 @@ def test_loss_without_on_lost_raises_when_the_block_exits(agent) -> None:
     assert runlock.inspect("dev:broken", socket=agent.socket).state == "free"
 
 
-def test_killed_holder_frees_the_key_promptly(agent) -> None:
+def test_killed_holder_frees_the_key_promptly(agent: Agent) -> None:
     src = Path(runlock.__file__).resolve().parent.parent
     script = textwrap.dedent(
         """
@@ -146,7 +148,9 @@ def test_killed_holder_frees_the_key_promptly(agent) -> None:
     )
     try:
         line: "queue.Queue[str]" = queue.Queue()
-        threading.Thread(target=lambda: line.put(child.stdout.readline()), daemon=True).start()
+        stdout = child.stdout
+        assert stdout is not None
+        threading.Thread(target=lambda: line.put(stdout.readline()), daemon=True).start()
         token = int(line.get(timeout=BOUND_S))
         assert runlock.inspect("dev:crash", socket=agent.socket).state == "held"
         os.kill(child.pid, signal.SIGKILL)
@@ -160,7 +164,7 @@ def test_killed_holder_frees_the_key_promptly(agent) -> None:
         child.wait()
 
 
-def test_status_and_inspect(agent) -> None:
+def test_status_and_inspect(agent: Agent) -> None:
     with runlock.lock(["dev:b", "dev:a"], socket=agent.socket, ttl=20) as lease:
         assert lease.keys == ("dev:a", "dev:b")
         assert set(lease.tokens) == {"dev:a", "dev:b"}
@@ -180,20 +184,137 @@ def test_status_and_inspect(agent) -> None:
     assert runlock.inspect("dev:never", socket=agent.socket).state == "free"
 
 
-def test_agent_stopping_is_a_loss(agent) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_agent_stopping_is_a_loss_where_locks_die_with_it(memory_agent: Agent, sig: int) -> None:
     events: "queue.Queue[runlock.LostEvent]" = queue.Queue()
-    with runlock.lock("dev:restart", socket=agent.socket, on_lost=events.put) as lease:
-        assert lease.agent.leases_survive_agent is False
-        agent.stop(signal.SIGTERM)
-        # memory:// and file:// locks die with the agent: `restarting` is the loss.
+    with runlock.lock("dev:restart", socket=memory_agent.socket, on_lost=events.put) as lease:
+        assert lease.agent.leases_survive_agent is False and lease.lock_fds == ()
+        memory_agent.stop(sig)
+        # memory:// locks die with the agent: `restarting` (SIGTERM) or the
+        # connection's end (SIGKILL) is the loss, and no reattach is tried.
         event = events.get(timeout=BOUND_S)
-        assert event.reason == "restarting" and event.key == "dev:restart"
-        assert lease.agent_restarting
+        assert event.key == "dev:restart"
+        if sig == signal.SIGTERM:
+            assert event.reason == "restarting" and lease.agent_restarting
+        else:
+            assert event.reason == "agent_gone"
+        assert not lease.reattaching and lease.reattaches == 0
     assert lease.released
     assert events.empty(), "the connection's end must not report the loss twice"
 
 
-def test_release_from_on_lost_does_not_deadlock(agent) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_agent_restart_keeps_the_lease_and_the_key_held_all_through(
+    runlockd: Path, workdir: Path, surviving_backend: Backend, sig: int
+) -> None:
+    """Stopped (SIGTERM: `restarting`; SIGKILL: a crash) and started again on
+    the same socket and backend, the agent takes the lease over: no loss, the
+    same token, and another agent on the backend finds the key held in the gap."""
+    backend, env = surviving_backend.uri, surviving_backend.env
+    first = Agent(runlockd, workdir, backend, name="first", env=env)
+    # On another socket, for looking at the backend while `first` is down.
+    watcher = Agent(runlockd, workdir, backend, name="watcher", env=env)
+    agents = [first, watcher]
+    key = "dev:tap-x-to-target-y"
+    events: "queue.Queue[runlock.LostEvent]" = queue.Queue()
+    try:
+        with runlock.lock(key, socket=first.socket, ttl=30, on_lost=events.put) as lease:
+            token, first_id = lease.token, lease.agent.agent_id
+            assert lease.agent.leases_survive_agent
+            if surviving_backend.name == "file":
+                assert len(lease.lock_fds) == 1 and lease.valid_for_ms is None
+            else:
+                assert lease.lock_fds == () and lease.valid_for_ms is not None
+            first.stop(sig)
+
+            gap = runlock.inspect(key, socket=watcher.socket)
+            assert gap.state == "held" and gap.token == token, "key free while no agent held it"
+            with pytest.raises(runlock.Held):
+                runlock.lock(key, socket=watcher.socket)
+            assert lease.lost is None
+
+            second = Agent(runlockd, workdir, backend, name="second", socket=first.socket, env=env)
+            agents.append(second)
+            assert lease.wait_reattached(BOUND_S), f"not reattached: {second.log()}"
+            assert lease.lost is None and events.empty()
+            assert lease.token == token and lease.reattaches == 1
+            assert lease.agent.agent_id not in ("", first_id)
+            lease.check()
+            record = runlock.inspect(key, socket=watcher.socket)
+            assert record.state == "held" and record.token == token
+            assert record.holder is not None and record.holder.agent_id == lease.agent.agent_id
+            with pytest.raises(runlock.Held):
+                runlock.lock(key, socket=watcher.socket)
+        assert lease.released and lease.lost is None and events.empty()
+        assert runlock.inspect(key, socket=watcher.socket).state == "free"
+        with runlock.lock(key, socket=watcher.socket) as after:
+            assert after.token > token
+    finally:
+        for started in agents:
+            started.stop()
+
+
+def test_a_lease_broken_while_no_agent_ran_is_lost_at_reattach(
+    runlockd: Path, workdir: Path, surviving_backend: Backend
+) -> None:
+    """Broken through another agent while its own was down, the lease is
+    refused (`not_owner`) by the next agent: a loss, and its lock is let go."""
+    backend, env = surviving_backend.uri, surviving_backend.env
+    first = Agent(runlockd, workdir, backend, name="first", env=env)
+    watcher = Agent(runlockd, workdir, backend, name="watcher", env=env)
+    agents = [first, watcher]
+    key = "dev:broken-in-the-gap"
+    try:
+        with pytest.raises(runlock.LockLost) as caught:
+            with runlock.lock(key, socket=first.socket, ttl=30) as lease:
+                first.stop(signal.SIGKILL)
+                assert runlock.break_lock(key, socket=watcher.socket) == 1
+                second = Agent(runlockd, workdir, backend, name="second", socket=first.socket, env=env)
+                agents.append(second)
+                event = lease.wait_lost(BOUND_S)
+                assert event is not None and event.reason == "reattach_refused"
+                assert "not_owner" in event.message
+                assert lease.lock_fds == () and not lease.reattaching
+        assert caught.value.event.reason == "reattach_refused"
+        with runlock.lock(key, socket=watcher.socket) as after:
+            assert after.token > lease.token
+    finally:
+        for started in agents:
+            started.stop()
+
+
+def test_file_locks_are_the_runs_and_release_drops_them_for_children(
+    runlockd: Path, workdir: Path
+) -> None:
+    agent = Agent(runlockd, workdir, f"file://{workdir / 'locks'}")
+    child = None
+    try:
+        with runlock.lock(["dev:b", "dev:a"], socket=agent.socket) as lease:
+            fds = lease.lock_fds
+            assert len(fds) == 2 and not any(os.get_inheritable(fd) for fd in fds)
+            child = subprocess.Popen(
+                [sys.executable, "-c", "import sys; sys.stdin.read()"],
+                stdin=subprocess.PIPE,
+                pass_fds=fds,
+            )
+            for fd in fds:  # the child has the very lock files
+                assert os.stat(f"/proc/{child.pid}/fd/{fd}").st_ino == os.fstat(fd).st_ino
+        # Release unlocked them first, for every holder: the child left behind
+        # does not keep the keys.
+        assert lease.lock_fds == () and child.poll() is None
+        for key in ("dev:a", "dev:b"):
+            assert runlock.inspect(key, socket=agent.socket).state == "free"
+        with runlock.lock(["dev:a", "dev:b"], socket=agent.socket) as again:
+            assert again.tokens["dev:a"] > lease.tokens["dev:a"]
+    finally:
+        if child is not None:
+            assert child.stdin is not None
+            child.stdin.close()
+            child.wait(BOUND_S)
+        agent.stop()
+
+
+def test_release_from_on_lost_does_not_deadlock(agent: Agent) -> None:
     done = threading.Event()
 
     def on_lost(event: runlock.LostEvent) -> None:
@@ -206,7 +327,9 @@ def test_release_from_on_lost_does_not_deadlock(agent) -> None:
     assert lease.released
 
 
-def test_socket_from_the_config_file(agent, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_socket_from_the_config_file(
+    agent: Agent, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     config = tmp_path / "runlockd.toml"
     config.write_text(f'socket = "{agent.socket}"\nbackend = "memory://"\n')
     monkeypatch.delenv("RUNLOCK_SOCKET", raising=False)
@@ -216,6 +339,7 @@ def test_socket_from_the_config_file(agent, tmp_path: Path, monkeypatch: pytest.
     assert runlock.status() == []
 
 
-def test_socket_from_environment(agent, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_socket_from_environment(agent: Agent, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUNLOCK_SOCKET", agent.socket)
     assert runlock.status() == []
+

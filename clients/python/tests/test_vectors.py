@@ -62,6 +62,9 @@ def test_canonical_vector_reencodes_byte_for_byte(name: str) -> None:
 # from the decoded map, so the builders' field order is what is checked.
 BUILT = {
     "client-hello.msgpack": lambda: messages.hello("runlock 0.1.0", 4242),
+    "client-hello-takes-locks.msgpack": lambda: messages.hello(
+        "runlock 0.1.0", 4242, takes_locks=True
+    ),
     "client-acquire-minimal.msgpack": lambda: messages.acquire(1, ["dev:tap-x-to-target-y"]),
     "client-acquire-full.msgpack": lambda: messages.acquire(
         2,
@@ -150,6 +153,11 @@ def test_welcome_acquired_record_lost_renewed() -> None:
     assert isinstance(acquired, messages.Acquired)
     assert acquired.leases == (Grant("dev:a", "lease-0001", 12), Grant("dev:b", "lease-0002", 3))
     assert acquired.valid_for_ms == 25000
+    assert acquired.locks == 0  # absent: no descriptors came with it
+    with_locks = parse("agent-acquired-locks.msgpack")
+    assert with_locks == messages.Acquired(
+        leases=(Grant("dev:a", "lease-0001", 12),), ttl_ms=30000, valid_for_ms=None, id=2, locks=1
+    )
     free = parse("agent-record-free.msgpack")
     assert isinstance(free, messages.Record)
     assert free.record == runlock.KeyRecord(key="dev:a", state="free", token=12, scope="global")

@@ -5,6 +5,10 @@ The reader thread exists because events (``lost``, ``renewed``,
 ``restarting``) may arrive at any time, also while the caller's code runs and
 sends nothing; Python cannot interrupt that code safely, so the thread records
 them and hands them to the lease (SPEC 4).
+
+The client says ``takes_locks`` (SPEC 5.4): the reader keeps the lock
+descriptors that come with an ``acquired`` for the request it answers, and
+closes every other descriptor it receives at once.
 """
 
 from __future__ import annotations
@@ -15,10 +19,10 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import errors, messages
-from ._wire import decode_body, encode_frame, read_frame
+from ._wire import close_fds, decode_body, encode_frame, read_frame, read_frame_fds
 from .errors import ProtocolError, RunlockError, Unavailable
 from .messages import AgentMessage, Welcome
 
@@ -46,12 +50,14 @@ def _call(handler: Callable[[Any], None], arg: Any) -> None:
 class _Pending:
     """A request awaiting its reply; the reader thread fills it in."""
 
-    __slots__ = ("done", "reply", "error")
+    __slots__ = ("done", "reply", "error", "fds")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.reply: Optional[AgentMessage] = None
         self.error: Optional[RunlockError] = None
+        #: Lock descriptors that came with the reply, owned by the requester.
+        self.fds: List[int] = []
 
 
 class Connection:
@@ -64,7 +70,9 @@ class Connection:
     run on the reader thread, or in :meth:`set_handlers` for what came before.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, timeout: Optional[float] = None) -> None:
+        """Connects and shakes hands within ``timeout`` seconds (at most
+        HANDSHAKE_TIMEOUT_S, the default)."""
         self.path = path
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._send_lock = threading.Lock()
@@ -80,7 +88,8 @@ class Connection:
         self._on_close: Optional[CloseHandler] = None
         self._backlog: List[AgentMessage] = []
         self._ended: Optional[RunlockError] = None
-        deadline = time.monotonic() + HANDSHAKE_TIMEOUT_S
+        bound = HANDSHAKE_TIMEOUT_S if timeout is None else min(timeout, HANDSHAKE_TIMEOUT_S)
+        deadline = time.monotonic() + max(bound, 0.001)
         try:
             self._connect(deadline)
             self.welcome = self._handshake(deadline)
@@ -88,7 +97,7 @@ class Connection:
         except socket.timeout as err:
             self._sock.close()
             raise Unavailable(
-                f"the agent at {path} did not answer within {HANDSHAKE_TIMEOUT_S:g}s"
+                f"the agent at {path} did not answer within {bound:g}s"
                 " (is runlockd stopped or overloaded?)"
             ) from err
         except OSError as err:
@@ -132,7 +141,8 @@ class Connection:
         never taken for an agent that could not be reached.
         """
         try:
-            self._sock.sendall(encode_frame(messages.hello(CLIENT_NAME, os.getpid())))
+            hello = messages.hello(CLIENT_NAME, os.getpid(), takes_locks=True)
+            self._sock.sendall(encode_frame(hello))
             unsent: Optional[OSError] = None
         except OSError as err:
             # The agent may have answered and closed before reading hello.
@@ -175,8 +185,20 @@ class Connection:
 
         An ``error`` reply raises its RunlockError. ``timeout`` bounds the wait
         for an agent that stopped answering: the connection is then closed
-        (which releases anything it holds) and Unavailable raised.
+        (which releases anything it holds) and Unavailable raised. A lock
+        descriptor that came with the reply is closed: use
+        :meth:`request_fds` for an ``acquire``.
         """
+        reply, fds = self.request_fds(message, timeout)
+        close_fds(fds)
+        return reply
+
+    def request_fds(
+        self, message: Dict[str, Any], timeout: Optional[float] = None
+    ) -> Tuple[AgentMessage, List[int]]:
+        """As :meth:`request`, also returning the lock descriptors that came
+        with an ``acquired`` reply (``locks`` of them, in lease order), which
+        the caller then owns."""
         request_id = message["id"]
         pending = _Pending()
         frame = encode_frame(message)  # refuses an oversized body before registering
@@ -193,37 +215,49 @@ class Connection:
             raise Unavailable(f"cannot send to the agent at {self.path}: {err}") from err
         if not pending.done.wait(timeout):
             self.close()
+            # A reply that raced the close may have brought descriptors; once
+            # closed, the reader has stopped, so nothing can arrive after this.
+            close_fds(pending.fds)
             raise Unavailable(f"the agent at {self.path} did not answer within {timeout:g}s")
         if pending.error is not None:
             raise pending.error
         assert pending.reply is not None  # invariant: done is set with a reply or an error
         if isinstance(pending.reply, messages.Error):
             raise pending.reply.exception()
-        return pending.reply
+        return pending.reply, pending.fds
 
     # ------------------------------------------------------------------ reader thread
 
     def _read_loop(self) -> None:
         while True:
             try:
-                body = read_frame(self._sock)
+                frame = read_frame_fds(self._sock)
             except ProtocolError as err:
                 self._end(err)  # an oversized frame: the stream cannot resync (SPEC 2)
                 return
             except OSError as err:
                 self._end(Unavailable(f"connection to the agent at {self.path} failed: {err}"))
                 return
-            if body is None:
+            if frame is None:
                 self._end(Unavailable(f"the agent at {self.path} closed the connection"))
                 return
-            self._dispatch(body)
+            body, fds = frame
+            taken: List[int] = []
+            try:
+                taken = self._dispatch(body, fds)
+            finally:
+                # Only an acquired's locks are kept: a descriptor left open
+                # here could hold a lock nobody knows of.
+                close_fds([fd for fd in fds if fd not in taken])
 
-    def _dispatch(self, body: bytes) -> None:
+    def _dispatch(self, body: bytes, fds: List[int]) -> List[int]:
+        """Handles one frame; returns the descriptors of ``fds`` now owned by a
+        requester (the caller closes the others)."""
         try:
             decoded = decode_body(body)
         except ProtocolError as err:
             _log.warning("runlock: ignoring an undecodable message from the agent: %s", err)
-            return
+            return []
         try:
             message = messages.parse_agent(decoded)
         except ProtocolError as err:
@@ -234,8 +268,21 @@ class Connection:
                 _log.warning("runlock: ignoring an undecodable message from the agent: %s", err)
             else:
                 self._complete(request_id, None, err)
-            return
+            return []
         if message.id is not None:
+            if isinstance(message, messages.Acquired) and message.locks:
+                if len(fds) < message.locks:
+                    # Leases without their locks would not be held across an
+                    # agent restart: fail the acquire (its connection is then
+                    # closed, which gives the keys back).
+                    error = ProtocolError(
+                        f"the agent said {message.locks} lock descriptors came with"
+                        f" its reply, but {len(fds)} did"
+                    )
+                    self._complete(message.id, None, error)
+                    return []
+                taken = fds[: message.locks]
+                return taken if self._complete(message.id, message, None, taken) else []
             self._complete(message.id, message, None)
         elif isinstance(message, messages.Error):
             # An error without id answers input the agent could not attribute:
@@ -249,17 +296,26 @@ class Connection:
                     self._backlog.append(message)
                 else:
                     _call(self._on_event, message)
+        return []
 
     def _complete(
-        self, request_id: int, reply: Optional[AgentMessage], error: Optional[RunlockError]
-    ) -> None:
+        self,
+        request_id: int,
+        reply: Optional[AgentMessage],
+        error: Optional[RunlockError],
+        fds: Optional[List[int]] = None,
+    ) -> bool:
+        """Hands a reply (and its descriptors) to its request; False when no
+        request awaits it, so the descriptors are the caller's to close."""
         with self._state_lock:
             pending = self._pending.pop(request_id, None)
         if pending is None:
             _log.debug("runlock: ignoring a reply to unknown request %d", request_id)
-            return
+            return False
         pending.reply, pending.error = reply, error
+        pending.fds = list(fds or [])
         pending.done.set()
+        return True
 
     def _fail_pending(self, error: RunlockError) -> None:
         with self._state_lock:

@@ -1,9 +1,12 @@
 """Framing and body encoding (SPEC sections 2 and 3): a 4-byte big-endian
-length, then one MessagePack map. This is the only module that touches bytes.
+length, then one MessagePack map. This is the only module that touches bytes,
+and the descriptors that arrive with them (SPEC 5.4).
 """
 
 from __future__ import annotations
 
+import array
+import os
 import socket
 import struct
 import time
@@ -17,6 +20,11 @@ from .errors import ProtocolError
 MAX_BODY_LEN = 1 << 20
 
 _LEN = struct.Struct(">I")
+
+#: The agent passes at most this many descriptors per message (SPEC 5.4), so
+#: one recvmsg with room for them never has the kernel drop any.
+MAX_FDS_PER_MESSAGE = 250
+_FD_ROOM = socket.CMSG_SPACE(MAX_FDS_PER_MESSAGE * array.array("i").itemsize)
 
 
 _MAX_UINT = (1 << 64) - 1
@@ -55,7 +63,8 @@ def encode_body(message: Dict[str, Any]) -> bytes:
     which would be bin, are refused with the rest of what SPEC has no place for.
     """
     _check_wire_value(message, "message")
-    return msgpack.packb(message, use_bin_type=True)
+    body: bytes = msgpack.packb(message, use_bin_type=True)
+    return body
 
 
 def _pairs_to_dict(pairs: List[Tuple[Any, Any]]) -> Dict[str, Any]:
@@ -100,10 +109,42 @@ def encode_frame(message: Dict[str, Any]) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
+def close_fds(fds: List[int]) -> None:
+    """Closes descriptors this client will not keep (a failure leaves nothing to undo)."""
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+def _recv(sock: socket.socket, count: int, fds: List[int]) -> bytes:
+    """One ``recvmsg`` of at most ``count`` bytes, adding the descriptors that
+    came with them to ``fds``.
+
+    A plain ``recv`` would have the kernel discard them. They are received
+    close-on-exec, so no subprocess inherits one unless asked to (pass_fds).
+    """
+    data, ancillary, _flags, _addr = sock.recvmsg(count, _FD_ROOM, socket.MSG_CMSG_CLOEXEC)
+    for level, kind, payload in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            received = array.array("i")
+            # A truncated control message can end in part of an int: not a descriptor.
+            received.frombytes(payload[: len(payload) - len(payload) % received.itemsize])
+            fds.extend(received)
+    return data
+
+
 def _read_exactly(
-    sock: socket.socket, count: int, deadline: Optional[float] = None
+    sock: socket.socket, count: int, fds: List[int], deadline: Optional[float] = None
 ) -> Optional[bytes]:
     """Reads ``count`` bytes; None on end-of-file before the first byte.
+    Descriptors that arrive with them are added to ``fds``.
+
+    Each read asks for no more than the bytes still missing, so every byte
+    read, and every descriptor, belongs to this frame: the kernel hands
+    descriptors over with the first byte read of the message that carried
+    them, and ends that read with the message.
 
     With a ``deadline`` (a ``time.monotonic()`` value) the whole read ends by
     then with ``socket.timeout``, however slowly the bytes trickle in.
@@ -116,7 +157,7 @@ def _read_exactly(
             if left <= 0:
                 raise socket.timeout("timed out")
             sock.settimeout(left)
-        chunk = sock.recv(min(remaining, 65536))
+        chunk = _recv(sock, min(remaining, 65536), fds)
         if not chunk:
             if remaining == count:
                 return None
@@ -126,21 +167,44 @@ def _read_exactly(
     return b"".join(chunks)
 
 
-def read_frame(sock: socket.socket, deadline: Optional[float] = None) -> Optional[bytes]:
-    """Reads one frame's body; None when the agent closed the connection cleanly.
-    ``deadline`` bounds the whole frame (see ``_read_exactly``).
+def read_frame_fds(
+    sock: socket.socket, deadline: Optional[float] = None
+) -> Optional[Tuple[bytes, List[int]]]:
+    """Reads one frame: its body and the descriptors passed with its bytes
+    (SPEC 5.4), which the caller owns and must keep or close. None when the
+    agent closed the connection cleanly. ``deadline`` bounds the whole frame
+    (see ``_read_exactly``).
 
     The length is checked before anything of the body is read or allocated
     (SPEC 2): an oversized frame raises ProtocolError and the caller must drop
     the connection, since the stream cannot be resynchronised.
     """
-    header = _read_exactly(sock, _LEN.size, deadline)
-    if header is None:
+    fds: List[int] = []
+    try:
+        header = _read_exactly(sock, _LEN.size, fds, deadline)
+        if header is None:
+            close_fds(fds)
+            return None
+        (length,) = _LEN.unpack(header)
+        if length > MAX_BODY_LEN:
+            raise ProtocolError(
+                f"agent sent a {length}-byte frame, over the {MAX_BODY_LEN}-byte limit"
+            )
+        body = _read_exactly(sock, length, fds, deadline)
+        if body is None:
+            raise ProtocolError("connection closed in the middle of a frame")
+    except BaseException:
+        close_fds(fds)
+        raise
+    return body, fds
+
+
+def read_frame(sock: socket.socket, deadline: Optional[float] = None) -> Optional[bytes]:
+    """As :func:`read_frame_fds`, for a frame that may carry no descriptor:
+    any that came with it are closed at once."""
+    frame = read_frame_fds(sock, deadline)
+    if frame is None:
         return None
-    (length,) = _LEN.unpack(header)
-    if length > MAX_BODY_LEN:
-        raise ProtocolError(f"agent sent a {length}-byte frame, over the {MAX_BODY_LEN}-byte limit")
-    body = _read_exactly(sock, length, deadline)
-    if body is None:
-        raise ProtocolError("connection closed in the middle of a frame")
+    body, fds = frame
+    close_fds(fds)
     return body

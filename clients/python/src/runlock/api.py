@@ -4,17 +4,20 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import math
 import os
 import shlex
 import sys
 import threading
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from . import messages
-from ._connection import Connection
+from ._connection import HANDSHAKE_TIMEOUT_S, Connection
 from ._socket_path import resolve
+from ._wire import close_fds
 from .errors import LockLost, ProtocolError, RunlockError
 from .messages import AgentMessage, Grant, KeyRecord, LeaseInfo, LostEvent, Welcome
 
@@ -23,6 +26,14 @@ _log = logging.getLogger("runlock")
 #: How long past the requested ``wait`` an answer may take before the agent is
 #: deemed hung (backend requests time out after a few seconds on the agent).
 REPLY_SLACK_S = 30.0
+
+#: Pause between reattach attempts while no agent answers: 50 ms, doubling
+#: to 500 ms (as the shim does), so a restarted agent is found within half a second.
+REATTACH_PAUSE_MIN_S = 0.05
+REATTACH_PAUSE_MAX_S = 0.5
+
+#: How long release() waits for a reattach in flight before cutting it off.
+RELEASE_WAIT_S = 5.0
 
 SocketPath = Union[str, "os.PathLike[str]", None]
 OnLost = Callable[[LostEvent], None]
@@ -44,6 +55,22 @@ def _millis(seconds: float, what: str) -> int:
     return millis
 
 
+def _unlock(fds: List[int]) -> None:
+    """Drops each kernel lock: ``LOCK_UN`` on one copy drops it for every
+    process sharing the open file description, children included (SPEC 5.4)."""
+    for fd in fds:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        except OSError as err:
+            _log.debug("runlock: unlocking descriptor %d failed: %s", fd, err)
+
+
+def _retryable(err: RunlockError) -> bool:
+    """Whether a reattach may be tried again after ``err``: anything but an
+    agent's error answer (which has a code) other than ``unavailable``."""
+    return err.code is None or err.code == "unavailable"
+
+
 def _default_command() -> str:
     argv = getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]
     return shlex.join(argv)
@@ -61,32 +88,66 @@ class Lease:
     A background thread reads the agent's events while the block runs, so a
     loss is seen at once: ``on_lost`` (if given) is called on that thread, once
     per lost lease; either way :attr:`lost` is set and :meth:`check` raises.
+
+    Where leases outlive the agent (``agent.leases_survive_agent``), an agent
+    that restarts or goes away is not a loss: another thread reconnects to the
+    same socket and has the next agent adopt the leases (SPEC 8.7), until
+    their deadline. On ``file://`` the lease also keeps the kernel locks
+    (:attr:`lock_fds`), so the keys stay locked while no agent runs.
     """
 
-    def __init__(self, conn: Connection, acquired: messages.Acquired, on_lost: Optional[OnLost]):
-        self._conn = conn
+    def __init__(
+        self,
+        conn: Connection,
+        acquired: messages.Acquired,
+        on_lost: Optional[OnLost],
+        lock_fds: Sequence[int] = (),
+    ):
+        self._path = conn.path
         self._on_lost = on_lost
         self._lock = threading.Lock()
+        # Wakes wait_reattached() whenever who holds the leases changes.
+        self._changed = threading.Condition(self._lock)
         self._lost_flag = threading.Event()
         self._lost: List[LostEvent] = []
         self._released = False
         self.grants: Tuple[Grant, ...] = acquired.leases
         self._active: Dict[str, Grant] = {g.lease_id: g for g in acquired.leases}
+        # One kernel lock per lease on file://, by lease id (SPEC 5.4).
+        self._fds: Dict[str, int] = {g.lease_id: fd for g, fd in zip(acquired.leases, lock_fds)}
         self._valid_for: Dict[str, int] = {}
+        # time.monotonic() past which a lease is no longer guaranteed without
+        # an agent. Leases granted without valid_for_ms cannot expire while
+        # held (file://: this process holds the lock), so they have no deadline.
+        self._valid_until: Dict[str, float] = {}
+        self._expires = acquired.valid_for_ms is not None
         if acquired.valid_for_ms is not None:
-            self._valid_for = {g.lease_id: acquired.valid_for_ms for g in acquired.leases}
+            self._learn_valid_for(list(self._active), acquired.valid_for_ms)
         #: The TTL the agent applied, in milliseconds.
         self.ttl_ms: int = acquired.ttl_ms
-        #: True once the agent said it is restarting.
+        #: True once the agent said it is restarting, until another takes the leases over.
         self.agent_restarting = False
-        conn.set_handlers(self._on_event, self._on_close)
+        self._welcome = conn.welcome
+        # The connection that holds the leases; None while reattaching.
+        self._conn: Optional[Connection] = conn
+        # Connections of agents that said `restarting`: kept open until another
+        # agent holds the leases, as the shim does, so the old agent never sees
+        # the run end before the next one has taken it over.
+        self._retired: List[Connection] = []
+        self._reattacher: Optional[threading.Thread] = None
+        self._attempt: Optional[Connection] = None  # a reattach's connection, before it is adopted
+        self._stop = threading.Event()  # set by release(): a reattach in progress gives up
+        self._reattaches = 0
+        self._follow(conn)
 
     # ------------------------------------------------------------------ what is held
 
     @property
     def agent(self) -> Welcome:
-        """The agent's ``welcome``: backend, scope, whether leases outlive it."""
-        return self._conn.welcome
+        """The ``welcome`` of the agent holding the leases (the last one while
+        reattaching): backend, scope, whether leases outlive it."""
+        with self._lock:
+            return self._welcome
 
     @property
     def keys(self) -> Tuple[str, ...]:
@@ -127,10 +188,187 @@ class Lease:
 
     @property
     def valid_for_ms(self) -> Optional[int]:
-        """Where leases outlive the agent: the shortest guarantee last reported
-        (``acquired``, then ``renewed`` events); None elsewhere."""
+        """Where leases outlive the agent and can expire: the shortest guarantee
+        last reported (``acquired``, then ``renewed`` events); None elsewhere."""
         with self._lock:
             return min(self._valid_for.values()) if self._valid_for else None
+
+    @property
+    def lock_fds(self) -> Tuple[int, ...]:
+        """The kernel locks of the keys still held (``file://`` only; empty
+        elsewhere), one descriptor per key in :attr:`keys` order.
+
+        They are close-on-exec: pass them to ``subprocess`` with
+        ``pass_fds=lease.lock_fds`` so a child shares the lock. They are
+        unlocked and closed when the lease is released or lost; do not close
+        them yourself.
+        """
+        with self._lock:
+            return tuple(self._fds[g.lease_id] for g in self.grants if g.lease_id in self._fds)
+
+    # ------------------------------------------------------------------ reattaching
+
+    @property
+    def reattaching(self) -> bool:
+        """True while the agent is gone and the next one is sought (the leases are still held)."""
+        with self._lock:
+            return self._conn is None and bool(self._active) and not self._released
+
+    @property
+    def reattaches(self) -> int:
+        """How many times a new agent took the leases over."""
+        with self._lock:
+            return self._reattaches
+
+    def wait_reattached(self, timeout: Optional[float] = None, *, count: int = 1) -> bool:
+        """Blocks until a new agent has taken the leases over ``count`` times
+        in all (True), or until they are lost or released or ``timeout``
+        seconds pass (False)."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self._reattaches >= count or self._released or not self._active, timeout
+            )
+            return self._reattaches >= count
+
+    def _learn_valid_for(self, lease_ids: Sequence[str], valid_for_ms: int) -> None:
+        """Records a guarantee from now on (called with ``_lock`` held, or from __init__)."""
+        until = time.monotonic() + valid_for_ms / 1000
+        for lease_id in lease_ids:
+            self._valid_for[lease_id] = valid_for_ms
+            self._valid_until[lease_id] = until
+
+    def _deadline(self) -> Optional[float]:
+        """When the leases stop being guaranteed without an agent (called with
+        ``_lock`` held); None when they cannot expire while held (file://)."""
+        if not self._expires:
+            return None
+        known = [self._valid_until[i] for i in self._active if i in self._valid_until]
+        return min(known) if known else time.monotonic()
+
+    def _follow(self, conn: Connection) -> None:
+        # Handlers bound to their connection, so one left behind cannot act
+        # for the lease once another holds it. Never called with _lock held:
+        # set_handlers replays what arrived before, and the handlers take it.
+        conn.set_handlers(
+            lambda message: self._on_event(conn, message),
+            lambda error: self._on_close(conn, error),
+        )
+
+    def _agent_lost(self, conn: Connection, why: str) -> None:
+        """The agent of ``conn`` is going or gone, and the leases outlive it:
+        keep them (and their locks) and seek the next agent in the background."""
+        with self._lock:
+            if self._released or not self._active or conn is not self._conn:
+                return
+            self._conn = None
+            self._retired.append(conn)
+            thread = threading.Thread(
+                target=self._reattach, name=f"runlock-reattach-{self._path}", daemon=True
+            )
+            self._reattacher = thread
+        _log.info("runlock: %s; keeping the lease and reattaching", why)
+        thread.start()
+
+    def _reattach(self) -> None:
+        """Retries, 50 ms doubling to 500 ms apart, while no agent answers or it
+        answers ``unavailable``, until the leases' deadline (the shim's rule)."""
+        pause = REATTACH_PAUSE_MIN_S
+        while not self._stop.is_set():
+            with self._lock:
+                grants = [g for g in self.grants if g.lease_id in self._active]
+                deadline = self._deadline()
+            if not grants:
+                return
+            if deadline is not None and time.monotonic() >= deadline:
+                self._lose_all("expired", "no agent took the lease over before its deadline")
+                return
+            try:
+                if self._try_reattach(grants, deadline):
+                    return
+            except Exception:  # a bug here must not leave the lease reattaching for ever unseen
+                _log.exception("runlock: reattach attempt failed; trying again")
+            wait = pause if deadline is None else min(pause, max(deadline - time.monotonic(), 0))
+            self._stop.wait(wait)
+            pause = min(pause * 2, REATTACH_PAUSE_MAX_S)
+
+    def _try_reattach(self, grants: List[Grant], deadline: Optional[float]) -> bool:
+        """One attempt; True when it settled the matter (adopted, refused, or
+        released). Only an agent's error answer other than ``unavailable``
+        refuses: no answer, a broken one or ``unavailable`` is tried again."""
+
+        def left() -> float:
+            return REPLY_SLACK_S if deadline is None else max(deadline - time.monotonic(), 0.001)
+
+        try:
+            conn = Connection(self._path, timeout=left())
+        except RunlockError as err:
+            if _retryable(err):  # no agent yet, or one too busy to take us
+                _log.debug("runlock: reattach: %s", err)
+                return False
+            self._lose_all("reattach_refused", err.message)
+            return True
+        with self._lock:
+            stopped = self._released
+            if not stopped:
+                self._attempt = conn
+        if stopped:
+            conn.close()
+            return True
+        try:
+            request = messages.reattach(conn.next_id(), grants)
+            reply, fds = conn.request_fds(request, timeout=min(REPLY_SLACK_S, left()))
+            close_fds(fds)  # the run keeps its own locks; a reattach passes none (SPEC 8.7)
+        except RunlockError as err:
+            conn.close()
+            if _retryable(err):  # its backend cannot be reached, or it went away
+                _log.debug("runlock: reattach: %s", err)
+                return False
+            self._lose_all(
+                "reattach_refused",
+                f"the agent would not take the lease over ({err.code}): {err.message}",
+            )
+            return True
+        finally:
+            with self._lock:
+                self._attempt = None
+        if not isinstance(reply, messages.Acquired):
+            conn.close()
+            _log.warning("runlock: reattach: unexpected answer %r; trying again", reply)
+            return False
+        self._adopt(conn, reply, grants)
+        return True
+
+    def _adopt(self, conn: Connection, reply: messages.Acquired, grants: List[Grant]) -> None:
+        """``conn`` now holds the leases; its ``acquired`` resets their deadline."""
+        with self._lock:
+            released = self._released
+            if not released:
+                self._conn, self._welcome = conn, conn.welcome
+                retired, self._retired = self._retired, []
+                if reply.valid_for_ms is not None:
+                    self._learn_valid_for(list(self._active), reply.valid_for_ms)
+                elif self._expires:
+                    # Leases that can expire, with no guarantee given: none beyond now.
+                    self._learn_valid_for(list(self._active), 0)
+                self._reattaches += 1
+                self.agent_restarting = False
+                self._reattacher = None
+                self._changed.notify_all()
+        if released:
+            # release() came while the reattach was in flight, and has already
+            # unlocked: give the adopted leases back through this connection.
+            try:
+                ids = [g.lease_id for g in grants]
+                conn.request(messages.release(conn.next_id(), lease_ids=ids), timeout=RELEASE_WAIT_S)
+            except RunlockError as err:
+                _log.debug("runlock: release after reattach failed (%s); closing releases anyway", err)
+            finally:
+                conn.close()
+            return
+        self._follow(conn)
+        for old in retired:
+            old.close()
+        _log.info("runlock: reattached to the agent at %s; the lock was kept", self._path)
 
     # ------------------------------------------------------------------ loss
 
@@ -168,7 +406,7 @@ class Lease:
             for event in events:
                 try:
                     self._on_lost(event)
-                except Exception:  # runs on the reader thread: log, do not kill it
+                except Exception:  # runs on a background thread: log, do not kill it
                     _log.exception("runlock: on_lost callback failed")
 
     def _lose_all(self, reason: str, message: str) -> None:
@@ -176,28 +414,46 @@ class Lease:
             if self._released:
                 return
             gone, self._active = list(self._active.values()), {}
+            fds, self._fds = list(self._fds.values()), {}
+            self._changed.notify_all()
+        _unlock(fds)
+        close_fds(fds)
         self._lose([LostEvent(g.lease_id, g.key, reason, message) for g in gone])
 
-    def _on_event(self, message: AgentMessage) -> None:
+    def _on_event(self, conn: Connection, message: AgentMessage) -> None:
+        with self._lock:
+            if conn is not self._conn:
+                return  # an agent left behind: the leases are another's now
         if isinstance(message, messages.Lost):
             with self._lock:
                 ours = self._active.pop(message.event.lease_id, None) is not None
+                fd = self._fds.pop(message.event.lease_id, None)
+            if fd is not None:
+                _unlock([fd])
+                close_fds([fd])
             if ours:
                 self._lose([message.event])
         elif isinstance(message, messages.Renewed):
             with self._lock:
                 if message.lease_id in self._active:
-                    self._valid_for[message.lease_id] = message.valid_for_ms
+                    self._learn_valid_for([message.lease_id], message.valid_for_ms)
         elif isinstance(message, messages.Restarting):
             self.agent_restarting = True
-            if not self.agent.leases_survive_agent:
-                # file:// and memory:// locks die with the agent (SPEC 5.3).
+            if conn.welcome.leases_survive_agent:
+                # Stop using this agent: it is handing the leases over (SPEC 5.3).
+                self._agent_lost(conn, f"the agent at {self._path} is restarting")
+            else:
+                # memory:// locks die with the agent (SPEC 5.3).
                 self._lose_all("restarting", "the agent is restarting and its locks end with it")
-            # Otherwise the leases outlive the agent, but this client does not
-            # reattach: the loss is reported when the connection closes.
 
-    def _on_close(self, error: RunlockError) -> None:
-        self._lose_all("agent_gone", f"lost the agent: {error.message}")
+    def _on_close(self, conn: Connection, error: RunlockError) -> None:
+        with self._lock:
+            if conn is not self._conn:
+                return
+        if conn.welcome.leases_survive_agent:
+            self._agent_lost(conn, f"lost the agent: {error.message}")
+        else:
+            self._lose_all("agent_gone", f"lost the agent: {error.message}")
 
     # ------------------------------------------------------------------ release
 
@@ -210,7 +466,8 @@ class Lease:
 
         Closing alone would release too (the agent releases a connection's
         leases at end-of-file); the explicit ``release`` makes it deliberate
-        and visible in the agent's log.
+        and visible in the agent's log. During a reattach it stops retrying,
+        and releases through the next agent if the attempt in flight reaches one.
         """
         with self._lock:
             if self._released:
@@ -218,16 +475,45 @@ class Lease:
             self._released = True
             lease_ids = list(self._active)
             self._active = {}
+            fds, self._fds = list(self._fds.values()), {}
+            reattacher = self._reattacher
+            self._changed.notify_all()
+        self._stop.set()
+        # Unlocked before the agent is told, for every holder (a child left
+        # behind too): the agent marks the record free only once it can take
+        # the lock itself, so there is no moment with two holders (SPEC 5.4).
+        _unlock(fds)
         try:
+            if reattacher is not None and reattacher is not threading.current_thread():
+                self._end_reattach(reattacher)
+            with self._lock:
+                conn = self._conn
             # From an on_lost callback (the reader thread) a request would wait
             # forever for its own reply: closing alone releases there.
-            if lease_ids and not self._conn.closed and not self._conn.on_reader_thread():
-                request = messages.release(self._conn.next_id(), lease_ids=lease_ids)
-                self._conn.request(request, timeout=REPLY_SLACK_S)
+            if lease_ids and conn is not None and not conn.closed and not conn.on_reader_thread():
+                request = messages.release(conn.next_id(), lease_ids=lease_ids)
+                conn.request(request, timeout=REPLY_SLACK_S)
         except RunlockError as err:
             _log.debug("runlock: release failed (%s); closing releases anyway", err)
         finally:
-            self._conn.close()
+            close_fds(fds)
+            with self._lock:
+                conns = ([self._conn] if self._conn is not None else []) + self._retired
+                self._retired = []
+            for conn in conns:
+                conn.close()
+
+    def _end_reattach(self, reattacher: threading.Thread) -> None:
+        """Lets a reattach in flight finish (it then releases through its
+        agent), bounded: past RELEASE_WAIT_S its connection is closed, which
+        has the agent release whatever it adopted."""
+        reattacher.join(RELEASE_WAIT_S)
+        if reattacher.is_alive():
+            with self._lock:
+                attempt = self._attempt
+            if attempt is not None:
+                attempt.close()
+            reattacher.join(HANDSHAKE_TIMEOUT_S)
 
     def __enter__(self) -> "Lease":
         return self
@@ -240,7 +526,14 @@ class Lease:
             self.check()
 
     def __repr__(self) -> str:
-        state = "released" if self._released else ("lost" if self.lost else "held")
+        if self._released:
+            state = "released"
+        elif self.lost:
+            state = "lost"
+        elif self.reattaching:
+            state = "reattaching"
+        else:
+            state = "held"
         return f"<runlock.Lease {dict(self.tokens)!r} {state}>"
 
 
@@ -272,6 +565,7 @@ def lock(
     wait_ms = _millis(wait, "wait")
     ttl_ms = None if ttl is None else _millis(ttl, "ttl")
     conn = Connection(resolve(socket))
+    fds: List[int] = []
     try:
         request = messages.acquire(
             conn.next_id(),
@@ -281,16 +575,22 @@ def lock(
             force=True if force else None,
             command=_default_command() if command is None else command,
         )
-        reply = conn.request(request, timeout=wait_ms / 1000 + REPLY_SLACK_S)
+        reply, fds = conn.request_fds(request, timeout=wait_ms / 1000 + REPLY_SLACK_S)
         if not isinstance(reply, messages.Acquired):
             raise ProtocolError(f"unexpected answer to acquire: {reply!r}")
-        return Lease(conn, reply, on_lost)
+        if fds and len(fds) != len(reply.leases):
+            raise ProtocolError(
+                f"the agent passed {len(fds)} lock descriptors for {len(reply.leases)} leases"
+            )
+        return Lease(conn, reply, on_lost, fds)
     except BaseException:
+        _unlock(fds)
+        close_fds(fds)
         conn.close()  # releases anything taken, e.g. on KeyboardInterrupt mid-wait
         raise
 
 
-def _one_shot(socket: SocketPath, build: Callable[[int], dict]) -> AgentMessage:
+def _one_shot(socket: SocketPath, build: Callable[[int], Dict[str, Any]]) -> AgentMessage:
     conn = Connection(resolve(socket))
     try:
         return conn.request(build(conn.next_id()), timeout=REPLY_SLACK_S)

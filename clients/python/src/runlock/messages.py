@@ -32,10 +32,15 @@ def _with_id(request_id: Optional[int], kind: str) -> Dict[str, Any]:
     return message
 
 
-def hello(client: str, pid: int, request_id: Optional[int] = None) -> Dict[str, Any]:
-    """``hello``: the first message of every connection."""
+def hello(
+    client: str, pid: int, request_id: Optional[int] = None, *, takes_locks: bool = False
+) -> Dict[str, Any]:
+    """``hello``: the first message of every connection. ``takes_locks`` is
+    written only when true, so a plain hello keeps its vector's bytes."""
     message = _with_id(request_id, "hello")
     message.update(version=PROTOCOL_VERSION, client=client, pid=pid)
+    if takes_locks:
+        message["takes_locks"] = True
     return message
 
 
@@ -86,8 +91,8 @@ def attach(request_id: int, pid: int, pgid: int) -> Dict[str, Any]:
 
 
 def reattach(request_id: int, leases: Sequence["Grant"], on_lost: str = "term") -> Dict[str, Any]:
-    """``reattach`` (SPEC 8.7). Built for completeness and tested against the
-    vectors; the high-level API does not reattach."""
+    """``reattach`` (SPEC 8.7): has the next agent adopt leases taken through
+    one that has stopped."""
     message = _with_id(request_id, "reattach")
     message["leases"] = [
         {"key": g.key, "lease_id": g.lease_id, "token": g.token} for g in leases
@@ -270,12 +275,17 @@ class Welcome:
 
 @dataclass(frozen=True)
 class Acquired:
-    """Answer to ``acquire`` (and ``reattach``): one Grant per key, sorted by key."""
+    """Answer to ``acquire`` (and ``reattach``): one Grant per key, sorted by key.
+
+    ``locks`` counts the lock descriptors passed with the frame, one per lease
+    in order (SPEC 5.4); the connection hands them to whoever made the request.
+    """
 
     leases: Tuple[Grant, ...]
     ttl_ms: int
     valid_for_ms: Optional[int] = None
     id: Optional[int] = None
+    locks: int = 0
 
 
 @dataclass(frozen=True)
@@ -332,8 +342,11 @@ class LostEvent:
 
     ``reason`` is the agent's ``forced``, ``broken`` or ``expired`` (or a newer
     value), or one of this client's own: ``restarting`` (the agent said it is
-    going away and its leases do not outlive it) and ``agent_gone`` (the
-    connection to the agent ended). ``holder`` is the new holder after ``forced``.
+    going away and its leases do not outlive it), ``agent_gone`` (the
+    connection to such an agent ended), ``reattach_refused`` (the next agent
+    answered the reattach with an error other than ``unavailable``) and
+    ``expired`` (no agent took the lease over before its deadline). ``holder``
+    is the new holder after ``forced``.
     """
 
     lease_id: str
@@ -411,6 +424,7 @@ def parse_agent(body: Dict[str, Any]) -> AgentMessage:
             ttl_ms=_int(body, "ttl_ms"),
             valid_for_ms=_int(body, "valid_for_ms", required=False),
             id=request_id,
+            locks=_int(body, "locks", required=False, limit=_U32) or 0,
         )
     if kind == "released":
         return Released(count=_int(body, "count", limit=_U32), id=request_id)
