@@ -101,6 +101,14 @@ async fn run() -> Result<()> {
         ));
         rows.push((format!("{name} release round trip"), percentiles(release)));
         rows.push((format!("{name} acquire+release pair"), percentiles(pair)));
+        let (shim, flock) = beside_flock(&bins.runlock, &agent.socket, scratch.path()).await?;
+        let ratio = quantile(&mut shim.clone(), 0.5).as_secs_f64()
+            / quantile(&mut flock.clone(), 0.5).as_secs_f64();
+        rows.push((
+            format!("{name} `runlock run --key k -- true`, whole process"),
+            format!("{}  ({ratio:.2}× flock p50)", percentiles(shim)),
+        ));
+        rows.push(("`flock FILE true` beside it".into(), percentiles(flock)));
         if name == "memory://" {
             let pairs = throughput(&agent.socket).await?;
             rows.push((
@@ -1531,6 +1539,39 @@ async fn crash_release(shim: &Path, socket: &Path) -> Result<Vec<Duration>> {
         let _ = run.wait().await;
     }
     Ok(samples)
+}
+
+/// Whole commands, each waited for: `runlock run --key k -- true` through
+/// the agent on `socket`, and `flock(1)` on a file, taken in turn so that
+/// both see the same machine.
+async fn beside_flock(
+    shim: &Path,
+    socket: &Path,
+    scratch: &Path,
+) -> Result<(Vec<Duration>, Vec<Duration>)> {
+    const RUNS: usize = 300;
+    let file = scratch.join("flock-beside");
+    let timed = |mut command: tokio::process::Command| async move {
+        let started = Instant::now();
+        let status = command.status().await?;
+        anyhow::ensure!(status.success(), "{command:?} exited with {status}");
+        Ok::<_, anyhow::Error>(started.elapsed())
+    };
+    let (mut shims, mut flocks) = (Vec::new(), Vec::new());
+    for i in 0..RUNS + 20 {
+        let mut run = tokio::process::Command::new(shim);
+        run.arg("--socket")
+            .arg(socket)
+            .args(["run", "--key", "beside-flock", "--", "true"]);
+        let mut flock = tokio::process::Command::new("flock");
+        flock.arg(&file).arg("true");
+        let (a, b) = (timed(run).await?, timed(flock).await?);
+        if i >= 20 {
+            shims.push(a);
+            flocks.push(b);
+        }
+    }
+    Ok((shims, flocks))
 }
 
 /// The process group of the shim's only child (the run).

@@ -1,10 +1,13 @@
 //! Restarting the agent without dropping runs: on SIGTERM it hands its leases
 //! over instead of releasing them, the shims reattach to the next agent, and
 //! only a run that cannot reattach before its lease's deadline is stopped (76).
+//! An upgrade (the binary replaced, then a restart) is the same restart.
 
+use crate::support::agent::{temp_dir, FileBackendDir};
+use crate::support::bins::bins;
 use crate::support::run::{Ready, HOLD};
 use crate::support::stores::{Space, S3};
-use crate::support::{key, Deadline, Run, TestAgent, WAIT};
+use crate::support::{key, AgentOptions, Deadline, Run, TestAgent, WAIT};
 use anyhow::{ensure, Context, Result};
 use runlock_protocol::{AgentMessage, ClientMessage, LeaseInfo};
 use std::collections::HashMap;
@@ -153,4 +156,66 @@ async fn a_crashed_agent_is_replaced_without_stopping_the_run() -> Result<()> {
         .await?
         .expect_code(0)?;
     Ok(())
+}
+
+/// An upgrade as operators do it: the binary replaced where it is installed
+/// (a new file renamed over the old, as `install` does) while the agent runs
+/// from it, then the agent restarted from that path. The run goes on, with
+/// its token, and ends through the new agent.
+async fn an_agent_upgraded_in_place_keeps_the_run(
+    backend: String,
+    env: Vec<(String, String)>,
+) -> Result<()> {
+    let installed = temp_dir()?;
+    let program = installed.path().join("runlockd");
+    let install = |from: &std::path::Path| -> Result<()> {
+        let staged = installed.path().join(".runlockd.new");
+        std::fs::copy(from, &staged)?;
+        std::fs::rename(&staged, &program)?;
+        Ok(())
+    };
+    install(&bins()?.runlockd)?;
+    let options = |socket: Option<&std::path::Path>| AgentOptions {
+        socket: socket.map(|s| s.to_path_buf()),
+        program: Some(program.clone()),
+        args: vec!["--ttl".into(), "12s".into()],
+        ..AgentOptions::new(backend.clone())
+    };
+    let mut old = TestAgent::start_with_env(options(None), &env).await?;
+    let k = key("upgraded");
+    let mut run = old.run(&[&k], &[], HOLD)?;
+    let ready = run.ready().await?;
+
+    install(&bins()?.runlockd)?;
+    old.stop().await?;
+    let new = TestAgent::start_with_env(options(Some(old.socket())), &env).await?;
+    let deadline = Deadline::new(WAIT, "the run to reattach");
+    let adopted = loop {
+        let leases = leases_of(&new).await?;
+        if leases.iter().any(|l| l.child_pid.is_some()) {
+            break leases;
+        }
+        deadline.tick().await?;
+    };
+    ensure!(
+        adopted.len() == 1 && adopted[0].holder.token == ready.token(),
+        "{adopted:?}"
+    );
+    run.end();
+    let out = run.finish().await?;
+    out.expect_code(0)?;
+    ensure!(out.stderr.contains("reattached"), "{out:?}");
+    new.run(&[&k], &[], "true")?.finish().await?.expect_code(0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_in_place_keeps_a_file_run() -> Result<()> {
+    let locks = FileBackendDir::new()?;
+    an_agent_upgraded_in_place_keeps_the_run(locks.uri(), Vec::new()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upgrade_in_place_keeps_an_s3_run() -> Result<()> {
+    let space = Space::create(S3, "upgrade").await?;
+    an_agent_upgraded_in_place_keeps_the_run(space.uri("state"), space.env()).await
 }

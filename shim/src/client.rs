@@ -83,7 +83,31 @@ impl From<ConnectError> for Failure {
 impl Client {
     /// Connects and says hello, within [`ANSWER_TIMEOUT`].
     pub async fn connect(socket: &Path) -> Result<Client, ConnectError> {
-        tokio::time::timeout(ANSWER_TIMEOUT, Client::handshake(socket))
+        Client::connect_within(socket, None)
+            .await
+            .map(|(client, _)| client)
+    }
+
+    /// Like [`Client::connect`], sending `first` right behind `hello`, before
+    /// the welcome, to save a round trip; returns its id, for [`Client::reply`].
+    pub async fn connect_asking(
+        socket: &Path,
+        first: ClientMessage,
+    ) -> Result<(Client, u64), ConnectError> {
+        match Client::connect_within(socket, Some(first)).await? {
+            (client, Some(id)) => Ok((client, id)),
+            (_, None) => Err(ConnectError::Unreachable(Failure::new(
+                exit::EXIT_UNAVAILABLE,
+                format!("cannot send to the agent at {}", socket.display()),
+            ))),
+        }
+    }
+
+    async fn connect_within(
+        socket: &Path,
+        first: Option<ClientMessage>,
+    ) -> Result<(Client, Option<u64>), ConnectError> {
+        tokio::time::timeout(ANSWER_TIMEOUT, Client::handshake(socket, first))
             .await
             .unwrap_or_else(|_| {
                 let why = silent(socket, ANSWER_TIMEOUT);
@@ -92,7 +116,10 @@ impl Client {
             })
     }
 
-    async fn handshake(socket: &Path) -> Result<Client, ConnectError> {
+    async fn handshake(
+        socket: &Path,
+        first: Option<ClientMessage>,
+    ) -> Result<(Client, Option<u64>), ConnectError> {
         let unreachable = |why: String| {
             ConnectError::Unreachable(Failure::new(
                 exit::EXIT_UNAVAILABLE,
@@ -118,7 +145,14 @@ impl Client {
         };
         // An agent at its limits says so and closes before it reads anything,
         // so hello may find the socket closed with that answer waiting to be read.
-        let sent = client.send(hello).await.err();
+        let mut sent = client.send(hello).await.err();
+        let mut first_id = None;
+        if let (None, Some(first)) = (&sent, first) {
+            match client.send(first).await {
+                Ok(id) => first_id = Some(id),
+                Err(err) => sent = Some(err),
+            }
+        }
         let sent = sent.map(|err| err.into_failure("sending hello").message);
         let refused =
             |code: u8, message: String| ConnectError::Refused(Failure::new(code, message));
@@ -135,7 +169,7 @@ impl Client {
                 }))) => {
                     client.on_unavailable = on_unavailable;
                     client.leases_survive_agent = leases_survive_agent;
-                    return Ok(client);
+                    return Ok((client, first_id));
                 }
                 // Whether or not it carries hello's id, nothing but hello can be answered yet.
                 Some(Ok(Ok(Envelope {

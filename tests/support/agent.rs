@@ -26,6 +26,8 @@ pub struct AgentOptions {
     pub args: Vec<String>,
     /// The agent's umask, if not the test's.
     pub umask: Option<u32>,
+    /// The `runlockd` to start, if not the one the tests built.
+    pub program: Option<PathBuf>,
 }
 
 impl AgentOptions {
@@ -36,6 +38,7 @@ impl AgentOptions {
             socket: None,
             args: Vec::new(),
             umask: None,
+            program: None,
         }
     }
 }
@@ -143,7 +146,7 @@ impl TestAgent {
         let log = dir.path().join("runlockd.log");
         let log_file =
             std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let mut command = Command::new(&bins.runlockd);
+        let mut command = Command::new(options.program.as_deref().unwrap_or(&bins.runlockd));
         command
             .arg("--socket")
             .arg(&socket)

@@ -553,18 +553,18 @@ impl Inner {
         })
     }
 
-    /// Writes the record of a key whose lock this agent holds; a new record
-    /// file is made durable with its directory entry.
+    /// Writes the record of a key whose lock this agent holds into `file`, the
+    /// record file; a new one is made durable with its directory entry.
     fn write(
         &self,
         dir: &File,
+        file: &File,
         name: &str,
         record: &FileRecord,
         durable: bool,
     ) -> Result<(), BackendError> {
-        let file = self.open(dir, name, OFlag::O_RDWR | OFlag::O_CREAT)?;
         let new = file.metadata().map(|m| m.len() == 0).unwrap_or(false);
-        write_record(&file, record, durable || new)
+        write_record(file, record, durable || new)
             .and_then(|_| if new { dir.sync_all() } else { Ok(()) })
             .map_err(|e| self.io_error("writing", name, e))
     }
@@ -590,15 +590,12 @@ impl Inner {
                 continue;
             }
             let granted = self
-                .try_open(&dir, &name, OFlag::O_RDONLY)
+                .open(&dir, &name, OFlag::O_RDWR | OFlag::O_CREAT)
                 .and_then(|file| {
-                    let previous = match file {
-                        Some(file) => self.read_record(&file, &name)?,
-                        None => None,
-                    };
+                    let previous = self.read_record(&file, &name)?;
                     let (holder, record, durable) =
                         held_record(spec, previous.as_ref(), None, &self.boot_id);
-                    self.write(&dir, &name, &record, durable)?;
+                    self.write(&dir, &file, &name, &record, durable)?;
                     Ok(holder)
                 });
             let holder = match granted {
@@ -701,7 +698,8 @@ impl Inner {
         }
         let (holder, record, durable) =
             held_record(spec, Some(&current), Some(current.token), &self.boot_id);
-        self.write(dir, &name, &record, durable)?;
+        let file = self.open(dir, &name, OFlag::O_RDWR | OFlag::O_CREAT)?;
+        self.write(dir, &file, &name, &record, durable)?;
         let run = self.run_copy(&lock, &lock_name)?;
         self.remember(&spec.lease_id, lock, &spec.holder.agent_id);
         Ok(Grant {
@@ -762,7 +760,7 @@ impl Inner {
         lease: &LeaseRef,
         agent_id: &str,
     ) -> Result<(), BackendError> {
-        let Some(file) = self.try_open(dir, name, OFlag::O_RDONLY)? else {
+        let Some(file) = self.try_open(dir, name, OFlag::O_RDWR)? else {
             return Ok(());
         };
         let Some(mut record) = self.read_record(&file, name)? else {
@@ -784,7 +782,7 @@ impl Inner {
         record.ttl_ms = None;
         record.forced_from = None;
         // Not synced: a lost `free` record is harmless, the kernel lock is the truth.
-        self.write(dir, name, &record, false)
+        self.write(dir, &file, name, &record, false)
     }
 
     /// Takes over a lease granted through an agent that has stopped, whose
@@ -798,11 +796,10 @@ impl Inner {
         let lock = self
             .try_open(&dir, &lock_name, OFlag::O_RDONLY)?
             .ok_or(BackendError::LeaseMismatch)?;
-        let record = match self.try_open(&dir, &name, OFlag::O_RDONLY)? {
-            Some(file) => self.read_record(&file, &name)?,
-            None => None,
-        };
-        let Some(mut record) = record.filter(|r| {
+        let file = self
+            .try_open(&dir, &name, OFlag::O_RDWR)?
+            .ok_or(BackendError::LeaseMismatch)?;
+        let Some(mut record) = self.read_record(&file, &name)?.filter(|r| {
             r.state == KeyState::Held
                 && r.lease_id.as_deref() == Some(lease.lease_id.as_str())
                 && r.token == lease.token
@@ -820,7 +817,7 @@ impl Inner {
             .map_err(|e| self.io_error("locking", &lock_name, e))?;
         holder.agent_id = agent_id.to_string();
         record.holder = Some(holder.clone());
-        self.write(&dir, &name, &record, false)?;
+        self.write(&dir, &file, &name, &record, false)?;
         let ttl = Duration::from_millis(record.ttl_ms.unwrap_or(60_000));
         self.remember(&lease.lease_id, lock, agent_id);
         Ok(Adopted {

@@ -57,15 +57,16 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
             format!("cannot install signal handlers: {e}"),
         )
     })?;
-    let mut client = match Client::connect(socket).await {
-        Ok(client) => client,
+    // The acquire goes right behind hello: one round trip less before the run starts.
+    let (mut client, asked) = match Client::connect_asking(socket, request(&args)).await {
+        Ok(connected) => connected,
         Err(ConnectError::Unreachable(failure)) => {
             return unlocked(host.on_unavailable, failure, &args, &mut signals).await;
         }
         Err(refused) => return Err(refused.into()),
     };
 
-    let (leases, ttl, valid_for, locks) = match acquire(&mut client, &args, &mut signals).await {
+    let (leases, ttl, valid_for, locks) = match acquire(&mut client, asked, &mut signals).await {
         Ok(Ok(granted)) => granted,
         Ok(Err(signal)) => return Ok(ExitCode::from(128 + signal as u8)),
         Err(failure) if failure.code == exit::EXIT_UNAVAILABLE => {
@@ -80,7 +81,14 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
     // invariant: a spawned child has a pid until it is waited for
     let pid = child.id().unwrap_or_default();
     let group = Pid::from_raw(pid as i32);
-    attach(&mut client, pid).await;
+    // Not waited for: the command is already running. Its answer is read below.
+    let mut attaching = client
+        .send(ClientMessage::Attach { pid, pgid: pid })
+        .await
+        .ok();
+    if attaching.is_none() {
+        eprintln!("runlock: warning: attach failed: the agent closed the connection");
+    }
 
     let mut watch = Watch {
         lost: false,
@@ -118,6 +126,10 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
             }
             frame = client.transport.next(), if watch.agent_open => match frame {
                 Some(Ok(Ok(Envelope { id: None, body }))) => watch.event(body),
+                Some(Ok(Ok(Envelope { id, body }))) if id.is_some() && id == attaching => {
+                    attaching = None;
+                    attached(body, pid);
+                }
                 Some(Ok(Ok(_))) => {} // a late reply; nothing waits for it
                 Some(Ok(Err(bad))) => eprintln!("runlock: warning: undecodable message from the agent: {}", escape(&bad.reason)),
                 None | Some(Err(_)) => watch.agent_gone(),
@@ -228,24 +240,25 @@ async fn unlocked(
 /// (`None`: for as long as the run holds its locks), and those locks.
 type Acquired = (Vec<Lease>, Duration, Option<Duration>, Vec<OwnedFd>);
 
-/// Asks for every key: what `acquired` said, or `Ok(Err(signal))` when a signal came first.
-async fn acquire(
-    client: &mut Client,
-    args: &RunArgs,
-    signals: &mut Signals,
-) -> Result<Result<Acquired, Signal>, Failure> {
-    let request = ClientMessage::Acquire {
+/// The `acquire` for every key.
+fn request(args: &RunArgs) -> ClientMessage {
+    ClientMessage::Acquire {
         keys: args.keys.clone(),
         ttl_ms: args.ttl.map(cli::millis),
         wait_ms: cli::millis(args.wait),
         force: args.force,
         command: command_line(&args.command),
         on_lost: args.on_lost.into(),
-    };
-    let id = client
-        .send(request)
-        .await
-        .map_err(|e| e.into_failure("asking for the lock"))?;
+    }
+}
+
+/// Waits for the answer to the acquire sent as `id`: what `acquired` said,
+/// or `Ok(Err(signal))` when a signal came first.
+async fn acquire(
+    client: &mut Client,
+    id: u64,
+    signals: &mut Signals,
+) -> Result<Result<Acquired, Signal>, Failure> {
     let reply = tokio::select! {
         reply = client.reply(id) => reply,
         // Closing the connection (by returning) abandons the wait in the agent.
@@ -338,13 +351,33 @@ fn spawn(
 async fn attach(client: &mut Client, pid: u32) {
     let request = ClientMessage::Attach { pid, pgid: pid };
     match client.call_within(ANSWER_TIMEOUT, request).await {
-        Ok(AgentMessage::Attached) => {}
-        Ok(other) => eprintln!("runlock: warning: {}", unexpected("attach", &other).message),
-        Err(CallError::Agent(err)) => {
-            eprintln!("runlock: warning: attach failed: {}", escape(&err.message))
-        }
+        Ok(reply) => attached(reply, pid),
+        Err(CallError::Agent(err)) => attached(AgentMessage::Error(err), pid),
         Err(CallError::Gone(why)) => eprintln!("runlock: warning: attach failed: {why}"),
     }
+}
+
+/// Says what went wrong with the agent's answer to `attach`, if anything.
+fn attached(reply: AgentMessage, pid: u32) {
+    match reply {
+        AgentMessage::Attached => {}
+        // A command that is over already needs no one to stop it.
+        AgentMessage::Error(_) if has_exited(pid) => {}
+        AgentMessage::Error(err) => {
+            eprintln!("runlock: warning: attach failed: {}", escape(&err.message))
+        }
+        other => eprintln!("runlock: warning: {}", unexpected("attach", &other).message),
+    }
+}
+
+/// Whether our child `pid` has exited (it stays unreaped for `wait`).
+fn has_exited(pid: u32) -> bool {
+    use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+    let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+    !matches!(
+        waitid(Id::Pid(Pid::from_raw(pid as i32)), flags),
+        Ok(WaitStatus::StillAlive)
+    )
 }
 
 /// Connects to the agent again (the next one, after a restart) and has it
