@@ -289,3 +289,20 @@ async fn unusual_keys_lock_and_stay_distinct() -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_larger_than_the_pre_hello_limit_goes_right_behind_hello() -> Result<()> {
+    let locks = FileBackendDir::new()?;
+    let agent = TestAgent::start(locks.uri()).await?;
+    // 60 keys of 120 bytes: an acquire of over 7 KiB, where frames before the
+    // agent's welcome may hold 4 KiB; the shim sends it before the welcome.
+    let keys: Vec<String> = (0..60).map(|i| key(&format!("{i:0>110}"))).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let out = agent
+        .run(&refs, &[], "echo \"$RUNLOCK_TOKEN\" | wc -l")?
+        .finish()
+        .await?;
+    out.expect_code(0)?;
+    ensure!(out.stdout.trim() == "60", "{out:?}");
+    Ok(())
+}

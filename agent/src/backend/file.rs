@@ -167,10 +167,21 @@ impl FileBackend {
         })
     }
 
+    /// Runs `op`, which makes a few local file system calls and may block on
+    /// a slow disk, a sync or the force gate. On the agent's multi-threaded
+    /// runtime it runs here at once, the runtime moving this thread's other
+    /// tasks elsewhere meanwhile (`block_in_place`): handing it to another
+    /// thread instead costs two wake-ups, which were most of an uncontended
+    /// acquisition's time. Elsewhere (a test's runtime) it goes to the
+    /// blocking pool.
     async fn blocking<T: Send + 'static>(
         &self,
         op: impl FnOnce(&Inner) -> Result<T, BackendError> + Send + 'static,
     ) -> Result<T, BackendError> {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
+            return tokio::task::block_in_place(|| op(&self.inner));
+        }
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || op(&inner))
             .await
