@@ -101,14 +101,17 @@ async fn run() -> Result<()> {
         ));
         rows.push((format!("{name} release round trip"), percentiles(release)));
         rows.push((format!("{name} acquire+release pair"), percentiles(pair)));
-        let (shim, flock) = beside_flock(&bins.runlock, &agent.socket, scratch.path()).await?;
-        let ratio = quantile(&mut shim.clone(), 0.5).as_secs_f64()
-            / quantile(&mut flock.clone(), 0.5).as_secs_f64();
-        rows.push((
-            format!("{name} `runlock run --key k -- true`, whole process"),
-            format!("{}  ({ratio:.2}× flock p50)", percentiles(shim)),
-        ));
-        rows.push(("`flock FILE true` beside it".into(), percentiles(flock)));
+        let shims = [bins.runlock.clone(), static_shim(&bins.runlock)?];
+        let (timed, flock) = beside_flock(&shims, &agent.socket, scratch.path()).await?;
+        let flock_p50 = quantile(&mut flock.clone(), 0.5).as_secs_f64();
+        for (linked, shim) in ["dynamically", "statically"].iter().zip(timed) {
+            let ratio = quantile(&mut shim.clone(), 0.5).as_secs_f64() / flock_p50;
+            rows.push((
+                format!("{name} `runlock run --key k -- true`, whole process, shim linked {linked}"),
+                format!("{}  ({ratio:.2}× flock p50)", percentiles(shim)),
+            ));
+        }
+        rows.push(("`flock FILE true` beside them".into(), percentiles(flock)));
         if name == "memory://" {
             let pairs = throughput(&agent.socket).await?;
             rows.push((
@@ -1542,13 +1545,13 @@ async fn crash_release(shim: &Path, socket: &Path) -> Result<Vec<Duration>> {
 }
 
 /// Whole commands, each waited for: `runlock run --key k -- true` through
-/// the agent on `socket`, and `flock(1)` on a file, taken in turn so that
-/// both see the same machine.
+/// the agent on `socket` with each of `shims`, and `flock(1)` on a file,
+/// taken in turn so that all see the same machine.
 async fn beside_flock(
-    shim: &Path,
+    shims: &[PathBuf],
     socket: &Path,
     scratch: &Path,
-) -> Result<(Vec<Duration>, Vec<Duration>)> {
+) -> Result<(Vec<Vec<Duration>>, Vec<Duration>)> {
     const RUNS: usize = 300;
     let file = scratch.join("flock-beside");
     let timed = |mut command: tokio::process::Command| async move {
@@ -1557,21 +1560,51 @@ async fn beside_flock(
         anyhow::ensure!(status.success(), "{command:?} exited with {status}");
         Ok::<_, anyhow::Error>(started.elapsed())
     };
-    let (mut shims, mut flocks) = (Vec::new(), Vec::new());
+    let (mut runs, mut flocks) = (vec![Vec::new(); shims.len()], Vec::new());
     for i in 0..RUNS + 20 {
-        let mut run = tokio::process::Command::new(shim);
-        run.arg("--socket")
-            .arg(socket)
-            .args(["run", "--key", "beside-flock", "--", "true"]);
+        for (shim, times) in shims.iter().zip(&mut runs) {
+            let mut run = tokio::process::Command::new(shim);
+            run.arg("--socket")
+                .arg(socket)
+                .args(["run", "--key", "beside-flock", "--", "true"]);
+            let took = timed(run).await?;
+            if i >= 20 {
+                times.push(took);
+            }
+        }
         let mut flock = tokio::process::Command::new("flock");
         flock.arg(&file).arg("true");
-        let (a, b) = (timed(run).await?, timed(flock).await?);
+        let took = timed(flock).await?;
         if i >= 20 {
-            shims.push(a);
-            flocks.push(b);
+            flocks.push(took);
         }
     }
-    Ok((shims, flocks))
+    Ok((runs, flocks))
+}
+
+/// The shim linked statically (README, "Build and install"), built beside
+/// `shim` in a target directory of its own so that neither build undoes the
+/// other: most of a dynamically linked shim's extra start-up is the loader's.
+fn static_shim(shim: &Path) -> Result<PathBuf> {
+    let target = shim
+        .parent()
+        .and_then(Path::parent)
+        .context("the shim is not in a target directory")?
+        .join("static-shim");
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .context("no workspace")?;
+    let status = std::process::Command::new(env!("CARGO"))
+        .current_dir(workspace)
+        .args(["rustc", "--release", "-p", "runlock-shim", "--bin", "runlock"])
+        .arg("--target-dir")
+        .arg(&target)
+        .args(["--", "-C", "target-feature=+crt-static"])
+        .env_remove("CARGO_PRIMARY_PACKAGE")
+        .status()
+        .context("running cargo rustc")?;
+    anyhow::ensure!(status.success(), "building the static shim: {status}");
+    Ok(target.join("release").join("runlock"))
 }
 
 /// The process group of the shim's only child (the run).

@@ -303,4 +303,5 @@ fn spec_constants_match_the_crate() {
     assert_eq!(PROTOCOL_VERSION, 1);
     assert_eq!(MAX_FRAME_LEN, 1_048_576);
     assert_eq!(MAX_KEY_LEN, 512);
+    assert_eq!(runlock_protocol::MAX_LOCKS_PER_MESSAGE, 250);
 }
