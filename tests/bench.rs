@@ -107,7 +107,9 @@ async fn run() -> Result<()> {
         for (linked, shim) in ["dynamically", "statically"].iter().zip(timed) {
             let ratio = quantile(&mut shim.clone(), 0.5).as_secs_f64() / flock_p50;
             rows.push((
-                format!("{name} `runlock run --key k -- true`, whole process, shim linked {linked}"),
+                format!(
+                    "{name} `runlock run --key k -- true`, whole process, shim linked {linked}"
+                ),
                 format!("{}  ({ratio:.2}× flock p50)", percentiles(shim)),
             ));
         }
@@ -1596,7 +1598,14 @@ fn static_shim(shim: &Path) -> Result<PathBuf> {
         .context("no workspace")?;
     let status = std::process::Command::new(env!("CARGO"))
         .current_dir(workspace)
-        .args(["rustc", "--release", "-p", "runlock-shim", "--bin", "runlock"])
+        .args([
+            "rustc",
+            "--release",
+            "-p",
+            "runlock-shim",
+            "--bin",
+            "runlock",
+        ])
         .arg("--target-dir")
         .arg(&target)
         .args(["--", "-C", "target-feature=+crt-static"])
