@@ -682,6 +682,16 @@ impl Inner {
         current: Option<FileRecord>,
     ) -> Result<Grant, BackendError> {
         let (name, lock_name) = (file_name(&spec.key), lock_name(&spec.key));
+        // A lock with no held record beside it (a run's leftover process that
+        // locked its descriptor again) is taken over from the record as it is.
+        let current = match current {
+            Some(current) => Some(current),
+            None => match self.try_open(dir, &name, OFlag::O_RDONLY)? {
+                Some(file) => read_record_settled(&file, |_| true)
+                    .map_err(|e| self.io_error("reading", &name, e))?,
+                None => None,
+            },
+        };
         let current = current.ok_or_else(|| {
             BackendError::Corrupt(format!(
                 "lock file {} is held but its record cannot be read; cannot take it over",
@@ -1096,6 +1106,33 @@ mod tests {
             .await
             .expect("free");
         assert_eq!(next.holder.token, 2);
+    }
+
+    #[tokio::test]
+    async fn a_lock_taken_again_after_release_is_held_and_force_takes_it_higher() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let backend = FileBackend::open(dir.path().into()).expect("open");
+        let run = backend
+            .acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
+        let run = File::from(run.lock.expect("a lock for the run"));
+        flock(&run, libc::LOCK_UN).expect("the shim drops it");
+        backend
+            .release(&lease("k", "l1", 1))
+            .await
+            .expect("release");
+        // A process the run left behind locks its inherited description again.
+        assert!(flock(&run, libc::LOCK_EX | libc::LOCK_NB).expect("relock"));
+        assert!(matches!(
+            backend.acquire(&spec("k", "l2", false, TTL)).await,
+            Err(BackendError::Held(None))
+        ));
+        let forced = backend
+            .acquire(&spec("k", "l3", true, TTL))
+            .await
+            .expect("force");
+        assert_eq!(forced.holder.token, 2);
     }
 
     #[tokio::test]
