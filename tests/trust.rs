@@ -278,3 +278,36 @@ async fn oversized_fields_get_their_own_errors_and_every_reply_fits() -> Result<
     ensure!(command.ends_with("[cut]"), "no cut marker");
     agent.still_serves().await
 }
+
+/// Descriptors open in process `pid`.
+fn open_descriptors(pid: u32) -> Result<usize> {
+    Ok(std::fs::read_dir(format!("/proc/{pid}/fd"))?.count())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_a_peer_sends_are_never_kept() -> Result<()> {
+    let agent = agent("").await?;
+    let pid = agent.pid().context("agent pid")?;
+    let mut client = member(&agent).await?;
+    client.hello().await?;
+    let before = open_descriptors(pid)?;
+    // 100 pings, each carrying 200 descriptors: 20,000 in all, were they kept.
+    let null = std::fs::File::open("/dev/null")?;
+    let fds = vec![std::os::fd::AsRawFd::as_raw_fd(&null); 200];
+    for id in 0..100 {
+        let ping = frame(&encode(&Envelope::request(id, ClientMessage::Ping))?);
+        client.write_with_fds(&ping, &fds).await?;
+    }
+    for _ in 0..100 {
+        ensure!(
+            matches!(client.recv().await?.body, AgentMessage::Pong),
+            "not a pong"
+        );
+    }
+    let after = open_descriptors(pid)?;
+    ensure!(
+        after <= before + 2,
+        "{before} descriptors before, {after} after"
+    );
+    agent.still_serves().await
+}

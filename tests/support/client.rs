@@ -151,6 +151,29 @@ impl RawClient {
             .context("writing raw bytes")
     }
 
+    /// Writes `bytes` in one `sendmsg` that also passes `fds` (SCM_RIGHTS).
+    pub async fn write_with_fds(
+        &mut self,
+        bytes: &[u8],
+        fds: &[std::os::fd::RawFd],
+    ) -> anyhow::Result<()> {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+        within(WAIT, "flushing", self.framed.flush()).await??;
+        let stream = self.framed.get_ref();
+        within(WAIT, "the socket to take bytes", stream.writable()).await??;
+        let iov = [std::io::IoSlice::new(bytes)];
+        let sent = sendmsg::<()>(
+            stream.as_raw_fd(),
+            &iov,
+            &[ControlMessage::ScmRights(fds)],
+            MsgFlags::empty(),
+            None,
+        )
+        .context("sendmsg")?;
+        ensure!(sent == bytes.len(), "sent {sent} of {} bytes", bytes.len());
+        Ok(())
+    }
+
     /// The next message, whatever it is; an error if the connection ends.
     pub async fn recv(&mut self) -> anyhow::Result<Envelope<AgentMessage>> {
         match within(WAIT, "a message from the agent", self.framed.next()).await? {
