@@ -30,7 +30,8 @@ async fn hold_many(agent: &TestAgent, hint: &str) -> Result<Vec<(String, Run, Re
     Ok(ready)
 }
 
-async fn leases_of(agent: &TestAgent) -> Result<Vec<LeaseInfo>> {
+/// Every lease `agent` holds, through `list`.
+pub(crate) async fn leases_of(agent: &TestAgent) -> Result<Vec<LeaseInfo>> {
     match agent.client().await?.call(ClientMessage::List).await? {
         AgentMessage::Leases { leases, .. } => Ok(leases),
         other => anyhow::bail!("expected leases, got {other:?}"),

@@ -3,12 +3,13 @@
 //! the key, which is free the moment the run ends, agent or no agent; force
 //! and release still stop the run and take the key with a larger token.
 
+use crate::restart::leases_of;
 use crate::support::agent::FileBackendDir;
 use crate::support::run::{Ready, HOLD};
 use crate::support::{key, AgentOptions, Deadline, Run, TestAgent, WAIT};
 use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
-use runlock_protocol::{AgentMessage, ClientMessage, LeaseInfo};
+use runlock_protocol::LeaseInfo;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -19,13 +20,6 @@ async fn agent_on(locks: &FileBackendDir, socket: Option<&Path>, ttl: &str) -> R
         ..AgentOptions::new(locks.uri())
     })
     .await
-}
-
-async fn leases_of(agent: &TestAgent) -> Result<Vec<LeaseInfo>> {
-    match agent.client().await?.call(ClientMessage::List).await? {
-        AgentMessage::Leases { leases, .. } => Ok(leases),
-        other => anyhow::bail!("expected leases, got {other:?}"),
-    }
 }
 
 /// Waits until `agent` holds `count` leases, each attached to its run.

@@ -613,9 +613,10 @@ impl Registry {
     }
 
     /// A lease was renewed: its run learns how long it may go on should it lose
-    /// this agent (only where leases outlive the agent).
+    /// this agent (only where leases outlive the agent; the scheduler reports
+    /// no renewal of a lease that cannot expire).
     pub(crate) fn renewed(&self, lease_id: &str, valid_until: Instant) {
-        if !(self.capabilities.survives_agent && self.capabilities.lease_expires) {
+        if !self.capabilities.survives_agent {
             return;
         }
         let state = self.state();
