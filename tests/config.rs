@@ -81,7 +81,17 @@ async fn check_config_never_prints_a_secret() -> Result<()> {
          account_name = \"acct1\"\naccount_key = \"YXp1cmUta2V5\"\n",
     )?;
     let out = runlockd(&["check-config", "--config", &file], &[]).await?;
-    out.expect_code(0)?;
+    // The configuration is printed, then the store is found unreachable.
+    out.expect_code(69)?;
+    ensure!(out.stderr.contains("s3.test"), "{out:?}");
+    for secret in [
+        "s3cr3t-v4lue",
+        "pa55word",
+        "YXp1cmUtc2VjcmV0",
+        "YXp1cmUta2V5",
+    ] {
+        ensure!(!out.stderr.contains(secret), "a secret was shown: {out:?}");
+    }
     ensure!(
         out.stdout.contains("backend = \"s3://locks/meltano\""),
         "{out:?}"
@@ -233,16 +243,28 @@ async fn an_unreachable_backend_follows_the_agents_policy() -> Result<()> {
 #[tokio::test]
 async fn the_shipped_example_configuration_is_valid() -> Result<()> {
     let example = concat!(env!("CARGO_MANIFEST_DIR"), "/../systemd/runlockd.toml");
-    // Its socket group, `runlock`, exists only where the sysusers snippet ran.
+    ensure!(
+        std::fs::read_to_string(example)?.contains("\nbackend = \"file:///var/lib/runlock\"\n"),
+        "the example's backend changed"
+    );
+    // Its socket group, `runlock`, exists only where the sysusers snippet
+    // ran, and its directory is the package's: both replaced here.
+    let dir = temp_dir()?;
+    let backend = format!("file://{}", dir.path().join("locks").display());
     let out = runlockd(
-        &["check-config", "--config", example, "--socket-group", "0"],
+        &[
+            "check-config",
+            "--config",
+            example,
+            "--socket-group",
+            "0",
+            "--backend",
+            &backend,
+        ],
         &[],
     )
     .await?;
     out.expect_code(0)?;
-    ensure!(
-        out.stdout.contains("backend = \"file:///var/lib/runlock\""),
-        "{out:?}"
-    );
+    ensure!(out.stderr.contains("is ready"), "{out:?}");
     Ok(())
 }

@@ -26,3 +26,4 @@ mod secrets;
 mod shim_trust;
 mod systemd;
 mod trust;
+mod untrusted_stores;

@@ -21,7 +21,7 @@ fn main() -> ExitCode {
     };
     if let Some(Command::CheckConfig) = args.command {
         print!("{}", config.to_redacted_toml());
-        return ExitCode::SUCCESS;
+        return check_backend(&config);
     }
     telemetry::init(config.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
@@ -43,6 +43,46 @@ fn main() -> ExitCode {
         Err(Stop::Failed(err)) => {
             eprintln!("runlockd: error: {err:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Opens and checks the backend as the agent would at start, and says on
+/// stderr whether it can serve runs: 0 if so, 69 (EX_UNAVAILABLE) if it
+/// cannot be reached now, 78 (EX_CONFIG) if it cannot be used at all, as
+/// given or because it broke a guarantee a lock rests on.
+fn check_backend(config: &Config) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("runlockd: error: cannot start the runtime: {err}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let opened = runtime.block_on(backend::open(&config.backend, &config.backend_options));
+    let backend::Opened { backend, readiness } = match opened {
+        Ok(opened) => opened,
+        Err(err) => {
+            eprintln!("runlockd: error: {err:#}");
+            return ExitCode::from(78);
+        }
+    };
+    let name = backend.describe();
+    match readiness {
+        backend::Readiness::Ready => {
+            eprintln!("runlockd: backend {name} is ready");
+            ExitCode::SUCCESS
+        }
+        backend::Readiness::Unreachable(problem) => {
+            eprintln!("runlockd: error: backend {name} cannot be used now: {problem}");
+            ExitCode::from(69)
+        }
+        backend::Readiness::Untrusted(problem) => {
+            eprintln!("runlockd: error: backend {name} cannot be trusted to lock: {problem}");
+            ExitCode::from(78)
         }
     }
 }

@@ -26,6 +26,7 @@ pub mod agent;
 pub mod bins;
 pub mod client;
 pub mod journal;
+pub mod rewriting_proxy;
 pub mod run;
 pub mod stores;
 

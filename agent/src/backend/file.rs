@@ -123,6 +123,8 @@ struct Held {
 const FILE_MODE: u32 = 0o640;
 const DIR_MODE: u32 = 0o750;
 const GATE_FILE: &str = ".force.lock";
+/// An empty file on which the agent checks at start that `flock` excludes.
+const PROBE_FILE: &str = ".probe.run";
 /// How long a failed lock attempt waits before it is believed once more: a
 /// `free` record beside a locked file is an agent between taking the lock and
 /// writing, or `inspect` looking.
@@ -162,6 +164,14 @@ impl FileBackend {
                 )
             }
         }
+        let first = inner.open(&dir, PROBE_FILE, OFlag::O_RDONLY | OFlag::O_CREAT)?;
+        let second = inner.open(&dir, PROBE_FILE, OFlag::O_RDONLY)?;
+        flock_excludes(&first, &second).with_context(|| {
+            format!(
+                "lock directory {}: its file system cannot be trusted to lock",
+                inner.dir.display()
+            )
+        })?;
         Ok(FileBackend {
             inner: Arc::new(inner),
         })
@@ -327,6 +337,21 @@ fn flock(file: &File, operation: libc::c_int) -> io::Result<bool> {
             _ => return Err(err),
         }
     }
+}
+
+/// Whether a `flock` taken through `first` keeps `second` (another open of
+/// the same file) out: the one thing this backend needs of the file system,
+/// which some network and FUSE file systems do not do, granting every lock.
+fn flock_excludes(first: &File, second: &File) -> anyhow::Result<()> {
+    // Blocking: another agent starting may be checking the same file.
+    flock(first, libc::LOCK_EX).context("flock(LOCK_EX)")?;
+    let second_got_it = flock(second, libc::LOCK_EX | libc::LOCK_NB).context("flock(LOCK_EX)");
+    let _ = flock(second, libc::LOCK_UN);
+    let _ = flock(first, libc::LOCK_UN);
+    if second_got_it? {
+        anyhow::bail!("flock(2) let two opens of one file hold an exclusive lock at once");
+    }
+    Ok(())
 }
 
 fn range_lock(kind: libc::c_int) -> libc::flock {
@@ -1157,6 +1182,25 @@ mod tests {
             .await
             .expect("free");
         assert_eq!(next.holder.token, 2);
+    }
+
+    #[test]
+    fn a_lock_that_lets_a_second_holder_in_is_caught() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("f");
+        File::create(&path).expect("create");
+        let first = File::open(&path).expect("open");
+        let second = File::open(&path).expect("open");
+        flock_excludes(&first, &second).expect("two opens exclude each other here");
+        // A duplicate shares the open file description, so its lock is the
+        // same lock: what a file system that grants every lock looks like.
+        let same = first.try_clone().expect("dup");
+        let err = flock_excludes(&first, &same).expect_err("caught");
+        assert!(err.to_string().contains("at once"), "{err}");
+        assert!(
+            flock(&second, libc::LOCK_EX | libc::LOCK_NB).expect("try"),
+            "left unlocked"
+        );
     }
 
     #[test]

@@ -192,10 +192,31 @@ pub struct BackendOptions {
 /// How long the start-up check of a network store may take.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(6);
 
-/// Builds the backend a URI names. A network store is checked once: when it
-/// cannot be used, a warning names the cause, and the agent starts anyway
-/// (its runs get `unavailable` until the store answers).
-pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc<dyn Backend>> {
+/// Whether a backend just opened can serve runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// It answered, and showed it can lock.
+    Ready,
+    /// It could not be checked now (down, unreachable, refusing us); runs get
+    /// `unavailable` until it can.
+    Unreachable(String),
+    /// It answered and broke a guarantee a lock rests on: it grants nothing.
+    Untrusted(String),
+}
+
+/// A backend and what its first check found.
+pub struct Opened {
+    /// The backend.
+    pub backend: Arc<dyn Backend>,
+    /// What the check found.
+    pub readiness: Readiness,
+}
+
+/// Builds the backend a URI names and checks it once, as the agent does at
+/// start: a network store must answer, and an object store must show that
+/// it refuses conflicting writes (`cas::CasEngine::prove`). Fails only on
+/// what it was given (a malformed URI, an unreadable file).
+pub async fn open(uri: &str, options: &BackendOptions) -> anyhow::Result<Opened> {
     let (scheme, rest) = uri.split_once("://").ok_or_else(|| {
         anyhow::anyhow!(
             "backend {:?} is not a URI (expected file:///path, s3://bucket/prefix, \
@@ -204,63 +225,51 @@ pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc
             redact_uri(uri)
         )
     })?;
+    let ready = |backend: Arc<dyn Backend>| Opened {
+        backend,
+        readiness: Readiness::Ready,
+    };
     match scheme {
         "file" => {
             if rest.is_empty() {
                 anyhow::bail!("backend file:// needs a directory, as in file:///var/lib/runlock");
             }
-            Ok(Arc::new(FileBackend::open(PathBuf::from(rest))?))
+            Ok(ready(Arc::new(FileBackend::open(PathBuf::from(rest))?)))
         }
-        "memory" => Ok(Arc::new(MemoryBackend::default())),
+        "memory" => Ok(ready(Arc::new(MemoryBackend::default()))),
         // The object-store engine over an in-process store: for benchmarks and tests.
-        "memory-cas" => Ok(Arc::new(cas::CasEngine::new(
-            Arc::new(cas::MemoryCasStore::new()),
-            "",
-        ))),
+        "memory-cas" => {
+            let store = cas::MemoryCasStore::new();
+            Ok(on_the_lease_engine(store, String::new(), Readiness::Ready).await)
+        }
         "s3" => {
             let store = cas::S3Store::open(uri, &options.s3).await?;
-            warn_if_unusable(&store, store.probe()).await;
+            let probed = store_probe(store.probe()).await;
             let prefix = store.records_prefix().to_string();
-            Ok(on_the_lease_engine(store, prefix))
+            Ok(on_the_lease_engine(store, prefix, probed).await)
         }
         "azure" => {
             let store = cas::AzureStore::open(uri, &options.azure)?;
-            warn_if_unusable(&store, store.probe()).await;
+            let probed = store_probe(store.probe()).await;
             let prefix = store.records_prefix().to_string();
-            Ok(on_the_lease_engine(store, prefix))
+            Ok(on_the_lease_engine(store, prefix, probed).await)
         }
         "gs" => {
             let store = cas::GcsStore::open(uri, &options.gcs)?;
-            warn_if_unusable(&store, store.probe()).await;
+            let probed = store_probe(store.probe()).await;
             let prefix = store.records_prefix().to_string();
-            Ok(on_the_lease_engine(store, prefix))
+            Ok(on_the_lease_engine(store, prefix, probed).await)
         }
         "postgresql" | "postgres" => {
-            let backend = PostgresBackend::open(uri, &options.postgres)?;
-            let problem = match tokio::time::timeout(PROBE_TIMEOUT, backend.probe()).await {
-                Ok(Ok(())) => None,
-                Ok(Err(err)) => Some(err),
-                Err(_) => Some(format!("no answer within {}s", PROBE_TIMEOUT.as_secs())),
-            };
-            if let Some(problem) = problem {
-                tracing::warn!(
-                    backend = %backend.describe(),
-                    "the backend cannot be used yet: {problem}; runs will fail as unavailable \
-                     until it can"
-                );
-            }
-            Ok(Arc::new(backend))
+            let backend = Arc::new(PostgresBackend::open(uri, &options.postgres)?);
+            let readiness = within_probe_timeout(backend.probe()).await;
+            Ok(Opened { backend, readiness })
         }
         "etcd" => {
-            let backend = EtcdBackend::open(uri, &options.etcd)?;
-            if let Err(err) = backend.probe().await {
-                tracing::warn!(
-                    backend = %backend.describe(),
-                    "the backend cannot be used yet: {err}; runs will fail as unavailable \
-                     until it can"
-                );
-            }
-            Ok(Arc::new(backend))
+            let backend = Arc::new(EtcdBackend::open(uri, &options.etcd)?);
+            let probe = async { backend.probe().await.map_err(|err| err.to_string()) };
+            let readiness = within_probe_timeout(probe).await;
+            Ok(Opened { backend, readiness })
         }
         other => anyhow::bail!(
             "backend scheme {other:?} is not supported by this build \
@@ -269,29 +278,68 @@ pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc
     }
 }
 
-/// The object-store lease engine over `store`, its records under the store's prefix.
-fn on_the_lease_engine(store: impl cas::CasStore, prefix: String) -> Arc<dyn Backend> {
-    Arc::new(cas::CasEngine::new(Arc::new(store), prefix))
+/// [`open`], logging what its check found; the agent starts either way.
+pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc<dyn Backend>> {
+    let Opened { backend, readiness } = open(uri, options).await?;
+    match readiness {
+        Readiness::Ready => {}
+        Readiness::Unreachable(problem) => tracing::warn!(
+            backend = %backend.describe(),
+            "the backend cannot be used yet: {problem}; runs will fail as unavailable until it can"
+        ),
+        Readiness::Untrusted(problem) => tracing::error!(
+            backend = %backend.describe(),
+            "the backend cannot be trusted to lock: {problem}; every run will fail as unavailable"
+        ),
+    }
+    Ok(backend)
 }
 
-/// Logs a warning naming why `store` cannot be used, if its start-up check
-/// (`probe`) fails or hangs; the agent starts anyway.
-async fn warn_if_unusable(
-    store: &dyn cas::CasStore,
+/// An object store's own check (it names a missing bucket or a refused
+/// credential best), bounded by [`PROBE_TIMEOUT`].
+async fn store_probe(
     probe: impl std::future::Future<Output = Result<(), cas::CasError>>,
-) {
-    let problem = match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
-        Ok(Ok(())) => None,
-        Ok(Err(err)) => Some(err.to_string()),
-        Err(_) => Some(format!("no answer within {}s", PROBE_TIMEOUT.as_secs())),
+) -> Readiness {
+    within_probe_timeout(async { probe.await.map_err(|err| err.to_string()) }).await
+}
+
+/// The object-store lease engine over `store`, its records under `prefix`;
+/// once the store's own check (`probed`) passed, the engine's proof that the
+/// store refuses conflicting writes.
+async fn on_the_lease_engine(
+    store: impl cas::CasStore,
+    prefix: String,
+    probed: Readiness,
+) -> Opened {
+    let engine = Arc::new(cas::CasEngine::new(Arc::new(store), prefix));
+    let readiness = match probed {
+        Readiness::Ready => match tokio::time::timeout(PROBE_TIMEOUT, engine.prove()).await {
+            Ok(Ok(())) => Readiness::Ready,
+            Ok(Err(cas::Unproven::Lacks(what))) => Readiness::Untrusted(what),
+            Ok(Err(cas::Unproven::Unanswered(why))) => Readiness::Unreachable(why),
+            Err(_) => no_answer(),
+        },
+        not_ready => not_ready,
     };
-    if let Some(problem) = problem {
-        tracing::warn!(
-            backend = %store.describe(),
-            "the backend cannot be used yet: {problem}; runs will fail as unavailable \
-             until it can"
-        );
+    Opened {
+        backend: engine,
+        readiness,
     }
+}
+
+/// A backend's own check, bounded by [`PROBE_TIMEOUT`].
+async fn within_probe_timeout(
+    probe: impl std::future::Future<Output = Result<(), String>>,
+) -> Readiness {
+    match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+        Ok(Ok(())) => Readiness::Ready,
+        Ok(Err(problem)) => Readiness::Unreachable(problem),
+        Err(_) => no_answer(),
+    }
+}
+
+fn no_answer() -> Readiness {
+    Readiness::Unreachable(format!("no answer within {}s", PROBE_TIMEOUT.as_secs()))
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use super::{
     OwnServer, Record, Store,
 };
 use crate::support::closed_port;
+use crate::support::rewriting_proxy::RequestHead;
 use anyhow::{Context, Result};
 use tokio::process::Command;
 
@@ -36,6 +37,86 @@ pub fn connection_string_with_key(endpoint: &str, key: &str) -> String {
         "DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={key};\
          BlobEndpoint={endpoint};"
     )
+}
+
+/// Signs `head` again with the account's Shared Key, as the SDK signed it
+/// (Azure's "Authorize with Shared Key"): a proxy that changed the request's
+/// conditions must not also break its signature, or Azurite would refuse it
+/// for that instead of showing what it does without them.
+pub fn sign_again(head: &mut RequestHead) {
+    use base64::Engine;
+    use hmac::Mac;
+    let header = |name: &str| head.header(name).unwrap_or_default().to_string();
+    let length = header("content-length");
+    let mut text = format!("{}\n", head.method);
+    for value in [
+        header("content-encoding"),
+        header("content-language"),
+        if length == "0" { String::new() } else { length },
+        header("content-md5"),
+        header("content-type"),
+        header("date"),
+        header("if-modified-since"),
+        header("if-match"),
+        header("if-none-match"),
+        header("if-unmodified-since"),
+        header("range"),
+    ] {
+        text.push_str(&value);
+        text.push('\n');
+    }
+    let mut ms: Vec<(String, String)> = head
+        .headers
+        .iter()
+        .map(|(n, v)| (n.to_ascii_lowercase(), v.trim().to_string()))
+        .filter(|(n, _)| n.starts_with("x-ms-"))
+        .collect();
+    ms.sort();
+    for (name, value) in ms {
+        text.push_str(&format!("{name}:{value}\n"));
+    }
+    let (path, query) = head.target.split_once('?').unwrap_or((&head.target, ""));
+    text.push_str(&format!("/{ACCOUNT}{path}"));
+    let mut params: Vec<(String, String)> = query
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| p.split_once('=').unwrap_or((p, "")))
+        .map(|(n, v)| (percent_decoded(n).to_ascii_lowercase(), percent_decoded(v)))
+        .collect();
+    params.sort();
+    for (name, value) in params {
+        text.push_str(&format!("\n{name}:{value}"));
+    }
+    let key = base64::engine::general_purpose::STANDARD
+        .decode(KEY)
+        .expect("Azurite's key is base64");
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(&key).expect("any key length");
+    mac.update(text.as_bytes());
+    let signature = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+    head.set("Authorization", format!("SharedKey {ACCOUNT}:{signature}"));
+}
+
+fn percent_decoded(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// The environment an agent (or the Python SDK) needs to use `endpoint`, signing with `key`.

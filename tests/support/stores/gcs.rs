@@ -117,6 +117,9 @@ impl Store for Gcs {
         let mut records = Vec::new();
         for item in listed["items"].as_array().into_iter().flatten() {
             let object = item["name"].as_str().context("an item without a name")?;
+            if super::is_probe(object) {
+                continue;
+            }
             // `updated` is the store's clock at the write, to the microsecond.
             let updated = item["updated"].as_str().context("no updated")?;
             let written = humantime::parse_rfc3339(updated)

@@ -398,11 +398,18 @@ fn records_under(prefix: &str) -> String {
 
 /// Records from a store SDK's listing printed as JSON by our Python helper:
 /// `[{<name_field>, "last_modified": seconds, "body"}]`.
+/// The object an agent checks the store on (`cas/proof.rs`), beside the
+/// records but not one of them.
+fn is_probe(object: &str) -> bool {
+    object.ends_with("/.runlock/locks/probe") || object == ".runlock/locks/probe"
+}
+
 fn records_from_listing(text: &str, name_field: &str) -> Result<Vec<Record>> {
     let listed: Vec<serde_json::Value> = serde_json::from_str(text.trim())
         .with_context(|| format!("the store's SDK printed {text:?}"))?;
     listed
         .into_iter()
+        .filter(|o| !o[name_field].as_str().is_some_and(is_probe))
         .map(|o| {
             let seconds = o["last_modified"].as_f64().context("no last_modified")?;
             Ok(Record {

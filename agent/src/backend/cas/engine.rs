@@ -9,6 +9,7 @@
 //! unchanged for TTL + grace on its own monotonic clock. No agent ever
 //! compares its wall clock with another's.
 
+use super::proof::{self, Unproven};
 use super::{CasError, CasStore, Read, Stored};
 use crate::backend::{
     key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef,
@@ -138,6 +139,10 @@ pub struct CasEngine {
     /// Records this agent has seen at all; one never seen is first tried as absent.
     known: Mutex<std::collections::HashSet<String>>,
     pacer: Pacer,
+    /// The store's verdict once it has given one (`proof`): `None`, it can
+    /// lock; `Some`, the guarantee it lacks. Never trusted before, or after
+    /// that.
+    verdict: tokio::sync::OnceCell<Option<String>>,
 }
 
 fn now_ms() -> u64 {
@@ -168,7 +173,44 @@ impl CasEngine {
             seen: Mutex::new(HashMap::new()),
             known_free: Mutex::new(HashMap::new()),
             known: Mutex::new(std::collections::HashSet::new()),
+            verdict: tokio::sync::OnceCell::new(),
         }
+    }
+
+    /// Whether the store has shown that it refuses the writes this engine
+    /// relies on it refusing. Asked once; asked again while the answers are
+    /// inconclusive (the store down, say).
+    pub async fn prove(&self) -> Result<(), Unproven> {
+        let verdict = self
+            .verdict
+            .get_or_try_init(|| async {
+                let probe = format!("{}{}", self.prefix, proof::PROBE);
+                match proof::prove(self.store.as_ref(), &probe).await {
+                    Ok(()) => Ok(None),
+                    Err(Unproven::Lacks(what)) => Ok(Some(what)),
+                    Err(unanswered) => Err(unanswered),
+                }
+            })
+            .await?;
+        match verdict {
+            None => Ok(()),
+            Some(what) => Err(Unproven::Lacks(what.clone())),
+        }
+    }
+
+    /// [`prove`](Self::prove), as the answer to an operation that writes a
+    /// lease: a store not shown to lock grants none.
+    async fn trusted(&self) -> Result<(), BackendError> {
+        self.prove().await.map_err(|unproven| {
+            BackendError::Unavailable(match unproven {
+                Unproven::Lacks(what) => format!(
+                    "{} cannot be trusted to lock, so no lease is granted on it: {what}",
+                    self.store.describe()
+                ),
+                // The store failed as it would for any request: say only why.
+                Unproven::Unanswered(why) => why,
+            })
+        })
     }
 
     fn name(&self, key: &Key) -> String {
@@ -432,6 +474,7 @@ impl Backend for CasEngine {
     }
 
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+        self.trusted().await?;
         let name = self.name(&spec.key);
         // Uncontended, the first attempt costs one request; a wrong guess, one more.
         if let Some(grant) = self.try_acquire(spec, &name, true).await? {
@@ -491,6 +534,7 @@ impl Backend for CasEngine {
     }
 
     async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+        self.trusted().await?;
         let name = self.name(&lease.key);
         let Read { object, date } = self.store.get(&name).await.map_err(unavailable)?;
         let stored = object.ok_or(BackendError::LeaseMismatch)?;
@@ -580,11 +624,16 @@ mod tests {
 
     const TTL: Duration = Duration::from_secs(10);
 
-    fn pair(store: Arc<dyn CasStore>) -> (CasEngine, CasEngine) {
-        (
-            CasEngine::new(store.clone(), "locks/"),
-            CasEngine::new(store, "locks/"),
-        )
+    /// An engine over `store` that has already checked the store (`proof`),
+    /// so that the requests a test counts or faults it injects are its own.
+    async fn proven(store: Arc<dyn CasStore>) -> CasEngine {
+        let engine = CasEngine::new(store, "locks/");
+        engine.prove().await.expect("the store keeps its promises");
+        engine
+    }
+
+    async fn pair(store: Arc<dyn CasStore>) -> (CasEngine, CasEngine) {
+        (proven(store.clone()).await, proven(store).await)
     }
 
     async fn stored(store: &dyn CasStore, key: &str) -> LockRecord {
@@ -595,7 +644,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn agents_exclude_each_other_and_release_leaves_a_free_record() {
         let store = Arc::new(MemoryCasStore::new());
-        let (one, two) = pair(store.clone());
+        let (one, two) = pair(store.clone()).await;
         assert_eq!(
             one.acquire(&spec("k", "l1", false, TTL))
                 .await
@@ -638,7 +687,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_silent_holder_is_taken_over_only_after_ttl_grace_and_a_second_by_the_store_clock() {
         let store = Arc::new(MemoryCasStore::new());
-        let (one, two) = pair(store.clone());
+        let (one, two) = pair(store.clone()).await;
         one.acquire(&spec("k", "l1", false, TTL))
             .await
             .expect("free");
@@ -670,7 +719,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn without_a_store_clock_a_record_must_be_seen_unchanged_for_ttl_and_grace() {
         let store = Arc::new(MemoryCasStore::with_clock(false));
-        let (one, two) = pair(store.clone());
+        let (one, two) = pair(store.clone()).await;
         one.acquire(&spec("k", "l1", false, TTL))
             .await
             .expect("free");
@@ -698,7 +747,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn force_writes_a_larger_token_and_the_old_holder_can_neither_renew_nor_free_it() {
         let store = Arc::new(MemoryCasStore::new());
-        let (one, two) = pair(store.clone());
+        let (one, two) = pair(store.clone()).await;
         one.acquire(&spec("k", "l1", false, TTL))
             .await
             .expect("free");
@@ -728,7 +777,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_write_whose_answer_was_lost_is_recognised_as_ours() {
         let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
-        let (one, two) = pair(store.clone());
+        let (one, two) = pair(store.clone()).await;
         store.lose_next_answer();
         assert_eq!(
             one.acquire(&spec("k", "l1", false, TTL))
@@ -820,7 +869,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn on_a_store_that_limits_writes_one_record_is_written_at_most_once_an_interval() {
         let store = Arc::new(Throttled::new());
-        let engine = CasEngine::new(store.clone(), "locks/");
+        let engine = proven(store.clone()).await;
+        store.writes.lock().expect("lock").clear();
         assert_eq!(engine.min_ttl(), Duration::from_secs(5));
         let ttl = engine.min_ttl();
         // Short runs back to back, each acquire right after the previous release.
@@ -878,13 +928,19 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn uncontended_operations_cost_one_write_each() {
         let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
-        let engine = CasEngine::new(store.clone(), "locks/");
+        let engine = proven(store.clone()).await;
+        let other = proven(store.clone()).await;
+        let proof = store.requests();
+        let requests = || {
+            let now = store.requests();
+            (now.0 - proof.0, now.1 - proof.1)
+        };
         engine
             .acquire(&spec("k", "l1", false, TTL))
             .await
             .expect("free");
         assert_eq!(
-            store.requests(),
+            requests(),
             (0, 1),
             "acquire of a new key: one conditional PUT"
         );
@@ -892,28 +948,27 @@ mod tests {
             .renew(&lease("k", "l1", 1), TTL)
             .await
             .expect("renew");
-        assert_eq!(store.requests(), (0, 2), "renew: one conditional PUT");
+        assert_eq!(requests(), (0, 2), "renew: one conditional PUT");
         engine.release(&lease("k", "l1", 1)).await.expect("release");
-        assert_eq!(store.requests(), (0, 3), "release: one conditional PUT");
+        assert_eq!(requests(), (0, 3), "release: one conditional PUT");
         let again = engine
             .acquire(&spec("k", "l2", false, TTL))
             .await
             .expect("free again");
         assert_eq!(again.holder.token, 2);
         assert_eq!(
-            store.requests(),
+            requests(),
             (0, 4),
             "acquire of a key this agent freed: one PUT"
         );
 
         // A key last written by another agent: the guess fails, then a read and a write.
-        let other = CasEngine::new(store.clone(), "locks/");
         other
             .acquire(&spec("j", "o1", false, TTL))
             .await
             .expect("free");
         other.release(&lease("j", "o1", 1)).await.expect("release");
-        let before = store.requests();
+        let before = requests();
         assert_eq!(
             engine
                 .acquire(&spec("j", "l3", false, TTL))
@@ -923,7 +978,7 @@ mod tests {
                 .token,
             2
         );
-        let after = store.requests();
+        let after = requests();
         assert_eq!((after.0 - before.0, after.1 - before.1), (1, 2));
     }
 

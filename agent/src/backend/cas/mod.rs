@@ -5,6 +5,7 @@ mod azure;
 mod engine;
 mod gcs;
 mod memory;
+mod proof;
 mod s3;
 #[cfg(test)]
 mod simulation;
@@ -15,6 +16,7 @@ pub use azure::{AzureOptions, AzureStore};
 pub use engine::{grace, CasEngine, LockRecord, CLOCK_RESOLUTION};
 pub use gcs::{GcsOptions, GcsStore};
 pub use memory::MemoryCasStore;
+pub use proof::Unproven;
 pub use s3::{S3Options, S3Store};
 
 use crate::backend::redact_uri;

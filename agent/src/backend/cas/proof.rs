@@ -1,0 +1,327 @@
+//! Before an object store is trusted with a lock, it must show that it
+//! refuses what the lease engine relies on it refusing. Some S3-compatible
+//! stores ignore `If-None-Match` and `If-Match` and answer 200: on such a
+//! store two agents would both be granted one key, with one token. So, on one
+//! probe object beside the records, the store must refuse a create-if-absent
+//! of an existing object and a replace against a version that is no longer
+//! current, must give each write a new version, must show a write to the next
+//! read, and must stamp a write with a time no older than the write (expiry
+//! is judged by it).
+//!
+//! Only a definite answer condemns a store: an error, a timeout or a race
+//! with another agent probing the same object leaves the question open, and
+//! it is asked again at the next acquire.
+
+use super::{CasError, CasStore, Read, Stored};
+use std::time::Duration;
+
+/// The probe object's name under the records' prefix: not a key's record,
+/// whose names all end in `.json`.
+pub const PROBE: &str = "probe";
+
+/// How many times a step is tried again after another writer got in first:
+/// agents starting together all check the one probe object.
+const ATTEMPTS: usize = 12;
+
+/// Waits a random 5–50 ms, so that agents checking at once fall apart.
+async fn back_off() {
+    tokio::time::sleep(Duration::from_millis(fastrand::u64(5..50))).await;
+}
+
+/// Why a store is not (yet) trusted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unproven {
+    /// The store answered, and broke the guarantee named.
+    Lacks(String),
+    /// No definite answer: the store failed, or others kept writing the probe.
+    Unanswered(String),
+}
+
+/// Puts `store` through the checks on the object `name`.
+pub async fn prove(store: &dyn CasStore, name: &str) -> Result<(), Unproven> {
+    let writer = uuid::Uuid::new_v4().simple().to_string();
+    let body = |step: &str| format!("{{\"runlock_probe\":\"{writer}\",\"step\":\"{step}\"}}\n");
+    existing(store, name, &body("create")).await?;
+
+    match store.put_if_absent(name, body("create again").into()).await {
+        Err(CasError::Conflict) => {}
+        Ok(_) => {
+            return Err(lacks(
+                "it wrote over an existing object when asked to create it only if absent \
+                 (If-None-Match: * or its equivalent was ignored)",
+            ))
+        }
+        Err(err) => return Err(unanswered(err)),
+    }
+
+    for attempt in 0..ATTEMPTS {
+        let (before, date_before) = existing(store, name, &body("create")).await?;
+        let update = body(&format!("update {attempt}"));
+        let version = match store
+            .put_if_match(name, update.clone().into(), &before.version)
+            .await
+        {
+            Ok(version) => version,
+            Err(CasError::Conflict) => {
+                back_off().await; // another agent checking: read again
+                continue;
+            }
+            Err(err) => return Err(unanswered(err)),
+        };
+        if version == before.version {
+            return Err(lacks(
+                "a write left the object's version unchanged, so a write made against \
+                 the old version cannot be refused",
+            ));
+        }
+        match store
+            .put_if_match(name, body("stale").into(), &before.version)
+            .await
+        {
+            Err(CasError::Conflict) => {}
+            Ok(_) => {
+                return Err(lacks(
+                    "it replaced an object when asked to only if its version was one that \
+                     is no longer current (If-Match or its equivalent was ignored)",
+                ))
+            }
+            Err(err) => return Err(unanswered(err)),
+        }
+        let Read { object, .. } = store.get(name).await.map_err(unanswered)?;
+        let Some(after) = object else {
+            back_off().await;
+            continue;
+        };
+        if after.body == before.body {
+            return Err(lacks(
+                "a read after a write returned the object as it was before the write",
+            ));
+        }
+        if after.body != update.as_bytes() {
+            back_off().await; // another agent wrote it since: nothing learnt
+            continue;
+        }
+        if after.version != version {
+            return Err(lacks(
+                "a read after a write returned another version than the write did",
+            ));
+        }
+        if let (Some(written), Some(date)) = (after.last_modified, date_before) {
+            // The store's own clock read `date` before the write: a stamp older
+            // than that would make a live holder look expired early.
+            if written + super::CLOCK_RESOLUTION < date {
+                return Err(lacks(&format!(
+                    "it stamped a write {}s before the time it gave just before that write \
+                     (a Last-Modified that does not move with each write), so a live \
+                     holder would look expired",
+                    date.duration_since(written)
+                        .unwrap_or(Duration::ZERO)
+                        .as_secs()
+                )));
+            }
+        }
+        return Ok(());
+    }
+    Err(Unproven::Unanswered(format!(
+        "{name} kept changing while it was checked (other agents checking it too?)"
+    )))
+}
+
+/// The probe object as it is now, with the store's date, created if absent.
+async fn existing(
+    store: &dyn CasStore,
+    name: &str,
+    body: &str,
+) -> Result<(Stored, Option<std::time::SystemTime>), Unproven> {
+    for _ in 0..ATTEMPTS {
+        let Read { object, date } = store.get(name).await.map_err(unanswered)?;
+        if let Some(object) = object {
+            return Ok((object, date));
+        }
+        match store.put_if_absent(name, body.into()).await {
+            Ok(_) | Err(CasError::Conflict) => {}
+            Err(err) => return Err(unanswered(err)),
+        }
+    }
+    Err(Unproven::Unanswered(format!(
+        "{name} could not be created and read back"
+    )))
+}
+
+fn lacks(what: &str) -> Unproven {
+    Unproven::Lacks(what.to_string())
+}
+
+fn unanswered(err: CasError) -> Unproven {
+    Unproven::Unanswered(match err {
+        CasError::Conflict => "the store kept changing under us".to_string(),
+        CasError::Unavailable(why) | CasError::Refused(why) => why,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cas::testing::FaultyStore;
+    use crate::backend::cas::MemoryCasStore;
+    use async_trait::async_trait;
+    use std::sync::Arc;
+    use std::time::SystemTime;
+
+    /// A store that breaks one guarantee on purpose.
+    #[derive(Default)]
+    struct Broken {
+        inner: MemoryCasStore,
+        ignores_if_none_match: bool,
+        ignores_if_match: bool,
+        same_version: bool,
+        /// Serves, once after each replace, the object as it was before it.
+        reads_stale: bool,
+        stamps_late: bool,
+        previous: std::sync::Mutex<Option<Stored>>,
+    }
+
+    #[async_trait]
+    impl CasStore for Broken {
+        fn describe(&self) -> String {
+            "broken://".into()
+        }
+        async fn get(&self, name: &str) -> Result<Read, CasError> {
+            let mut read = self.inner.get(name).await?;
+            if let Some(previous) = self.previous.lock().expect("lock").take() {
+                read.object = Some(previous);
+            }
+            if self.stamps_late {
+                if let Some(object) = read.object.as_mut() {
+                    object.last_modified = Some(SystemTime::UNIX_EPOCH);
+                }
+            }
+            Ok(read)
+        }
+        async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
+            if self.ignores_if_none_match {
+                if let Some(current) = self.inner.get(name).await?.object {
+                    return self.inner.put_if_match(name, body, &current.version).await;
+                }
+            }
+            self.inner.put_if_absent(name, body).await
+        }
+        async fn put_if_match(
+            &self,
+            name: &str,
+            body: Vec<u8>,
+            version: &str,
+        ) -> Result<String, CasError> {
+            let before = self.inner.get(name).await?.object;
+            let expect = match (&before, self.ignores_if_match) {
+                (Some(current), true) => current.version.clone(),
+                _ => version.to_string(),
+            };
+            let written = self.inner.put_if_match(name, body, &expect).await?;
+            if self.reads_stale {
+                *self.previous.lock().expect("lock") = before;
+            }
+            Ok(if self.same_version {
+                version.to_string()
+            } else {
+                written
+            })
+        }
+    }
+
+    async fn verdict(store: &dyn CasStore) -> Result<(), Unproven> {
+        prove(store, "locks/probe").await
+    }
+
+    #[tokio::test]
+    async fn a_store_that_keeps_its_promises_is_trusted_again_and_again() {
+        let store = MemoryCasStore::new();
+        for _ in 0..3 {
+            assert_eq!(verdict(&store).await, Ok(()));
+        }
+    }
+
+    #[tokio::test]
+    async fn each_broken_guarantee_is_named() {
+        let cases: [(Broken, &str); 5] = [
+            (
+                Broken {
+                    ignores_if_none_match: true,
+                    ..Broken::default()
+                },
+                "only if absent",
+            ),
+            (
+                Broken {
+                    ignores_if_match: true,
+                    ..Broken::default()
+                },
+                "no longer current",
+            ),
+            (
+                Broken {
+                    same_version: true,
+                    ..Broken::default()
+                },
+                "version unchanged",
+            ),
+            (
+                Broken {
+                    reads_stale: true,
+                    ..Broken::default()
+                },
+                "as it was before",
+            ),
+            (
+                Broken {
+                    stamps_late: true,
+                    ..Broken::default()
+                },
+                "look expired",
+            ),
+        ];
+        for (store, named) in cases {
+            match verdict(&store).await {
+                Err(Unproven::Lacks(what)) => assert!(what.contains(named), "{named}: {what}"),
+                other => panic!("{named}: {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn agents_checking_one_store_at_once_all_come_to_trust_it() {
+        let store = Arc::new(FaultyStore::random(
+            MemoryCasStore::new(),
+            7,
+            Duration::from_millis(20),
+            0.0,
+            0.0,
+        ));
+        let checks = (0..8).map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { verdict(store.as_ref()).await })
+        });
+        for check in checks {
+            assert_eq!(check.await.expect("no panic"), Ok(()));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failing_store_is_not_condemned() {
+        let store = FaultyStore::reliable(MemoryCasStore::new());
+        store.fail_everything(true);
+        assert!(matches!(
+            verdict(&store).await,
+            Err(Unproven::Unanswered(_))
+        ));
+        store.fail_everything(false);
+        store.lose_next_answer();
+        // A lost answer leaves the step to be tried again, never a verdict.
+        let first = verdict(&store).await;
+        assert!(
+            matches!(first, Ok(()) | Err(Unproven::Unanswered(_))),
+            "{first:?}"
+        );
+        assert_eq!(verdict(&store).await, Ok(()));
+    }
+}

@@ -1,0 +1,138 @@
+//! An object store must prove it can lock (agent/src/backend/cas/proof.rs).
+//! Each emulator is put behind a proxy that drops one kind of condition from
+//! every write, as a store that ignores it would: `If-None-Match: *` or
+//! `If-Match` on S3 and Azure Blob, `ifGenerationMatch=0` or
+//! `ifGenerationMatch=N` on GCS. The agent must grant nothing on it, every
+//! run must exit 69 naming what the store lacks, and `check-config` must exit
+//! 78 saying the same. Through the same proxy rewriting nothing, all works,
+//! so it is the missing condition that the agent caught.
+
+use crate::config::runlockd;
+use crate::support::rewriting_proxy::{authority, RequestHead, Rewrite, RewritingProxy};
+use crate::support::stores::{azure, unique_name, Azure, Endpoint, Gcs, Store, S3};
+use crate::support::{key, AgentOptions, TestAgent};
+use anyhow::{ensure, Context, Result};
+use std::sync::Arc;
+
+/// The conditional writes a store may ignore.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Condition {
+    /// Create only if absent.
+    Absent,
+    /// Replace only if the version is the one given.
+    Matches,
+}
+
+impl Condition {
+    /// What the refusing agent says the store lacks.
+    fn named(self) -> &'static str {
+        match self {
+            Condition::Absent => "create it only if absent",
+            Condition::Matches => "no longer current",
+        }
+    }
+}
+
+/// A rewrite that drops `condition` from every request to `store`, or with
+/// `None`, changes nothing (Azure's requests are signed again either way).
+fn dropping(store: &str, condition: Option<Condition>) -> Rewrite {
+    let store = store.to_string();
+    Arc::new(move |head: &mut RequestHead| {
+        match (store.as_str(), condition) {
+            (_, None) => {}
+            ("gcs", Some(condition)) => drop_generation_match(head, condition),
+            (_, Some(Condition::Absent)) => {
+                head.remove("If-None-Match");
+            }
+            (_, Some(Condition::Matches)) => {
+                head.remove("If-Match");
+            }
+        }
+        if store == "azure" {
+            azure::sign_again(head);
+        }
+    })
+}
+
+/// GCS puts its conditions in the query: generation 0 means "absent".
+fn drop_generation_match(head: &mut RequestHead, condition: Condition) {
+    let Some((path, query)) = head.target.split_once('?') else {
+        return;
+    };
+    let kept: Vec<&str> = query
+        .split('&')
+        .filter(|param| match param.strip_prefix("ifGenerationMatch=") {
+            Some("0") => condition != Condition::Absent,
+            Some(_) => condition != Condition::Matches,
+            None => true,
+        })
+        .collect();
+    head.target = format!("{path}?{}", kept.join("&"));
+}
+
+/// `url` with its host and port replaced by the proxy's.
+fn through(proxy: &RewritingProxy, url: &str) -> Result<Endpoint> {
+    let upstream = authority(url)?;
+    Ok(Endpoint {
+        url: url.replacen(&upstream, &format!("127.0.0.1:{}", proxy.port), 1),
+    })
+}
+
+async fn refused_on_a_store_that_ignores(store: impl Store) -> Result<()> {
+    let at = store.shared()?;
+    let bucket = unique_name("untrusted");
+    store.create(&at, &bucket).await?;
+    let uri = store.uri(&at, &bucket, "p");
+    for condition in [None, Some(Condition::Absent), Some(Condition::Matches)] {
+        let what = format!("{} ignoring {condition:?}", store.name());
+        let proxy =
+            RewritingProxy::start(authority(&at.url)?, dropping(store.name(), condition)).await?;
+        let env = store.env(&through(&proxy, &at.url)?);
+        let agent = TestAgent::start_with_env(AgentOptions::new(&uri), &env)
+            .await
+            .with_context(|| format!("starting an agent on {what}"))?;
+        let run = agent
+            .run(&[&key("untrusted")], &[], "echo ran")?
+            .finish()
+            .await?;
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let check = runlockd(&["check-config", "--backend", &uri], &env).await?;
+        let Some(condition) = condition else {
+            run.expect_code(0).context(what.clone())?;
+            ensure!(run.stdout.contains("ran"), "{what}: {run:?}");
+            check.expect_code(0).context(what.clone())?;
+            ensure!(check.stderr.contains("is ready"), "{what}: {check:?}");
+            continue;
+        };
+        run.expect_code(69).context(what.clone())?;
+        ensure!(!run.stdout.contains("ran"), "{what}: {run:?}");
+        let log = agent.log();
+        for (whose, text) in [
+            ("the run", &run.stderr),
+            ("the agent's log", &log),
+            ("check-config", &check.stderr),
+        ] {
+            ensure!(
+                text.contains("cannot be trusted to lock") && text.contains(condition.named()),
+                "{what}: {whose} does not say what the store lacks:\n{text}"
+            );
+        }
+        check.expect_code(78).context(what.clone())?;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_that_ignores_a_condition_is_never_trusted() -> Result<()> {
+    refused_on_a_store_that_ignores(S3).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn azure_that_ignores_a_condition_is_never_trusted() -> Result<()> {
+    refused_on_a_store_that_ignores(Azure).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gcs_that_ignores_a_condition_is_never_trusted() -> Result<()> {
+    refused_on_a_store_that_ignores(Gcs).await
+}
