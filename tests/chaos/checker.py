@@ -139,31 +139,67 @@ def check(path):
     forced_overlaps = 0
     regressions = 0
     lingers = []
+    forced_out = []
     for key, rs in sections.items():
         rs.sort(key=lambda r: (r.enter[0], r.id))
+        tokens = {}
+        for r in rs:
+            try:
+                tokens[r.id] = int(r.enter[2])
+            except ValueError:
+                pass
+        # A run is forced out by the first forced run granted after it (the next larger
+        # token) if that force began (its shim started) before the run's section ended.
+        forcers = sorted((tokens[r.id], r) for r in rs if r.enter[5] and r.id in tokens)
+        for r in rs:
+            if r.id not in tokens:
+                continue
+            for token, f in forcers:
+                if token > tokens[r.id]:
+                    began = f.spawn[0] if f.spawn else f.enter[0]
+                    if began < r.end:
+                        r.forced_at, r.forced_by = began, f
+                        forced_out.append(r)
+                    break
+
+        def excused(p, n):
+            """p (the lower token) beside n: p was forced out, and n was granted no
+            earlier than the run that forced it (the forced run itself, or a later one)."""
+            return (p.forced_by is not None and p.id in tokens and n.id in tokens
+                    and tokens[p.forced_by.id] <= tokens[n.id])
+
         active = []
         for b in rs:
             active = [a for a in active if a.end > b.enter[0]]
             for a in active:
-                if b.enter[5] and a.forced_at is None:
-                    a.forced_at, a.forced_by = b.enter[0], b
-                if a.forced_at is not None and a.forced_at <= b.enter[0]:
+                ta, tb = tokens.get(a.id), tokens.get(b.id)
+                p, n = (a, b) if ta is None or tb is None or ta < tb else (b, a)
+                if excused(p, n):
                     forced_overlaps += 1
                     continue
                 overlaps += 1
-                violation(f"overlap on key {key}: run {b.id} entered while run {a.id} was "
-                          f"inside ({(a.end - b.enter[0]) / 1e6:.1f} ms together)",
-                          a.enter[7], a.leave and a.leave[2], a.kill and a.kill[1],
-                          b.enter[7], b.leave and b.leave[2])
+                violation(f"overlap on key {key}: run {b.id} (token {b.enter[2]}) entered while "
+                          f"run {a.id} (token {a.enter[2]}) was inside "
+                          f"({(min(a.end, b.end) - b.enter[0]) / 1e6:.1f} ms together)"
+                          + (f"; run {p.id} had been forced out by run {p.forced_by.id} "
+                             f"(token {p.forced_by.enter[2]}), and run {n.id} (token "
+                             f"{n.enter[2]}) was granted in the middle of that force, not by it"
+                             if p.forced_by else ""),
+                          a.spawn and a.spawn[4], a.enter[7], a.leave and a.leave[2],
+                          a.kill and a.kill[1], b.spawn and b.spawn[4], b.enter[7],
+                          b.leave and b.leave[2],
+                          p.forced_by and p.forced_by.spawn and p.forced_by.spawn[4],
+                          p.forced_by and p.forced_by.enter[7])
             active.append(b)
-        # Tokens, in the order of entering.
+        # Tokens, in the order of entering; a forced-out run may enter after its
+        # successors (its command was still starting when the force came).
         best = None
         for r in rs:
-            try:
-                token = int(r.enter[2])
-            except ValueError:
+            if r.id not in tokens:
                 continue
-            if best is not None and token <= best[0]:
+            token = tokens[r.id]
+            if best is not None and token <= best[0] and not (
+                    token < best[0] and excused(r, best[1])):
                 regressions += 1
                 violation(f"token regression on key {key}: run {r.id} entered with token "
                           f"{token} after token {best[0]} (run {best[1].id})",
@@ -172,9 +208,7 @@ def check(path):
                 best = (token, r)
 
     # Forced-out runs must be gone within the bound.
-    for r in runs.values():
-        if r.forced_at is None:
-            continue
+    for r in forced_out:
         limit = r.forced_at + bound
         if backend == "file":
             agent = r.enter[4]
@@ -187,14 +221,14 @@ def check(path):
                         counted.add(i)
                         limit += u - max(d, r.forced_at)
                         changed = True
-        linger = r.end - r.forced_at
+        linger = max(0, r.end - r.forced_at)
         lingers.append(linger)
         if r.end > limit:
             violation(f"run {r.id} (key {r.enter[1]}) was forced out by run {r.forced_by.id} "
-                      f"and was still inside {linger / 1e9:.2f} s later, past the bound of "
-                      f"{(limit - r.forced_at) / 1e9:.2f} s",
-                      r.enter[7], r.forced_by.enter[7], r.leave and r.leave[2],
-                      r.kill and r.kill[1])
+                      f"and was still inside {linger / 1e9:.2f} s after that force began, past "
+                      f"the bound of {(limit - r.forced_at) / 1e9:.2f} s",
+                      r.enter[7], r.forced_by.spawn and r.forced_by.spawn[4],
+                      r.forced_by.enter[7], r.leave and r.leave[2], r.kill and r.kill[1])
 
     # Every 76 explained.
     lost = 0
