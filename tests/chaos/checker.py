@@ -208,6 +208,7 @@ def check(path):
                 best = (token, r)
 
     # Forced-out runs must be gone within the bound.
+    forced_exits = defaultdict(int)
     for r in forced_out:
         limit = r.forced_at + bound
         if backend == "file":
@@ -223,6 +224,7 @@ def check(path):
                         changed = True
         linger = max(0, r.end - r.forced_at)
         lingers.append(linger)
+        forced_exits[r.exit[1] if r.exit else "none"] += 1
         if r.end > limit:
             violation(f"run {r.id} (key {r.enter[1]}) was forced out by run {r.forced_by.id} "
                       f"and was still inside {linger / 1e9:.2f} s after that force began, past "
@@ -292,6 +294,7 @@ def check(path):
         "regressions": regressions,
         "forced_overlaps": forced_overlaps,
         "forced_out": len(lingers),
+        "forced_out_exits": dict(forced_exits),
         "linger_max_s": max(lingers) / 1e9 if lingers else 0.0,
         "bound_s": bound / 1e9,
         "exits": dict(sorted(by_code.items())),
