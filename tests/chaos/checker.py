@@ -158,7 +158,9 @@ def check(path):
                 if token > tokens[r.id]:
                     began = f.spawn[0] if f.spawn else f.enter[0]
                     if began < r.end:
-                        r.forced_at, r.forced_by = began, f
+                        # The bound runs from the force's grant, just before the forced
+                        # run's command entered (the force itself may take a while).
+                        r.forced_at, r.forced_by = f.enter[0], f
                         forced_out.append(r)
                     break
 
@@ -227,7 +229,7 @@ def check(path):
         forced_exits[r.exit[1] if r.exit else "none"] += 1
         if r.end > limit:
             violation(f"run {r.id} (key {r.enter[1]}) was forced out by run {r.forced_by.id} "
-                      f"and was still inside {linger / 1e9:.2f} s after that force began, past "
+                      f"and was still inside {linger / 1e9:.2f} s after the forced run entered, past "
                       f"the bound of {(limit - r.forced_at) / 1e9:.2f} s",
                       r.enter[7], r.forced_by.spawn and r.forced_by.spawn[4],
                       r.forced_by.enter[7], r.leave and r.leave[2], r.kill and r.kill[1])
