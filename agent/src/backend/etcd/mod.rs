@@ -299,6 +299,15 @@ impl EtcdRecord {
     }
 }
 
+/// What a force writes: the key's name, its marker's, the record, the lease.
+#[derive(Clone, Copy)]
+struct Forced<'a> {
+    name: &'a str,
+    marker: &'a str,
+    body: &'a [u8],
+    lease: i64,
+}
+
 /// A granted etcd lease and when its grant was sent: the lease's clock starts there.
 #[derive(Debug, Clone, Copy)]
 struct EtcdLease {
@@ -713,11 +722,15 @@ impl EtcdBackend {
     /// One acquire: create the key with a lease, or read who has it.
     async fn try_acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         let name = self.name(&spec.key);
+        let marker = self.force_marker(&spec.key);
         let body = EtcdRecord::new(spec).body();
         for _ in 0..FORCE_ATTEMPTS {
             let lease = self.lease_for(spec.ttl).await?;
             let create = Txn::new()
-                .when([Compare::create_revision(name.clone(), CompareOp::Equal, 0)])
+                .when([
+                    Compare::create_revision(name.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(marker.clone(), CompareOp::Equal, 0),
+                ])
                 .and_then([TxnOp::put(
                     name.clone(),
                     body.clone(),
@@ -747,9 +760,13 @@ impl EtcdBackend {
                 _ => None,
             });
             let Some(current) = current else {
-                // Gone between the compare and the read cannot happen in one
-                // transaction; were it to, the next attempt decides again.
+                // No key, so the force marker: another agent is forcing it
+                // and holds it meanwhile.
                 self.keep_spare(lease);
+                if !spec.force {
+                    return Err(BackendError::Held(None));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             };
             let record = match self.parse(&name, &current) {
@@ -764,12 +781,31 @@ impl EtcdBackend {
                 let token = current.create_revision() as u64;
                 return Ok(self.granted(spec, lease.id, token, lease.sent));
             }
-            self.keep_spare(lease);
-            let holder = self.holder_of(&name, &current)?;
+            let holder = match self.holder_of(&name, &current) {
+                Ok(holder) => holder,
+                Err(err) => {
+                    self.keep_spare(lease);
+                    return Err(err);
+                }
+            };
             if !spec.force {
+                self.keep_spare(lease);
                 return Err(BackendError::Held(Some(Box::new(holder))));
             }
-            self.take_over(&name, &current).await?;
+            let forced = Forced {
+                name: &name,
+                marker: &marker,
+                body: &body,
+                lease: lease.id,
+            };
+            match self.take_over(&forced, &current).await {
+                Ok(Some(token)) => return Ok(self.granted(spec, lease.id, token, lease.sent)),
+                Ok(None) => self.keep_spare(lease),
+                Err(err) => {
+                    self.abandon(lease);
+                    return Err(err);
+                }
+            }
         }
         Err(BackendError::Unavailable(format!(
             "{name} in {}: taken again {FORCE_ATTEMPTS} times while forcing it; try again",
@@ -777,30 +813,79 @@ impl EtcdBackend {
         )))
     }
 
-    /// `--force`: deletes the key if it is still as read, and revokes the
-    /// old holder's lease so its renewals fail at once.
-    async fn take_over(&self, name: &str, current: &KeyValue) -> Result<(), BackendError> {
+    /// `--force`, in two transactions, as etcd allows no put and delete of
+    /// one key in one: the key, if still as read, is deleted and the force
+    /// marker put in its place (on the forcer's lease, so that it expires
+    /// if the forcer dies), then the key is created and the marker deleted.
+    /// Between the two, a waiter woken by the delete finds the marker and is
+    /// told the key is held: only the forcer can take it. The old holder's
+    /// lease is revoked so its renewals fail at once. `Ok(None)`: the key
+    /// changed meanwhile; read it again.
+    async fn take_over(
+        &self,
+        forced: &Forced<'_>,
+        current: &KeyValue,
+    ) -> Result<Option<u64>, BackendError> {
+        let Forced {
+            name,
+            marker,
+            body,
+            lease,
+        } = *forced;
+        let with_lease = || Some(PutOptions::new().with_lease(lease));
         let delete = Txn::new()
-            .when([Compare::mod_revision(
-                name,
-                CompareOp::Equal,
-                current.mod_revision(),
-            )])
-            .and_then([TxnOp::delete(name, None)]);
-        let deleted = self
-            .connection
-            .call(|mut c| {
-                let delete = delete.clone();
-                async move { c.txn(delete).await }
-            })
-            .await
-            .map_err(|p| self.connection.unavailable(p))?;
-        if deleted.succeeded() && current.lease() != 0 {
+            .when([
+                Compare::mod_revision(name, CompareOp::Equal, current.mod_revision()),
+                Compare::create_revision(marker, CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::delete(name, None),
+                TxnOp::put(marker, body, with_lease()),
+            ]);
+        if !self.transact(delete).await?.succeeded() {
+            return Ok(None);
+        }
+        if current.lease() != 0 {
             // The key is gone either way; this only makes the old holder's
             // keep-alives fail too.
             let _ = self.connection.revoke(current.lease()).await;
         }
-        Ok(())
+        let create = Txn::new()
+            .when([
+                Compare::value(marker, CompareOp::Equal, body),
+                Compare::create_revision(name, CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::put(name, body, with_lease()),
+                TxnOp::delete(marker, None),
+            ])
+            // Only an agent of an older version, which knows no marker, can
+            // have created the key meanwhile: give the marker up, read again.
+            .or_else([TxnOp::delete(marker, None)]);
+        let created = self.transact(create).await?;
+        Ok(created
+            .succeeded()
+            .then(|| created.header().map(|h| h.revision()).unwrap_or(0) as u64))
+    }
+
+    /// Where a force in progress marks its key (see `take_over`): a name no
+    /// escaped key can have, since escaping turns a leading `.` into `%2E`.
+    fn force_marker(&self, key: &Key) -> String {
+        format!(
+            "{}.force/{}",
+            self.connection.prefix,
+            key_name::escaped(key)
+        )
+    }
+
+    async fn transact(&self, txn: Txn) -> Result<etcd_client::TxnResponse, BackendError> {
+        self.connection
+            .call(|mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await
+            .map_err(|p| self.connection.unavailable(p))
     }
 
     async fn keep_alive(&self, id: i64) -> Result<(), BackendError> {
@@ -1305,6 +1390,34 @@ mod tests {
         two.renew(&lease("k", "l2", forced.holder.token), TTL)
             .await
             .expect("the new holder renews");
+    }
+
+    /// Between a force's delete and its create, a waiter woken by the delete
+    /// must find the key held, never take it (chaos run, issue 15).
+    #[tokio::test]
+    async fn in_the_middle_of_a_force_the_key_is_held_for_the_forcer() {
+        let prefix = fresh_prefix("mid-force");
+        let (forcer, waiter) = (open(&prefix), open(&prefix));
+        let marker = forcer.force_marker(&key("k"));
+        let put = Txn::new().and_then([TxnOp::put(marker.as_str(), b"{}".to_vec(), None)]);
+        forcer.transact(put).await.expect("marker written");
+        assert!(matches!(
+            waiter.acquire(&spec("k", "w1", false, TTL)).await,
+            Err(BackendError::Held(None))
+        ));
+        let delete = Txn::new().and_then([TxnOp::delete(marker.as_str(), None)]);
+        forcer.transact(delete).await.expect("marker deleted");
+        let granted = waiter
+            .acquire(&spec("k", "w1", false, TTL))
+            .await
+            .expect("free once the marker is gone");
+        // A force leaves no marker behind.
+        let forced = forcer
+            .acquire(&spec("k", "f1", true, TTL))
+            .await
+            .expect("forced");
+        assert!(forced.holder.token > granted.holder.token);
+        assert!(forcer.read(&marker).await.expect("read").is_none());
     }
 
     #[tokio::test]
