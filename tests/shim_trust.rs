@@ -29,6 +29,8 @@ const FORGED_ROW: &str = "x\ntest:forged 1 1 1 root 2026-01-01T00:00:00.000Z rm 
 
 /// The shim's bound on an agent that does not answer (its `ANSWER_TIMEOUT`).
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Its bound per key on an acquire's backend work (`BACKEND_ANSWER_TIMEOUT`).
+const BACKEND_ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Fails unless `bytes` are UTF-8 with no control character but line ends,
 /// and no bidi override or isolate; returns the text.
@@ -207,6 +209,62 @@ async fn an_agent_that_never_answers_costs_a_bounded_wait() -> Result<()> {
     drop(stopped);
     let token = agent.token_of_a_run(&k).await?;
     ensure!(token >= 1, "the agent serves again, token {token}");
+    Ok(())
+}
+
+/// Answers hello with a welcome, then reads on and answers nothing, as an
+/// agent wedged after the handshake would.
+fn wedged_agent(socket: &Path) -> Result<tokio::task::JoinHandle<()>> {
+    let listener = UnixListener::bind(socket)?;
+    Ok(tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut framed = Framed::new(stream, AgentCodec::new());
+                let Some(Ok(Ok(hello))) = framed.next().await else {
+                    return;
+                };
+                let welcome = AgentMessage::Welcome {
+                    version: runlock_protocol::PROTOCOL_VERSION,
+                    agent: "wedged".into(),
+                    agent_id: "wedged".into(),
+                    backend: "memory://".into(),
+                    scope: runlock_protocol::Scope::Host,
+                    default_ttl_ms: 30_000,
+                    on_unavailable: runlock_protocol::OnUnavailable::Fail,
+                    leases_survive_agent: false,
+                };
+                let reply = Envelope {
+                    id: hello.id,
+                    body: welcome,
+                };
+                if framed.send(reply).await.is_ok() {
+                    while let Some(Ok(_)) = framed.next().await {}
+                }
+            });
+        }
+    }))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_never_answers_the_acquire_costs_a_bounded_wait() -> Result<()> {
+    let dir = crate::support::agent::temp_dir()?;
+    let socket = dir.path().join("wedged.sock");
+    let fake = wedged_agent(&socket)?;
+    let k = key("wedged");
+    let run = [
+        "run", "--key", &k, "--wait", "1s", "--", "sh", "-c", "echo ran",
+    ];
+    // The wait, then the agent's own bound on one key's backend operations.
+    let limit = Duration::from_secs(1) + BACKEND_ANSWER_TIMEOUT;
+    let out = runlock_with_policy(&socket, "fail", &run)?
+        .finish_within(limit + WAIT)
+        .await?;
+    fake.abort();
+    out.expect_code(69)?;
+    ensure!(!out.stdout.contains("ran"), "the command ran: {out:?}");
+    let said = format!("did not answer within {}s", limit.as_secs());
+    ensure!(out.stderr.contains(&said), "{out:?}");
+    ensure!(out.elapsed < limit + ANSWER_TIMEOUT, "not bounded: {out:?}");
     Ok(())
 }
 

@@ -273,8 +273,18 @@ impl Client {
         limit: Duration,
         body: ClientMessage,
     ) -> Result<AgentMessage, CallError> {
-        let call = self.call(body);
-        match tokio::time::timeout(limit, call).await {
+        let id = self.send(body).await?;
+        self.reply_within(id, limit).await
+    }
+
+    /// Like [`Client::reply`], for a reply that must come within `limit`: past
+    /// it the agent is stopped or wedged, and is treated as unreachable.
+    pub async fn reply_within(
+        &mut self,
+        id: u64,
+        limit: Duration,
+    ) -> Result<AgentMessage, CallError> {
+        match tokio::time::timeout(limit, self.reply(id)).await {
             Ok(result) => result,
             Err(_) => Err(CallError::Gone(silent(&self.socket, limit))),
         }

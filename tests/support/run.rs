@@ -226,8 +226,13 @@ impl Run {
     }
 
     /// Waits (bounded) for the shim to exit and collects its output.
-    pub async fn finish(mut self) -> anyhow::Result<Finished> {
-        let status = match within(WAIT, "runlock to exit", self.child.wait()).await {
+    pub async fn finish(self) -> anyhow::Result<Finished> {
+        self.finish_within(WAIT).await
+    }
+
+    /// Like [`Run::finish`], for a shim that may take up to `limit` to exit.
+    pub async fn finish_within(mut self, limit: Duration) -> anyhow::Result<Finished> {
+        let status = match within(limit, "runlock to exit", self.child.wait()).await {
             Ok(status) => status.context("waiting for runlock")?,
             Err(err) => bail!(
                 "{err:#}; stdout so far {:?}; stderr:\n{}",

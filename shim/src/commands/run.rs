@@ -7,6 +7,7 @@
 use crate::cli::{self, OnLostArg, RunArgs};
 use crate::client::{
     describe_wire_error, unexpected, CallError, Client, ConnectError, ANSWER_TIMEOUT,
+    BACKEND_ANSWER_TIMEOUT,
 };
 use crate::display::escape;
 use crate::exit::{self, Failure};
@@ -66,7 +67,12 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
         Err(refused) => return Err(refused.into()),
     };
 
-    let (leases, ttl, valid_for, locks) = match acquire(&mut client, asked, &mut signals).await {
+    // The agent answers by the end of the wait, or sooner; past that plus
+    // its own bound on the backend operations of each key, it is wedged.
+    let per_key = BACKEND_ANSWER_TIMEOUT.saturating_mul(args.keys.len().max(1) as u32);
+    let answer_within = args.wait.saturating_add(per_key);
+    let acquired = acquire(&mut client, asked, answer_within, &mut signals).await;
+    let (leases, ttl, valid_for, locks) = match acquired {
         Ok(Ok(granted)) => granted,
         Ok(Err(signal)) => return Ok(ExitCode::from(128 + signal as u8)),
         Err(failure) if failure.code == exit::EXIT_UNAVAILABLE => {
@@ -252,15 +258,16 @@ fn request(args: &RunArgs) -> ClientMessage {
     }
 }
 
-/// Waits for the answer to the acquire sent as `id`: what `acquired` said,
-/// or `Ok(Err(signal))` when a signal came first.
+/// Waits (at most `limit`) for the answer to the acquire sent as `id`: what
+/// `acquired` said, or `Ok(Err(signal))` when a signal came first.
 async fn acquire(
     client: &mut Client,
     id: u64,
+    limit: Duration,
     signals: &mut Signals,
 ) -> Result<Result<Acquired, Signal>, Failure> {
     let reply = tokio::select! {
-        reply = client.reply(id) => reply,
+        reply = client.reply_within(id, limit) => reply,
         // Closing the connection (by returning) abandons the wait in the agent.
         signal = signals.next() => return Ok(Err(signal)),
     };
