@@ -8,7 +8,7 @@
 #
 # moto_start exports:
 #   RUNLOCK_TEST_S3_ENDPOINT  http://127.0.0.1:PORT (path-style, any key/secret, us-east-1)
-#   RUNLOCK_TEST_MOTO_PID     the moto_server pid (for tests that pause it)
+#   RUNLOCK_TEST_MOTO_PID     the moto server's pid (for tests that pause it)
 #   RUNLOCK_TEST_PYTHON       the venv's python, which has boto3
 #
 # The venv lives in ${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}/venv and is reused when
@@ -31,7 +31,9 @@ moto_start() {
     port=$(free_port 5000) || return 1
     log=$RUNLOCK_EMU_DIR/moto-$port.log
     # The server on its own line, so that $! is its pid (EMULATORS.md, pitfalls).
-    "$venv/bin/moto_server" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
+    # moto_serial.py: moto_server applying one request at a time, as a real
+    # store applies a conditional write atomically (see the file).
+    "$venv/bin/python" "$(dirname "${BASH_SOURCE[0]}")/moto_serial.py" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
     MOTO_PID=$!
     await_server moto "$MOTO_PID" "$log" 30 curl -sf "http://127.0.0.1:$port/moto-api/" || return 1
     export RUNLOCK_TEST_S3_ENDPOINT=http://127.0.0.1:$port
