@@ -6,7 +6,7 @@
 use crate::support::agent::temp_dir;
 use crate::support::bins::bins;
 use crate::support::client::RawClient;
-use crate::support::{key, within, Run, WAIT};
+use crate::support::{key, within, Deadline, Run, WAIT};
 use anyhow::{bail, ensure, Context, Result};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::net::UnixDatagram;
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 use tokio::sync::mpsc::UnboundedReceiver;
 
 /// The worst `systemd-analyze security` exposure the service may have.
@@ -329,35 +329,41 @@ impl Notifications {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn agent_notifies_ready_status_watchdog_and_stopping() -> Result<()> {
-    let dir = temp_dir()?;
-    let socket = dir.path().join("agent.sock");
-    let notify_path = dir.path().join("notify.sock");
-    let mut notes = Notifications {
+/// runlockd on memory:// with its NOTIFY_SOCKET bound by the test, and a
+/// watchdog of `watchdog_usec` with no WATCHDOG_PID: like libsystemd, the
+/// agent takes a watchdog without one as its own.
+fn notifying_agent(dir: &Path, watchdog_usec: &str) -> Result<(Child, Notifications, PathBuf)> {
+    let socket = dir.join("agent.sock");
+    let notify_path = dir.join("notify.sock");
+    let notes = Notifications {
         socket: UnixDatagram::bind(&notify_path)?,
         seen: Vec::new(),
     };
-    let log = dir.path().join("runlockd.log");
     let mut agent = Command::new(&bins()?.runlockd);
     agent
         .arg("--socket")
         .arg(&socket)
         .args(["--backend", "memory://"])
         .env("NOTIFY_SOCKET", &notify_path)
-        // 0.2 s: pings every 0.1 s. No WATCHDOG_PID: like libsystemd, the agent
-        // takes a watchdog without one as its own.
-        .env("WATCHDOG_USEC", "200000")
+        .env("WATCHDOG_USEC", watchdog_usec)
         .env_remove("WATCHDOG_PID")
         .env_remove("RUNLOCK_SOCKET")
         .env_remove("RUNLOCK_BACKEND")
         .env_remove("JOURNAL_STREAM")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(std::fs::File::create(&log)?)
+        .stderr(std::fs::File::create(dir.join("runlockd.log"))?)
         .kill_on_drop(true);
-    let mut child = agent.spawn().context("starting runlockd")?;
-    let log = || std::fs::read_to_string(&log).unwrap_or_default();
+    let child = agent.spawn().context("starting runlockd")?;
+    Ok((child, notes, socket))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_notifies_ready_status_watchdog_and_stopping() -> Result<()> {
+    let dir = temp_dir()?;
+    // 0.2 s: pings every 0.1 s.
+    let (mut child, mut notes, socket) = notifying_agent(dir.path(), "200000")?;
+    let log = || std::fs::read_to_string(dir.path().join("runlockd.log")).unwrap_or_default();
 
     notes.until("READY=1", |l| l == "READY=1").await?;
     let status = notes
@@ -417,6 +423,54 @@ async fn agent_notifies_ready_status_watchdog_and_stopping() -> Result<()> {
         !notes.seen[stopping..].iter().any(|l| l == "WATCHDOG=1"),
         "a watchdog ping after STOPPING=1: {:?}",
         notes.seen
+    );
+    Ok(())
+}
+
+/// A service manager that stops reading (here: after READY=1) fills the
+/// notify socket's queue; the agent must go on serving and stop on SIGTERM,
+/// dropping the notifications it cannot send, and say so once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_service_manager_that_stops_reading_costs_notifications_not_service() -> Result<()> {
+    let dir = temp_dir()?;
+    // 2 ms: a ping every millisecond fills the queue (10 datagrams here) at once.
+    let (mut child, mut notes, socket) = notifying_agent(dir.path(), "2000")?;
+    let log = || std::fs::read_to_string(dir.path().join("runlockd.log")).unwrap_or_default();
+    notes.until("READY=1", |l| l == "READY=1").await?;
+
+    // Nothing is read from here on. The agent says when a send finds the queue
+    // full; a blocking send would instead hold a runtime thread forever.
+    let deadline = Deadline::new(WAIT, "the agent to find the notify queue full");
+    while !log().contains("not reading its notify socket") {
+        deadline.tick().await.with_context(log)?;
+    }
+    let mut client = RawClient::connect(&socket).await?;
+    client.hello().await?;
+    for round in 0..3 {
+        let k = key(&format!("notify-full-{round}"));
+        let reply = client.call(crate::support::client::acquire(&[&k])).await?;
+        ensure!(
+            matches!(reply, runlock_protocol::AgentMessage::Acquired { .. }),
+            "acquire with the notify queue full: {reply:?}\n{}",
+            log()
+        );
+    }
+    kill(
+        Pid::from_raw(child.id().context("no pid")? as i32),
+        Signal::SIGTERM,
+    )?;
+    let exit = within(
+        WAIT,
+        "runlockd to stop with the notify queue full",
+        child.wait(),
+    )
+    .await
+    .with_context(log)??;
+    ensure!(exit.success(), "runlockd exited with {exit:?}:\n{}", log());
+    ensure!(
+        log().matches("not reading its notify socket").count() == 1,
+        "the full queue should be reported once:\n{}",
+        log()
     );
     Ok(())
 }

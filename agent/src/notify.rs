@@ -3,6 +3,7 @@
 //! STOPPING=1 as soon as it begins to stop. Without `NOTIFY_SOCKET` it does nothing.
 
 use crate::registry::Registry;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::UnixListener;
@@ -103,11 +104,47 @@ impl Notifier {
     }
 }
 
+/// Whether the last notification found the service manager's queue full.
+static DROPPING: AtomicBool = AtomicBool::new(false);
+
+/// Sends one notification without waiting: a service manager that is not
+/// reading (its queue full) costs the notification, never the agent, which
+/// would otherwise block a runtime thread and then its own shutdown.
+/// sd_notify::notify sends on a blocking socket, hence this.
 fn send(states: &[sd_notify::NotifyState<'_>]) {
-    // A service manager that went away is no reason to stop serving.
-    if let Err(err) = sd_notify::notify(false, states) {
-        tracing::debug!(error = %err, "cannot notify the service manager");
+    let message: String = states.iter().map(|state| format!("{state}\n")).collect();
+    match send_now(message.as_bytes()) {
+        Ok(()) => {
+            if DROPPING.swap(false, Ordering::Relaxed) {
+                tracing::info!("the service manager reads its notify socket again");
+            }
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {
+            if !DROPPING.swap(true, Ordering::Relaxed) {
+                tracing::warn!("the service manager is not reading its notify socket; notifications are dropped until it does");
+            }
+        }
+        // A service manager that went away is no reason to stop serving.
+        Err(err) => tracing::debug!(error = %err, "cannot notify the service manager"),
     }
+}
+
+fn send_now(message: &[u8]) -> std::io::Result<()> {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(path) = std::env::var_os("NOTIFY_SOCKET") else {
+        return Ok(());
+    };
+    // "@name" is a socket in the abstract namespace (sd_notify(3)).
+    let address = match path.as_bytes().strip_prefix(b"@") {
+        Some(name) => SocketAddr::from_abstract_name(name)?,
+        None => SocketAddr::from_pathname(&path)?,
+    };
+    let socket = UnixDatagram::unbound()?;
+    socket.set_nonblocking(true)?;
+    socket.send_to_addr(message, &address)?;
+    Ok(())
 }
 
 /// The ping period for `WATCHDOG_USEC`/`WATCHDOG_PID`: half the interval, as
