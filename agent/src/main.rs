@@ -19,11 +19,6 @@ fn main() -> ExitCode {
             return ExitCode::from(78); // EX_CONFIG
         }
     };
-    if let Some(Command::CheckConfig) = args.command {
-        print!("{}", config.to_redacted_toml());
-        return check_backend(&config);
-    }
-    telemetry::init(config.log_format);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -34,6 +29,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(Command::CheckConfig) = args.command {
+        print!("{}", config.to_redacted_toml());
+        return runtime.block_on(check_backend(&config));
+    }
+    telemetry::init(config.log_format);
     match runtime.block_on(run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Stop::Config(err)) => {
@@ -51,18 +51,8 @@ fn main() -> ExitCode {
 /// stderr whether it can serve runs: 0 if so, 69 (EX_UNAVAILABLE) if it
 /// cannot be reached now, 78 (EX_CONFIG) if it cannot be used at all, as
 /// given or because it broke a guarantee a lock rests on.
-fn check_backend(config: &Config) -> ExitCode {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            eprintln!("runlockd: error: cannot start the runtime: {err}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let opened = runtime.block_on(backend::open(&config.backend, &config.backend_options));
+async fn check_backend(config: &Config) -> ExitCode {
+    let opened = backend::open(&config.backend, &config.backend_options).await;
     let backend::Opened { backend, readiness } = match opened {
         Ok(opened) => opened,
         Err(err) => {

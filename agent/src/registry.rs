@@ -1013,9 +1013,15 @@ impl Registry {
                 ),
                 Some(h),
             ),
+            // Free at a later token: someone took it and let it go before we
+            // looked, a `runlock release` or a forced run that has already ended.
             Some(r) if r.token > lease.token => (
                 LostReason::Broken,
-                "released by someone else (runlock release)".to_string(),
+                format!(
+                    "taken by another run since (a --force or runlock release), which has \
+                     already let it go at token {}",
+                    r.token
+                ),
                 None,
             ),
             _ => (
