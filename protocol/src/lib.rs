@@ -21,7 +21,7 @@ pub use types::{
 /// The protocol version this build speaks; see SPEC.md for when it changes.
 pub const PROTOCOL_VERSION: u16 = 1;
 
-/// The largest frame body either side sends or accepts (DESIGN: bodies over 1 MiB are refused).
+/// The largest frame body either side sends or accepts (SPEC.md: bodies over 1 MiB are refused).
 pub const MAX_FRAME_LEN: usize = 1 << 20;
 
 /// The longest holder command line the agent records or shows, in bytes; a

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs Azurite (an Azure Blob emulator, see ../shared/EMULATORS.md section 2)
+# Installs Azurite (an Azure Blob emulator, see EMULATORS.md here)
 # with npm and starts its blob service on a free local port, for the azure://
 # tests; and a venv with Azure's own Python SDK, which the tests read records with.
 #
@@ -54,7 +54,7 @@ azurite_start() {
     log=$RUNLOCK_EMU_DIR/azurite-$port.log
     rm -rf "$AZURITE_DATA"
     mkdir -p "$AZURITE_DATA"
-    # The server on its own line, so that $! is its pid (EMULATORS.md, pitfalls).
+    # The server on its own line, so that $! is its pid (EMULATORS.md here).
     "$bin" --blobHost 127.0.0.1 --blobPort "$port" --location "$AZURITE_DATA" \
         --skipApiVersionCheck --loose --disableTelemetry >"$log" 2>&1 &
     AZURITE_PID=$!

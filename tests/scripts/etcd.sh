@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts three throwaway etcd servers (../shared/EMULATORS.md section 5) for
+# Starts three throwaway etcd servers (tests/scripts/EMULATORS.md) for
 # the etcd:// tests: a plain one, one with authentication enabled (a root user
 # only; the tests add the users and roles they need with etcdctl), and one
 # served over TLS that requires a client certificate (a throwaway CA's).
@@ -53,7 +53,7 @@ etcd_launch() {
         ETCD_TLS_DIR=$dir
     fi
     url=$scheme://127.0.0.1:$port
-    # The server on its own line, so that $! is its pid (EMULATORS.md, pitfalls).
+    # The server on its own line, so that $! is its pid (EMULATORS.md here).
     etcd --name "runlock-$port" --data-dir "$dir/data" --log-level warn \
         --listen-client-urls "$url" --advertise-client-urls "$url" "${tls_args[@]}" \
         --listen-peer-urls "http://127.0.0.1:$peer" \

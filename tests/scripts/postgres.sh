@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Starts a throwaway PostgreSQL cluster (../shared/EMULATORS.md section 4) for
+# Starts a throwaway PostgreSQL cluster (tests/scripts/EMULATORS.md) for
 # the postgresql:// backend's tests and for the tests that read a Meltano
 # system database on PostgreSQL (tests/legacy.rs).
 #

@@ -4,8 +4,8 @@
 //! `NOTIFY` so that waiters on other hosts retry at once.
 //!
 //! Leases are rows, not session locks: they outlive the agent (and its
-//! connection), so a restarted agent adopts them (DESIGN, "When the agent
-//! itself goes away").
+//! connection), so a restarted agent adopts them (DESIGN.md, "When a run
+//! or the agent goes away").
 
 mod errors;
 mod session;
