@@ -10,7 +10,7 @@ use crate::support::{key, TestAgent};
 use anyhow::{ensure, Result};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
-use runlock_protocol::ON_LOST_KILL_GRACE_MS;
+use runlock_protocol::timing::MAX_KILL_GRACE;
 use std::time::{Duration, Instant};
 
 /// How soon a crashed run's key must be free. The agent sees the connection
@@ -190,7 +190,7 @@ async fn agent_kills_an_orphaned_command_that_ignores_sigterm_after_the_grace() 
         .expect_code(0)?;
     run.until_stdout_closes().await?;
     let took = broken_at.elapsed();
-    let grace = Duration::from_millis(ON_LOST_KILL_GRACE_MS);
+    let grace = MAX_KILL_GRACE;
     ensure!(
         took >= grace / 2 && took < grace + Duration::from_secs(5),
         "the command ignoring SIGTERM was stopped after {took:?}, not after the {grace:?} grace"
@@ -220,7 +220,7 @@ async fn shim_kills_a_command_that_ignores_sigterm_after_the_grace() -> Result<(
     let took = forced_at.elapsed();
     old.expect_code(76)?;
     ensure!(!old.stdout.contains("bye"), "{old:?}");
-    let grace = Duration::from_millis(ON_LOST_KILL_GRACE_MS);
+    let grace = MAX_KILL_GRACE;
     ensure!(
         took >= grace / 2 && took < grace + Duration::from_secs(5),
         "the command ignoring SIGTERM was stopped after {took:?}, not after the {grace:?} grace: {old:?}"
@@ -245,7 +245,7 @@ async fn on_lost_kill_stops_even_a_command_that_ignores_sigterm_at_once() -> Res
     let took = forced_at.elapsed();
     old.expect_code(76)?;
     ensure!(!old.stdout.contains("bye"), "{old:?}");
-    let grace = Duration::from_millis(ON_LOST_KILL_GRACE_MS);
+    let grace = MAX_KILL_GRACE;
     ensure!(took < grace / 2, "--on-lost kill waited {took:?}: {old:?}");
     Ok(())
 }

@@ -12,7 +12,7 @@ use crate::telemetry::LogFormat;
 use anyhow::Context;
 use clap::Parser;
 use runlock_protocol::socket_path::{self, CONFIG_ENV, SYSTEM_CONFIG};
-use runlock_protocol::OnUnavailable;
+use runlock_protocol::{timing, OnUnavailable};
 use serde::{Deserialize, Deserializer, Serialize};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -92,11 +92,13 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 
 fn parse_ttl(text: &str) -> Result<Duration, String> {
     let ttl = parse_duration(text)?;
-    let (min, max) = crate::registry::TTL_RANGE;
+    let (min, max) = (timing::MIN_TTL, timing::MAX_TTL);
     if ttl < min || ttl > max {
         return Err(format!(
-            "{} is outside 1s..24h",
-            humantime::format_duration(ttl)
+            "{} is outside {}s..{}h",
+            humantime::format_duration(ttl),
+            min.as_secs(),
+            max.as_secs() / 3600
         ));
     }
     Ok(ttl)

@@ -8,6 +8,7 @@ use crate::process::{Peer, Run};
 use crate::renewal::deadline;
 use crate::renewal::Renewals;
 use crate::shown::{self, Viewer};
+use runlock_protocol::timing;
 use runlock_protocol::types::MAX_KEY_LEN;
 use runlock_protocol::{
     AgentMessage, ErrorCode, Holder, Key, KeyRecord, Lease, LeaseInfo, LostReason, OnLost,
@@ -22,8 +23,6 @@ use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// The shortest and longest TTL a client may ask for.
-pub const TTL_RANGE: (Duration, Duration) = (Duration::from_secs(1), Duration::from_secs(86_400));
 /// At most this many `renewed` events wait for one peer to read them.
 pub const RENEWED_BACKLOG: usize = 64;
 /// Waiters re-check the backend (for holders on other agents) this often at most.
@@ -480,16 +479,17 @@ impl Registry {
             return Err(bad_request("acquire needs at least one key"));
         }
         let ttl = req.ttl.unwrap_or(self.policy.default_ttl);
-        let shortest = TTL_RANGE.0.max(self.backend.min_ttl());
-        if ttl < shortest || ttl > TTL_RANGE.1 {
-            let on = if shortest > TTL_RANGE.0 {
+        let shortest = timing::MIN_TTL.max(self.backend.min_ttl());
+        if ttl < shortest || ttl > timing::MAX_TTL {
+            let on = if shortest > timing::MIN_TTL {
                 format!(" on {}", self.backend.describe())
             } else {
                 String::new()
             };
             return Err(bad_request(format!(
-                "ttl_ms must be between {} and 86400000{on}, got {}",
+                "ttl_ms must be between {} and {}{on}, got {}",
                 shortest.as_millis(),
+                timing::MAX_TTL.as_millis(),
                 ttl.as_millis()
             )));
         }
@@ -957,7 +957,7 @@ impl Registry {
         self.renewals.stop(lease_id);
         tracing::warn!(key = %lease.key, token = lease.holder.token, ?reason, "lease lost");
         crate::metrics::lost(reason);
-        let grace = runlock_protocol::kill_grace(lease.ttl);
+        let grace = timing::kill_grace(lease.ttl);
         if let Some((events, viewer, orphan, on_lost)) = notice {
             let _ = events.send(AgentMessage::Lost {
                 lease_id: lease_id.to_string(),

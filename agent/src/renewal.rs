@@ -8,6 +8,7 @@ use crate::backend::{Backend, BackendError, LeaseRef};
 use crate::metrics;
 use crate::registry::Registry;
 use futures::StreamExt;
+use runlock_protocol::timing;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -18,12 +19,9 @@ use tokio_util::time::{delay_queue, DelayQueue};
 
 /// How many renewals may be in flight toward the backend at once.
 const MAX_IN_FLIGHT: usize = 64;
-/// The moment a holder stops trusting its lease: the send time of its last
-/// successful write + TTL − a safety margin of TTL/6. Others may take the key
-/// only after the store's clock passes that write + TTL + grace, so the margin
-/// plus the grace is the time the run has to stop (`kill_grace` fits in it).
+/// The moment a holder stops trusting its lease (`timing`: why it is safe).
 pub fn deadline(last_write_sent: Instant, ttl: Duration) -> Instant {
-    last_write_sent + ttl - ttl / 6
+    last_write_sent + timing::trusted_for(ttl)
 }
 
 /// How often the scheduler logs how late its renewals went out.
@@ -136,7 +134,7 @@ impl Entry {
 }
 
 fn period(ttl: Duration) -> Duration {
-    (ttl / 3).mul_f64(0.9 + 0.2 * fastrand::f64())
+    timing::renewal_period(ttl).mul_f64(0.9 + 0.2 * fastrand::f64())
 }
 
 enum Outcome {
@@ -230,7 +228,7 @@ async fn run(
                         // 250 ms doubling, jittered, never past a third of the TTL.
                         entry.failures += 1;
                         let backoff = Duration::from_millis(250) * 2u32.pow(entry.failures.min(8) - 1);
-                        let retry = backoff.min(entry.ttl / 3).mul_f64(0.5 + fastrand::f64());
+                        let retry = backoff.min(timing::renewal_period(entry.ttl)).mul_f64(0.5 + fastrand::f64());
                         tracing::warn!(key = %entry.lease.key, %error, "renewal failed, retrying until the lease's deadline (if it has one)");
                         // The retry is raced against the deadline like any renewal.
                         let retry_at = Instant::now() + retry;

@@ -8,6 +8,7 @@ pub mod error;
 pub mod message;
 pub mod socket_path;
 pub mod strict;
+pub mod timing;
 pub mod types;
 
 pub use codec::{AgentCodec, BodyError, MessageCodec, ShimCodec};
@@ -33,14 +34,3 @@ pub const MAX_COMMAND_LEN: usize = 4096;
 pub const MAX_KEYS_PER_REQUEST: usize = 1000;
 /// Lock descriptors passed with one `sendmsg` (SPEC 5.4; the kernel takes 253).
 pub const MAX_LOCKS_PER_MESSAGE: usize = 250;
-
-/// How long a run gets between SIGTERM and SIGKILL when its lease is lost
-/// under `on_lost = term`, whether the shim or the agent stops it (at most;
-/// see [`kill_grace`]).
-pub const ON_LOST_KILL_GRACE_MS: u64 = 5_000;
-
-/// The kill grace for a lease of `ttl`: 5 s, or TTL/6 when that is shorter, so
-/// that a run told at its lease's deadline is gone before anyone may take over.
-pub fn kill_grace(ttl: std::time::Duration) -> std::time::Duration {
-    std::time::Duration::from_millis(ON_LOST_KILL_GRACE_MS).min(ttl / 6)
-}

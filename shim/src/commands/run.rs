@@ -17,7 +17,7 @@ use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use runlock_protocol::{
-    kill_grace, AgentMessage, ClientMessage, Envelope, ErrorCode, Lease, OnUnavailable,
+    timing::kill_grace, AgentMessage, ClientMessage, Envelope, ErrorCode, Lease, OnUnavailable,
 };
 use std::collections::HashMap;
 use std::future::Future;

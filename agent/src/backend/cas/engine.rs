@@ -15,6 +15,7 @@ use crate::backend::{
     key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef,
 };
 use async_trait::async_trait;
+use runlock_protocol::timing::grace;
 use runlock_protocol::{Holder, Key, KeyRecord, KeyState, Scope};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
@@ -25,12 +26,6 @@ use tokio::time::Instant;
 /// HTTP dates (`Date`, `Last-Modified`) have whole seconds: a write stamped
 /// `t` happened in `[t, t + 1 s)`, so expiry waits one second more.
 pub const CLOCK_RESOLUTION: Duration = Duration::from_secs(1);
-
-/// How long past a holder's TTL others wait before taking over: room for the
-/// holder to stop its run after its own deadline (see `renewal::deadline`).
-pub fn grace(ttl: Duration) -> Duration {
-    (ttl / 10).max(Duration::from_millis(500))
-}
 
 /// How many times one operation re-reads after losing a race or a request.
 const ATTEMPTS: usize = 6;

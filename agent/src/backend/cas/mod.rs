@@ -13,7 +13,7 @@ mod simulation;
 pub(crate) mod testing;
 
 pub use azure::{AzureOptions, AzureStore};
-pub use engine::{grace, CasEngine, LockRecord, CLOCK_RESOLUTION};
+pub use engine::{CasEngine, LockRecord, CLOCK_RESOLUTION};
 pub use gcs::{GcsOptions, GcsStore};
 pub use memory::MemoryCasStore;
 pub use proof::Unproven;

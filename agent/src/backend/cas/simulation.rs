@@ -107,7 +107,8 @@ impl Agent {
                 let freeze = self.jitter(ttl * 3 / 2);
                 tokio::time::sleep(freeze).await; // the whole agent stops: no renewals
             }
-            let period = (ttl / 3).mul_f64(0.9 + 0.2 * self.rng.f64());
+            let period =
+                runlock_protocol::timing::renewal_period(ttl).mul_f64(0.9 + 0.2 * self.rng.f64());
             tokio::time::sleep_until((Instant::now() + period).min(hold_until)).await;
             let now = Instant::now();
             if now >= until {

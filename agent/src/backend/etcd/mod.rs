@@ -24,9 +24,7 @@
 //! No message built here carries the password: etcd's own messages never
 //! echo it, and the endpoints are kept without userinfo.
 
-use super::{
-    cas, key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef,
-};
+use super::{key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef};
 mod tls;
 
 use async_trait::async_trait;
@@ -34,7 +32,7 @@ use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, KeyValue, PutOptions,
     TlsOptions, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
-use runlock_protocol::{Holder, Key, KeyRecord, KeyState, Scope};
+use runlock_protocol::{timing, Holder, Key, KeyRecord, KeyState, Scope};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::future::Future;
@@ -251,7 +249,7 @@ fn credentials(
 /// TTL + grace by etcd's clock, the same margin the object stores give (see
 /// `renewal::deadline`). etcd counts whole seconds.
 fn lease_seconds(ttl: Duration) -> i64 {
-    (ttl + cas::grace(ttl)).as_secs_f64().ceil() as i64
+    (ttl + timing::grace(ttl)).as_secs_f64().ceil() as i64
 }
 
 /// A key's value in etcd: readable with `etcdctl get --prefix -w json`.
@@ -688,7 +686,7 @@ impl EtcdBackend {
             .unwrap_or_else(|e| e.into_inner())
             .take()?;
         // One that does not fit is left to expire by itself.
-        (spare.seconds == seconds && spare.sent.elapsed() <= ttl / 6).then_some(spare)
+        (spare.seconds == seconds && spare.sent.elapsed() <= timing::margin(ttl)).then_some(spare)
     }
 
     fn keep_spare(&self, lease: EtcdLease) {

@@ -17,11 +17,11 @@ mod tls;
 
 pub use settings::Settings;
 
-use crate::backend::cas::grace;
 use crate::backend::{
     redact_uri, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef,
 };
 use async_trait::async_trait;
+use runlock_protocol::timing::grace;
 use runlock_protocol::{Holder, Key, KeyRecord, KeyState, Scope};
 use session::Session;
 use sql::Sql;
