@@ -6,7 +6,7 @@ use crate::backend::{AcquireSpec, Backend, BackendError, Capabilities, Grant, Le
 use crate::legacy::{self, MeltanoSystemDb};
 use crate::process::{Peer, Run};
 use crate::renewal::deadline;
-use crate::renewal::Renewals;
+use crate::renewal::{Renewals, Report};
 use crate::shown::{self, Viewer};
 use runlock_protocol::timing;
 use runlock_protocol::types::MAX_KEY_LEN;
@@ -17,7 +17,7 @@ use runlock_protocol::{
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::sync::{mpsc, Notify};
 use tokio::time::Instant;
@@ -171,7 +171,7 @@ struct State {
 /// Wakes the first local waiter for each key the backend says another agent
 /// let go; every waiter when too many came at once to keep count.
 async fn wake_on_releases(
-    registry: std::sync::Weak<Registry>,
+    registry: Weak<Registry>,
     mut releases: tokio::sync::broadcast::Receiver<Key>,
 ) {
     use tokio::sync::broadcast::error::RecvError;
@@ -272,6 +272,25 @@ fn bad_request(message: impl Into<String>) -> WireError {
 
 /// The key, or `invalid_key` naming the rule it breaks; the key is echoed
 /// cut to the longest valid length, so the error fits a frame.
+/// Acts on what the renewal scheduler reports, until the registry is gone.
+async fn take_reports(registry: Weak<Registry>, mut reports: mpsc::UnboundedReceiver<Report>) {
+    while let Some(report) = reports.recv().await {
+        let Some(registry) = registry.upgrade() else {
+            return;
+        };
+        match report {
+            Report::Renewed {
+                lease_id,
+                valid_until,
+            } => registry.renewed(&lease_id, valid_until),
+            // Its own task: finding out who took the lease may wait on the store.
+            Report::Lost { lease, taken } => {
+                tokio::spawn(async move { registry.renewal_lost(&lease, taken).await });
+            }
+        }
+    }
+}
+
 fn valid_key(key: &str) -> Result<Key, WireError> {
     Key::new(key).map_err(|e| WireError {
         key: Some(shown::cut(key, MAX_KEY_LEN)),
@@ -283,15 +302,17 @@ impl Registry {
     /// A registry over `backend`; starts the renewal scheduler on the current runtime.
     pub fn new(backend: Arc<dyn Backend>, identity: Identity, policy: Policy) -> Arc<Registry> {
         let releases = backend.releases();
-        let registry = Arc::new_cyclic(|me| Registry {
+        let (renewals, reports) = Renewals::start(backend.clone());
+        let registry = Arc::new(Registry {
             capabilities: backend.capabilities(),
-            renewals: Renewals::start(backend.clone(), me.clone()),
+            renewals,
             backend,
             identity,
             policy,
             state: Mutex::new(State::default()),
             next_id: AtomicU64::new(1),
         });
+        tokio::spawn(take_reports(Arc::downgrade(&registry), reports));
         if let Some(releases) = releases {
             tokio::spawn(wake_on_releases(Arc::downgrade(&registry), releases));
         }

@@ -2,16 +2,16 @@
 //! lease) firing at TTL/3 with jitter, with bounded concurrency toward the store.
 //! Where a held lease cannot expire (a kernel lock), the same checks only
 //! look for a force: they have no deadline, and a late or failed one loses
-//! nothing.
+//! nothing. It knows nothing of the registry: it reports renewals and losses
+//! on a channel its owner drains ([`Report`]).
 
 use crate::backend::{Backend, BackendError, LeaseRef};
 use crate::metrics;
-use crate::registry::Registry;
 use futures::StreamExt;
 use runlock_protocol::timing;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, Semaphore};
 use tokio::time::Instant;
@@ -84,18 +84,33 @@ enum Command {
     StopAll,
 }
 
+/// What the scheduler tells its owner, in the order it happened.
+#[derive(Debug)]
+pub enum Report {
+    /// A lease was renewed; it may be trusted until `valid_until`.
+    Renewed {
+        lease_id: String,
+        valid_until: Instant,
+    },
+    /// The scheduler gave a lease up: `taken` when the store says it is
+    /// someone else's, otherwise its deadline passed without a renewal.
+    Lost { lease: LeaseRef, taken: bool },
+}
+
 /// The handle the registry uses to add and remove leases.
 pub struct Renewals {
     commands: mpsc::UnboundedSender<Command>,
 }
 
 impl Renewals {
-    /// Starts the scheduler task; it ends when the registry is dropped.
-    pub fn start(backend: Arc<dyn Backend>, registry: Weak<Registry>) -> Renewals {
+    /// Starts the scheduler task, which reports on the receiver returned; it
+    /// ends when this handle is dropped.
+    pub fn start(backend: Arc<dyn Backend>) -> (Renewals, mpsc::UnboundedReceiver<Report>) {
         let (commands, rx) = mpsc::unbounded_channel();
+        let (reports, reported) = mpsc::unbounded_channel();
         let expires = backend.capabilities().lease_expires;
-        tokio::spawn(run(backend, registry, rx, expires));
-        Renewals { commands }
+        tokio::spawn(run(backend, reports, rx, expires));
+        (Renewals { commands }, reported)
     }
 
     /// Renews `lease`, granted by a write sent at `sent`, every TTL/3 until stopped.
@@ -148,7 +163,7 @@ enum Outcome {
 
 async fn run(
     backend: Arc<dyn Backend>,
-    registry: Weak<Registry>,
+    reports: mpsc::UnboundedSender<Report>,
     mut commands: mpsc::UnboundedReceiver<Command>,
     expires: bool,
 ) {
@@ -213,8 +228,8 @@ async fn run(
                     Outcome::Renewed(sent) => {
                         metrics::renewal(metrics::Renewal::Ok);
                         entry.last_ok = sent;
-                        if let (Some(registry), Some(deadline)) = (registry.upgrade(), entry.deadline(expires)) {
-                            registry.renewed(&id, deadline);
+                        if let Some(valid_until) = entry.deadline(expires) {
+                            let _ = reports.send(Report::Renewed { lease_id: id.clone(), valid_until });
                         }
                         entry.failures = 0;
                         entry.due = Instant::now() + period(entry.ttl);
@@ -239,8 +254,7 @@ async fn run(
                 };
                 metrics::renewal(metrics::Renewal::Lost);
                 let Some(entry) = entries.remove(&id) else { continue };
-                let Some(registry) = registry.upgrade() else { return };
-                tokio::spawn(async move { registry.renewal_lost(&entry.lease, taken).await });
+                let _ = reports.send(Report::Lost { lease: entry.lease, taken });
             }
         }
     }
