@@ -3,6 +3,7 @@
 # cached venv and starts it on a free local port, for the S3 tests.
 #
 # Sourced by scripts/test:   source tests/scripts/moto.sh; moto_start; ...; moto_stop
+# and by scripts/chaos:      moto_start serial   (one request applied at a time)
 # Run by itself:             bash tests/scripts/moto.sh   (starts it, prints the
 #                            endpoint, and stops it on Ctrl-C)
 #
@@ -27,13 +28,19 @@ moto_install() {
 
 moto_start() {
     moto_install || { echo "moto: install failed" >&2; return 1; }
+    # serial: moto_serial.py, moto applying one request at a time, as a real
+    # store applies a conditional write atomically (see the file). Only the
+    # chaos harness needs it; the suite's 100-run restart test could not
+    # reattach in time through it on a loaded machine.
     local venv=$RUNLOCK_EMU_DIR/venv port log
+    local server=("$venv/bin/moto_server")
+    if [ "${1:-}" = serial ]; then
+        server=("$venv/bin/python" "$(dirname "${BASH_SOURCE[0]}")/moto_serial.py")
+    fi
     port=$(free_port 5000) || return 1
     log=$RUNLOCK_EMU_DIR/moto-$port.log
     # The server on its own line, so that $! is its pid (EMULATORS.md here).
-    # moto_serial.py: moto_server applying one request at a time, as a real
-    # store applies a conditional write atomically (see the file).
-    "$venv/bin/python" "$(dirname "${BASH_SOURCE[0]}")/moto_serial.py" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
+    "${server[@]}" -H 127.0.0.1 -p "$port" >"$log" 2>&1 &
     MOTO_PID=$!
     await_server moto "$MOTO_PID" "$log" 30 curl -sf "http://127.0.0.1:$port/moto-api/" || return 1
     export RUNLOCK_TEST_S3_ENDPOINT=http://127.0.0.1:$port
