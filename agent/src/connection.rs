@@ -30,7 +30,8 @@ type Frame = Option<Result<Result<Envelope<ClientMessage>, BodyError>, ProtocolE
 /// How often the agent looks whether a reattached run whose shim is gone has ended.
 const RUN_POLL: Duration = Duration::from_millis(100);
 
-/// Serves one accepted connection from `peer` until the peer goes or the agent stops.
+/// Serves one accepted connection from `peer` until the peer goes or `shutdown`
+/// (cancelled by the server once it has handed the leases over).
 pub async fn serve_connection(
     stream: UnixStream,
     peer: PeerCred,
@@ -320,8 +321,7 @@ impl Connection {
             loop {
                 tokio::select! {
                     _ = shutdown.cancelled() => {
-                        // Before this connection closes, or its leases would be released.
-                        self.registry.hand_over();
+                        // The server has handed the leases over (where they outlive the agent).
                         self.send(None, AgentMessage::Restarting).await?;
                         return Ok(());
                     }
@@ -367,10 +367,7 @@ impl Connection {
             while self.registry.run_outliving(conn).is_some() {
                 tokio::select! {
                     _ = tokio::time::sleep(RUN_POLL) => {}
-                    _ = shutdown.cancelled() => {
-                        self.registry.hand_over();
-                        break;
-                    }
+                    _ = shutdown.cancelled() => break,
                 }
             }
         }

@@ -32,6 +32,9 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) {
     let tracker = TaskTracker::new();
+    // Connections stop only after the leases are handed over, or the first to
+    // close would release its leases before the registry knew to keep them.
+    let stopping = CancellationToken::new();
     let refusing = Arc::new(AtomicUsize::new(0));
     let mut refusals = RefusalLog::default();
     loop {
@@ -61,7 +64,7 @@ pub async fn serve(
                     peer,
                     ticket,
                     registry.clone(),
-                    shutdown.child_token(),
+                    stopping.clone(),
                 ));
             }
             Err(limit) => {
@@ -80,6 +83,8 @@ pub async fn serve(
         }
     }
     drop(listener);
+    registry.hand_over();
+    stopping.cancel();
     tracker.close();
     if tokio::time::timeout(DRAIN, tracker.wait()).await.is_err() {
         tracing::warn!(
