@@ -1,9 +1,9 @@
 //! One peer: the handshake, its requests, its events, and at its end (EOF)
 //! the release of every lease it held.
 
+use crate::lease::{AcquireRequest, ConnId, Granted, PeerCred, Registry};
 use crate::limits::{Limits, HELLO_FRAME_LEN};
 use crate::process::Peer;
-use crate::registry::{AcquireRequest, ConnId, Granted, PeerCred, Registry};
 use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
 use runlock_protocol::{

@@ -4,7 +4,7 @@
 use anyhow::Context;
 use clap::Parser;
 use runlock_agent::config::{Args, Command, Config};
-use runlock_agent::registry::{Identity, Policy, Registry};
+use runlock_agent::lease::{Identity, Policy, Registry};
 use runlock_agent::{backend, limits, listener, metrics, notify, serve, telemetry};
 use std::process::ExitCode;
 use tokio::signal::unix::{signal, SignalKind};
