@@ -89,7 +89,7 @@ const OPERATIONS: [&str; 5] = ["acquire", "renew", "release", "inspect", "adopt"
 fn backend_result<T>(result: &Result<T, BackendError>) -> &'static str {
     match result {
         Ok(_) => "ok",
-        Err(BackendError::Held(_)) => "held",
+        Err(BackendError::Held(_) | BackendError::HeldByLegacyRun(_)) => "held",
         Err(BackendError::LeaseMismatch) => "lease_mismatch",
         Err(BackendError::Unavailable(_)) => "unavailable",
         Err(BackendError::Corrupt(_)) => "corrupt",

@@ -289,6 +289,7 @@ impl Registry {
         loop {
             let at_head = req.force || self.is_head(&key, place.id);
             let mut unreachable = None;
+            let mut legacy = None;
             let last_holder = if at_head {
                 let spec = AcquireSpec {
                     key: key.clone(),
@@ -300,15 +301,14 @@ impl Registry {
                     ttl,
                     force: req.force,
                 };
-                // --force skips Meltano's check, as `meltano run --force` does.
-                let legacy = legacy::check(self.policy.legacy.as_deref(), &key, req.force);
-                let acquired = match legacy.await {
-                    Ok(()) => self.backend.acquire(&spec).await,
-                    Err(err) => Err(err),
-                };
-                match acquired {
+                match self.backend.acquire(&spec).await {
                     Ok(grant) => return self.register(conn, spec, grant).await,
                     Err(BackendError::Held(h)) => h,
+                    Err(BackendError::HeldByLegacyRun(run)) => {
+                        let holder = Box::new(run.holder.clone());
+                        legacy = Some(run);
+                        Some(holder)
+                    }
                     // A run that may wait also waits out a store that cannot be reached.
                     Err(err @ BackendError::Unavailable(_)) if !req.wait.is_zero() => {
                         unreachable = Some(err);
@@ -343,9 +343,11 @@ impl Registry {
                         format!("key {key:?} is held")
                     },
                 );
+                if let Some(run) = legacy {
+                    err.message = format!("{}: {}", err.message, legacy::explain(&run));
+                }
                 err.key = Some(key.to_string());
                 err.holder = last_holder;
-                legacy::explain(&mut err);
                 let viewer = self.viewer(conn);
                 err.holder = err.holder.map(|h| Box::new(self.show(&h, viewer)));
                 return Err(err);

@@ -5,7 +5,6 @@ use super::renewal::Renewals;
 use super::state::{Conn, ConnId, PeerCred, State};
 use crate::access::Access;
 use crate::backend::{Backend, Capabilities};
-use crate::legacy::MeltanoSystemDb;
 use crate::process::Peer;
 use crate::shown::{self, Viewer};
 use runlock_protocol::{AgentMessage, ErrorCode, Holder, Key, OnLost, OnUnavailable, WireError};
@@ -35,8 +34,6 @@ pub struct Policy {
     pub on_unavailable: OnUnavailable,
     /// Who may force and break.
     pub access: Access,
-    /// Meltano's system database, checked for legacy runs before each grant.
-    pub legacy: Option<Arc<MeltanoSystemDb>>,
 }
 
 impl Policy {
@@ -46,7 +43,6 @@ impl Policy {
             default_ttl,
             on_unavailable: OnUnavailable::Fail,
             access: Access::default(),
-            legacy: None,
         }
     }
 }
