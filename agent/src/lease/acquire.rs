@@ -2,18 +2,15 @@
 //! nothing, waiting in the local queue and polling for holders elsewhere) and
 //! `reattach` (adopting the leases of a stopped agent).
 
+use super::error::{backend_on, valid_key, LeaseError};
+use super::event::Loss;
 use super::registry::Registry;
 use super::renewal::deadline;
 use super::state::{ConnId, LocalLease};
 use crate::backend::{AcquireSpec, BackendError, Grant, LeaseRef};
-use crate::legacy;
 use crate::shown;
 use runlock_protocol::timing;
-use runlock_protocol::types::MAX_KEY_LEN;
-use runlock_protocol::{
-    ErrorCode, Holder, Key, Lease, LostReason, OnLost, WireError, MAX_COMMAND_LEN,
-    MAX_KEYS_PER_REQUEST,
-};
+use runlock_protocol::{Holder, Key, Lease, OnLost, MAX_COMMAND_LEN, MAX_KEYS_PER_REQUEST};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -88,19 +85,6 @@ pub(super) fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
-pub(super) fn bad_request(message: impl Into<String>) -> WireError {
-    WireError::new(ErrorCode::BadRequest, message)
-}
-
-/// The key, or `invalid_key` naming the rule it breaks; the key is echoed
-/// cut to the longest valid length, so the error fits a frame.
-pub(super) fn valid_key(key: &str) -> Result<Key, WireError> {
-    Key::new(key).map_err(|e| WireError {
-        key: Some(shown::cut(key, MAX_KEY_LEN)),
-        ..WireError::new(ErrorCode::InvalidKey, e.to_string())
-    })
-}
-
 impl Registry {
     /// Takes every key of `req`, in sorted order, all or nothing.
     pub async fn acquire(
@@ -108,24 +92,9 @@ impl Registry {
         conn: ConnId,
         req: AcquireRequest,
         cancel: &CancellationToken,
-    ) -> Result<Granted, WireError> {
-        let force = req.force;
-        let result = self.acquire_all(conn, req, cancel).await;
-        crate::metrics::acquisition(force, &result, cancel.is_cancelled());
-        result
-    }
-
-    async fn acquire_all(
-        &self,
-        conn: ConnId,
-        req: AcquireRequest,
-        cancel: &CancellationToken,
-    ) -> Result<Granted, WireError> {
+    ) -> Result<Granted, LeaseError> {
         if req.keys.len() > MAX_KEYS_PER_REQUEST {
-            return Err(bad_request(format!(
-                "acquire names {} keys; at most {MAX_KEYS_PER_REQUEST} may be taken at once",
-                req.keys.len()
-            )));
+            return Err(LeaseError::TooManyKeys(req.keys.len()));
         }
         let mut keys = Vec::with_capacity(req.keys.len());
         for key in &req.keys {
@@ -135,26 +104,20 @@ impl Registry {
         keys.sort();
         keys.dedup();
         if keys.is_empty() {
-            return Err(bad_request("acquire needs at least one key"));
+            return Err(LeaseError::NoKeys);
         }
         let ttl = req.ttl.unwrap_or(self.policy.default_ttl);
         let shortest = timing::MIN_TTL.max(self.backend.min_ttl());
         if ttl < shortest || ttl > timing::MAX_TTL {
-            let on = if shortest > timing::MIN_TTL {
-                format!(" on {}", self.backend.describe())
-            } else {
-                String::new()
-            };
-            return Err(bad_request(format!(
-                "ttl_ms must be between {} and {}{on}, got {}",
-                shortest.as_millis(),
-                timing::MAX_TTL.as_millis(),
-                ttl.as_millis()
-            )));
+            return Err(LeaseError::TtlOutOfRange {
+                ttl,
+                shortest,
+                backend: (shortest > timing::MIN_TTL).then(|| self.backend.describe()),
+            });
         }
         let (peer, user, may_override) = self.peer(conn)?;
         if req.force && !may_override {
-            return Err(self.forbidden(peer, "force a lock"));
+            return Err(self.forbidden(peer, "force a lock", None));
         }
         let holder = Holder {
             host: self.identity.host.clone(),
@@ -199,59 +162,40 @@ impl Registry {
         conn: ConnId,
         leases: Vec<Lease>,
         on_lost: OnLost,
-    ) -> Result<Granted, WireError> {
+    ) -> Result<Granted, LeaseError> {
         if leases.is_empty() {
-            return Err(bad_request("reattach needs at least one lease"));
+            return Err(LeaseError::NoLeases);
         }
         let (peer, _, may_override) = self.peer(conn)?;
         let mut granted = Granted::new(Duration::ZERO, leases.len());
         if leases.len() > MAX_KEYS_PER_REQUEST {
-            return Err(bad_request(format!(
-                "reattach names {} leases; at most {MAX_KEYS_PER_REQUEST} may be adopted at once",
-                leases.len()
-            )));
+            return Err(LeaseError::TooManyLeases(leases.len()));
         }
         for lease in leases {
             let key = valid_key(&lease.key)?;
             if self.state().leases.contains_key(&lease.lease_id) {
-                return Err(bad_request(format!(
-                    "lease {} is already held through this agent",
-                    lease.lease_id
-                )));
+                return Err(LeaseError::AlreadyHeldHere(lease.lease_id));
             }
             let reference = LeaseRef {
                 key: key.clone(),
                 lease_id: lease.lease_id.clone(),
                 token: lease.token,
             };
-            let record = self
-                .backend
-                .inspect(&key)
-                .await
-                .map_err(|e| e.to_wire(&key))?;
+            let record = self.backend.inspect(&key).await.map_err(backend_on(&key))?;
             if let Some(h) = record.holder.filter(|h| h.uid != peer.uid && !may_override) {
-                return Err(WireError {
-                    key: Some(key.to_string()),
-                    ..self.forbidden(peer, &format!("reattach a lease of uid {}", h.uid))
-                });
+                let action = format!("reattach a lease of uid {}", h.uid);
+                return Err(self.forbidden(peer, &action, Some(key)));
             }
             let adopted = self
                 .backend
                 .adopt(&reference, &self.identity.agent_id)
                 .await
                 .map_err(|e| match e {
-                    BackendError::LeaseMismatch => WireError {
-                        key: Some(key.to_string()),
-                        ..WireError::new(
-                            ErrorCode::NotOwner,
-                            format!(
-                                "lease {} on {key:?} is no longer held: it expired, was \
-                                 taken over or was released",
-                                lease.lease_id
-                            ),
-                        )
+                    BackendError::LeaseMismatch => LeaseError::NoLongerHeld {
+                        key: key.clone(),
+                        lease_id: lease.lease_id.clone(),
                     },
-                    other => other.to_wire(&key),
+                    other => backend_on(&key)(other),
                 })?;
             granted.ttl = adopted.ttl;
             let spec = AcquireSpec {
@@ -283,7 +227,7 @@ impl Registry {
         holder: &Holder,
         deadline: Instant,
         cancel: &CancellationToken,
-    ) -> Result<Taken, WireError> {
+    ) -> Result<Taken, LeaseError> {
         let place = self.enqueue(&key);
         let mut poll = POLL_START;
         loop {
@@ -314,43 +258,26 @@ impl Registry {
                         unreachable = Some(err);
                         None
                     }
-                    Err(err) => return Err(err.to_wire(&key)),
+                    Err(err) => return Err(backend_on(&key)(err)),
                 }
             } else {
                 None // behind a local waiter: who holds it is looked up only if we give up
             };
             if Instant::now() >= deadline {
                 if let Some(err) = unreachable {
-                    return Err(err.to_wire(&key));
+                    return Err(backend_on(&key)(err));
                 }
                 let last_holder = match last_holder {
                     Some(holder) => Some(holder),
                     None => self.holder_of(&key).await,
                 };
-                let waited = !req.wait.is_zero();
-                let mut err = WireError::new(
-                    if waited {
-                        ErrorCode::Timeout
-                    } else {
-                        ErrorCode::Held
-                    },
-                    if waited {
-                        format!(
-                            "key {key:?} is still held after waiting {}",
-                            humantime::format_duration(req.wait)
-                        )
-                    } else {
-                        format!("key {key:?} is held")
-                    },
-                );
-                if let Some(run) = legacy {
-                    err.message = format!("{}: {}", err.message, legacy::explain(&run));
-                }
-                err.key = Some(key.to_string());
-                err.holder = last_holder;
                 let viewer = self.viewer(conn);
-                err.holder = err.holder.map(|h| Box::new(self.show(&h, viewer)));
-                return Err(err);
+                return Err(LeaseError::Held {
+                    key,
+                    waited: req.wait,
+                    holder: last_holder.map(|h| Box::new(self.show(&h, viewer))),
+                    legacy,
+                });
             }
             // A local release wakes us at once; polling finds holders on other agents.
             let jittered = poll.mul_f64(0.5 + fastrand::f64());
@@ -359,7 +286,7 @@ impl Registry {
                 _ = tokio::time::sleep(jittered) => {}
                 _ = tokio::time::sleep_until(deadline) => {}
                 _ = cancel.cancelled() => {
-                    return Err(WireError::new(ErrorCode::Internal, "acquire cancelled"));
+                    return Err(LeaseError::Cancelled);
                 }
             }
             poll = (poll * 2).min(POLL_CAP);
@@ -405,7 +332,7 @@ impl Registry {
         conn: ConnId,
         spec: AcquireSpec,
         grant: Grant,
-    ) -> Result<Taken, WireError> {
+    ) -> Result<Taken, LeaseError> {
         let (holder, lock) = (grant.holder, grant.lock);
         let lease_id = spec.lease_id.clone();
         let lease = LocalLease {
@@ -430,21 +357,18 @@ impl Registry {
         };
         let Some(displaced) = registered else {
             let _ = self.backend.release(&reference).await;
-            return Err(WireError::new(
-                ErrorCode::Internal,
-                "connection closed during acquire",
-            ));
+            return Err(LeaseError::ClosedDuringAcquire);
         };
         if self.capabilities.needs_renewal {
             self.renewals.start_lease(reference, spec.ttl, grant.sent);
         }
         if let Some(old) = displaced {
-            let message = format!(
-                "taken over with --force by {}@{} (pid {})",
-                holder.user, holder.host, holder.pid
-            );
-            self.lose(&old, LostReason::Forced, message, Some(holder.clone()))
-                .await;
+            let loss = Loss::ForcedHere {
+                user: holder.user.clone(),
+                host: holder.host.clone(),
+                pid: holder.pid,
+            };
+            self.lose(&old, loss, Some(holder.clone())).await;
         }
         tracing::info!(key = %spec.key, token = holder.token, lease = %lease_id, force = spec.force, "acquired");
         let valid_until = (self.capabilities.survives_agent && self.capabilities.lease_expires)
@@ -487,9 +411,9 @@ mod tests {
         let err = take(&registry, b, &["b", "a"])
             .await
             .expect_err("b is held");
-        assert_eq!(err.code, ErrorCode::Held);
-        assert_eq!(err.key.as_deref(), Some("b"));
-        assert_eq!(err.holder.expect("holder").host, "test-host");
+        assert_eq!(err.code(), ErrorCode::Held);
+        assert_eq!(err.key().as_deref(), Some("b"));
+        assert_eq!(err.holder().expect("holder").host, "test-host");
         // "a" was taken first (sorted order) and given back.
         assert!(registry.list().iter().all(|l| l.key != "a"));
         take(&registry, a, &["a"]).await.expect("a was released");
@@ -508,14 +432,14 @@ mod tests {
             .expect("forced");
         assert!(after[0].token > before[0].token);
         match old_events.try_recv().expect("lost event") {
-            AgentMessage::Lost {
+            Event::Lost {
                 lease_id,
-                reason,
+                loss,
                 holder,
                 ..
             } => {
                 assert_eq!(lease_id, before[0].lease_id);
-                assert_eq!(reason, LostReason::Forced);
+                assert_eq!(loss.reason(), LostReason::Forced);
                 assert_eq!(holder.expect("new holder").token, after[0].token);
             }
             other => panic!("expected lost, got {other:?}"),
@@ -524,7 +448,7 @@ mod tests {
             .release(old, &[before[0].lease_id.clone()])
             .await
             .expect_err("no longer ours");
-        assert_eq!(err.code, ErrorCode::NotOwner);
+        assert_eq!(err.code(), ErrorCode::NotOwner);
     }
 
     #[tokio::test]
@@ -537,7 +461,7 @@ mod tests {
         };
         let (conn, _e) = connect(&registry, stranger);
         let never = CancellationToken::new();
-        let code = |r: Result<Granted, WireError>| r.expect_err("refused").code;
+        let code = |r: Result<Granted, LeaseError>| r.expect_err("refused").code();
         assert_eq!(
             code(
                 registry
@@ -573,7 +497,7 @@ mod tests {
                 .break_key(conn, "k")
                 .await
                 .expect_err("not allowed")
-                .code,
+                .code(),
             ErrorCode::Forbidden
         );
         assert_eq!(
@@ -581,7 +505,7 @@ mod tests {
                 .release(conn, &["nope".into()])
                 .await
                 .expect_err("not ours")
-                .code,
+                .code(),
             ErrorCode::NotOwner
         );
     }
@@ -627,7 +551,7 @@ mod tests {
             .reattach(conn, vec![forged], OnLost::Term)
             .await
             .expect_err("wrong token");
-        assert_eq!(err.code, ErrorCode::NotOwner);
+        assert_eq!(err.code(), ErrorCode::NotOwner);
         let adopted = new
             .reattach(conn, vec![lease.clone()], OnLost::Term)
             .await
@@ -671,6 +595,6 @@ mod tests {
             .reattach(conn, vec![lease], OnLost::Term)
             .await
             .expect_err("memory:// cannot");
-        assert_eq!(err.code, ErrorCode::Unsupported);
+        assert_eq!(err.code(), ErrorCode::Unsupported);
     }
 }

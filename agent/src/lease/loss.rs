@@ -1,12 +1,13 @@
 //! A lease lost (forced, broken, expired): its run is told, and stopped if
 //! its client is gone; and what the renewal scheduler reports, drained here.
 
+use super::event::{Event, Loss};
 use super::registry::Registry;
 use super::renewal::Report;
 use crate::backend::LeaseRef;
-use crate::shown::{self, Viewer};
+use crate::shown::Viewer;
 use runlock_protocol::timing;
-use runlock_protocol::{AgentMessage, Holder, KeyRecord, LostReason};
+use runlock_protocol::{Holder, KeyRecord, LostReason};
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::time::Duration;
@@ -44,7 +45,7 @@ impl Registry {
     /// A lease was renewed: its run learns how long it may go on should it lose
     /// this agent (only where leases outlive the agent; the scheduler reports
     /// no renewal of a lease that cannot expire).
-    pub(crate) fn renewed(&self, lease_id: &str, valid_until: Instant) {
+    fn renewed(&self, lease_id: &str, valid_until: Instant) {
         if !self.capabilities.survives_agent {
             return;
         }
@@ -60,23 +61,16 @@ impl Registry {
                 c.renewed_backlog.fetch_sub(1, Ordering::Relaxed);
                 return;
             }
-            let _ = c.events.send(AgentMessage::Renewed {
+            let _ = c.events.send(Event::Renewed {
                 lease_id: lease_id.to_string(),
-                valid_for_ms: valid_until
-                    .saturating_duration_since(Instant::now())
-                    .as_millis() as u64,
+                valid_until,
             });
         }
     }
 
     /// A lease is gone: tell its connection, stop the run if its client is gone.
-    pub(crate) async fn lose(
-        &self,
-        lease_id: &str,
-        reason: LostReason,
-        message: String,
-        holder: Option<Holder>,
-    ) {
+    pub(super) async fn lose(&self, lease_id: &str, loss: Loss, holder: Option<Holder>) {
+        let reason = loss.reason();
         let (lease, notice) = {
             let mut state = self.state();
             let Some(lease) = state.remove_lease(lease_id) else {
@@ -101,11 +95,10 @@ impl Registry {
         crate::metrics::lost(reason);
         let grace = timing::kill_grace(lease.ttl);
         if let Some((events, viewer, orphan, on_lost)) = notice {
-            let _ = events.send(AgentMessage::Lost {
+            let _ = events.send(Event::Lost {
                 lease_id: lease_id.to_string(),
-                key: lease.key.to_string(),
-                reason,
-                message,
+                key: lease.key.clone(),
+                loss,
                 holder: holder.map(|h| self.show(&h, viewer)),
             });
             // The shim acts on `lost` itself; only when it is gone does the agent act for it.
@@ -131,48 +124,31 @@ impl Registry {
 
     /// The renewal scheduler gave the lease up: `taken` when the store says it is
     /// someone else's, otherwise its deadline passed without a renewal.
-    pub(crate) async fn renewal_lost(&self, lease: &LeaseRef, taken: bool) {
+    async fn renewal_lost(&self, lease: &LeaseRef, taken: bool) {
         if !taken {
             // Tell the run now: looking up who else holds it could hang on the same store.
-            let message = "the lease could not be renewed before its deadline".to_string();
-            return self
-                .lose(&lease.lease_id, LostReason::Expired, message, None)
-                .await;
+            return self.lose(&lease.lease_id, Loss::NotRenewed, None).await;
         }
         let lookup = tokio::time::timeout(LOOKUP_TIMEOUT, self.backend.inspect(&lease.key));
         let record = lookup.await.ok().and_then(Result::ok);
-        let (reason, message, holder) = match record {
+        let (loss, holder) = match record {
             Some(KeyRecord {
                 holder: Some(h), ..
-            }) => (
-                LostReason::Forced,
-                format!(
-                    "taken over by {}@{} (pid {}, token {})",
-                    shown::cut(&h.user, shown::MAX_NAME_LEN),
-                    shown::cut(&h.host, shown::MAX_NAME_LEN),
-                    h.pid,
-                    h.token
-                ),
-                Some(h),
-            ),
+            }) => {
+                let loss = Loss::TakenOver {
+                    user: h.user.clone(),
+                    host: h.host.clone(),
+                    pid: h.pid,
+                    token: h.token,
+                };
+                (loss, Some(h))
+            }
             // Free at a later token: someone took it and let it go before we
             // looked, a `runlock release` or a forced run that has already ended.
-            Some(r) if r.token > lease.token => (
-                LostReason::Broken,
-                format!(
-                    "taken by another run since (a --force or runlock release), which has \
-                     already let it go at token {}",
-                    r.token
-                ),
-                None,
-            ),
-            _ => (
-                LostReason::Expired,
-                "the lease is no longer held in the backend".to_string(),
-                None,
-            ),
+            Some(r) if r.token > lease.token => (Loss::FreedSince(r.token), None),
+            _ => (Loss::Gone, None),
         };
-        self.lose(&lease.lease_id, reason, message, holder).await;
+        self.lose(&lease.lease_id, loss, holder).await;
     }
 }
 
@@ -201,7 +177,7 @@ mod tests {
         let event = tokio::time::timeout(Duration::from_secs(120), events.recv()).await;
         let at = granted.elapsed();
         match event.expect("told within the TTL").expect("open") {
-            AgentMessage::Lost { reason, .. } => assert_eq!(reason, LostReason::Expired),
+            Event::Lost { loss, .. } => assert_eq!(loss.reason(), LostReason::Expired),
             other => panic!("expected lost, got {other:?}"),
         }
         // The deadline: the grant's write + TTL − TTL/6 = 25 s. Retries back off
@@ -241,7 +217,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(300)).await;
         let mut renewed = 0;
         while let Ok(event) = events.try_recv() {
-            assert!(matches!(event, AgentMessage::Renewed { .. }), "{event:?}");
+            assert!(matches!(event, Event::Renewed { .. }), "{event:?}");
             renewed += 1;
         }
         assert_eq!(renewed, RENEWED_BACKLOG);

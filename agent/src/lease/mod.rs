@@ -4,9 +4,13 @@
 //! One `Registry` under one lock (`state`), its operations one idea a module:
 //! `acquire` (and reattach), `queue` (local waiters), `release` (and break),
 //! `loss` (a lease lost, and what `renewal` reports), `supervise` (the run a
-//! peer attached), `view` (list and inspect as a peer may see them).
+//! peer attached), `view` (list and inspect as a peer may see them). It
+//! speaks in `error::LeaseError` and `event::Event`; only the connection
+//! turns them into wire messages.
 
 mod acquire;
+mod error;
+mod event;
 mod loss;
 mod queue;
 mod registry;
@@ -19,6 +23,8 @@ mod testing;
 mod view;
 
 pub use acquire::{AcquireRequest, Granted};
+pub use error::LeaseError;
+pub use event::{Event, Loss};
 pub use loss::RENEWED_BACKLOG;
 pub use registry::{Identity, Policy, Registry};
 pub use state::{ConnId, PeerCred};

@@ -1,13 +1,15 @@
 //! The registry of one agent: what it is built from (backend, identity,
 //! policy), the connections it serves, and the hand-over to the next agent.
 
+use super::error::LeaseError;
+use super::event::Event;
 use super::renewal::Renewals;
 use super::state::{Conn, ConnId, PeerCred, State};
 use crate::access::Access;
 use crate::backend::{Backend, Capabilities};
 use crate::process::Peer;
 use crate::shown::{self, Viewer};
-use runlock_protocol::{AgentMessage, ErrorCode, Holder, Key, OnLost, OnUnavailable, WireError};
+use runlock_protocol::{Holder, Key, OnLost, OnUnavailable};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -139,7 +141,7 @@ impl Registry {
         peer: PeerCred,
         shim: Peer,
         groups: &[u32],
-        events: mpsc::UnboundedSender<AgentMessage>,
+        events: mpsc::UnboundedSender<Event>,
         renewed_backlog: Arc<AtomicUsize>,
     ) -> ConnId {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
@@ -206,12 +208,12 @@ impl Registry {
     }
 
     /// The connection's peer, its user name, and whether it may force and break.
-    pub(super) fn peer(&self, conn: ConnId) -> Result<(PeerCred, String, bool), WireError> {
+    pub(super) fn peer(&self, conn: ConnId) -> Result<(PeerCred, String, bool), LeaseError> {
         self.state()
             .conns
             .get(&conn)
             .map(|c| (c.peer, c.user.clone(), c.may_override))
-            .ok_or_else(|| WireError::new(ErrorCode::Internal, "connection is closing"))
+            .ok_or(LeaseError::ConnectionClosing)
     }
 
     /// How the connection's peer sees holders.
@@ -228,15 +230,14 @@ impl Registry {
         shown::holder(holder, viewer, &self.identity.host)
     }
 
-    pub(super) fn forbidden(&self, peer: PeerCred, what: &str) -> WireError {
-        WireError::new(
-            ErrorCode::Forbidden,
-            format!(
-                "uid {} may not {what} (allowed: {})",
-                peer.uid,
-                self.policy.access.describe()
-            ),
-        )
+    /// The peer may not do `action` (to `key`).
+    pub(super) fn forbidden(&self, peer: PeerCred, action: &str, key: Option<Key>) -> LeaseError {
+        LeaseError::Forbidden {
+            uid: peer.uid,
+            action: action.to_string(),
+            allowed: self.policy.access.describe(),
+            key,
+        }
     }
 }
 

@@ -1,15 +1,17 @@
 //! Giving keys back: a peer's own leases (`release`), and whoever holds a
 //! key, here or on another agent (`break_key`, for `runlock release --key`).
 
-use super::acquire::{now_ms, valid_key};
+use super::acquire::now_ms;
+use super::error::{backend_on, valid_key, LeaseError};
+use super::event::Loss;
 use super::registry::Registry;
 use super::state::ConnId;
 use crate::backend::{AcquireSpec, LeaseRef};
-use runlock_protocol::{ErrorCode, Holder, LostReason, WireError};
+use runlock_protocol::Holder;
 
 impl Registry {
     /// Releases leases this connection holds.
-    pub async fn release(&self, conn: ConnId, lease_ids: &[String]) -> Result<u32, WireError> {
+    pub async fn release(&self, conn: ConnId, lease_ids: &[String]) -> Result<u32, LeaseError> {
         {
             let state = self.state();
             let owned = state.conns.get(&conn).map(|c| &c.leases);
@@ -17,10 +19,7 @@ impl Registry {
                 .iter()
                 .find(|id| !owned.is_some_and(|o| o.contains(*id)))
             {
-                return Err(WireError::new(
-                    ErrorCode::NotOwner,
-                    format!("lease {id} is not held by this connection"),
-                ));
+                return Err(LeaseError::NotHeldHere(id.clone()));
             }
         }
         let mut count = 0;
@@ -30,6 +29,7 @@ impl Registry {
         Ok(count)
     }
 
+    /// Lets go of one lease, in the backend too, and wakes the next local waiter.
     pub(super) async fn release_lease(&self, lease_id: &str) -> bool {
         let Some(lease) = self.state().remove_lease(lease_id) else {
             return false;
@@ -45,24 +45,22 @@ impl Registry {
     }
 
     /// Breaks whoever holds `key`, on this agent or another sharing the backend.
-    pub async fn break_key(&self, conn: ConnId, key: &str) -> Result<u32, WireError> {
+    pub async fn break_key(&self, conn: ConnId, key: &str) -> Result<u32, LeaseError> {
         let key = valid_key(key)?;
         let (peer, user, may_override) = self.peer(conn)?;
         if !may_override {
-            return Err(self.forbidden(peer, "release another's lock"));
+            return Err(self.forbidden(peer, "release another's lock", None));
         }
         let local = self.state().by_key.get(&key).cloned();
         if let Some(lease_id) = local {
-            let message = format!("released by uid {} (pid {})", peer.uid, peer.pid);
-            self.lose(&lease_id, LostReason::Broken, message, None)
-                .await;
+            let loss = Loss::BrokenHere {
+                uid: peer.uid,
+                pid: peer.pid,
+            };
+            self.lose(&lease_id, loss, None).await;
             return Ok(1);
         }
-        let record = self
-            .backend
-            .inspect(&key)
-            .await
-            .map_err(|e| e.to_wire(&key))?;
+        let record = self.backend.inspect(&key).await.map_err(backend_on(&key))?;
         if record.holder.is_none() && record.state != runlock_protocol::KeyState::Held {
             return Ok(0);
         }
@@ -88,7 +86,7 @@ impl Registry {
             .backend
             .acquire(&spec)
             .await
-            .map_err(|e| e.to_wire(&key))?;
+            .map_err(backend_on(&key))?;
         let lease = LeaseRef {
             key: key.clone(),
             lease_id: spec.lease_id,
@@ -97,7 +95,7 @@ impl Registry {
         self.backend
             .release(&lease)
             .await
-            .map_err(|e| e.to_wire(&key))?;
+            .map_err(backend_on(&key))?;
         tracing::info!(key = %key, uid = peer.uid, "broke a lease held through another agent");
         Ok(1)
     }

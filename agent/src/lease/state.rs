@@ -1,10 +1,11 @@
 //! What the registry records under its one lock: leases by id and by key,
 //! connections, and the waiter queues.
 
+use super::event::Event;
 use super::queue::Queues;
 use crate::backend::LeaseRef;
 use crate::process::{Peer, Run};
-use runlock_protocol::{AgentMessage, Holder, Key, OnLost};
+use runlock_protocol::{Holder, Key, OnLost};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
@@ -48,7 +49,7 @@ pub(super) struct Conn {
     pub(super) user: String,
     /// Whether the peer may force and break, decided once.
     pub(super) may_override: bool,
-    pub(super) events: mpsc::UnboundedSender<AgentMessage>,
+    pub(super) events: mpsc::UnboundedSender<Event>,
     /// `renewed` events queued for the peer and not yet written to it.
     pub(super) renewed_backlog: Arc<AtomicUsize>,
     pub(super) leases: BTreeSet<String>,

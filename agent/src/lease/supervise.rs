@@ -1,10 +1,10 @@
 //! The run a peer attached: named once it is found to be the peer's, and
 //! watched past its shim's end where the run was reattached.
 
+use super::error::LeaseError;
 use super::registry::Registry;
 use super::state::ConnId;
 use crate::process::Run;
-use runlock_protocol::WireError;
 
 impl Registry {
     /// The process group of a reattached connection's run while it still has
@@ -22,7 +22,7 @@ impl Registry {
 
     /// Names the run's process for every lease of the connection, once it is
     /// found to be the peer's; a refused one leaves any earlier one in place.
-    pub fn attach(&self, conn: ConnId, pid: u32, pgid: u32) -> Result<(), WireError> {
+    pub fn attach(&self, conn: ConnId, pid: u32, pgid: u32) -> Result<(), LeaseError> {
         let (peer, _, _) = self.peer(conn)?;
         let run = Run::attach(peer.uid, pid, pgid).inspect_err(|err| {
             tracing::warn!(pid, pgid, error = %err, "attach refused");

@@ -1,9 +1,11 @@
 //! What the registry's tests share: a registry on memory://, connections and requests.
 
-pub(super) use super::{AcquireRequest, ConnId, Granted, Identity, PeerCred, Policy, Registry};
+pub(super) use super::{
+    AcquireRequest, ConnId, Event, Granted, Identity, LeaseError, PeerCred, Policy, Registry,
+};
 pub(super) use crate::backend::MemoryBackend;
 pub(super) use crate::process::Peer;
-pub(super) use runlock_protocol::{AgentMessage, Key, Lease, OnLost, WireError};
+pub(super) use runlock_protocol::{Key, Lease, OnLost};
 pub(super) use std::sync::Arc;
 pub(super) use std::time::Duration;
 pub(super) use tokio::sync::mpsc;
@@ -42,7 +44,7 @@ pub(super) fn request(keys: &[&str], wait: Duration, force: bool) -> AcquireRequ
 pub(super) fn connect(
     registry: &Registry,
     peer: PeerCred,
-) -> (ConnId, mpsc::UnboundedReceiver<AgentMessage>) {
+) -> (ConnId, mpsc::UnboundedReceiver<Event>) {
     let (tx, rx) = mpsc::unbounded_channel();
     let shim = Peer::of_pid(std::process::id());
     (
@@ -55,7 +57,7 @@ pub(super) async fn take(
     registry: &Registry,
     conn: ConnId,
     keys: &[&str],
-) -> Result<Vec<Lease>, WireError> {
+) -> Result<Vec<Lease>, LeaseError> {
     let never = CancellationToken::new();
     registry
         .acquire(conn, request(keys, Duration::ZERO, false), &never)

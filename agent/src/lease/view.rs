@@ -1,10 +1,10 @@
 //! What a peer is shown of the leases held here (`list`) and of a key's
 //! record in the backend (`inspect`), bounded to fit a reply.
 
-use super::acquire::valid_key;
+use super::error::{backend_on, valid_key, LeaseError};
 use super::registry::Registry;
 use super::state::ConnId;
-use runlock_protocol::{KeyRecord, LeaseInfo, WireError, MAX_FRAME_LEN};
+use runlock_protocol::{KeyRecord, LeaseInfo, MAX_FRAME_LEN};
 
 impl Registry {
     /// How many leases this agent holds (without copying them, as `list` does).
@@ -66,7 +66,7 @@ impl Registry {
     }
 
     /// The backend's record of a key, as the connection's peer may see it.
-    pub async fn inspect_for(&self, conn: ConnId, key: &str) -> Result<KeyRecord, WireError> {
+    pub async fn inspect_for(&self, conn: ConnId, key: &str) -> Result<KeyRecord, LeaseError> {
         let mut record = self.inspect(key).await?;
         let viewer = self.viewer(conn);
         record.holder = record.holder.map(|h| self.show(&h, viewer));
@@ -74,11 +74,8 @@ impl Registry {
     }
 
     /// The backend's record of a key.
-    pub async fn inspect(&self, key: &str) -> Result<KeyRecord, WireError> {
+    pub async fn inspect(&self, key: &str) -> Result<KeyRecord, LeaseError> {
         let key = valid_key(key)?;
-        self.backend
-            .inspect(&key)
-            .await
-            .map_err(|e| e.to_wire(&key))
+        self.backend.inspect(&key).await.map_err(backend_on(&key))
     }
 }
