@@ -13,7 +13,6 @@ use runlock_protocol::{
 };
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -28,8 +27,6 @@ type Transport = Framed<UnixStream, AgentCodec>;
 type AcquireResult = Result<Granted, WireError>;
 /// What reading the next frame gives: none at EOF, a body or why it is not one.
 type Frame = Option<Result<Result<Envelope<ClientMessage>, BodyError>, ProtocolError>>;
-/// How often the agent looks whether a reattached run whose shim is gone has ended.
-const RUN_POLL: Duration = Duration::from_millis(100);
 
 /// Serves one accepted connection from `peer` until the peer goes or `shutdown`
 /// (cancelled by the server once it has handed the leases over).
@@ -306,17 +303,9 @@ impl Connection {
                 return;
             }
         }
-        let (events_tx, mut events) = mpsc::unbounded_channel();
         let groups = std::mem::take(&mut self.groups);
         let shim = std::mem::take(&mut self.shim);
-        let renewed_backlog = Arc::new(AtomicUsize::new(0));
-        let conn = self.registry.open_connection(
-            self.peer,
-            shim,
-            &groups,
-            events_tx,
-            renewed_backlog.clone(),
-        );
+        let (conn, mut events) = self.registry.open_connection(self.peer, shim, &groups);
         let mut acquire = AcquireSlot::new();
         let result: Result<(), ProtocolError> = async {
             loop {
@@ -326,12 +315,7 @@ impl Connection {
                         self.send(None, AgentMessage::Restarting).await?;
                         return Ok(());
                     }
-                    Some(event) = events.recv() => {
-                        if matches!(event, Event::Renewed { .. }) {
-                            renewed_backlog.fetch_sub(1, Ordering::Relaxed);
-                        }
-                        self.send(None, event_message(event)).await?
-                    }
+                    Some(event) = events.recv() => self.send(None, event_message(event)).await?,
                     Some((id, result)) = acquire.done.recv() => {
                         acquire.task = None;
                         self.grant(conn, id, result).await?;
@@ -365,11 +349,9 @@ impl Connection {
                 pgid,
                 "the shim of a reattached run is gone; holding until the run ends"
             );
-            while self.registry.run_outliving(conn).is_some() {
-                tokio::select! {
-                    _ = tokio::time::sleep(RUN_POLL) => {}
-                    _ = shutdown.cancelled() => break,
-                }
+            tokio::select! {
+                _ = self.registry.run_ended(conn) => {}
+                _ = shutdown.cancelled() => {}
             }
         }
         self.registry.close_connection(conn).await;

@@ -14,6 +14,9 @@ use std::time::Duration;
 /// How often a group is scanned again for members forked while it was being
 /// signalled (killpg is one step in the kernel; a scan of /proc is not).
 const SIGNAL_PASSES: usize = 4;
+/// How often a run's group is looked at where its members' exits cannot be
+/// awaited (no pidfd: before Linux 5.3).
+const EXIT_POLL: Duration = Duration::from_millis(100);
 
 /// A process held by a pidfd: whatever later reuses its pid is not it.
 #[derive(Debug)]
@@ -338,6 +341,36 @@ impl Run {
         self.scan().any(|(_, place)| place == Place::Member)
     }
 
+    /// Returns once the run's group has no member left. It awaits one
+    /// member's exit at a time, through its pidfd, and scans the group again
+    /// after each (members may have forked or left meanwhile); it polls only
+    /// where a pidfd cannot be had.
+    pub async fn ended(&self) {
+        use tokio::io::unix::AsyncFd;
+        use tokio::io::Interest;
+        loop {
+            let member = self
+                .scan()
+                .find_map(|(p, place)| (place == Place::Member).then_some(p.pid));
+            let Some(member) = member else {
+                return;
+            };
+            // A pidfd turns readable when its process exits.
+            let exit = Pidfd::open(member).ok().and_then(|fd| {
+                // SAFETY: the AsyncFd owns the descriptor until it is dropped,
+                // and an OwnedFd's raw descriptor never changes.
+                unsafe { AsyncFd::register_with_interest(fd.0, Interest::READABLE) }.ok()
+            });
+            let awaited = match exit {
+                Some(exit) => exit.readable().await.is_ok(),
+                None => false,
+            };
+            if !awaited {
+                tokio::time::sleep(EXIT_POLL).await;
+            }
+        }
+    }
+
     /// Sends `signal` to each member of the group, through a pidfd and after
     /// checking it again; returns how many were signalled.
     fn signal(&self, signal: Signal) -> usize {
@@ -470,6 +503,23 @@ mod tests {
         let err = Run::attach(root(), pid, pid).expect_err("a zombie");
         assert_eq!(err.code(), ErrorCode::BadRequest);
         child.wait()?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_runs_end_is_awaited_until_its_last_member_has_exited() -> anyhow::Result<()> {
+        let mut leader = sleeper(None, None)?;
+        let group = leader.id();
+        let mut member = sleeper(Some(group), None)?;
+        let run = Run::attach(root(), group, group)?;
+        let ended = tokio::spawn(async move { run.ended().await });
+        leader.kill()?;
+        leader.wait()?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!ended.is_finished(), "ended while a member was left");
+        member.kill()?;
+        member.wait()?;
+        tokio::time::timeout(WAIT, ended).await??;
         Ok(())
     }
 

@@ -4,7 +4,13 @@
 use crate::shown::{cut, MAX_NAME_LEN};
 use runlock_protocol::{Holder, Key, LostReason};
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use tokio::sync::mpsc;
 use tokio::time::Instant;
+
+/// At most this many `renewed` events wait for one peer to read them.
+pub const RENEWED_BACKLOG: usize = 64;
 
 /// An event for one connection.
 #[derive(Debug)]
@@ -28,6 +34,84 @@ pub enum Event {
         /// Who took the key, as the peer may see them, where known.
         holder: Option<Holder>,
     },
+}
+
+/// A connection's event channel: the registry's end and the connection's.
+pub(super) fn channel() -> (EventSender, Events) {
+    let (events, received) = mpsc::unbounded_channel();
+    let renewed_backlog = Arc::new(AtomicUsize::new(0));
+    let sender = EventSender {
+        events,
+        renewed_backlog: renewed_backlog.clone(),
+    };
+    let receiver = Events {
+        received,
+        renewed_backlog,
+    };
+    (sender, receiver)
+}
+
+/// Where the registry sends one connection's events.
+#[derive(Clone)]
+pub(super) struct EventSender {
+    events: mpsc::UnboundedSender<Event>,
+    /// `renewed` events sent and not yet read by the connection.
+    renewed_backlog: Arc<AtomicUsize>,
+}
+
+impl EventSender {
+    /// Sends `lost`, which is never dropped.
+    pub(super) fn lost(&self, lease_id: &str, key: Key, loss: Loss, holder: Option<Holder>) {
+        let lease_id = lease_id.to_string();
+        let _ = self.events.send(Event::Lost {
+            lease_id,
+            key,
+            loss,
+            holder,
+        });
+    }
+
+    /// Sends `renewed`, unless [`RENEWED_BACKLOG`] of them wait unread: a peer
+    /// that does not read would otherwise make the queue grow without end, and
+    /// skipping one only leaves it an earlier, safe deadline.
+    pub(super) fn renewed(&self, lease_id: &str, valid_until: Instant) {
+        if self.renewed_backlog.fetch_add(1, Ordering::Relaxed) >= RENEWED_BACKLOG {
+            self.renewed_backlog.fetch_sub(1, Ordering::Relaxed);
+            return;
+        }
+        let lease_id = lease_id.to_string();
+        let _ = self.events.send(Event::Renewed {
+            lease_id,
+            valid_until,
+        });
+    }
+}
+
+/// One connection's events, in the order they happened.
+pub struct Events {
+    received: mpsc::UnboundedReceiver<Event>,
+    renewed_backlog: Arc<AtomicUsize>,
+}
+
+impl Events {
+    /// The next event; `None` once the registry has forgotten the connection.
+    /// Cancel-safe, as `mpsc::UnboundedReceiver::recv` is.
+    pub async fn recv(&mut self) -> Option<Event> {
+        let event = self.received.recv().await?;
+        Some(self.read(event))
+    }
+
+    /// The next event if one is waiting.
+    pub fn try_recv(&mut self) -> Result<Event, mpsc::error::TryRecvError> {
+        self.received.try_recv().map(|event| self.read(event))
+    }
+
+    fn read(&self, event: Event) -> Event {
+        if matches!(event, Event::Renewed { .. }) {
+            self.renewed_backlog.fetch_sub(1, Ordering::Relaxed);
+        }
+        event
+    }
 }
 
 /// How a lease was lost; its text is what the run is told.

@@ -1,21 +1,18 @@
 //! A lease lost (forced, broken, expired): its run is told, and stopped if
 //! its client is gone; and what the renewal scheduler reports, drained here.
 
-use super::event::{Event, Loss};
+use super::event::Loss;
 use super::registry::Registry;
 use super::renewal::Report;
 use crate::backend::LeaseRef;
 use crate::shown::Viewer;
 use runlock_protocol::timing;
 use runlock_protocol::{Holder, KeyRecord, LostReason};
-use std::sync::atomic::Ordering;
 use std::sync::Weak;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-/// At most this many `renewed` events wait for one peer to read them.
-pub const RENEWED_BACKLOG: usize = 64;
 /// How long naming a lost lease's new holder may take before the run is told without it.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
 
@@ -55,16 +52,7 @@ impl Registry {
             .get(lease_id)
             .and_then(|l| state.conns.get(&l.conn))
         {
-            // A peer that does not read would otherwise make the queue grow
-            // without end; skipping one only leaves it an earlier, safe deadline.
-            if c.renewed_backlog.fetch_add(1, Ordering::Relaxed) >= RENEWED_BACKLOG {
-                c.renewed_backlog.fetch_sub(1, Ordering::Relaxed);
-                return;
-            }
-            let _ = c.events.send(Event::Renewed {
-                lease_id: lease_id.to_string(),
-                valid_until,
-            });
+            c.events.renewed(lease_id, valid_until);
         }
     }
 
@@ -95,12 +83,8 @@ impl Registry {
         crate::metrics::lost(reason);
         let grace = timing::kill_grace(lease.ttl);
         if let Some((events, viewer, orphan, on_lost)) = notice {
-            let _ = events.send(Event::Lost {
-                lease_id: lease_id.to_string(),
-                key: lease.key.clone(),
-                loss,
-                holder: holder.map(|h| self.show(&h, viewer)),
-            });
+            let holder = holder.map(|h| self.show(&h, viewer));
+            events.lost(lease_id, lease.key.clone(), loss, holder);
             // The shim acts on `lost` itself; only when it is gone does the agent act for it.
             if let Some(run) = orphan {
                 run.stop(on_lost, grace);
@@ -154,8 +138,8 @@ impl Registry {
 
 #[cfg(test)]
 mod tests {
+    use super::super::event::RENEWED_BACKLOG;
     use super::super::testing::*;
-    use super::RENEWED_BACKLOG;
     use runlock_protocol::LostReason;
     use tokio::time::Instant;
 

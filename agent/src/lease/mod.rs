@@ -24,7 +24,6 @@ mod view;
 
 pub use acquire::{AcquireRequest, Granted};
 pub use error::LeaseError;
-pub use event::{Event, Loss};
-pub use loss::RENEWED_BACKLOG;
+pub use event::{Event, Events, Loss};
 pub use registry::{Identity, Policy, Registry};
 pub use state::{ConnId, PeerCred};

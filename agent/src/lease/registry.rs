@@ -2,7 +2,7 @@
 //! policy), the connections it serves, and the hand-over to the next agent.
 
 use super::error::LeaseError;
-use super::event::Event;
+use super::event::{self, Events};
 use super::renewal::Renewals;
 use super::state::{Conn, ConnId, PeerCred, State};
 use crate::access::Access;
@@ -11,10 +11,9 @@ use crate::process::Peer;
 use crate::shown::{self, Viewer};
 use runlock_protocol::{Holder, Key, OnLost, OnUnavailable};
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
-use tokio::sync::mpsc;
 
 /// Who this agent is, as recorded in every holder.
 #[derive(Debug, Clone)]
@@ -135,15 +134,9 @@ impl Registry {
     }
 
     /// Registers a connection from `peer`, whose supplementary groups are
-    /// `groups` and whose process is `shim`; `events` receives its events.
-    pub fn open_connection(
-        &self,
-        peer: PeerCred,
-        shim: Peer,
-        groups: &[u32],
-        events: mpsc::UnboundedSender<Event>,
-        renewed_backlog: Arc<AtomicUsize>,
-    ) -> ConnId {
+    /// `groups` and whose process is `shim`; returns its id and its events.
+    pub fn open_connection(&self, peer: PeerCred, shim: Peer, groups: &[u32]) -> (ConnId, Events) {
+        let (events, received) = event::channel();
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let user = user_name(peer.uid);
         let access = &self.policy.access;
@@ -153,15 +146,15 @@ impl Registry {
             user,
             may_override,
             events,
-            renewed_backlog,
             leases: BTreeSet::new(),
             shim,
             child: None,
             on_lost: OnLost::Term,
             reattached: false,
+            leases_gone: Arc::default(),
         };
         self.state().conns.insert(id, conn);
-        id
+        (id, received)
     }
 
     /// Ends a connection: every lease it holds is released at once, unless

@@ -1,16 +1,15 @@
 //! What the registry records under its one lock: leases by id and by key,
 //! connections, and the waiter queues.
 
-use super::event::Event;
+use super::event::EventSender;
 use super::queue::Queues;
 use crate::backend::LeaseRef;
 use crate::process::{Peer, Run};
 use runlock_protocol::{Holder, Key, OnLost};
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::AtomicUsize;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::Notify;
 
 /// A connection's id within this agent.
 pub type ConnId = u64;
@@ -49,9 +48,7 @@ pub(super) struct Conn {
     pub(super) user: String,
     /// Whether the peer may force and break, decided once.
     pub(super) may_override: bool,
-    pub(super) events: mpsc::UnboundedSender<Event>,
-    /// `renewed` events queued for the peer and not yet written to it.
-    pub(super) renewed_backlog: Arc<AtomicUsize>,
+    pub(super) events: EventSender,
     pub(super) leases: BTreeSet<String>,
     /// The peer's own process, to tell whether it is still there to act on `lost`.
     pub(super) shim: Peer,
@@ -60,6 +57,8 @@ pub(super) struct Conn {
     /// Its leases were adopted from a stopped agent: the run does not hold
     /// this connection, so its end is not the run's end.
     pub(super) reattached: bool,
+    /// Told when its last lease goes: no run need be waited for any more.
+    pub(super) leases_gone: Arc<Notify>,
 }
 
 #[derive(Default)]
@@ -90,6 +89,9 @@ impl State {
         }
         if let Some(conn) = self.conns.get_mut(&lease.conn) {
             conn.leases.remove(lease_id);
+            if conn.leases.is_empty() {
+                conn.leases_gone.notify_one();
+            }
         }
         Some(lease)
     }

@@ -1,7 +1,8 @@
 //! What the registry's tests share: a registry on memory://, connections and requests.
 
 pub(super) use super::{
-    AcquireRequest, ConnId, Event, Granted, Identity, LeaseError, PeerCred, Policy, Registry,
+    AcquireRequest, ConnId, Event, Events, Granted, Identity, LeaseError, PeerCred, Policy,
+    Registry,
 };
 pub(super) use crate::backend::MemoryBackend;
 pub(super) use crate::process::Peer;
@@ -41,16 +42,9 @@ pub(super) fn request(keys: &[&str], wait: Duration, force: bool) -> AcquireRequ
     }
 }
 
-pub(super) fn connect(
-    registry: &Registry,
-    peer: PeerCred,
-) -> (ConnId, mpsc::UnboundedReceiver<Event>) {
-    let (tx, rx) = mpsc::unbounded_channel();
+pub(super) fn connect(registry: &Registry, peer: PeerCred) -> (ConnId, Events) {
     let shim = Peer::of_pid(std::process::id());
-    (
-        registry.open_connection(peer, shim, &[], tx, Arc::default()),
-        rx,
-    )
+    registry.open_connection(peer, shim, &[])
 }
 
 pub(super) async fn take(
