@@ -119,17 +119,7 @@ impl Registry {
         if req.force && !may_override {
             return Err(self.forbidden(peer, "force a lock", None));
         }
-        let holder = Holder {
-            host: self.identity.host.clone(),
-            agent_id: self.identity.agent_id.clone(),
-            pid: peer.pid,
-            uid: peer.uid,
-            gid: peer.gid,
-            user,
-            command: shown::cut(&req.command, MAX_COMMAND_LEN),
-            acquired_at_ms: 0,
-            token: 0,
-        };
+        let holder = self.holder(peer, user, shown::cut(&req.command, MAX_COMMAND_LEN));
         let deadline = Instant::now() + req.wait;
         let mut granted = Granted::new(ttl, keys.len());
         for key in keys {

@@ -209,6 +209,22 @@ impl Registry {
             .ok_or(LeaseError::ConnectionClosing)
     }
 
+    /// The holder this agent records for `peer` (whose user is `user`)
+    /// running `command`; the backend sets the token, the caller the time.
+    pub(super) fn holder(&self, peer: PeerCred, user: String, command: String) -> Holder {
+        Holder {
+            host: self.identity.host.clone(),
+            agent_id: self.identity.agent_id.clone(),
+            pid: peer.pid,
+            uid: peer.uid,
+            gid: peer.gid,
+            user,
+            command,
+            acquired_at_ms: 0,
+            token: 0,
+        }
+    }
+
     /// How the connection's peer sees holders.
     pub(super) fn viewer(&self, conn: ConnId) -> Viewer {
         let state = self.state();

@@ -69,15 +69,8 @@ impl Registry {
             key: key.clone(),
             lease_id: uuid::Uuid::new_v4().to_string(),
             holder: Holder {
-                host: self.identity.host.clone(),
-                agent_id: self.identity.agent_id.clone(),
-                pid: peer.pid,
-                uid: peer.uid,
-                gid: peer.gid,
-                user,
-                command: "runlock release".to_string(),
                 acquired_at_ms: now_ms(),
-                token: 0,
+                ..self.holder(peer, user, "runlock release".to_string())
             },
             ttl: self.policy.default_ttl,
             force: true,
