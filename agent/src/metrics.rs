@@ -1,6 +1,7 @@
-//! Prometheus metrics on `--metrics ADDR`: the counters the registry and the
-//! renewal scheduler bump where outcomes are decided, a timing decorator around
-//! the backend, and a tiny HTTP server for `GET /metrics`.
+//! Prometheus metrics on `--metrics ADDR`: the counters the lease layer, the
+//! connection (acquisitions, by wire code) and the renewal scheduler bump
+//! where outcomes are decided, a timing decorator around the backend, and a
+//! tiny HTTP server for `GET /metrics`.
 //!
 //! The metrics live in one process-wide instance, set by [`start`], so that
 //! each hook is a one-line call that needs no handle threaded through the

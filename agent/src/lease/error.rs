@@ -204,3 +204,96 @@ impl fmt::Display for HeldText<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::LegacyRun;
+
+    fn key() -> Key {
+        Key::new("k").expect("valid")
+    }
+
+    fn held(waited: Duration, legacy: Option<LegacyRun>) -> LeaseError {
+        LeaseError::Held {
+            key: key(),
+            waited,
+            holder: None,
+            legacy: legacy.map(Box::new),
+        }
+    }
+
+    #[test]
+    fn held_reads_as_it_did_on_the_wire() {
+        let now = held(Duration::ZERO, None);
+        assert_eq!(now.to_string(), "key \"k\" is held");
+        assert_eq!(now.code(), ErrorCode::Held);
+        let waited = held(Duration::from_secs(5), None);
+        assert_eq!(
+            waited.to_string(),
+            "key \"k\" is still held after waiting 5s"
+        );
+        assert_eq!(waited.code(), ErrorCode::Timeout);
+        assert_eq!(waited.key().as_deref(), Some("k"));
+    }
+
+    #[test]
+    fn a_legacy_run_is_named_after_the_held_text() {
+        let holder = Holder {
+            host: legacy::HOLDER_HOST.to_string(),
+            agent_id: String::new(),
+            pid: 0,
+            uid: 0,
+            gid: 0,
+            user: String::new(),
+            command: "meltano run 0b1c (legacy, not wrapped by runlock)".to_string(),
+            acquired_at_ms: 1_000,
+            token: 0,
+        };
+        let run = LegacyRun {
+            run_id: "0b1c".to_string(),
+            started_at_ms: Some(1_000),
+            holder,
+        };
+        assert_eq!(
+            held(Duration::ZERO, Some(run)).to_string(),
+            "key \"k\" is held: by a Meltano run recorded as RUNNING in the system database \
+             since 1970-01-01T00:00:01Z (run id 0b1c), not wrapped by runlock; wait for it \
+             to end, or pass --force if it is gone"
+        );
+    }
+
+    #[test]
+    fn a_ttl_out_of_range_names_the_backend_only_where_it_sets_the_minimum() {
+        let ttl = LeaseError::TtlOutOfRange {
+            ttl: Duration::from_millis(10),
+            shortest: timing::MIN_TTL,
+            backend: None,
+        };
+        let want = format!(
+            "ttl_ms must be between {} and {}, got 10",
+            timing::MIN_TTL.as_millis(),
+            timing::MAX_TTL.as_millis()
+        );
+        assert_eq!(ttl.to_string(), want);
+        let on = LeaseError::TtlOutOfRange {
+            ttl: Duration::from_millis(10),
+            shortest: Duration::from_secs(60),
+            backend: Some("gs://b/p".to_string()),
+        };
+        let want = format!(
+            "ttl_ms must be between 60000 and {} on gs://b/p, got 10",
+            timing::MAX_TTL.as_millis()
+        );
+        assert_eq!(on.to_string(), want);
+    }
+
+    #[test]
+    fn an_invalid_key_is_echoed_cut_to_fit() {
+        let long = "k".repeat(MAX_KEY_LEN + 100);
+        let err = valid_key(&long).expect_err("too long");
+        assert_eq!(err.code(), ErrorCode::InvalidKey);
+        assert!(err.key().is_some_and(|k| k.len() <= MAX_KEY_LEN));
+        assert_eq!(err.to_string(), InvalidKey::TooLong(long.len()).to_string());
+    }
+}

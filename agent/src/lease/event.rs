@@ -191,3 +191,62 @@ impl fmt::Display for Loss {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_loss_reads_as_it_did_on_the_wire() {
+        let long = "u".repeat(MAX_NAME_LEN + 10);
+        for (loss, reason, text) in [
+            (
+                Loss::ForcedHere {
+                    user: "ann".into(),
+                    host: "h".into(),
+                    pid: 7,
+                },
+                LostReason::Forced,
+                "taken over with --force by ann@h (pid 7)".to_string(),
+            ),
+            (
+                Loss::BrokenHere { uid: 0, pid: 9 },
+                LostReason::Broken,
+                "released by uid 0 (pid 9)".to_string(),
+            ),
+            (
+                Loss::NotRenewed,
+                LostReason::Expired,
+                "the lease could not be renewed before its deadline".to_string(),
+            ),
+            (
+                Loss::TakenOver {
+                    user: long.clone(),
+                    host: "h".into(),
+                    pid: 3,
+                    token: 12,
+                },
+                LostReason::Forced,
+                format!(
+                    "taken over by {}@h (pid 3, token 12)",
+                    cut(&long, MAX_NAME_LEN)
+                ),
+            ),
+            (
+                Loss::FreedSince(4),
+                LostReason::Broken,
+                "taken by another run since (a --force or runlock release), which has already \
+                 let it go at token 4"
+                    .to_string(),
+            ),
+            (
+                Loss::Gone,
+                LostReason::Expired,
+                "the lease is no longer held in the backend".to_string(),
+            ),
+        ] {
+            assert_eq!(loss.reason(), reason, "{loss:?}");
+            assert_eq!(loss.to_string(), text);
+        }
+    }
+}
