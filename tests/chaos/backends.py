@@ -25,7 +25,7 @@ import proc
 
 # name: (script, start, stop, pid variables)
 SCRIPTS = {
-    "s3": ("moto.sh", "moto_start serial", "moto_stop"),
+    "s3": ("moto.sh", "moto_start", "moto_stop"),
     "azure": ("azurite.sh", "azurite_start", "azurite_stop"),
     "gs": ("fake_gcs.sh", "fake_gcs_start", "fake_gcs_stop"),
     "postgres": ("postgres.sh", "pg_start", "pg_stop"),

@@ -2,8 +2,8 @@
 # Installs moto (an S3 emulator, see EMULATORS.md here) into a
 # cached venv and starts it on a free local port, for the S3 tests.
 #
-# Sourced by scripts/test:   source tests/scripts/moto.sh; moto_start; ...; moto_stop
-# and by scripts/chaos:      moto_start serial   (one request applied at a time)
+# Sourced by scripts/test and scripts/chaos:
+#                            source tests/scripts/moto.sh; moto_start; ...; moto_stop
 # Run by itself:             bash tests/scripts/moto.sh   (starts it, prints the
 #                            endpoint, and stops it on Ctrl-C)
 #
@@ -28,15 +28,10 @@ moto_install() {
 
 moto_start() {
     moto_install || { echo "moto: install failed" >&2; return 1; }
-    # serial: moto_serial.py, moto applying one request at a time, as a real
-    # store applies a conditional write atomically (see the file). Only the
-    # chaos harness needs it; the suite's 100-run restart test could not
-    # reattach in time through it on a loaded machine.
+    # moto_serial.py: moto applying the writes to one object one at a time, as
+    # a real store applies a conditional write atomically (see the file).
     local venv=$RUNLOCK_EMU_DIR/venv port log
-    local server=("$venv/bin/moto_server")
-    if [ "${1:-}" = serial ]; then
-        server=("$venv/bin/python" "$(dirname "${BASH_SOURCE[0]}")/moto_serial.py")
-    fi
+    local server=("$venv/bin/python" "$(dirname "${BASH_SOURCE[0]}")/moto_serial.py")
     port=$(free_port 5000) || return 1
     log=$RUNLOCK_EMU_DIR/moto-$port.log
     # The server on its own line, so that $! is its pid (EMULATORS.md here).

@@ -1,12 +1,16 @@
-"""moto's S3 server with one request applied at a time.
+"""moto's S3 server with the writes to one object applied one at a time.
 
 moto_server answers on a thread per connection, and its PutObject checks
 If-None-Match / If-Match and then writes with no lock between: two agents
 racing for one key could both be told 200 (the chaos harness saw it once in
 9,217 runs, RELIABILITY.md). A real store applies a conditional write
-atomically, so the tests' moto must too. Each request's body is read first,
-outside the lock, so that a client stalled mid-request (a blackhole from the
-chaos proxy) holds up only itself; only moto's own work is serialised.
+atomically, so the tests' moto must too. Writes (anything but GET and HEAD)
+to one path take that path's lock, so a condition and its write are one step;
+reads and writes to other objects go on beside them, as on a real store (an
+earlier version serialised every request, and 100 runs reattaching at once
+then queued behind each other for seconds). Each request's body is read
+first, outside any lock, so that a client stalled mid-request (a blackhole
+from the chaos proxy) holds up only itself.
 
 Usage: python moto_serial.py -H HOST -p PORT
 """
@@ -23,19 +27,37 @@ from moto.moto_server.werkzeug_app import (
 from werkzeug.serving import run_simple
 
 
-class OneAtATime:
+class OneWritePerObject:
     def __init__(self, app):
         self.app = app
-        self.lock = threading.Lock()
+        self.guard = threading.Lock()  # over `locks` alone
+        self.locks = {}  # (host, path) -> [lock, requests holding or awaiting it]
 
     def __call__(self, environ, start_response):
         environ["wsgi.input"] = io.BytesIO(read_body(environ))
-        with self.lock:
-            answer = self.app(environ, start_response)
-            try:
-                return [b"".join(answer)]
-            finally:
-                getattr(answer, "close", lambda: None)()
+        if environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
+            return self.answer(environ, start_response)
+        # The host too: a virtual-hosted request names its bucket there.
+        path = (environ.get("HTTP_HOST", ""), environ.get("PATH_INFO", ""))
+        with self.guard:
+            entry = self.locks.setdefault(path, [threading.Lock(), 0])
+            entry[1] += 1
+        try:
+            with entry[0]:
+                return self.answer(environ, start_response)
+        finally:
+            with self.guard:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self.locks[path]
+
+    def answer(self, environ, start_response):
+        """moto's whole answer, produced before any lock is let go."""
+        answer = self.app(environ, start_response)
+        try:
+            return [b"".join(answer)]
+        finally:
+            getattr(answer, "close", lambda: None)()
 
 
 def read_body(environ):
@@ -56,7 +78,7 @@ def main():
     run_simple(
         args.host,
         args.port,
-        OneAtATime(DomainDispatcherApplication(create_backend_app)),
+        OneWritePerObject(DomainDispatcherApplication(create_backend_app)),
         threaded=True,
         request_handler=MotoRequestHandler,
     )
