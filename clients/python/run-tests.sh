@@ -40,5 +40,18 @@ echo "-- the wheel, in a fresh venv"
 "$python" -m venv "$scratch/venv"
 "$scratch/venv/bin/pip" install -q --no-index --find-links "$wheelhouse" "${wheel[0]}"
 
+echo "-- the installed wheel, as a typed dependency of strict code"
+# Without its py.typed, mypy would call runlock untyped here.
+cat >"$scratch/uses_runlock.py" <<'PY'
+import runlock
+
+
+def token(key: str) -> int:
+    with runlock.lock(key, wait=1.5) as lease:
+        return lease.token
+PY
+(cd "$scratch" && "$venv/bin/mypy" --strict --no-incremental \
+    --python-executable "$scratch/venv/bin/python" uses_runlock.py)
+
 export RUNLOCK_WHEEL="${wheel[0]}" RUNLOCK_SDIST="${sdist[0]}" RUNLOCK_WHEEL_PYTHON="$scratch/venv/bin/python"
 "$venv/bin/pytest" -q "$here/tests" "$@"
