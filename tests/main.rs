@@ -11,6 +11,7 @@ mod azure;
 mod bad_input;
 mod config;
 mod crash_release;
+mod deploy;
 mod file_backend;
 mod file_trust;
 mod gcs;

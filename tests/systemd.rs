@@ -474,3 +474,110 @@ async fn a_service_manager_that_stops_reading_costs_notifications_not_service() 
     );
     Ok(())
 }
+
+/// `systemd/examples/`, the pipeline's service and timer, copied into `dir`
+/// with `runlock` pointed at the built shim (verify checks that ExecStart's
+/// program exists) and `edit` applied to the service.
+fn copy_examples(dir: &Path, edit: impl Fn(String) -> String) -> Result<(PathBuf, PathBuf)> {
+    let examples = units_dir()?.join("examples");
+    let service = std::fs::read_to_string(examples.join("meltano-pipeline.service"))?;
+    let exec = "\nExecStart=/usr/bin/runlock ";
+    ensure!(service.contains(exec), "the example does not run {exec:?}");
+    let service = service.replace(exec, &format!("\nExecStart={} ", bins()?.runlock.display()));
+    let (service_path, timer_path) = (
+        dir.join("meltano-pipeline.service"),
+        dir.join("meltano-pipeline.timer"),
+    );
+    std::fs::write(&service_path, edit(service))?;
+    std::fs::copy(examples.join("meltano-pipeline.timer"), &timer_path)?;
+    Ok((service_path, timer_path))
+}
+
+/// `systemd-analyze verify` on the example with the agent's units beside it
+/// (the example requires runlockd.socket).
+async fn verify_example(edit: impl Fn(String) -> String) -> Result<Output> {
+    let dir = temp_dir()?;
+    let (agent_service, agent_socket) = copy_units(dir.path(), |s| s)?;
+    let (service, timer) = copy_examples(dir.path(), edit)?;
+    let paths = [agent_service, agent_socket, service, timer].map(|p| p.display().to_string());
+    let mut args = vec!["verify", "--man=no"];
+    args.extend(paths.iter().map(String::as_str));
+    tool("systemd-analyze", &args).await
+}
+
+#[tokio::test]
+async fn pipeline_example_passes_systemd_analyze_verify() -> Result<()> {
+    let out = verify_example(|s| s).await?;
+    ensure!(
+        out.status.success() && text(&out).trim().is_empty(),
+        "systemd-analyze verify complained about systemd/examples ({}):\n{}",
+        out.status,
+        text(&out)
+    );
+    // As above: verify must be reading the example.
+    let out =
+        verify_example(|s| s.replace("\nType=oneshot\n", "\nType=oneshot\nNoSuchSetting=yes\n"))
+            .await?;
+    ensure!(
+        text(&out).contains("NoSuchSetting"),
+        "verify did not notice a bad key in the example: {}",
+        text(&out)
+    );
+    Ok(())
+}
+
+/// The settings of `[Service]` in the example: `(name, value)` in order.
+fn example_settings() -> Result<Vec<(String, String)>> {
+    let service = std::fs::read_to_string(units_dir()?.join("examples/meltano-pipeline.service"))?;
+    Ok(service
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipeline_example_runs_locked_on_the_socket_the_agents_unit_listens_on() -> Result<()> {
+    let settings = example_settings()?;
+    let env: Vec<(String, String)> = settings
+        .iter()
+        .filter(|(k, _)| k == "Environment")
+        .filter_map(|(_, v)| v.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let socket_unit = std::fs::read_to_string(units_dir()?.join("runlockd.socket"))?;
+    let listens = socket_unit
+        .lines()
+        .find_map(|l| l.strip_prefix("ListenStream="))
+        .context("runlockd.socket listens nowhere")?;
+    ensure!(
+        env.iter()
+            .any(|(k, v)| k == "RUNLOCK_SOCKET" && v == listens),
+        "the example's RUNLOCK_SOCKET is not {listens}: {env:?}"
+    );
+    // 75 (held elsewhere) counts as success; 76 (lost) must not.
+    let success = settings
+        .iter()
+        .find(|(k, _)| k == "SuccessExitStatus")
+        .map(|(_, v)| v.split_whitespace().map(String::from).collect::<Vec<_>>())
+        .unwrap_or_default();
+    ensure!(
+        success.iter().any(|c| c == "75") && !success.iter().any(|c| c == "76"),
+        "SuccessExitStatus={success:?}"
+    );
+
+    let exec = settings
+        .iter()
+        .find(|(k, _)| k == "ExecStart")
+        .context("no ExecStart")?;
+    let line: Vec<String> = exec.1.split_whitespace().map(String::from).collect();
+    let agent = crate::support::TestAgent::start("memory://").await?;
+    let out = crate::deploy::run_example_line(&agent, &line, &env).await?;
+    out.expect_code(0)?;
+    ensure!(
+        out.stdout.trim() == format!("keys {}", crate::deploy::EXAMPLE_KEY),
+        "{out:?}"
+    );
+    Ok(())
+}

@@ -19,6 +19,7 @@ import os
 import socket
 import threading
 import time
+from importlib import metadata
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import errors, messages
@@ -26,7 +27,12 @@ from ._wire import close_fds, decode_body, encode_frame, read_frame, read_frame_
 from .errors import ProtocolError, RunlockError, Unavailable
 from .messages import AgentMessage, Welcome
 
-__version__ = "0.1.0"
+try:
+    # The installed distribution's version, which the build took from the
+    # Cargo workspace (setup.py): one version for the agent, shim and client.
+    __version__ = metadata.version("runlock")
+except metadata.PackageNotFoundError:  # imported from a checkout, not installed
+    __version__ = "0+unknown"
 CLIENT_NAME = f"runlock-python {__version__}"
 
 _log = logging.getLogger("runlock")
