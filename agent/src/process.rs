@@ -17,6 +17,10 @@ const SIGNAL_PASSES: usize = 4;
 /// How often a run's group is looked at where its members' exits cannot be
 /// awaited (no pidfd: before Linux 5.3).
 const EXIT_POLL: Duration = Duration::from_millis(100);
+/// How often a run's group is scanned again while one member's exit is
+/// awaited: a member can leave the group (`setsid`) without exiting, and the
+/// run ends when the group is empty, not when that process ends.
+const REGROUP_SCAN: Duration = Duration::from_secs(1);
 
 /// A process held by a pidfd: whatever later reuses its pid is not it.
 #[derive(Debug)]
@@ -343,8 +347,8 @@ impl Run {
 
     /// Returns once the run's group has no member left. It awaits one
     /// member's exit at a time, through its pidfd, and scans the group again
-    /// after each (members may have forked or left meanwhile); it polls only
-    /// where a pidfd cannot be had.
+    /// after each (members may have forked or left meanwhile), and at least
+    /// every [`REGROUP_SCAN`]; it polls only where a pidfd cannot be had.
     pub async fn ended(&self) {
         use tokio::io::unix::AsyncFd;
         use tokio::io::Interest;
@@ -362,7 +366,10 @@ impl Run {
                 unsafe { AsyncFd::register_with_interest(fd.0, Interest::READABLE) }.ok()
             });
             let awaited = match exit {
-                Some(exit) => exit.readable().await.is_ok(),
+                Some(exit) => tokio::select! {
+                    readable = exit.readable() => readable.is_ok(),
+                    () = tokio::time::sleep(REGROUP_SCAN) => true,
+                },
                 None => false,
             };
             if !awaited {
@@ -520,6 +527,34 @@ mod tests {
         member.kill()?;
         member.wait()?;
         tokio::time::timeout(WAIT, ended).await??;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_member_that_leaves_the_group_no_longer_keeps_the_run() -> anyhow::Result<()> {
+        let mut leader = sleeper(None, None)?;
+        let group = leader.id();
+        // Leaves the group (setsid) once its stdin closes, and lives on.
+        let mut leaver = Command::new("python3")
+            .args([
+                "-c",
+                "import os,sys,time; sys.stdin.read(); os.setsid(); time.sleep(60)",
+            ])
+            .process_group(group as i32)
+            .stdin(std::process::Stdio::piped())
+            .spawn()?;
+        let run = Run::attach(root(), group, group)?;
+        leader.kill()?;
+        leader.wait()?;
+        let ended = tokio::spawn(async move { run.ended().await });
+        drop(leaver.stdin.take());
+        tokio::time::timeout(WAIT, ended).await??;
+        assert!(
+            alive(&mut leaver)?,
+            "the run ended because its last member exited"
+        );
+        leaver.kill()?;
+        leaver.wait()?;
         Ok(())
     }
 
