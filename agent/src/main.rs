@@ -52,7 +52,7 @@ fn main() -> ExitCode {
 /// cannot be reached now, 78 (EX_CONFIG) if it cannot be used at all, as
 /// given or because it broke a guarantee a lock rests on.
 async fn check_backend(config: &Config) -> ExitCode {
-    let opened = backend::open(&config.backend, &config.backend_options).await;
+    let opened = backend::open(config.backend.expose(), &config.backend_options).await;
     let backend::Opened { backend, readiness } = match opened {
         Ok(opened) => opened,
         Err(err) => {
@@ -94,7 +94,7 @@ async fn run(config: Config) -> Result<(), Stop> {
     let shutdown = CancellationToken::new();
     // Opening a backend fails only on what it was given (a malformed URI, an
     // unreadable key or certificate file); an unreachable store is a warning.
-    let mut backend = backend::from_uri(&config.backend, &config.backend_options)
+    let mut backend = backend::from_uri(config.backend.expose(), &config.backend_options)
         .await
         .map_err(Stop::Config)?;
     if let Some(addr) = config.metrics {

@@ -13,13 +13,15 @@ mod simulation;
 pub(crate) mod testing;
 
 pub use azure::{AzureOptions, AzureStore};
-pub use engine::{CasEngine, LockRecord, CLOCK_RESOLUTION};
+pub use engine::{CasEngine, CasRecord, Lapse, CLOCK_RESOLUTION};
 pub use gcs::{GcsOptions, GcsStore};
 pub use memory::MemoryCasStore;
 pub use proof::Unproven;
 pub use s3::{S3Options, S3Store};
 
+use crate::backend::failure::Failure;
 use crate::backend::redact_uri;
+use crate::backend::retry::RetryBudget;
 use async_trait::async_trait;
 use std::error::Error as StdError;
 use std::time::{Duration, SystemTime};
@@ -59,6 +61,25 @@ pub enum CasError {
     Refused(String),
 }
 
+/// The retries of a transient HTTP failure (5xx, throttling, a reset
+/// connection) within one operation, as the S3 and Azure SDKs make them.
+const HTTP_RETRY: RetryBudget = RetryBudget {
+    attempts: 3,
+    first_pause: Duration::from_millis(50),
+    longest_pause: Duration::from_millis(500),
+};
+
+impl<A> Failure<A> {
+    /// The answer the operation handles, or the store error the failure is.
+    fn expected(self) -> Result<A, CasError> {
+        match self {
+            Failure::Expected(answer) => Ok(answer),
+            Failure::Transient(why) => Err(CasError::Unavailable(why)),
+            Failure::Refused(why) => Err(CasError::Refused(why)),
+        }
+    }
+}
+
 /// The compare-and-swap operations a lock needs from an object store.
 #[async_trait]
 pub trait CasStore: Send + Sync + 'static {
@@ -70,6 +91,12 @@ pub trait CasStore: Send + Sync + 'static {
     fn min_write_interval(&self) -> Duration {
         Duration::ZERO
     }
+    /// The object name prefix the lock records live under: `prefix/.runlock/locks/`
+    /// for `SCHEME://PLACE/prefix`, so that they stay apart from Meltano's objects.
+    fn records_prefix(&self) -> &str;
+    /// Checks that the store answers and lets this agent in (the bucket
+    /// exists, the credentials are accepted); the error names the cause.
+    async fn probe(&self) -> Result<(), CasError>;
     /// Reads an object.
     async fn get(&self, name: &str) -> Result<Read, CasError>;
     /// Creates an object only if none exists (`If-None-Match: *`); returns its version.

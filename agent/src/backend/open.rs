@@ -1,0 +1,239 @@
+//! Opening the backend a URI names: one table of schemes, each opened and
+//! checked once as the agent does at start, and one place that says what the
+//! check found.
+
+use super::cas::{self, CasStore};
+use super::{
+    redact_uri, Backend, BackendOptions, EtcdBackend, FileBackend, MemoryBackend, PostgresBackend,
+};
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long the start-up check of a network store may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(6);
+
+/// Whether a backend just opened can serve runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// It answered, and showed it can lock.
+    Ready,
+    /// It could not be checked now (down, unreachable, refusing us); runs get
+    /// `unavailable` until it can.
+    Unreachable(String),
+    /// It answered and broke a guarantee a lock rests on: it grants nothing.
+    Untrusted(String),
+}
+
+/// A backend and what its first check found.
+pub struct Opened {
+    /// The backend.
+    pub backend: Arc<dyn Backend>,
+    /// What the check found.
+    pub readiness: Readiness,
+}
+
+/// A scheme's opening: fails only on what it was given.
+type Opening<'a> = Pin<Box<dyn Future<Output = anyhow::Result<Opened>> + Send + 'a>>;
+
+/// One URI scheme this build can open.
+struct Scheme {
+    /// The scheme, and any other name for it.
+    names: &'static [&'static str],
+    /// An example, for the error that names what is supported.
+    example: &'static str,
+    /// Opens `uri` (which has this scheme; `rest` follows its `://`) and checks it once.
+    open: for<'a> fn(uri: &'a str, rest: &'a str, options: &'a BackendOptions) -> Opening<'a>,
+}
+
+/// Every scheme, in the order errors list them.
+const SCHEMES: &[Scheme] = &[
+    Scheme {
+        names: &["file"],
+        example: "file:///path",
+        open: |_, rest, _| Box::pin(async move { ready(open_file(rest)?) }),
+    },
+    Scheme {
+        names: &["s3"],
+        example: "s3://bucket/prefix",
+        open: |uri, _, options| {
+            Box::pin(
+                async move { on_object_store(cas::S3Store::open(uri, &options.s3).await?).await },
+            )
+        },
+    },
+    Scheme {
+        names: &["azure"],
+        example: "azure://container/prefix",
+        open: |uri, _, options| {
+            Box::pin(
+                async move { on_object_store(cas::AzureStore::open(uri, &options.azure)?).await },
+            )
+        },
+    },
+    Scheme {
+        names: &["gs"],
+        example: "gs://bucket/prefix",
+        open: |uri, _, options| {
+            Box::pin(async move { on_object_store(cas::GcsStore::open(uri, &options.gcs)?).await })
+        },
+    },
+    Scheme {
+        names: &["postgresql", "postgres"],
+        example: "postgresql://…",
+        open: |uri, _, options| {
+            Box::pin(async move {
+                let backend = Arc::new(PostgresBackend::open(uri, &options.postgres)?);
+                let readiness = within_probe_timeout(backend.probe()).await;
+                Ok(Opened { backend, readiness })
+            })
+        },
+    },
+    Scheme {
+        names: &["etcd"],
+        example: "etcd://host:port/prefix",
+        open: |uri, _, options| {
+            Box::pin(async move {
+                let backend = Arc::new(EtcdBackend::open(uri, &options.etcd)?);
+                let probe = async { backend.probe().await.map_err(|err| err.to_string()) };
+                let readiness = within_probe_timeout(probe).await;
+                Ok(Opened { backend, readiness })
+            })
+        },
+    },
+    Scheme {
+        names: &["memory"],
+        example: "memory://",
+        open: |_, _, _| Box::pin(async { ready(MemoryBackend::default()) }),
+    },
+    // The object-store engine over an in-process store: for benchmarks and tests.
+    Scheme {
+        names: &["memory-cas"],
+        example: "memory-cas://",
+        open: |_, _, _| Box::pin(on_object_store(cas::MemoryCasStore::new())),
+    },
+];
+
+/// Builds the backend a URI names and checks it once, as the agent does at
+/// start: a network store must answer, and an object store must show that
+/// it refuses conflicting writes (`cas::CasEngine::prove`). Fails only on
+/// what it was given (a malformed URI, an unreadable file).
+pub async fn open(uri: &str, options: &BackendOptions) -> anyhow::Result<Opened> {
+    let supported = || {
+        SCHEMES
+            .iter()
+            .filter(|scheme| scheme.names[0] != "memory-cas")
+            .map(|scheme| scheme.example)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some((name, rest)) = uri.split_once("://") else {
+        anyhow::bail!(
+            "backend {:?} is not a URI (expected {})",
+            redact_uri(uri),
+            supported()
+        );
+    };
+    match SCHEMES.iter().find(|scheme| scheme.names.contains(&name)) {
+        Some(scheme) => (scheme.open)(uri, rest, options).await,
+        None => anyhow::bail!(
+            "backend scheme {name:?} is not supported by this build (supported: {})",
+            supported()
+        ),
+    }
+}
+
+/// [`open`], logging what its check found; the agent starts either way.
+pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc<dyn Backend>> {
+    let Opened { backend, readiness } = open(uri, options).await?;
+    match readiness {
+        Readiness::Ready => {}
+        Readiness::Unreachable(problem) => tracing::warn!(
+            backend = %backend.describe(),
+            "the backend cannot be used yet: {problem}; runs will fail as unavailable until it can"
+        ),
+        Readiness::Untrusted(problem) => tracing::error!(
+            backend = %backend.describe(),
+            "the backend cannot be trusted to lock: {problem}; every run will fail as unavailable"
+        ),
+    }
+    Ok(backend)
+}
+
+fn open_file(dir: &str) -> anyhow::Result<FileBackend> {
+    if dir.is_empty() {
+        anyhow::bail!("backend file:// needs a directory, as in file:///var/lib/runlock");
+    }
+    FileBackend::open(PathBuf::from(dir))
+}
+
+/// A backend with nothing to check: it is in this process, or on this host.
+fn ready(backend: impl Backend) -> anyhow::Result<Opened> {
+    Ok(Opened {
+        backend: Arc::new(backend),
+        readiness: Readiness::Ready,
+    })
+}
+
+/// The object-store lease engine over `store`: once the store's own check
+/// passed, the engine's proof that it refuses conflicting writes.
+async fn on_object_store(store: impl CasStore) -> anyhow::Result<Opened> {
+    let probed = within_probe_timeout(async { store.probe().await.map_err(|e| e.to_string()) });
+    let probed = probed.await;
+    let prefix = store.records_prefix().to_string();
+    let engine = Arc::new(cas::CasEngine::new(Arc::new(store), prefix));
+    let readiness = match probed {
+        Readiness::Ready => match tokio::time::timeout(PROBE_TIMEOUT, engine.prove()).await {
+            Ok(Ok(())) => Readiness::Ready,
+            Ok(Err(cas::Unproven::Lacks(what))) => Readiness::Untrusted(what),
+            Ok(Err(cas::Unproven::Unanswered(why))) => Readiness::Unreachable(why),
+            Err(_) => no_answer(),
+        },
+        not_ready => not_ready,
+    };
+    Ok(Opened {
+        backend: engine,
+        readiness,
+    })
+}
+
+/// A backend's own check, bounded by [`PROBE_TIMEOUT`].
+async fn within_probe_timeout(
+    probe: impl std::future::Future<Output = Result<(), String>>,
+) -> Readiness {
+    match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+        Ok(Ok(())) => Readiness::Ready,
+        Ok(Err(problem)) => Readiness::Unreachable(problem),
+        Err(_) => no_answer(),
+    }
+}
+
+fn no_answer() -> Readiness {
+    Readiness::Unreachable(format!("no answer within {}s", PROBE_TIMEOUT.as_secs()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn unknown_scheme_is_named() {
+        let Err(err) = from_uri("gopher://x", &BackendOptions::default()).await else {
+            panic!("gopher:// was accepted");
+        };
+        assert!(err.to_string().contains("\"gopher\""), "{err}");
+        assert!(from_uri("file://", &BackendOptions::default())
+            .await
+            .is_err());
+        assert!(from_uri("not a uri", &BackendOptions::default())
+            .await
+            .is_err());
+        assert!(from_uri("s3://", &BackendOptions::default()).await.is_err());
+        assert!(from_uri("azure://", &BackendOptions::default())
+            .await
+            .is_err());
+        assert!(from_uri("gs://", &BackendOptions::default()).await.is_err());
+    }
+}
