@@ -7,6 +7,13 @@
 
 /// A sorted failure; `A` is what the store's operations expect and handle.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[cfg_attr(
+    not(any(feature = "s3", feature = "azure", feature = "gcs", feature = "etcd")),
+    allow(
+        dead_code,
+        reason = "only the stores left out of this build expect answers"
+    )
+)]
 pub enum Failure<A = Unexpected> {
     /// An answer the operation handles itself.
     Expected(A),
@@ -23,6 +30,10 @@ pub enum Unexpected {}
 
 impl<A> Failure<A> {
     /// Whether it is worth another try.
+    #[cfg_attr(
+        not(feature = "postgres"),
+        allow(dead_code, reason = "only the PostgreSQL session retries by it")
+    )]
     pub fn is_transient(&self) -> bool {
         matches!(self, Failure::Transient(_))
     }

@@ -2,6 +2,7 @@
 //! the one a URI names.
 
 pub mod cas;
+#[cfg(feature = "etcd")]
 mod etcd;
 mod failure;
 mod file;
@@ -10,18 +11,23 @@ mod fixtures;
 mod key_name;
 mod memory;
 mod open;
+mod options;
 pub mod postgres;
 mod record;
 mod retry;
 mod secret;
 mod uri;
 
-pub use cas::{AzureOptions, GcsOptions, S3Options};
-pub use etcd::{EtcdBackend, EtcdOptions};
+#[cfg(feature = "etcd")]
+pub use etcd::EtcdBackend;
 pub use file::FileBackend;
 pub use memory::MemoryBackend;
 pub use open::{from_uri, open, Opened, Readiness};
-pub use postgres::{PostgresBackend, PostgresOptions};
+pub use options::{
+    AzureOptions, BackendOptions, EtcdOptions, GcsOptions, PostgresOptions, S3Options,
+};
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresBackend;
 pub use secret::Secret;
 pub use uri::redact_uri;
 pub(crate) use uri::split_userinfo;
@@ -178,19 +184,4 @@ pub trait Backend: Send + Sync + 'static {
             self.describe()
         )))
     }
-}
-
-/// Per-backend settings from the configuration file, one section each.
-#[derive(Debug, Clone, Default)]
-pub struct BackendOptions {
-    /// `[s3]`.
-    pub s3: S3Options,
-    /// `[azure]`.
-    pub azure: AzureOptions,
-    /// `[gcs]`.
-    pub gcs: GcsOptions,
-    /// `[postgres]`.
-    pub postgres: PostgresOptions,
-    /// `[etcd]`.
-    pub etcd: EtcdOptions,
 }

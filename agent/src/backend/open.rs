@@ -3,9 +3,7 @@
 //! check found.
 
 use super::cas::{self, CasStore};
-use super::{
-    redact_uri, Backend, BackendOptions, EtcdBackend, FileBackend, MemoryBackend, PostgresBackend,
-};
+use super::{redact_uri, Backend, BackendOptions, FileBackend, MemoryBackend};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -38,14 +36,31 @@ pub struct Opened {
 /// A scheme's opening: fails only on what it was given.
 type Opening<'a> = Pin<Box<dyn Future<Output = anyhow::Result<Opened>> + Send + 'a>>;
 
-/// One URI scheme this build can open.
+/// Opens `uri` (which has the scheme; `rest` follows its `://`) and checks it once.
+type Opener = for<'a> fn(uri: &'a str, rest: &'a str, options: &'a BackendOptions) -> Opening<'a>;
+
+/// One URI scheme.
 struct Scheme {
     /// The scheme, and any other name for it.
     names: &'static [&'static str],
     /// An example, for the error that names what is supported.
     example: &'static str,
-    /// Opens `uri` (which has this scheme; `rest` follows its `://`) and checks it once.
-    open: for<'a> fn(uri: &'a str, rest: &'a str, options: &'a BackendOptions) -> Opening<'a>,
+    /// The cargo feature that builds it (file:// and memory:// are always built).
+    feature: Option<&'static str>,
+    /// How to open it; `None` where this build was made without its feature.
+    open: Option<Opener>,
+}
+
+/// `Some(opener)` where this build has `feature`, else `None` (and the opener,
+/// which names the feature's types, is not compiled).
+macro_rules! built {
+    ($feature:literal, $opener:expr) => {{
+        #[cfg(feature = $feature)]
+        let opener: Option<Opener> = Some($opener);
+        #[cfg(not(feature = $feature))]
+        let opener: Option<Opener> = None;
+        opener
+    }};
 }
 
 /// Every scheme, in the order errors list them.
@@ -53,66 +68,74 @@ const SCHEMES: &[Scheme] = &[
     Scheme {
         names: &["file"],
         example: "file:///path",
-        open: |_, rest, _| Box::pin(async move { ready(open_file(rest)?) }),
+        feature: None,
+        open: Some(|_, rest, _| Box::pin(async move { ready(open_file(rest)?) })),
     },
     Scheme {
         names: &["s3"],
         example: "s3://bucket/prefix",
-        open: |uri, _, options| {
+        feature: Some("s3"),
+        open: built!("s3", |uri, _, options| {
             Box::pin(
                 async move { on_object_store(cas::S3Store::open(uri, &options.s3).await?).await },
             )
-        },
+        }),
     },
     Scheme {
         names: &["azure"],
         example: "azure://container/prefix",
-        open: |uri, _, options| {
+        feature: Some("azure"),
+        open: built!("azure", |uri, _, options| {
             Box::pin(
                 async move { on_object_store(cas::AzureStore::open(uri, &options.azure)?).await },
             )
-        },
+        }),
     },
     Scheme {
         names: &["gs"],
         example: "gs://bucket/prefix",
-        open: |uri, _, options| {
+        feature: Some("gcs"),
+        open: built!("gcs", |uri, _, options| {
             Box::pin(async move { on_object_store(cas::GcsStore::open(uri, &options.gcs)?).await })
-        },
+        }),
     },
     Scheme {
         names: &["postgresql", "postgres"],
         example: "postgresql://…",
-        open: |uri, _, options| {
+        feature: Some("postgres"),
+        open: built!("postgres", |uri, _, options| {
             Box::pin(async move {
-                let backend = Arc::new(PostgresBackend::open(uri, &options.postgres)?);
+                let backend = Arc::new(super::PostgresBackend::open(uri, &options.postgres)?);
                 let readiness = within_probe_timeout(backend.probe()).await;
                 Ok(Opened { backend, readiness })
             })
-        },
+        }),
     },
     Scheme {
         names: &["etcd"],
         example: "etcd://host:port/prefix",
-        open: |uri, _, options| {
+        feature: Some("etcd"),
+        open: built!("etcd", |uri, _, options| {
             Box::pin(async move {
-                let backend = Arc::new(EtcdBackend::open(uri, &options.etcd)?);
+                let backend = Arc::new(super::EtcdBackend::open(uri, &options.etcd)?);
                 let probe = async { backend.probe().await.map_err(|err| err.to_string()) };
                 let readiness = within_probe_timeout(probe).await;
                 Ok(Opened { backend, readiness })
             })
-        },
+        }),
     },
     Scheme {
         names: &["memory"],
         example: "memory://",
-        open: |_, _, _| Box::pin(async { ready(MemoryBackend::default()) }),
+        feature: None,
+        open: Some(|_, _, _| Box::pin(async { ready(MemoryBackend::default()) })),
     },
     // The object-store engine over an in-process store: for benchmarks and tests.
     Scheme {
         names: &["memory-cas"],
         example: "memory-cas://",
-        open: |_, _, _| Box::pin(on_object_store(cas::MemoryCasStore::new())),
+        feature: None,
+        open: Some(|_, _, _| Box::pin(on_object_store(cas::MemoryCasStore::new()))),
     },
 ];
 
@@ -124,7 +147,7 @@ pub async fn open(uri: &str, options: &BackendOptions) -> anyhow::Result<Opened>
     let supported = || {
         SCHEMES
             .iter()
-            .filter(|scheme| scheme.names[0] != "memory-cas")
+            .filter(|scheme| scheme.open.is_some() && scheme.names[0] != "memory-cas")
             .map(|scheme| scheme.example)
             .collect::<Vec<_>>()
             .join(", ")
@@ -137,8 +160,18 @@ pub async fn open(uri: &str, options: &BackendOptions) -> anyhow::Result<Opened>
         );
     };
     match SCHEMES.iter().find(|scheme| scheme.names.contains(&name)) {
-        Some(scheme) => (scheme.open)(uri, rest, options).await,
-        None => anyhow::bail!(
+        Some(Scheme {
+            open: Some(open), ..
+        }) => open(uri, rest, options).await,
+        Some(Scheme {
+            feature: Some(feature),
+            ..
+        }) => anyhow::bail!(
+            "backend scheme {name}:// is left out of this build: build runlockd with the \
+             cargo feature {feature:?} (on by default) to use it (supported: {})",
+            supported()
+        ),
+        _ => anyhow::bail!(
             "backend scheme {name:?} is not supported by this build (supported: {})",
             supported()
         ),
@@ -219,6 +252,19 @@ mod tests {
     use super::*;
 
     #[tokio::test]
+    async fn a_scheme_left_out_of_the_build_is_named_with_its_feature() {
+        for scheme in SCHEMES.iter().filter(|scheme| scheme.open.is_none()) {
+            let uri = format!("{}://x/y", scheme.names[0]);
+            let Err(err) = from_uri(&uri, &BackendOptions::default()).await else {
+                panic!("{uri} opened without its feature");
+            };
+            let feature = scheme.feature.expect("only a feature leaves a scheme out");
+            assert!(err.to_string().contains("left out of this build"), "{err}");
+            assert!(err.to_string().contains(&format!("{feature:?}")), "{err}");
+        }
+    }
+
+    #[tokio::test]
     async fn unknown_scheme_is_named() {
         let Err(err) = from_uri("gopher://x", &BackendOptions::default()).await else {
             panic!("gopher:// was accepted");
@@ -230,6 +276,7 @@ mod tests {
         assert!(from_uri("not a uri", &BackendOptions::default())
             .await
             .is_err());
+        // Built or not, a bare object-store scheme is refused.
         assert!(from_uri("s3://", &BackendOptions::default()).await.is_err());
         assert!(from_uri("azure://", &BackendOptions::default())
             .await

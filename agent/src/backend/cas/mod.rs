@@ -1,29 +1,32 @@
 //! Object stores (S3, GCS, Azure Blob) share one lease engine, written once
 //! over this tiny compare-and-swap trait; each store only adapts it.
 
+#[cfg(feature = "azure")]
 mod azure;
 mod engine;
+#[cfg(feature = "gcs")]
 mod gcs;
 mod memory;
 mod proof;
+#[cfg(feature = "s3")]
 mod s3;
 #[cfg(test)]
 mod simulation;
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use azure::{AzureOptions, AzureStore};
+pub use crate::backend::options::{AzureOptions, GcsOptions, S3Options};
+#[cfg(feature = "azure")]
+pub use azure::AzureStore;
 pub use engine::{CasEngine, CasRecord, Lapse, CLOCK_RESOLUTION};
-pub use gcs::{GcsOptions, GcsStore};
+#[cfg(feature = "gcs")]
+pub use gcs::GcsStore;
 pub use memory::MemoryCasStore;
 pub use proof::Unproven;
-pub use s3::{S3Options, S3Store};
+#[cfg(feature = "s3")]
+pub use s3::S3Store;
 
-use crate::backend::failure::Failure;
-use crate::backend::redact_uri;
-use crate::backend::retry::RetryBudget;
 use async_trait::async_trait;
-use std::error::Error as StdError;
 use std::time::{Duration, SystemTime};
 
 /// An object as the store returned it.
@@ -61,21 +64,23 @@ pub enum CasError {
     Refused(String),
 }
 
+#[cfg(any(feature = "s3", feature = "azure"))]
 /// The retries of a transient HTTP failure (5xx, throttling, a reset
 /// connection) within one operation, as the S3 and Azure SDKs make them.
-const HTTP_RETRY: RetryBudget = RetryBudget {
+const HTTP_RETRY: crate::backend::retry::RetryBudget = crate::backend::retry::RetryBudget {
     attempts: 3,
     first_pause: Duration::from_millis(50),
     longest_pause: Duration::from_millis(500),
 };
 
-impl<A> Failure<A> {
+#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
+impl<A> crate::backend::failure::Failure<A> {
     /// The answer the operation handles, or the store error the failure is.
     fn expected(self) -> Result<A, CasError> {
         match self {
-            Failure::Expected(answer) => Ok(answer),
-            Failure::Transient(why) => Err(CasError::Unavailable(why)),
-            Failure::Refused(why) => Err(CasError::Refused(why)),
+            Self::Expected(answer) => Ok(answer),
+            Self::Transient(why) => Err(CasError::Unavailable(why)),
+            Self::Refused(why) => Err(CasError::Refused(why)),
         }
     }
 }
@@ -110,10 +115,12 @@ pub trait CasStore: Send + Sync + 'static {
     ) -> Result<String, CasError>;
 }
 
+#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
 /// Where the lock records live, below the URI's prefix: apart from Meltano's
 /// `prefix/<state_id>/` objects, so one URI serves both.
 const RECORDS: &str = ".runlock/locks/";
 
+#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
 /// The object name prefix of the records of a store whose URI has `prefix`.
 fn records_under(prefix: &str) -> String {
     if prefix.is_empty() {
@@ -123,6 +130,7 @@ fn records_under(prefix: &str) -> String {
     }
 }
 
+#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
 /// `SCHEME://PLACE[/prefix]`, for descriptions.
 fn object_uri(scheme: &str, place: &str, prefix: &str) -> String {
     if prefix.is_empty() {
@@ -132,6 +140,7 @@ fn object_uri(scheme: &str, place: &str, prefix: &str) -> String {
     }
 }
 
+#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
 /// `SCHEME://PLACE/prefix` → (PLACE, the prefix without surrounding slashes):
 /// every object store's URI. `place` is what the store calls it ("bucket",
 /// "container"); `settings` says where credentials and endpoints come from
@@ -145,7 +154,12 @@ fn place_and_prefix(
     let rest = uri
         .strip_prefix(scheme)
         .and_then(|rest| rest.strip_prefix("://"))
-        .ok_or_else(|| anyhow::anyhow!("{:?} is not a {scheme}:// URI", redact_uri(uri)))?;
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "{:?} is not a {scheme}:// URI",
+                crate::backend::redact_uri(uri)
+            )
+        })?;
     let (name, prefix) = rest.split_once('/').unwrap_or((rest, ""));
     if name.is_empty() {
         anyhow::bail!(
@@ -155,16 +169,17 @@ fn place_and_prefix(
     if name.contains(['@', '?', '#', ':']) || prefix.contains(['?', '#']) {
         anyhow::bail!(
             "backend {:?}: write {scheme}://{}/PREFIX; {settings}",
-            redact_uri(uri),
+            crate::backend::redact_uri(uri),
             place.to_uppercase()
         );
     }
     Ok((name.to_string(), prefix.trim_matches('/').to_string()))
 }
 
+#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
 /// The last error in `err`'s source chain, on one line: the root cause,
 /// without a client library's wrapping (which may repeat the URL).
-fn root_cause(err: &(dyn StdError + 'static)) -> String {
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
     let mut cause = err;
     while let Some(next) = cause.source() {
         cause = next;

@@ -32,9 +32,10 @@ mod tests;
 mod tls;
 mod transport;
 
-pub use settings::EtcdOptions;
-
-use super::{key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef};
+use super::{
+    key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, EtcdOptions, Grant,
+    LeaseRef,
+};
 use crate::backend::retry::TIMEOUTS;
 use async_trait::async_trait;
 use errors::{LeaseGone, Problem};

@@ -2,36 +2,12 @@
 //! key prefix, who to authenticate as, and whether to watch. TLS is read in
 //! `tls.rs`.
 
-use crate::backend::Secret;
-use serde::{Deserialize, Serialize};
-use std::path::PathBuf;
+use crate::backend::{EtcdOptions, Secret};
 
 /// etcd's client port, when the URI names none.
 const DEFAULT_PORT: u16 = 2379;
 /// The key prefix when the URI names none.
 const DEFAULT_PREFIX: &str = "runlock";
-
-/// The configuration file's `[etcd]` settings. Without them, the URI's
-/// userinfo or etcdctl's own `ETCDCTL_USER` / `ETCDCTL_PASSWORD` are used.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct EtcdOptions {
-    /// The etcd user, where etcd has authentication enabled.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub user: Option<String>,
-    /// Its password.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub password: Option<Secret>,
-    /// The CA that signed etcd's certificate (PEM); turns TLS on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ca_file: Option<PathBuf>,
-    /// A client certificate (PEM), for etcd's `--client-cert-auth`; turns TLS on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cert_file: Option<PathBuf>,
-    /// Its private key (PEM).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub key_file: Option<PathBuf>,
-}
 
 /// What an `etcd://` URI names.
 pub(super) struct Target {

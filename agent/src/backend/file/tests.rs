@@ -2,9 +2,9 @@
 
 use super::record::{next_token, TokenBlock, TOKEN_BLOCK};
 use super::*;
+use crate::backend::fixtures::{lease, spec};
 use std::io::Write as _;
 use std::path::Path;
-use crate::backend::fixtures::{lease, spec};
 
 const TTL: Duration = Duration::from_secs(30);
 

@@ -9,6 +9,7 @@ use std::error::Error as _;
 use tokio_postgres::error::SqlState;
 
 /// Whether `err` says the lock table or its schema is missing.
+#[cfg(feature = "postgres")]
 pub fn missing_table(err: &tokio_postgres::Error) -> bool {
     matches!(
         err.code(),
@@ -17,6 +18,7 @@ pub fn missing_table(err: &tokio_postgres::Error) -> bool {
 }
 
 /// Whether `err` says this role may not do something.
+#[cfg(feature = "postgres")]
 pub fn denied(err: &tokio_postgres::Error) -> bool {
     err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE)
 }

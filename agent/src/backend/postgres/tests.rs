@@ -4,6 +4,10 @@
 //! test works in a schema (or database) of its own.
 
 use super::*;
+use crate::backend::{Backend, BackendError, PostgresOptions};
+use runlock_protocol::timing::grace;
+use runlock_protocol::{Key, KeyState};
+use std::time::Duration;
 use crate::backend::fixtures::{lease, spec};
 use crate::backend::AcquireSpec;
 use anyhow::{bail, ensure, Context, Result};

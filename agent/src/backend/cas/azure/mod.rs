@@ -17,11 +17,9 @@ mod settings;
 #[cfg(test)]
 mod tests;
 
-pub use settings::AzureOptions;
-
 use super::{CasError, CasStore, Read, Stored};
-use crate::backend::redact_uri;
 use crate::backend::retry::TIMEOUTS;
+use crate::backend::{redact_uri, AzureOptions};
 use async_trait::async_trait;
 use azure_core::error::ErrorKind;
 use azure_core::prelude::IfMatchCondition;

@@ -2,7 +2,7 @@
 //! environment name: the container, the records' prefix, and the storage
 //! account to sign for. Errors name the setting at fault, never a key.
 
-use crate::backend::Secret;
+use crate::backend::{AzureOptions, Secret};
 
 /// The Azure CLI's variables, also read by the Azure SDKs' samples.
 pub(super) const CONNECTION_STRING_ENV: &str = "AZURE_STORAGE_CONNECTION_STRING";
@@ -11,22 +11,6 @@ pub(super) const KEY_ENV: &str = "AZURE_STORAGE_KEY";
 /// Azurite's well-known development account (`UseDevelopmentStorage=true`); not a secret.
 pub(super) const DEV_ACCOUNT: &str = "devstoreaccount1";
 pub(super) const DEV_ENDPOINT: &str = "http://127.0.0.1:10000/devstoreaccount1";
-
-/// The configuration file's `[azure]` settings; they override the
-/// `AZURE_STORAGE_*` environment variables.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct AzureOptions {
-    /// A storage connection string (`AccountName=…;AccountKey=…[;BlobEndpoint=…]`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub connection_string: Option<Secret>,
-    /// The storage account's name (with `account_key`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub account_name: Option<String>,
-    /// One of the storage account's access keys.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub account_key: Option<Secret>,
-}
 
 /// A storage account to sign requests for.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,10 +22,10 @@ mod settings;
 mod tests;
 mod transport;
 
-pub use settings::{GcsOptions, EMULATOR_ENV};
+pub use settings::EMULATOR_ENV;
 
 use super::{CasError, CasStore, Read, Stored};
-use crate::backend::redact_uri;
+use crate::backend::{redact_uri, GcsOptions};
 use async_trait::async_trait;
 use bytes::Bytes;
 use errors::{Failure, Handled};

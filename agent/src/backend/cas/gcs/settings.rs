@@ -13,16 +13,6 @@ pub(super) const GOOGLE_API: &str = "https://storage.googleapis.com";
 /// Where emulators are found, as every Google client library reads it.
 pub const EMULATOR_ENV: &str = "STORAGE_EMULATOR_HOST";
 
-/// The configuration file's `[gcs]` settings.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct GcsOptions {
-    /// A service-account key file (JSON), instead of Application Default
-    /// Credentials (Meltano's `state_backend.gcs.application_credentials`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub credentials_file: Option<PathBuf>,
-}
-
 /// Where access tokens come from.
 pub(super) enum Credentials {
     /// An emulator: none at all.

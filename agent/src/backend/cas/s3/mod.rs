@@ -16,11 +16,9 @@ mod settings;
 mod tests;
 mod transport;
 
-pub use settings::S3Options;
-
 use super::{CasError, CasStore, Read, Stored};
-use crate::backend::redact_uri;
 use crate::backend::retry::{RetryBudget, TIMEOUTS};
+use crate::backend::{redact_uri, S3Options};
 use async_trait::async_trait;
 use aws_config::BehaviorVersion;
 use aws_sdk_s3::config::retry::RetryConfig;
