@@ -6,7 +6,6 @@ pub mod cas;
 mod etcd;
 mod failure;
 mod file;
-#[cfg(test)]
 mod fixtures;
 mod key_name;
 mod memory;
@@ -16,6 +15,8 @@ pub mod postgres;
 mod record;
 mod retry;
 mod secret;
+#[doc(hidden)]
+pub mod testing;
 mod uri;
 
 #[cfg(feature = "etcd")]

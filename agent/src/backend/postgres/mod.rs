@@ -17,8 +17,6 @@ mod session;
 mod settings;
 #[cfg(feature = "postgres")]
 mod sql;
-#[cfg(all(test, feature = "postgres"))]
-mod tests;
 mod tls;
 
 pub use crate::backend::options::DEFAULT_SCHEMA;

@@ -69,6 +69,11 @@ impl GcsStore {
         GcsStore::with(uri, options, emulator.as_deref(), credentials_env)
     }
 
+    /// [`GcsStore::open`] on the emulator at `endpoint`, whatever the environment says.
+    pub(crate) fn on_emulator(uri: &str, endpoint: &str) -> anyhow::Result<GcsStore> {
+        GcsStore::with(uri, &GcsOptions::default(), Some(endpoint), None)
+    }
+
     /// [`GcsStore::open`] with the environment passed in.
     fn with(
         uri: &str,
