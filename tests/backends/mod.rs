@@ -3,6 +3,7 @@
 //! need its emulator (moved here from agent/src, so that `cargo test -p
 //! runlock-agent` needs no store running).
 
+mod conformance;
 mod etcd;
 mod gcs;
 mod postgres;
