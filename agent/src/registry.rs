@@ -2,7 +2,9 @@
 //! waiter queues: one place that decides who holds what on this host.
 
 use crate::access::Access;
-use crate::backend::{AcquireSpec, Backend, BackendError, Capabilities, Grant, LeaseRef};
+use crate::backend::{
+    AcquireSpec, Backend, BackendError, Capabilities, Grant, LeaseRef, ProfiledBackend,
+};
 use crate::legacy::{self, MeltanoSystemDb};
 use crate::process::{Peer, Run};
 use crate::renewal::deadline;
@@ -245,6 +247,8 @@ impl Granted {
 pub struct Registry {
     backend: Arc<dyn Backend>,
     capabilities: Capabilities,
+    min_ttl: Duration,
+    description: String,
     identity: Identity,
     policy: Policy,
     state: Mutex<State>,
@@ -299,12 +303,20 @@ fn valid_key(key: &str) -> Result<Key, WireError> {
 }
 
 impl Registry {
-    /// A registry over `backend`; starts the renewal scheduler on the current runtime.
-    pub fn new(backend: Arc<dyn Backend>, identity: Identity, policy: Policy) -> Arc<Registry> {
-        let releases = backend.releases();
-        let (renewals, reports) = Renewals::start(backend.clone());
+    /// A registry over `store`; starts the renewal scheduler on the current runtime.
+    pub fn new(
+        store: impl Into<ProfiledBackend>,
+        identity: Identity,
+        policy: Policy,
+    ) -> Arc<Registry> {
+        let ProfiledBackend { backend, profile } = store.into();
+        let releases = profile.releases.map(|sender| sender.subscribe());
+        let lease_expires = profile.capabilities.lease_expires;
+        let (renewals, reports) = Renewals::start(backend.clone(), lease_expires);
         let registry = Arc::new(Registry {
-            capabilities: backend.capabilities(),
+            capabilities: profile.capabilities,
+            min_ttl: profile.min_ttl,
+            description: profile.description,
             renewals,
             backend,
             identity,
@@ -336,7 +348,7 @@ impl Registry {
 
     /// The backend's URI, redacted.
     pub fn backend_description(&self) -> String {
-        self.backend.describe()
+        self.description.clone()
     }
 
     /// The operator's settings.
@@ -500,10 +512,10 @@ impl Registry {
             return Err(bad_request("acquire needs at least one key"));
         }
         let ttl = req.ttl.unwrap_or(self.policy.default_ttl);
-        let shortest = timing::MIN_TTL.max(self.backend.min_ttl());
+        let shortest = timing::MIN_TTL.max(self.min_ttl);
         if ttl < shortest || ttl > timing::MAX_TTL {
             let on = if shortest > timing::MIN_TTL {
-                format!(" on {}", self.backend.describe())
+                format!(" on {}", self.description)
             } else {
                 String::new()
             };
@@ -1236,14 +1248,18 @@ mod tests {
         released: tokio::sync::broadcast::Sender<Key>,
     }
 
+    impl crate::backend::Profiled for Announcing {
+        fn profile(&self) -> crate::backend::Profile {
+            crate::backend::Profile {
+                description: "announcing".into(),
+                releases: Some(self.released.clone()),
+                ..self.store.profile()
+            }
+        }
+    }
+
     #[async_trait::async_trait]
     impl Backend for Announcing {
-        fn capabilities(&self) -> crate::backend::Capabilities {
-            self.store.capabilities()
-        }
-        fn describe(&self) -> String {
-            "announcing".into()
-        }
         async fn acquire(
             &self,
             spec: &crate::backend::AcquireSpec,
@@ -1261,8 +1277,12 @@ mod tests {
         async fn inspect(&self, key: &Key) -> Result<runlock_protocol::KeyRecord, BackendError> {
             self.store.inspect(key).await
         }
-        fn releases(&self) -> Option<tokio::sync::broadcast::Receiver<Key>> {
-            Some(self.released.subscribe())
+        async fn adopt(
+            &self,
+            lease: &LeaseRef,
+            agent_id: &str,
+        ) -> Result<crate::backend::Adopted, BackendError> {
+            self.store.adopt(lease, agent_id).await
         }
     }
 

@@ -8,7 +8,7 @@ use crate::support::stores::{Azure, Etcd, Gcs, Postgres, Space, Store, S3};
 use anyhow::{bail, ensure, Context, Result};
 use runlock_agent::backend::cas::{AzureOptions, CasEngine, CasStore, S3Options};
 use runlock_agent::backend::testing::{gcs_on_emulator, lease, spec};
-use runlock_agent::backend::{self, Backend, BackendError, BackendOptions, Readiness};
+use runlock_agent::backend::{self, BackendError, BackendOptions, ProfiledBackend, Readiness};
 use runlock_protocol::{Key, KeyState};
 use std::future::Future;
 use std::sync::Arc;
@@ -17,19 +17,17 @@ use std::time::Duration;
 const TTL: Duration = Duration::from_secs(30);
 const KEY: &str = "dev:conformance";
 
-/// Whether a lease taken through an agent outlives it, for the next agent to adopt.
-fn survives_agent(backend: &dyn Backend) -> bool {
-    backend.capabilities().survives_agent
-}
-
 /// The contract: `open` makes another agent on the same store each time.
 async fn keeps_the_contract<F, Fut>(open: F) -> Result<()>
 where
     F: Fn() -> Fut,
-    Fut: Future<Output = Result<Arc<dyn Backend>>>,
+    Fut: Future<Output = Result<ProfiledBackend>>,
 {
     let key = Key::new(KEY)?;
-    let (one, two) = (open().await?, open().await?);
+    let (first_agent, two) = (open().await?, open().await?.backend);
+    // Whether a lease taken through an agent outlives it, for the next agent to adopt.
+    let survives_agent = first_agent.profile.capabilities.survives_agent;
+    let one = first_agent.backend;
     let free = one.inspect(&key).await?;
     ensure!(free.state == KeyState::Free, "a new key is free: {free:?}");
 
@@ -89,14 +87,14 @@ where
     );
 
     let l3 = lease(KEY, "l3", forced.holder.token);
-    if !survives_agent(one.as_ref()) {
+    if !survives_agent {
         one.release(&l3).await?;
         return Ok(());
     }
     // adopt: the agent that granted l3 stops (the run keeps what it holds),
     // and the next agent on that host takes the lease over.
     drop(one);
-    let next = open().await?;
+    let next = open().await?.backend;
     match next.adopt(&lease(KEY, "l3", l3.token + 1), "next").await {
         Err(BackendError::LeaseMismatch) => {}
         other => bail!("adopting with the wrong token: {other:?}"),
@@ -120,14 +118,14 @@ where
 }
 
 /// A backend on `uri`, opened as the agent opens it, which must be ready.
-async fn opened(uri: &str, options: &BackendOptions) -> Result<Arc<dyn Backend>> {
+async fn opened(uri: &str, options: &BackendOptions) -> Result<ProfiledBackend> {
     let opened = backend::open(uri, options).await?;
     ensure!(
         opened.readiness == Readiness::Ready,
         "{uri}: {:?}",
         opened.readiness
     );
-    Ok(opened.backend)
+    Ok(opened.store)
 }
 
 /// The settings an agent takes from `env` (what a store's fixture gives it),
@@ -171,7 +169,7 @@ async fn store_keeps_the_contract(store: impl Store + Copy) -> Result<()> {
                 engine.prove().await.map_err(|unproven| {
                     anyhow::anyhow!("the emulator does not keep its promises: {unproven:?}")
                 })?;
-                return Ok(Arc::new(engine) as Arc<dyn Backend>);
+                return Ok(ProfiledBackend::from(Arc::new(engine)));
             }
             opened(&uri, &options_from(&env)).await
         }

@@ -35,6 +35,7 @@ pub(crate) use uri::split_userinfo;
 
 use async_trait::async_trait;
 use runlock_protocol::{ErrorCode, Holder, Key, KeyRecord, Scope, WireError};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// What a backend can promise; logged at start and reported by `welcome`.
@@ -148,19 +149,53 @@ impl BackendError {
     }
 }
 
-/// A lock store. One instance serves every connection; state lives inside.
-/// `metrics::TimedBackend` wraps any backend: forward a new method there too.
-#[async_trait]
-pub trait Backend: Send + Sync + 'static {
-    /// What the backend promises.
-    fn capabilities(&self) -> Capabilities;
-    /// The backend's URI with any secret removed.
-    fn describe(&self) -> String;
+/// What a backend is, fixed when it opens: data the agent reads once, never
+/// a method a decorator must remember to pass on.
+#[derive(Debug, Clone)]
+pub struct Profile {
+    /// What it promises.
+    pub capabilities: Capabilities,
     /// The shortest TTL it can keep renewed (a store that takes few writes per
     /// record needs renewals far apart); shorter requests are refused.
-    fn min_ttl(&self) -> Duration {
-        Duration::ZERO
+    pub min_ttl: Duration,
+    /// Its URI with any secret removed.
+    pub description: String,
+    /// Keys that may have just become free through another agent (a Postgres
+    /// `NOTIFY`, an etcd watch), so that waiters here try again at once
+    /// instead of at their next poll; `None`: waiters poll.
+    pub releases: Option<tokio::sync::broadcast::Sender<Key>>,
+}
+
+/// A backend that states its [`Profile`]: each store, once opened.
+pub trait Profiled {
+    /// What the backend is.
+    fn profile(&self) -> Profile;
+}
+
+/// A backend and what it is: what `open` returns and the registry serves
+/// over. A decorator wraps `backend` and keeps `profile`.
+#[derive(Clone)]
+pub struct ProfiledBackend {
+    /// The operations.
+    pub backend: Arc<dyn Backend>,
+    /// What it is.
+    pub profile: Profile,
+}
+
+impl<B: Backend + Profiled> From<Arc<B>> for ProfiledBackend {
+    fn from(backend: Arc<B>) -> ProfiledBackend {
+        ProfiledBackend {
+            profile: backend.profile(),
+            backend,
+        }
     }
+}
+
+/// A lock store's operations. One instance serves every connection; state
+/// lives inside. What the store is travels beside it, as [`Profile`], so a
+/// decorator (`metrics::TimedBackend`) implements exactly these.
+#[async_trait]
+pub trait Backend: Send + Sync + 'static {
     /// Takes `spec.key` now, or reports its holder; never waits for a holder.
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError>;
     /// Confirms the lease is still ours and extends it.
@@ -169,20 +204,9 @@ pub trait Backend: Send + Sync + 'static {
     async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError>;
     /// Reads the key's record.
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError>;
-    /// Keys that may have just become free through another agent (a Postgres
-    /// `NOTIFY`, an etcd watch), so that waiters here try again at once
-    /// instead of at their next poll. `None`, the default: waiters poll.
-    fn releases(&self) -> Option<tokio::sync::broadcast::Receiver<Key>> {
-        None
-    }
     /// Takes over a lease granted through an agent that has stopped, if the
     /// store still holds it, unexpired, with this id and token: rewrites its
-    /// record naming `agent_id` and extends it, as a renewal would.
-    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
-        let _ = (lease, agent_id);
-        Err(BackendError::Unsupported(format!(
-            "{} does not keep locks beyond the agent that took them",
-            self.describe()
-        )))
-    }
+    /// record naming `agent_id` and extends it, as a renewal would. A store
+    /// whose leases die with their agent answers `Unsupported`.
+    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError>;
 }

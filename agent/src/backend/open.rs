@@ -3,7 +3,9 @@
 //! check found.
 
 use super::cas::{self, CasStore};
-use super::{redact_uri, Backend, BackendOptions, FileBackend, MemoryBackend};
+use super::{
+    redact_uri, Backend, BackendOptions, FileBackend, MemoryBackend, Profiled, ProfiledBackend,
+};
 use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
@@ -25,10 +27,10 @@ pub enum Readiness {
     Untrusted(String),
 }
 
-/// A backend and what its first check found.
+/// A backend, what it is, and what its first check found.
 pub struct Opened {
-    /// The backend.
-    pub backend: Arc<dyn Backend>,
+    /// The backend and what it is.
+    pub store: ProfiledBackend,
     /// What the check found.
     pub readiness: Readiness,
 }
@@ -107,7 +109,10 @@ const SCHEMES: &[Scheme] = &[
             Box::pin(async move {
                 let backend = Arc::new(super::PostgresBackend::open(uri, &options.postgres)?);
                 let readiness = within_probe_timeout(backend.probe()).await;
-                Ok(Opened { backend, readiness })
+                Ok(Opened {
+                    store: backend.into(),
+                    readiness,
+                })
             })
         }),
     },
@@ -120,7 +125,10 @@ const SCHEMES: &[Scheme] = &[
                 let backend = Arc::new(super::EtcdBackend::open(uri, &options.etcd)?);
                 let probe = async { backend.probe().await.map_err(|err| err.to_string()) };
                 let readiness = within_probe_timeout(probe).await;
-                Ok(Opened { backend, readiness })
+                Ok(Opened {
+                    store: backend.into(),
+                    readiness,
+                })
             })
         }),
     },
@@ -179,20 +187,20 @@ pub async fn open(uri: &str, options: &BackendOptions) -> anyhow::Result<Opened>
 }
 
 /// [`open`], logging what its check found; the agent starts either way.
-pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<Arc<dyn Backend>> {
-    let Opened { backend, readiness } = open(uri, options).await?;
+pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<ProfiledBackend> {
+    let Opened { store, readiness } = open(uri, options).await?;
     match readiness {
         Readiness::Ready => {}
         Readiness::Unreachable(problem) => tracing::warn!(
-            backend = %backend.describe(),
+            backend = %store.profile.description,
             "the backend cannot be used yet: {problem}; runs will fail as unavailable until it can"
         ),
         Readiness::Untrusted(problem) => tracing::error!(
-            backend = %backend.describe(),
+            backend = %store.profile.description,
             "the backend cannot be trusted to lock: {problem}; every run will fail as unavailable"
         ),
     }
-    Ok(backend)
+    Ok(store)
 }
 
 fn open_file(dir: &str) -> anyhow::Result<FileBackend> {
@@ -203,9 +211,9 @@ fn open_file(dir: &str) -> anyhow::Result<FileBackend> {
 }
 
 /// A backend with nothing to check: it is in this process, or on this host.
-fn ready(backend: impl Backend) -> anyhow::Result<Opened> {
+fn ready(backend: impl Backend + Profiled) -> anyhow::Result<Opened> {
     Ok(Opened {
-        backend: Arc::new(backend),
+        store: Arc::new(backend).into(),
         readiness: Readiness::Ready,
     })
 }
@@ -227,7 +235,7 @@ async fn on_object_store(store: impl CasStore) -> anyhow::Result<Opened> {
         not_ready => not_ready,
     };
     Ok(Opened {
-        backend: engine,
+        store: engine.into(),
         readiness,
     })
 }

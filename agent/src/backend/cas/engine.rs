@@ -14,7 +14,8 @@ use super::{CasError, CasStore, Read, Stored};
 use crate::backend::record::LockRecord;
 use crate::backend::retry::RetryBudget;
 use crate::backend::{
-    key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef,
+    key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef, Profile,
+    Profiled,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -427,26 +428,32 @@ impl CasEngine {
     }
 }
 
-#[async_trait]
-impl Backend for CasEngine {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            scope: Scope::Global,
-            survives_agent: true,
-            needs_renewal: true,
-            lease_expires: true,
-            run_holds_lock: false,
-        }
-    }
-
-    fn describe(&self) -> String {
-        self.store.describe()
-    }
-
-    fn min_ttl(&self) -> Duration {
+impl CasEngine {
+    /// The shortest TTL this store's write pace can keep renewed.
+    pub fn min_ttl(&self) -> Duration {
         self.store.min_write_interval() * MIN_TTL_IN_WRITE_INTERVALS
     }
+}
 
+impl Profiled for CasEngine {
+    fn profile(&self) -> Profile {
+        Profile {
+            capabilities: Capabilities {
+                scope: Scope::Global,
+                survives_agent: true,
+                needs_renewal: true,
+                lease_expires: true,
+                run_holds_lock: false,
+            },
+            min_ttl: self.min_ttl(),
+            description: self.store.describe(),
+            releases: None,
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for CasEngine {
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         self.trusted().await?;
         let name = self.name(&spec.key);

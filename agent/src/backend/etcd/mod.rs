@@ -34,7 +34,7 @@ mod transport;
 
 use super::{
     key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, EtcdOptions, Grant,
-    LeaseRef,
+    LeaseRef, Profile, Profiled,
 };
 use crate::backend::retry::TIMEOUTS;
 use async_trait::async_trait;
@@ -469,23 +469,56 @@ impl Drop for EtcdBackend {
     }
 }
 
-#[async_trait]
-impl Backend for EtcdBackend {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            scope: Scope::Global,
-            // The etcd lease outlives the agent; the next agent adopts it.
-            survives_agent: true,
-            needs_renewal: true,
-            lease_expires: true,
-            run_holds_lock: false,
-        }
-    }
-
-    fn describe(&self) -> String {
+impl EtcdBackend {
+    /// The backend's URI with the password removed.
+    pub fn describe(&self) -> String {
         self.description.clone()
     }
 
+    /// Keys deleted under the prefix through any agent (released, expired or
+    /// forced out), as one watch reports them; `None` with `?watch=false`.
+    pub fn releases(&self) -> Option<broadcast::Receiver<Key>> {
+        self.release_sender().map(|sender| sender.subscribe())
+    }
+
+    /// Where [`EtcdBackend::releases`] come from; the watch starts on first use.
+    fn release_sender(&self) -> Option<broadcast::Sender<Key>> {
+        if !self.watch {
+            return None;
+        }
+        let sender = self.released.get_or_init(|| {
+            let (sender, _) = broadcast::channel(RELEASED_BACKLOG);
+            tokio::spawn(watch_releases(
+                self.connection.clone(),
+                sender.clone(),
+                self.stop.clone(),
+            ));
+            sender
+        });
+        Some(sender.clone())
+    }
+}
+
+impl Profiled for EtcdBackend {
+    fn profile(&self) -> Profile {
+        Profile {
+            capabilities: Capabilities {
+                scope: Scope::Global,
+                // The etcd lease outlives the agent; the next agent adopts it.
+                survives_agent: true,
+                needs_renewal: true,
+                lease_expires: true,
+                run_holds_lock: false,
+            },
+            min_ttl: Duration::ZERO,
+            description: self.description.clone(),
+            releases: self.release_sender(),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         self.bounded(self.try_acquire(spec)).await
     }
@@ -627,21 +660,5 @@ impl Backend for EtcdBackend {
             })
         })
         .await
-    }
-
-    fn releases(&self) -> Option<broadcast::Receiver<Key>> {
-        if !self.watch {
-            return None;
-        }
-        let sender = self.released.get_or_init(|| {
-            let (sender, _) = broadcast::channel(RELEASED_BACKLOG);
-            tokio::spawn(watch_releases(
-                self.connection.clone(),
-                sender.clone(),
-                self.stop.clone(),
-            ));
-            sender
-        });
-        Some(sender.subscribe())
     }
 }

@@ -35,7 +35,9 @@ mod settings;
 mod tests;
 mod transport;
 
-use super::{AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef};
+use super::{
+    AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef, Profile, Profiled,
+};
 use anyhow::Context as _;
 use async_trait::async_trait;
 use nix::fcntl::{AtFlags, OFlag};
@@ -615,23 +617,26 @@ impl Inner {
     }
 }
 
-#[async_trait]
-impl Backend for FileBackend {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            scope: Scope::Host,
-            survives_agent: true,
-            // Only to notice a force, which renames a new lock file over ours.
-            needs_renewal: true,
-            lease_expires: false,
-            run_holds_lock: true,
+impl Profiled for FileBackend {
+    fn profile(&self) -> Profile {
+        Profile {
+            capabilities: Capabilities {
+                scope: Scope::Host,
+                survives_agent: true,
+                // Only to notice a force, which renames a new lock file over ours.
+                needs_renewal: true,
+                lease_expires: false,
+                run_holds_lock: true,
+            },
+            min_ttl: Duration::ZERO,
+            description: format!("file://{}", self.inner.dir.display()),
+            releases: None,
         }
     }
+}
 
-    fn describe(&self) -> String {
-        format!("file://{}", self.inner.dir.display())
-    }
-
+#[async_trait]
+impl Backend for FileBackend {
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         let spec = spec.clone();
         self.blocking(move |inner| inner.acquire(&spec)).await

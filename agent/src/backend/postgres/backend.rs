@@ -6,7 +6,7 @@ use super::settings::Settings;
 use super::sql::Sql;
 use crate::backend::{
     redact_uri, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef,
-    PostgresOptions,
+    PostgresOptions, Profile, Profiled,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -85,22 +85,33 @@ impl PostgresBackend {
     }
 }
 
-#[async_trait]
-impl Backend for PostgresBackend {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            scope: Scope::Global,
-            survives_agent: true,
-            needs_renewal: true,
-            lease_expires: true,
-            run_holds_lock: false,
+impl PostgresBackend {
+    /// Keys released through any agent, as the server announces them; `None`
+    /// when this backend does not listen.
+    pub fn releases(&self) -> Option<broadcast::Receiver<Key>> {
+        self.session.releases()
+    }
+}
+
+impl Profiled for PostgresBackend {
+    fn profile(&self) -> Profile {
+        Profile {
+            capabilities: Capabilities {
+                scope: Scope::Global,
+                survives_agent: true,
+                needs_renewal: true,
+                lease_expires: true,
+                run_holds_lock: false,
+            },
+            min_ttl: Duration::ZERO,
+            description: self.described.clone(),
+            releases: self.session.release_sender(),
         }
     }
+}
 
-    fn describe(&self) -> String {
-        self.described.clone()
-    }
-
+#[async_trait]
+impl Backend for PostgresBackend {
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         // invariant: a Holder always serializes (plain strings and numbers)
         let holder = serde_json::to_string(&spec.holder).unwrap_or_default();
@@ -249,9 +260,5 @@ impl Backend for PostgresBackend {
             },
             ttl: Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0)),
         })
-    }
-
-    fn releases(&self) -> Option<broadcast::Receiver<Key>> {
-        self.session.releases()
     }
 }

@@ -74,7 +74,12 @@ impl Session {
     /// Keys released through any agent, as the server announces them; `None`
     /// when this session does not listen.
     pub fn releases(&self) -> Option<broadcast::Receiver<Key>> {
-        self.listen.then(|| self.released.subscribe())
+        self.release_sender().map(|sender| sender.subscribe())
+    }
+
+    /// Where [`Session::releases`] come from, for the backend's profile.
+    pub fn release_sender(&self) -> Option<broadcast::Sender<Key>> {
+        self.listen.then(|| self.released.clone())
     }
 
     /// Statements sent by operations so far (not counting connection set-up).
