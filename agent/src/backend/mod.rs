@@ -56,6 +56,18 @@ pub struct Capabilities {
     pub run_holds_lock: bool,
 }
 
+impl Capabilities {
+    /// A network store's: exclusion across hosts, leases that outlive the
+    /// agent and lapse unless renewed (the object stores, PostgreSQL, etcd).
+    pub const SHARED_LEASES: Capabilities = Capabilities {
+        scope: Scope::Global,
+        survives_agent: true,
+        needs_renewal: true,
+        lease_expires: true,
+        run_holds_lock: false,
+    };
+}
+
 /// Everything needed to take one key.
 #[derive(Debug, Clone)]
 pub struct AcquireSpec {

@@ -438,13 +438,7 @@ impl CasEngine {
 impl Profiled for CasEngine {
     fn profile(&self) -> Profile {
         Profile {
-            capabilities: Capabilities {
-                scope: Scope::Global,
-                survives_agent: true,
-                needs_renewal: true,
-                lease_expires: true,
-                run_holds_lock: false,
-            },
+            capabilities: Capabilities::SHARED_LEASES,
             min_ttl: self.min_ttl(),
             description: self.store.describe(),
             releases: None,

@@ -502,14 +502,8 @@ impl EtcdBackend {
 impl Profiled for EtcdBackend {
     fn profile(&self) -> Profile {
         Profile {
-            capabilities: Capabilities {
-                scope: Scope::Global,
-                // The etcd lease outlives the agent; the next agent adopts it.
-                survives_agent: true,
-                needs_renewal: true,
-                lease_expires: true,
-                run_holds_lock: false,
-            },
+            // The lease outlives the agent; the next agent adopts it.
+            capabilities: Capabilities::SHARED_LEASES,
             min_ttl: Duration::ZERO,
             description: self.description.clone(),
             releases: self.release_sender(),

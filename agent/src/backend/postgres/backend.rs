@@ -96,13 +96,7 @@ impl PostgresBackend {
 impl Profiled for PostgresBackend {
     fn profile(&self) -> Profile {
         Profile {
-            capabilities: Capabilities {
-                scope: Scope::Global,
-                survives_agent: true,
-                needs_renewal: true,
-                lease_expires: true,
-                run_holds_lock: false,
-            },
+            capabilities: Capabilities::SHARED_LEASES,
             min_ttl: Duration::ZERO,
             description: self.described.clone(),
             releases: self.session.release_sender(),
