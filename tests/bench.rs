@@ -1357,7 +1357,7 @@ impl Agent {
             .args(extra)
             .envs(env.iter().copied())
             .env("NOTIFY_SOCKET", &notify_path)
-            .env("RUST_LOG", "info,runlock_agent::registry=warn")
+            .env("RUST_LOG", "info,runlock_agent::lease=warn")
             .stderr(log)
             .kill_on_drop(true)
             .spawn()?;

@@ -1,9 +1,10 @@
 //! One peer: the handshake, its requests, its events, and at its end (EOF)
-//! the release of every lease it held.
+//! the release of every lease it held. The one place where the lease layer's
+//! errors and events become wire messages.
 
+use crate::lease::{AcquireRequest, ConnId, Event, Granted, LeaseError, PeerCred, Registry};
 use crate::limits::{Limits, HELLO_FRAME_LEN};
 use crate::process::Peer;
-use crate::registry::{AcquireRequest, ConnId, Granted, PeerCred, Registry};
 use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
 use runlock_protocol::{
@@ -12,7 +13,6 @@ use runlock_protocol::{
 };
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -27,8 +27,6 @@ type Transport = Framed<UnixStream, AgentCodec>;
 type AcquireResult = Result<Granted, WireError>;
 /// What reading the next frame gives: none at EOF, a body or why it is not one.
 type Frame = Option<Result<Result<Envelope<ClientMessage>, BodyError>, ProtocolError>>;
-/// How often the agent looks whether a reattached run whose shim is gone has ended.
-const RUN_POLL: Duration = Duration::from_millis(100);
 
 /// Serves one accepted connection from `peer` until the peer goes or `shutdown`
 /// (cancelled by the server once it has handed the leases over).
@@ -305,17 +303,9 @@ impl Connection {
                 return;
             }
         }
-        let (events_tx, mut events) = mpsc::unbounded_channel();
         let groups = std::mem::take(&mut self.groups);
         let shim = std::mem::take(&mut self.shim);
-        let renewed_backlog = Arc::new(AtomicUsize::new(0));
-        let conn = self.registry.open_connection(
-            self.peer,
-            shim,
-            &groups,
-            events_tx,
-            renewed_backlog.clone(),
-        );
+        let (conn, mut events) = self.registry.open_connection(self.peer, shim, &groups);
         let mut acquire = AcquireSlot::new();
         let result: Result<(), ProtocolError> = async {
             loop {
@@ -325,12 +315,7 @@ impl Connection {
                         self.send(None, AgentMessage::Restarting).await?;
                         return Ok(());
                     }
-                    Some(event) = events.recv() => {
-                        if matches!(event, AgentMessage::Renewed { .. }) {
-                            renewed_backlog.fetch_sub(1, Ordering::Relaxed);
-                        }
-                        self.send(None, event).await?
-                    }
+                    Some(event) = events.recv() => self.send(None, event_message(event)).await?,
                     Some((id, result)) = acquire.done.recv() => {
                         acquire.task = None;
                         self.grant(conn, id, result).await?;
@@ -364,11 +349,9 @@ impl Connection {
                 pgid,
                 "the shim of a reattached run is gone; holding until the run ends"
             );
-            while self.registry.run_outliving(conn).is_some() {
-                tokio::select! {
-                    _ = tokio::time::sleep(RUN_POLL) => {}
-                    _ = shutdown.cancelled() => break,
-                }
+            tokio::select! {
+                _ = self.registry.run_ended(conn) => {}
+                _ = shutdown.cancelled() => {}
             }
         }
         self.registry.close_connection(conn).await;
@@ -471,7 +454,7 @@ impl Connection {
                     if req.wait.is_zero() {
                         // Nothing to wait for, so nothing to abandon: no task needed,
                         // and the store write is awaited to its end like any other.
-                        let result = self.registry.acquire(conn, req, &acquire.cancel).await;
+                        let result = take(&self.registry, conn, req, &acquire.cancel).await;
                         return self.grant(conn, id, result).await;
                     } else {
                         acquire.spawn(self.registry.clone(), conn, id, req);
@@ -480,8 +463,16 @@ impl Connection {
                 }
             }
             ClientMessage::Release { lease_ids, key } => match (lease_ids.is_empty(), key) {
-                (false, None) => self.registry.release(conn, &lease_ids).await,
-                (true, Some(key)) => self.registry.break_key(conn, &key).await,
+                (false, None) => self
+                    .registry
+                    .release(conn, &lease_ids)
+                    .await
+                    .map_err(wire_error),
+                (true, Some(key)) => self
+                    .registry
+                    .break_key(conn, &key)
+                    .await
+                    .map_err(wire_error),
                 _ => Err(WireError::new(
                     ErrorCode::BadRequest,
                     "release takes either lease_ids or key",
@@ -491,7 +482,8 @@ impl Connection {
             ClientMessage::Attach { pid, pgid } => self
                 .registry
                 .attach(conn, pid, pgid)
-                .map(|()| AgentMessage::Attached),
+                .map(|()| AgentMessage::Attached)
+                .map_err(wire_error),
             ClientMessage::List => {
                 let (leases, omitted) = self.registry.list_for(conn);
                 Ok(AgentMessage::Leases { leases, omitted })
@@ -500,7 +492,8 @@ impl Connection {
                 .registry
                 .inspect_for(conn, &key)
                 .await
-                .map(AgentMessage::Record),
+                .map(AgentMessage::Record)
+                .map_err(wire_error),
             ClientMessage::Reattach { leases, on_lost } => {
                 if acquire.task.is_some() {
                     Err(WireError::new(
@@ -509,7 +502,7 @@ impl Connection {
                     ))
                 } else {
                     let result = self.registry.reattach(conn, leases, on_lost).await;
-                    return self.grant(conn, id, result).await;
+                    return self.grant(conn, id, result.map_err(wire_error)).await;
                 }
             }
             ClientMessage::Ping => Ok(AgentMessage::Pong),
@@ -552,21 +545,79 @@ impl AcquireSlot {
     ) {
         let (cancel, done) = (self.cancel.clone(), self.done_tx.clone());
         let task = async move {
-            let result = registry.acquire(conn, req, &cancel).await;
+            let result = take(&registry, conn, req, &cancel).await;
             let _ = done.send((id, result));
         };
         self.task = Some(tokio::spawn(task.in_current_span()));
     }
 }
 
+/// Takes the keys `req` names, counted by how the request ended.
+async fn take(
+    registry: &Registry,
+    conn: ConnId,
+    req: AcquireRequest,
+    cancel: &CancellationToken,
+) -> AcquireResult {
+    let force = req.force;
+    let result = registry
+        .acquire(conn, req, cancel)
+        .await
+        .map_err(wire_error);
+    crate::metrics::acquisition(force, &result, cancel.is_cancelled());
+    result
+}
+
 fn acquired(granted: Granted, locks: usize) -> AgentMessage {
-    let now = tokio::time::Instant::now();
     AgentMessage::Acquired {
         locks: locks as u32,
         leases: granted.leases,
         ttl_ms: granted.ttl.as_millis() as u64,
-        valid_for_ms: granted
-            .valid_until
-            .map(|at| at.saturating_duration_since(now).as_millis() as u64),
+        valid_for_ms: granted.valid_until.map(millis_left),
+    }
+}
+
+/// How long from now until `at`, in whole milliseconds.
+fn millis_left(at: tokio::time::Instant) -> u64 {
+    at.saturating_duration_since(tokio::time::Instant::now())
+        .as_millis() as u64
+}
+
+/// The error as the peer reads it.
+fn wire_error(err: LeaseError) -> WireError {
+    match err {
+        // The backend's own wording, about the key.
+        LeaseError::Backend { key, source } => source.to_wire(&key),
+        err => WireError {
+            code: err.code(),
+            message: err.to_string(),
+            key: err.key(),
+            holder: err.holder().cloned().map(Box::new),
+        },
+    }
+}
+
+/// The event as the peer reads it.
+fn event_message(event: Event) -> AgentMessage {
+    match event {
+        Event::Renewed {
+            lease_id,
+            valid_until,
+        } => AgentMessage::Renewed {
+            lease_id,
+            valid_for_ms: millis_left(valid_until),
+        },
+        Event::Lost {
+            lease_id,
+            key,
+            loss,
+            holder,
+        } => AgentMessage::Lost {
+            lease_id,
+            key: key.to_string(),
+            reason: loss.reason(),
+            message: loss.to_string(),
+            holder,
+        },
     }
 }

@@ -8,13 +8,22 @@
 //! it started more than 24 hours ago. Both columns are naive UTC, so the
 //! comparison uses the database's clock, not the agent's.
 //!
+//! The check is a backend decorator, [`MeltanoGuard`], around the lease
+//! store: it refuses an acquire with [`BackendError::HeldByLegacyRun`], which
+//! carries the run as data.
+//!
 //! The check and the grant are not atomic: a legacy `meltano run` that starts
 //! between the two is not seen. That gap closes once every run is wrapped.
 
 use crate::backend::postgres::Settings;
-use crate::backend::{redact_uri, BackendError};
-use runlock_protocol::{Holder, Key, WireError};
+use crate::backend::{
+    redact_uri, AcquireSpec, Adopted, Backend, BackendError, Grant, LeaseRef, LegacyRun,
+    ProfiledBackend,
+};
+use async_trait::async_trait;
+use runlock_protocol::{Holder, Key, KeyRecord};
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 /// The `host` of a holder that is a legacy Meltano run, not a runlock lease.
@@ -72,13 +81,6 @@ impl std::fmt::Debug for MeltanoSystemDb {
     }
 }
 
-/// A `RUNNING` row Meltano would not call stale.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct LegacyRun {
-    run_id: String,
-    started_at_ms: Option<i64>,
-}
-
 impl MeltanoSystemDb {
     /// Reads the setting: `/path/meltano.db`, `sqlite:///path/meltano.db`, or
     /// a `postgresql://` URI (SQLAlchemy's `postgresql+DRIVER://` too).
@@ -131,8 +133,8 @@ impl MeltanoSystemDb {
         &self.shown
     }
 
-    /// `Held` naming the legacy run if Meltano records `key` as running,
-    /// `Unavailable` if the database cannot be read.
+    /// `HeldByLegacyRun` if Meltano records `key` as running, `Unavailable`
+    /// if the database cannot be read.
     pub async fn check(&self, key: &Key) -> Result<(), BackendError> {
         let found = match tokio::time::timeout(CHECK_TIMEOUT, self.find(key)).await {
             Ok(found) => found,
@@ -140,7 +142,7 @@ impl MeltanoSystemDb {
         };
         match found {
             Ok(None) => Ok(()),
-            Ok(Some(run)) => Err(BackendError::Held(Some(Box::new(holder(&run))))),
+            Ok(Some(run)) => Err(BackendError::HeldByLegacyRun(Box::new(run))),
             Err(problem) => {
                 tracing::warn!(systemdb = %self.shown, key = %key, "cannot read Meltano's system database: {problem}");
                 Err(BackendError::Unavailable(format!(
@@ -183,10 +185,8 @@ fn find_sqlite(path: &std::path::Path, key: &str) -> Result<Option<LegacyRun>, S
     db.busy_timeout(SQLITE_BUSY_TIMEOUT)
         .map_err(|err| format!("{}: {err}", path.display()))?;
     db.query_row(SQLITE_QUERY, [key], |row| {
-        Ok(LegacyRun {
-            run_id: row.get::<_, Option<String>>(0)?.unwrap_or_default(),
-            started_at_ms: row.get(2)?,
-        })
+        let run_id = row.get::<_, Option<String>>(0)?.unwrap_or_default();
+        Ok(legacy_run(run_id, row.get(2)?))
     })
     .optional()
     .map_err(|err| format!("reading the runs table in {}: {err}", path.display()))
@@ -207,67 +207,100 @@ async fn find_postgres(
         .query_opt(POSTGRES_QUERY, &[&key])
         .await
         .map_err(|err| format!("reading the runs table: {err}"))?;
-    Ok(row.map(|row| LegacyRun {
-        run_id: row.get::<_, Option<String>>(0).unwrap_or_default(),
-        started_at_ms: row.get(2),
+    Ok(row.map(|row| {
+        legacy_run(
+            row.get::<_, Option<String>>(0).unwrap_or_default(),
+            row.get(2),
+        )
     }))
 }
 
-fn holder(run: &LegacyRun) -> Holder {
-    Holder {
+/// The run, and the holder peers are shown for it.
+fn legacy_run(run_id: String, started_at_ms: Option<i64>) -> LegacyRun {
+    let holder = Holder {
         host: HOLDER_HOST.to_string(),
         agent_id: String::new(),
         pid: 0,
         uid: 0,
         gid: 0,
         user: String::new(),
-        command: format!(
-            "meltano run {} (legacy, not wrapped by runlock)",
-            run.run_id
-        ),
-        acquired_at_ms: run
-            .started_at_ms
+        command: format!("meltano run {run_id} (legacy, not wrapped by runlock)"),
+        acquired_at_ms: started_at_ms
             .and_then(|ms| u64::try_from(ms).ok())
             .unwrap_or(0),
         token: 0,
+    };
+    LegacyRun {
+        run_id,
+        started_at_ms,
+        holder,
     }
 }
 
-/// Checks `db`, if one is set, unless the run forces the key (as `meltano run
-/// --force` bypasses Meltano's own check).
-pub async fn check(
-    db: Option<&MeltanoSystemDb>,
-    key: &Key,
-    force: bool,
-) -> Result<(), BackendError> {
-    match db {
-        Some(db) if !force => db.check(key).await,
-        _ => Ok(()),
-    }
-}
-
-/// Says in `err`'s message that its holder is a legacy Meltano run, if it is.
-pub fn explain(err: &mut WireError) {
-    let Some(h) = err.holder.as_deref().filter(|h| h.host == HOLDER_HOST) else {
-        return;
+/// What a peer refused for `run` is told after "key … is held": who holds
+/// it, and what to do.
+pub fn explain(run: &LegacyRun) -> String {
+    let since = match run.holder.acquired_at_ms {
+        0 => "an unknown time".to_string(),
+        ms => {
+            let at = UNIX_EPOCH + Duration::from_millis(ms);
+            humantime::format_rfc3339_seconds(at).to_string()
+        }
     };
-    let run_id = h
-        .command
-        .strip_prefix("meltano run ")
-        .and_then(|rest| rest.split_once(' '))
-        .map_or("unknown", |(id, _)| id);
-    let since = if h.acquired_at_ms == 0 {
-        "an unknown time".to_string()
-    } else {
-        let at = UNIX_EPOCH + Duration::from_millis(h.acquired_at_ms);
-        humantime::format_rfc3339_seconds(at).to_string()
-    };
-    err.message = format!(
-        "{}: by a Meltano run recorded as RUNNING in the system database since {since} \
-         (run id {run_id}), not wrapped by runlock; wait for it to end, or pass --force \
+    format!(
+        "by a Meltano run recorded as RUNNING in the system database since {since} \
+         (run id {}), not wrapped by runlock; wait for it to end, or pass --force \
          if it is gone",
-        err.message
-    );
+        run.run_id
+    )
+}
+
+/// A backend that refuses a key while Meltano's system database records a
+/// live run of it, unless the acquire forces the key (as `meltano run
+/// --force` skips Meltano's own check); everything else goes to the backend
+/// inside, unchanged.
+pub struct MeltanoGuard {
+    inner: Arc<dyn Backend>,
+    db: Arc<MeltanoSystemDb>,
+}
+
+impl MeltanoGuard {
+    /// `store`'s backend, guarded by `db`; what the store is stays as it was.
+    pub fn wrap(store: ProfiledBackend, db: Arc<MeltanoSystemDb>) -> ProfiledBackend {
+        ProfiledBackend {
+            backend: Arc::new(MeltanoGuard {
+                inner: store.backend,
+                db,
+            }),
+            profile: store.profile,
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for MeltanoGuard {
+    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+        if !spec.force {
+            self.db.check(&spec.key).await?;
+        }
+        self.inner.acquire(spec).await
+    }
+
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
+        self.inner.renew(lease, ttl).await
+    }
+
+    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        self.inner.release(lease).await
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+        self.inner.inspect(key).await
+    }
+
+    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+        self.inner.adopt(lease, agent_id).await
+    }
 }
 
 #[cfg(test)]
@@ -297,22 +330,11 @@ mod tests {
     }
 
     #[test]
-    fn a_legacy_holder_is_explained() {
-        let run = LegacyRun {
-            run_id: "0b1c".to_string(),
-            started_at_ms: Some(1_000),
-        };
-        let mut err = WireError::new(runlock_protocol::ErrorCode::Held, "key \"k\" is held");
-        err.holder = Some(Box::new(holder(&run)));
-        explain(&mut err);
-        assert!(err.message.contains("run id 0b1c"), "{}", err.message);
-        assert!(
-            err.message.contains("1970-01-01T00:00:01Z"),
-            "{}",
-            err.message
-        );
-        let mut other = WireError::new(runlock_protocol::ErrorCode::Held, "key \"k\" is held");
-        explain(&mut other);
-        assert_eq!(other.message, "key \"k\" is held");
+    fn a_legacy_run_is_explained() {
+        let explained = explain(&legacy_run("0b1c".to_string(), Some(1_000)));
+        assert!(explained.contains("run id 0b1c"), "{explained}");
+        assert!(explained.contains("1970-01-01T00:00:01Z"), "{explained}");
+        let unknown = explain(&legacy_run("0b1c".to_string(), None));
+        assert!(unknown.contains("since an unknown time"), "{unknown}");
     }
 }

@@ -4,7 +4,8 @@
 use anyhow::Context;
 use clap::Parser;
 use runlock_agent::config::{Args, Command, Config};
-use runlock_agent::registry::{Identity, Policy, Registry};
+use runlock_agent::lease::{Identity, Policy, Registry};
+use runlock_agent::legacy::MeltanoGuard;
 use runlock_agent::{backend, limits, listener, metrics, notify, serve, telemetry};
 use std::process::ExitCode;
 use tokio::signal::unix::{signal, SignalKind};
@@ -122,13 +123,14 @@ async fn run(config: Config) -> Result<(), Stop> {
         default_ttl: config.ttl,
         on_unavailable: config.on_unavailable,
         access: config.access.clone(),
-        legacy: config.legacy_meltano_systemdb.clone(),
     };
     if let Some(db) = &config.legacy_meltano_systemdb {
         tracing::info!(
             systemdb = db.describe(),
             "checking Meltano's system database for legacy runs before each grant"
         );
+        // Outermost, so that a legacy run's refusal is not timed as a store request.
+        store = MeltanoGuard::wrap(store, db.clone());
     }
     let registry = Registry::new(store, identity.clone(), policy);
     let descriptors = limits::raise_descriptor_limit();

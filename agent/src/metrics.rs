@@ -1,6 +1,7 @@
-//! Prometheus metrics on `--metrics ADDR`: the counters the registry and the
-//! renewal scheduler bump where outcomes are decided, a timing decorator around
-//! the backend, and a tiny HTTP server for `GET /metrics`.
+//! Prometheus metrics on `--metrics ADDR`: the counters the lease layer, the
+//! connection (acquisitions, by wire code) and the renewal scheduler bump
+//! where outcomes are decided, a timing decorator around the backend, and a
+//! tiny HTTP server for `GET /metrics`.
 //!
 //! The metrics live in one process-wide instance, set by [`start`], so that
 //! each hook is a one-line call that needs no handle threaded through the
@@ -91,7 +92,7 @@ const OPERATIONS: [&str; 5] = ["acquire", "renew", "release", "inspect", "adopt"
 fn backend_result<T>(result: &Result<T, BackendError>) -> &'static str {
     match result {
         Ok(_) => "ok",
-        Err(BackendError::Held(_)) => "held",
+        Err(BackendError::Held(_) | BackendError::HeldByLegacyRun(_)) => "held",
         Err(BackendError::LeaseMismatch) => "lease_mismatch",
         Err(BackendError::Unavailable(_)) => "unavailable",
         Err(BackendError::Corrupt(_)) => "corrupt",

@@ -2,7 +2,7 @@
 //! READY=1, a STATUS= line kept current, WATCHDOG=1 pings while it serves, and
 //! STOPPING=1 as soon as it begins to stop. Without `NOTIFY_SOCKET` it does nothing.
 
-use crate::registry::Registry;
+use crate::lease::Registry;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! so a pid reused by another process is never signalled.
 
 use nix::sys::signal::Signal;
-use runlock_protocol::{ErrorCode, OnLost, WireError};
+use runlock_protocol::{ErrorCode, OnLost};
 use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
@@ -14,6 +14,9 @@ use std::time::Duration;
 /// How often a group is scanned again for members forked while it was being
 /// signalled (killpg is one step in the kernel; a scan of /proc is not).
 const SIGNAL_PASSES: usize = 4;
+/// How often a run's group is looked at where its members' exits cannot be
+/// awaited (no pidfd: before Linux 5.3).
+const EXIT_POLL: Duration = Duration::from_millis(100);
 
 /// A process held by a pidfd: whatever later reuses its pid is not it.
 #[derive(Debug)]
@@ -192,39 +195,83 @@ pub struct Run {
     owner: Option<u32>,
 }
 
-fn refused(code: ErrorCode, message: String) -> WireError {
-    WireError::new(code, message)
+/// Why a peer may not name a process as its run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AttachRefused {
+    /// Pid 0 names no process.
+    #[error("pid 0 is not a process")]
+    NoPid,
+    /// Group 0 names no group.
+    #[error("pgid 0 is not a process group")]
+    NoGroup,
+    /// Init or its group.
+    #[error("init (pid 1) and its group are never signalled")]
+    Init,
+    /// The agent's own process.
+    #[error("pid {0} is the agent itself")]
+    Agent(u32),
+    /// The agent's own process group.
+    #[error("process group {0} is the agent's own")]
+    AgentGroup(u32),
+    /// No such live process.
+    #[error("there is no process {0}")]
+    NoProcess(u32),
+    /// Another user's process.
+    #[error("uid {uid} may not attach process {pid}: it belongs to uid {owner}")]
+    NotOwned {
+        /// The peer's uid.
+        uid: u32,
+        /// The process named.
+        pid: u32,
+        /// Its real uid.
+        owner: u32,
+    },
+    /// The process is in another group than the one named.
+    #[error("process {pid} is in process group {actual}, not {named}")]
+    OtherGroup {
+        /// The process named.
+        pid: u32,
+        /// Its group.
+        actual: u32,
+        /// The group named.
+        named: u32,
+    },
+}
+
+impl AttachRefused {
+    /// Its code: `forbidden` where the process is not the peer's to name,
+    /// `bad_request` where it names nothing that could be.
+    pub fn code(&self) -> ErrorCode {
+        use AttachRefused::*;
+        match self {
+            Init | Agent(_) | AgentGroup(_) | NotOwned { .. } => ErrorCode::Forbidden,
+            NoPid | NoGroup | NoProcess(_) | OtherGroup { .. } => ErrorCode::BadRequest,
+        }
+    }
 }
 
 impl Run {
     /// The run of a peer of `uid` whose pid is `pid` in group `pgid`, if
     /// `pid` is a live process of that uid (anyone's for root) in that group,
     /// and neither init nor the agent; the refusal names what is wrong.
-    pub fn attach(uid: u32, pid: u32, pgid: u32) -> Result<Run, WireError> {
-        use ErrorCode::{BadRequest, Forbidden};
+    pub fn attach(uid: u32, pid: u32, pgid: u32) -> Result<Run, AttachRefused> {
         let agent_group = nix::unistd::getpgrp().as_raw() as u32;
         if pid == 0 {
-            return Err(refused(BadRequest, "pid 0 is not a process".into()));
+            return Err(AttachRefused::NoPid);
         }
         if pgid == 0 {
-            return Err(refused(BadRequest, "pgid 0 is not a process group".into()));
+            return Err(AttachRefused::NoGroup);
         }
         if pid == 1 || pgid == 1 {
-            return Err(refused(
-                Forbidden,
-                "init (pid 1) and its group are never signalled".into(),
-            ));
+            return Err(AttachRefused::Init);
         }
         if pid == std::process::id() {
-            return Err(refused(Forbidden, format!("pid {pid} is the agent itself")));
+            return Err(AttachRefused::Agent(pid));
         }
         if pgid == agent_group {
-            return Err(refused(
-                Forbidden,
-                format!("process group {pgid} is the agent's own"),
-            ));
+            return Err(AttachRefused::AgentGroup(pgid));
         }
-        let gone = || refused(BadRequest, format!("there is no process {pid}"));
+        let gone = || AttachRefused::NoProcess(pid);
         let fd = Pidfd::open(pid).map_err(|_| gone())?;
         // Read after the pidfd pins the process: if it has not exited since, what
         // /proc said was about it and not about a process that reused its pid.
@@ -233,22 +280,18 @@ impl Run {
             .ok_or_else(gone)?;
         let owner = (uid != 0).then_some(uid);
         if owner.is_some_and(|uid| uid != process.uid) {
-            return Err(refused(
-                Forbidden,
-                format!(
-                    "uid {uid} may not attach process {pid}: it belongs to uid {}",
-                    process.uid
-                ),
-            ));
+            return Err(AttachRefused::NotOwned {
+                uid,
+                pid,
+                owner: process.uid,
+            });
         }
         if process.pgrp != pgid {
-            return Err(refused(
-                BadRequest,
-                format!(
-                    "process {pid} is in process group {}, not {pgid}",
-                    process.pgrp
-                ),
-            ));
+            return Err(AttachRefused::OtherGroup {
+                pid,
+                actual: process.pgrp,
+                named: pgid,
+            });
         }
         Ok(Run {
             pid,
@@ -296,6 +339,36 @@ impl Run {
     /// another user's process in it does not keep the run going.
     pub fn has_members(&self) -> bool {
         self.scan().any(|(_, place)| place == Place::Member)
+    }
+
+    /// Returns once the run's group has no member left. It awaits one
+    /// member's exit at a time, through its pidfd, and scans the group again
+    /// after each (members may have forked or left meanwhile); it polls only
+    /// where a pidfd cannot be had.
+    pub async fn ended(&self) {
+        use tokio::io::unix::AsyncFd;
+        use tokio::io::Interest;
+        loop {
+            let member = self
+                .scan()
+                .find_map(|(p, place)| (place == Place::Member).then_some(p.pid));
+            let Some(member) = member else {
+                return;
+            };
+            // A pidfd turns readable when its process exits.
+            let exit = Pidfd::open(member).ok().and_then(|fd| {
+                // SAFETY: the AsyncFd owns the descriptor until it is dropped,
+                // and an OwnedFd's raw descriptor never changes.
+                unsafe { AsyncFd::register_with_interest(fd.0, Interest::READABLE) }.ok()
+            });
+            let awaited = match exit {
+                Some(exit) => exit.readable().await.is_ok(),
+                None => false,
+            };
+            if !awaited {
+                tokio::time::sleep(EXIT_POLL).await;
+            }
+        }
     }
 
     /// Sends `signal` to each member of the group, through a pidfd and after
@@ -403,8 +476,11 @@ mod tests {
         let run = Run::attach(root(), pid, pid)?;
         assert!(run.has_members());
         let stranger = Run::attach(4242, pid, pid).expect_err("not uid 4242's");
-        assert_eq!(stranger.code, ErrorCode::Forbidden);
-        assert!(stranger.message.contains("belongs to uid"), "{stranger:?}");
+        assert_eq!(stranger.code(), ErrorCode::Forbidden);
+        assert!(
+            stranger.to_string().contains("belongs to uid"),
+            "{stranger:?}"
+        );
         assert_eq!(run.signal(Signal::SIGKILL), 1);
         assert!(killed(&mut child)?);
         assert!(!run.has_members());
@@ -425,8 +501,25 @@ mod tests {
         assert!(peer.gone());
         assert!(!run.has_members());
         let err = Run::attach(root(), pid, pid).expect_err("a zombie");
-        assert_eq!(err.code, ErrorCode::BadRequest);
+        assert_eq!(err.code(), ErrorCode::BadRequest);
         child.wait()?;
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_runs_end_is_awaited_until_its_last_member_has_exited() -> anyhow::Result<()> {
+        let mut leader = sleeper(None, None)?;
+        let group = leader.id();
+        let mut member = sleeper(Some(group), None)?;
+        let run = Run::attach(root(), group, group)?;
+        let ended = tokio::spawn(async move { run.ended().await });
+        leader.kill()?;
+        leader.wait()?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!ended.is_finished(), "ended while a member was left");
+        member.kill()?;
+        member.wait()?;
+        tokio::time::timeout(WAIT, ended).await??;
         Ok(())
     }
 
@@ -434,9 +527,9 @@ mod tests {
     fn a_pid_outside_the_group_named_is_refused() -> anyhow::Result<()> {
         let (mut a, mut b) = (sleeper(None, None)?, sleeper(None, None)?);
         let err = Run::attach(root(), a.id(), b.id()).expect_err("another group");
-        assert_eq!(err.code, ErrorCode::BadRequest);
+        assert_eq!(err.code(), ErrorCode::BadRequest);
         let want = format!("is in process group {}, not {}", a.id(), b.id());
-        assert!(err.message.contains(&want), "{err:?}");
+        assert!(err.to_string().contains(&want), "{err:?}");
         a.kill()?;
         b.kill()?;
         a.wait()?;
@@ -461,7 +554,7 @@ mod tests {
             (u32::MAX, pid, ErrorCode::BadRequest),
         ] {
             let err = Run::attach(root(), pid, pgid).expect_err("refused");
-            assert_eq!(err.code, code, "attach {pid} {pgid}: {err:?}");
+            assert_eq!(err.code(), code, "attach {pid} {pgid}: {err:?}");
         }
         child.kill()?;
         child.wait()?;

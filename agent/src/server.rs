@@ -3,8 +3,8 @@
 //! the limits is told the agent is busy and closed.
 
 use crate::connection::serve_connection;
+use crate::lease::{PeerCred, Registry};
 use crate::limits::{Admission, Ticket};
-use crate::registry::{PeerCred, Registry};
 use futures::SinkExt;
 use runlock_protocol::{AgentCodec, AgentMessage, Envelope, ErrorCode, WireError};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -14,7 +14,7 @@ use libfuzzer_sys::fuzz_target;
 use runlock_agent::backend::MemoryBackend;
 use runlock_agent::connection::serve_connection;
 use runlock_agent::limits::Limits;
-use runlock_agent::registry::{Identity, PeerCred, Policy, Registry};
+use runlock_agent::lease::{Identity, PeerCred, Policy, Registry};
 use runlock_protocol::{ClientMessage, Envelope, ShimCodec, PROTOCOL_VERSION};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;

@@ -123,6 +123,10 @@ pub enum BackendError {
     /// Someone else holds the key (the holder is unknown while its record is being written).
     #[error("held")]
     Held(Option<Box<Holder>>),
+    /// Meltano's system database records a live run of the key's state ID,
+    /// a run runlock does not wrap (`legacy::MeltanoGuard`).
+    #[error("held by a legacy Meltano run")]
+    HeldByLegacyRun(Box<LegacyRun>),
     /// The lease is no longer ours: taken over, broken or expired.
     #[error("the lease is no longer held")]
     LeaseMismatch,
@@ -141,7 +145,7 @@ impl BackendError {
     /// The wire code for this error.
     pub fn code(&self) -> ErrorCode {
         match self {
-            BackendError::Held(_) => ErrorCode::Held,
+            BackendError::Held(_) | BackendError::HeldByLegacyRun(_) => ErrorCode::Held,
             BackendError::LeaseMismatch => ErrorCode::NotOwner,
             BackendError::Unavailable(_) => ErrorCode::Unavailable,
             BackendError::Corrupt(_) => ErrorCode::Internal,
@@ -153,12 +157,26 @@ impl BackendError {
     pub fn to_wire(&self, key: &Key) -> WireError {
         let mut wire = WireError::new(self.code(), self.to_string());
         wire.key = Some(key.to_string());
-        if let BackendError::Held(holder) = self {
-            wire.message = format!("key {key:?} is held");
-            wire.holder = holder.clone();
+        match self {
+            BackendError::Held(holder) => wire.holder = holder.clone(),
+            BackendError::HeldByLegacyRun(run) => wire.holder = Some(Box::new(run.holder.clone())),
+            _ => return wire,
         }
+        wire.message = format!("key {key:?} is held");
         wire
     }
+}
+
+/// A `RUNNING` row of Meltano's system database that Meltano would not call
+/// stale: a run that holds its state ID without a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LegacyRun {
+    /// Meltano's id of the run.
+    pub run_id: String,
+    /// When it started, if recorded.
+    pub started_at_ms: Option<i64>,
+    /// The run as a holder is shown to peers.
+    pub holder: Holder,
 }
 
 /// What a backend is, fixed when it opens: data the agent reads once, never

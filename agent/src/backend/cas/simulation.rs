@@ -12,7 +12,7 @@
 use super::testing::FaultyStore;
 use super::{CasEngine, MemoryCasStore};
 use crate::backend::{AcquireSpec, Backend, BackendError, LeaseRef};
-use crate::renewal::deadline;
+use crate::lease::renewal::deadline;
 use runlock_protocol::{Holder, Key};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

@@ -1,0 +1,590 @@
+//! Taking keys: `acquire` (every key of a request, in sorted order, all or
+//! nothing, waiting in the local queue and polling for holders elsewhere) and
+//! `reattach` (adopting the leases of a stopped agent).
+
+use super::error::{backend_on, valid_key, LeaseError};
+use super::event::Loss;
+use super::registry::Registry;
+use super::renewal::deadline;
+use super::state::{ConnId, LocalLease};
+use crate::backend::{AcquireSpec, BackendError, Grant, LeaseRef};
+use crate::shown;
+use runlock_protocol::timing;
+use runlock_protocol::{Holder, Key, Lease, OnLost, MAX_COMMAND_LEN, MAX_KEYS_PER_REQUEST};
+use std::os::fd::OwnedFd;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// Waiters re-check the backend (for holders on other agents) this often at most.
+const POLL_CAP: Duration = Duration::from_millis(500);
+pub(super) const POLL_START: Duration = Duration::from_millis(20);
+
+/// An `acquire` request, decoded.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// Keys as sent; validated here.
+    pub keys: Vec<String>,
+    /// Requested TTL, or the default.
+    pub ttl: Option<Duration>,
+    /// How long to wait for held keys.
+    pub wait: Duration,
+    /// Take keys over from their holders.
+    pub force: bool,
+    /// The protected command line.
+    pub command: String,
+    /// What to do to the attached run when a lease is lost after the client is gone.
+    pub on_lost: OnLost,
+}
+
+/// What `acquire` and `reattach` hand back.
+#[derive(Debug)]
+pub struct Granted {
+    /// One lease per key, in sorted key order.
+    pub leases: Vec<Lease>,
+    /// Their time to live.
+    pub ttl: Duration,
+    /// Until when all of them stay guaranteed without another renewal, where
+    /// leases outlive the agent and can expire.
+    pub valid_until: Option<Instant>,
+    /// The locks for the run to hold, one per lease in order, where the
+    /// backend hands them over (`Grant::lock`); empty elsewhere.
+    pub locks: Vec<OwnedFd>,
+}
+
+/// One key taken: its lease, until when it stays guaranteed, its lock for the run.
+type Taken = (Lease, Option<Instant>, Option<OwnedFd>);
+
+impl Granted {
+    fn new(ttl: Duration, capacity: usize) -> Granted {
+        Granted {
+            leases: Vec::with_capacity(capacity),
+            ttl,
+            valid_until: None,
+            locks: Vec::new(),
+        }
+    }
+
+    fn add(&mut self, (lease, valid_until, lock): Taken) {
+        self.leases.push(lease);
+        self.locks.extend(lock);
+        self.valid_until = match (self.valid_until, valid_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+}
+
+pub(super) fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+impl Registry {
+    /// Takes every key of `req`, in sorted order, all or nothing.
+    pub async fn acquire(
+        &self,
+        conn: ConnId,
+        req: AcquireRequest,
+        cancel: &CancellationToken,
+    ) -> Result<Granted, LeaseError> {
+        if req.keys.len() > MAX_KEYS_PER_REQUEST {
+            return Err(LeaseError::TooManyKeys(req.keys.len()));
+        }
+        let mut keys = Vec::with_capacity(req.keys.len());
+        for key in &req.keys {
+            keys.push(valid_key(key)?);
+        }
+        // Every agent takes keys in the same order, so multi-key runs cannot deadlock.
+        keys.sort();
+        keys.dedup();
+        if keys.is_empty() {
+            return Err(LeaseError::NoKeys);
+        }
+        let ttl = req.ttl.unwrap_or(self.policy.default_ttl);
+        let shortest = timing::MIN_TTL.max(self.min_ttl);
+        if ttl < shortest || ttl > timing::MAX_TTL {
+            return Err(LeaseError::TtlOutOfRange {
+                ttl,
+                shortest,
+                backend: (shortest > timing::MIN_TTL).then(|| self.description.clone()),
+            });
+        }
+        let (peer, user, may_override) = self.peer(conn)?;
+        if req.force && !may_override {
+            return Err(self.forbidden(peer, "force a lock", None));
+        }
+        let holder = self.holder(peer, user, shown::cut(&req.command, MAX_COMMAND_LEN));
+        let deadline = Instant::now() + req.wait;
+        let mut granted = Granted::new(ttl, keys.len());
+        for key in keys {
+            match self
+                .acquire_key(conn, key, ttl, &req, &holder, deadline, cancel)
+                .await
+            {
+                Ok(taken) => granted.add(taken),
+                Err(err) => {
+                    for lease in granted.leases {
+                        self.release_lease(&lease.lease_id).await;
+                    }
+                    return Err(err);
+                }
+            }
+        }
+        if let Some(c) = self.state().conns.get_mut(&conn) {
+            c.on_lost = req.on_lost;
+        }
+        Ok(granted)
+    }
+
+    /// Adopts leases taken through an agent that has stopped, once the backend
+    /// confirms each is still held, unexpired, with its id and token, by this
+    /// peer's user. All or nothing: on a failure the leases adopted so far
+    /// stay with this connection, to be released when it closes (after its
+    /// run has stopped).
+    pub async fn reattach(
+        &self,
+        conn: ConnId,
+        leases: Vec<Lease>,
+        on_lost: OnLost,
+    ) -> Result<Granted, LeaseError> {
+        if leases.is_empty() {
+            return Err(LeaseError::NoLeases);
+        }
+        let (peer, _, may_override) = self.peer(conn)?;
+        let mut granted = Granted::new(Duration::ZERO, leases.len());
+        if leases.len() > MAX_KEYS_PER_REQUEST {
+            return Err(LeaseError::TooManyLeases(leases.len()));
+        }
+        for lease in leases {
+            let key = valid_key(&lease.key)?;
+            if self.state().leases.contains_key(&lease.lease_id) {
+                return Err(LeaseError::AlreadyHeldHere(lease.lease_id));
+            }
+            let reference = LeaseRef {
+                key: key.clone(),
+                lease_id: lease.lease_id.clone(),
+                token: lease.token,
+            };
+            let record = self.backend.inspect(&key).await.map_err(backend_on(&key))?;
+            if let Some(h) = record.holder.filter(|h| h.uid != peer.uid && !may_override) {
+                let action = format!("reattach a lease of uid {}", h.uid);
+                return Err(self.forbidden(peer, &action, Some(key)));
+            }
+            let adopted = self
+                .backend
+                .adopt(&reference, &self.identity.agent_id)
+                .await
+                .map_err(|e| match e {
+                    BackendError::LeaseMismatch => LeaseError::NoLongerHeld {
+                        key: key.clone(),
+                        lease_id: lease.lease_id.clone(),
+                    },
+                    other => backend_on(&key)(other),
+                })?;
+            granted.ttl = adopted.ttl;
+            let spec = AcquireSpec {
+                key,
+                lease_id: lease.lease_id,
+                holder: adopted.grant.holder.clone(),
+                ttl: adopted.ttl,
+                force: false,
+            };
+            let taken = self.register(conn, spec, adopted.grant).await?;
+            granted.add(taken);
+        }
+        if let Some(c) = self.state().conns.get_mut(&conn) {
+            c.on_lost = on_lost;
+            c.reattached = true;
+        }
+        Ok(granted)
+    }
+
+    /// Takes one key for the connection: at the head of its local queue, or
+    /// at once with `force`; waits for its holder until `deadline`.
+    #[allow(clippy::too_many_arguments)]
+    async fn acquire_key(
+        &self,
+        conn: ConnId,
+        key: Key,
+        ttl: Duration,
+        req: &AcquireRequest,
+        holder: &Holder,
+        deadline: Instant,
+        cancel: &CancellationToken,
+    ) -> Result<Taken, LeaseError> {
+        let place = self.enqueue(&key);
+        let mut poll = POLL_START;
+        loop {
+            let at_head = req.force || self.is_head(&key, place.id);
+            let mut unreachable = None;
+            let mut legacy = None;
+            let last_holder = if at_head {
+                let spec = AcquireSpec {
+                    key: key.clone(),
+                    lease_id: uuid::Uuid::new_v4().to_string(),
+                    holder: Holder {
+                        acquired_at_ms: now_ms(),
+                        ..holder.clone()
+                    },
+                    ttl,
+                    force: req.force,
+                };
+                match self.backend.acquire(&spec).await {
+                    Ok(grant) => return self.register(conn, spec, grant).await,
+                    Err(BackendError::Held(h)) => h,
+                    Err(BackendError::HeldByLegacyRun(run)) => {
+                        let holder = Box::new(run.holder.clone());
+                        legacy = Some(run);
+                        Some(holder)
+                    }
+                    // A run that may wait also waits out a store that cannot be reached.
+                    Err(err @ BackendError::Unavailable(_)) if !req.wait.is_zero() => {
+                        unreachable = Some(err);
+                        None
+                    }
+                    Err(err) => return Err(backend_on(&key)(err)),
+                }
+            } else {
+                None // behind a local waiter: who holds it is looked up only if we give up
+            };
+            if Instant::now() >= deadline {
+                if let Some(err) = unreachable {
+                    return Err(backend_on(&key)(err));
+                }
+                let last_holder = match last_holder {
+                    Some(holder) => Some(holder),
+                    None => self.holder_of(&key).await,
+                };
+                let viewer = self.viewer(conn);
+                return Err(LeaseError::Held {
+                    key,
+                    waited: req.wait,
+                    holder: last_holder.map(|h| Box::new(self.show(&h, viewer))),
+                    legacy,
+                });
+            }
+            // A local release wakes us at once; polling finds holders on other agents.
+            let jittered = poll.mul_f64(0.5 + fastrand::f64());
+            tokio::select! {
+                _ = place.notify.notified() => {}
+                _ = tokio::time::sleep(jittered) => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+                _ = cancel.cancelled() => {
+                    return Err(LeaseError::Cancelled);
+                }
+            }
+            poll = (poll * 2).min(POLL_CAP);
+        }
+    }
+
+    /// The key's holder: known here if it is local, else the backend's record.
+    async fn holder_of(&self, key: &Key) -> Option<Box<Holder>> {
+        let local = self.state().local_holder(key);
+        match local {
+            Some(holder) => Some(Box::new(holder)),
+            None => self
+                .backend
+                .inspect(key)
+                .await
+                .ok()
+                .and_then(|r| r.holder)
+                .map(Box::new),
+        }
+    }
+
+    fn enqueue(&self, key: &Key) -> Place<'_> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let notify = Arc::new(Notify::new());
+        self.state().queues.join(key, id, notify.clone());
+        Place {
+            registry: self,
+            key: key.clone(),
+            id,
+            notify,
+        }
+    }
+
+    fn is_head(&self, key: &Key, id: u64) -> bool {
+        self.state().queues.is_head(key, id)
+    }
+
+    /// Records a granted lease; a local lease it forced out is told it is lost.
+    /// Returns the lease and, where leases outlive the agent, until when it is
+    /// guaranteed without a renewal.
+    async fn register(
+        &self,
+        conn: ConnId,
+        spec: AcquireSpec,
+        grant: Grant,
+    ) -> Result<Taken, LeaseError> {
+        let (holder, lock) = (grant.holder, grant.lock);
+        let lease_id = spec.lease_id.clone();
+        let lease = LocalLease {
+            key: spec.key.clone(),
+            conn,
+            ttl: spec.ttl,
+            holder: holder.clone(),
+        };
+        let reference = lease.reference(&lease_id);
+        let registered = {
+            let mut state = self.state();
+            match state.conns.get_mut(&conn) {
+                Some(c) => {
+                    c.leases.insert(lease_id.clone());
+                    let displaced = state.by_key.insert(spec.key.clone(), lease_id.clone());
+                    state.leases.insert(lease_id.clone(), lease);
+                    crate::metrics::leases_held(state.leases.len());
+                    Some(displaced)
+                }
+                None => None,
+            }
+        };
+        let Some(displaced) = registered else {
+            let _ = self.backend.release(&reference).await;
+            return Err(LeaseError::ClosedDuringAcquire);
+        };
+        if self.capabilities.needs_renewal {
+            self.renewals.start_lease(reference, spec.ttl, grant.sent);
+        }
+        if let Some(old) = displaced {
+            let loss = Loss::ForcedHere {
+                user: holder.user.clone(),
+                host: holder.host.clone(),
+                pid: holder.pid,
+            };
+            self.lose(&old, loss, Some(holder.clone())).await;
+        }
+        tracing::info!(key = %spec.key, token = holder.token, lease = %lease_id, force = spec.force, "acquired");
+        let valid_until = (self.capabilities.survives_agent && self.capabilities.lease_expires)
+            .then(|| deadline(grant.sent, spec.ttl));
+        let lease = Lease {
+            key: spec.key.to_string(),
+            lease_id,
+            token: holder.token,
+        };
+        Ok((lease, valid_until, lock))
+    }
+}
+
+/// A waiter's place in a key's local queue; leaving it wakes the next in line.
+struct Place<'a> {
+    registry: &'a Registry,
+    key: Key,
+    id: u64,
+    notify: Arc<Notify>,
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.registry.state().queues.leave(&self.key, self.id);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use runlock_protocol::{ErrorCode, LostReason};
+    use tokio::time::Instant;
+
+    #[tokio::test]
+    async fn multi_key_acquire_is_all_or_nothing() {
+        let registry = registry();
+        let (a, _e1) = connect(&registry, ROOT);
+        let (b, _e2) = connect(&registry, ROOT);
+        take(&registry, a, &["b"]).await.expect("free");
+        let err = take(&registry, b, &["b", "a"])
+            .await
+            .expect_err("b is held");
+        assert_eq!(err.code(), ErrorCode::Held);
+        assert_eq!(err.key().as_deref(), Some("b"));
+        assert_eq!(err.holder().expect("holder").host, "test-host");
+        // "a" was taken first (sorted order) and given back.
+        assert!(registry.list().iter().all(|l| l.key != "a"));
+        take(&registry, a, &["a"]).await.expect("a was released");
+    }
+
+    #[tokio::test]
+    async fn force_takes_over_and_the_old_holder_is_told() {
+        let registry = registry();
+        let (old, mut old_events) = connect(&registry, ROOT);
+        let (new, _e) = connect(&registry, ROOT);
+        let before = take(&registry, old, &["k"]).await.expect("free");
+        let never = CancellationToken::new();
+        let Granted { leases: after, .. } = registry
+            .acquire(new, request(&["k"], Duration::ZERO, true), &never)
+            .await
+            .expect("forced");
+        assert!(after[0].token > before[0].token);
+        match old_events.try_recv().expect("lost event") {
+            Event::Lost {
+                lease_id,
+                loss,
+                holder,
+                ..
+            } => {
+                assert_eq!(lease_id, before[0].lease_id);
+                assert_eq!(loss.reason(), LostReason::Forced);
+                assert_eq!(holder.expect("new holder").token, after[0].token);
+            }
+            other => panic!("expected lost, got {other:?}"),
+        }
+        let err = registry
+            .release(old, &[before[0].lease_id.clone()])
+            .await
+            .expect_err("no longer ours");
+        assert_eq!(err.code(), ErrorCode::NotOwner);
+    }
+
+    #[tokio::test]
+    async fn bad_requests_get_their_codes() {
+        let registry = registry();
+        let stranger = PeerCred {
+            pid: 2,
+            uid: 4242,
+            gid: 4242,
+        };
+        let (conn, _e) = connect(&registry, stranger);
+        let never = CancellationToken::new();
+        let code = |r: Result<Granted, LeaseError>| r.expect_err("refused").code();
+        assert_eq!(
+            code(
+                registry
+                    .acquire(conn, request(&[""], Duration::ZERO, false), &never)
+                    .await
+            ),
+            ErrorCode::InvalidKey
+        );
+        assert_eq!(
+            code(
+                registry
+                    .acquire(conn, request(&[], Duration::ZERO, false), &never)
+                    .await
+            ),
+            ErrorCode::BadRequest
+        );
+        let mut short = request(&["k"], Duration::ZERO, false);
+        short.ttl = Some(Duration::from_millis(10));
+        assert_eq!(
+            code(registry.acquire(conn, short, &never).await),
+            ErrorCode::BadRequest
+        );
+        assert_eq!(
+            code(
+                registry
+                    .acquire(conn, request(&["k"], Duration::ZERO, true), &never)
+                    .await
+            ),
+            ErrorCode::Forbidden
+        );
+        assert_eq!(
+            registry
+                .break_key(conn, "k")
+                .await
+                .expect_err("not allowed")
+                .code(),
+            ErrorCode::Forbidden
+        );
+        assert_eq!(
+            registry
+                .release(conn, &["nope".into()])
+                .await
+                .expect_err("not ours")
+                .code(),
+            ErrorCode::NotOwner
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_agent_adopts_a_handed_over_lease_with_its_token() {
+        use crate::backend::cas::{CasEngine, MemoryCasStore};
+        let store = Arc::new(MemoryCasStore::new());
+        let agent = |id: &str| {
+            let identity = Identity {
+                host: "h".into(),
+                agent_id: id.into(),
+                uid: 0,
+            };
+            let engine = Arc::new(CasEngine::new(store.clone(), ""));
+            Registry::new(engine, identity, Policy::with_ttl(Duration::from_secs(30)))
+        };
+        let old = agent("old");
+        let (conn, mut events) = connect(&old, ROOT);
+        let granted = old
+            .acquire(
+                conn,
+                request(&["k"], Duration::ZERO, false),
+                &CancellationToken::new(),
+            )
+            .await
+            .expect("free");
+        let valid_for = granted.valid_until.expect("leases outlive the agent") - Instant::now();
+        assert!(valid_for > Duration::from_secs(24) && valid_for <= Duration::from_secs(25));
+        assert!(old.hand_over());
+        old.close_connection(conn).await;
+        assert!(old.list().is_empty());
+        drop(events.try_recv()); // no `lost`: checked below by the record
+
+        let new = agent("new");
+        let (conn, _events) = connect(&new, ROOT);
+        let lease = granted.leases[0].clone();
+        let forged = Lease {
+            token: lease.token + 1,
+            ..lease.clone()
+        };
+        let err = new
+            .reattach(conn, vec![forged], OnLost::Term)
+            .await
+            .expect_err("wrong token");
+        assert_eq!(err.code(), ErrorCode::NotOwner);
+        let adopted = new
+            .reattach(conn, vec![lease.clone()], OnLost::Term)
+            .await
+            .expect("adopted");
+        assert_eq!(adopted.leases, vec![lease.clone()]);
+        let record = new.inspect("k").await.expect("record");
+        assert_eq!(record.token, lease.token);
+        assert_eq!(record.holder.expect("held").agent_id, "new");
+        // Renewed by the new agent from now on: still held long after the old TTL.
+        tokio::time::sleep(Duration::from_secs(90)).await;
+        assert_eq!(new.list().len(), 1);
+        assert_eq!(
+            new.inspect("k").await.expect("record").state,
+            runlock_protocol::KeyState::Held
+        );
+        // Its shim gone, an adopted run keeps its lease while its group has members.
+        use std::os::unix::process::CommandExt;
+        let mut child = std::process::Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .expect("spawn");
+        new.attach(conn, child.id(), child.id()).expect("our child");
+        assert_eq!(new.run_outliving(conn), Some(child.id()));
+        child.kill().expect("kill");
+        child.wait().expect("reap");
+        assert_eq!(new.run_outliving(conn), None);
+    }
+
+    #[tokio::test]
+    async fn a_backend_whose_locks_die_with_the_agent_refuses_to_reattach() {
+        let registry = registry();
+        let (conn, _events) = connect(&registry, ROOT);
+        assert!(!registry.hand_over());
+        let lease = Lease {
+            key: "k".into(),
+            lease_id: "l".into(),
+            token: 1,
+        };
+        let err = registry
+            .reattach(conn, vec![lease], OnLost::Term)
+            .await
+            .expect_err("memory:// cannot");
+        assert_eq!(err.code(), ErrorCode::Unsupported);
+    }
+}

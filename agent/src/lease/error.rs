@@ -1,0 +1,299 @@
+//! What the lease layer refuses, and why, as data. connection.rs turns each
+//! into the wire error a peer reads: `code()`, this text, `key()`, `holder()`.
+
+use crate::backend::{BackendError, LegacyRun};
+use crate::legacy;
+use crate::process::AttachRefused;
+use crate::shown;
+use runlock_protocol::timing;
+use runlock_protocol::types::{InvalidKey, MAX_KEY_LEN};
+use runlock_protocol::{ErrorCode, Holder, Key, MAX_KEYS_PER_REQUEST};
+use std::fmt;
+use std::time::Duration;
+
+/// Why a lease operation was refused or failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    /// A key breaks the key rules; `key` is as sent, cut to fit a reply.
+    #[error("{reason}")]
+    InvalidKey {
+        /// The key as sent, cut to the longest valid length.
+        key: String,
+        /// The rule it breaks.
+        reason: InvalidKey,
+    },
+    /// An acquire names more keys than one request may take.
+    #[error("acquire names {0} keys; at most {MAX_KEYS_PER_REQUEST} may be taken at once")]
+    TooManyKeys(usize),
+    /// An acquire names no key.
+    #[error("acquire needs at least one key")]
+    NoKeys,
+    /// A reattach names more leases than one request may adopt.
+    #[error("reattach names {0} leases; at most {MAX_KEYS_PER_REQUEST} may be adopted at once")]
+    TooManyLeases(usize),
+    /// A reattach names no lease.
+    #[error("reattach needs at least one lease")]
+    NoLeases,
+    /// The TTL asked for is outside what the agent and its backend keep.
+    #[error(
+        "ttl_ms must be between {} and {}{}, got {}",
+        shortest.as_millis(),
+        timing::MAX_TTL.as_millis(),
+        OnBackend(backend.as_deref()),
+        ttl.as_millis()
+    )]
+    TtlOutOfRange {
+        /// The TTL asked for.
+        ttl: Duration,
+        /// The shortest this backend keeps.
+        shortest: Duration,
+        /// The backend, where it is what needs the longer minimum.
+        backend: Option<String>,
+    },
+    /// A reattach names a lease this agent already holds.
+    #[error("lease {0} is already held through this agent")]
+    AlreadyHeldHere(String),
+    /// The peer may not do this (force, break, adopt another's lease).
+    #[error("uid {uid} may not {action} (allowed: {allowed})")]
+    Forbidden {
+        /// The peer's uid.
+        uid: u32,
+        /// What it tried.
+        action: String,
+        /// Who may.
+        allowed: String,
+        /// The key, where the refusal is about one.
+        key: Option<Key>,
+    },
+    /// A release names a lease this connection does not hold.
+    #[error("lease {0} is not held by this connection")]
+    NotHeldHere(String),
+    /// A reattach names a lease the backend no longer holds as it was.
+    #[error(
+        "lease {lease_id} on {key:?} is no longer held: it expired, was taken over or was released"
+    )]
+    NoLongerHeld {
+        /// Its key.
+        key: Key,
+        /// The lease.
+        lease_id: String,
+    },
+    /// The key is held: at once, or still after waiting `waited`.
+    #[error("{}", HeldText { key, waited: *waited, legacy: legacy.as_deref() })]
+    Held {
+        /// The key.
+        key: Key,
+        /// How long the request waited (zero: it did not).
+        waited: Duration,
+        /// Who holds it, as the peer may see it, where known.
+        holder: Option<Box<Holder>>,
+        /// The holder is a legacy Meltano run, not a lease.
+        legacy: Option<Box<LegacyRun>>,
+    },
+    /// The backend failed on `key`.
+    #[error("{source}")]
+    Backend {
+        /// The key.
+        key: Key,
+        /// What the backend said.
+        source: BackendError,
+    },
+    /// The process named as the run is not the peer's to name.
+    #[error(transparent)]
+    Attach(#[from] AttachRefused),
+    /// The connection is closing.
+    #[error("connection is closing")]
+    ConnectionClosing,
+    /// The connection closed while its acquire was being granted.
+    #[error("connection closed during acquire")]
+    ClosedDuringAcquire,
+    /// The acquire's client went away while it waited.
+    #[error("acquire cancelled")]
+    Cancelled,
+}
+
+impl LeaseError {
+    /// The code a program reads.
+    pub fn code(&self) -> ErrorCode {
+        use LeaseError::*;
+        match self {
+            InvalidKey { .. } => ErrorCode::InvalidKey,
+            TooManyKeys(_) | NoKeys | TooManyLeases(_) | NoLeases | TtlOutOfRange { .. } => {
+                ErrorCode::BadRequest
+            }
+            AlreadyHeldHere(_) => ErrorCode::BadRequest,
+            Forbidden { .. } => ErrorCode::Forbidden,
+            NotHeldHere(_) | NoLongerHeld { .. } => ErrorCode::NotOwner,
+            Held { waited, .. } if !waited.is_zero() => ErrorCode::Timeout,
+            Held { .. } => ErrorCode::Held,
+            Backend { source, .. } => source.code(),
+            Attach(refused) => refused.code(),
+            ConnectionClosing | ClosedDuringAcquire | Cancelled => ErrorCode::Internal,
+        }
+    }
+
+    /// The key the error is about, as the peer is told it.
+    pub fn key(&self) -> Option<String> {
+        use LeaseError::*;
+        match self {
+            InvalidKey { key, .. } => Some(key.clone()),
+            Forbidden { key, .. } => key.as_ref().map(Key::to_string),
+            NoLongerHeld { key, .. } | Held { key, .. } | Backend { key, .. } => {
+                Some(key.to_string())
+            }
+            _ => None,
+        }
+    }
+
+    /// Who holds the key, where the error says.
+    pub fn holder(&self) -> Option<&Holder> {
+        match self {
+            LeaseError::Held { holder, .. } => holder.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// `BackendError` about `key`, as a lease error.
+pub(super) fn backend_on(key: &Key) -> impl FnOnce(BackendError) -> LeaseError + '_ {
+    |source| LeaseError::Backend {
+        key: key.clone(),
+        source,
+    }
+}
+
+/// The key, or why it is not one; written once for every request that names keys.
+pub(super) fn valid_key(key: &str) -> Result<Key, LeaseError> {
+    Key::new(key).map_err(|reason| LeaseError::InvalidKey {
+        key: shown::cut(key, MAX_KEY_LEN),
+        reason,
+    })
+}
+
+/// " on BACKEND", where a backend is named.
+struct OnBackend<'a>(Option<&'a str>);
+
+impl fmt::Display for OnBackend<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(backend) => write!(f, " on {backend}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The text of [`LeaseError::Held`].
+struct HeldText<'a> {
+    key: &'a Key,
+    waited: Duration,
+    legacy: Option<&'a LegacyRun>,
+}
+
+impl fmt::Display for HeldText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let key = self.key;
+        if self.waited.is_zero() {
+            write!(f, "key {key:?} is held")?;
+        } else {
+            let waited = humantime::format_duration(self.waited);
+            write!(f, "key {key:?} is still held after waiting {waited}")?;
+        }
+        match self.legacy {
+            Some(run) => write!(f, ": {}", legacy::explain(run)),
+            None => Ok(()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::LegacyRun;
+
+    fn key() -> Key {
+        Key::new("k").expect("valid")
+    }
+
+    fn held(waited: Duration, legacy: Option<LegacyRun>) -> LeaseError {
+        LeaseError::Held {
+            key: key(),
+            waited,
+            holder: None,
+            legacy: legacy.map(Box::new),
+        }
+    }
+
+    #[test]
+    fn held_reads_as_it_did_on_the_wire() {
+        let now = held(Duration::ZERO, None);
+        assert_eq!(now.to_string(), "key \"k\" is held");
+        assert_eq!(now.code(), ErrorCode::Held);
+        let waited = held(Duration::from_secs(5), None);
+        assert_eq!(
+            waited.to_string(),
+            "key \"k\" is still held after waiting 5s"
+        );
+        assert_eq!(waited.code(), ErrorCode::Timeout);
+        assert_eq!(waited.key().as_deref(), Some("k"));
+    }
+
+    #[test]
+    fn a_legacy_run_is_named_after_the_held_text() {
+        let holder = Holder {
+            host: legacy::HOLDER_HOST.to_string(),
+            agent_id: String::new(),
+            pid: 0,
+            uid: 0,
+            gid: 0,
+            user: String::new(),
+            command: "meltano run 0b1c (legacy, not wrapped by runlock)".to_string(),
+            acquired_at_ms: 1_000,
+            token: 0,
+        };
+        let run = LegacyRun {
+            run_id: "0b1c".to_string(),
+            started_at_ms: Some(1_000),
+            holder,
+        };
+        assert_eq!(
+            held(Duration::ZERO, Some(run)).to_string(),
+            "key \"k\" is held: by a Meltano run recorded as RUNNING in the system database \
+             since 1970-01-01T00:00:01Z (run id 0b1c), not wrapped by runlock; wait for it \
+             to end, or pass --force if it is gone"
+        );
+    }
+
+    #[test]
+    fn a_ttl_out_of_range_names_the_backend_only_where_it_sets_the_minimum() {
+        let ttl = LeaseError::TtlOutOfRange {
+            ttl: Duration::from_millis(10),
+            shortest: timing::MIN_TTL,
+            backend: None,
+        };
+        let want = format!(
+            "ttl_ms must be between {} and {}, got 10",
+            timing::MIN_TTL.as_millis(),
+            timing::MAX_TTL.as_millis()
+        );
+        assert_eq!(ttl.to_string(), want);
+        let on = LeaseError::TtlOutOfRange {
+            ttl: Duration::from_millis(10),
+            shortest: Duration::from_secs(60),
+            backend: Some("gs://b/p".to_string()),
+        };
+        let want = format!(
+            "ttl_ms must be between 60000 and {} on gs://b/p, got 10",
+            timing::MAX_TTL.as_millis()
+        );
+        assert_eq!(on.to_string(), want);
+    }
+
+    #[test]
+    fn an_invalid_key_is_echoed_cut_to_fit() {
+        let long = "k".repeat(MAX_KEY_LEN + 100);
+        let err = valid_key(&long).expect_err("too long");
+        assert_eq!(err.code(), ErrorCode::InvalidKey);
+        assert!(err.key().is_some_and(|k| k.len() <= MAX_KEY_LEN));
+        assert_eq!(err.to_string(), InvalidKey::TooLong(long.len()).to_string());
+    }
+}

@@ -1,0 +1,210 @@
+//! A lease lost (forced, broken, expired): its run is told, and stopped if
+//! its client is gone; and what the renewal scheduler reports, drained here.
+
+use super::event::Loss;
+use super::registry::Registry;
+use super::renewal::Report;
+use crate::backend::LeaseRef;
+use crate::shown::Viewer;
+use runlock_protocol::timing;
+use runlock_protocol::{Holder, KeyRecord, LostReason};
+use std::sync::Weak;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// How long naming a lost lease's new holder may take before the run is told without it.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl Registry {
+    /// Acts on what the renewal scheduler reports, until the registry is gone.
+    pub(super) async fn take_reports(
+        registry: Weak<Registry>,
+        mut reports: mpsc::UnboundedReceiver<Report>,
+    ) {
+        while let Some(report) = reports.recv().await {
+            let Some(registry) = registry.upgrade() else {
+                return;
+            };
+            match report {
+                Report::Renewed {
+                    lease_id,
+                    valid_until,
+                } => registry.renewed(&lease_id, valid_until),
+                // Its own task: finding out who took the lease may wait on the store.
+                Report::Lost { lease, taken } => {
+                    tokio::spawn(async move { registry.renewal_lost(&lease, taken).await });
+                }
+            }
+        }
+    }
+
+    /// A lease was renewed: its run learns how long it may go on should it lose
+    /// this agent (only where leases outlive the agent; the scheduler reports
+    /// no renewal of a lease that cannot expire).
+    fn renewed(&self, lease_id: &str, valid_until: Instant) {
+        if !self.capabilities.survives_agent {
+            return;
+        }
+        let state = self.state();
+        if let Some(c) = state
+            .leases
+            .get(lease_id)
+            .and_then(|l| state.conns.get(&l.conn))
+        {
+            c.events.renewed(lease_id, valid_until);
+        }
+    }
+
+    /// A lease is gone: tell its connection, stop the run if its client is gone.
+    pub(super) async fn lose(&self, lease_id: &str, loss: Loss, holder: Option<Holder>) {
+        let reason = loss.reason();
+        let (lease, notice) = {
+            let mut state = self.state();
+            let Some(lease) = state.remove_lease(lease_id) else {
+                return;
+            };
+            let notice = state.conns.get(&lease.conn).map(|c| {
+                let viewer = Viewer {
+                    uid: c.peer.uid,
+                    may_override: c.may_override,
+                };
+                (
+                    c.events.clone(),
+                    viewer,
+                    c.child.filter(|_| c.shim.gone()),
+                    c.on_lost,
+                )
+            });
+            (lease, notice)
+        };
+        self.renewals.stop(lease_id);
+        tracing::warn!(key = %lease.key, token = lease.holder.token, ?reason, "lease lost");
+        crate::metrics::lost(reason);
+        let grace = timing::kill_grace(lease.ttl);
+        if let Some((events, viewer, orphan, on_lost)) = notice {
+            let holder = holder.map(|h| self.show(&h, viewer));
+            events.lost(lease_id, lease.key.clone(), loss, holder);
+            // The shim acts on `lost` itself; only when it is gone does the agent act for it.
+            if let Some(run) = orphan {
+                run.stop(on_lost, grace);
+            }
+        }
+        let reference = lease.reference(lease_id);
+        if reason == LostReason::Expired {
+            // The record may still name us: freeing it now would let another run
+            // start while ours is still being stopped. Free it once ours is gone.
+            let backend = self.backend.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(grace).await;
+                let _ = backend.release(&reference).await;
+            });
+        } else {
+            // Someone else holds it now: this only lets go of our local hold.
+            let _ = self.backend.release(&reference).await;
+        }
+        self.state().queues.wake_head(&lease.key);
+    }
+
+    /// The renewal scheduler gave the lease up: `taken` when the store says it is
+    /// someone else's, otherwise its deadline passed without a renewal.
+    async fn renewal_lost(&self, lease: &LeaseRef, taken: bool) {
+        if !taken {
+            // Tell the run now: looking up who else holds it could hang on the same store.
+            return self.lose(&lease.lease_id, Loss::NotRenewed, None).await;
+        }
+        let lookup = tokio::time::timeout(LOOKUP_TIMEOUT, self.backend.inspect(&lease.key));
+        let record = lookup.await.ok().and_then(Result::ok);
+        let (loss, holder) = match record {
+            Some(KeyRecord {
+                holder: Some(h), ..
+            }) => {
+                let loss = Loss::TakenOver {
+                    user: h.user.clone(),
+                    host: h.host.clone(),
+                    pid: h.pid,
+                    token: h.token,
+                };
+                (loss, Some(h))
+            }
+            // Free at a later token: someone took it and let it go before we
+            // looked, a `runlock release` or a forced run that has already ended.
+            Some(r) if r.token > lease.token => (Loss::FreedSince(r.token), None),
+            _ => (Loss::Gone, None),
+        };
+        self.lose(&lease.lease_id, loss, holder).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::event::RENEWED_BACKLOG;
+    use super::super::testing::*;
+    use runlock_protocol::LostReason;
+    use tokio::time::Instant;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_whose_renewals_keep_failing_is_lost_at_its_deadline_not_before() {
+        use crate::backend::cas::{testing::FaultyStore, CasEngine, MemoryCasStore};
+        let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
+        let identity = Identity {
+            host: "h".into(),
+            agent_id: "a".into(),
+            uid: 0,
+        };
+        let engine = Arc::new(CasEngine::new(store.clone(), ""));
+        let registry = Registry::new(engine, identity, Policy::with_ttl(Duration::from_secs(30)));
+        let (conn, mut events) = connect(&registry, ROOT);
+        let granted = Instant::now();
+        take(&registry, conn, &["k"]).await.expect("free");
+        store.fail_everything(true);
+        let event = tokio::time::timeout(Duration::from_secs(120), events.recv()).await;
+        let at = granted.elapsed();
+        match event.expect("told within the TTL").expect("open") {
+            Event::Lost { loss, .. } => assert_eq!(loss.reason(), LostReason::Expired),
+            other => panic!("expected lost, got {other:?}"),
+        }
+        // The deadline: the grant's write + TTL − TTL/6 = 25 s. Retries back off
+        // meanwhile, but never past it.
+        assert!(
+            at >= Duration::from_secs(25),
+            "lost after {at:?}: before the deadline"
+        );
+        assert!(
+            at < Duration::from_millis(25_100),
+            "lost after {at:?}: late"
+        );
+        // From the first renewal (~10 s) to the deadline (25 s), backed-off
+        // retries (at least 125 ms doubling, jittered) fit at most 8 times, each
+        // up to 6 requests; without backoff there would be thousands.
+        assert!(
+            store.requests().1 < 60,
+            "{:?} requests: retries did not back off",
+            store.requests()
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_peer_that_does_not_read_gets_a_bounded_backlog_of_renewed_events() {
+        use crate::backend::cas::{CasEngine, MemoryCasStore};
+        let identity = Identity {
+            host: "h".into(),
+            agent_id: "a".into(),
+            uid: 0,
+        };
+        let engine = Arc::new(CasEngine::new(Arc::new(MemoryCasStore::new()), ""));
+        let policy = Policy::with_ttl(Duration::from_secs(3));
+        let registry = Registry::new(engine, identity, policy);
+        let (conn, mut events) = connect(&registry, ROOT);
+        take(&registry, conn, &["k"]).await.expect("free");
+        // About 300 renewals (one a second); nobody reads the events.
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        let mut renewed = 0;
+        while let Ok(event) = events.try_recv() {
+            assert!(matches!(event, Event::Renewed { .. }), "{event:?}");
+            renewed += 1;
+        }
+        assert_eq!(renewed, RENEWED_BACKLOG);
+        assert_eq!(registry.list().len(), 1, "the lease itself is unaffected");
+    }
+}

@@ -1,0 +1,29 @@
+//! The agent's leases, by lease id, by key and by connection, and the local
+//! waiter queues: one place that decides who holds what on this host.
+//!
+//! One `Registry` under one lock (`state`), its operations one idea a module:
+//! `acquire` (and reattach), `queue` (local waiters), `release` (and break),
+//! `loss` (a lease lost, and what `renewal` reports), `supervise` (the run a
+//! peer attached), `view` (list and inspect as a peer may see them). It
+//! speaks in `error::LeaseError` and `event::Event`; only the connection
+//! turns them into wire messages.
+
+mod acquire;
+mod error;
+mod event;
+mod loss;
+mod queue;
+mod registry;
+mod release;
+pub mod renewal;
+mod state;
+mod supervise;
+#[cfg(test)]
+mod testing;
+mod view;
+
+pub use acquire::{AcquireRequest, Granted};
+pub use error::LeaseError;
+pub use event::{Event, Events, Loss};
+pub use registry::{Identity, Policy, Registry};
+pub use state::{ConnId, PeerCred};

@@ -1,0 +1,247 @@
+//! The per-key local waiter queues: runs on this agent waiting for the same
+//! key are served in arrival order, and a release here wakes the next at once.
+
+use runlock_protocol::Key;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use tokio::sync::Notify;
+
+struct Waiter {
+    id: u64,
+    notify: Arc<Notify>,
+}
+
+/// Every key's queue of local waiters, head first.
+#[derive(Default)]
+pub(super) struct Queues(HashMap<Key, VecDeque<Waiter>>);
+
+impl Queues {
+    /// Puts waiter `id` at the back of `key`'s queue; `notify` wakes it.
+    pub(super) fn join(&mut self, key: &Key, id: u64, notify: Arc<Notify>) {
+        self.0
+            .entry(key.clone())
+            .or_default()
+            .push_back(Waiter { id, notify });
+    }
+
+    /// Whether waiter `id` is first in line for `key`.
+    pub(super) fn is_head(&self, key: &Key, id: u64) -> bool {
+        self.0
+            .get(key)
+            .and_then(|q| q.front())
+            .is_some_and(|w| w.id == id)
+    }
+
+    /// Takes waiter `id` out of `key`'s queue and wakes whoever is now first.
+    pub(super) fn leave(&mut self, key: &Key, id: u64) {
+        if let Some(queue) = self.0.get_mut(key) {
+            queue.retain(|w| w.id != id);
+            if queue.is_empty() {
+                self.0.remove(key);
+            } else {
+                self.wake_head(key);
+            }
+        }
+    }
+
+    /// Wakes the first waiter for `key`, if any.
+    pub(super) fn wake_head(&self, key: &Key) {
+        if let Some(head) = self.0.get(key).and_then(|q| q.front()) {
+            head.notify.notify_one();
+        }
+    }
+
+    /// Wakes the first waiter for every key.
+    pub(super) fn wake_every_head(&self) {
+        for key in self.0.keys() {
+            self.wake_head(key);
+        }
+    }
+
+    /// How many wait for `key`.
+    #[cfg(test)]
+    pub(super) fn len(&self, key: &Key) -> usize {
+        self.0.get(key).map_or(0, |q| q.len())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use crate::backend::{Backend, BackendError, LeaseRef};
+    use crate::lease::acquire::POLL_START;
+    use tokio::time::Instant;
+
+    /// Two agents on one store whose releases are announced, as a Postgres
+    /// `NOTIFY` or an etcd watch announces them.
+    struct Announcing {
+        store: Arc<MemoryBackend>,
+        released: tokio::sync::broadcast::Sender<Key>,
+    }
+
+    impl crate::backend::Profiled for Announcing {
+        fn profile(&self) -> crate::backend::Profile {
+            crate::backend::Profile {
+                description: "announcing".into(),
+                releases: Some(self.released.clone()),
+                ..self.store.profile()
+            }
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Backend for Announcing {
+        async fn acquire(
+            &self,
+            spec: &crate::backend::AcquireSpec,
+        ) -> Result<crate::backend::Grant, BackendError> {
+            self.store.acquire(spec).await
+        }
+        async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
+            self.store.renew(lease, ttl).await
+        }
+        async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+            self.store.release(lease).await?;
+            let _ = self.released.send(lease.key.clone());
+            Ok(())
+        }
+        async fn inspect(&self, key: &Key) -> Result<runlock_protocol::KeyRecord, BackendError> {
+            self.store.inspect(key).await
+        }
+        async fn adopt(
+            &self,
+            lease: &LeaseRef,
+            agent_id: &str,
+        ) -> Result<crate::backend::Adopted, BackendError> {
+            self.store.adopt(lease, agent_id).await
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_the_backend_announces_wakes_a_waiter_on_another_agent_at_once() {
+        let (released, _) = tokio::sync::broadcast::channel(16);
+        let backend = Arc::new(Announcing {
+            store: Arc::new(MemoryBackend::default()),
+            released,
+        });
+        let agent = |id: &str| {
+            let identity = Identity {
+                host: "test-host".into(),
+                agent_id: id.into(),
+                uid: 0,
+            };
+            Registry::new(
+                backend.clone(),
+                identity,
+                Policy::with_ttl(Duration::from_secs(30)),
+            )
+        };
+        let (a, b) = (agent("agent-a"), agent("agent-b"));
+        let (holder, _a_events) = connect(&a, ROOT);
+        let held = take(&a, holder, &["k"]).await.expect("free");
+        let (waiter, _b_events) = connect(&b, ROOT);
+        let shared = b.clone();
+        let granted = tokio::spawn(async move {
+            let never = CancellationToken::new();
+            let req = request(&["k"], Duration::from_secs(3600), false);
+            let granted = shared.acquire(waiter, req, &never).await;
+            (granted.is_ok(), Instant::now())
+        });
+        // Long enough for B's polls to back off to their cap.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let released_at = Instant::now();
+        a.release(holder, &[held[0].lease_id.clone()])
+            .await
+            .expect("released");
+        let (ok, at) = granted.await.expect("the waiter ran");
+        assert!(ok, "B was not granted the key");
+        // Nothing on the woken path waits on a timer, so no (paused) time passes;
+        // polling alone would wait out what is left of a sleep of up to POLL_CAP.
+        assert!(
+            at - released_at < Duration::from_millis(1),
+            "B took the key {:?} after the release",
+            at - released_at
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn local_waiters_are_served_in_arrival_order() {
+        let registry = registry();
+        let (holder, _events) = connect(&registry, ROOT);
+        let first = take(&registry, holder, &["k"]).await.expect("free");
+        let (order_tx, mut order) = mpsc::unbounded_channel();
+        for n in 0..3 {
+            let (conn, events) = connect(&registry, ROOT);
+            let (shared, order_tx) = (registry.clone(), order_tx.clone());
+            tokio::spawn(async move {
+                let _events = events;
+                let never = CancellationToken::new();
+                let req = request(&["k"], Duration::from_secs(3600), false);
+                let Granted { leases, .. } = shared
+                    .acquire(conn, req, &never)
+                    .await
+                    .expect("granted in turn");
+                order_tx.send(n).expect("send");
+                shared
+                    .release(conn, &[leases[0].lease_id.clone()])
+                    .await
+                    .expect("release");
+            });
+            // Each waiter is queued before the next one starts.
+            while waiting(&registry, "k") < n + 1 {
+                tokio::task::yield_now().await;
+            }
+        }
+        registry
+            .release(holder, &[first[0].lease_id.clone()])
+            .await
+            .expect("release");
+        let mut served = Vec::new();
+        for _ in 0..3 {
+            served.push(
+                tokio::time::timeout(Duration::from_secs(60), order.recv())
+                    .await
+                    .expect("served")
+                    .expect("open"),
+            );
+        }
+        assert_eq!(served, vec![0, 1, 2]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_is_woken_by_a_local_release_before_its_next_poll() {
+        let registry = registry();
+        let (holder, _e1) = connect(&registry, ROOT);
+        let (waiter, _e2) = connect(&registry, ROOT);
+        let held = take(&registry, holder, &["k"]).await.expect("free");
+        let task = {
+            let registry = registry.clone();
+            tokio::spawn(async move {
+                let never = CancellationToken::new();
+                registry
+                    .acquire(
+                        waiter,
+                        request(&["k"], Duration::from_secs(60), false),
+                        &never,
+                    )
+                    .await
+            })
+        };
+        while waiting(&registry, "k") < 1 {
+            tokio::task::yield_now().await;
+        }
+        // Let the waiter's polling back off to its cap, so only the wake-up can be fast.
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let released_at = Instant::now();
+        registry
+            .release(holder, &[held[0].lease_id.clone()])
+            .await
+            .expect("release");
+        let Granted { leases, .. } = task.await.expect("task").expect("granted");
+        assert_eq!(leases[0].token, 2);
+        assert!(
+            Instant::now() - released_at < POLL_START,
+            "woken at once, not by polling"
+        );
+    }
+}

@@ -1,0 +1,279 @@
+//! The registry of one agent: what it is built from (backend, identity,
+//! policy), the connections it serves, and the hand-over to the next agent.
+
+use super::error::LeaseError;
+use super::event::{self, Events};
+use super::renewal::Renewals;
+use super::state::{Conn, ConnId, PeerCred, State};
+use crate::access::Access;
+use crate::backend::{Backend, Capabilities, ProfiledBackend};
+use crate::process::Peer;
+use crate::shown::{self, Viewer};
+use runlock_protocol::{Holder, Key, OnLost, OnUnavailable};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+/// Who this agent is, as recorded in every holder.
+#[derive(Debug, Clone)]
+pub struct Identity {
+    /// Host name.
+    pub host: String,
+    /// This agent process's id.
+    pub agent_id: String,
+    /// The uid the agent runs as.
+    pub uid: u32,
+}
+
+/// The operator's settings the registry applies.
+#[derive(Debug, Clone)]
+pub struct Policy {
+    /// The TTL used when a request gives none.
+    pub default_ttl: Duration,
+    /// What runs do when the backend cannot be reached (told to clients).
+    pub on_unavailable: OnUnavailable,
+    /// Who may force and break.
+    pub access: Access,
+}
+
+impl Policy {
+    /// The defaults, with this TTL.
+    pub fn with_ttl(default_ttl: Duration) -> Policy {
+        Policy {
+            default_ttl,
+            on_unavailable: OnUnavailable::Fail,
+            access: Access::default(),
+        }
+    }
+}
+
+/// The lease registry of one agent.
+pub struct Registry {
+    pub(super) backend: Arc<dyn Backend>,
+    pub(super) capabilities: Capabilities,
+    /// The backend's shortest TTL and its description, from its profile.
+    pub(super) min_ttl: std::time::Duration,
+    pub(super) description: String,
+    pub(super) identity: Identity,
+    pub(super) policy: Policy,
+    state: Mutex<State>,
+    pub(super) renewals: Renewals,
+    pub(super) next_id: AtomicU64,
+}
+
+/// Wakes the first local waiter for each key the backend says another agent
+/// let go; every waiter when too many came at once to keep count.
+async fn wake_on_releases(
+    registry: Weak<Registry>,
+    mut releases: tokio::sync::broadcast::Receiver<Key>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    loop {
+        let released = releases.recv().await;
+        let Some(registry) = registry.upgrade() else {
+            return;
+        };
+        let state = registry.state();
+        match released {
+            Ok(key) => state.queues.wake_head(&key),
+            Err(RecvError::Lagged(_)) => state.queues.wake_every_head(),
+            Err(RecvError::Closed) => return,
+        }
+    }
+}
+
+fn user_name(uid: u32) -> String {
+    match nix::unistd::User::from_uid(uid.into()) {
+        Ok(Some(user)) => user.name,
+        _ => uid.to_string(),
+    }
+}
+
+impl Registry {
+    /// A registry over `store`; starts the renewal scheduler on the current runtime.
+    pub fn new(
+        store: impl Into<ProfiledBackend>,
+        identity: Identity,
+        policy: Policy,
+    ) -> Arc<Registry> {
+        let ProfiledBackend { backend, profile } = store.into();
+        let releases = profile.releases.map(|sender| sender.subscribe());
+        let lease_expires = profile.capabilities.lease_expires;
+        let (renewals, reports) = Renewals::start(backend.clone(), lease_expires);
+        let registry = Arc::new(Registry {
+            capabilities: profile.capabilities,
+            min_ttl: profile.min_ttl,
+            description: profile.description,
+            renewals,
+            backend,
+            identity,
+            policy,
+            state: Mutex::new(State::default()),
+            next_id: AtomicU64::new(1),
+        });
+        tokio::spawn(Registry::take_reports(Arc::downgrade(&registry), reports));
+        if let Some(releases) = releases {
+            tokio::spawn(wake_on_releases(Arc::downgrade(&registry), releases));
+        }
+        registry
+    }
+
+    pub(super) fn state(&self) -> MutexGuard<'_, State> {
+        // invariant: nothing panics while holding the lock, so poisoning cannot happen
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// This agent's identity.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    /// The backend's promises.
+    pub fn capabilities(&self) -> Capabilities {
+        self.capabilities
+    }
+
+    /// The backend's URI, redacted.
+    pub fn backend_description(&self) -> String {
+        self.description.clone()
+    }
+
+    /// The operator's settings.
+    pub fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// Registers a connection from `peer`, whose supplementary groups are
+    /// `groups` and whose process is `shim`; returns its id and its events.
+    pub fn open_connection(&self, peer: PeerCred, shim: Peer, groups: &[u32]) -> (ConnId, Events) {
+        let (events, received) = event::channel();
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let user = user_name(peer.uid);
+        let access = &self.policy.access;
+        let may_override = access.allows(peer.uid, &[peer.gid]) || access.allows(peer.uid, groups);
+        let conn = Conn {
+            peer,
+            user,
+            may_override,
+            events,
+            leases: BTreeSet::new(),
+            shim,
+            child: None,
+            on_lost: OnLost::Term,
+            reattached: false,
+            leases_gone: Arc::default(),
+        };
+        self.state().conns.insert(id, conn);
+        (id, received)
+    }
+
+    /// Ends a connection: every lease it holds is released at once, unless
+    /// the agent is handing its leases over to the next one.
+    pub async fn close_connection(&self, conn: ConnId) {
+        let (leases, handing_over) = {
+            let mut state = self.state();
+            let leases: Vec<String> = match state.conns.remove(&conn) {
+                Some(c) => c.leases.into_iter().collect(),
+                None => return,
+            };
+            if state.handing_over {
+                for lease_id in &leases {
+                    state.remove_lease(lease_id);
+                }
+            }
+            (leases, state.handing_over)
+        };
+        if handing_over {
+            return;
+        }
+        for lease_id in leases {
+            self.release_lease(&lease_id).await;
+        }
+    }
+
+    /// The agent is stopping: where leases outlive it, stop renewing and keep
+    /// every lease for the runs to `reattach` to the next agent. Returns
+    /// whether it does so (elsewhere the leases are released as connections close).
+    pub fn hand_over(&self) -> bool {
+        if !self.capabilities.survives_agent {
+            return false;
+        }
+        let held = {
+            let mut state = self.state();
+            if std::mem::replace(&mut state.handing_over, true) {
+                return true;
+            }
+            state.leases.len()
+        };
+        self.renewals.stop_all();
+        tracing::info!(leases = held, "leaving every lease for the next agent");
+        true
+    }
+
+    /// The connection's peer, its user name, and whether it may force and break.
+    pub(super) fn peer(&self, conn: ConnId) -> Result<(PeerCred, String, bool), LeaseError> {
+        self.state()
+            .conns
+            .get(&conn)
+            .map(|c| (c.peer, c.user.clone(), c.may_override))
+            .ok_or(LeaseError::ConnectionClosing)
+    }
+
+    /// The holder this agent records for `peer` (whose user is `user`)
+    /// running `command`; the backend sets the token, the caller the time.
+    pub(super) fn holder(&self, peer: PeerCred, user: String, command: String) -> Holder {
+        Holder {
+            host: self.identity.host.clone(),
+            agent_id: self.identity.agent_id.clone(),
+            pid: peer.pid,
+            uid: peer.uid,
+            gid: peer.gid,
+            user,
+            command,
+            acquired_at_ms: 0,
+            token: 0,
+        }
+    }
+
+    /// How the connection's peer sees holders.
+    pub(super) fn viewer(&self, conn: ConnId) -> Viewer {
+        let state = self.state();
+        let c = state.conns.get(&conn);
+        Viewer {
+            uid: c.map_or(u32::MAX, |c| c.peer.uid),
+            may_override: c.is_some_and(|c| c.may_override),
+        }
+    }
+
+    pub(super) fn show(&self, holder: &Holder, viewer: Viewer) -> Holder {
+        shown::holder(holder, viewer, &self.identity.host)
+    }
+
+    /// The peer may not do `action` (to `key`).
+    pub(super) fn forbidden(&self, peer: PeerCred, action: &str, key: Option<Key>) -> LeaseError {
+        LeaseError::Forbidden {
+            uid: peer.uid,
+            action: action.to_string(),
+            allowed: self.policy.access.describe(),
+            key,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+
+    #[tokio::test]
+    async fn closing_a_connection_releases_its_leases() {
+        let registry = registry();
+        let (a, _e1) = connect(&registry, ROOT);
+        let (b, _e2) = connect(&registry, ROOT);
+        take(&registry, a, &["x", "y"]).await.expect("free");
+        registry.close_connection(a).await;
+        assert!(registry.list().is_empty());
+        let leases = take(&registry, b, &["x", "y"]).await.expect("released");
+        assert!(leases.iter().all(|l| l.token == 2));
+    }
+}

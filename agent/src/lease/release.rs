@@ -1,0 +1,95 @@
+//! Giving keys back: a peer's own leases (`release`), and whoever holds a
+//! key, here or on another agent (`break_key`, for `runlock release --key`).
+
+use super::acquire::now_ms;
+use super::error::{backend_on, valid_key, LeaseError};
+use super::event::Loss;
+use super::registry::Registry;
+use super::state::ConnId;
+use crate::backend::{AcquireSpec, LeaseRef};
+use runlock_protocol::Holder;
+
+impl Registry {
+    /// Releases leases this connection holds.
+    pub async fn release(&self, conn: ConnId, lease_ids: &[String]) -> Result<u32, LeaseError> {
+        {
+            let state = self.state();
+            let owned = state.conns.get(&conn).map(|c| &c.leases);
+            if let Some(id) = lease_ids
+                .iter()
+                .find(|id| !owned.is_some_and(|o| o.contains(*id)))
+            {
+                return Err(LeaseError::NotHeldHere(id.clone()));
+            }
+        }
+        let mut count = 0;
+        for id in lease_ids {
+            count += u32::from(self.release_lease(id).await);
+        }
+        Ok(count)
+    }
+
+    /// Lets go of one lease, in the backend too, and wakes the next local waiter.
+    pub(super) async fn release_lease(&self, lease_id: &str) -> bool {
+        let Some(lease) = self.state().remove_lease(lease_id) else {
+            return false;
+        };
+        self.renewals.stop(lease_id);
+        if let Err(err) = self.backend.release(&lease.reference(lease_id)).await {
+            tracing::warn!(key = %lease.key, error = %err, "release failed");
+        }
+        tracing::info!(key = %lease.key, token = lease.holder.token, lease = %lease_id, "released");
+        // Only after the backend let go, or the woken waiter would find it still held.
+        self.state().queues.wake_head(&lease.key);
+        true
+    }
+
+    /// Breaks whoever holds `key`, on this agent or another sharing the backend.
+    pub async fn break_key(&self, conn: ConnId, key: &str) -> Result<u32, LeaseError> {
+        let key = valid_key(key)?;
+        let (peer, user, may_override) = self.peer(conn)?;
+        if !may_override {
+            return Err(self.forbidden(peer, "release another's lock", None));
+        }
+        let local = self.state().by_key.get(&key).cloned();
+        if let Some(lease_id) = local {
+            let loss = Loss::BrokenHere {
+                uid: peer.uid,
+                pid: peer.pid,
+            };
+            self.lose(&lease_id, loss, None).await;
+            return Ok(1);
+        }
+        let record = self.backend.inspect(&key).await.map_err(backend_on(&key))?;
+        if record.holder.is_none() && record.state != runlock_protocol::KeyState::Held {
+            return Ok(0);
+        }
+        // Held through another agent: take it over, then let it go.
+        let spec = AcquireSpec {
+            key: key.clone(),
+            lease_id: uuid::Uuid::new_v4().to_string(),
+            holder: Holder {
+                acquired_at_ms: now_ms(),
+                ..self.holder(peer, user, "runlock release".to_string())
+            },
+            ttl: self.policy.default_ttl,
+            force: true,
+        };
+        let grant = self
+            .backend
+            .acquire(&spec)
+            .await
+            .map_err(backend_on(&key))?;
+        let lease = LeaseRef {
+            key: key.clone(),
+            lease_id: spec.lease_id,
+            token: grant.holder.token,
+        };
+        self.backend
+            .release(&lease)
+            .await
+            .map_err(backend_on(&key))?;
+        tracing::info!(key = %key, uid = peer.uid, "broke a lease held through another agent");
+        Ok(1)
+    }
+}

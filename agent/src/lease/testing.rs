@@ -1,0 +1,65 @@
+//! What the registry's tests share: a registry on memory://, connections and requests.
+
+pub(super) use super::{
+    AcquireRequest, ConnId, Event, Events, Granted, Identity, LeaseError, PeerCred, Policy,
+    Registry,
+};
+pub(super) use crate::backend::MemoryBackend;
+pub(super) use crate::process::Peer;
+pub(super) use runlock_protocol::{Key, Lease, OnLost};
+pub(super) use std::sync::Arc;
+pub(super) use std::time::Duration;
+pub(super) use tokio::sync::mpsc;
+pub(super) use tokio_util::sync::CancellationToken;
+
+pub(super) const ROOT: PeerCred = PeerCred {
+    pid: 1,
+    uid: 0,
+    gid: 0,
+};
+
+pub(super) fn registry() -> Arc<Registry> {
+    let identity = Identity {
+        host: "test-host".into(),
+        agent_id: "agent-1".into(),
+        uid: 0,
+    };
+    Registry::new(
+        Arc::new(MemoryBackend::default()),
+        identity,
+        Policy::with_ttl(Duration::from_secs(30)),
+    )
+}
+
+pub(super) fn request(keys: &[&str], wait: Duration, force: bool) -> AcquireRequest {
+    AcquireRequest {
+        keys: keys.iter().map(|k| k.to_string()).collect(),
+        ttl: None,
+        wait,
+        force,
+        command: "test".into(),
+        on_lost: OnLost::Ignore,
+    }
+}
+
+pub(super) fn connect(registry: &Registry, peer: PeerCred) -> (ConnId, Events) {
+    let shim = Peer::of_pid(std::process::id());
+    registry.open_connection(peer, shim, &[])
+}
+
+pub(super) async fn take(
+    registry: &Registry,
+    conn: ConnId,
+    keys: &[&str],
+) -> Result<Vec<Lease>, LeaseError> {
+    let never = CancellationToken::new();
+    registry
+        .acquire(conn, request(keys, Duration::ZERO, false), &never)
+        .await
+        .map(|g| g.leases)
+}
+
+pub(super) fn waiting(registry: &Registry, key: &str) -> usize {
+    let key = Key::new(key).expect("valid");
+    registry.state().queues.len(&key)
+}

@@ -1,0 +1,81 @@
+//! What a peer is shown of the leases held here (`list`) and of a key's
+//! record in the backend (`inspect`), bounded to fit a reply.
+
+use super::error::{backend_on, valid_key, LeaseError};
+use super::registry::Registry;
+use super::state::ConnId;
+use runlock_protocol::{KeyRecord, LeaseInfo, MAX_FRAME_LEN};
+
+impl Registry {
+    /// How many leases this agent holds (without copying them, as `list` does).
+    pub fn lease_count(&self) -> usize {
+        self.state().leases.len()
+    }
+
+    /// Every lease held through this agent.
+    pub fn list(&self) -> Vec<LeaseInfo> {
+        let state = self.state();
+        let mut leases: Vec<LeaseInfo> = state
+            .leases
+            .iter()
+            .map(|(id, l)| LeaseInfo {
+                key: l.key.to_string(),
+                lease_id: id.clone(),
+                ttl_ms: l.ttl.as_millis() as u64,
+                holder: l.holder.clone(),
+                child_pid: state
+                    .conns
+                    .get(&l.conn)
+                    .and_then(|c| c.child)
+                    .map(|run| run.pid()),
+            })
+            .collect();
+        leases.sort_by(|a, b| a.key.cmp(&b.key));
+        leases
+    }
+
+    /// The leases held through this agent as the connection's peer may see
+    /// them, as many as fit one reply; and how many were left out.
+    pub fn list_for(&self, conn: ConnId) -> (Vec<LeaseInfo>, u32) {
+        // Field names, lease id and integers of one entry take less than this,
+        // and the reply's own envelope less than the headroom.
+        const ENTRY_OVERHEAD: usize = 320;
+        const ENVELOPE_HEADROOM: usize = 4096;
+        let viewer = self.viewer(conn);
+        let mut room = MAX_FRAME_LEN - ENVELOPE_HEADROOM;
+        let mut shown = Vec::new();
+        let all = self.list();
+        let total = all.len();
+        for mut lease in all {
+            lease.holder = self.show(&lease.holder, viewer);
+            let h = &lease.holder;
+            let size = ENTRY_OVERHEAD
+                + lease.key.len()
+                + h.host.len()
+                + h.agent_id.len()
+                + h.user.len()
+                + h.command.len();
+            if size > room {
+                break;
+            }
+            room -= size;
+            shown.push(lease);
+        }
+        let omitted = u32::try_from(total - shown.len()).unwrap_or(u32::MAX);
+        (shown, omitted)
+    }
+
+    /// The backend's record of a key, as the connection's peer may see it.
+    pub async fn inspect_for(&self, conn: ConnId, key: &str) -> Result<KeyRecord, LeaseError> {
+        let mut record = self.inspect(key).await?;
+        let viewer = self.viewer(conn);
+        record.holder = record.holder.map(|h| self.show(&h, viewer));
+        Ok(record)
+    }
+
+    /// The backend's record of a key.
+    pub async fn inspect(&self, key: &str) -> Result<KeyRecord, LeaseError> {
+        let key = valid_key(key)?;
+        self.backend.inspect(&key).await.map_err(backend_on(&key))
+    }
+}
