@@ -15,7 +15,7 @@ use std::time::{Duration, SystemTime};
 
 fn options(endpoint: &str, key: &str) -> AzureOptions {
     AzureOptions {
-        connection_string: Some(azure::connection_string_with_key(endpoint, key)),
+        connection_string: Some(azure::connection_string_with_key(endpoint, key).into()),
         ..AzureOptions::default()
     }
 }

@@ -286,7 +286,7 @@ async fn azure_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
     // uncontended acquire costs the store.
     use runlock_agent::backend::cas::{AzureOptions, AzureStore, CasStore};
     let options = AzureOptions {
-        connection_string: Some(direct.clone()),
+        connection_string: Some(direct.clone().into()),
         ..AzureOptions::default()
     };
     let client = AzureStore::open(&format!("azure://{container}/raw"), &options)?;

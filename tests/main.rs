@@ -8,6 +8,7 @@ mod access;
 mod agent_process;
 mod attach;
 mod azure;
+mod backends;
 mod bad_input;
 mod config;
 mod crash_release;

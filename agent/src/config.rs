@@ -4,7 +4,7 @@
 
 use crate::access::Access;
 use crate::backend::{
-    AzureOptions, BackendOptions, EtcdOptions, GcsOptions, PostgresOptions, S3Options,
+    AzureOptions, BackendOptions, EtcdOptions, GcsOptions, PostgresOptions, S3Options, Secret,
 };
 use crate::legacy::MeltanoSystemDb;
 use crate::limits::Limits;
@@ -51,7 +51,7 @@ pub struct Args {
     /// or memory:// [default:
     /// file:// under $XDG_STATE_HOME/runlock, or /var/lib/runlock for root]
     #[arg(long, env = "RUNLOCK_BACKEND", value_name = "URI", global = true)]
-    pub backend: Option<String>,
+    pub backend: Option<Secret>,
     /// Lease time to live when a client gives none (1s to 24h, e.g. 30s, 10m) [default: 30s]
     #[arg(long, env = "RUNLOCK_TTL", value_name = "DUR", global = true, value_parser = parse_ttl)]
     pub ttl: Option<Duration>,
@@ -74,7 +74,7 @@ pub struct Args {
         value_name = "DB",
         global = true
     )]
-    pub legacy_meltano_systemdb: Option<String>,
+    pub legacy_meltano_systemdb: Option<Secret>,
 }
 
 /// What runlockd can do besides serving.
@@ -120,14 +120,14 @@ struct FileConfig {
     socket_group: Option<String>,
     #[serde(default, deserialize_with = "mode")]
     socket_mode: Option<u32>,
-    backend: Option<String>,
+    backend: Option<Secret>,
     #[serde(default, deserialize_with = "ttl")]
     ttl: Option<Duration>,
     #[serde(default, deserialize_with = "on_unavailable")]
     on_unavailable: Option<OnUnavailable>,
     metrics: Option<SocketAddr>,
     log_format: Option<LogFormat>,
-    legacy_meltano_systemdb: Option<String>,
+    legacy_meltano_systemdb: Option<Secret>,
     #[serde(default)]
     access: AccessSection,
     #[serde(default)]
@@ -229,7 +229,7 @@ pub struct Config {
     /// The socket's mode.
     pub socket_mode: u32,
     /// The backend URI (may hold secrets: print it with `redact_uri`).
-    pub backend: String,
+    pub backend: Secret,
     /// Per-backend options.
     pub backend_options: BackendOptions,
     /// The default lease TTL.
@@ -271,7 +271,7 @@ impl Config {
         };
         let backend = match args.backend.clone().or(settings.backend) {
             Some(uri) => uri,
-            None => format!("file://{}", default_state_dir()?.display()),
+            None => format!("file://{}", default_state_dir()?.display()).into(),
         };
         let on_unavailable = match &args.on_unavailable {
             Some(text) => text.parse().map_err(anyhow::Error::msg)?,
@@ -287,7 +287,7 @@ impl Config {
             .or(settings.legacy_meltano_systemdb.as_ref())
         {
             Some(setting) => Some(Arc::new(
-                MeltanoSystemDb::parse(setting)
+                MeltanoSystemDb::parse(setting.expose())
                     .map_err(|err| anyhow::anyhow!("legacy_meltano_systemdb: {err}"))?,
             )),
             None => None,
@@ -338,10 +338,10 @@ impl Config {
             access: AccessShown,
             limits: LimitsShown,
             s3: S3Options,
-            azure: AzureOptions,
+            azure: &'a AzureOptions,
             gcs: &'a GcsOptions,
-            postgres: PostgresOptions,
-            etcd: EtcdOptions,
+            postgres: &'a PostgresOptions,
+            etcd: &'a EtcdOptions,
         }
         #[derive(Serialize)]
         struct LimitsShown {
@@ -358,7 +358,7 @@ impl Config {
             socket: &self.socket,
             socket_group: self.socket_group,
             socket_mode: format!("{:04o}", self.socket_mode),
-            backend: crate::backend::redact_uri(&self.backend),
+            backend: crate::backend::redact_uri(self.backend.expose()),
             ttl: humantime::format_duration(self.ttl).to_string(),
             on_unavailable: self.on_unavailable,
             metrics: self.metrics,
@@ -378,10 +378,10 @@ impl Config {
                     .to_string(),
             },
             s3: self.backend_options.s3.redacted(),
-            azure: self.backend_options.azure.redacted(),
+            azure: &self.backend_options.azure,
             gcs: &self.backend_options.gcs,
-            postgres: self.backend_options.postgres.clone(),
-            etcd: self.backend_options.etcd.redacted(),
+            postgres: &self.backend_options.postgres,
+            etcd: &self.backend_options.etcd,
         };
         let source = match &self.file {
             Some(path) => format!("# from {} and the environment\n", path.display()),
@@ -517,7 +517,7 @@ mod tests {
         assert_eq!(file.on_unavailable, Some(OnUnavailable::Warn));
         assert_eq!(file.log_format, Some(LogFormat::Json));
         assert_eq!(
-            file.legacy_meltano_systemdb.as_deref(),
+            file.legacy_meltano_systemdb.as_ref().map(Secret::expose),
             Some("/m/meltano.db")
         );
         let limits = file.limits.resolve().expect("valid limits");
@@ -533,7 +533,34 @@ mod tests {
         assert_eq!(file.postgres.schema.as_deref(), Some("locks"));
         assert_eq!(file.postgres.listen, Some(false));
         assert_eq!(file.etcd.user.as_deref(), Some("ops"));
-        assert_eq!(file.etcd.redacted().password.as_deref(), Some("<redacted>"));
+        let password = file.etcd.password.as_ref();
+        assert_eq!(password.map(Secret::expose), Some("pa55"));
+        assert_eq!(
+            password.map(ToString::to_string).as_deref(),
+            Some("<redacted>")
+        );
+    }
+
+    #[test]
+    fn the_configuration_shows_no_secret_it_holds() {
+        let password = "pa55w0rd-in-uri";
+        let args = Args::parse_from([
+            "runlockd",
+            "--socket",
+            "/tmp/runlock-config-test.sock",
+            "--backend",
+            &format!("postgresql://u:{password}@db/x"),
+            "--legacy-meltano-systemdb",
+            &format!("postgresql://m:{password}@db/meltano"),
+        ]);
+        assert!(!format!("{args:?}").contains(password));
+        let config = Config::load(&args).expect("loads");
+        assert!(!format!("{config:?}").contains(password));
+        assert!(!config.to_redacted_toml().contains(password));
+        assert_eq!(
+            config.backend.expose(),
+            format!("postgresql://u:{password}@db/x")
+        );
     }
 
     #[test]

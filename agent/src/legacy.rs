@@ -17,8 +17,8 @@
 
 use crate::backend::postgres::Settings;
 use crate::backend::{
-    redact_uri, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef,
-    LegacyRun,
+    redact_uri, AcquireSpec, Adopted, Backend, BackendError, Grant, LeaseRef, LegacyRun,
+    ProfiledBackend,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyRecord};
@@ -265,26 +265,20 @@ pub struct MeltanoGuard {
 }
 
 impl MeltanoGuard {
-    /// `inner`, guarded by `db`.
-    pub fn wrap(inner: Arc<dyn Backend>, db: Arc<MeltanoSystemDb>) -> Arc<dyn Backend> {
-        Arc::new(MeltanoGuard { inner, db })
+    /// `store`'s backend, guarded by `db`; what the store is stays as it was.
+    pub fn wrap(store: ProfiledBackend, db: Arc<MeltanoSystemDb>) -> ProfiledBackend {
+        ProfiledBackend {
+            backend: Arc::new(MeltanoGuard {
+                inner: store.backend,
+                db,
+            }),
+            profile: store.profile,
+        }
     }
 }
 
 #[async_trait]
 impl Backend for MeltanoGuard {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-
-    fn min_ttl(&self) -> Duration {
-        self.inner.min_ttl()
-    }
-
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         if !spec.force {
             self.db.check(&spec.key).await?;
@@ -302,10 +296,6 @@ impl Backend for MeltanoGuard {
 
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
         self.inner.inspect(key).await
-    }
-
-    fn releases(&self) -> Option<tokio::sync::broadcast::Receiver<Key>> {
-        self.inner.releases()
     }
 
     async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {

@@ -53,15 +53,15 @@ fn main() -> ExitCode {
 /// cannot be reached now, 78 (EX_CONFIG) if it cannot be used at all, as
 /// given or because it broke a guarantee a lock rests on.
 async fn check_backend(config: &Config) -> ExitCode {
-    let opened = backend::open(&config.backend, &config.backend_options).await;
-    let backend::Opened { backend, readiness } = match opened {
+    let opened = backend::open(config.backend.expose(), &config.backend_options).await;
+    let backend::Opened { store, readiness } = match opened {
         Ok(opened) => opened,
         Err(err) => {
             eprintln!("runlockd: error: {err:#}");
             return ExitCode::from(78);
         }
     };
-    let name = backend.describe();
+    let name = store.profile.description;
     match readiness {
         backend::Readiness::Ready => {
             eprintln!("runlockd: backend {name} is ready");
@@ -95,12 +95,12 @@ async fn run(config: Config) -> Result<(), Stop> {
     let shutdown = CancellationToken::new();
     // Opening a backend fails only on what it was given (a malformed URI, an
     // unreadable key or certificate file); an unreachable store is a warning.
-    let mut backend = backend::from_uri(&config.backend, &config.backend_options)
+    let mut store = backend::from_uri(config.backend.expose(), &config.backend_options)
         .await
         .map_err(Stop::Config)?;
     if let Some(addr) = config.metrics {
         metrics::start(addr, shutdown.child_token()).await?;
-        backend = metrics::instrument(backend);
+        store = metrics::instrument(store);
     }
     let identity = Identity {
         host: nix::unistd::gethostname()
@@ -110,13 +110,13 @@ async fn run(config: Config) -> Result<(), Stop> {
         agent_id: uuid::Uuid::new_v4().to_string(),
         uid: nix::unistd::geteuid().as_raw(),
     };
-    let capabilities = backend.capabilities();
-    if config.ttl < backend.min_ttl() {
+    let capabilities = store.profile.capabilities;
+    if config.ttl < store.profile.min_ttl {
         return Err(Stop::Config(anyhow::anyhow!(
             "ttl {} is too short for {}: it needs at least {}",
             humantime::format_duration(config.ttl),
-            backend.describe(),
-            humantime::format_duration(backend.min_ttl())
+            store.profile.description,
+            humantime::format_duration(store.profile.min_ttl)
         )));
     }
     let policy = Policy {
@@ -130,9 +130,9 @@ async fn run(config: Config) -> Result<(), Stop> {
             "checking Meltano's system database for legacy runs before each grant"
         );
         // Outermost, so that a legacy run's refusal is not timed as a store request.
-        backend = MeltanoGuard::wrap(backend, db.clone());
+        store = MeltanoGuard::wrap(store, db.clone());
     }
-    let registry = Registry::new(backend, identity.clone(), policy);
+    let registry = Registry::new(store, identity.clone(), policy);
     let descriptors = limits::raise_descriptor_limit();
     let admission = limits::Admission::new(config.limits, descriptors, identity.uid);
     if let Some(bound) = admission.descriptor_bound() {

@@ -7,7 +7,9 @@
 //! each hook is a one-line call that needs no handle threaded through the
 //! registry; without `--metrics` every hook is a single atomic load.
 
-use crate::backend::{AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef};
+use crate::backend::{
+    AcquireSpec, Adopted, Backend, BackendError, Grant, LeaseRef, ProfiledBackend,
+};
 use anyhow::Context;
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -292,20 +294,23 @@ pub fn refused() {
     }
 }
 
-/// Wraps `backend` so every request is timed, once [`start`] has run; otherwise
-/// returns it as it is.
-pub fn instrument(backend: Arc<dyn Backend>) -> Arc<dyn Backend> {
+/// Wraps `store`'s backend so every request is timed, once [`start`] has run;
+/// otherwise returns it as it is. What the store is stays as it was.
+pub fn instrument(store: ProfiledBackend) -> ProfiledBackend {
     match GLOBAL.get() {
-        Some(metrics) => Arc::new(TimedBackend {
-            inner: backend,
-            metrics: metrics.clone(),
-        }),
-        None => backend,
+        Some(metrics) => ProfiledBackend {
+            backend: Arc::new(TimedBackend {
+                inner: store.backend,
+                metrics: metrics.clone(),
+            }),
+            profile: store.profile,
+        },
+        None => store,
     }
 }
 
-/// A backend that times each request of the one inside it. It must forward
-/// every `Backend` method, or the inner backend's own would be bypassed.
+/// A backend that times each request of the one inside it: every `Backend`
+/// method is an operation, so the compiler sees that each is passed on.
 pub struct TimedBackend {
     inner: Arc<dyn Backend>,
     metrics: Arc<Metrics>,
@@ -320,18 +325,6 @@ impl TimedBackend {
 
 #[async_trait]
 impl Backend for TimedBackend {
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-
-    fn min_ttl(&self) -> Duration {
-        self.inner.min_ttl()
-    }
-
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         let started = Instant::now();
         let result = self.inner.acquire(spec).await;
@@ -362,10 +355,6 @@ impl Backend for TimedBackend {
         self.metrics
             .backend_request(Operation::Inspect, started, &result);
         result
-    }
-
-    fn releases(&self) -> Option<tokio::sync::broadcast::Receiver<runlock_protocol::Key>> {
-        self.inner.releases()
     }
 
     async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {

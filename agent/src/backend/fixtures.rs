@@ -1,5 +1,6 @@
-//! Lease requests for the backends' unit tests, one shape for every store:
-//! the holder names its lease (`host-of-l1`), so a test reads who won.
+//! Lease requests for the backends' tests (here and, through `testing`, in
+//! tests/), one shape for every store: the holder names its lease
+//! (`host-of-l1`), so a test reads who won.
 
 use super::{AcquireSpec, Holder, Key, LeaseRef};
 use std::time::Duration;

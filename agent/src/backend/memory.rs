@@ -1,6 +1,8 @@
 //! `memory://`: keys in this process only, for tests and benchmarks.
 
-use super::{AcquireSpec, Backend, BackendError, Capabilities, Grant, LeaseRef};
+use super::{
+    AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef, Profile, Profiled,
+};
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyRecord, KeyState, Scope};
 use std::collections::HashMap;
@@ -27,20 +29,29 @@ impl MemoryBackend {
     }
 }
 
-#[async_trait]
-impl Backend for MemoryBackend {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            scope: Scope::Host,
-            survives_agent: false,
-            needs_renewal: false,
-            lease_expires: false,
-            run_holds_lock: false,
+impl Profiled for MemoryBackend {
+    fn profile(&self) -> Profile {
+        Profile {
+            capabilities: Capabilities {
+                scope: Scope::Host,
+                survives_agent: false,
+                needs_renewal: false,
+                lease_expires: false,
+                run_holds_lock: false,
+            },
+            min_ttl: Duration::ZERO,
+            description: "memory://".to_string(),
+            releases: None,
         }
     }
+}
 
-    fn describe(&self) -> String {
-        "memory://".to_string()
+#[async_trait]
+impl Backend for MemoryBackend {
+    async fn adopt(&self, _: &LeaseRef, _: &str) -> Result<Adopted, BackendError> {
+        Err(BackendError::Unsupported(
+            "memory:// does not keep locks beyond the agent that took them".to_string(),
+        ))
     }
 
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {

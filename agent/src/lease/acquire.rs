@@ -107,12 +107,12 @@ impl Registry {
             return Err(LeaseError::NoKeys);
         }
         let ttl = req.ttl.unwrap_or(self.policy.default_ttl);
-        let shortest = timing::MIN_TTL.max(self.backend.min_ttl());
+        let shortest = timing::MIN_TTL.max(self.min_ttl);
         if ttl < shortest || ttl > timing::MAX_TTL {
             return Err(LeaseError::TtlOutOfRange {
                 ttl,
                 shortest,
-                backend: (shortest > timing::MIN_TTL).then(|| self.backend.describe()),
+                backend: (shortest > timing::MIN_TTL).then(|| self.description.clone()),
             });
         }
         let (peer, user, may_override) = self.peer(conn)?;

@@ -79,14 +79,18 @@ mod tests {
         released: tokio::sync::broadcast::Sender<Key>,
     }
 
+    impl crate::backend::Profiled for Announcing {
+        fn profile(&self) -> crate::backend::Profile {
+            crate::backend::Profile {
+                description: "announcing".into(),
+                releases: Some(self.released.clone()),
+                ..self.store.profile()
+            }
+        }
+    }
+
     #[async_trait::async_trait]
     impl Backend for Announcing {
-        fn capabilities(&self) -> crate::backend::Capabilities {
-            self.store.capabilities()
-        }
-        fn describe(&self) -> String {
-            "announcing".into()
-        }
         async fn acquire(
             &self,
             spec: &crate::backend::AcquireSpec,
@@ -104,8 +108,12 @@ mod tests {
         async fn inspect(&self, key: &Key) -> Result<runlock_protocol::KeyRecord, BackendError> {
             self.store.inspect(key).await
         }
-        fn releases(&self) -> Option<tokio::sync::broadcast::Receiver<Key>> {
-            Some(self.released.subscribe())
+        async fn adopt(
+            &self,
+            lease: &LeaseRef,
+            agent_id: &str,
+        ) -> Result<crate::backend::Adopted, BackendError> {
+            self.store.adopt(lease, agent_id).await
         }
     }
 

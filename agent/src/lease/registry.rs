@@ -6,7 +6,7 @@ use super::event::{self, Events};
 use super::renewal::Renewals;
 use super::state::{Conn, ConnId, PeerCred, State};
 use crate::access::Access;
-use crate::backend::{Backend, Capabilities};
+use crate::backend::{Backend, Capabilities, ProfiledBackend};
 use crate::process::Peer;
 use crate::shown::{self, Viewer};
 use runlock_protocol::{Holder, Key, OnLost, OnUnavailable};
@@ -52,6 +52,9 @@ impl Policy {
 pub struct Registry {
     pub(super) backend: Arc<dyn Backend>,
     pub(super) capabilities: Capabilities,
+    /// The backend's shortest TTL and its description, from its profile.
+    pub(super) min_ttl: std::time::Duration,
+    pub(super) description: String,
     pub(super) identity: Identity,
     pub(super) policy: Policy,
     state: Mutex<State>,
@@ -88,12 +91,20 @@ fn user_name(uid: u32) -> String {
 }
 
 impl Registry {
-    /// A registry over `backend`; starts the renewal scheduler on the current runtime.
-    pub fn new(backend: Arc<dyn Backend>, identity: Identity, policy: Policy) -> Arc<Registry> {
-        let releases = backend.releases();
-        let (renewals, reports) = Renewals::start(backend.clone());
+    /// A registry over `store`; starts the renewal scheduler on the current runtime.
+    pub fn new(
+        store: impl Into<ProfiledBackend>,
+        identity: Identity,
+        policy: Policy,
+    ) -> Arc<Registry> {
+        let ProfiledBackend { backend, profile } = store.into();
+        let releases = profile.releases.map(|sender| sender.subscribe());
+        let lease_expires = profile.capabilities.lease_expires;
+        let (renewals, reports) = Renewals::start(backend.clone(), lease_expires);
         let registry = Arc::new(Registry {
-            capabilities: backend.capabilities(),
+            capabilities: profile.capabilities,
+            min_ttl: profile.min_ttl,
+            description: profile.description,
             renewals,
             backend,
             identity,
@@ -125,7 +136,7 @@ impl Registry {
 
     /// The backend's URI, redacted.
     pub fn backend_description(&self) -> String {
-        self.backend.describe()
+        self.description.clone()
     }
 
     /// The operator's settings.

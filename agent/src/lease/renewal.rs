@@ -104,11 +104,14 @@ pub struct Renewals {
 
 impl Renewals {
     /// Starts the scheduler task, which reports on the receiver returned; it
-    /// ends when this handle is dropped.
-    pub fn start(backend: Arc<dyn Backend>) -> (Renewals, mpsc::UnboundedReceiver<Report>) {
+    /// ends when this handle is dropped. `expires`: whether `backend`'s leases
+    /// lapse unless renewed (`Capabilities::lease_expires`).
+    pub fn start(
+        backend: Arc<dyn Backend>,
+        expires: bool,
+    ) -> (Renewals, mpsc::UnboundedReceiver<Report>) {
         let (commands, rx) = mpsc::unbounded_channel();
         let (reports, reported) = mpsc::unbounded_channel();
-        let expires = backend.capabilities().lease_expires;
         tokio::spawn(run(backend, reports, rx, expires));
         (Renewals { commands }, reported)
     }

@@ -11,8 +11,11 @@
 
 use super::proof::{self, Unproven};
 use super::{CasError, CasStore, Read, Stored};
+use crate::backend::record::LockRecord;
+use crate::backend::retry::RetryBudget;
 use crate::backend::{
-    key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef,
+    key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef, Profile,
+    Profiled,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -27,47 +30,34 @@ use tokio::time::Instant;
 /// `t` happened in `[t, t + 1 s)`, so expiry waits one second more.
 pub const CLOCK_RESOLUTION: Duration = Duration::from_secs(1);
 
-/// How many times one operation re-reads after losing a race or a request.
-const ATTEMPTS: usize = 6;
+/// How many times one operation re-reads after losing a race or a request,
+/// and how long it waits in between.
+const RETRY: RetryBudget = RetryBudget {
+    attempts: 6,
+    first_pause: Duration::from_millis(10),
+    longest_pause: Duration::from_millis(320),
+};
 
 /// The shortest TTL, in write intervals, on a store that limits writes per
 /// record: renewals go out every TTL/3 less 10% jitter, so five intervals keep
 /// them 1.5 intervals apart, never slowed by [`Pacer`], with room for a retry.
 const MIN_TTL_IN_WRITE_INTERVALS: u32 = 5;
 
-/// Waits before attempt `attempt + 1`: 10 ms doubling, jittered.
-async fn backoff(attempt: usize) {
-    let base = Duration::from_millis(10 << attempt);
-    tokio::time::sleep(base.mul_f64(0.5 + fastrand::f64())).await;
-}
-
-/// One key's record, as stored: readable with the cloud's own CLI.
+/// What an object store's record keeps beside the common fields.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LockRecord {
-    /// The key.
-    pub key: String,
-    /// `held` or `free`.
-    pub state: KeyState,
-    /// The last fencing token issued for the key.
-    pub token: u64,
-    /// The holder, while held.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub holder: Option<Holder>,
-    /// The holding lease's id, while held.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub lease_id: Option<String>,
+pub struct Lapse {
     /// The holder's TTL in milliseconds.
     pub ttl_ms: u64,
     /// When the writer last wrote the record, by its own wall clock: for people only.
     pub renewed_at_ms: u64,
-    /// The token this holder took the key from with `force`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub forced_from: Option<u64>,
 }
+
+/// One key's record in an object store: readable with the cloud's own CLI.
+pub type CasRecord = LockRecord<Lapse>;
 
 struct Held {
     version: String,
-    record: LockRecord,
+    record: CasRecord,
 }
 
 /// Spaces this agent's writes of one record by the store's minimum write
@@ -212,7 +202,7 @@ impl CasEngine {
         format!("{}{}.json", self.prefix, key_name::escaped(key))
     }
 
-    fn parse(&self, name: &str, stored: &Stored) -> Result<LockRecord, BackendError> {
+    fn parse(&self, name: &str, stored: &Stored) -> Result<CasRecord, BackendError> {
         serde_json::from_slice(&stored.body).map_err(|e| {
             BackendError::Corrupt(format!(
                 "{name} in {} is not a runlock record ({e}); move it aside to free the key",
@@ -225,11 +215,11 @@ impl CasEngine {
     fn expired(
         &self,
         name: &str,
-        record: &LockRecord,
+        record: &CasRecord,
         stored: &Stored,
         date: Option<SystemTime>,
     ) -> bool {
-        let ttl = Duration::from_millis(record.ttl_ms);
+        let ttl = Duration::from_millis(record.store.ttl_ms);
         let wait = ttl + grace(ttl);
         if let (Some(written), Some(now)) = (stored.last_modified, date) {
             return now >= written + wait + CLOCK_RESOLUTION;
@@ -245,8 +235,8 @@ impl CasEngine {
         }
     }
 
-    fn held_record(spec: &AcquireSpec, token: u64, forced_from: Option<u64>) -> LockRecord {
-        LockRecord {
+    fn held_record(spec: &AcquireSpec, token: u64, forced_from: Option<u64>) -> CasRecord {
+        CasRecord {
             key: spec.key.to_string(),
             state: KeyState::Held,
             token,
@@ -255,15 +245,12 @@ impl CasEngine {
                 ..spec.holder.clone()
             }),
             lease_id: Some(spec.lease_id.clone()),
-            ttl_ms: spec.ttl.as_millis() as u64,
-            renewed_at_ms: now_ms(),
             forced_from,
+            store: Lapse {
+                ttl_ms: spec.ttl.as_millis() as u64,
+                renewed_at_ms: now_ms(),
+            },
         }
-    }
-
-    fn body(record: &LockRecord) -> Vec<u8> {
-        // invariant: a LockRecord always serializes (plain strings and numbers)
-        serde_json::to_vec_pretty(record).unwrap_or_default()
     }
 
     /// Notes what a read or a write showed of a record.
@@ -281,7 +268,7 @@ impl CasEngine {
 
     /// The write that takes the key if the record is as this agent last knew it
     /// (free, or never seen and so presumably absent); `None` when it needs a read.
-    fn guess(&self, spec: &AcquireSpec, name: &str) -> Option<(LockRecord, Option<String>)> {
+    fn guess(&self, spec: &AcquireSpec, name: &str) -> Option<(CasRecord, Option<String>)> {
         if let Some((version, token)) = self
             .known_free
             .lock()
@@ -314,7 +301,7 @@ impl CasEngine {
             None if guess => return Ok(None),
             None => self.decide(spec, name).await?,
         };
-        let body = Self::body(&record);
+        let body = record.to_json();
         let booking = self.pacer.book(name).await;
         let sent = Instant::now();
         let written = match &version {
@@ -358,7 +345,7 @@ impl CasEngine {
         &self,
         spec: &AcquireSpec,
         name: &str,
-    ) -> Result<(LockRecord, Option<String>), BackendError> {
+    ) -> Result<(CasRecord, Option<String>), BackendError> {
         let Read { object, date } = self.store.get(name).await.map_err(unavailable)?;
         let decided = match &object {
             None => (Self::held_record(spec, 1, None), None),
@@ -387,28 +374,24 @@ impl CasEngine {
 
     /// Writes `record` over our last version; a conflict is resolved by reading:
     /// if the record is still ours (our previous write landed unanswered), write again.
-    async fn overwrite(
-        &self,
-        lease: &LeaseRef,
-        record: LockRecord,
-    ) -> Result<String, BackendError> {
+    async fn overwrite(&self, lease: &LeaseRef, record: CasRecord) -> Result<String, BackendError> {
         let name = self.name(&lease.key);
         let mut version = self
             .version_of(&lease.lease_id)
             .ok_or(BackendError::LeaseMismatch)?;
         let mut last_error = None;
-        for attempt in 0..ATTEMPTS {
+        for attempt in 1..=RETRY.attempts {
             let booking = self.pacer.book(&name).await;
             match self
                 .store
-                .put_if_match(&name, Self::body(&record), &version)
+                .put_if_match(&name, record.to_json(), &version)
                 .await
             {
                 Ok(new) => return Ok(new),
                 Err(CasError::Refused(why)) => return Err(BackendError::Unavailable(why)),
                 Err(CasError::Unavailable(why)) => {
                     last_error = Some(why);
-                    backoff(attempt).await;
+                    RETRY.wait(attempt).await;
                     continue;
                 }
                 Err(CasError::Conflict) => self.pacer.cancel(&name, booking),
@@ -418,10 +401,7 @@ impl CasEngine {
                 Some(stored) => (self.parse(&name, stored)?, stored.version.clone()),
                 None => return Err(BackendError::LeaseMismatch),
             };
-            let still_ours = current.0.state == KeyState::Held
-                && current.0.lease_id.as_deref() == Some(lease.lease_id.as_str())
-                && current.0.token == lease.token;
-            if !still_ours {
+            if !current.0.held_by(&lease.lease_id, lease.token) {
                 return Err(BackendError::LeaseMismatch);
             }
             version = current.1;
@@ -439,7 +419,7 @@ impl CasEngine {
             .map(|h| h.version.clone())
     }
 
-    fn record_of(&self, lease_id: &str) -> Option<LockRecord> {
+    fn record_of(&self, lease_id: &str) -> Option<CasRecord> {
         self.held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -448,26 +428,26 @@ impl CasEngine {
     }
 }
 
-#[async_trait]
-impl Backend for CasEngine {
-    fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            scope: Scope::Global,
-            survives_agent: true,
-            needs_renewal: true,
-            lease_expires: true,
-            run_holds_lock: false,
-        }
-    }
-
-    fn describe(&self) -> String {
-        self.store.describe()
-    }
-
-    fn min_ttl(&self) -> Duration {
+impl CasEngine {
+    /// The shortest TTL this store's write pace can keep renewed.
+    pub fn min_ttl(&self) -> Duration {
         self.store.min_write_interval() * MIN_TTL_IN_WRITE_INTERVALS
     }
+}
 
+impl Profiled for CasEngine {
+    fn profile(&self) -> Profile {
+        Profile {
+            capabilities: Capabilities::SHARED_LEASES,
+            min_ttl: self.min_ttl(),
+            description: self.store.describe(),
+            releases: None,
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for CasEngine {
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         self.trusted().await?;
         let name = self.name(&spec.key);
@@ -475,11 +455,11 @@ impl Backend for CasEngine {
         if let Some(grant) = self.try_acquire(spec, &name, true).await? {
             return Ok(grant);
         }
-        for attempt in 0..ATTEMPTS {
+        for attempt in 1..=RETRY.attempts {
             if let Some(grant) = self.try_acquire(spec, &name, false).await? {
                 return Ok(grant);
             }
-            backoff(attempt).await;
+            RETRY.wait(attempt).await;
         }
         Err(BackendError::Unavailable(format!(
             "{name}: too much contention, or the store keeps failing"
@@ -490,8 +470,8 @@ impl Backend for CasEngine {
         let mut record = self
             .record_of(&lease.lease_id)
             .ok_or(BackendError::LeaseMismatch)?;
-        record.ttl_ms = ttl.as_millis() as u64;
-        record.renewed_at_ms = now_ms();
+        record.store.ttl_ms = ttl.as_millis() as u64;
+        record.store.renewed_at_ms = now_ms();
         let version = self.overwrite(lease, record.clone()).await?;
         if let Some(held) = self
             .held
@@ -512,7 +492,7 @@ impl Backend for CasEngine {
         record.holder = None;
         record.lease_id = None;
         record.forced_from = None;
-        record.renewed_at_ms = now_ms();
+        record.store.renewed_at_ms = now_ms();
         let (name, token) = (self.name(&lease.key), record.token);
         let outcome = self.overwrite(lease, record).await;
         if let Ok(version) = &outcome {
@@ -534,21 +514,20 @@ impl Backend for CasEngine {
         let Read { object, date } = self.store.get(&name).await.map_err(unavailable)?;
         let stored = object.ok_or(BackendError::LeaseMismatch)?;
         let mut record = self.parse(&name, &stored)?;
-        let ours = record.state == KeyState::Held
-            && record.lease_id.as_deref() == Some(lease.lease_id.as_str())
-            && record.token == lease.token;
-        if !ours || self.expired(&name, &record, &stored, date) {
+        if !record.held_by(&lease.lease_id, lease.token)
+            || self.expired(&name, &record, &stored, date)
+        {
             return Err(BackendError::LeaseMismatch);
         }
         if let Some(holder) = record.holder.as_mut() {
             holder.agent_id = agent_id.to_string();
         }
-        record.renewed_at_ms = now_ms();
+        record.store.renewed_at_ms = now_ms();
         let holder = record
             .holder
             .clone()
             .ok_or_else(|| BackendError::Corrupt(format!("{name} is held but names no holder")))?;
-        let ttl = Duration::from_millis(record.ttl_ms);
+        let ttl = Duration::from_millis(record.store.ttl_ms);
         self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(
             lease.lease_id.clone(),
             Held {
@@ -596,7 +575,7 @@ impl Backend for CasEngine {
                 answer.state = KeyState::Held;
                 answer.holder = record.holder;
                 if let (Some(written), Some(now)) = (stored.last_modified, date) {
-                    let expires = written + Duration::from_millis(record.ttl_ms);
+                    let expires = written + Duration::from_millis(record.store.ttl_ms);
                     answer.expires_in_ms = Some(
                         expires
                             .duration_since(now)
@@ -631,7 +610,7 @@ mod tests {
         (proven(store.clone()).await, proven(store).await)
     }
 
-    async fn stored(store: &dyn CasStore, key: &str) -> LockRecord {
+    async fn stored(store: &dyn CasStore, key: &str) -> CasRecord {
         let read = store.get(&format!("locks/{key}.json")).await.expect("get");
         serde_json::from_slice(&read.object.expect("record").body).expect("json")
     }
@@ -839,6 +818,12 @@ mod tests {
     impl CasStore for Throttled {
         fn describe(&self) -> String {
             "throttled://".into()
+        }
+        fn records_prefix(&self) -> &str {
+            ""
+        }
+        async fn probe(&self) -> Result<(), CasError> {
+            Ok(())
         }
         fn min_write_interval(&self) -> Duration {
             Duration::from_secs(1)

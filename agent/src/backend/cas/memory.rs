@@ -69,6 +69,14 @@ impl CasStore for MemoryCasStore {
         "memory-cas://".to_string()
     }
 
+    fn records_prefix(&self) -> &str {
+        ""
+    }
+
+    async fn probe(&self) -> Result<(), CasError> {
+        Ok(())
+    }
+
     async fn get(&self, name: &str) -> Result<Read, CasError> {
         let objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
         let mut object = objects.get(name).cloned();

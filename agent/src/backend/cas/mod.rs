@@ -1,27 +1,32 @@
 //! Object stores (S3, GCS, Azure Blob) share one lease engine, written once
 //! over this tiny compare-and-swap trait; each store only adapts it.
 
+#[cfg(feature = "azure")]
 mod azure;
 mod engine;
+#[cfg(feature = "gcs")]
 mod gcs;
 mod memory;
 mod proof;
+#[cfg(feature = "s3")]
 mod s3;
 #[cfg(test)]
 mod simulation;
 #[cfg(test)]
 pub(crate) mod testing;
 
-pub use azure::{AzureOptions, AzureStore};
-pub use engine::{CasEngine, LockRecord, CLOCK_RESOLUTION};
-pub use gcs::{GcsOptions, GcsStore};
+pub use crate::backend::options::{AzureOptions, GcsOptions, S3Options};
+#[cfg(feature = "azure")]
+pub use azure::AzureStore;
+pub use engine::{CasEngine, CasRecord, Lapse, CLOCK_RESOLUTION};
+#[cfg(feature = "gcs")]
+pub use gcs::GcsStore;
 pub use memory::MemoryCasStore;
 pub use proof::Unproven;
-pub use s3::{S3Options, S3Store};
+#[cfg(feature = "s3")]
+pub use s3::S3Store;
 
-use crate::backend::redact_uri;
 use async_trait::async_trait;
-use std::error::Error as StdError;
 use std::time::{Duration, SystemTime};
 
 /// An object as the store returned it.
@@ -59,6 +64,27 @@ pub enum CasError {
     Refused(String),
 }
 
+#[cfg(any(feature = "s3", feature = "azure"))]
+/// The retries of a transient HTTP failure (5xx, throttling, a reset
+/// connection) within one operation, as the S3 and Azure SDKs make them.
+const HTTP_RETRY: crate::backend::retry::RetryBudget = crate::backend::retry::RetryBudget {
+    attempts: 3,
+    first_pause: Duration::from_millis(50),
+    longest_pause: Duration::from_millis(500),
+};
+
+#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
+impl<A> crate::backend::failure::Failure<A> {
+    /// The answer the operation handles, or the store error the failure is.
+    fn expected(self) -> Result<A, CasError> {
+        match self {
+            Self::Expected(answer) => Ok(answer),
+            Self::Transient(why) => Err(CasError::Unavailable(why)),
+            Self::Refused(why) => Err(CasError::Refused(why)),
+        }
+    }
+}
+
 /// The compare-and-swap operations a lock needs from an object store.
 #[async_trait]
 pub trait CasStore: Send + Sync + 'static {
@@ -70,6 +96,12 @@ pub trait CasStore: Send + Sync + 'static {
     fn min_write_interval(&self) -> Duration {
         Duration::ZERO
     }
+    /// The object name prefix the lock records live under: `prefix/.runlock/locks/`
+    /// for `SCHEME://PLACE/prefix`, so that they stay apart from Meltano's objects.
+    fn records_prefix(&self) -> &str;
+    /// Checks that the store answers and lets this agent in (the bucket
+    /// exists, the credentials are accepted); the error names the cause.
+    async fn probe(&self) -> Result<(), CasError>;
     /// Reads an object.
     async fn get(&self, name: &str) -> Result<Read, CasError>;
     /// Creates an object only if none exists (`If-None-Match: *`); returns its version.
@@ -83,10 +115,12 @@ pub trait CasStore: Send + Sync + 'static {
     ) -> Result<String, CasError>;
 }
 
+#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
 /// Where the lock records live, below the URI's prefix: apart from Meltano's
 /// `prefix/<state_id>/` objects, so one URI serves both.
 const RECORDS: &str = ".runlock/locks/";
 
+#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
 /// The object name prefix of the records of a store whose URI has `prefix`.
 fn records_under(prefix: &str) -> String {
     if prefix.is_empty() {
@@ -96,6 +130,7 @@ fn records_under(prefix: &str) -> String {
     }
 }
 
+#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
 /// `SCHEME://PLACE[/prefix]`, for descriptions.
 fn object_uri(scheme: &str, place: &str, prefix: &str) -> String {
     if prefix.is_empty() {
@@ -105,6 +140,7 @@ fn object_uri(scheme: &str, place: &str, prefix: &str) -> String {
     }
 }
 
+#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
 /// `SCHEME://PLACE/prefix` → (PLACE, the prefix without surrounding slashes):
 /// every object store's URI. `place` is what the store calls it ("bucket",
 /// "container"); `settings` says where credentials and endpoints come from
@@ -118,7 +154,12 @@ fn place_and_prefix(
     let rest = uri
         .strip_prefix(scheme)
         .and_then(|rest| rest.strip_prefix("://"))
-        .ok_or_else(|| anyhow::anyhow!("{:?} is not a {scheme}:// URI", redact_uri(uri)))?;
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "{:?} is not a {scheme}:// URI",
+                crate::backend::redact_uri(uri)
+            )
+        })?;
     let (name, prefix) = rest.split_once('/').unwrap_or((rest, ""));
     if name.is_empty() {
         anyhow::bail!(
@@ -128,16 +169,17 @@ fn place_and_prefix(
     if name.contains(['@', '?', '#', ':']) || prefix.contains(['?', '#']) {
         anyhow::bail!(
             "backend {:?}: write {scheme}://{}/PREFIX; {settings}",
-            redact_uri(uri),
+            crate::backend::redact_uri(uri),
             place.to_uppercase()
         );
     }
     Ok((name.to_string(), prefix.trim_matches('/').to_string()))
 }
 
+#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
 /// The last error in `err`'s source chain, on one line: the root cause,
 /// without a client library's wrapping (which may repeat the URL).
-fn root_cause(err: &(dyn StdError + 'static)) -> String {
+fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {
     let mut cause = err;
     while let Some(next) = cause.source() {
         cause = next;

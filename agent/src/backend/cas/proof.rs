@@ -186,6 +186,12 @@ mod tests {
         fn describe(&self) -> String {
             "broken://".into()
         }
+        fn records_prefix(&self) -> &str {
+            ""
+        }
+        async fn probe(&self) -> Result<(), CasError> {
+            Ok(())
+        }
         async fn get(&self, name: &str) -> Result<Read, CasError> {
             let mut read = self.inner.get(name).await?;
             if let Some(previous) = self.previous.lock().expect("lock").take() {

@@ -121,6 +121,14 @@ impl CasStore for FaultyStore {
         "faulty-memory-cas://".into()
     }
 
+    fn records_prefix(&self) -> &str {
+        ""
+    }
+
+    async fn probe(&self) -> Result<(), CasError> {
+        Ok(())
+    }
+
     async fn get(&self, name: &str) -> Result<Read, CasError> {
         self.around(false, self.inner.get(name)).await
     }

@@ -5,7 +5,7 @@
 //! when the server asks for them (`--client-cert-auth`). The files are read
 //! when the agent starts, so a missing one stops it with its name.
 
-use super::EtcdOptions;
+use crate::backend::EtcdOptions;
 use etcd_client::{Certificate, Identity, TlsOptions};
 use std::path::{Path, PathBuf};
 

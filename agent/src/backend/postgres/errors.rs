@@ -4,33 +4,12 @@
 //! check, never the password.
 
 use super::settings::Settings;
+pub use crate::backend::failure::Failure;
 use std::error::Error as _;
 use tokio_postgres::error::SqlState;
 
-/// A classified failure.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Failure {
-    /// Trying again, on a new connection if need be, may work.
-    Transient(String),
-    /// The same request will fail the same way until someone changes something.
-    Permanent(String),
-}
-
-impl Failure {
-    /// The message.
-    pub fn message(self) -> String {
-        match self {
-            Failure::Transient(m) | Failure::Permanent(m) => m,
-        }
-    }
-
-    /// Whether it is worth another try.
-    pub fn is_transient(&self) -> bool {
-        matches!(self, Failure::Transient(_))
-    }
-}
-
 /// Whether `err` says the lock table or its schema is missing.
+#[cfg(feature = "postgres")]
 pub fn missing_table(err: &tokio_postgres::Error) -> bool {
     matches!(
         err.code(),
@@ -39,6 +18,7 @@ pub fn missing_table(err: &tokio_postgres::Error) -> bool {
 }
 
 /// Whether `err` says this role may not do something.
+#[cfg(feature = "postgres")]
 pub fn denied(err: &tokio_postgres::Error) -> bool {
     err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE)
 }
@@ -53,12 +33,12 @@ pub fn classify(err: &tokio_postgres::Error, settings: &Settings) -> Failure {
         return if *code == SqlState::INVALID_PASSWORD
             || *code == SqlState::INVALID_AUTHORIZATION_SPECIFICATION
         {
-            Failure::Permanent(format!(
+            Failure::Refused(format!(
                 "PostgreSQL at {at} refused the login: {said}: check the user and password \
                  (in the URI, or PGUSER and PGPASSWORD) and the server's pg_hba.conf"
             ))
         } else if *code == SqlState::INVALID_CATALOG_NAME {
-            Failure::Permanent(format!(
+            Failure::Refused(format!(
                 "PostgreSQL at {at}: {said}: create it, or name another database in the URI"
             ))
         } else if class == "08"
@@ -74,7 +54,7 @@ pub fn classify(err: &tokio_postgres::Error, settings: &Settings) -> Failure {
             // the next connection makes it again.
             Failure::Transient(format!("PostgreSQL at {at}: {said}"))
         } else {
-            Failure::Permanent(format!(
+            Failure::Refused(format!(
                 "PostgreSQL at {at}: {said} (SQLSTATE {})",
                 code.code()
             ))
@@ -93,19 +73,19 @@ pub fn classify(err: &tokio_postgres::Error, settings: &Settings) -> Failure {
         .and_then(|s| s.downcast_ref::<std::io::Error>())
         .map(std::io::Error::kind);
     if said.contains("password missing") {
-        return Failure::Permanent(format!(
+        return Failure::Refused(format!(
             "PostgreSQL at {at} asks for a password and none is given: put it in the URI or \
              set PGPASSWORD"
         ));
     }
     if said.contains("does not support TLS") {
-        return Failure::Permanent(format!(
+        return Failure::Refused(format!(
             "PostgreSQL at {at} does not offer TLS, which sslmode asks for: use \
              sslmode=prefer or disable, or turn on ssl in the server"
         ));
     }
     if said.contains("TLS") || said.contains("certificate") {
-        return Failure::Permanent(format!(
+        return Failure::Refused(format!(
             "TLS with PostgreSQL at {at} failed: {said}: check sslmode and sslrootcert"
         ));
     }

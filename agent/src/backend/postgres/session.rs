@@ -7,6 +7,7 @@
 use super::errors::{classify, denied, missing_table, Failure};
 use super::settings::Settings;
 use super::sql::{Prepared, Sql};
+use crate::backend::retry::{RetryBudget, TIMEOUTS};
 use futures::StreamExt;
 use runlock_protocol::Key;
 use std::future::Future;
@@ -18,14 +19,15 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_postgres::{AsyncMessage, Client};
 
-/// One attempt (connecting, or one statement) may take this long.
-const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(3);
-/// One operation, retries included, may take this long: a hung server never blocks longer.
-pub const OPERATION_TIMEOUT: Duration = Duration::from_secs(5);
 /// The server gives up on a statement after this long (a row lock held by a stuck session).
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Attempts per operation.
-const ATTEMPTS: u32 = 4;
+/// Attempts per operation (connecting, or one statement, each within
+/// `TIMEOUTS.attempt`), and the pauses between them.
+const RETRY: RetryBudget = RetryBudget {
+    attempts: 4,
+    first_pause: Duration::from_millis(50),
+    longest_pause: Duration::from_millis(800),
+};
 /// Release notices that may wait for a slow waiter before it misses some (and polls).
 const NOTICE_BACKLOG: usize = 256;
 
@@ -56,12 +58,6 @@ pub struct Session {
     statements: AtomicU64,
 }
 
-/// Waits before attempt `attempt + 1`: 50 ms doubling, jittered.
-async fn backoff(attempt: u32) {
-    let base = Duration::from_millis(50 << attempt.min(4));
-    tokio::time::sleep(base.mul_f64(0.5 + fastrand::f64())).await;
-}
-
 impl Session {
     /// A session that connects on first use; with `listen`, it hears releases.
     pub fn new(settings: Settings, sql: Sql, listen: bool) -> Session {
@@ -78,7 +74,12 @@ impl Session {
     /// Keys released through any agent, as the server announces them; `None`
     /// when this session does not listen.
     pub fn releases(&self) -> Option<broadcast::Receiver<Key>> {
-        self.listen.then(|| self.released.subscribe())
+        self.release_sender().map(|sender| sender.subscribe())
+    }
+
+    /// Where [`Session::releases`] come from, for the backend's profile.
+    pub fn release_sender(&self) -> Option<broadcast::Sender<Key>> {
+        self.listen.then(|| self.released.clone())
     }
 
     /// Statements sent by operations so far (not counting connection set-up).
@@ -88,39 +89,39 @@ impl Session {
 
     /// Connects now if not connected: the start-up check.
     pub async fn connect_now(&self) -> Result<(), String> {
-        match tokio::time::timeout(OPERATION_TIMEOUT, self.link()).await {
+        match tokio::time::timeout(TIMEOUTS.operation, self.link()).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(failure)) => Err(failure.message()),
             Err(_) => Err(format!(
                 "PostgreSQL at {} did not answer within {}s",
                 self.settings.shown(),
-                OPERATION_TIMEOUT.as_secs()
+                TIMEOUTS.operation.as_secs()
             )),
         }
     }
 
-    /// Runs `op` on a live connection: at most [`ATTEMPTS`] tries within
-    /// [`OPERATION_TIMEOUT`], each on a fresh connection if the last one
+    /// Runs `op` on a live connection: at most [`RETRY`]'s tries within
+    /// `TIMEOUTS.operation`, each on a fresh connection if the last one
     /// failed. Returns the result and when the successful statement was sent.
     pub async fn run<T, F, Fut>(&self, op: F) -> Result<(T, Instant), String>
     where
         F: Fn(Arc<Link>) -> Fut,
         Fut: Future<Output = Result<T, tokio_postgres::Error>>,
     {
-        let deadline = Instant::now() + OPERATION_TIMEOUT;
+        let deadline = Instant::now() + TIMEOUTS.operation;
         let mut last = String::new();
-        for attempt in 0..ATTEMPTS {
+        for attempt in 0..RETRY.attempts {
             if attempt > 0 {
-                backoff(attempt - 1).await;
+                RETRY.wait(attempt).await;
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
             }
-            let bound = left.min(ATTEMPT_TIMEOUT);
+            let bound = left.min(TIMEOUTS.attempt);
             let link = match tokio::time::timeout(bound, self.link()).await {
                 Ok(Ok(link)) => link,
-                Ok(Err(Failure::Permanent(message))) => return Err(message),
+                Ok(Err(Failure::Refused(message))) => return Err(message),
                 Ok(Err(Failure::Transient(message))) => {
                     last = message;
                     continue;
@@ -165,7 +166,7 @@ impl Session {
         if !denied(err) {
             return failure;
         }
-        Failure::Permanent(format!(
+        Failure::Refused(format!(
             "{}: role {:?} needs USAGE on schema {} and SELECT, INSERT, UPDATE on {} \
              (or CREATE on database {:?}, to create them)",
             failure.message(),

@@ -15,7 +15,7 @@ use tokio_postgres::{Client, Socket};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 /// Connecting (TCP, TLS and login) may take this long, unless the URI says otherwise.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+const CONNECT_TIMEOUT: Duration = crate::backend::retry::TIMEOUTS.connect;
 /// A dead peer is noticed within about idle + interval × retries = 5 + 3 × 1 s,
 /// and unacknowledged writes give up after `TCP_USER_TIMEOUT`.
 const KEEPALIVES_IDLE: Duration = Duration::from_secs(5);

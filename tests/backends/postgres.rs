@@ -1,13 +1,19 @@
-//! The backend against a real PostgreSQL: the throwaway cluster that
-//! tests/scripts/postgres.sh starts (`scripts/test` does) and names in
+//! The PostgreSQL backend against a real PostgreSQL: the throwaway cluster
+//! that tests/scripts/postgres.sh starts (`scripts/test` does) and names in
 //! `RUNLOCK_TEST_PG_*`. Without it these tests fail; they never skip. Each
-//! test works in a schema (or database) of its own.
+//! test works in a schema (or database) of its own. (Moved here from
+//! agent/src, so that the agent's own tests need no store running.)
 
-use super::*;
-use crate::backend::fixtures::{lease, spec};
-use crate::backend::AcquireSpec;
 use anyhow::{bail, ensure, Context, Result};
+use runlock_agent::backend::postgres::{Settings, DEFAULT_SCHEMA};
+use runlock_agent::backend::testing::{lease, spec};
+use runlock_agent::backend::{
+    AcquireSpec, Backend, BackendError, PostgresBackend, PostgresOptions,
+};
+use runlock_protocol::timing::grace;
+use runlock_protocol::{Key, KeyState};
 use std::sync::Arc;
+use std::time::Duration;
 use tokio::time::Instant;
 
 const TTL: Duration = Duration::from_secs(10);

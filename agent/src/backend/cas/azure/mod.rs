@@ -1,0 +1,221 @@
+//! The Azure Blob adapter of the compare-and-swap trait: uploads with
+//! `If-None-Match: *` and `If-Match: <etag>`, the blob's ETag and
+//! `Last-Modified`, and the response's `Date` as the store's clock.
+//!
+//! `azure://container/prefix` keeps lock records under `prefix/.runlock/locks/`,
+//! apart from Meltano's `prefix/<state_id>/state.json` and `lock` blobs.
+//! Credentials are a storage account key (Shared Key), from a connection string
+//! (`AZURE_STORAGE_CONNECTION_STRING`, which Meltano's azure state backend also
+//! reads; `BlobEndpoint=` points it at Azurite) or an account name and key
+//! (`AZURE_STORAGE_ACCOUNT` / `AZURE_STORAGE_KEY`, the Azure CLI's names); the
+//! `[azure]` section of the configuration file overrides both. No message built
+//! here carries the key or the connection string: answers are named by their
+//! status and error code, and transport failures by their root cause.
+
+mod errors;
+mod settings;
+#[cfg(test)]
+mod tests;
+
+use super::{CasError, CasStore, Read, Stored};
+use crate::backend::retry::TIMEOUTS;
+use crate::backend::{redact_uri, AzureOptions};
+use async_trait::async_trait;
+use azure_core::error::ErrorKind;
+use azure_core::prelude::IfMatchCondition;
+use azure_core::{ExponentialRetryOptions, RetryOptions, TransportOptions};
+use azure_storage::{CloudLocation, StorageCredentials};
+use azure_storage_blobs::prelude::{ClientBuilder, ContainerClient};
+use errors::Handled;
+use futures::StreamExt;
+use settings::{account, parse_uri};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+/// Idle connections are dropped before Node's 5 s keep-alive (Azurite) closes
+/// them, so that a request never goes out on a connection the server is closing.
+const POOL_IDLE: Duration = Duration::from_secs(4);
+
+/// An Azure Blob container as a compare-and-swap store.
+pub struct AzureStore {
+    container: ContainerClient,
+    container_name: String,
+    /// The blob name prefix for records: `prefix/.runlock/locks/`.
+    records: String,
+    /// The URI and the endpoint, for `describe`.
+    description: String,
+    /// The blob endpoint, for messages.
+    location: String,
+    /// The setting the key came from, for messages.
+    source: &'static str,
+}
+
+impl AzureStore {
+    /// Opens `azure://container/prefix` with the account from `options` or the
+    /// environment. Makes no request; see [`AzureStore::probe`].
+    pub fn open(uri: &str, options: &AzureOptions) -> anyhow::Result<AzureStore> {
+        AzureStore::open_with(uri, options, |name| std::env::var(name).ok())
+    }
+
+    fn open_with(
+        uri: &str,
+        options: &AzureOptions,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> anyhow::Result<AzureStore> {
+        let (container_name, prefix) = parse_uri(uri)?;
+        let account = account(options, env)?;
+        let http = reqwest::Client::builder()
+            .connect_timeout(TIMEOUTS.connect)
+            .timeout(TIMEOUTS.attempt)
+            .pool_idle_timeout(POOL_IDLE)
+            .build()
+            .map_err(|err| {
+                anyhow::anyhow!("cannot set up an HTTP client: {}", super::root_cause(&err))
+            })?;
+        // The SDK retries I/O errors, 408, 429 and 5xx.
+        let retry = ExponentialRetryOptions::default()
+            .max_retries(super::HTTP_RETRY.attempts - 1)
+            .initial_delay(super::HTTP_RETRY.first_pause)
+            .max_delay(super::HTTP_RETRY.longest_pause)
+            .max_total_elapsed(TIMEOUTS.operation);
+        let location = CloudLocation::Custom {
+            account: account.name.clone(),
+            uri: account.endpoint.clone(),
+        };
+        let credentials =
+            StorageCredentials::access_key(account.name.clone(), account.key.expose().to_string());
+        let container = ClientBuilder::with_location(location, credentials)
+            .retry(RetryOptions::exponential(retry))
+            .transport(TransportOptions::new(Arc::new(http)))
+            .container_client(container_name.clone());
+        let records = super::records_under(&prefix);
+        let plain = super::object_uri("azure", &container_name, &prefix);
+        let location = redact_uri(&account.endpoint);
+        Ok(AzureStore {
+            container,
+            container_name,
+            records,
+            description: format!("{plain} (endpoint {location})"),
+            location,
+            source: account.source,
+        })
+    }
+
+    async fn put(
+        &self,
+        name: &str,
+        body: Vec<u8>,
+        version: Option<&str>,
+    ) -> Result<String, CasError> {
+        let condition = match version {
+            None => IfMatchCondition::NotMatch("*".into()),
+            Some(etag) => IfMatchCondition::Match(etag.into()),
+        };
+        let request = self
+            .container
+            .blob_client(name)
+            .put_block_blob(body)
+            .content_type("application/json")
+            .if_match(condition)
+            .into_future();
+        match self.bounded(name, request).await? {
+            Ok(written) => Ok(written.etag),
+            // If-Match on a missing blob: someone removed it; the engine re-reads.
+            Err(err) => self
+                .failure(&err, name)
+                .expected()
+                .and(Err(CasError::Conflict)),
+        }
+    }
+
+    /// Runs one operation within the operation's time bound.
+    async fn bounded<T>(
+        &self,
+        name: &str,
+        operation: impl std::future::Future<Output = T>,
+    ) -> Result<T, CasError> {
+        tokio::time::timeout(TIMEOUTS.operation, operation)
+            .await
+            .map_err(|_| {
+                CasError::Unavailable(format!(
+                    "Azure Blob at {} did not answer within {}s for azure://{}/{name}",
+                    self.location,
+                    TIMEOUTS.operation.as_secs(),
+                    self.container_name
+                ))
+            })
+    }
+}
+
+#[async_trait]
+impl CasStore for AzureStore {
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+
+    /// The blob name prefix the lock records live under (for [`super::CasEngine::new`]).
+    fn records_prefix(&self) -> &str {
+        &self.records
+    }
+
+    /// Checks that the container answers and the key is accepted, by reading a
+    /// blob that need not exist (the same permission the engine needs).
+    async fn probe(&self) -> Result<(), CasError> {
+        let name = format!("{}probe", self.records);
+        self.get(&name).await.map(|_| ())
+    }
+
+    async fn get(&self, name: &str) -> Result<Read, CasError> {
+        let read = async {
+            let mut pages = self.container.blob_client(name).get().into_stream();
+            let first = match pages.next().await {
+                Some(Ok(first)) => first,
+                Some(Err(err)) => return Err(err),
+                None => {
+                    return Err(azure_core::Error::message(
+                        ErrorKind::DataConversion,
+                        "an empty answer",
+                    ))
+                }
+            };
+            let body = first.data.collect().await?;
+            Ok((first.blob, first.date, body))
+        };
+        let (blob, date, body) = match self.bounded(name, read).await? {
+            Ok(read) => read,
+            Err(err) => {
+                return match self.failure(&err, name).expected()? {
+                    Handled::NoSuchBlob => Ok(Read {
+                        object: None,
+                        date: None,
+                    }),
+                    Handled::PreconditionFailed => Err(CasError::Unavailable(format!(
+                        "Azure Blob at {} answered a plain read of {name} with a conflict",
+                        self.location
+                    ))),
+                }
+            }
+        };
+        Ok(Read {
+            object: Some(Stored {
+                body: body.to_vec(),
+                version: blob.properties.etag.to_string(),
+                last_modified: Some(SystemTime::from(blob.properties.last_modified)),
+            }),
+            date: Some(SystemTime::from(date)),
+        })
+    }
+
+    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
+        self.put(name, body, None).await
+    }
+
+    async fn put_if_match(
+        &self,
+        name: &str,
+        body: Vec<u8>,
+        version: &str,
+    ) -> Result<String, CasError> {
+        self.put(name, body, Some(version)).await
+    }
+}

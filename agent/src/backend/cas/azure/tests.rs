@@ -1,0 +1,267 @@
+//! The Azure adapter's own tests: URIs, connection strings and the reading of
+//! answers.
+
+use super::errors::{Failure, Handled};
+use super::settings::{
+    account, parse_connection_string, parse_uri, ACCOUNT_ENV, CONNECTION_STRING_ENV, DEV_ENDPOINT,
+    KEY_ENV,
+};
+use super::*;
+
+/// A made-up key, base64 like a real one.
+const KEY: &str = "c2VjcmV0LWtleS1ieXRlcy1mb3ItdGVzdHMtb25seQ==";
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+#[test]
+fn uris_name_a_container_and_an_optional_prefix() {
+    let parse = |u: &str| parse_uri(u).expect("valid");
+    assert_eq!(parse("azure://locks"), ("locks".into(), "".into()));
+    assert_eq!(parse("azure://locks/"), ("locks".into(), "".into()));
+    assert_eq!(
+        parse("azure://my-locks/meltano/state/"),
+        ("my-locks".into(), "meltano/state".into())
+    );
+    for bad in [
+        "azure://",
+        "azure:///x",
+        "azure://ab",
+        "azure://Locks",
+        "azure://a--b",
+        "azure://-ab",
+    ] {
+        assert!(parse_uri(bad).is_err(), "{bad}");
+    }
+    let err = parse_uri("azure://acct:SECRET@locks/x").expect_err("refused");
+    assert!(!err.to_string().contains("SECRET"), "{err}");
+}
+
+#[test]
+fn a_connection_string_with_a_blob_endpoint_points_at_it() {
+    let text = format!(
+        "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey={KEY};\
+         BlobEndpoint=http://127.0.0.1:10000/devstoreaccount1/;"
+    );
+    let account = parse_connection_string(&text, CONNECTION_STRING_ENV).expect("valid");
+    assert_eq!(account.name, "devstoreaccount1");
+    assert_eq!(account.key.expose(), KEY);
+    assert_eq!(account.endpoint, "http://127.0.0.1:10000/devstoreaccount1");
+    let public = parse_connection_string(
+        &format!("accountname=prod1;accountkey={KEY};EndpointSuffix=core.chinacloudapi.cn"),
+        CONNECTION_STRING_ENV,
+    )
+    .expect("valid");
+    assert_eq!(public.endpoint, "https://prod1.blob.core.chinacloudapi.cn");
+    let dev = parse_connection_string("UseDevelopmentStorage=true", CONNECTION_STRING_ENV)
+        .expect("valid");
+    assert_eq!(dev.endpoint, DEV_ENDPOINT);
+}
+
+#[test]
+fn a_bad_connection_string_is_named_without_its_secret() {
+    let secret = "c2VjcmV0";
+    for text in [
+        format!("AccountName=a1;AccountKey={secret}!!;BlobEndpoint=http://x"),
+        format!("AccountName=a1;{secret}"),
+        format!("AccountKey={secret}"),
+        format!("AccountName=a1;SharedAccessSignature=sv=2020&sig={secret}"),
+        format!("AccountName=a1;AccountKey={secret};BlobEndpoint=not a url {secret}"),
+    ] {
+        let err = parse_connection_string(&text, CONNECTION_STRING_ENV).expect_err(&text);
+        let shown = format!("{err:#}");
+        assert!(shown.starts_with(CONNECTION_STRING_ENV), "{shown}");
+        assert!(!shown.contains(secret), "{shown}");
+    }
+    let account =
+        parse_connection_string(&format!("AccountName=a1;AccountKey={KEY}"), "x").expect("valid");
+    assert!(!format!("{account:?}").contains(KEY));
+}
+
+#[test]
+fn the_configuration_file_wins_over_the_environment() {
+    let env = |name: &str| match name {
+        CONNECTION_STRING_ENV => Some(format!(
+            "AccountName=fromenv;AccountKey={KEY};BlobEndpoint=http://127.0.0.1:1/fromenv"
+        )),
+        ACCOUNT_ENV => Some("other".into()),
+        KEY_ENV => Some(KEY.into()),
+        _ => None,
+    };
+    let from_env = account(&AzureOptions::default(), env).expect("env");
+    assert_eq!(
+        (from_env.name.as_str(), from_env.source),
+        ("fromenv", CONNECTION_STRING_ENV)
+    );
+    let options = AzureOptions {
+        account_name: Some("fromfile".into()),
+        account_key: Some(KEY.into()),
+        ..AzureOptions::default()
+    };
+    let from_file = account(&options, env).expect("file");
+    assert_eq!(from_file.endpoint, "https://fromfile.blob.core.windows.net");
+    let key_only = |name: &str| (name == KEY_ENV).then(|| KEY.to_string());
+    let err = account(&AzureOptions::default(), key_only).expect_err("no account");
+    assert!(err.to_string().contains("AZURE_STORAGE_ACCOUNT"), "{err}");
+    let err = account(&AzureOptions::default(), no_env).expect_err("nothing");
+    assert!(err.to_string().contains(CONNECTION_STRING_ENV), "{err}");
+    let half = AzureOptions {
+        account_key: Some(KEY.into()),
+        ..AzureOptions::default()
+    };
+    assert!(account(&half, no_env).is_err());
+}
+
+#[test]
+fn printed_options_hide_the_secrets() {
+    let options = AzureOptions {
+        connection_string: Some(format!("AccountName=a1;AccountKey={KEY}").into()),
+        account_name: Some("a1".into()),
+        account_key: Some(KEY.into()),
+    };
+    let shown = toml::to_string(&options).expect("toml");
+    assert!(!shown.contains(KEY), "{shown}");
+    assert!(shown.contains("account_name = \"a1\""), "{shown}");
+}
+
+fn store() -> AzureStore {
+    let options = AzureOptions {
+        connection_string: Some(
+            format!(
+                "AccountName=devstoreaccount1;AccountKey={KEY};\
+                 BlobEndpoint=http://azure.test/devstoreaccount1"
+            )
+            .into(),
+        ),
+        ..AzureOptions::default()
+    };
+    AzureStore::open_with("azure://locks/p", &options, no_env).expect("opens")
+}
+
+/// The store's reading of an answer `status` with error `code`, whose
+/// message carries a would-be secret.
+fn answer(status: u16, code: &str) -> Failure {
+    let status = azure_core::StatusCode::try_from(status).expect("a status");
+    let code = (!code.is_empty()).then(|| code.to_string());
+    let err = azure_core::Error::message(
+        ErrorKind::http_response(status, code),
+        format!("signature 0123abcd key {KEY}"),
+    );
+    store().failure(&err, "p/.runlock/locks/k.json")
+}
+
+fn message(failure: Failure) -> (bool, String) {
+    match failure {
+        Failure::Refused(m) => (true, m),
+        Failure::Transient(m) => (false, m),
+        other => panic!("not an error with a message: {other:?}"),
+    }
+}
+
+#[test]
+fn answers_are_sorted_by_status_and_code() {
+    let precondition_failed = Failure::Expected(Handled::PreconditionFailed);
+    assert_eq!(answer(409, "BlobAlreadyExists"), precondition_failed);
+    assert_eq!(answer(412, "ConditionNotMet"), precondition_failed);
+    assert_eq!(
+        answer(404, "BlobNotFound"),
+        Failure::Expected(Handled::NoSuchBlob)
+    );
+    let (refused, text) = message(answer(404, "ContainerNotFound"));
+    assert!(refused);
+    assert!(
+        text.starts_with("container locks does not exist at http://azure.test/devstoreaccount1"),
+        "{text}"
+    );
+    for code in [
+        "AuthorizationFailure",
+        "AuthenticationFailed",
+        "AuthorizationPermissionMismatch",
+        "",
+    ] {
+        let (refused, text) = message(answer(403, code));
+        assert!(refused, "{code}");
+        assert!(
+            text.starts_with("access denied to container locks"),
+            "{text}"
+        );
+        assert!(
+            text.contains("check the account key (AZURE_STORAGE_CONNECTION_STRING)")
+                || text.contains("[azure] connection_string"),
+            "{text}"
+        );
+        assert!(!text.contains(KEY) && !text.contains("0123abcd"), "{text}");
+    }
+    let (refused, text) = message(answer(412, "LeaseIdMissing"));
+    assert!(refused && text.contains("lease"), "{text}");
+    for (status, code) in [(503, "ServerBusy"), (500, "InternalError"), (429, "")] {
+        let (refused, text) = message(answer(status, code));
+        assert!(!refused, "{text}");
+        assert!(!text.contains(KEY), "{text}");
+    }
+    let (refused, text) = message(answer(400, "InvalidHeaderValue"));
+    assert!(
+        refused && text.contains("400 InvalidHeaderValue") && !text.contains(KEY),
+        "{text}"
+    );
+    assert!(matches!(
+        answer(409, "LeaseAlreadyPresent"),
+        Failure::Refused(_)
+    ));
+}
+
+#[test]
+fn transport_failures_are_unavailable_and_name_the_endpoint() {
+    let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+    let err = azure_core::Error::full(
+        ErrorKind::Io,
+        refused,
+        "failed to execute `reqwest` request",
+    );
+    let (refused, text) = message(store().failure(&err, "k"));
+    assert!(!refused);
+    assert!(
+        text.starts_with("cannot reach Azure Blob at http://azure.test/devstoreaccount1: "),
+        "{text}"
+    );
+    assert_eq!(
+        store().describe(),
+        "azure://locks/p (endpoint http://azure.test/devstoreaccount1)"
+    );
+    assert_eq!(store().records_prefix(), "p/.runlock/locks/");
+}
+
+#[tokio::test]
+async fn a_refused_endpoint_is_unavailable_within_the_operation_timeout() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a port")
+        .port();
+    let options = AzureOptions {
+        connection_string: Some(
+            format!(
+                "AccountName=devstoreaccount1;AccountKey={KEY};\
+                 BlobEndpoint=http://127.0.0.1:{port}/devstoreaccount1"
+            )
+            .into(),
+        ),
+        ..AzureOptions::default()
+    };
+    let store = AzureStore::open_with("azure://locks", &options, no_env).expect("opens");
+    let started = std::time::Instant::now();
+    let err = store.probe().await.expect_err("nothing listens");
+    assert!(started.elapsed() <= TIMEOUTS.operation + Duration::from_secs(1));
+    match err {
+        CasError::Unavailable(text) => {
+            assert!(
+                text.starts_with(&format!(
+                    "cannot reach Azure Blob at http://127.0.0.1:{port}/"
+                )),
+                "{text}"
+            );
+            assert!(!text.contains(KEY), "{text}");
+        }
+        other => panic!("expected unavailable, got {other:?}"),
+    }
+}

@@ -1,0 +1,284 @@
+//! The Google Cloud Storage adapter of the compare-and-swap trait, over the
+//! JSON API: multipart uploads with `ifGenerationMatch=0` (create) or
+//! `ifGenerationMatch=<generation>` (replace), and one `alt=media` read whose
+//! `x-goog-generation`, `Last-Modified` and `Date` headers carry the version
+//! and the store's clock.
+//!
+//! `gs://bucket/prefix` keeps lock records under `prefix/.runlock/locks/`, as
+//! s3:// does. Credentials: `[gcs] credentials_file`, else Application Default
+//! Credentials (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's user credentials,
+//! the metadata server, the gcloud CLI). `STORAGE_EMULATOR_HOST` points it at
+//! an emulator, spoken to without credentials. No message built here carries
+//! a secret: answers are named by status and reason, credential problems by
+//! fixed texts.
+//!
+//! Why not a GCS client crate: the lease engine needs the answer's `Date`
+//! header (the store's clock) and preconditions on multipart uploads (the only
+//! ones the emulator enforces), and the JSON API it needs is three requests.
+
+mod errors;
+mod settings;
+#[cfg(test)]
+mod tests;
+mod transport;
+
+pub use settings::EMULATOR_ENV;
+
+use super::{CasError, CasStore, Read, Stored};
+use crate::backend::{redact_uri, GcsOptions};
+use async_trait::async_trait;
+use bytes::Bytes;
+use errors::{Failure, Handled};
+use hyper::header::{DATE, LAST_MODIFIED};
+use hyper::Request;
+use settings::{emulator_url, parse_uri, Credentials, GOOGLE_API};
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio::sync::OnceCell;
+use transport::{encode, generation_of, header_time, http_client, HttpClient};
+
+/// GCS sustains about one write per second to one object name.
+const MIN_WRITE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// A GCS bucket as a compare-and-swap store.
+pub struct GcsStore {
+    http: HttpClient,
+    /// `https://storage.googleapis.com` or the emulator's URL, without a trailing `/`.
+    api: String,
+    credentials: Credentials,
+    bucket: String,
+    /// The object name prefix for records: `prefix/.runlock/locks/`.
+    records: String,
+    /// The URI, and the emulator if any.
+    description: String,
+    /// Where the bucket is, for messages.
+    location: String,
+}
+
+impl GcsStore {
+    /// Opens `gs://bucket/prefix`: an emulator if `STORAGE_EMULATOR_HOST` is
+    /// set, else GCS with `options`' credentials or Application Default
+    /// Credentials. Makes no request; see [`GcsStore::probe`].
+    pub fn open(uri: &str, options: &GcsOptions) -> anyhow::Result<GcsStore> {
+        let emulator = std::env::var(EMULATOR_ENV)
+            .ok()
+            .filter(|host| !host.trim().is_empty());
+        let credentials_env = std::env::var_os("GOOGLE_APPLICATION_CREDENTIALS")
+            .filter(|path| !path.is_empty())
+            .map(PathBuf::from);
+        GcsStore::with(uri, options, emulator.as_deref(), credentials_env)
+    }
+
+    /// [`GcsStore::open`] on the emulator at `endpoint`, whatever the environment says.
+    pub(crate) fn on_emulator(uri: &str, endpoint: &str) -> anyhow::Result<GcsStore> {
+        GcsStore::with(uri, &GcsOptions::default(), Some(endpoint), None)
+    }
+
+    /// [`GcsStore::open`] with the environment passed in.
+    fn with(
+        uri: &str,
+        options: &GcsOptions,
+        emulator: Option<&str>,
+        credentials_env: Option<PathBuf>,
+    ) -> anyhow::Result<GcsStore> {
+        let (bucket, prefix) = parse_uri(uri)?;
+        let (api, credentials) = match emulator {
+            Some(host) => (emulator_url(host)?, Credentials::Emulator),
+            None => {
+                let credentials = match (&options.credentials_file, credentials_env) {
+                    (Some(path), _) => Credentials::KeyFile {
+                        path: path.clone(),
+                        setting: "[gcs] credentials_file",
+                        account: OnceCell::new(),
+                    },
+                    (None, Some(path)) => Credentials::KeyFile {
+                        path,
+                        setting: "GOOGLE_APPLICATION_CREDENTIALS",
+                        account: OnceCell::new(),
+                    },
+                    (None, None) => Credentials::Default(OnceCell::new()),
+                };
+                (GOOGLE_API.to_string(), credentials)
+            }
+        };
+        let records = super::records_under(&prefix);
+        let plain = super::object_uri("gs", &bucket, &prefix);
+        let (description, location) = match emulator {
+            Some(_) => {
+                let shown = redact_uri(&api);
+                (format!("{plain} (emulator {shown})"), shown)
+            }
+            None => (plain, "Google Cloud Storage".to_string()),
+        };
+        Ok(GcsStore {
+            http: http_client(api.starts_with("http://"))?,
+            api,
+            credentials,
+            bucket,
+            records,
+            description,
+            location,
+        })
+    }
+
+    fn object(&self, name: &str) -> String {
+        format!("gs://{}/{name}", self.bucket)
+    }
+
+    /// A multipart upload of `body` as object `name`, only if its generation is
+    /// `generation` (0: only if it does not exist).
+    async fn upload(
+        &self,
+        name: &str,
+        body: Vec<u8>,
+        generation: &str,
+    ) -> Result<String, CasError> {
+        let url = format!(
+            "{}/upload/storage/v1/b/{}/o?uploadType=multipart&ifGenerationMatch={}&fields=generation",
+            self.api,
+            encode(&self.bucket),
+            encode(generation)
+        );
+        let boundary = format!("runlock-{}", uuid::Uuid::new_v4().simple());
+        let metadata = serde_json::json!({ "name": name, "contentType": "application/json" });
+        let mut multipart = format!(
+            "--{boundary}\r\nContent-Type: application/json; charset=UTF-8\r\n\r\n{metadata}\r\n\
+             --{boundary}\r\nContent-Type: application/json\r\n\r\n"
+        )
+        .into_bytes();
+        multipart.extend_from_slice(&body);
+        multipart.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
+        let what = self.object(name);
+        let content_type = format!("multipart/related; boundary={boundary}");
+        let answer = self
+            .exchange(
+                &what,
+                || Request::post(url.as_str()),
+                Bytes::from(multipart),
+                Some(&content_type),
+            )
+            .await?;
+        match self
+            .sort(&answer, &what)
+            .map(Failure::expected)
+            .transpose()?
+        {
+            None => generation_of(&answer.body).ok_or_else(|| {
+                CasError::Unavailable(format!(
+                    "GCS at {} answered a write of {what} without a generation",
+                    self.location
+                ))
+            }),
+            Some(Handled::PreconditionFailed) => Err(CasError::Conflict),
+            // An upload creates the object, so only the bucket can be missing.
+            Some(Handled::NotFound) => Err(self.no_such_bucket()),
+        }
+    }
+}
+
+#[async_trait]
+impl CasStore for GcsStore {
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+
+    /// The object name prefix the lock records live under (for [`super::CasEngine::new`]).
+    fn records_prefix(&self) -> &str {
+        &self.records
+    }
+
+    /// Checks that the bucket answers and lets us list the records' prefix;
+    /// the error names the cause.
+    async fn probe(&self) -> Result<(), CasError> {
+        let url = format!(
+            "{}/storage/v1/b/{}/o?maxResults=1&fields=kind&prefix={}",
+            self.api,
+            encode(&self.bucket),
+            encode(&self.records)
+        );
+        let what = format!("bucket {}", self.bucket);
+        let answer = self
+            .exchange(&what, || Request::get(url.as_str()), Bytes::new(), None)
+            .await?;
+        match self
+            .sort(&answer, &what)
+            .map(Failure::expected)
+            .transpose()?
+        {
+            None => Ok(()),
+            // Listing a missing bucket is a bare 404.
+            Some(Handled::NotFound) => Err(self.no_such_bucket()),
+            Some(Handled::PreconditionFailed) => Err(CasError::Unavailable(format!(
+                "GCS at {} answered a listing of {what} with 412",
+                self.location
+            ))),
+        }
+    }
+
+    fn min_write_interval(&self) -> Duration {
+        MIN_WRITE_INTERVAL
+    }
+
+    async fn get(&self, name: &str) -> Result<Read, CasError> {
+        let url = format!(
+            "{}/storage/v1/b/{}/o/{}?alt=media",
+            self.api,
+            encode(&self.bucket),
+            encode(name)
+        );
+        let what = self.object(name);
+        let answer = self
+            .exchange(&what, || Request::get(url.as_str()), Bytes::new(), None)
+            .await?;
+        let date = header_time(&answer.headers, DATE);
+        match self
+            .sort(&answer, &what)
+            .map(Failure::expected)
+            .transpose()?
+        {
+            None => {}
+            Some(Handled::NotFound) => return Ok(Read { object: None, date }),
+            Some(Handled::PreconditionFailed) => {
+                return Err(CasError::Unavailable(format!(
+                    "GCS at {} answered a plain read of {what} with 412",
+                    self.location
+                )))
+            }
+        }
+        // One request: the generation comes with the body, so the two always match.
+        let version = answer
+            .headers
+            .get("x-goog-generation")
+            .and_then(|value| value.to_str().ok())
+            .filter(|text| !text.is_empty())
+            .map(str::to_string)
+            .ok_or_else(|| {
+                CasError::Unavailable(format!(
+                    "GCS at {} returned {what} without x-goog-generation",
+                    self.location
+                ))
+            })?;
+        Ok(Read {
+            object: Some(Stored {
+                body: answer.body.to_vec(),
+                version,
+                // Without it the engine falls back to watching the record unchanged.
+                last_modified: header_time(&answer.headers, LAST_MODIFIED),
+            }),
+            date,
+        })
+    }
+
+    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
+        self.upload(name, body, "0").await
+    }
+
+    async fn put_if_match(
+        &self,
+        name: &str,
+        body: Vec<u8>,
+        version: &str,
+    ) -> Result<String, CasError> {
+        self.upload(name, body, version).await
+    }
+}

@@ -1,0 +1,271 @@
+//! The GCS adapter's own tests that need no emulator: URIs, answers and
+//! credentials. Those against fake-gcs-server are in tests/backends/gcs.rs.
+
+use super::settings::{emulator_url, parse_uri};
+use super::transport::{encode, generation_of, Answer};
+use super::*;
+use bytes::Bytes;
+use hyper::header::HeaderMap;
+use hyper::StatusCode;
+use std::io::Write as _;
+
+/// Would-be secrets planted in answers and key files: no message may carry them.
+const SECRET: &str = "s3cr3t-ya29-token";
+
+#[test]
+fn uris_name_a_bucket_and_an_optional_prefix() {
+    let parse = |u: &str| parse_uri(u).expect("valid");
+    assert_eq!(parse("gs://b"), ("b".into(), "".into()));
+    assert_eq!(parse("gs://b/"), ("b".into(), "".into()));
+    assert_eq!(
+        parse("gs://b/meltano/state/"),
+        ("b".into(), "meltano/state".into())
+    );
+    assert!(parse_uri("gs://").is_err());
+    assert!(parse_uri("gs:///x").is_err());
+    assert!(parse_uri("s3://b").is_err());
+    let err = parse_uri(&format!("gs://user:{SECRET}@b/x")).expect_err("refused");
+    assert!(!err.to_string().contains(SECRET), "{err}");
+}
+
+#[test]
+fn the_emulator_host_may_be_written_with_or_without_a_scheme() {
+    assert_eq!(
+        emulator_url("127.0.0.1:4443").expect("host:port"),
+        "http://127.0.0.1:4443"
+    );
+    assert_eq!(
+        emulator_url("http://localhost:9023/").expect("url"),
+        "http://localhost:9023"
+    );
+    assert!(emulator_url("ftp://h:1").is_err());
+    let err = emulator_url(&format!("http://u:{SECRET}@[bad")).expect_err("bad");
+    assert!(!err.to_string().contains(SECRET), "{err}");
+}
+
+#[test]
+fn object_names_are_one_escaped_path_segment() {
+    assert_eq!(
+        encode("p/.runlock/locks/dev%3Aa.json"),
+        "p%2F.runlock%2Flocks%2Fdev%253Aa.json"
+    );
+}
+
+fn store_with(credentials: Credentials) -> GcsStore {
+    let mut store =
+        GcsStore::with("gs://my-bucket/p", &GcsOptions::default(), None, None).expect("opens");
+    store.credentials = credentials;
+    store
+}
+
+fn key_file(path: &std::path::Path) -> Credentials {
+    Credentials::KeyFile {
+        path: path.to_path_buf(),
+        setting: "GOOGLE_APPLICATION_CREDENTIALS",
+        account: OnceCell::new(),
+    }
+}
+
+/// The store's reading of an answer `status` whose JSON error has `message`
+/// and `reason`, both carrying a would-be secret.
+fn answer(status: u16, message: &str, reason: &str) -> Option<Failure> {
+    let body = serde_json::json!({"error": {"code": status, "message": message,
+        "errors": [{"reason": reason, "message": format!("{message} {SECRET}")}]}});
+    let answer = Answer {
+        status: StatusCode::from_u16(status).expect("a status"),
+        headers: HeaderMap::new(),
+        body: Bytes::from(body.to_string()),
+    };
+    store_with(Credentials::Default(OnceCell::new()))
+        .sort(&answer, "gs://my-bucket/p/.runlock/locks/k.json")
+}
+
+fn message(failure: Option<Failure>) -> (bool, String) {
+    match failure {
+        Some(Failure::Refused(m)) => (true, m),
+        Some(Failure::Transient(m)) => (false, m),
+        other => panic!("not an error with a message: {other:?}"),
+    }
+}
+
+#[test]
+fn answers_are_sorted_by_status_and_reason_without_echoing_them() {
+    assert_eq!(answer(200, "", ""), None);
+    assert_eq!(
+        answer(412, "Precondition failed", "conditionNotMet"),
+        Some(Failure::Expected(Handled::PreconditionFailed))
+    );
+    // A bucket named like this one must not make a missing object a missing bucket.
+    assert_eq!(
+        answer(404, "No such object: my-bucket/p/k.json", "notFound"),
+        Some(Failure::Expected(Handled::NotFound))
+    );
+    let (refused, text) = message(answer(
+        404,
+        "The specified bucket does not exist.",
+        "notFound",
+    ));
+    assert!(refused);
+    assert_eq!(
+        text,
+        "bucket my-bucket does not exist at Google Cloud Storage"
+    );
+    for status in [401, 403] {
+        let (refused, text) = message(answer(status, SECRET, "forbidden"));
+        assert!(refused, "{status}");
+        assert!(
+            text.starts_with(&format!(
+                "access denied to bucket my-bucket at Google Cloud Storage ({status} forbidden)"
+            )),
+            "{text}"
+        );
+        assert!(text.contains("GOOGLE_APPLICATION_CREDENTIALS"), "{text}");
+        assert!(text.contains("gs://my-bucket/p/.runlock/locks/*"), "{text}");
+    }
+    for status in [429, 500, 503] {
+        let (refused, _) = message(answer(status, SECRET, "backendError"));
+        assert!(!refused, "{status} is worth retrying");
+    }
+    let (refused, text) = message(answer(400, SECRET, "invalid"));
+    assert!(refused);
+    assert!(text.ends_with(": 400 invalid"), "{text}");
+    // A reason that is not plain words is dropped, not echoed.
+    let (_, text) = message(answer(400, SECRET, &format!("bad {SECRET}!")));
+    assert!(text.ends_with(": 400"), "{text}");
+    for status in [400, 401, 403, 404, 409, 429, 500] {
+        if let Some(Failure::Refused(err) | Failure::Transient(err)) =
+            answer(status, SECRET, SECRET)
+        {
+            assert!(!err.contains(SECRET), "{status}: {err}");
+        }
+    }
+}
+
+#[test]
+fn a_write_answer_gives_its_generation() {
+    assert_eq!(
+        generation_of(br#"{"generation":"1796032005656719"}"#).as_deref(),
+        Some("1796032005656719")
+    );
+    assert_eq!(
+        generation_of(br#"{"generation":17}"#).as_deref(),
+        Some("17")
+    );
+    assert_eq!(generation_of(br#"{"name":"x"}"#), None);
+    assert_eq!(generation_of(b"not json"), None);
+}
+
+/// A credentials problem, as a read reports it (no request reaches GCS:
+/// the token comes first).
+async fn credentials_failure(credentials: Credentials) -> CasError {
+    let store = store_with(credentials);
+    store
+        .get("p/.runlock/locks/k.json")
+        .await
+        .expect_err("no usable credentials")
+}
+
+#[tokio::test]
+async fn unusable_key_files_are_named_without_their_contents() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let missing = dir.path().join("missing.json");
+    let err = credentials_failure(key_file(&missing)).await;
+    let CasError::Refused(text) = err else {
+        panic!("{err:?}")
+    };
+    assert!(text.contains(&missing.display().to_string()), "{text}");
+    assert!(text.contains("GOOGLE_APPLICATION_CREDENTIALS"), "{text}");
+    assert!(text.contains("cannot read it"), "{text}");
+
+    let cases = [
+        format!("{{\"private_key\": \"{SECRET}\", oops"),
+        format!("{{\"type\": \"service_account\", \"private_key\": {{\"k\": \"{SECRET}\"}}}}"),
+        format!("{{\"private_key\": 17, \"client_email\": \"{SECRET}\"}}"),
+        format!(
+            "{{\"type\": \"service_account\", \"private_key\": \"-----BEGIN PRIVATE KEY-----\\n\
+             {SECRET}\\n-----END PRIVATE KEY-----\\n\", \"client_email\": \"a@b\", \
+             \"token_uri\": \"http://127.0.0.1:9/token\"}}"
+        ),
+    ];
+    for (i, contents) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("key-{i}.json"));
+        std::fs::write(&path, contents).expect("write");
+        let err = credentials_failure(key_file(&path)).await;
+        let CasError::Refused(text) = &err else {
+            panic!("{i}: {err:?}")
+        };
+        assert!(text.contains(&path.display().to_string()), "{i}: {text}");
+        assert!(!text.contains(SECRET), "{i}: {text}");
+    }
+}
+
+/// A service-account key file with a real RSA key (made by openssl), whose
+/// token service is `token_uri`.
+fn real_key_file(dir: &std::path::Path, token_uri: &str) -> (PathBuf, String) {
+    let pem = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+        ])
+        .output()
+        .expect("openssl runs");
+    assert!(pem.status.success(), "openssl genpkey failed");
+    let pem = String::from_utf8(pem.stdout).expect("PEM is text");
+    let key = serde_json::json!({"type": "service_account", "project_id": "p",
+        "private_key": pem, "client_email": "runlock@p.iam.gserviceaccount.com",
+        "token_uri": token_uri});
+    let path = dir.join("real-key.json");
+    let mut file = std::fs::File::create(&path).expect("create");
+    file.write_all(key.to_string().as_bytes()).expect("write");
+    let secret = pem.lines().nth(5).expect("a key line").to_string();
+    (path, secret)
+}
+
+#[tokio::test]
+async fn a_token_service_that_refuses_the_key_or_cannot_be_reached_is_named() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A local token service that refuses every key, as Google does a deleted one.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((mut peer, _)) = listener.accept().await {
+            let mut request = vec![0; 64 * 1024];
+            let _ = peer.read(&mut request).await;
+            let body = r#"{"error":"invalid_grant","error_description":"Invalid JWT Signature."}"#;
+            let reply = format!(
+                "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\n\
+                 content-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = peer.write_all(reply.as_bytes()).await;
+        }
+    });
+    let (path, secret) = real_key_file(dir.path(), &format!("http://127.0.0.1:{port}/token"));
+    let err = credentials_failure(key_file(&path)).await;
+    let CasError::Refused(text) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(text.contains("token service refused"), "{text}");
+    assert!(text.contains(&path.display().to_string()), "{text}");
+    assert!(!text.contains(&secret), "{text}");
+
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = closed.local_addr().expect("addr").port();
+    drop(closed);
+    let (path, secret) = real_key_file(dir.path(), &format!("http://127.0.0.1:{port}/token"));
+    let err = credentials_failure(key_file(&path)).await;
+    let CasError::Unavailable(text) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(
+        text.contains("cannot reach Google's token service"),
+        "{text}"
+    );
+    assert!(!text.contains(&secret), "{text}");
+}

@@ -1,0 +1,286 @@
+//! The S3 adapter of the compare-and-swap trait: `If-None-Match: *` and
+//! `If-Match: <etag>` on PutObject, the record's ETag and `Last-Modified`, and
+//! the response's `Date` as the store's clock.
+//!
+//! `s3://bucket/prefix` keeps lock records under `prefix/.runlock/locks/`,
+//! apart from Meltano's `prefix/<state_id>/state.json` and `lock` files.
+//! Credentials and region come from the SDK's default chain (region
+//! `us-east-1` when none is configured); `AWS_ENDPOINT_URL` or
+//! `AWS_ENDPOINT_URL_S3` points it at an S3-compatible store, addressed
+//! path-style. No message built here carries a secret: service errors are
+//! named by their code, and access errors by a fixed text.
+
+mod errors;
+mod settings;
+#[cfg(test)]
+mod tests;
+mod transport;
+
+use super::{CasError, CasStore, Read, Stored};
+use crate::backend::retry::{RetryBudget, TIMEOUTS};
+use crate::backend::{redact_uri, S3Options};
+use async_trait::async_trait;
+use aws_config::BehaviorVersion;
+use aws_sdk_s3::config::retry::RetryConfig;
+use aws_sdk_s3::config::timeout::TimeoutConfig;
+use aws_sdk_s3::config::{Region, RequestChecksumCalculation, ResponseChecksumValidation};
+use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::Client;
+use aws_types::service_config::ServiceConfigKey;
+use errors::Handled;
+use settings::parse_uri;
+use std::time::{Duration, SystemTime};
+use transport::CaptureDate;
+
+/// How often a write that met `409 ConditionalRequestConflict` is sent, and
+/// how long it waits in between.
+const CONFLICT_RETRY: RetryBudget = RetryBudget {
+    attempts: 3,
+    first_pause: Duration::from_millis(20),
+    longest_pause: Duration::from_millis(40),
+};
+
+/// An S3 bucket (or an S3-compatible store) as a compare-and-swap store.
+pub struct S3Store {
+    client: Client,
+    bucket: String,
+    /// The object key prefix for records: `prefix/.runlock/locks/`.
+    records: String,
+    /// The URI without secrets, and the custom endpoint if any.
+    description: String,
+    /// Where the bucket is, for messages: the endpoint, or the AWS region.
+    location: String,
+}
+
+impl S3Store {
+    /// Opens `s3://bucket/prefix` with `options` over the SDK's default
+    /// configuration chain. Makes no request; see [`S3Store::probe`].
+    pub async fn open(uri: &str, options: &S3Options) -> anyhow::Result<S3Store> {
+        let (bucket, prefix) = parse_uri(uri)?;
+        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+        if let Some(profile) = &options.profile {
+            loader = loader.profile_name(profile);
+        }
+        if let Some(region) = &options.region {
+            loader = loader.region(Region::new(region.clone()));
+        }
+        match (&options.access_key_id, &options.secret_access_key) {
+            (Some(id), Some(secret)) => {
+                loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
+                    id,
+                    secret.expose(),
+                    None,
+                    None,
+                    "runlockd configuration",
+                ));
+            }
+            (None, None) => {}
+            _ => anyhow::bail!("[s3] access_key_id and secret_access_key must be given together"),
+        }
+        let shared = loader.load().await;
+        // The same lookup the S3 client makes: AWS_ENDPOINT_URL_S3 (or the profile's
+        // s3 endpoint_url), else AWS_ENDPOINT_URL (or the profile's endpoint_url).
+        let endpoint = shared
+            .service_config()
+            .and_then(|config| {
+                config.load_config(
+                    ServiceConfigKey::builder()
+                        .service_id("S3")
+                        .env("AWS_ENDPOINT_URL")
+                        .profile("endpoint_url")
+                        .build()
+                        .ok()?,
+                )
+            })
+            .or_else(|| shared.endpoint_url().map(str::to_string));
+        let endpoint = options
+            .endpoint_url
+            .clone()
+            .or(endpoint)
+            .filter(|url| !url.is_empty());
+        let region = shared
+            .region()
+            .cloned()
+            .unwrap_or_else(|| Region::new("us-east-1"));
+        let mut config = aws_sdk_s3::config::Builder::from(&shared)
+            .region(region.clone())
+            .timeout_config(
+                TimeoutConfig::builder()
+                    .connect_timeout(TIMEOUTS.connect)
+                    .operation_attempt_timeout(TIMEOUTS.attempt)
+                    .operation_timeout(TIMEOUTS.operation)
+                    .build(),
+            )
+            .retry_config(
+                RetryConfig::standard()
+                    .with_max_attempts(super::HTTP_RETRY.attempts)
+                    .with_initial_backoff(super::HTTP_RETRY.first_pause)
+                    .with_max_backoff(super::HTTP_RETRY.longest_pause),
+            );
+        if let Some(url) = &endpoint {
+            // Emulators and S3-compatible stores: path-style addressing, and no
+            // checksums beyond what the API requires (not every store knows them).
+            config = config
+                .endpoint_url(url.clone())
+                .force_path_style(true)
+                .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
+                .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
+        }
+        let client = Client::from_conf(config.build());
+        let records = super::records_under(&prefix);
+        let plain = super::object_uri("s3", &bucket, &prefix);
+        let (description, location) = match &endpoint {
+            Some(url) => {
+                let url = redact_uri(url);
+                (format!("{plain} (endpoint {url})"), url)
+            }
+            None => (plain, format!("AWS region {region}")),
+        };
+        Ok(S3Store {
+            client,
+            bucket,
+            records,
+            description,
+            location,
+        })
+    }
+
+    async fn put(
+        &self,
+        name: &str,
+        body: Vec<u8>,
+        version: Option<&str>,
+    ) -> Result<String, CasError> {
+        let key = name;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let request = self
+                .client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(key)
+                .content_type("application/json")
+                .body(ByteStream::from(body.clone()));
+            let request = match version {
+                None => request.if_none_match("*"),
+                Some(etag) => request.if_match(etag),
+            };
+            let failure = match request.send().await {
+                Ok(output) => {
+                    return output.e_tag().map(str::to_string).ok_or_else(|| {
+                        CasError::Unavailable(format!(
+                            "S3 at {} answered a write of {key} without an ETag",
+                            self.location
+                        ))
+                    })
+                }
+                Err(err) => self.failure(err, key),
+            };
+            match failure.expected()? {
+                // If-Match on a missing object: someone removed it; the engine re-reads.
+                Handled::PreconditionFailed | Handled::NoSuchKey => return Err(CasError::Conflict),
+                Handled::Busy if CONFLICT_RETRY.allows_another(attempt) => {
+                    CONFLICT_RETRY.wait(attempt).await;
+                }
+                Handled::Busy => return Err(CasError::Conflict),
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl CasStore for S3Store {
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+
+    /// The object key prefix the lock records live under (for [`super::CasEngine::new`]);
+    /// the store itself takes whole object keys.
+    fn records_prefix(&self) -> &str {
+        &self.records
+    }
+
+    /// Checks that the bucket answers (HeadBucket); the error names the cause.
+    async fn probe(&self) -> Result<(), CasError> {
+        let sent = self.client.head_bucket().bucket(&self.bucket).send().await;
+        match sent {
+            Ok(_) => Ok(()),
+            Err(err) => Err(match self.failure(err, "").expected()? {
+                // HeadBucket has no body, so a missing bucket is a bare 404.
+                Handled::NoSuchKey => self.no_such_bucket(),
+                Handled::PreconditionFailed | Handled::Busy => {
+                    CasError::Unavailable(format!("{}: unexpected answer", self.description))
+                }
+            }),
+        }
+    }
+
+    async fn get(&self, name: &str) -> Result<Read, CasError> {
+        let key = name;
+        let date = CaptureDate::default();
+        let sent = self
+            .client
+            .get_object()
+            .bucket(&self.bucket)
+            .key(key)
+            .customize()
+            .interceptor(date.clone())
+            .send()
+            .await;
+        let output = match sent {
+            Ok(output) => output,
+            Err(err) => {
+                return match self.failure(err, key).expected()? {
+                    Handled::NoSuchKey => Ok(Read {
+                        object: None,
+                        date: date.take(),
+                    }),
+                    Handled::PreconditionFailed | Handled::Busy => {
+                        Err(CasError::Unavailable(format!(
+                            "S3 at {} answered a plain read of {key} with a conflict",
+                            self.location
+                        )))
+                    }
+                }
+            }
+        };
+        let version = output.e_tag().map(str::to_string).ok_or_else(|| {
+            CasError::Unavailable(format!(
+                "S3 at {} returned {key} without an ETag",
+                self.location
+            ))
+        })?;
+        let last_modified = output
+            .last_modified()
+            .and_then(|t| SystemTime::try_from(*t).ok());
+        let body = output.body.collect().await.map_err(|e| {
+            CasError::Unavailable(format!(
+                "reading {key} from S3 at {}: {}",
+                self.location,
+                super::root_cause(&e)
+            ))
+        })?;
+        Ok(Read {
+            object: Some(Stored {
+                body: body.into_bytes().to_vec(),
+                version,
+                last_modified,
+            }),
+            date: date.take(),
+        })
+    }
+
+    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
+        self.put(name, body, None).await
+    }
+
+    async fn put_if_match(
+        &self,
+        name: &str,
+        body: Vec<u8>,
+        version: &str,
+    ) -> Result<String, CasError> {
+        self.put(name, body, Some(version)).await
+    }
+}

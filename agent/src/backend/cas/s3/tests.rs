@@ -1,0 +1,119 @@
+//! The S3 adapter's own tests: URIs and the reading of answers.
+
+use super::errors::{Failure, Handled};
+use super::settings::parse_uri;
+use super::*;
+use aws_sdk_s3::config::http::HttpResponse;
+use aws_sdk_s3::error::SdkError;
+use aws_sdk_s3::error::{ConnectorError, ErrorMetadata};
+use aws_sdk_s3::operation::put_object::PutObjectError;
+use aws_sdk_s3::primitives::SdkBody;
+
+#[test]
+fn uris_name_a_bucket_and_an_optional_prefix() {
+    let parse = |u: &str| parse_uri(u).expect("valid");
+    assert_eq!(parse("s3://b"), ("b".into(), "".into()));
+    assert_eq!(parse("s3://b/"), ("b".into(), "".into()));
+    assert_eq!(
+        parse("s3://b/meltano/state/"),
+        ("b".into(), "meltano/state".into())
+    );
+    assert!(parse_uri("s3://").is_err());
+    assert!(parse_uri("s3:///x").is_err());
+    let err = parse_uri("s3://KEY:SECRET@b/x").expect_err("refused");
+    assert!(!err.to_string().contains("SECRET"), "{err}");
+}
+
+fn store() -> S3Store {
+    let config = aws_sdk_s3::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .build();
+    S3Store {
+        client: Client::from_conf(config),
+        bucket: "locks".into(),
+        records: format!("p/{}", crate::backend::cas::RECORDS),
+        description: "s3://locks/p (endpoint http://s3.test)".into(),
+        location: "http://s3.test".into(),
+    }
+}
+
+/// The store's reading of an answer `status` with error `code`; the error's
+/// message carries a would-be secret.
+fn answer(status: u16, code: &str) -> Failure {
+    let meta = ErrorMetadata::builder()
+        .code(code)
+        .message("AKIASECRETKEY signature 0123abcd")
+        .build();
+    let raw = HttpResponse::new(status.try_into().expect("a status"), SdkBody::empty());
+    store().failure(
+        SdkError::service_error(PutObjectError::generic(meta), raw),
+        "p/.runlock/locks/k.json",
+    )
+}
+
+fn message(failure: Failure) -> (bool, String) {
+    match failure {
+        Failure::Refused(m) => (true, m),
+        Failure::Transient(m) => (false, m),
+        _ => panic!("not an error with a message"),
+    }
+}
+
+#[test]
+fn answers_are_sorted_by_status_and_code() {
+    assert_eq!(
+        answer(412, "PreconditionFailed"),
+        Failure::Expected(Handled::PreconditionFailed)
+    );
+    assert_eq!(
+        answer(409, "ConditionalRequestConflict"),
+        Failure::Expected(Handled::Busy)
+    );
+    assert_eq!(
+        answer(404, "NoSuchKey"),
+        Failure::Expected(Handled::NoSuchKey)
+    );
+    let (refused, text) = message(answer(404, "NoSuchBucket"));
+    assert!(refused);
+    assert_eq!(text, "bucket locks does not exist at http://s3.test");
+    for code in [
+        "AccessDenied",
+        "InvalidAccessKeyId",
+        "SignatureDoesNotMatch",
+        "",
+    ] {
+        let (refused, text) = message(answer(403, code));
+        assert!(refused, "{code}");
+        assert!(text.starts_with("access denied to bucket locks"), "{text}");
+        assert!(text.contains("check the credentials"), "{text}");
+        assert!(
+            !text.contains("AKIA") && !text.contains("0123abcd"),
+            "{text}"
+        );
+    }
+    let (refused, text) = message(answer(503, "SlowDown"));
+    assert!(!refused, "{text}");
+    assert!(!text.contains("AKIA"), "{text}");
+    let (refused, text) = message(answer(400, "InvalidRequest"));
+    assert!(refused && !text.contains("AKIA"), "{text}");
+    assert!(message(answer(501, "NotImplemented"))
+        .1
+        .contains("conditional writes"));
+}
+
+#[test]
+fn transport_failures_are_unavailable_and_name_the_endpoint() {
+    let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+    let err: SdkError<PutObjectError, HttpResponse> =
+        SdkError::dispatch_failure(ConnectorError::io(refused.into()));
+    let (refused, text) = message(store().failure(err, "k"));
+    assert!(!refused);
+    assert!(
+        text.starts_with("cannot reach S3 at http://s3.test: "),
+        "{text}"
+    );
+    let err: SdkError<PutObjectError, HttpResponse> = SdkError::timeout_error("slow");
+    let (refused, text) = message(store().failure(err, "k"));
+    assert!(!refused && text.contains("did not answer"), "{text}");
+}

@@ -1,0 +1,130 @@
+//! The etcd backend's own tests that need no etcd: URIs, credentials,
+//! records, and an unreachable cluster. Those against a real etcd are in
+//! tests/backends/etcd.rs.
+
+use super::settings::{credentials, parse_uri};
+use super::*;
+use crate::backend::fixtures::spec;
+use crate::backend::EtcdOptions;
+
+const TTL: Duration = Duration::from_secs(10);
+
+#[test]
+fn uris_name_hosts_prefix_user_and_watch() {
+    let target = parse_uri("etcd://h1:2380,h2/team/locks/").expect("valid");
+    assert_eq!(target.hosts, ["h1:2380", "h2:2379"]);
+    assert_eq!(target.prefix, "team/locks/");
+    assert_eq!((target.user, target.watch), (None, true));
+
+    let target = parse_uri("etcd://ops:p%40ss%3Aword@[::1]?watch=false").expect("valid");
+    assert_eq!(target.hosts, ["[::1]:2379"]);
+    assert_eq!(target.prefix, "runlock/");
+    assert_eq!(
+        target.user,
+        Some(("ops".to_string(), Some("p@ss:word".into())))
+    );
+    assert!(!target.watch);
+
+    assert!(parse_uri("etcd://h/p?tls=true").expect("valid").tls);
+    for bad in ["etcd://", "etcd://h:port/x", "etcd://h?tls=1", "s3://b"] {
+        assert!(parse_uri(bad).is_err(), "{bad} was accepted");
+    }
+    let Err(err) = parse_uri("etcd://u:secret@h:x/p") else {
+        panic!("a bad port was accepted");
+    };
+    assert!(!err.to_string().contains("secret"), "{err}");
+    for password in ["pa/ss", "p?w", "p#w", "p:w", "p@w", "a/b?c#d:e@f"] {
+        let uri = format!("etcd://ops:{password}@h1,h2:2380/team?watch=false");
+        let target = parse_uri(&uri).expect("valid");
+        assert_eq!(target.hosts, ["h1:2379", "h2:2380"]);
+        assert_eq!((target.prefix.as_str(), target.watch), ("team/", false));
+        assert_eq!(
+            target.user,
+            Some(("ops".to_string(), Some((*password).into())))
+        );
+        let Err(err) = parse_uri(&format!("etcd://ops:{password}@h:x/p?tls=1")) else {
+            panic!("a bad port was accepted");
+        };
+        assert!(!err.to_string().contains(password), "{err}");
+    }
+}
+
+#[test]
+fn credentials_come_from_the_uri_before_the_file() {
+    let file = EtcdOptions {
+        user: Some("file-user".into()),
+        password: Some("file-pw".into()),
+        ..EtcdOptions::default()
+    };
+    let from_uri = Some(("uri-user".to_string(), Some("uri-pw".into())));
+    assert_eq!(
+        credentials(from_uri, &file).expect("both"),
+        Some(("uri-user".into(), "uri-pw".into()))
+    );
+    // A user in the URI may take the file's password.
+    let from_uri = Some(("uri-user".to_string(), None));
+    assert_eq!(
+        credentials(from_uri, &file).expect("both"),
+        Some(("uri-user".into(), "file-pw".into()))
+    );
+    assert_eq!(
+        credentials(None, &file).expect("file"),
+        Some(("file-user".into(), "file-pw".into()))
+    );
+    let shown = format!("{file:?}");
+    assert!(
+        !shown.contains("file-pw") && shown.contains("file-user"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn leases_last_ttl_and_grace_in_whole_seconds() {
+    assert_eq!(lease_seconds(Duration::from_secs(1)), 2); // 1 s + 0.5 s
+    assert_eq!(lease_seconds(Duration::from_secs(30)), 33);
+    assert_eq!(lease_seconds(Duration::from_millis(5500)), 7); // 5.5 + 0.55
+}
+
+#[test]
+fn a_record_keeps_the_holder_but_not_its_token() {
+    let spec = spec("dev:tap-a-to-target-b", "l1", false, TTL);
+    let record = EtcdRecord::new(&spec);
+    let body: serde_json::Value = serde_json::from_slice(&record.body()).expect("json");
+    assert_eq!(body["state"], "held");
+    assert_eq!(body["key"], "dev:tap-a-to-target-b");
+    assert_eq!(body["holder"]["host"], "host-of-l1");
+    assert!(body["holder"].get("token").is_none(), "{body}");
+    let holder = record.holder(42).expect("holder");
+    assert_eq!(
+        holder,
+        Holder {
+            token: 42,
+            ..spec.holder
+        }
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_etcd_is_named_within_the_bound() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port();
+    let backend = EtcdBackend::open(
+        &format!("etcd://127.0.0.1:{closed}/x"),
+        &EtcdOptions::default(),
+    )
+    .expect("opens");
+    let started = Instant::now();
+    let err = backend
+        .acquire(&spec("k", "l1", false, TTL))
+        .await
+        .expect_err("nothing listens");
+    assert!(started.elapsed() <= TIMEOUTS.operation + Duration::from_millis(500));
+    match err {
+        BackendError::Unavailable(why) => {
+            assert!(why.contains(&format!("127.0.0.1:{closed}")), "{why}")
+        }
+        other => panic!("{other:?}"),
+    }
+}

@@ -1,0 +1,204 @@
+//! The connection to etcd, made at first use and kept: each request bounded
+//! in time and retried while etcd cannot be reached, and the watch that
+//! reports released keys.
+
+use super::errors::{LeaseGone, Problem};
+use super::record::EtcdRecord;
+use crate::backend::retry::{RetryBudget, TIMEOUTS};
+use crate::backend::Secret;
+use etcd_client::{Client, ConnectOptions, EventType, TlsOptions, WatchFilterType, WatchOptions};
+use runlock_protocol::Key;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::broadcast;
+use tokio_util::sync::CancellationToken;
+
+/// Requests per operation when etcd cannot be reached (each within the
+/// operation's bound), and the pauses between them.
+const RETRY: RetryBudget = RetryBudget {
+    attempts: 3,
+    first_pause: Duration::from_millis(100),
+    longest_pause: Duration::from_millis(400),
+};
+/// The pauses between attempts to watch again after a failure.
+const REWATCH: RetryBudget = RetryBudget {
+    attempts: u32::MAX,
+    first_pause: Duration::from_millis(200),
+    longest_pause: Duration::from_millis(6400),
+};
+/// HTTP/2 pings find a dead connection (the watch's, above all); etcd refuses
+/// pings more often than every 5 s.
+const PING_INTERVAL: Duration = Duration::from_secs(10);
+const PING_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The client, made at first use (with authentication, making it is a request).
+pub(super) struct Connection {
+    pub(super) endpoints: Vec<String>,
+    pub(super) user: Option<(String, Secret)>,
+    pub(super) client: tokio::sync::Mutex<Option<Client>>,
+    /// `None` for plain HTTP.
+    pub(super) tls: Option<TlsOptions>,
+    /// `etcd at host:port,…`, for messages.
+    pub(super) place: String,
+    pub(super) prefix: String,
+}
+impl Connection {
+    pub(super) async fn client(&self) -> Result<Client, etcd_client::Error> {
+        let mut slot = self.client.lock().await;
+        if let Some(client) = slot.as_ref() {
+            return Ok(client.clone());
+        }
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(TIMEOUTS.connect)
+            .with_timeout(TIMEOUTS.attempt)
+            .with_keep_alive(PING_INTERVAL, PING_TIMEOUT);
+        if let Some(tls) = &self.tls {
+            options = options.with_tls(tls.clone());
+        }
+        if let Some((user, password)) = &self.user {
+            // Tokens expire (etcd's --auth-token-ttl): get a new one when refused.
+            options = options
+                .with_user(user.clone(), password.expose())
+                .with_auto_token_refresh(true);
+        }
+        let client = Client::connect(&self.endpoints, Some(options)).await?;
+        *slot = Some(client.clone());
+        Ok(client)
+    }
+
+    pub(super) fn who(&self) -> String {
+        match &self.user {
+            Some((user, _)) => format!("user {user:?}"),
+            None => "a client without a user".to_string(),
+        }
+    }
+
+    /// One request, attempted again (a bounded number of times) while etcd
+    /// cannot be reached. Every request here may be repeated safely: a write
+    /// whose answer was lost is recognised when it is read back.
+    pub(super) async fn call<T, F, Fut>(&self, mut request: F) -> Result<T, Problem>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let mut attempt = 0;
+        loop {
+            let answer = tokio::time::timeout(TIMEOUTS.attempt, async {
+                let client = self.client().await?;
+                request(client).await
+            })
+            .await;
+            let problem = match answer {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(err)) => self.classify(err),
+                Err(_) => {
+                    Problem::Transient(format!("no answer within {} s", TIMEOUTS.attempt.as_secs()))
+                }
+            };
+            attempt += 1;
+            match problem {
+                Problem::Transient(_) if RETRY.allows_another(attempt) => RETRY.wait(attempt).await,
+                problem => return Err(problem),
+            }
+        }
+    }
+
+    pub(super) async fn revoke(&self, id: i64) -> Result<(), Problem> {
+        match self
+            .call(|mut c| async move { c.lease_revoke(id).await })
+            .await
+        {
+            Ok(_) | Err(Problem::Expected(LeaseGone)) => Ok(()),
+            Err(problem) => Err(problem),
+        }
+    }
+}
+
+/// Reports every key deleted under the prefix (released, expired or forced
+/// out) until `stop`, reconnecting with backoff; after a gap it resumes from
+/// the revision it last saw, so no release is missed unless etcd compacted it.
+pub(super) async fn watch_releases(
+    connection: Arc<Connection>,
+    released: broadcast::Sender<Key>,
+    stop: CancellationToken,
+) {
+    let mut next_revision = 0;
+    let mut failures: u32 = 0;
+    loop {
+        let watched = tokio::select! {
+            _ = stop.cancelled() => return,
+            watched = watch_once(&connection, &released, &mut next_revision, &mut failures) =>
+                watched,
+        };
+        match watched {
+            Ok(()) => {}
+            Err(why) => {
+                if failures == 0 {
+                    tracing::warn!(
+                        backend = %connection.place,
+                        "watching for released keys failed ({why}); waiters poll until it is back"
+                    );
+                }
+                failures += 1;
+            }
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = REWATCH.wait(failures) => {}
+        }
+    }
+}
+
+async fn watch_once(
+    connection: &Connection,
+    released: &broadcast::Sender<Key>,
+    next_revision: &mut i64,
+    failures: &mut u32,
+) -> Result<(), String> {
+    let describe = |err: etcd_client::Error| match connection.classify(err) {
+        Problem::Transient(why) | Problem::Refused(why) => why,
+        Problem::Expected(LeaseGone) => "lease gone".to_string(),
+    };
+    let mut options = WatchOptions::new()
+        .with_prefix()
+        .with_prev_key()
+        .with_filters([WatchFilterType::NoPut]);
+    if *next_revision > 0 {
+        options = options.with_start_revision(*next_revision);
+    }
+    let prefix = connection.prefix.clone();
+    let mut stream = tokio::time::timeout(TIMEOUTS.attempt, async {
+        let mut client = connection.client().await?;
+        client.watch(prefix, Some(options)).await
+    })
+    .await
+    .map_err(|_| format!("no answer within {} s", TIMEOUTS.attempt.as_secs()))?
+    .map_err(describe)?;
+    while let Some(answer) = stream.message().await.map_err(describe)? {
+        if answer.canceled() {
+            if answer.compact_revision() > 0 {
+                *next_revision = 0; // what was missed is gone: watch from now
+            }
+            return Err(format!("etcd ended the watch: {}", answer.cancel_reason()));
+        }
+        // Watching again: the next failure is news worth a warning.
+        *failures = 0;
+        for event in answer.events() {
+            if event.event_type() != EventType::Delete {
+                continue;
+            }
+            if let Some(kv) = event.kv() {
+                *next_revision = kv.mod_revision() + 1;
+            }
+            let key = event
+                .prev_kv()
+                .and_then(|kv| serde_json::from_slice::<EtcdRecord>(kv.value()).ok())
+                .and_then(|record| Key::new(record.key).ok());
+            if let Some(key) = key {
+                let _ = released.send(key);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,665 @@
+//! `file://DIR`: two files per key. `KEY.run` is empty and exists only to
+//! be locked (`flock`, exclusive); the run holds that locked open file
+//! description itself (the agent hands it over, `Grant::lock`), as
+//! `flock(1)`'s children do, so the key is held exactly as long as the run's
+//! processes live, whether or not an agent does, and a kernel lock has no
+//! deadline to miss. The run's descriptor is read-only on the empty file: it
+//! can keep or drop the lock, nothing else. `KEY.lock` records the holder
+//! and the fencing token, and only agents open it, each write made while
+//! holding the key's lock.
+//!
+//! Force cannot break another process's kernel lock, so it renames a new,
+//! locked `KEY.run` over the old one; the old holder still locks the
+//! unlinked inode and learns of the loss at its next check, when the name no
+//! longer names its inode. `.force.lock` orders a force against every other
+//! record write (shared for those, exclusive for force), so no two grants
+//! read the same previous token.
+//!
+//! Making every token durable (`fdatasync`) would double the cost of an
+//! acquisition, so tokens are reserved in durable blocks: a record says up to
+//! which token it has promised (`reserved`) and on which boot it was written;
+//! within a block and a boot a token is written without a sync (the page
+//! cache survives an agent's crash), and after a reboot, when an unsynced
+//! write may have been lost, the next token starts above the whole block.
+//!
+//! The directory is opened once and every name is looked up relative to it
+//! (`openat`, `renameat`, `fstatat`) with `O_NOFOLLOW`: the agent runs as root
+//! for every user of its socket, so a link planted where a lock file belongs
+//! is refused, never followed out of the directory. A directory that anyone
+//! but root and the agent's user could change is refused at start.
+
+mod errors;
+mod record;
+mod settings;
+#[cfg(test)]
+mod tests;
+mod transport;
+
+use super::{
+    AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef, Profile, Profiled,
+};
+use anyhow::Context as _;
+use async_trait::async_trait;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::Mode;
+use record::{boot_id, held_record, read_bytes, read_record_settled, write_record, FileRecord};
+use runlock_protocol::{Key, KeyRecord, KeyState, Scope};
+use settings::{open_dir, DIR_MODE, FILE_MODE};
+use std::collections::HashMap;
+use std::fs::{DirBuilder, File};
+
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::io::{AsRawFd, FromRawFd};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use transport::{file_name, flock, flock_excludes, lock_name, ofd_lock};
+
+/// A directory of lock files.
+#[derive(Clone)]
+pub struct FileBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// The directory as configured: reopened from here only if it was deleted.
+    dir: PathBuf,
+    /// The directory, open: every file name is resolved relative to it.
+    dir_fd: Mutex<Arc<File>>,
+    /// The lock file of each lease held through this agent, by lease id.
+    held: Mutex<HashMap<String, Held>>,
+    /// This boot's id, or "" where the kernel gives none (every block is then durable).
+    boot_id: String,
+}
+
+/// A lease's lock file, open read-only: the locked description the run also
+/// holds, or, for an adopted lease, a description of the same file the run
+/// holds the lock through.
+struct Held {
+    lock: File,
+    agent_id: String,
+}
+
+const GATE_FILE: &str = ".force.lock";
+/// An empty file on which the agent checks at start that `flock` excludes.
+const PROBE_FILE: &str = ".probe.run";
+/// How long a failed lock attempt waits before it is believed once more: a
+/// `free` record beside a locked file is an agent between taking the lock and
+/// writing, or `inspect` looking.
+const SECOND_LOOK: Duration = Duration::from_millis(2);
+
+impl FileBackend {
+    /// Opens (creating if needed, mode 0750) the lock directory, refusing
+    /// one that a user other than root or the agent's own could change.
+    pub fn open(dir: PathBuf) -> anyhow::Result<FileBackend> {
+        FileBackend::open_in_boot(dir, boot_id())
+    }
+
+    /// As [`FileBackend::open`], as if the host were in boot `boot_id`.
+    fn open_in_boot(dir: PathBuf, boot_id: String) -> anyhow::Result<FileBackend> {
+        DirBuilder::new()
+            .recursive(true)
+            .mode(DIR_MODE)
+            .create(&dir)
+            .with_context(|| format!("creating lock directory {}", dir.display()))?;
+        let dir_fd = open_dir(&dir)?;
+        let inner = Inner {
+            dir,
+            dir_fd: Mutex::new(Arc::new(dir_fd)),
+            held: Mutex::new(HashMap::new()),
+            boot_id,
+        };
+        let dir = inner.dir()?;
+        match inner.open(&dir, GATE_FILE, OFlag::O_RDWR | OFlag::O_CREAT) {
+            Ok(_) => {}
+            Err(BackendError::Corrupt(why)) => {
+                tracing::warn!("{why}; every --force is refused until it is removed");
+            }
+            Err(err) => {
+                anyhow::bail!(
+                    "lock directory {} is not writable: {err}",
+                    inner.dir.display()
+                )
+            }
+        }
+        let first = inner.open(&dir, PROBE_FILE, OFlag::O_RDONLY | OFlag::O_CREAT)?;
+        let second = inner.open(&dir, PROBE_FILE, OFlag::O_RDONLY)?;
+        flock_excludes(&first, &second).with_context(|| {
+            format!(
+                "lock directory {}: its file system cannot be trusted to lock",
+                inner.dir.display()
+            )
+        })?;
+        Ok(FileBackend {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Runs `op`, which makes a few local file system calls and may block on
+    /// a slow disk, a sync or the force gate. On the agent's multi-threaded
+    /// runtime it runs here at once, the runtime moving this thread's other
+    /// tasks elsewhere meanwhile (`block_in_place`): handing it to another
+    /// thread instead costs two wake-ups, which were most of an uncontended
+    /// acquisition's time. Elsewhere (a test's runtime) it goes to the
+    /// blocking pool.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Inner) -> Result<T, BackendError> + Send + 'static,
+    ) -> Result<T, BackendError> {
+        use tokio::runtime::{Handle, RuntimeFlavor};
+        if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
+            return tokio::task::block_in_place(|| op(&self.inner));
+        }
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || op(&inner))
+            .await
+            .map_err(|e| BackendError::Unavailable(format!("file backend task failed: {e}")))?
+    }
+}
+
+impl Inner {
+    /// A name in the lock directory, for messages.
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
+    /// The open lock directory; reopened (and checked again) from its path if
+    /// it was deleted, so that runs go on once it is back.
+    fn dir(&self) -> Result<Arc<File>, BackendError> {
+        // invariant: nothing panics while holding this lock
+        let mut dir = self.dir_fd.lock().unwrap_or_else(|e| e.into_inner());
+        let gone = dir
+            .metadata()
+            .map_err(|e| self.io_error("checking", "", e))?
+            .nlink()
+            == 0;
+        if gone {
+            let reopened =
+                open_dir(&self.dir).map_err(|e| BackendError::Unavailable(format!("{e:#}")))?;
+            *dir = Arc::new(reopened);
+        }
+        Ok(dir.clone())
+    }
+
+    /// Opens `name` in `dir`, which must exist (see [`Inner::try_open`]).
+    fn open(&self, dir: &File, name: &str, flags: OFlag) -> Result<File, BackendError> {
+        self.try_open(dir, name, flags)?
+            .ok_or_else(|| self.io_error("opening", name, nix::errno::Errno::ENOENT))
+    }
+
+    /// Opens `name` in `dir` (created 0640 with `O_CREAT`), never through a
+    /// link; `Ok(None)` when it does not exist. A link, or anything but a
+    /// plain file with one name, is `Corrupt`: that key stays unusable until
+    /// a person removes it, and nothing outside the directory is touched. A
+    /// file opened for writing is tightened to 0640 if it was wider.
+    fn try_open(&self, dir: &File, name: &str, flags: OFlag) -> Result<Option<File>, BackendError> {
+        let fd = nix::fcntl::openat(
+            Some(dir.as_raw_fd()),
+            name,
+            flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(FILE_MODE),
+        );
+        let fd = match fd {
+            Ok(fd) => fd,
+            Err(nix::errno::Errno::ENOENT) => return Ok(None),
+            Err(nix::errno::Errno::ELOOP) => {
+                return Err(BackendError::Corrupt(format!(
+                    "{} is a symbolic link, which runlock never follows; remove it",
+                    self.path(name).display()
+                )))
+            }
+            Err(err) => return Err(self.io_error("opening", name, err)),
+        };
+        // SAFETY: openat just returned this descriptor and nothing else owns it.
+        let file = unsafe { File::from_raw_fd(fd) };
+        let meta = file
+            .metadata()
+            .map_err(|e| self.io_error("checking", name, e))?;
+        if !meta.file_type().is_file() || meta.nlink() != 1 {
+            return Err(BackendError::Corrupt(format!(
+                "{} is not a plain file with one name (a hard link, a directory or a device); \
+                 remove it",
+                self.path(name).display()
+            )));
+        }
+        let mode = meta.mode() & 0o7777;
+        if flags.contains(OFlag::O_RDWR) && mode & !FILE_MODE != 0 {
+            nix::sys::stat::fchmod(file.as_raw_fd(), Mode::from_bits_truncate(mode & FILE_MODE))
+                .map_err(|e| self.io_error("restricting the mode of", name, e))?;
+        }
+        Ok(Some(file))
+    }
+
+    /// Whether `name` in `dir` is still `file` (not replaced by a force, or removed).
+    fn same_inode(&self, dir: &File, file: &File, name: &str) -> Result<bool, BackendError> {
+        let ours = file
+            .metadata()
+            .map_err(|e| self.io_error("checking", name, e))?;
+        match nix::sys::stat::fstatat(Some(dir.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(theirs) => Ok(ours.ino() == theirs.st_ino && ours.dev() == theirs.st_dev),
+            Err(nix::errno::Errno::ENOENT) => Ok(false),
+            Err(err) => Err(self.io_error("checking", name, err)),
+        }
+    }
+
+    /// The gate, locked shared (plain acquisitions) or exclusive (force).
+    /// `None` when `.force.lock` is not a plain file (a planted link): a
+    /// force is refused, and a plain acquisition goes ahead without it, as
+    /// no agent can force through that gate, so none needs ordering against.
+    fn open_gate(&self, dir: &File, exclusive: bool) -> Result<Option<File>, BackendError> {
+        let gate = match self.open(dir, GATE_FILE, OFlag::O_RDWR | OFlag::O_CREAT) {
+            Ok(gate) => gate,
+            Err(BackendError::Corrupt(why)) if !exclusive => {
+                tracing::warn!("{why}; every --force is refused until it is removed");
+                return Ok(None);
+            }
+            Err(err) => return Err(err),
+        };
+        let kind = if exclusive {
+            libc::F_WRLCK
+        } else {
+            libc::F_RDLCK
+        };
+        ofd_lock(&gate, kind, true).map_err(|e| self.io_error("locking", GATE_FILE, e))?;
+        Ok(Some(gate))
+    }
+
+    fn remember(&self, lease_id: &str, lock: File, agent_id: &str) {
+        let held = Held {
+            lock,
+            agent_id: agent_id.to_string(),
+        };
+        // invariant: nothing panics while holding this lock
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(lease_id.to_string(), held);
+    }
+
+    /// The key's record; `None` when it was never written.
+    fn read_record(&self, file: &File, name: &str) -> Result<Option<FileRecord>, BackendError> {
+        let bytes = read_bytes(file).map_err(|e| self.io_error("reading", name, e))?;
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            BackendError::Corrupt(format!(
+                "lock file {} is not a runlock record ({e}); move it aside to free the key",
+                self.path(name).display()
+            ))
+        })
+    }
+
+    /// Writes the record of a key whose lock this agent holds into `file`, the
+    /// record file; a new one is made durable with its directory entry.
+    fn write(
+        &self,
+        dir: &File,
+        file: &File,
+        name: &str,
+        record: &FileRecord,
+        durable: bool,
+    ) -> Result<(), BackendError> {
+        let new = file.metadata().map(|m| m.len() == 0).unwrap_or(false);
+        write_record(file, record, durable || new)
+            .and_then(|_| if new { dir.sync_all() } else { Ok(()) })
+            .map_err(|e| self.io_error("writing", name, e))
+    }
+
+    fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+        let sent = tokio::time::Instant::now();
+        let dir = self.dir()?;
+        let _gate = self.open_gate(&dir, spec.force)?;
+        let (name, lock_name) = (file_name(&spec.key), lock_name(&spec.key));
+        loop {
+            let lock = self.open(&dir, &lock_name, OFlag::O_RDONLY | OFlag::O_CREAT)?;
+            if !self.try_lock(&dir, &lock, &lock_name, &name)? {
+                let current = self.holder_record(&dir, &name)?;
+                if spec.force {
+                    return self.take_over(&dir, spec, current);
+                }
+                return Err(BackendError::Held(
+                    current.and_then(|r| r.holder).map(Box::new),
+                ));
+            }
+            // A force may have renamed a new file over the name between our open and lock.
+            if !self.same_inode(&dir, &lock, &lock_name)? {
+                continue;
+            }
+            let granted = self
+                .open(&dir, &name, OFlag::O_RDWR | OFlag::O_CREAT)
+                .and_then(|file| {
+                    let previous = self.read_record(&file, &name)?;
+                    let (holder, record, durable) =
+                        held_record(spec, previous.as_ref(), None, &self.boot_id);
+                    self.write(&dir, &file, &name, &record, durable)?;
+                    Ok(holder)
+                });
+            let holder = match granted {
+                Ok(holder) => holder,
+                Err(err) => {
+                    let _ = flock(&lock, libc::LOCK_UN);
+                    return Err(err);
+                }
+            };
+            let run = self.run_copy(&lock, &lock_name)?;
+            self.remember(&spec.lease_id, lock, &spec.holder.agent_id);
+            return Ok(Grant {
+                holder,
+                sent,
+                lock: Some(run),
+            });
+        }
+    }
+
+    /// Tries the key's lock. A refusal is believed only once it has lasted
+    /// [`SECOND_LOOK`] while the record says the key is free: a holder takes
+    /// the lock before it writes its record, and `inspect` takes it shared
+    /// for an instant to tell a stale record from a held key.
+    fn try_lock(
+        &self,
+        dir: &File,
+        lock: &File,
+        lock_name: &str,
+        name: &str,
+    ) -> Result<bool, BackendError> {
+        let attempt = || {
+            flock(lock, libc::LOCK_EX | libc::LOCK_NB)
+                .map_err(|e| self.io_error("locking", lock_name, e))
+        };
+        if attempt()? {
+            return Ok(true);
+        }
+        let held = match self.try_open(dir, name, OFlag::O_RDONLY)? {
+            Some(file) => matches!(
+                self.read_record(&file, name),
+                Ok(Some(r)) if r.state == KeyState::Held
+            ),
+            None => false,
+        };
+        if held {
+            return Ok(false);
+        }
+        std::thread::sleep(SECOND_LOOK);
+        attempt()
+    }
+
+    /// The record of a key someone holds, read once its writer is done.
+    fn holder_record(&self, dir: &File, name: &str) -> Result<Option<FileRecord>, BackendError> {
+        let Some(file) = self.try_open(dir, name, OFlag::O_RDONLY)? else {
+            return Ok(None);
+        };
+        read_record_settled(&file, |r| r.state == KeyState::Held)
+            .map_err(|e| self.io_error("reading", name, e))
+    }
+
+    /// A duplicate of a held lock file's description, for the run.
+    fn run_copy(&self, lock: &File, lock_name: &str) -> Result<OwnedFd, BackendError> {
+        lock.try_clone()
+            .map(OwnedFd::from)
+            .map_err(|e| self.io_error("duplicating", lock_name, e))
+    }
+
+    /// Force: a new locked lock file renamed over the old, then the record.
+    fn take_over(
+        &self,
+        dir: &File,
+        spec: &AcquireSpec,
+        current: Option<FileRecord>,
+    ) -> Result<Grant, BackendError> {
+        let (name, lock_name) = (file_name(&spec.key), lock_name(&spec.key));
+        // A lock with no held record beside it (a run's leftover process that
+        // locked its descriptor again) is taken over from the record as it is.
+        let current = match current {
+            Some(current) => Some(current),
+            None => match self.try_open(dir, &name, OFlag::O_RDONLY)? {
+                Some(file) => read_record_settled(&file, |_| true)
+                    .map_err(|e| self.io_error("reading", &name, e))?,
+                None => None,
+            },
+        };
+        let current = current.ok_or_else(|| {
+            BackendError::Corrupt(format!(
+                "lock file {} is held but its record cannot be read; cannot take it over",
+                self.path(&name).display()
+            ))
+        })?;
+        let temp = format!(".take-{}", uuid::Uuid::new_v4());
+        let lock = self.open(dir, &temp, OFlag::O_RDONLY | OFlag::O_CREAT | OFlag::O_EXCL)?;
+        let dir_fd = Some(dir.as_raw_fd());
+        let placed = flock(&lock, libc::LOCK_EX | libc::LOCK_NB).and_then(|_| {
+            Ok(nix::fcntl::renameat(
+                dir_fd,
+                temp.as_str(),
+                dir_fd,
+                lock_name.as_str(),
+            )?)
+        });
+        if let Err(e) = placed {
+            let _ = nix::unistd::unlinkat(
+                dir_fd,
+                temp.as_str(),
+                nix::unistd::UnlinkatFlags::NoRemoveDir,
+            );
+            return Err(self.io_error("replacing", &lock_name, e));
+        }
+        let (holder, record, durable) =
+            held_record(spec, Some(&current), Some(current.token), &self.boot_id);
+        let file = self.open(dir, &name, OFlag::O_RDWR | OFlag::O_CREAT)?;
+        self.write(dir, &file, &name, &record, durable)?;
+        let run = self.run_copy(&lock, &lock_name)?;
+        self.remember(&spec.lease_id, lock, &spec.holder.agent_id);
+        Ok(Grant {
+            holder,
+            sent: tokio::time::Instant::now(),
+            lock: Some(run),
+        })
+    }
+
+    fn renew(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        let dir = self.dir()?;
+        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let held = held
+            .get(&lease.lease_id)
+            .ok_or(BackendError::LeaseMismatch)?;
+        if self.same_inode(&dir, &held.lock, &lock_name(&lease.key))? {
+            Ok(())
+        } else {
+            Err(BackendError::LeaseMismatch)
+        }
+    }
+
+    /// Ends a lease: its record is marked free, then its lock dropped for
+    /// every holder of the description (a daemon the run left behind too).
+    /// The record is written only while this agent holds the lock on the
+    /// key's current lock file and the record still names the lease: the
+    /// run may have dropped the lock already, and then someone else may
+    /// hold the key.
+    fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        let Some(held) = self
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&lease.lease_id)
+        else {
+            return Ok(());
+        };
+        let (name, lock_name) = (file_name(&lease.key), lock_name(&lease.key));
+        let dir = self.dir()?;
+        let _gate = self.open_gate(&dir, false)?;
+        let ours = flock(&held.lock, libc::LOCK_EX | libc::LOCK_NB)
+            .map_err(|e| self.io_error("locking", &lock_name, e))?
+            && self.same_inode(&dir, &held.lock, &lock_name)?;
+        if !ours {
+            return Ok(()); // someone else holds the key, or the run still does (an adopted lease)
+        }
+        let result = self.free_record(&dir, &name, lease, &held.agent_id);
+        let _ = flock(&held.lock, libc::LOCK_UN);
+        result
+    }
+
+    /// Marks the record free, keeping its token, if it still names `lease`
+    /// as granted or adopted through this agent.
+    fn free_record(
+        &self,
+        dir: &File,
+        name: &str,
+        lease: &LeaseRef,
+        agent_id: &str,
+    ) -> Result<(), BackendError> {
+        let Some(file) = self.try_open(dir, name, OFlag::O_RDWR)? else {
+            return Ok(());
+        };
+        let Some(mut record) = self.read_record(&file, name)? else {
+            return Ok(());
+        };
+        let ours = record.held_by(&lease.lease_id, lease.token)
+            && record
+                .holder
+                .as_ref()
+                .is_some_and(|h| h.agent_id == agent_id);
+        if !ours {
+            return Ok(());
+        }
+        record.state = KeyState::Free;
+        record.holder = None;
+        record.lease_id = None;
+        record.store.ttl_ms = None;
+        record.forced_from = None;
+        // Not synced: a lost `free` record is harmless, the kernel lock is the truth.
+        self.write(dir, &file, name, &record, false)
+    }
+
+    /// Takes over a lease granted through an agent that has stopped, whose
+    /// run still holds the lock: the record must name the lease and its
+    /// token, and the key's lock file must be locked (by the run) or free
+    /// (then this agent holds it, as nobody else took the key since).
+    fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+        let (name, lock_name) = (file_name(&lease.key), lock_name(&lease.key));
+        let dir = self.dir()?;
+        let _gate = self.open_gate(&dir, false)?;
+        let lock = self
+            .try_open(&dir, &lock_name, OFlag::O_RDONLY)?
+            .ok_or(BackendError::LeaseMismatch)?;
+        let file = self
+            .try_open(&dir, &name, OFlag::O_RDWR)?
+            .ok_or(BackendError::LeaseMismatch)?;
+        let Some(mut record) = self
+            .read_record(&file, &name)?
+            .filter(|r| r.held_by(&lease.lease_id, lease.token))
+        else {
+            return Err(BackendError::LeaseMismatch);
+        };
+        let mut holder = record.holder.clone().ok_or_else(|| {
+            BackendError::Corrupt(format!(
+                "{} is held but names no holder",
+                self.path(&name).display()
+            ))
+        })?;
+        // Whether the run holds it or nobody does, nobody else can take it now.
+        let _ = flock(&lock, libc::LOCK_EX | libc::LOCK_NB)
+            .map_err(|e| self.io_error("locking", &lock_name, e))?;
+        holder.agent_id = agent_id.to_string();
+        record.holder = Some(holder.clone());
+        self.write(&dir, &file, &name, &record, false)?;
+        let ttl = Duration::from_millis(record.store.ttl_ms.unwrap_or(60_000));
+        self.remember(&lease.lease_id, lock, agent_id);
+        Ok(Adopted {
+            grant: Grant {
+                holder,
+                sent: tokio::time::Instant::now(),
+                lock: None,
+            },
+            ttl,
+        })
+    }
+
+    fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+        let (name, lock_name) = (file_name(key), lock_name(key));
+        let mut answer = KeyRecord {
+            key: key.to_string(),
+            state: KeyState::Free,
+            token: 0,
+            holder: None,
+            expires_in_ms: None,
+            scope: Scope::Host,
+        };
+        let dir = self.dir()?;
+        let Some(file) = self.try_open(&dir, &name, OFlag::O_RDONLY)? else {
+            return Ok(answer);
+        };
+        let Some(record) =
+            read_record_settled(&file, |_| true).map_err(|e| self.io_error("reading", &name, e))?
+        else {
+            return Ok(answer);
+        };
+        answer.token = record.token;
+        if record.state != KeyState::Held {
+            return Ok(answer);
+        }
+        // A record left held by a run that ended with no agent to tell: the
+        // lock says whether anyone still holds the key. Shared, and only for
+        // an instant, so it never stands in a holder's way for long.
+        let locked = match self.try_open(&dir, &lock_name, OFlag::O_RDONLY)? {
+            Some(lock) => {
+                let free = flock(&lock, libc::LOCK_SH | libc::LOCK_NB)
+                    .map_err(|e| self.io_error("checking", &lock_name, e))?;
+                !free
+            }
+            None => false,
+        };
+        if locked {
+            answer.state = KeyState::Held;
+            answer.holder = record.holder;
+        }
+        Ok(answer)
+    }
+}
+
+impl Profiled for FileBackend {
+    fn profile(&self) -> Profile {
+        Profile {
+            capabilities: Capabilities {
+                scope: Scope::Host,
+                survives_agent: true,
+                // Only to notice a force, which renames a new lock file over ours.
+                needs_renewal: true,
+                lease_expires: false,
+                run_holds_lock: true,
+            },
+            min_ttl: Duration::ZERO,
+            description: format!("file://{}", self.inner.dir.display()),
+            releases: None,
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for FileBackend {
+    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+        let spec = spec.clone();
+        self.blocking(move |inner| inner.acquire(&spec)).await
+    }
+
+    async fn renew(&self, lease: &LeaseRef, _ttl: Duration) -> Result<(), BackendError> {
+        let lease = lease.clone();
+        self.blocking(move |inner| inner.renew(&lease)).await
+    }
+
+    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        let lease = lease.clone();
+        self.blocking(move |inner| inner.release(&lease)).await
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+        let key = key.clone();
+        self.blocking(move |inner| inner.inspect(&key)).await
+    }
+
+    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+        let (lease, agent_id) = (lease.clone(), agent_id.to_string());
+        self.blocking(move |inner| inner.adopt(&lease, &agent_id))
+            .await
+    }
+}

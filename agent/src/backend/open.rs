@@ -1,0 +1,294 @@
+//! Opening the backend a URI names: one table of schemes, each opened and
+//! checked once as the agent does at start, and one place that says what the
+//! check found.
+
+use super::cas::{self, CasStore};
+use super::{
+    redact_uri, Backend, BackendOptions, FileBackend, MemoryBackend, Profiled, ProfiledBackend,
+};
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How long the start-up check of a network store may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(6);
+
+/// Whether a backend just opened can serve runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Readiness {
+    /// It answered, and showed it can lock.
+    Ready,
+    /// It could not be checked now (down, unreachable, refusing us); runs get
+    /// `unavailable` until it can.
+    Unreachable(String),
+    /// It answered and broke a guarantee a lock rests on: it grants nothing.
+    Untrusted(String),
+}
+
+/// A backend, what it is, and what its first check found.
+pub struct Opened {
+    /// The backend and what it is.
+    pub store: ProfiledBackend,
+    /// What the check found.
+    pub readiness: Readiness,
+}
+
+/// A scheme's opening: fails only on what it was given.
+type Opening<'a> = Pin<Box<dyn Future<Output = anyhow::Result<Opened>> + Send + 'a>>;
+
+/// Opens `uri` (which has the scheme; `rest` follows its `://`) and checks it once.
+type Opener = for<'a> fn(uri: &'a str, rest: &'a str, options: &'a BackendOptions) -> Opening<'a>;
+
+/// One URI scheme.
+struct Scheme {
+    /// The scheme, and any other name for it.
+    names: &'static [&'static str],
+    /// An example, for the error that names what is supported.
+    example: &'static str,
+    /// The cargo feature that builds it (file:// and memory:// are always built).
+    feature: Option<&'static str>,
+    /// How to open it; `None` where this build was made without its feature.
+    open: Option<Opener>,
+}
+
+/// `Some(opener)` where this build has `feature`, else `None` (and the opener,
+/// which names the feature's types, is not compiled).
+macro_rules! built {
+    ($feature:literal, $opener:expr) => {{
+        #[cfg(feature = $feature)]
+        let opener: Option<Opener> = Some($opener);
+        #[cfg(not(feature = $feature))]
+        let opener: Option<Opener> = None;
+        opener
+    }};
+}
+
+/// Every scheme, in the order errors list them.
+const SCHEMES: &[Scheme] = &[
+    Scheme {
+        names: &["file"],
+        example: "file:///path",
+        feature: None,
+        open: Some(|_, rest, _| Box::pin(async move { ready(open_file(rest)?) })),
+    },
+    Scheme {
+        names: &["s3"],
+        example: "s3://bucket/prefix",
+        feature: Some("s3"),
+        open: built!("s3", |uri, _, options| {
+            Box::pin(
+                async move { on_object_store(cas::S3Store::open(uri, &options.s3).await?).await },
+            )
+        }),
+    },
+    Scheme {
+        names: &["azure"],
+        example: "azure://container/prefix",
+        feature: Some("azure"),
+        open: built!("azure", |uri, _, options| {
+            Box::pin(
+                async move { on_object_store(cas::AzureStore::open(uri, &options.azure)?).await },
+            )
+        }),
+    },
+    Scheme {
+        names: &["gs"],
+        example: "gs://bucket/prefix",
+        feature: Some("gcs"),
+        open: built!("gcs", |uri, _, options| {
+            Box::pin(async move { on_object_store(cas::GcsStore::open(uri, &options.gcs)?).await })
+        }),
+    },
+    Scheme {
+        names: &["postgresql", "postgres"],
+        example: "postgresql://…",
+        feature: Some("postgres"),
+        open: built!("postgres", |uri, _, options| {
+            Box::pin(async move {
+                let backend = Arc::new(super::PostgresBackend::open(uri, &options.postgres)?);
+                let readiness = within_probe_timeout(backend.probe()).await;
+                Ok(Opened {
+                    store: backend.into(),
+                    readiness,
+                })
+            })
+        }),
+    },
+    Scheme {
+        names: &["etcd"],
+        example: "etcd://host:port/prefix",
+        feature: Some("etcd"),
+        open: built!("etcd", |uri, _, options| {
+            Box::pin(async move {
+                let backend = Arc::new(super::EtcdBackend::open(uri, &options.etcd)?);
+                let probe = async { backend.probe().await.map_err(|err| err.to_string()) };
+                let readiness = within_probe_timeout(probe).await;
+                Ok(Opened {
+                    store: backend.into(),
+                    readiness,
+                })
+            })
+        }),
+    },
+    Scheme {
+        names: &["memory"],
+        example: "memory://",
+        feature: None,
+        open: Some(|_, _, _| Box::pin(async { ready(MemoryBackend::default()) })),
+    },
+    // The object-store engine over an in-process store: for benchmarks and tests.
+    Scheme {
+        names: &["memory-cas"],
+        example: "memory-cas://",
+        feature: None,
+        open: Some(|_, _, _| Box::pin(on_object_store(cas::MemoryCasStore::new()))),
+    },
+];
+
+/// Builds the backend a URI names and checks it once, as the agent does at
+/// start: a network store must answer, and an object store must show that
+/// it refuses conflicting writes (`cas::CasEngine::prove`). Fails only on
+/// what it was given (a malformed URI, an unreadable file).
+pub async fn open(uri: &str, options: &BackendOptions) -> anyhow::Result<Opened> {
+    let supported = || {
+        SCHEMES
+            .iter()
+            .filter(|scheme| scheme.open.is_some() && scheme.names[0] != "memory-cas")
+            .map(|scheme| scheme.example)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let Some((name, rest)) = uri.split_once("://") else {
+        anyhow::bail!(
+            "backend {:?} is not a URI (expected {})",
+            redact_uri(uri),
+            supported()
+        );
+    };
+    match SCHEMES.iter().find(|scheme| scheme.names.contains(&name)) {
+        Some(Scheme {
+            open: Some(open), ..
+        }) => open(uri, rest, options).await,
+        Some(Scheme {
+            feature: Some(feature),
+            ..
+        }) => anyhow::bail!(
+            "backend scheme {name}:// is left out of this build: build runlockd with the \
+             cargo feature {feature:?} (on by default) to use it (supported: {})",
+            supported()
+        ),
+        _ => anyhow::bail!(
+            "backend scheme {name:?} is not supported by this build (supported: {})",
+            supported()
+        ),
+    }
+}
+
+/// [`open`], logging what its check found; the agent starts either way.
+pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<ProfiledBackend> {
+    let Opened { store, readiness } = open(uri, options).await?;
+    match readiness {
+        Readiness::Ready => {}
+        Readiness::Unreachable(problem) => tracing::warn!(
+            backend = %store.profile.description,
+            "the backend cannot be used yet: {problem}; runs will fail as unavailable until it can"
+        ),
+        Readiness::Untrusted(problem) => tracing::error!(
+            backend = %store.profile.description,
+            "the backend cannot be trusted to lock: {problem}; every run will fail as unavailable"
+        ),
+    }
+    Ok(store)
+}
+
+fn open_file(dir: &str) -> anyhow::Result<FileBackend> {
+    if dir.is_empty() {
+        anyhow::bail!("backend file:// needs a directory, as in file:///var/lib/runlock");
+    }
+    FileBackend::open(PathBuf::from(dir))
+}
+
+/// A backend with nothing to check: it is in this process, or on this host.
+fn ready(backend: impl Backend + Profiled) -> anyhow::Result<Opened> {
+    Ok(Opened {
+        store: Arc::new(backend).into(),
+        readiness: Readiness::Ready,
+    })
+}
+
+/// The object-store lease engine over `store`: once the store's own check
+/// passed, the engine's proof that it refuses conflicting writes.
+async fn on_object_store(store: impl CasStore) -> anyhow::Result<Opened> {
+    let probed = within_probe_timeout(async { store.probe().await.map_err(|e| e.to_string()) });
+    let probed = probed.await;
+    let prefix = store.records_prefix().to_string();
+    let engine = Arc::new(cas::CasEngine::new(Arc::new(store), prefix));
+    let readiness = match probed {
+        Readiness::Ready => match tokio::time::timeout(PROBE_TIMEOUT, engine.prove()).await {
+            Ok(Ok(())) => Readiness::Ready,
+            Ok(Err(cas::Unproven::Lacks(what))) => Readiness::Untrusted(what),
+            Ok(Err(cas::Unproven::Unanswered(why))) => Readiness::Unreachable(why),
+            Err(_) => no_answer(),
+        },
+        not_ready => not_ready,
+    };
+    Ok(Opened {
+        store: engine.into(),
+        readiness,
+    })
+}
+
+/// A backend's own check, bounded by [`PROBE_TIMEOUT`].
+async fn within_probe_timeout(
+    probe: impl std::future::Future<Output = Result<(), String>>,
+) -> Readiness {
+    match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+        Ok(Ok(())) => Readiness::Ready,
+        Ok(Err(problem)) => Readiness::Unreachable(problem),
+        Err(_) => no_answer(),
+    }
+}
+
+fn no_answer() -> Readiness {
+    Readiness::Unreachable(format!("no answer within {}s", PROBE_TIMEOUT.as_secs()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_scheme_left_out_of_the_build_is_named_with_its_feature() {
+        for scheme in SCHEMES.iter().filter(|scheme| scheme.open.is_none()) {
+            let uri = format!("{}://x/y", scheme.names[0]);
+            let Err(err) = from_uri(&uri, &BackendOptions::default()).await else {
+                panic!("{uri} opened without its feature");
+            };
+            let feature = scheme.feature.expect("only a feature leaves a scheme out");
+            assert!(err.to_string().contains("left out of this build"), "{err}");
+            assert!(err.to_string().contains(&format!("{feature:?}")), "{err}");
+        }
+    }
+
+    #[tokio::test]
+    async fn unknown_scheme_is_named() {
+        let Err(err) = from_uri("gopher://x", &BackendOptions::default()).await else {
+            panic!("gopher:// was accepted");
+        };
+        assert!(err.to_string().contains("\"gopher\""), "{err}");
+        assert!(from_uri("file://", &BackendOptions::default())
+            .await
+            .is_err());
+        assert!(from_uri("not a uri", &BackendOptions::default())
+            .await
+            .is_err());
+        // Built or not, a bare object-store scheme is refused.
+        assert!(from_uri("s3://", &BackendOptions::default()).await.is_err());
+        assert!(from_uri("azure://", &BackendOptions::default())
+            .await
+            .is_err());
+        assert!(from_uri("gs://", &BackendOptions::default()).await.is_err());
+    }
+}

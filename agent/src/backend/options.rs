@@ -1,0 +1,142 @@
+//! The configuration file's sections, one per backend. They are built
+//! whatever backends this build holds (cargo features), so that one
+//! configuration file serves every build; a backend's folder reads its own.
+
+use super::{redact_uri, Secret};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Per-backend settings from the configuration file, one section each.
+#[derive(Debug, Clone, Default)]
+pub struct BackendOptions {
+    /// `[s3]`.
+    pub s3: S3Options,
+    /// `[azure]`.
+    pub azure: AzureOptions,
+    /// `[gcs]`.
+    pub gcs: GcsOptions,
+    /// `[postgres]`.
+    pub postgres: PostgresOptions,
+    /// `[etcd]`.
+    pub etcd: EtcdOptions,
+}
+
+/// The configuration file's `[s3]` settings; each overrides the SDK's own
+/// chain (environment, profile, instance metadata).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct S3Options {
+    /// An S3-compatible endpoint, addressed path-style.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoint_url: Option<String>,
+    /// The bucket's region.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region: Option<String>,
+    /// A profile of the AWS configuration files.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// A static access key id (with `secret_access_key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_key_id: Option<String>,
+    /// A static secret key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret_access_key: Option<Secret>,
+}
+
+impl S3Options {
+    /// The options with any secret in the endpoint's URL removed, for printing.
+    pub fn redacted(&self) -> S3Options {
+        S3Options {
+            endpoint_url: self.endpoint_url.as_deref().map(redact_uri),
+            ..self.clone()
+        }
+    }
+}
+
+/// The configuration file's `[azure]` settings; they override the
+/// `AZURE_STORAGE_*` environment variables.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AzureOptions {
+    /// A storage connection string (`AccountName=…;AccountKey=…[;BlobEndpoint=…]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connection_string: Option<Secret>,
+    /// The storage account's name (with `account_key`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_name: Option<String>,
+    /// One of the storage account's access keys.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account_key: Option<Secret>,
+}
+
+/// The configuration file's `[gcs]` settings.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GcsOptions {
+    /// A service-account key file (JSON), instead of Application Default
+    /// Credentials (Meltano's `state_backend.gcs.application_credentials`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_file: Option<PathBuf>,
+}
+
+/// The schema when the configuration names none.
+pub const DEFAULT_SCHEMA: &str = "runlock";
+/// Release notices go out on `runlock:<schema>`; a channel name has at most
+/// 63 bytes, which leaves this much for the schema.
+const MAX_SCHEMA_LEN: usize = 55;
+
+/// The configuration file's `[postgres]` settings.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PostgresOptions {
+    /// The schema of the lock table (default `runlock`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema: Option<String>,
+    /// `LISTEN` for releases (default true). Off where the connection goes
+    /// through a transaction-pooling proxy, which cannot pass notifications on;
+    /// waiters then poll.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<bool>,
+}
+
+impl PostgresOptions {
+    /// The schema to use, checked: letters, digits and `_`, not starting with a digit.
+    pub fn schema(&self) -> Result<String, String> {
+        let schema = self.schema.as_deref().unwrap_or(DEFAULT_SCHEMA);
+        let mut chars = schema.chars();
+        let valid = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+            && chars.all(|c| c.is_ascii_alphanumeric() || c == '_')
+            && schema.len() <= MAX_SCHEMA_LEN;
+        if !valid {
+            return Err(format!(
+                "[postgres] schema {schema:?} must be 1 to {MAX_SCHEMA_LEN} letters, digits or \
+                 '_', not starting with a digit"
+            ));
+        }
+        Ok(schema.to_string())
+    }
+}
+
+/// The configuration file's `[etcd]` settings. Without them, the URI's
+/// userinfo or etcdctl's own `ETCDCTL_USER` / `ETCDCTL_PASSWORD` are used.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcdOptions {
+    /// The etcd user, where etcd has authentication enabled.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Its password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<Secret>,
+    /// The CA that signed etcd's certificate (PEM); turns TLS on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate (PEM), for etcd's `--client-cert-auth`; turns TLS on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_file: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+}

@@ -1,0 +1,258 @@
+//! The lease algorithm on PostgreSQL: one row per key, one statement per
+//! operation (`sql.rs`), run through the kept connection (`session.rs`).
+
+use super::session::{self, Session};
+use super::settings::Settings;
+use super::sql::Sql;
+use crate::backend::{
+    redact_uri, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef,
+    PostgresOptions, Profile, Profiled,
+};
+use async_trait::async_trait;
+use runlock_protocol::timing::grace;
+use runlock_protocol::{Holder, Key, KeyRecord, KeyState, Scope};
+use std::time::Duration;
+use tokio::sync::broadcast;
+
+/// A lock table in PostgreSQL.
+pub struct PostgresBackend {
+    session: Session,
+    described: String,
+    table: String,
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// Column `index` of `row`; a type the statement does not produce is a corrupt answer.
+fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
+    row: &'a tokio_postgres::Row,
+    index: usize,
+) -> Result<T, BackendError> {
+    row.try_get(index)
+        .map_err(|err| BackendError::Corrupt(format!("unexpected answer from PostgreSQL: {err}")))
+}
+
+/// A lease's token as the table stores it; one no row can have matches nothing.
+fn stored_token(lease: &LeaseRef) -> i64 {
+    i64::try_from(lease.token).unwrap_or(-1)
+}
+
+fn token(value: i64, key: &Key) -> Result<u64, BackendError> {
+    u64::try_from(value)
+        .map_err(|_| BackendError::Corrupt(format!("the row of {key:?} has token {value}")))
+}
+
+impl PostgresBackend {
+    /// Reads the URI (and libpq's `PG*` variables) and the options; makes no
+    /// connection (see [`PostgresBackend::probe`]).
+    pub fn open(uri: &str, options: &PostgresOptions) -> anyhow::Result<PostgresBackend> {
+        let settings = Settings::from_uri(uri, Some(session::STATEMENT_TIMEOUT))
+            .map_err(|err| anyhow::anyhow!("backend {}: {err}", redact_uri(uri)))?;
+        let schema = options.schema().map_err(anyhow::Error::msg)?;
+        let sql = Sql::new(&schema, &format!("runlock:{schema}"));
+        let table = sql.table().to_string();
+        let described = format!("{} (schema {schema})", redact_uri(uri));
+        Ok(PostgresBackend {
+            session: Session::new(settings, sql, options.listen.unwrap_or(true)),
+            described,
+            table,
+        })
+    }
+
+    /// Connects, creating the schema and table if missing: the start-up check.
+    pub async fn probe(&self) -> Result<(), String> {
+        self.session.connect_now().await
+    }
+
+    /// Statements sent by operations so far: each operation is one, unless retried.
+    pub fn statements_sent(&self) -> u64 {
+        self.session.statements_sent()
+    }
+
+    fn holder(&self, key: &Key, text: Option<String>) -> Result<Option<Holder>, BackendError> {
+        text.map(|text| {
+            serde_json::from_str(&text).map_err(|err| {
+                BackendError::Corrupt(format!(
+                    "the row of {key:?} in {} names a holder runlock cannot read ({err}); \
+                     delete the row to free the key",
+                    self.table
+                ))
+            })
+        })
+        .transpose()
+    }
+}
+
+impl PostgresBackend {
+    /// Keys released through any agent, as the server announces them; `None`
+    /// when this backend does not listen.
+    pub fn releases(&self) -> Option<broadcast::Receiver<Key>> {
+        self.session.releases()
+    }
+}
+
+impl Profiled for PostgresBackend {
+    fn profile(&self) -> Profile {
+        Profile {
+            capabilities: Capabilities::SHARED_LEASES,
+            min_ttl: Duration::ZERO,
+            description: self.described.clone(),
+            releases: self.session.release_sender(),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for PostgresBackend {
+    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+        // invariant: a Holder always serializes (plain strings and numbers)
+        let holder = serde_json::to_string(&spec.holder).unwrap_or_default();
+        let (key, ttl, grace) = (spec.key.as_str(), millis(spec.ttl), millis(grace(spec.ttl)));
+        // A row inserted by another agent after this statement's snapshot is
+        // neither taken nor seen: look once more before calling it held by nobody known.
+        for _ in 0..2 {
+            let (rows, sent) = self
+                .session
+                .run(|link| {
+                    let holder = &holder;
+                    let lease_id = &spec.lease_id;
+                    async move {
+                        let args: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+                            [&key, lease_id, holder, &ttl, &grace, &spec.force];
+                        link.client.query(&link.statements.acquire, &args).await
+                    }
+                })
+                .await
+                .map_err(BackendError::Unavailable)?;
+            let Some(row) = rows.first() else { continue };
+            let (taken, token_value, holder_text): (bool, i64, Option<String>) =
+                (column(row, 0)?, column(row, 1)?, column(row, 2)?);
+            let recorded = self.holder(&spec.key, holder_text)?;
+            if !taken {
+                return Err(BackendError::Held(recorded.map(Box::new)));
+            }
+            let holder = Holder {
+                token: token(token_value, &spec.key)?,
+                ..spec.holder.clone()
+            };
+            return Ok(Grant {
+                holder,
+                sent,
+                lock: None,
+            });
+        }
+        Err(BackendError::Held(None))
+    }
+
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
+        let (key, token) = (lease.key.as_str(), stored_token(lease));
+        let (ttl, grace) = (millis(ttl), millis(grace(ttl)));
+        let (renewed, _) = self
+            .session
+            .run(|link| async move {
+                link.client
+                    .execute(
+                        &link.statements.renew,
+                        &[&key, &lease.lease_id, &token, &ttl, &grace],
+                    )
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        if renewed == 0 {
+            return Err(BackendError::LeaseMismatch);
+        }
+        Ok(())
+    }
+
+    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        let (key, token) = (lease.key.as_str(), stored_token(lease));
+        // No row freed: the lease was already someone else's, or freed; nothing to do.
+        self.session
+            .run(|link| async move {
+                link.client
+                    .query(&link.statements.release, &[&key, &lease.lease_id, &token])
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        Ok(())
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+        let name = key.as_str();
+        let (row, _) = self
+            .session
+            .run(|link| async move {
+                link.client
+                    .query_opt(&link.statements.inspect, &[&name])
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        let mut record = KeyRecord {
+            key: key.to_string(),
+            state: KeyState::Free,
+            token: 0,
+            holder: None,
+            expires_in_ms: None,
+            scope: Scope::Global,
+        };
+        if let Some(row) = row {
+            let (state, token_value, holder, expired, expires_in_ms): (
+                String,
+                i64,
+                Option<String>,
+                bool,
+                i64,
+            ) = (
+                column(&row, 0)?,
+                column(&row, 1)?,
+                column(&row, 2)?,
+                column(&row, 3)?,
+                column(&row, 4)?,
+            );
+            record.token = token(token_value, key)?;
+            if state == "held" && !expired {
+                record.state = KeyState::Held;
+                record.holder = self.holder(key, holder)?;
+                record.expires_in_ms = Some(u64::try_from(expires_in_ms).unwrap_or(0));
+            }
+        }
+        Ok(record)
+    }
+
+    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+        let (key, token) = (lease.key.as_str(), stored_token(lease));
+        let (row, sent) = self
+            .session
+            .run(|link| async move {
+                link.client
+                    .query_opt(
+                        &link.statements.adopt,
+                        &[&key, &lease.lease_id, &token, &agent_id],
+                    )
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        let row = row.ok_or(BackendError::LeaseMismatch)?;
+        let (holder, ttl_ms): (Option<String>, i64) = (column(&row, 0)?, column(&row, 1)?);
+        let holder = self.holder(&lease.key, holder)?.ok_or_else(|| {
+            BackendError::Corrupt(format!(
+                "the row of {:?} in {} is held but names no holder",
+                lease.key, self.table
+            ))
+        })?;
+        Ok(Adopted {
+            grant: Grant {
+                holder,
+                sent,
+                lock: None,
+            },
+            ttl: Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0)),
+        })
+    }
+}

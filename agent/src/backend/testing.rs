@@ -1,0 +1,24 @@
+//! What the backend tests in `tests/` (run against the real stores'
+//! emulators) need of the agent's insides, and nothing more: not an API.
+
+pub use super::fixtures::{lease, spec};
+pub use super::retry::TIMEOUTS;
+
+/// A GCS store on the emulator at `endpoint`, as `STORAGE_EMULATOR_HOST`
+/// would make it, without setting the variable for the whole test process.
+#[cfg(feature = "gcs")]
+pub fn gcs_on_emulator(uri: &str, endpoint: &str) -> anyhow::Result<super::cas::GcsStore> {
+    super::cas::GcsStore::on_emulator(uri, endpoint)
+}
+
+/// Where an etcd backend marks a key it is forcing.
+#[cfg(feature = "etcd")]
+pub fn etcd_force_marker(backend: &super::EtcdBackend, key: &runlock_protocol::Key) -> String {
+    backend.force_marker(key)
+}
+
+/// The etcd lease, in whole seconds, that a lease of `ttl` is bound to.
+#[cfg(feature = "etcd")]
+pub fn etcd_lease_seconds(ttl: std::time::Duration) -> i64 {
+    super::etcd::lease_seconds(ttl)
+}
