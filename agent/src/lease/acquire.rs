@@ -334,6 +334,24 @@ impl Registry {
         let reference = lease.reference(&lease_id);
         let registered = {
             let mut state = self.state();
+            // Two forces through this agent can reach the store in one order and
+            // be answered in the other. A later grant already registered here
+            // means ours was superseded before it began: taking its place would
+            // tell the current holder it was forced out, and free its record.
+            let newer = (state.by_key.get(&spec.key))
+                .and_then(|id| state.leases.get(id))
+                .filter(|newer| newer.holder.token > holder.token)
+                .map(|newer| newer.holder.clone());
+            if let Some(newer) = newer {
+                drop(state);
+                let viewer = self.viewer(conn);
+                return Err(LeaseError::Held {
+                    key: spec.key,
+                    waited: Duration::ZERO,
+                    holder: Some(Box::new(self.show(&newer, viewer))),
+                    legacy: None,
+                });
+            }
             match state.conns.get_mut(&conn) {
                 Some(c) => {
                     c.leases.insert(lease_id.clone());
@@ -389,7 +407,9 @@ impl Drop for Place<'_> {
 #[cfg(test)]
 mod tests {
     use super::super::testing::*;
+    use crate::backend::{AcquireSpec, Backend, BackendError, Grant, LeaseRef};
     use runlock_protocol::{ErrorCode, LostReason};
+    use std::sync::atomic::Ordering;
     use tokio::time::Instant;
 
     #[tokio::test]
@@ -439,6 +459,104 @@ mod tests {
             .await
             .expect_err("no longer ours");
         assert_eq!(err.code(), ErrorCode::NotOwner);
+    }
+
+    /// A store that holds back its answer to the first acquire until told:
+    /// the first force lands first and is answered last, as a slow network
+    /// may answer two forces through one agent.
+    struct AnswersFirstLast {
+        store: Arc<MemoryBackend>,
+        calls: std::sync::atomic::AtomicUsize,
+        let_first_answer: tokio::sync::Notify,
+    }
+
+    impl crate::backend::Profiled for AnswersFirstLast {
+        fn profile(&self) -> crate::backend::Profile {
+            self.store.profile()
+        }
+    }
+
+    #[async_trait::async_trait]
+    impl Backend for AnswersFirstLast {
+        async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+            let grant = self.store.acquire(spec).await;
+            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+                self.let_first_answer.notified().await;
+            }
+            grant
+        }
+        async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
+            self.store.renew(lease, ttl).await
+        }
+        async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+            self.store.release(lease).await
+        }
+        async fn inspect(&self, key: &Key) -> Result<runlock_protocol::KeyRecord, BackendError> {
+            self.store.inspect(key).await
+        }
+        async fn adopt(
+            &self,
+            lease: &LeaseRef,
+            agent_id: &str,
+        ) -> Result<crate::backend::Adopted, BackendError> {
+            self.store.adopt(lease, agent_id).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_force_answered_after_a_later_one_is_refused_and_frees_nothing() {
+        let backend = Arc::new(AnswersFirstLast {
+            store: Arc::new(MemoryBackend::default()),
+            calls: Default::default(),
+            let_first_answer: Default::default(),
+        });
+        let identity = Identity {
+            host: "test-host".into(),
+            agent_id: "agent-1".into(),
+            uid: 0,
+        };
+        let registry = Registry::new(
+            backend.clone(),
+            identity,
+            Policy::with_ttl(Duration::from_secs(30)),
+        );
+        let (first, _first_events) = connect(&registry, ROOT);
+        let (second, mut second_events) = connect(&registry, ROOT);
+        let shared = registry.clone();
+        let first_force = tokio::spawn(async move {
+            let never = CancellationToken::new();
+            shared
+                .acquire(first, request(&["k"], Duration::ZERO, true), &never)
+                .await
+        });
+        // The first force has reached the store once its record is there.
+        let key = Key::new("k").expect("valid");
+        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+            while backend.store.inspect(&key).await.expect("inspect").token == 0 {
+                tokio::task::yield_now().await;
+            }
+        });
+        waited.await.expect("the first force reached the store");
+        let never = CancellationToken::new();
+        let Granted { leases: later, .. } = registry
+            .acquire(second, request(&["k"], Duration::ZERO, true), &never)
+            .await
+            .expect("the second force");
+        backend.let_first_answer.notify_one();
+        let err = first_force
+            .await
+            .expect("the first force ran")
+            .expect_err("superseded before it was answered");
+        assert_eq!(err.code(), ErrorCode::Held);
+        assert_eq!(err.holder().expect("holder").token, later[0].token);
+        // The later force still holds the key, here and in the store, untold of any loss.
+        assert!(
+            second_events.try_recv().is_err(),
+            "the later force was told it was lost"
+        );
+        assert_eq!(registry.list().len(), 1);
+        let record = backend.store.inspect(&key).await.expect("inspect");
+        assert_eq!(record.holder.expect("held").token, later[0].token);
     }
 
     #[tokio::test]
