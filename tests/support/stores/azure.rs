@@ -7,8 +7,8 @@ use super::{
     object_uri, output_of, records_from_listing, records_under, test_var, Endpoint, Failure,
     OwnServer, Record, Store,
 };
-use crate::support::closed_port;
-use crate::support::rewriting_proxy::RequestHead;
+use crate::closed_port;
+use crate::rewriting_proxy::RequestHead;
 use anyhow::{Context, Result};
 use tokio::process::Command;
 

@@ -4,7 +4,7 @@
 //! are read back with `etcdctl get --prefix -w json`.
 
 use super::{output_of, test_var, unique_name, Endpoint, Failure, OwnServer, Record, Store};
-use crate::support::closed_port;
+use crate::closed_port;
 use anyhow::{bail, Context, Result};
 use tokio::process::Command;
 

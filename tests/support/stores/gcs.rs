@@ -6,7 +6,7 @@ use super::{
     object_uri, output_of, records_under, test_var, unique_name, Endpoint, Failure, OwnServer,
     Record, Store,
 };
-use crate::support::closed_port;
+use crate::closed_port;
 use anyhow::{bail, Context, Result};
 use tokio::process::Command;
 

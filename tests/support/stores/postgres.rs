@@ -5,7 +5,7 @@
 //! part: each space holds one test's records only.
 
 use super::{output_of, test_var, Endpoint, Failure, OwnServer, Record, Store};
-use crate::support::closed_port;
+use crate::closed_port;
 use anyhow::{Context, Result};
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, UNIX_EPOCH};

@@ -6,7 +6,7 @@ use super::{
     object_uri, output_of, records_from_listing, records_under, test_var, Endpoint, Failure,
     OwnServer, Record, Store,
 };
-use crate::support::closed_port;
+use crate::closed_port;
 use anyhow::{Context, Result};
 use tokio::process::Command;
 

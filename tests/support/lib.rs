@@ -1,13 +1,15 @@
-//! The harness every integration test uses: the real binaries (built once),
-//! agents on temporary sockets, shim runs with their output, and a raw
-//! protocol client. Every wait in here is bounded.
+//! The harness the integration tests (`tests/main.rs`) and the bench
+//! (`tests/bench.rs`) share: the real binaries (built once), agents on
+//! temporary sockets, shim runs with their output, and a raw protocol
+//! client. Every wait in here is bounded.
 
 /// Runs each `async fn case(Backend) -> anyhow::Result<()>` named as two
 /// tests, `case::file` and `case::memory`.
+#[macro_export]
 macro_rules! on_both_backends {
     ($($case:ident),* $(,)?) => {$(
         mod $case {
-            use crate::support::agent::Backend;
+            use $crate::agent::Backend;
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn file() -> anyhow::Result<()> {
