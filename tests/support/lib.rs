@@ -30,6 +30,10 @@ pub mod client;
 pub mod journal;
 pub mod rewriting_proxy;
 pub mod run;
+/// The shim's exit codes, compiled from its own source: a run's exit is
+/// checked against the rules the shim applies (128 + N for a signal).
+#[path = "../../shim/src/exit.rs"]
+pub mod shim_exit;
 pub mod stores;
 
 pub use agent::{AgentOptions, TestAgent};
