@@ -13,26 +13,8 @@ use std::process::Stdio;
 use tempfile::TempDir;
 use tokio::process::Command;
 
-/// Runs each `async fn case(Dialect) -> Result<()>` as `case::sqlite` and `case::postgres`.
-macro_rules! on_both_databases {
-    ($($case:ident),* $(,)?) => {$(
-        mod $case {
-            use super::Dialect;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() -> anyhow::Result<()> {
-                super::$case(Dialect::Sqlite).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() -> anyhow::Result<()> {
-                super::$case(Dialect::Postgres).await
-            }
-        }
-    )*};
-}
-
-on_both_databases!(
+test_matrix!(
+    [sqlite: Dialect::Sqlite, postgres: Dialect::Postgres];
     a_fresh_running_row_refuses_the_key_naming_the_run,
     a_stale_or_finished_run_does_not_hold_the_key,
     a_run_without_heartbeat_holds_the_key_for_24_hours,

@@ -10,7 +10,8 @@ use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
 use std::time::Duration;
 
-on_both_backends!(
+test_matrix!(
+    [file: Backend::File, memory: Backend::Memory];
     held_key_makes_a_second_run_exit_75_naming_the_holder,
     waiting_run_acquires_once_the_holder_ends,
     wait_that_runs_out_exits_75,

@@ -3,25 +3,27 @@
 //! temporary sockets, shim runs with their output, and a raw protocol
 //! client. Every wait in here is bounded.
 
-/// Runs each `async fn case(Backend) -> anyhow::Result<()>` named as two
-/// tests, `case::file` and `case::memory`.
+/// The test matrix: `test_matrix!([name: VALUE, ...]; case, ...)` runs each
+/// `async fn case(value) -> anyhow::Result<()>` once per value, as the test
+/// `case::name`. VALUEs are written as in the cases' own module (the backends
+/// of the lifecycle cases, the stores of the scenarios, Meltano's databases).
 #[macro_export]
-macro_rules! on_both_backends {
-    ($($case:ident),* $(,)?) => {$(
-        mod $case {
-            use $crate::agent::Backend;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn file() -> anyhow::Result<()> {
-                super::$case(Backend::File).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn memory() -> anyhow::Result<()> {
-                super::$case(Backend::Memory).await
-            }
-        }
+macro_rules! test_matrix {
+    ($values:tt; $($case:ident),* $(,)?) => {$(
+        $crate::test_matrix!(@case $case $values);
     )*};
+    (@case $case:ident [$($name:ident: $value:expr),* $(,)?]) => {
+        mod $case {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() -> anyhow::Result<()> {
+                    super::$case($value).await
+                }
+            )*
+        }
+    };
 }
 
 pub mod agent;
