@@ -13,6 +13,7 @@ use runlock_protocol::{
 };
 use runlock_tests::bins::bins;
 use runlock_tests::client::RawClient;
+use runlock_tests::http;
 use runlock_tests::{AgentOptions, TestAgent};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -160,11 +161,9 @@ async fn s3_rows(_scratch: &Path) -> Result<Rows> {
     };
     let bucket = format!("runlock-bench-{}", std::process::id());
     // moto accepts an unsigned bucket creation.
-    curl(
-        &["-X", "PUT", &format!("{endpoint}/{bucket}")],
-        "creating a bucket",
-    )
-    .await?;
+    http::request("PUT", &format!("{endpoint}/{bucket}"), &[], "")
+        .await?
+        .success("creating a bucket")?;
     let env = [
         ("AWS_ENDPOINT_URL", endpoint.as_str()),
         ("AWS_ACCESS_KEY_ID", "test"),
@@ -457,27 +456,11 @@ async fn requests_per_operation(
     Ok(rows)
 }
 
-/// `curl ARGS` (failing on an HTTP error, 10 s at most): its output, or an
-/// error saying `what` failed and curl's own words.
-async fn curl(args: &[&str], what: &str) -> Result<String> {
-    let out = Command::new("curl")
-        .args(["-sSf", "-m", "10"])
-        .args(args)
-        .output()
-        .await?;
-    if !out.status.success() {
-        bail!("{what}: {}", String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// The agent's count of successful renewals, from its metrics endpoint.
 async fn renewals(metrics: &str) -> Result<f64> {
-    let text = curl(
-        &[&format!("http://{metrics}/metrics")],
-        "reading the agent's metrics",
-    )
-    .await?;
+    let text = http::get(&format!("http://{metrics}/metrics"))
+        .await?
+        .success("reading the agent's metrics")?;
     text.lines()
         .find_map(|l| l.strip_prefix(r#"runlock_renewals_total{result="ok"} "#))
         .context("no renewal count in the agent's metrics")?
@@ -596,16 +579,14 @@ async fn gcs_rows(_scratch: &Path) -> Result<Rows> {
         return Ok(vec![("GCS (fake-gcs-server)".into(), why.into())]);
     };
     let bucket = format!("runlock-bench-{}", std::process::id());
-    let create = [
-        "-X",
+    http::request(
         "POST",
-        "-H",
-        "Content-Type: application/json",
-        "-d",
-        &format!("{{\"name\":\"{bucket}\"}}"),
         &format!("{endpoint}/storage/v1/b?project=bench"),
-    ];
-    curl(&create, "creating a bucket").await?;
+        &[("content-type", "application/json")],
+        format!("{{\"name\":\"{bucket}\"}}"),
+    )
+    .await?
+    .success("creating a bucket")?;
     let proxy = CountingProxy::start(&endpoint).await?;
     let env = [("STORAGE_EMULATOR_HOST", proxy.url.as_str())];
     let uri = format!("gs://{bucket}/counted");
@@ -847,7 +828,9 @@ async fn etcd_rows(_scratch: &Path) -> Result<Rows> {
 struct EtcdRequests(std::collections::BTreeMap<String, u64>);
 
 async fn etcd_requests(endpoint: &str) -> Result<EtcdRequests> {
-    let text = curl(&[&format!("{endpoint}/metrics")], "reading etcd's metrics").await?;
+    let text = http::get(&format!("{endpoint}/metrics"))
+        .await?
+        .success("reading etcd's metrics")?;
     let mut counts = std::collections::BTreeMap::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("grpc_server_started_total{grpc_method=\"") else {

@@ -151,8 +151,11 @@ impl Store for Postgres {
         let ready = bin("pg_isready")?;
         OwnServer::spawn(server, Endpoint { url }, Some(dir), move || {
             let mut probe = Command::new(&ready);
-            probe.args(["-q", "-h", "127.0.0.1", "-p", &port, "-t", "2"]);
             probe
+                .args(["-q", "-h", "127.0.0.1", "-p", &port, "-t", "2"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            Box::pin(async move { Ok(probe.status().await?.success()) })
         })
         .await
     }
