@@ -6,20 +6,21 @@
 //! writes with the same clients.
 //! The figures go into BENCHMARKS.md; nothing here asserts a time.
 
-#[path = "support/bins.rs"]
-mod bins;
-
 use anyhow::{bail, Context, Result};
 use futures::{SinkExt, StreamExt};
 use runlock_protocol::{
-    AgentMessage, ClientMessage, Envelope, MessageCodec, OnLost, ShimCodec, PROTOCOL_VERSION,
+    AgentMessage, ClientMessage, Envelope, MessageCodec, OnLost, PROTOCOL_VERSION,
 };
+use runlock_tests::bins::bins;
+use runlock_tests::client::RawClient;
+use runlock_tests::http;
+use runlock_tests::{AgentOptions, TestAgent};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::net::{UnixDatagram, UnixListener, UnixStream};
-use tokio::process::{Child, Command};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::process::Command;
 use tokio_util::codec::Framed;
 
 const ECHO_ENV: &str = "RUNLOCK_BENCH_ECHO_SOCKET";
@@ -53,7 +54,7 @@ fn main() -> Result<()> {
 }
 
 /// A group of rows measured against the agent binary, in a scratch directory.
-type Group = for<'a> fn(&'a Path, &'a Path) -> futures::future::BoxFuture<'a, Result<Rows>>;
+type Group = for<'a> fn(&'a Path) -> futures::future::BoxFuture<'a, Result<Rows>>;
 type Rows = Vec<(String, String)>;
 
 async fn run() -> Result<()> {
@@ -63,7 +64,7 @@ async fn run() -> Result<()> {
     let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
     let wanted = |group: &str| only.as_deref().is_none_or(|o| group.contains(o));
     // Release binaries (the bench profile is optimised), built as the tests build theirs.
-    let bins = bins::bins()?;
+    let bins = bins()?;
     let scratch = tempfile::Builder::new()
         .prefix("runlock-bench")
         .tempdir_in("/tmp")?;
@@ -86,14 +87,8 @@ async fn run() -> Result<()> {
         if !wanted(name) {
             continue;
         }
-        let agent = Agent::start_plain(
-            &bins.runlockd,
-            scratch.path(),
-            name.trim_end_matches("://"),
-            &uri,
-        )
-        .await?;
-        let (acquire, release, pair) = round_trips(&agent.socket).await?;
+        let mut agent = start_agent(&uri, &[], &[]).await?;
+        let (acquire, release, pair) = round_trips(&agent).await?;
         let ratio = quantile(&mut acquire.clone(), 0.5).as_secs_f64() / echo_p50.as_secs_f64();
         rows.push((
             format!("{name} acquire round trip"),
@@ -102,7 +97,7 @@ async fn run() -> Result<()> {
         rows.push((format!("{name} release round trip"), percentiles(release)));
         rows.push((format!("{name} acquire+release pair"), percentiles(pair)));
         let shims = [bins.runlock.clone(), static_shim(&bins.runlock)?];
-        let (timed, flock) = beside_flock(&shims, &agent.socket, scratch.path()).await?;
+        let (timed, flock) = beside_flock(&shims, agent.socket(), scratch.path()).await?;
         let flock_p50 = quantile(&mut flock.clone(), 0.5).as_secs_f64();
         for (linked, shim) in ["dynamically", "statically"].iter().zip(timed) {
             let ratio = quantile(&mut shim.clone(), 0.5).as_secs_f64() / flock_p50;
@@ -115,14 +110,14 @@ async fn run() -> Result<()> {
         }
         rows.push(("`flock FILE true` beside them".into(), percentiles(flock)));
         if name == "memory://" {
-            let pairs = throughput(&agent.socket).await?;
+            let pairs = throughput(&agent).await?;
             rows.push((
                 format!("{name} pairs/s over {THROUGHPUT_CONNECTIONS} connections"),
                 format!("{pairs:.0}"),
             ));
         }
         if name == "file://" {
-            let crash = crash_release(&bins.runlock, &agent.socket).await?;
+            let crash = crash_release(&agent).await?;
             rows.push((
                 "file:// crash release (SIGKILL of a run → waiter holds the key)".into(),
                 percentiles(crash),
@@ -132,17 +127,17 @@ async fn run() -> Result<()> {
     }
 
     let groups: [(&str, Group); 7] = [
-        ("s3", |bin, scratch| Box::pin(s3_rows(bin, scratch))),
-        ("azure", |bin, scratch| Box::pin(azure_rows(bin, scratch))),
-        ("gcs", |bin, scratch| Box::pin(gcs_rows(bin, scratch))),
-        ("postgres", |bin, scratch| Box::pin(postgres(bin, scratch))),
-        ("etcd", |bin, scratch| Box::pin(etcd_rows(bin, scratch))),
-        ("leases", |bin, scratch| Box::pin(many_leases(bin, scratch))),
-        ("hostile", |bin, scratch| Box::pin(hostile(bin, scratch))),
+        ("s3", |scratch| Box::pin(s3_rows(scratch))),
+        ("azure", |scratch| Box::pin(azure_rows(scratch))),
+        ("gcs", |scratch| Box::pin(gcs_rows(scratch))),
+        ("postgres", |scratch| Box::pin(postgres(scratch))),
+        ("etcd", |scratch| Box::pin(etcd_rows(scratch))),
+        ("leases", |scratch| Box::pin(many_leases(scratch))),
+        ("hostile", |scratch| Box::pin(hostile(scratch))),
     ];
     for (name, group) in groups {
         if wanted(name) {
-            let measured = group(&bins.runlockd, scratch.path()).await;
+            let measured = group(scratch.path()).await;
             rows.extend(or_failure(name, measured));
         }
     }
@@ -159,18 +154,16 @@ async fn run() -> Result<()> {
 /// S3 on moto: the requests each agent operation costs the store, and acquire
 /// through the agent beside a raw conditional PUT with the same SDK, in the
 /// same run. Needs `RUNLOCK_TEST_S3_ENDPOINT` (BENCHMARKS.md).
-async fn s3_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
+async fn s3_rows(_scratch: &Path) -> Result<Rows> {
     let Ok(endpoint) = std::env::var("RUNLOCK_TEST_S3_ENDPOINT") else {
         let why = "skipped: RUNLOCK_TEST_S3_ENDPOINT is not set (see BENCHMARKS.md)";
         return Ok(vec![("S3 (moto)".into(), why.into())]);
     };
     let bucket = format!("runlock-bench-{}", std::process::id());
     // moto accepts an unsigned bucket creation.
-    curl(
-        &["-X", "PUT", &format!("{endpoint}/{bucket}")],
-        "creating a bucket",
-    )
-    .await?;
+    http::request("PUT", &format!("{endpoint}/{bucket}"), &[], "")
+        .await?
+        .success("creating a bucket")?;
     let env = [
         ("AWS_ENDPOINT_URL", endpoint.as_str()),
         ("AWS_ACCESS_KEY_ID", "test"),
@@ -181,11 +174,10 @@ async fn s3_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
     let mut proxied = env;
     proxied[0].1 = &proxy.url;
     let uri = format!("s3://{bucket}/counted");
-    let mut rows =
-        requests_per_operation(bin, scratch, "S3 (moto)", &uri, &proxied, &proxy, "3s").await?;
+    let mut rows = requests_per_operation("S3 (moto)", &uri, &proxied, &proxy, "3s").await?;
     let uri = format!("s3://{bucket}/bench");
-    let agent = Agent::start(bin, scratch, "s3", &uri, &[], &env).await?;
-    let acquires = acquire_round_trips(&agent.socket).await?;
+    let mut agent = start_agent(&uri, &[], &env).await?;
+    let acquires = acquire_round_trips(&agent).await?;
     agent.stop().await?;
 
     // The same SDK, the same endpoint, a body of a record's size, If-Match on the
@@ -234,7 +226,7 @@ const AZURITE_KEY: &str =
 /// Azure Blob on the Azurite of `tests/scripts/azurite.sh`: the requests each
 /// agent operation costs the store, and acquire through the agent beside a
 /// raw conditional write with the agent's own Azure client, in the same run.
-async fn azure_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
+async fn azure_rows(_scratch: &Path) -> Result<Rows> {
     let (Ok(endpoint), Ok(python)) = (
         std::env::var("RUNLOCK_TEST_AZURE_ENDPOINT"),
         std::env::var("RUNLOCK_TEST_AZURE_PYTHON"),
@@ -272,13 +264,12 @@ async fn azure_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
     let proxied = connection_string(&format!("{}/devstoreaccount1", proxy.url));
     let env = [("AZURE_STORAGE_CONNECTION_STRING", proxied.as_str())];
     let uri = format!("azure://{container}/counted");
-    let mut rows =
-        requests_per_operation(bin, scratch, "Azure (Azurite)", &uri, &env, &proxy, "3s").await?;
+    let mut rows = requests_per_operation("Azure (Azurite)", &uri, &env, &proxy, "3s").await?;
 
     let env = [("AZURE_STORAGE_CONNECTION_STRING", direct.as_str())];
     let uri = format!("azure://{container}/timed");
-    let agent = Agent::start(bin, scratch, "azure", &uri, &[], &env).await?;
-    let acquires = acquire_round_trips(&agent.socket).await?;
+    let mut agent = start_agent(&uri, &[], &env).await?;
+    let acquires = acquire_round_trips(&agent).await?;
     agent.stop().await?;
 
     // The agent's own Azure client (the adapter it wraps its engine around), a
@@ -396,8 +387,6 @@ fn is_request_line(line: &[u8]) -> bool {
 /// key this agent freed and of one another agent freed, one refused as held,
 /// a renewal (TTL `ttl`, by the agent's own count of them) and a release.
 async fn requests_per_operation(
-    bin: &Path,
-    scratch: &Path,
     store: &str,
     uri: &str,
     env: &[(&str, &str)],
@@ -411,12 +400,11 @@ async fn requests_per_operation(
             .port()
     );
     let extra = ["--ttl", ttl, "--metrics", metrics.as_str()];
-    let a = Agent::start(bin, scratch, "counted-a", uri, &extra, env).await?;
-    let b = Agent::start(bin, scratch, "counted-b", uri, &["--ttl", ttl], env).await?;
-    let mut a_conn = connect(&a.socket).await?;
-    let mut b_conn = connect(&b.socket).await?;
+    let mut a = start_agent(uri, &extra, env).await?;
+    let mut b = start_agent(uri, &["--ttl", ttl], env).await?;
+    let mut a_conn = a.client().await?;
+    let mut b_conn = b.client().await?;
     let mut rows = Vec::new();
-    let mut id = 0;
     let mut counted = |what: &str, before: usize, after: usize, per: f64| {
         rows.push((
             format!("{store}: store requests per {what}"),
@@ -425,8 +413,7 @@ async fn requests_per_operation(
     };
 
     let before = proxy.requests();
-    id += 1;
-    let lease = acquired(call(&mut a_conn, id, acquire("new-key", 0)).await?)?;
+    let lease = acquired(a_conn.call(acquire("new-key", 0)).await?)?;
     let after = proxy.requests();
     counted("acquire of a key never seen", before, after, 1.0);
 
@@ -438,38 +425,30 @@ async fn requests_per_operation(
     let renewed = renewals(&metrics).await? - renewed;
     counted("renewal", after, held, renewed);
 
-    id += 1;
-    release(&mut a_conn, id, lease).await?;
+    release(&mut a_conn, lease).await?;
     let released = proxy.requests();
     counted("release", held, released, 1.0);
 
-    id += 1;
-    let lease = acquired(call(&mut a_conn, id, acquire("new-key", 0)).await?)?;
+    let lease = acquired(a_conn.call(acquire("new-key", 0)).await?)?;
     let again = proxy.requests();
     counted("acquire of a key this agent freed", released, again, 1.0);
 
-    id += 1;
-    match call(&mut b_conn, id, acquire("new-key", 0)).await? {
+    match b_conn.call(acquire("new-key", 0)).await? {
         AgentMessage::Error(e) if e.code == runlock_protocol::ErrorCode::Held => {}
         other => bail!("B's acquire of a held key: {other:?}"),
     }
     let refused = proxy.requests();
     counted("acquire refused as held", again, refused, 1.0);
-    id += 1;
-    release(&mut a_conn, id, lease).await?;
+    release(&mut a_conn, lease).await?;
 
     // A key another agent wrote last: this agent's guess fails, then it reads.
-    id += 1;
-    let lease = acquired(call(&mut b_conn, id, acquire("b-key", 0)).await?)?;
-    id += 1;
-    release(&mut b_conn, id, lease).await?;
+    let lease = acquired(b_conn.call(acquire("b-key", 0)).await?)?;
+    release(&mut b_conn, lease).await?;
     let before = proxy.requests();
-    id += 1;
-    let lease = acquired(call(&mut a_conn, id, acquire("b-key", 0)).await?)?;
+    let lease = acquired(a_conn.call(acquire("b-key", 0)).await?)?;
     let after = proxy.requests();
     counted("acquire of a key another agent freed", before, after, 1.0);
-    id += 1;
-    release(&mut a_conn, id, lease).await?;
+    release(&mut a_conn, lease).await?;
 
     drop((a_conn, b_conn));
     a.stop().await?;
@@ -477,27 +456,11 @@ async fn requests_per_operation(
     Ok(rows)
 }
 
-/// `curl ARGS` (failing on an HTTP error, 10 s at most): its output, or an
-/// error saying `what` failed and curl's own words.
-async fn curl(args: &[&str], what: &str) -> Result<String> {
-    let out = Command::new("curl")
-        .args(["-sSf", "-m", "10"])
-        .args(args)
-        .output()
-        .await?;
-    if !out.status.success() {
-        bail!("{what}: {}", String::from_utf8_lossy(&out.stderr).trim());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// The agent's count of successful renewals, from its metrics endpoint.
 async fn renewals(metrics: &str) -> Result<f64> {
-    let text = curl(
-        &[&format!("http://{metrics}/metrics")],
-        "reading the agent's metrics",
-    )
-    .await?;
+    let text = http::get(&format!("http://{metrics}/metrics"))
+        .await?
+        .success("reading the agent's metrics")?;
     text.lines()
         .find_map(|l| l.strip_prefix(r#"runlock_renewals_total{result="ok"} "#))
         .context("no renewal count in the agent's metrics")?
@@ -507,9 +470,9 @@ async fn renewals(metrics: &str) -> Result<f64> {
 }
 
 /// `WARM_UP` acquire+release pairs of `key` on `conn`, unmeasured.
-async fn warm_up(conn: &mut Conn, key: &str) -> Result<()> {
-    for i in 0..WARM_UP as u64 {
-        pair(conn, 2 * i + 1, key).await?;
+async fn warm_up(conn: &mut RawClient, key: &str) -> Result<()> {
+    for _ in 0..WARM_UP {
+        pair(conn, key).await?;
     }
     Ok(())
 }
@@ -517,23 +480,23 @@ async fn warm_up(conn: &mut Conn, key: &str) -> Result<()> {
 /// `pairs` acquire+release pairs of `key` on `conn`: their acquire and their
 /// release round trips.
 async fn timed_pairs(
-    conn: &mut Conn,
+    conn: &mut RawClient,
     key: &str,
     pairs: usize,
 ) -> Result<(Vec<Duration>, Vec<Duration>)> {
     let (mut acquires, mut releases) = (Vec::new(), Vec::new());
-    for i in 0..pairs as u64 {
-        let (acquire, release) = pair(conn, 1_000 + 2 * i, key).await?;
+    for _ in 0..pairs {
+        let (acquire, release) = pair(conn, key).await?;
         acquires.push(acquire);
         releases.push(release);
     }
     Ok((acquires, releases))
 }
 
-/// `STORE_ROUND_TRIPS` acquire round trips through the agent at `socket`,
-/// after the warm-up, on one key: an uncontended acquire on a store.
-async fn acquire_round_trips(socket: &Path) -> Result<Vec<Duration>> {
-    let mut conn = connect(socket).await?;
+/// `STORE_ROUND_TRIPS` acquire round trips through `agent`, after the
+/// warm-up, on one key: an uncontended acquire on a store.
+async fn acquire_round_trips(agent: &TestAgent) -> Result<Vec<Duration>> {
+    let mut conn = agent.client().await?;
     let key = "dev:tap-x-to-target-y";
     warm_up(&mut conn, key).await?;
     Ok(timed_pairs(&mut conn, key, STORE_ROUND_TRIPS).await?.0)
@@ -590,12 +553,12 @@ fn acquired(reply: AgentMessage) -> Result<String> {
     }
 }
 
-async fn release(conn: &mut Conn, id: u64, lease_id: String) -> Result<()> {
+async fn release(conn: &mut RawClient, lease_id: String) -> Result<()> {
     let request = ClientMessage::Release {
         lease_ids: vec![lease_id],
         key: None,
     };
-    match call(conn, id, request).await? {
+    match conn.call(request).await? {
         AgentMessage::Released { count: 1 } => Ok(()),
         other => bail!("release: {other:?}"),
     }
@@ -610,48 +573,38 @@ async fn release(conn: &mut Conn, id: u64, lease_id: String) -> Result<()> {
 /// the keys this agent freed (one replace each) beside raw replaces; and a few
 /// acquires right after a release of the same key, which the engine spaces
 /// by that second. Needs `RUNLOCK_TEST_GCS_ENDPOINT` (BENCHMARKS.md).
-async fn gcs_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
+async fn gcs_rows(_scratch: &Path) -> Result<Rows> {
     let Ok(endpoint) = std::env::var("RUNLOCK_TEST_GCS_ENDPOINT") else {
         let why = "skipped: RUNLOCK_TEST_GCS_ENDPOINT is not set (see BENCHMARKS.md)";
         return Ok(vec![("GCS (fake-gcs-server)".into(), why.into())]);
     };
     let bucket = format!("runlock-bench-{}", std::process::id());
-    let create = [
-        "-X",
+    http::request(
         "POST",
-        "-H",
-        "Content-Type: application/json",
-        "-d",
-        &format!("{{\"name\":\"{bucket}\"}}"),
         &format!("{endpoint}/storage/v1/b?project=bench"),
-    ];
-    curl(&create, "creating a bucket").await?;
+        &[("content-type", "application/json")],
+        format!("{{\"name\":\"{bucket}\"}}"),
+    )
+    .await?
+    .success("creating a bucket")?;
     let proxy = CountingProxy::start(&endpoint).await?;
     let env = [("STORAGE_EMULATOR_HOST", proxy.url.as_str())];
     let uri = format!("gs://{bucket}/counted");
     // TTL 6 s: GCS's shortest is 5 s.
-    let mut rows = requests_per_operation(
-        bin,
-        scratch,
-        "GCS (fake-gcs-server)",
-        &uri,
-        &env,
-        &proxy,
-        "6s",
-    )
-    .await?;
+    let mut rows =
+        requests_per_operation("GCS (fake-gcs-server)", &uri, &env, &proxy, "6s").await?;
     drop(proxy);
     let uri = format!("gs://{bucket}/bench");
     let env = [("STORAGE_EMULATOR_HOST", endpoint.as_str())];
-    let agent = Agent::start(bin, scratch, "gcs", &uri, &[], &env).await?;
-    let mut conn = connect(&agent.socket).await?;
-    let new_keys = gcs_acquire_all(&mut conn, 1, "new").await?;
+    let mut agent = start_agent(&uri, &[], &env).await?;
+    let mut conn = agent.client().await?;
+    let new_keys = gcs_acquire_all(&mut conn, "new").await?;
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    let freed_keys = gcs_acquire_all(&mut conn, 1_000, "freed").await?;
+    let freed_keys = gcs_acquire_all(&mut conn, "freed").await?;
     let mut right_after = Vec::new();
     for i in 0..5 {
         let started = Instant::now();
-        pair(&mut conn, 10_000 + 2 * i, "dev:gcs-right-after").await?;
+        pair(&mut conn, "dev:gcs-right-after").await?;
         if i > 0 {
             right_after.push(started.elapsed());
         }
@@ -739,13 +692,11 @@ async fn gcs_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
 
 /// Acquires keys `dev:gcs-0..` one request at a time, then releases them in
 /// one request; the samples leave out the first 30 (warm-up).
-async fn gcs_acquire_all(conn: &mut Conn, first_id: u64, round: &str) -> Result<Vec<Duration>> {
+async fn gcs_acquire_all(conn: &mut RawClient, round: &str) -> Result<Vec<Duration>> {
     let (mut samples, mut lease_ids) = (Vec::new(), Vec::new());
-    let mut id = first_id;
     for i in 0..(30 + GCS_KEYS) {
-        id += 1;
         let started = Instant::now();
-        match call(conn, id, acquire(&format!("dev:gcs-{i}"), 0)).await? {
+        match conn.call(acquire(&format!("dev:gcs-{i}"), 0)).await? {
             AgentMessage::Acquired { mut leases, .. } => {
                 lease_ids.push(leases.pop().context("no lease")?.lease_id)
             }
@@ -759,7 +710,7 @@ async fn gcs_acquire_all(conn: &mut Conn, first_id: u64, round: &str) -> Result<
         lease_ids,
         key: None,
     };
-    match call(conn, id + 1, release).await? {
+    match conn.call(release).await? {
         AgentMessage::Released { .. } => Ok(samples),
         other => bail!("{round} release: {other:?}"),
     }
@@ -771,7 +722,7 @@ async fn gcs_acquire_all(conn: &mut Conn, first_id: u64, round: &str) -> Result<
 /// transaction made with the same client crate; and how soon a waiter on a
 /// second agent gets a key released on the first, woken by the watch or,
 /// with `?watch=false`, by its polling.
-async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
+async fn etcd_rows(_scratch: &Path) -> Result<Rows> {
     let Ok(endpoint) = std::env::var("RUNLOCK_TEST_ETCD_ENDPOINT") else {
         let why = "skipped: RUNLOCK_TEST_ETCD_ENDPOINT is not set (see BENCHMARKS.md)";
         return Ok(vec![("etcd".into(), why.into())]);
@@ -782,8 +733,8 @@ async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
     let key = "dev:tap-x-to-target-y";
 
     // Acquire + release pairs: their latency, and what each cost etcd.
-    let agent = Agent::start(bin, scratch, "etcd", &uri, &[], &[]).await?;
-    let mut conn = connect(&agent.socket).await?;
+    let mut agent = start_agent(&uri, &[], &[]).await?;
+    let mut conn = agent.client().await?;
     warm_up(&mut conn, key).await?;
     let before = etcd_requests(&endpoint).await?;
     let (acquires, _) = timed_pairs(&mut conn, key, STORE_ROUND_TRIPS).await?;
@@ -793,11 +744,11 @@ async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
     rows.push(("etcd: requests per acquire + release".into(), per_pair));
 
     // A waiter on another agent polls a held key for 5 s.
-    let other = Agent::start(bin, scratch, "etcd-b", &uri, &[], &[]).await?;
-    let lease_id = acquired(call(&mut conn, 5_000, acquire(key, 0)).await?)?;
-    let mut waiter = connect(&other.socket).await?;
+    let mut other = start_agent(&uri, &[], &[]).await?;
+    let lease_id = acquired(conn.call(acquire(key, 0)).await?)?;
+    let mut waiter = other.client().await?;
     let before = etcd_requests(&endpoint).await?;
-    match call(&mut waiter, 1, acquire(key, 5_000)).await? {
+    match waiter.call(acquire(key, 5_000)).await? {
         AgentMessage::Error(_) => {}
         unexpected => bail!("a held key was granted: {unexpected:?}"),
     }
@@ -805,14 +756,14 @@ async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
         "etcd: requests of one waiter on another agent, 5 s on a held key".into(),
         etcd_requests(&endpoint).await?.since(&before, 1),
     ));
-    release(&mut conn, 5_001, lease_id).await?;
+    release(&mut conn, lease_id).await?;
     agent.stop().await?;
     other.stop().await?;
 
     // Renewals: TTL 3 s renews about every second.
-    let agent = Agent::start(bin, scratch, "etcd-renew", &uri, &["--ttl", "3s"], &[]).await?;
-    let mut conn = connect(&agent.socket).await?;
-    let lease_id = acquired(call(&mut conn, 1, acquire(key, 0)).await?)?;
+    let mut agent = start_agent(&uri, &["--ttl", "3s"], &[]).await?;
+    let mut conn = agent.client().await?;
+    let lease_id = acquired(conn.call(acquire(key, 0)).await?)?;
     let before = etcd_requests(&endpoint).await?;
     tokio::time::sleep(Duration::from_secs(10)).await;
     let during = etcd_requests(&endpoint).await?;
@@ -821,7 +772,7 @@ async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
         format!("etcd: requests per renewal (TTL 3 s, {renewals} renewals in 10 s)"),
         during.since(&before, renewals.max(1) as usize),
     ));
-    release(&mut conn, 2, lease_id).await?;
+    release(&mut conn, lease_id).await?;
     agent.stop().await?;
 
     // The same client crate and etcd: one conditional put, as an acquire's
@@ -861,11 +812,11 @@ async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
         ("watch", uri.clone()),
         ("polling", format!("{uri}?watch=false")),
     ] {
-        let a = Agent::start(bin, scratch, "etcd-wake-a", &uri, &[], &[]).await?;
-        let b = Agent::start(bin, scratch, "etcd-wake-b", &b_uri, &[], &[]).await?;
+        let mut a = start_agent(&uri, &[], &[]).await?;
+        let mut b = start_agent(&b_uri, &[], &[]).await?;
         rows.push((
             format!("etcd: release on one agent → a waiter on another holds the key ({name})"),
-            percentiles(wake_ups(&a.socket, &b.socket, key).await?),
+            percentiles(wake_ups(&a, &b, key).await?),
         ));
         a.stop().await?;
         b.stop().await?;
@@ -877,7 +828,9 @@ async fn etcd_rows(bin: &Path, scratch: &Path) -> Result<Rows> {
 struct EtcdRequests(std::collections::BTreeMap<String, u64>);
 
 async fn etcd_requests(endpoint: &str) -> Result<EtcdRequests> {
-    let text = curl(&[&format!("{endpoint}/metrics")], "reading etcd's metrics").await?;
+    let text = http::get(&format!("{endpoint}/metrics"))
+        .await?
+        .success("reading etcd's metrics")?;
     let mut counts = std::collections::BTreeMap::new();
     for line in text.lines() {
         let Some(rest) = line.strip_prefix("grpc_server_started_total{grpc_method=\"") else {
@@ -915,7 +868,7 @@ impl EtcdRequests {
 /// agent on another "host" takes a key after its release, woken by NOTIFY or
 /// by its own polling (`[postgres] listen = false`). Plain TCP for both the
 /// agent and the raw client (`sslmode=disable`), so TLS is not measured.
-async fn postgres(bin: &Path, scratch: &Path) -> Result<Rows> {
+async fn postgres(scratch: &Path) -> Result<Rows> {
     let Ok(server_uri) = std::env::var("RUNLOCK_TEST_PG_URI") else {
         let why = "skipped: RUNLOCK_TEST_PG_URI is not set (see BENCHMARKS.md)";
         return Ok(vec![("PostgreSQL".into(), why.into())]);
@@ -942,13 +895,13 @@ async fn postgres(bin: &Path, scratch: &Path) -> Result<Rows> {
     let quiet_config = scratch.join("pg-poll.toml");
     std::fs::write(&quiet_config, "[postgres]\nlisten = false\n")?;
     let quiet = ["--config", quiet_config.to_str().context("utf-8 path")?];
-    let agent = Agent::start(bin, scratch, "pg", &uri, &[], &[]).await?;
-    let polling = Agent::start(bin, scratch, "pg-poll", &uri, &quiet, &[]).await?;
+    let agent = start_agent(&uri, &[], &[]).await?;
+    let polling = start_agent(&uri, &quiet, &[]).await?;
     let key = "dev:tap-x-to-target-y";
-    let mut conn = connect(&agent.socket).await?;
+    let mut conn = agent.client().await?;
     let (listening_count, acquires, releases) =
         counted_pairs(&mut conn, &admin, &database, key, STORE_ROUND_TRIPS).await?;
-    let mut quiet_conn = connect(&polling.socket).await?;
+    let mut quiet_conn = polling.client().await?;
     let (quiet_count, _, _) = counted_pairs(
         &mut quiet_conn,
         &admin,
@@ -977,10 +930,10 @@ async fn postgres(bin: &Path, scratch: &Path) -> Result<Rows> {
     .await?;
 
     // Wake-ups: the holder on `agent`, waiters on two more agents (hosts).
-    let listening = Agent::start(bin, scratch, "pg-listen", &uri, &[], &[]).await?;
-    let notified = wake_ups(&agent.socket, &listening.socket, "wake-notify").await?;
-    let polled = wake_ups(&agent.socket, &polling.socket, "wake-poll").await?;
-    for agent in [agent, listening, polling] {
+    let listening = start_agent(&uri, &[], &[]).await?;
+    let notified = wake_ups(&agent, &listening, "wake-notify").await?;
+    let polled = wake_ups(&agent, &polling, "wake-poll").await?;
+    for mut agent in [agent, listening, polling] {
         agent.stop().await?;
     }
     drop(raw_client);
@@ -1026,7 +979,7 @@ async fn postgres(bin: &Path, scratch: &Path) -> Result<Rows> {
 /// the transactions the server counted in `database` for them, and the
 /// acquire and release round trips.
 async fn counted_pairs(
-    conn: &mut Conn,
+    conn: &mut RawClient,
     admin: &tokio_postgres::Client,
     database: &str,
     key: &str,
@@ -1045,39 +998,34 @@ async fn counted_pairs(
     // A backend publishes its counts at most once a second: an inspect more
     // than a second after the last statement publishes everything before it.
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    call(conn, 500, ClientMessage::Inspect { key: key.into() }).await?;
+    conn.call(ClientMessage::Inspect { key: key.into() })
+        .await?;
     let before = transactions().await?;
     let (acquires, releases) = timed_pairs(conn, key, pairs).await?;
     tokio::time::sleep(Duration::from_millis(1100)).await;
-    call(conn, 501, ClientMessage::Inspect { key: key.into() }).await?;
+    conn.call(ClientMessage::Inspect { key: key.into() })
+        .await?;
     let counted = transactions().await? - before - 1; // less the settling inspect
     Ok((counted, acquires, releases))
 }
 
-/// From a release through the agent at `holder` to the grant of a client
-/// waiting for that key on the agent at `waiter`, `WAKE_UPS` times. Each
+/// From a release through the agent `holder` to the grant of a client
+/// waiting for that key on the agent `waiter`, `WAKE_UPS` times. Each
 /// waiter waits 1.5 s first, so its polling has backed off to its cap, as
 /// for any wait that lasts.
-async fn wake_ups(holder: &Path, waiter: &Path, key: &str) -> Result<Vec<Duration>> {
-    let (mut holder, mut waiter) = (connect(holder).await?, connect(waiter).await?);
+async fn wake_ups(holder: &TestAgent, waiter: &TestAgent, key: &str) -> Result<Vec<Duration>> {
+    let (mut holder, mut waiter) = (holder.client().await?, waiter.client().await?);
     let mut samples = Vec::new();
-    for i in 0..WAKE_UPS as u64 {
-        let lease_id = acquired(call(&mut holder, 10 * i + 1, acquire(key, 0)).await?)?;
-        waiter
-            .send(Envelope::request(10 * i + 2, acquire(key, 30_000)))
-            .await?;
+    for _ in 0..WAKE_UPS {
+        let lease_id = acquired(holder.call(acquire(key, 0)).await?)?;
+        let waiting = waiter.send(acquire(key, 30_000)).await?;
         tokio::time::sleep(Duration::from_millis(1_500)).await;
         let released = Instant::now();
-        release(&mut holder, 10 * i + 3, lease_id).await?;
-        let reply = loop {
-            match waiter.next().await.context("agent closed")?? {
-                Ok(Envelope { id: Some(id), body }) if id == 10 * i + 2 => break body,
-                _ => continue,
-            }
-        };
+        release(&mut holder, lease_id).await?;
+        let reply = waiter.reply(waiting).await?;
         samples.push(released.elapsed());
         let lease_id = acquired(reply)?;
-        release(&mut waiter, 10 * i + 4, lease_id).await?;
+        release(&mut waiter, lease_id).await?;
     }
     Ok(samples)
 }
@@ -1085,20 +1033,12 @@ async fn wake_ups(holder: &Path, waiter: &Path, key: &str) -> Result<Vec<Duratio
 /// One agent holding 10,000 leases (TTL 30 s) on the in-memory CAS store:
 /// how late renewals go out (the agent's own once-a-minute report), its
 /// resident memory, and its share of one core over that minute.
-async fn many_leases(bin: &Path, scratch: &Path) -> Result<Rows> {
-    let agent = Agent::start(
-        bin,
-        scratch,
-        "many",
-        "memory-cas://",
-        &["--ttl", "30s"],
-        &[],
-    )
-    .await?;
-    let pid = agent.child.id().context("agent pid")?;
+async fn many_leases(_scratch: &Path) -> Result<Rows> {
+    let mut agent = start_agent("memory-cas://", &["--ttl", "30s"], &[]).await?;
+    let pid = agent.pid().context("agent pid")?;
     let mut conns = Vec::new();
     for c in 0..MANY_LEASES / 1000 {
-        let mut conn = connect(&agent.socket).await?;
+        let mut conn = agent.client().await?;
         let keys = (c * 1000..(c + 1) * 1000)
             .map(|i| format!("lease-{i}"))
             .collect();
@@ -1110,16 +1050,15 @@ async fn many_leases(bin: &Path, scratch: &Path) -> Result<Rows> {
             command: "bench".into(),
             on_lost: OnLost::Term,
         };
-        match call(&mut conn, 1, request).await? {
+        match conn.call(request).await? {
             AgentMessage::Acquired { leases, .. } if leases.len() == 1000 => {}
             other => bail!("acquire of 1000 keys: {other:?}"),
         }
         conns.push(conn);
     }
     let (cpu_before, started) = (cpu_seconds(pid)?, Instant::now());
-    let log_path = scratch.join("many.log");
     let report = loop {
-        let log = std::fs::read_to_string(&log_path)?;
+        let log = agent.log();
         if let Some(line) = log.lines().find(|l| l.contains("renewal lateness")) {
             break serde_json::from_str::<serde_json::Value>(line)?;
         }
@@ -1207,7 +1146,7 @@ sys.stdin.read()
 /// partial-frame, connections: the agent's memory and a good client's ping
 /// beside them, under the default limits and with the limits raised to
 /// admit them all (what the limits spare the agent).
-async fn hostile(bin: &Path, scratch: &Path) -> Result<Rows> {
+async fn hostile(scratch: &Path) -> Result<Rows> {
     use std::os::unix::fs::PermissionsExt;
     // nobody must reach the socket: the scratch directory is root's 0700.
     let dir = scratch.join("hostile");
@@ -1232,9 +1171,11 @@ async fn hostile(bin: &Path, scratch: &Path) -> Result<Rows> {
         let file = dir.join("runlockd.toml");
         std::fs::write(&file, config)?;
         let extra = ["--config", file.to_str().context("utf-8")?, "--socket-group", "65534"];
-        let agent = Agent::start(bin, &dir, "hostile", "memory://", &extra, &[]).await?;
-        let pid = agent.child.id().context("agent pid")?;
-        let mut good = connect(&agent.socket).await?;
+        let mut options = agent_options("memory://", &extra);
+        options.socket = Some(dir.join("hostile.sock"));
+        let mut agent = TestAgent::start_with_env(options, &agent_env(&[])).await?;
+        let pid = agent.pid().context("agent pid")?;
+        let mut good = agent.client().await?;
         let quiet = pings(&mut good).await?;
         let quiet_p50 = quantile(&mut quiet.clone(), 0.5);
         rows.push((
@@ -1243,11 +1184,10 @@ async fn hostile(bin: &Path, scratch: &Path) -> Result<Rows> {
         ));
         rows.push((format!("{setting}: good client ping, quiet"), percentiles(quiet)));
         for mode in ["silent", "partial"] {
-            let mut peer = Command::new("setpriv")
-                .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            let mut peer = runlock_tests::setpriv(65534, 65534, &[])
                 // Debian's python3: root's pyenv shims are not reachable by nobody.
                 .args(["/usr/bin/python3", "-c", HOSTILE_PEER])
-                .arg(&agent.socket)
+                .arg(agent.socket())
                 .args([&HOSTILE.to_string(), mode, &hex])
                 .stdin(Stdio::piped())
                 .stdout(Stdio::piped())
@@ -1287,11 +1227,11 @@ async fn hostile(bin: &Path, scratch: &Path) -> Result<Rows> {
     Ok(rows)
 }
 
-async fn pings(conn: &mut Conn) -> Result<Vec<Duration>> {
+async fn pings(conn: &mut RawClient) -> Result<Vec<Duration>> {
     let mut samples = Vec::with_capacity(PINGS);
-    for i in 0..PINGS {
+    for _ in 0..PINGS {
         let started = Instant::now();
-        match call(conn, 1_000_000 + i as u64, ClientMessage::Ping).await? {
+        match conn.call(ClientMessage::Ping).await? {
             AgentMessage::Pong => samples.push(started.elapsed()),
             other => bail!("ping: {other:?}"),
         }
@@ -1323,98 +1263,33 @@ fn rss_kib(pid: u32) -> Result<u64> {
         .parse()?)
 }
 
-/// The agent binary on a scratch socket, ready when it says READY=1.
-struct Agent {
-    child: Child,
-    socket: PathBuf,
+/// The agent's flags for the bench: JSON logs (the 10,000-lease group reads
+/// its renewal report from them), then `extra`.
+fn agent_options(uri: &str, extra: &[&str]) -> AgentOptions {
+    let mut options = AgentOptions::new(uri);
+    options.args = ["--log-format", "json"]
+        .iter()
+        .chain(extra)
+        .map(|a| a.to_string())
+        .collect();
+    // No harness holds stderr back here: the logs stay in their files.
+    options.log_on_drop = false;
+    options
 }
 
-impl Agent {
-    /// Starts the agent; its log (JSON, `info` and up) goes to `{scratch}/{name}.log`.
-    async fn start(
-        bin: &Path,
-        scratch: &Path,
-        name: &str,
-        uri: &str,
-        extra: &[&str],
-        env: &[(&str, &str)],
-    ) -> Result<Agent> {
-        let socket = scratch.join(format!("{name}.sock"));
-        let notify_path = scratch.join(format!("{name}.notify"));
-        // An agent of this name may have run before (the wake-up loops).
-        let _ = std::fs::remove_file(&notify_path);
-        let notify = UnixDatagram::bind(&notify_path)
-            .with_context(|| format!("binding {}", notify_path.display()))?;
-        let log = std::fs::File::create(scratch.join(format!("{name}.log")))?;
-        let child = Command::new(bin)
-            .args([
-                "--socket",
-                socket.to_str().context("utf-8 path")?,
-                "--backend",
-                uri,
-            ])
-            .args(["--log-format", "json"])
-            .args(extra)
-            .envs(env.iter().copied())
-            .env("NOTIFY_SOCKET", &notify_path)
-            .env("RUST_LOG", "info,runlock_agent::lease=warn")
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()?;
-        let mut buf = [0u8; 256];
-        let n = tokio::time::timeout(Duration::from_secs(10), notify.recv(&mut buf))
-            .await
-            .context("agent did not become ready")??;
-        if !String::from_utf8_lossy(&buf[..n]).contains("READY=1") {
-            bail!("unexpected notification");
-        }
-        Ok(Agent { child, socket })
-    }
-
-    async fn start_plain(bin: &Path, scratch: &Path, name: &str, uri: &str) -> Result<Agent> {
-        Agent::start(bin, scratch, name, uri, &[], &[]).await
-    }
-
-    async fn stop(mut self) -> Result<()> {
-        if let Some(pid) = self.child.id() {
-            nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid as i32),
-                nix::sys::signal::Signal::SIGTERM,
-            )?;
-        }
-        tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await??;
-        Ok(())
-    }
+/// `env` for the agent, and a log of `info` and up without the lease layer's
+/// line per lease, which would be timed with every acquire.
+fn agent_env(env: &[(&str, &str)]) -> Vec<(String, String)> {
+    [("RUST_LOG", "info,runlock_agent::lease=warn")]
+        .iter()
+        .chain(env)
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
 }
 
-type Conn = Framed<UnixStream, ShimCodec>;
-
-async fn connect(socket: &Path) -> Result<Conn> {
-    let mut conn = Framed::new(UnixStream::connect(socket).await?, ShimCodec::new());
-    let hello = ClientMessage::Hello {
-        version: PROTOCOL_VERSION,
-        client: "bench".into(),
-        pid: std::process::id(),
-        takes_locks: false,
-    };
-    match call(&mut conn, 0, hello).await? {
-        AgentMessage::Welcome { .. } => Ok(conn),
-        other => bail!("unexpected {other:?}"),
-    }
-}
-
-async fn call(conn: &mut Conn, id: u64, body: ClientMessage) -> Result<AgentMessage> {
-    conn.send(Envelope::request(id, body)).await?;
-    loop {
-        match conn.next().await.context("agent closed")?? {
-            Ok(Envelope {
-                id: Some(got),
-                body,
-            }) if got == id => return Ok(body),
-            Ok(_) => continue,
-            Err(bad) => bail!("undecodable reply: {}", bad.reason),
-        }
-    }
+/// An agent on `uri` with `extra` flags and `env`, ready.
+async fn start_agent(uri: &str, extra: &[&str], env: &[(&str, &str)]) -> Result<TestAgent> {
+    TestAgent::start_with_env(agent_options(uri, extra), &agent_env(env)).await
 }
 
 fn acquire(key: &str, wait_ms: u64) -> ClientMessage {
@@ -1428,22 +1303,19 @@ fn acquire(key: &str, wait_ms: u64) -> ClientMessage {
     }
 }
 
-async fn pair(conn: &mut Conn, id: u64, key: &str) -> Result<(Duration, Duration)> {
+async fn pair(conn: &mut RawClient, key: &str) -> Result<(Duration, Duration)> {
     let started = Instant::now();
-    let lease_id = match call(conn, id, acquire(key, 0)).await? {
+    let lease_id = match conn.call(acquire(key, 0)).await? {
         AgentMessage::Acquired { mut leases, .. } => leases.pop().context("no lease")?.lease_id,
         other => bail!("acquire: {other:?}"),
     };
     let acquired = Instant::now();
-    match call(
-        conn,
-        id + 1,
-        ClientMessage::Release {
+    match conn
+        .call(ClientMessage::Release {
             lease_ids: vec![lease_id],
             key: None,
-        },
-    )
-    .await?
+        })
+        .await?
     {
         AgentMessage::Released { count: 1 } => {}
         other => bail!("release: {other:?}"),
@@ -1451,15 +1323,15 @@ async fn pair(conn: &mut Conn, id: u64, key: &str) -> Result<(Duration, Duration
     Ok((acquired - started, acquired.elapsed()))
 }
 
-async fn round_trips(socket: &Path) -> Result<(Vec<Duration>, Vec<Duration>, Vec<Duration>)> {
-    let mut conn = connect(socket).await?;
+async fn round_trips(agent: &TestAgent) -> Result<(Vec<Duration>, Vec<Duration>, Vec<Duration>)> {
+    let mut conn = agent.client().await?;
     let key = "dev:tap-x-to-target-y";
-    for i in 0..1_000 {
-        pair(&mut conn, 2 * i + 1, key).await?;
+    for _ in 0..1_000 {
+        pair(&mut conn, key).await?;
     }
     let (mut acquires, mut releases, mut pairs) = (Vec::new(), Vec::new(), Vec::new());
-    for i in 0..ROUND_TRIPS as u64 {
-        let (a, r) = pair(&mut conn, 10_000 + 2 * i, key).await?;
+    for _ in 0..ROUND_TRIPS {
+        let (a, r) = pair(&mut conn, key).await?;
         acquires.push(a);
         releases.push(r);
         pairs.push(a + r);
@@ -1467,17 +1339,16 @@ async fn round_trips(socket: &Path) -> Result<(Vec<Duration>, Vec<Duration>, Vec
     Ok((acquires, releases, pairs))
 }
 
-async fn throughput(socket: &Path) -> Result<f64> {
+async fn throughput(agent: &TestAgent) -> Result<f64> {
     let deadline = Instant::now() + THROUGHPUT_TIME;
     let mut tasks = Vec::new();
     for n in 0..THROUGHPUT_CONNECTIONS {
-        let socket = socket.to_path_buf();
+        let mut conn = agent.client().await?;
         tasks.push(tokio::spawn(async move {
-            let mut conn = connect(&socket).await?;
             let key = format!("bench-{n}");
             let mut count = 0u64;
             while Instant::now() < deadline {
-                pair(&mut conn, 2 * count + 1, &key).await?;
+                pair(&mut conn, &key).await?;
                 count += 1;
             }
             anyhow::Ok(count)
@@ -1493,19 +1364,13 @@ async fn throughput(socket: &Path) -> Result<f64> {
 
 /// A run holds the key; a waiter queues for it; SIGKILL takes the shim and
 /// its child's group at once; the figure is kill → the waiter's `acquired`.
-async fn crash_release(shim: &Path, socket: &Path) -> Result<Vec<Duration>> {
+async fn crash_release(agent: &TestAgent) -> Result<Vec<Duration>> {
     let mut samples = Vec::new();
     for i in 0..CRASHES {
         let key = format!("crash-{i}");
-        let mut run = Command::new(shim)
-            .args([
-                "--socket",
-                socket.to_str().context("utf-8")?,
-                "run",
-                "--key",
-                &key,
-                "--",
-            ])
+        let mut run = agent
+            .runlock()?
+            .args(["run", "--key", &key, "--"])
             .args(["sh", "-c", "echo ready; exec sleep 60"])
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -1514,12 +1379,10 @@ async fn crash_release(shim: &Path, socket: &Path) -> Result<Vec<Duration>> {
         tokio::time::timeout(Duration::from_secs(10), lines.next_line())
             .await??
             .context("no ready line")?;
-        let mut waiter = connect(socket).await?;
-        waiter
-            .send(Envelope::request(1, acquire(&key, 10_000)))
-            .await?;
+        let mut waiter = agent.client().await?;
+        let waiting = waiter.send(acquire(&key, 10_000)).await?;
         // A ping answered after the acquire was sent means the acquire is queued.
-        match call(&mut waiter, 2, ClientMessage::Ping).await? {
+        match waiter.call(ClientMessage::Ping).await? {
             AgentMessage::Pong => {}
             other => bail!("ping: {other:?}"),
         }
@@ -1530,15 +1393,9 @@ async fn crash_release(shim: &Path, socket: &Path) -> Result<Vec<Duration>> {
         use nix::unistd::Pid;
         kill(Pid::from_raw(shim_pid), Signal::SIGKILL)?;
         killpg(Pid::from_raw(child_group), Signal::SIGKILL)?;
-        loop {
-            match waiter.next().await.context("agent closed")?? {
-                Ok(Envelope {
-                    id: Some(1),
-                    body: AgentMessage::Acquired { .. },
-                }) => break,
-                Ok(Envelope { id: Some(1), body }) => bail!("waiter: {body:?}"),
-                _ => continue,
-            }
+        match waiter.reply(waiting).await? {
+            AgentMessage::Acquired { .. } => {}
+            other => bail!("waiter: {other:?}"),
         }
         samples.push(killed.elapsed());
         let _ = run.wait().await;

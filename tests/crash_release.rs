@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 /// close and releases in milliseconds; the exact figure is the benchmark's.
 const CRASH_RELEASE_BOUND: Duration = Duration::from_secs(5);
 
-on_both_backends!(
+test_matrix!(
+    [file: Backend::File, memory: Backend::Memory];
     sigkill_of_the_whole_run_frees_the_key_at_once,
     sigkill_of_the_shim_alone_keeps_the_key_until_the_command_dies,
     a_daemon_left_behind_by_the_command_does_not_keep_the_key,

@@ -6,33 +6,14 @@
 
 use crate::support::agent::temp_dir;
 use crate::support::bins::bins;
-use crate::support::{key, AgentOptions, Run, TestAgent};
-use anyhow::{bail, ensure, Context, Result};
-use std::path::PathBuf;
-use std::process::Stdio;
+use crate::support::{key, within, AgentOptions, Run, TestAgent, WAIT};
+use anyhow::{ensure, Context, Result};
+use std::path::{Path, PathBuf};
 use tempfile::TempDir;
 use tokio::process::Command;
 
-/// Runs each `async fn case(Dialect) -> Result<()>` as `case::sqlite` and `case::postgres`.
-macro_rules! on_both_databases {
-    ($($case:ident),* $(,)?) => {$(
-        mod $case {
-            use super::Dialect;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() -> anyhow::Result<()> {
-                super::$case(Dialect::Sqlite).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() -> anyhow::Result<()> {
-                super::$case(Dialect::Postgres).await
-            }
-        }
-    )*};
-}
-
-on_both_databases!(
+test_matrix!(
+    [sqlite: Dialect::Sqlite, postgres: Dialect::Postgres];
     a_fresh_running_row_refuses_the_key_naming_the_run,
     a_stale_or_finished_run_does_not_hold_the_key,
     a_run_without_heartbeat_holds_the_key_for_24_hours,
@@ -83,7 +64,7 @@ impl SystemDb {
                      pg_start` (scripts/test does)",
                 )?;
                 let schema = format!("legacy_{name}");
-                psql(
+                postgres_exec(
                     &base,
                     &format!("DROP SCHEMA IF EXISTS {schema} CASCADE; CREATE SCHEMA {schema}"),
                 )
@@ -138,8 +119,8 @@ impl SystemDb {
 
     async fn exec(&self, sql: &str) -> Result<()> {
         match self.dialect {
-            Dialect::Postgres => psql(&self.setting, sql).await,
-            Dialect::Sqlite => sqlite(&self.path, sql).await,
+            Dialect::Postgres => postgres_exec(&self.setting, sql).await,
+            Dialect::Sqlite => sqlite_exec(&self.path, sql).await,
         }
     }
 
@@ -154,41 +135,33 @@ impl SystemDb {
     }
 }
 
-async fn output(mut command: Command, what: &str) -> Result<()> {
-    command.stdin(Stdio::null()).kill_on_drop(true);
-    let out = tokio::time::timeout(crate::support::WAIT, command.output())
-        .await
-        .with_context(|| format!("{what} took too long"))?
-        .with_context(|| format!("running {what}"))?;
-    if !out.status.success() {
-        bail!("{what} failed: {}", String::from_utf8_lossy(&out.stderr));
-    }
-    Ok(())
+/// Runs `sql` (statements separated by `;`) on the PostgreSQL server at `uri`.
+async fn postgres_exec(uri: &str, sql: &str) -> Result<()> {
+    let run = async {
+        let (client, connection) = tokio_postgres::connect(uri, tokio_postgres::NoTls).await?;
+        let connection = tokio::spawn(connection);
+        client.batch_execute(sql).await?;
+        drop(client);
+        connection.await??;
+        anyhow::Ok(())
+    };
+    within(WAIT, "PostgreSQL to run a fixture", run)
+        .await?
+        .with_context(|| format!("running {sql:?} on PostgreSQL"))
 }
 
-async fn psql(uri: &str, sql: &str) -> Result<()> {
-    let mut command = Command::new("psql");
-    command.args([uri, "-v", "ON_ERROR_STOP=1", "-q", "-c", sql]);
-    output(command, "psql").await
-}
-
-/// The `sqlite3` command if installed, else Python's sqlite3 module.
-async fn sqlite(path: &std::path::Path, sql: &str) -> Result<()> {
-    let sqlite3 = std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default())
-        .any(|dir| dir.join("sqlite3").is_file());
-    let mut command;
-    if sqlite3 {
-        command = Command::new("sqlite3");
-        command.arg(path).arg(sql);
-    } else {
-        command = Command::new("python3");
-        command.args([
-            "-c",
-            "import sqlite3, sys; c = sqlite3.connect(sys.argv[1]); c.executescript(sys.argv[2]); c.commit()",
-        ]);
-        command.arg(path).arg(sql);
-    }
-    output(command, "sqlite3").await
+/// Runs `sql` on the SQLite database at `path`, creating the file if there is none.
+async fn sqlite_exec(path: &Path, sql: &str) -> Result<()> {
+    let (path, script) = (path.to_path_buf(), sql.to_string());
+    let run = tokio::task::spawn_blocking(move || {
+        let db = rusqlite::Connection::open(&path)?;
+        // The agent may be reading the file: wait for its lock as sqlite3 would.
+        db.busy_timeout(WAIT)?;
+        db.execute_batch(&script)
+    });
+    within(WAIT, "SQLite to run a fixture", run)
+        .await??
+        .with_context(|| format!("running {sql:?} on SQLite"))
 }
 
 /// A state ID of Meltano's shape, unique to the test.

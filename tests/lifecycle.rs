@@ -4,12 +4,14 @@
 use crate::support::agent::Backend;
 use crate::support::journal::Journal;
 use crate::support::run::HOLD;
+use crate::support::shim_exit;
 use crate::support::{host_name, key, user_name, Deadline, Run, TestAgent};
 use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
 use std::time::Duration;
 
-on_both_backends!(
+test_matrix!(
+    [file: Backend::File, memory: Backend::Memory];
     held_key_makes_a_second_run_exit_75_naming_the_holder,
     waiting_run_acquires_once_the_holder_ends,
     wait_that_runs_out_exits_75,
@@ -157,7 +159,7 @@ async fn an_interrupted_waiter_gives_back_the_keys_it_took(backend: Backend) -> 
 
     waiter.signal(Signal::SIGTERM)?;
     let out = waiter.finish().await?;
-    out.expect_code(128 + Signal::SIGTERM as i32)?;
+    out.expect_code(i32::from(shim_exit::for_signal(Signal::SIGTERM as i32)))?;
     ensure!(!out.stdout.contains("must-not-run"), "{out:?}");
     // All or nothing: the key it held while it waited is free again.
     let deadline = Deadline::new(Duration::from_secs(5), format!("{first} to be free"));
@@ -247,7 +249,10 @@ async fn exit_status_passes_through_and_the_key_is_free_at_once(backend: Backend
         ("exit 255", 255),
         ("kill -TERM $$", 143),
         ("kill -KILL $$", 137),
-        ("kill -USR1 $$", 128 + Signal::SIGUSR1 as i32),
+        (
+            "kill -USR1 $$",
+            i32::from(shim_exit::for_signal(Signal::SIGUSR1 as i32)),
+        ),
     ] {
         let out = agent.run(&[&k], &[], script)?.finish().await?;
         out.expect_code(want)

@@ -2,7 +2,7 @@
 //! sockets (built once per test process by `support::bins`).
 
 #[macro_use]
-mod support;
+extern crate runlock_tests as support;
 
 mod access;
 mod agent_process;

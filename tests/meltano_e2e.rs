@@ -187,22 +187,21 @@ plugins:
 
     /// The run ids of the `RUNNING` rows in the project's system database.
     async fn running_ids(&self) -> Result<String> {
-        let out = within(
-            WAIT,
-            "reading the system database",
-            Command::new("python3")
-                .args([
-                    "-c",
-                    "import sqlite3, sys\n\
-                     c = sqlite3.connect(sys.argv[1])\n\
-                     for (r,) in c.execute(\"SELECT run_id FROM runs WHERE state = 'RUNNING'\"): print(r)",
-                ])
-                .arg(self.system_db())
-                .output(),
-        )
-        .await??;
-        ensure!(out.status.success(), "{out:?}");
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        let path = self.system_db();
+        let read = tokio::task::spawn_blocking(move || {
+            let db = rusqlite::Connection::open(&path)?;
+            // Meltano writes the file meanwhile: wait for its lock.
+            db.busy_timeout(WAIT)?;
+            let mut running = db.prepare("SELECT run_id FROM runs WHERE state = 'RUNNING'")?;
+            let ids = running
+                .query_map([], |row| row.get::<_, String>(0))?
+                .map(|id| id.map(|id| id + "\n"))
+                .collect::<rusqlite::Result<String>>()?;
+            anyhow::Ok(ids)
+        });
+        within(WAIT, "reading the system database", read)
+            .await??
+            .context("reading the system database")
     }
 }
 

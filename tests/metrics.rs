@@ -1,13 +1,12 @@
-//! `runlockd --metrics ADDR`: the Prometheus endpoint, scraped with curl while
+//! `runlockd --metrics ADDR`: the Prometheus endpoint, scraped over HTTP while
 //! runs take a key, are refused it and lose it to `--force`.
 
 use crate::agent_process::runlockd_refusing;
 use crate::support::agent::{temp_dir, FileBackendDir};
 use crate::support::run::HOLD;
-use crate::support::{key, within, AgentOptions, Deadline, TestAgent, WAIT};
+use crate::support::{http, key, AgentOptions, Deadline, TestAgent, WAIT};
 use anyhow::{ensure, Context, Result};
 use std::net::SocketAddr;
-use std::process::Stdio;
 
 /// An agent on a fresh `file://` backend (which renews its leases) serving
 /// metrics on a port of the kernel's choosing, that port, and the lock
@@ -31,26 +30,10 @@ async fn agent_with_metrics(ttl: &str) -> Result<(TestAgent, SocketAddr, FileBac
     Ok((agent, addr, locks))
 }
 
-/// `curl` on `http://ADDR/PATH`: the status code and the body.
+/// `GET http://ADDR/PATH`: the status code and the body.
 async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
-    let mut command = tokio::process::Command::new("curl");
-    command
-        .args(["--silent", "--show-error", "--max-time", "5"])
-        .args(["--write-out", "\n%{http_code}"])
-        .arg(format!("http://{addr}{path}"))
-        .stdin(Stdio::null())
-        .kill_on_drop(true);
-    let out = within(WAIT, "curl", command.output())
-        .await?
-        .context("running curl (is it installed?)")?;
-    ensure!(
-        out.status.success(),
-        "curl failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8(out.stdout).context("a non-UTF-8 reply")?;
-    let (body, code) = text.rsplit_once('\n').context("no status code from curl")?;
-    Ok((code.parse().context("a bad status code")?, body.to_string()))
+    let answer = http::get(&format!("http://{addr}{path}")).await?;
+    Ok((answer.status, answer.body))
 }
 
 /// The exposition from `GET /metrics`.
@@ -150,17 +133,11 @@ async fn only_get_metrics_is_served() -> Result<()> {
     ensure!(code == 404 && body.contains("/metrics"), "{code}: {body}");
     let (code, _) = get(addr, "/metrics?x=1").await?;
     ensure!(code == 200, "a query string is refused: {code}");
-    let mut command = tokio::process::Command::new("curl");
-    command
-        .args(["--silent", "--output", "/dev/null", "--max-time", "5"])
-        .args(["--write-out", "%{http_code}", "--request", "DELETE"])
-        .arg(format!("http://{addr}/metrics"))
-        .kill_on_drop(true);
-    let out = within(WAIT, "curl", command.output()).await??;
+    let answer = http::request("DELETE", &format!("http://{addr}/metrics"), &[], "").await?;
     ensure!(
-        out.stdout == b"405",
+        answer.status == 405,
         "DELETE /metrics answered {}",
-        String::from_utf8_lossy(&out.stdout)
+        answer.status
     );
     Ok(())
 }

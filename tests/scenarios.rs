@@ -1,34 +1,17 @@
 //! The cross-host scenarios, written once and run for every shared store:
 //! two agents with their own sockets and agent ids on one space play two
-//! hosts. Each case is an `async fn(store)`; `on_stores!` names it as one
+//! hosts. Each case is an `async fn(store)`; `test_matrix!` names it as one
 //! test per store (`scenarios::CASE::STORE`). The stores' emulators are
 //! started by `scripts/test`; without them these tests fail (they never skip).
 
 use crate::support::run::HOLD;
-use crate::support::stores::{Space, Store, RECORDS};
+use crate::support::stores::{Azure, Etcd, Gcs, Postgres, Space, Store, RECORDS, S3};
 use crate::support::{host_name, key, AgentOptions, Deadline, TestAgent, WAIT};
 use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-/// `on_stores!([name: Store, ...]; case, ...)` runs each
-/// `async fn case(store) -> Result<()>` as one test per store, named
-/// `scenarios::case::name`.
-macro_rules! on_stores {
-    ($stores:tt; $($case:ident),* $(,)?) => {$(
-        on_stores!(@case $case $stores);
-    )*};
-    (@case $case:ident [$($name:ident: $store:ident),* $(,)?]) => {
-        mod $case {$(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $name() -> anyhow::Result<()> {
-                super::$case(crate::support::stores::$store).await
-            }
-        )*}
-    };
-}
-
-on_stores!(
+test_matrix!(
     [s3: S3, azure: Azure, gcs: Gcs, postgres: Postgres, etcd: Etcd];
     a_conflict_names_the_holder_on_the_other_host,
     a_killed_run_frees_its_key_for_the_other_host_at_once,
@@ -41,7 +24,7 @@ on_stores!(
 );
 
 // The object stores' records sit beside Meltano's own state files.
-on_stores!(
+test_matrix!(
     [s3: S3, azure: Azure, gcs: Gcs];
     records_read_back_with_the_store_s_own_tools_as_json_beside_meltano_state,
 );

@@ -20,6 +20,12 @@ pub const EXIT_CANNOT_EXECUTE: u8 = 126;
 /// The command was not found (as shells do).
 pub const EXIT_NOT_FOUND: u8 = 127;
 
+/// The status of a command ended by signal `signal`, as shells report it:
+/// 128 + N (the shim ends so too when a signal stops it before the command starts).
+pub fn for_signal(signal: i32) -> u8 {
+    128 + signal as u8
+}
+
 /// The exit code for an error the agent sent.
 pub fn for_error(code: ErrorCode) -> u8 {
     match code {

@@ -77,20 +77,10 @@ stop_pid() {
 
 # test_ca DIR: a throwaway CA (ca.crt) and what it signs: a server
 # certificate for 127.0.0.1 and localhost (server.crt, server.key) and a
-# client certificate (client.crt, client.key). Needs openssl.
+# client certificate (client.crt, client.key), made with rcgen by the tests
+# package's example tests/examples/test_ca.rs (built here the first time).
 test_ca() {
-    local dir=$1
-    command -v openssl >/dev/null || { apt-get update -qq && apt-get install -y -qq openssl >/dev/null; } || return 1
-    openssl req -new -x509 -days 2 -nodes -subj /CN=runlock-test-ca \
-        -keyout "$dir/ca.key" -out "$dir/ca.crt" >/dev/null 2>&1 || return 1
-    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost\n' >"$dir/server.ext"
-    printf 'extendedKeyUsage=clientAuth\n' >"$dir/client.ext"
-    local who
-    for who in server client; do
-        openssl req -new -nodes -subj "/CN=runlock-test-$who" \
-            -keyout "$dir/$who.key" -out "$dir/$who.csr" >/dev/null 2>&1 &&
-            openssl x509 -req -days 2 -in "$dir/$who.csr" -CA "$dir/ca.crt" -CAkey "$dir/ca.key" \
-                -CAcreateserial -extfile "$dir/$who.ext" -out "$dir/$who.crt" >/dev/null 2>&1 &&
-            chmod 600 "$dir/$who.key" || return 1
-    done
+    local workspace
+    workspace=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd) || return 1
+    (cd "$workspace" && cargo run --quiet -p runlock-tests --example test_ca -- "$1")
 }

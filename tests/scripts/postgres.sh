@@ -33,9 +33,9 @@ pg_bindir() {
 }
 
 pg_install() {
-    pg_bindir >/dev/null && command -v psql >/dev/null && command -v openssl >/dev/null && return 0
-    echo "installing postgresql and openssl with apt" >&2
-    apt-get update -qq && apt-get install -y -qq postgresql openssl >/dev/null
+    pg_bindir >/dev/null && command -v psql >/dev/null && return 0
+    echo "installing postgresql with apt" >&2
+    apt-get update -qq && apt-get install -y -qq postgresql >/dev/null
 }
 
 pg_start() {

@@ -28,6 +28,9 @@ pub struct AgentOptions {
     pub umask: Option<u32>,
     /// The `runlockd` to start, if not the one the tests built.
     pub program: Option<PathBuf>,
+    /// Print the agent's log when it is dropped (the test harness shows it
+    /// only for a failing test); the bench, which has no harness, does not.
+    pub log_on_drop: bool,
 }
 
 impl AgentOptions {
@@ -39,6 +42,7 @@ impl AgentOptions {
             args: Vec::new(),
             umask: None,
             program: None,
+            log_on_drop: true,
         }
     }
 }
@@ -51,6 +55,7 @@ pub struct TestAgent {
     backend: String,
     child: Option<Child>,
     log: PathBuf,
+    log_on_drop: bool,
     _notify: UnixDatagram,
 }
 
@@ -185,6 +190,7 @@ impl TestAgent {
             backend: options.backend,
             child: Some(child),
             log,
+            log_on_drop: options.log_on_drop,
             _notify: notify,
         };
         if let Err(err) = agent.wait_ready().await {
@@ -392,6 +398,9 @@ impl TestAgent {
 
 impl Drop for TestAgent {
     fn drop(&mut self) {
+        if !self.log_on_drop {
+            return;
+        }
         // Captured by the test harness and shown only when the test fails.
         eprintln!(
             "--- runlockd log ({}, {}) ---\n{}",

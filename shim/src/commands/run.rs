@@ -74,7 +74,7 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
     let acquired = acquire(&mut client, asked, answer_within, &mut signals).await;
     let (leases, ttl, valid_for, locks) = match acquired {
         Ok(Ok(granted)) => granted,
-        Ok(Err(signal)) => return Ok(ExitCode::from(128 + signal as u8)),
+        Ok(Err(signal)) => return Ok(ExitCode::from(exit::for_signal(signal as i32))),
         Err(failure) if failure.code == exit::EXIT_UNAVAILABLE => {
             let policy = client.on_unavailable;
             return unlocked(policy, failure, &args, &mut signals).await;
@@ -203,7 +203,7 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
 fn exit_code(status: std::process::ExitStatus) -> ExitCode {
     ExitCode::from(match (status.code(), status.signal()) {
         (Some(code), _) => code as u8,
-        (None, Some(signal)) => 128 + signal as u8,
+        (None, Some(signal)) => exit::for_signal(signal),
         (None, None) => exit::EXIT_SOFTWARE,
     })
 }

@@ -7,8 +7,8 @@ use super::{
     object_uri, output_of, records_from_listing, records_under, test_var, Endpoint, Failure,
     OwnServer, Record, Store,
 };
-use crate::support::closed_port;
-use crate::support::rewriting_proxy::RequestHead;
+use crate::closed_port;
+use crate::rewriting_proxy::RequestHead;
 use anyhow::{Context, Result};
 use tokio::process::Command;
 
@@ -201,13 +201,9 @@ impl Store for Azure {
             .args(["--skipApiVersionCheck", "--loose", "--disableTelemetry"]);
         let base = format!("http://127.0.0.1:{port}");
         let url = format!("{base}/{ACCOUNT}");
-        OwnServer::spawn(command, Endpoint { url }, Some(data), move || {
-            // Any HTTP answer (400 for `/`) means it is up; curl exits 0 on one.
-            let mut curl = Command::new("curl");
-            curl.args(["-s", "-o", "/dev/null", "-m", "2", &format!("{base}/")]);
-            curl
-        })
-        .await
+        // Any HTTP answer (400 for `/`) means it is up.
+        let ready = super::http_ready(format!("{base}/"), |_| true);
+        OwnServer::spawn(command, Endpoint { url }, Some(data), ready).await
     }
 
     async fn create(&self, at: &Endpoint, name: &str) -> Result<()> {

@@ -4,7 +4,7 @@
 //! are read back with `etcdctl get --prefix -w json`.
 
 use super::{output_of, test_var, unique_name, Endpoint, Failure, OwnServer, Record, Store};
-use crate::support::closed_port;
+use crate::closed_port;
 use anyhow::{bail, Context, Result};
 use tokio::process::Command;
 
@@ -93,13 +93,8 @@ impl Store for Etcd {
             .args(["--listen-peer-urls", &peer_url])
             .args(["--initial-advertise-peer-urls", &peer_url])
             .args(["--initial-cluster", &format!("own={peer_url}")]);
-        let health = format!("{url}/health");
-        OwnServer::spawn(command, Endpoint { url }, Some(dir), move || {
-            let mut curl = Command::new("curl");
-            curl.args(["-sf", "-m", "2", &health]);
-            curl
-        })
-        .await
+        let ready = super::http_ready(format!("{url}/health"), super::not_an_error);
+        OwnServer::spawn(command, Endpoint { url }, Some(dir), ready).await
     }
 
     async fn create(&self, at: &Endpoint, name: &str) -> Result<()> {

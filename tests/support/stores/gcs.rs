@@ -1,12 +1,12 @@
 //! Google Cloud Storage through fake-gcs-server, which `scripts/test` starts
 //! (tests/scripts/fake_gcs.sh) and names in `RUNLOCK_TEST_GCS_ENDPOINT`;
-//! records are read back with curl on the JSON API, the way a person would.
+//! records are read back over HTTP on the JSON API, the way a person would.
 
 use super::{
-    object_uri, output_of, records_under, test_var, unique_name, Endpoint, Failure, OwnServer,
-    Record, Store,
+    object_uri, records_under, test_var, unique_name, Endpoint, Failure, OwnServer, Record, Store,
 };
-use crate::support::closed_port;
+use crate::closed_port;
+use crate::http;
 use anyhow::{bail, Context, Result};
 use tokio::process::Command;
 
@@ -16,7 +16,9 @@ pub struct Gcs;
 
 const SCRIPT: &str = "fake_gcs.sh";
 
-/// Object names go into JSON API paths as one segment.
+const JSON: (&str, &str) = ("content-type", "application/json");
+
+/// Object names go into JSON API paths as one segment (and query values).
 fn encode(name: &str) -> String {
     name.bytes()
         .map(|b| match b {
@@ -28,29 +30,21 @@ fn encode(name: &str) -> String {
         .collect()
 }
 
-/// curl with a time bound, failing on HTTP errors.
-fn curl() -> Command {
-    let mut curl = Command::new("curl");
-    curl.args(["-sS", "-f", "-m", "10"]);
-    curl
-}
-
-/// The object's body, read with curl; `None` for 404.
+/// The object's body; `None` for 404.
 async fn read_object(at: &Endpoint, bucket: &str, object: &str) -> Result<Option<String>> {
-    let mut command = Command::new("curl");
-    command
-        .args(["-sS", "-m", "10", "-w", "\n%{http_code}"])
-        .arg(format!(
-            "{}/storage/v1/b/{bucket}/o/{}?alt=media",
-            at.url,
-            encode(object)
-        ));
-    let out = output_of(command, b"", &format!("curl reading {object}")).await?;
-    let (body, status) = out.rsplit_once('\n').context("no status from curl")?;
-    match status {
-        "200" => Ok(Some(body.to_string())),
-        "404" => Ok(None),
-        other => bail!("reading {object} from {bucket}: HTTP {other}: {body}"),
+    let url = format!(
+        "{}/storage/v1/b/{bucket}/o/{}?alt=media",
+        at.url,
+        encode(object)
+    );
+    let answer = http::get(&url).await?;
+    match answer.status {
+        200 => Ok(Some(answer.body)),
+        404 => Ok(None),
+        other => bail!(
+            "reading {object} from {bucket}: HTTP {other}: {}",
+            answer.body
+        ),
     }
 }
 
@@ -79,22 +73,16 @@ impl Store for Gcs {
         ]);
         command.args(["-log-level", "warn", "-port", &port.to_string()]);
         let url = format!("http://127.0.0.1:{port}");
-        let probe = format!("{url}/storage/v1/b");
-        OwnServer::spawn(command, Endpoint { url }, None, move || {
-            let mut curl = Command::new("curl");
-            curl.args(["-sf", "-m", "2", &probe]);
-            curl
-        })
-        .await
+        let ready = super::http_ready(format!("{url}/storage/v1/b"), super::not_an_error);
+        OwnServer::spawn(command, Endpoint { url }, None, ready).await
     }
 
     async fn create(&self, at: &Endpoint, name: &str) -> Result<()> {
-        let mut curl = curl();
-        curl.args(["-X", "POST", "-H", "Content-Type: application/json"])
-            .args(["-d", &serde_json::json!({ "name": name }).to_string()])
-            .arg(format!("{}/storage/v1/b?project=test", at.url));
-        output_of(curl, b"", "creating a bucket with curl")
-            .await
+        let url = format!("{}/storage/v1/b?project=test", at.url);
+        let body = serde_json::json!({ "name": name }).to_string();
+        http::request("POST", &url, &[JSON], body)
+            .await?
+            .success("creating a bucket")
             .map(|_| ())
     }
 
@@ -108,10 +96,10 @@ impl Store for Gcs {
 
     async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
         let under = records_under(prefix);
-        let mut list = curl();
-        list.args(["-G", "--data-urlencode", &format!("prefix={under}")])
-            .arg(format!("{}/storage/v1/b/{name}/o", at.url));
-        let text = output_of(list, b"", &format!("curl listing {under} in {name}")).await?;
+        let url = format!("{}/storage/v1/b/{name}/o?prefix={}", at.url, encode(&under));
+        let text = http::get(&url)
+            .await?
+            .success(&format!("listing {under} in {name}"))?;
         let listed: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("the listing was {text:?}"))?;
         let mut records = Vec::new();
@@ -137,16 +125,15 @@ impl Store for Gcs {
     }
 
     async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {
-        let mut curl = curl();
-        curl.args(["-X", "POST", "-H", "Content-Type: application/octet-stream"])
-            .args(["--data-binary", "@-"])
-            .arg(format!(
-                "{}/upload/storage/v1/b/{name}/o?uploadType=media&name={}",
-                at.url,
-                encode(object)
-            ));
-        output_of(curl, body, &format!("curl writing {object}"))
-            .await
+        let url = format!(
+            "{}/upload/storage/v1/b/{name}/o?uploadType=media&name={}",
+            at.url,
+            encode(object)
+        );
+        let octets = ("content-type", "application/octet-stream");
+        http::request("POST", &url, &[octets], body.to_vec())
+            .await?
+            .success(&format!("writing {object}"))
             .map(|_| ())
     }
 

@@ -118,7 +118,7 @@ impl OwnServer {
         mut command: Command,
         endpoint: Endpoint,
         dir: Option<tempfile::TempDir>,
-        mut ready: impl FnMut() -> Command,
+        mut ready: impl FnMut() -> Ready,
     ) -> Result<OwnServer> {
         command
             .process_group(0)
@@ -139,12 +139,7 @@ impl OwnServer {
         let what = format!("{} to answer", server.endpoint.url);
         let deadline = Deadline::new(Duration::from_secs(30), what);
         loop {
-            let probe = ready()
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status()
-                .await?;
-            if probe.success() {
+            if ready().await? {
                 return Ok(server);
             }
             if let Some(status) = server.child.try_wait()? {
@@ -170,6 +165,22 @@ impl Drop for OwnServer {
         let _ = killpg(self.group, Signal::SIGCONT);
         let _ = killpg(self.group, Signal::SIGKILL);
     }
+}
+
+/// One check of whether a server [`OwnServer::spawn`] started is up yet.
+pub type Ready = futures::future::BoxFuture<'static, Result<bool>>;
+
+/// A [`Ready`] check: `url` answers a GET with a status `accepts`.
+pub fn http_ready(url: String, accepts: fn(u16) -> bool) -> impl FnMut() -> Ready {
+    move || {
+        let url = url.clone();
+        Box::pin(async move { Ok(crate::http::answers(&url, accepts).await) })
+    }
+}
+
+/// A status that is no error (below 400): the server is up and serving.
+pub fn not_an_error(status: u16) -> bool {
+    status < 400
 }
 
 /// A fresh space on one store instance: the place two agents share, as two

@@ -5,7 +5,7 @@
 //! part: each space holds one test's records only.
 
 use super::{output_of, test_var, Endpoint, Failure, OwnServer, Record, Store};
-use crate::support::closed_port;
+use crate::closed_port;
 use anyhow::{Context, Result};
 use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, UNIX_EPOCH};
@@ -151,8 +151,11 @@ impl Store for Postgres {
         let ready = bin("pg_isready")?;
         OwnServer::spawn(server, Endpoint { url }, Some(dir), move || {
             let mut probe = Command::new(&ready);
-            probe.args(["-q", "-h", "127.0.0.1", "-p", &port, "-t", "2"]);
             probe
+                .args(["-q", "-h", "127.0.0.1", "-p", &port, "-t", "2"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null());
+            Box::pin(async move { Ok(probe.status().await?.success()) })
         })
         .await
     }

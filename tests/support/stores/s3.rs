@@ -6,7 +6,8 @@ use super::{
     object_uri, output_of, records_from_listing, records_under, test_var, Endpoint, Failure,
     OwnServer, Record, Store,
 };
-use crate::support::closed_port;
+use crate::closed_port;
+use crate::http;
 use anyhow::{Context, Result};
 use tokio::process::Command;
 
@@ -97,29 +98,15 @@ impl Store for S3 {
         let mut command = Command::new(server);
         command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
         let url = format!("http://127.0.0.1:{port}");
-        let probe = format!("{url}/moto-api/");
-        OwnServer::spawn(command, Endpoint { url }, None, move || {
-            let mut curl = Command::new("curl");
-            curl.args(["-sf", "-m", "2", &probe]);
-            curl
-        })
-        .await
+        let ready = super::http_ready(format!("{url}/moto-api/"), super::not_an_error);
+        OwnServer::spawn(command, Endpoint { url }, None, ready).await
     }
 
     async fn create(&self, at: &Endpoint, name: &str) -> Result<()> {
         // moto accepts an unsigned bucket creation (EMULATORS.md).
-        let mut curl = Command::new("curl");
-        curl.args([
-            "-sS",
-            "-f",
-            "-m",
-            "10",
-            "-X",
-            "PUT",
-            &format!("{}/{name}", at.url),
-        ]);
-        output_of(curl, b"", "creating a bucket with curl")
-            .await
+        http::request("PUT", &format!("{}/{name}", at.url), &[], "")
+            .await?
+            .success("creating a bucket")
             .map(|_| ())
     }
 

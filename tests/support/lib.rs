@@ -1,33 +1,42 @@
-//! The harness every integration test uses: the real binaries (built once),
-//! agents on temporary sockets, shim runs with their output, and a raw
-//! protocol client. Every wait in here is bounded.
+//! The harness the integration tests (`tests/main.rs`) and the bench
+//! (`tests/bench.rs`) share: the real binaries (built once), agents on
+//! temporary sockets, shim runs with their output, and a raw protocol
+//! client. Every wait in here is bounded.
 
-/// Runs each `async fn case(Backend) -> anyhow::Result<()>` named as two
-/// tests, `case::file` and `case::memory`.
-macro_rules! on_both_backends {
-    ($($case:ident),* $(,)?) => {$(
-        mod $case {
-            use crate::support::agent::Backend;
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn file() -> anyhow::Result<()> {
-                super::$case(Backend::File).await
-            }
-
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn memory() -> anyhow::Result<()> {
-                super::$case(Backend::Memory).await
-            }
-        }
+/// The test matrix: `test_matrix!([name: VALUE, ...]; case, ...)` runs each
+/// `async fn case(value) -> anyhow::Result<()>` once per value, as the test
+/// `case::name`. VALUEs are written as in the cases' own module (the backends
+/// of the lifecycle cases, the stores of the scenarios, Meltano's databases).
+#[macro_export]
+macro_rules! test_matrix {
+    ($values:tt; $($case:ident),* $(,)?) => {$(
+        $crate::test_matrix!(@case $case $values);
     )*};
+    (@case $case:ident [$($name:ident: $value:expr),* $(,)?]) => {
+        mod $case {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() -> anyhow::Result<()> {
+                    super::$case($value).await
+                }
+            )*
+        }
+    };
 }
 
 pub mod agent;
 pub mod bins;
 pub mod client;
+pub mod http;
 pub mod journal;
 pub mod rewriting_proxy;
 pub mod run;
+/// The shim's exit codes, compiled from its own source: a run's exit is
+/// checked against the rules the shim applies (128 + N for a signal).
+#[path = "../../shim/src/exit.rs"]
+pub mod shim_exit;
 pub mod stores;
 
 pub use agent::{AgentOptions, TestAgent};
