@@ -50,10 +50,10 @@ azurite_start() {
     azurite_install || { echo "azurite: install failed" >&2; return 1; }
     local bin=$RUNLOCK_EMU_DIR/azurite/node_modules/.bin/azurite-blob port log
     port=$(free_port 10000) || return 1
-    AZURITE_DATA=$RUNLOCK_EMU_DIR/azurite-data-$port
-    log=$RUNLOCK_EMU_DIR/azurite-$port.log
-    rm -rf "$AZURITE_DATA"
-    mkdir -p "$AZURITE_DATA"
+    # A directory of its own: another test run may be starting an Azurite now.
+    mkdir -p "$RUNLOCK_EMU_DIR"
+    AZURITE_DATA=$(mktemp -d "$RUNLOCK_EMU_DIR/azurite-data-XXXXXX") || return 1
+    log=$AZURITE_DATA.log
     # The server on its own line, so that $! is its pid (EMULATORS.md here).
     "$bin" --blobHost 127.0.0.1 --blobPort "$port" --location "$AZURITE_DATA" \
         --skipApiVersionCheck --loose --disableTelemetry >"$log" 2>&1 &

@@ -18,7 +18,7 @@
 #   RUNLOCK_TEST_ETCDCTL              the etcdctl binary (tests read records with it)
 #
 # Installs Debian's etcd-server and etcd-client with apt when etcd is missing.
-# Each server's data lives in ${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}/etcd-PORT and
+# Each server's data lives in a new ${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}/etcd-XXXXXX and
 # is deleted by etcd_stop.
 
 RUNLOCK_EMU_DIR=${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}
@@ -39,11 +39,10 @@ etcd_install() {
 # server's directory (ETCD_TLS_DIR).
 etcd_launch() {
     local var=$1 port peer dir url pid scheme=http tls_args=() curl_tls=()
-    port=$(free_port "$2") || return 1
-    peer=$(free_port $(($2 + 10))) || return 1
-    dir=$RUNLOCK_EMU_DIR/etcd-$port
-    rm -rf "$dir"
-    mkdir -p "$dir"
+    # A directory of its own (another test run may be starting an etcd now),
+    # and the ports picked after the certificates, which can take a build.
+    mkdir -p "$RUNLOCK_EMU_DIR"
+    dir=$(mktemp -d "$RUNLOCK_EMU_DIR/etcd-XXXXXX") || return 1
     if [ "${3:-}" = tls ]; then
         test_ca "$dir" || { echo "etcd: making the TLS certificates failed" >&2; return 1; }
         scheme=https
@@ -52,6 +51,8 @@ etcd_launch() {
         curl_tls=(--cacert "$dir/ca.crt" --cert "$dir/client.crt" --key "$dir/client.key")
         ETCD_TLS_DIR=$dir
     fi
+    port=$(free_port "$2") || return 1
+    peer=$(free_port $(($2 + 10))) || return 1
     url=$scheme://127.0.0.1:$port
     # The server on its own line, so that $! is its pid (EMULATORS.md here).
     etcd --name "runlock-$port" --data-dir "$dir/data" --log-level warn \

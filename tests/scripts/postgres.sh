@@ -19,7 +19,8 @@
 #                             that start a cluster of their own
 #
 # Installs the postgresql package with apt when no server binary is found. The
-# cluster lives in ${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}/pg-PORT and is deleted by pg_stop.
+# cluster lives in a new ${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}/pg-XXXXXX and is deleted
+# by pg_stop.
 
 RUNLOCK_EMU_DIR=${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}
 
@@ -42,10 +43,10 @@ pg_start() {
     pg_install || { echo "postgres: install failed" >&2; return 1; }
     local bin port
     bin=$(pg_bindir) || { echo "postgres: no server binaries" >&2; return 1; }
-    port=$(free_port 55432) || return 1
-    PG_DIR=$RUNLOCK_EMU_DIR/pg-$port
-    rm -rf "$PG_DIR"
-    mkdir -p "$PG_DIR"
+    # A directory of its own, never one named after a port: another test run
+    # on this machine may be starting a cluster of its own right now.
+    mkdir -p "$RUNLOCK_EMU_DIR"
+    PG_DIR=$(mktemp -d "$RUNLOCK_EMU_DIR/pg-XXXXXX") || return 1
     # initdb refuses to run as root: the cluster belongs to the postgres user.
     local as=()
     if [ "$(id -u)" = 0 ]; then
@@ -64,6 +65,9 @@ host  all all        ::1/128      trust
 HBA
     test_ca "$PG_DIR/data" || { echo "postgres: making the TLS certificates failed" >&2; return 1; }
     if [ "$(id -u)" = 0 ]; then chown -R postgres: "$PG_DIR"; fi
+    # The port is picked last, just before the server binds it (making the
+    # certificates can take a build), so two starts at once cannot both get it.
+    port=$(free_port 55432) || return 1
     "${as[@]}" "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w -t 30 \
         -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_DIR -c fsync=off -c ssl=on \
             -c ssl_cert_file=server.crt -c ssl_key_file=server.key \
