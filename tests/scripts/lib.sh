@@ -82,5 +82,9 @@ stop_pid() {
 test_ca() {
     local workspace
     workspace=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd) || return 1
-    (cd "$workspace" && cargo run --quiet -p runlock-tests --example test_ca -- "$1")
+    # Built for the whole workspace, as `cargo test --workspace` builds: with
+    # `-p runlock-tests` cargo would pick other features and compile every
+    # dependency once more, before the tests compile them again.
+    (cd "$workspace" && cargo build --quiet --workspace --example test_ca) || return 1
+    "${CARGO_TARGET_DIR:-$workspace/target}/debug/examples/test_ca" "$1"
 }
