@@ -245,9 +245,9 @@ class Host:
         self._runs.append(run)
         return run
 
-    def run(self, tag: str, **env: str) -> Run:
+    def run(self, tag: str, wrap: Optional[List[str]] = None, **env: str) -> Run:
         """``meltano run tap-counter target-state``, its tap tagged ``tag``."""
-        return self.meltano("run", "tap-counter", "target-state", TAP_TAG=tag, **env)
+        return self.meltano("run", "tap-counter", "target-state", wrap=wrap, TAP_TAG=tag, **env)
 
     def started(self) -> List[int]:
         text = self.side.read_text() if self.side.exists() else ""
