@@ -11,10 +11,14 @@ import time
 from pathlib import Path
 from typing import List
 
+import runlock
 from conftest import STATE_ID, Host, Store
 
 #: A duplicate run must be refused at once: well within Meltano's own start-up.
 REFUSAL_BOUND_S = 30.0
+
+#: A killed run's key is free when its connection closes, not after a TTL (30 s).
+FREED_BOUND_S = 5.0
 
 
 def committed(host: Host, expected: object) -> None:
@@ -43,6 +47,7 @@ def test_a_second_unwrapped_run_fails_naming_the_holder(hosts: List[Host]) -> No
     assert " since " in out, out
     assert b.started() == [], "the second run's tap ran"
     assert took < REFUSAL_BOUND_S, took
+    print(f"\nrefused in {took:.2f} s, Meltano's start-up included ({b.store.name})")
 
     # `meltano state …` takes no run lock, while the run holds the key.
     listed = b.meltano("state", "list")
@@ -63,6 +68,11 @@ def test_a_killed_run_frees_the_key_at_once_and_its_state_stays(hosts: List[Host
 
     first.proc.kill()  # SIGKILL to Meltano alone, as a crash would
     first.proc.wait(timeout=30)
+    killed = time.monotonic()
+    while runlock.inspect(STATE_ID, socket=b.agent.socket).state != "free":
+        assert time.monotonic() - killed < FREED_BOUND_S, "the killed run's lock stayed held"
+        time.sleep(0.005)
+    print(f"\nkey free {1000 * (time.monotonic() - killed):.1f} ms after the SIGKILL ({b.store.name})")
     second = b.run("b")
     b.wait_started(1, second)
     assert b.seen() == [{"run": "a"}], "the next run did not read the killed run's state"
