@@ -41,7 +41,7 @@ def test_a_second_unwrapped_run_fails_naming_the_holder(hosts: List[Host]) -> No
     status = second.wait()
     took = time.monotonic() - started
     out = second.output()
-    assert status != 0, out
+    assert status == 1, out
     assert f"{STATE_ID!r} is already running" in out, out
     assert f"pid {first.pid} on {socket.gethostname()}" in out, out
     assert " since " in out, out
