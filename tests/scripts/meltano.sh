@@ -54,10 +54,12 @@ meltano_addon_install() {
     # that setuptools leaves no build/ or *.egg-info in the checkout.
     scratch=$(mktemp -d)
     mkdir -p "$scratch/clients"
+    # setuptools' warnings are printed only when the install fails.
     cp "$repo/Cargo.toml" "$scratch/" &&
         cp -r "$repo/clients/python" "$repo/clients/meltano" "$scratch/clients/" &&
         "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall \
-            "$scratch/clients/python" "$scratch/clients/meltano" || rc=1
+            "$scratch/clients/python" "$scratch/clients/meltano" >"$scratch/log" 2>&1 ||
+        { cat "$scratch/log" >&2; rc=1; }
     rm -rf "$scratch"
     return $rc
 }

@@ -47,11 +47,10 @@ class StaleRun(StateIDLockedError):
 
 
 class LockUnavailable(StateIDLockedError):
-    """The agent could not be asked, and ``on_unavailable`` is ``fail``."""
+    """The agent could not be asked (and ``on_unavailable`` is ``fail``), or
+    refused for another reason than the key being held (force rights, …)."""
 
     def __init__(self, state_id: str, err: runlock.RunlockError):
-        super().__init__(
-            f"runlock: cannot lock {state_id!r}: {err.message} "
-            "(on_unavailable = fail; see RUNLOCK_ON_UNAVAILABLE)"
-        )
+        policy = " (on_unavailable = fail; see RUNLOCK_ON_UNAVAILABLE)" if err.code in (None, "unavailable") else ""
+        super().__init__(f"runlock: cannot lock or check {state_id!r}: {err.message}{policy}")
         self.state_id = state_id
