@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import List
 
 import runlock
-from conftest import STATE_ID, Host, Store
+from conftest import STATE_ID, Host, Store, file_store
 
 #: A duplicate run must be refused at once: well within Meltano's own start-up.
 REFUSAL_BOUND_S = 30.0
@@ -140,5 +140,22 @@ def test_the_system_database_form_keeps_state_in_meltanos_database(runlockd: Pat
         finally:
             db.close()
         assert json.loads(completed) == {"singer_state": {"run": "a", "step": "last"}}
+    finally:
+        host.close()
+
+
+def test_meltanos_own_check_goes_on_working_beside_it(runlockd: Path, workdir: Path) -> None:
+    host = Host("a", runlockd, workdir, file_store(workdir))
+    try:
+        first = host.run("a")
+        host.wait_started(1, first)
+        # The same project, so the same system database: Meltano's check comes first.
+        second = host.run("b")
+        assert second.wait() == 1, second.output()
+        assert "pipeline is already running" in second.output(), second.output()
+        assert "runlock:" not in second.output(), second.output()
+        assert len(host.started()) == 1
+        host.release_taps()
+        assert first.wait() == 0, first.output()
     finally:
         host.close()
