@@ -281,8 +281,8 @@ class Host:
     def close(self) -> None:
         self.release_taps()
         for run in self._runs:
-            if run.proc.poll() is None:
-                run.kill_group()
+            # Its whole group: a tap and loader outlive a Meltano killed alone.
+            run.kill_group()
         self.agent.stop()
 
 
