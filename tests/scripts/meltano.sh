@@ -11,6 +11,12 @@
 #                              test project names by `executable:`, so that no
 #                              `meltano install` runs per test)
 #
+# Into Meltano's venv it also installs this checkout's Python client and the
+# Meltano add-on (clients/python, clients/meltano) every time (a few seconds;
+# the venv must hold this checkout's code, not an earlier one's), Meltano's
+# `s3` extra (boto3, for its S3 state store), and pytest and mypy for the
+# add-on's checks (clients/meltano/run-tests.sh).
+#
 # The venvs live in ${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}/meltano and
 # .../target-jsonl and are reused when a stamp file says they have these
 # versions. A cold install takes about 45 s (the two run in parallel).
@@ -32,9 +38,30 @@ meltano_install() {
     wait "$mpid" || { echo "meltano: install failed" >&2; ok=1; }
     wait "$tpid" || { echo "target-jsonl: install failed" >&2; ok=1; }
     [ $ok -eq 0 ] || return 1
+    meltano_addon_install "$m" || { echo "meltano: the add-on's install failed" >&2; return 1; }
     export RUNLOCK_TEST_MELTANO=$m/bin/meltano
     export RUNLOCK_TEST_TARGET_JSONL=$t/bin/target-jsonl
     echo "meltano $MELTANO_VERSION: $RUNLOCK_TEST_MELTANO" >&2
+}
+
+# meltano_addon_install VENV: clients/python and clients/meltano into VENV.
+meltano_addon_install() {
+    local venv=$1 repo scratch rc=0
+    repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+    "$venv/bin/pip" install -q --disable-pip-version-check "meltano[s3]==$MELTANO_VERSION" msgpack pytest mypy || return 1
+    # Not editable: several checkouts may share this venv. Built from a copy
+    # (with the Cargo.toml whose version setup.py reads, two levels up), so
+    # that setuptools leaves no build/ or *.egg-info in the checkout.
+    scratch=$(mktemp -d)
+    mkdir -p "$scratch/clients"
+    # setuptools' warnings are printed only when the install fails.
+    cp "$repo/Cargo.toml" "$scratch/" &&
+        cp -r "$repo/clients/python" "$repo/clients/meltano" "$scratch/clients/" &&
+        "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall \
+            "$scratch/clients/python" "$scratch/clients/meltano" >"$scratch/log" 2>&1 ||
+        { cat "$scratch/log" >&2; rc=1; }
+    rm -rf "$scratch"
+    return $rc
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The Meltano add-on's checks, for scripts/test; exits non-zero on any
+# failure. In Meltano's venv, where tests/scripts/meltano.sh installs Meltano,
+# the client and this add-on, pytest and mypy: `mypy --strict` on the
+# package, then its tests (tests/test_units.py against a real runlockd,
+# tests/test_e2e.py with the real Meltano, on file:// and on s3:// through
+# moto at RUNLOCK_TEST_S3_ENDPOINT, which scripts/test starts).
+#
+# The tests, and the Meltano processes they start, import this checkout's
+# sources (PYTHONPATH), so an edit is tested without reinstalling; the
+# installed packages give Meltano the entry points (pyproject.toml).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+if [ -z "${RUNLOCK_TEST_MELTANO:-}" ]; then
+    # shellcheck source=../../tests/scripts/meltano.sh
+    source "$repo/tests/scripts/meltano.sh"
+    meltano_install
+fi
+venv="$(dirname "$(dirname "$RUNLOCK_TEST_MELTANO")")"
+export PYTHONPATH="$here/src:$repo/clients/python/src${PYTHONPATH:+:$PYTHONPATH}"
+
+echo "-- mypy --strict"
+(cd "$here" && "$venv/bin/mypy" --strict src/runlock_meltano)
+
+"$venv/bin/pytest" -q -p no:cacheprovider "$here/tests" "$@"

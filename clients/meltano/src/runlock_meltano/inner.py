@@ -1,0 +1,57 @@
+"""Meltano's own state store for the scheme inside ``runlock+SCHEME://…``:
+state stays where it was, in Meltano's format, read and written by the code
+Meltano would use without the add-on.
+"""
+
+from __future__ import annotations
+
+import typing as t
+from urllib.parse import urlparse
+
+from meltano.core.db import project_engine
+from meltano.core.project import Project
+from meltano.core.state_store import SCHEME_TO_NAMESPACE, SYSTEMDB, StateBackend
+from meltano.core.state_store.base import StateStoreManager, UnsupportedStateBackendURIError
+from meltano.core.state_store.db import DBStateStoreManager
+
+PREFIX = "runlock+"
+
+
+def inner_uri(uri: str) -> str:
+    """``runlock+s3://bucket/prefix`` → ``s3://bucket/prefix``."""
+    if not uri.startswith(PREFIX):
+        raise UnsupportedStateBackendURIError(f"not a runlock state backend URI: {uri!r}")
+    inner = uri[len(PREFIX):]
+    scheme = urlparse(inner).scheme
+    if not scheme or scheme.startswith(PREFIX):
+        raise UnsupportedStateBackendURIError(
+            f"{uri!r} names no store: use runlock+file://, runlock+s3://, runlock+gs://, "
+            "runlock+azure:// or runlock+systemdb://"
+        )
+    return inner
+
+
+def open_inner(uri: str, settings: dict[str, t.Any]) -> StateStoreManager:
+    """Meltano's manager for the inner URI, given the settings Meltano gave
+    this one (``state_backend.*``) and the inner scheme's own
+    (``state_backend.s3.*`` and so on), read from the active project."""
+    inner = inner_uri(uri)
+    scheme = urlparse(inner).scheme
+    project = Project.find()
+    if scheme == SYSTEMDB:
+        return DBStateStoreManager(session=project_engine(project)[1]())
+    factory = StateBackend.get_manager_factory(scheme=scheme)
+    namespace = SCHEME_TO_NAMESPACE.get(scheme, scheme)
+    kwargs = {**settings, **scheme_settings(project, namespace), "uri": inner}
+    return factory(**kwargs)
+
+
+def scheme_settings(project: Project, namespace: str) -> dict[str, t.Any]:
+    """``state_backend.NAMESPACE.NAME`` settings as ``{NAME: value}``."""
+    prefix = f"state_backend.{namespace}."
+    service = project.settings
+    return {
+        definition.name[len(prefix):]: service.get(definition.name)
+        for definition in service.setting_definitions
+        if definition.name.startswith(prefix)
+    }

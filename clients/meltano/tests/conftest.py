@@ -1,0 +1,299 @@
+"""Fixtures for the add-on's tests: real ``runlockd`` agents on temporary
+sockets, and Meltano projects ("hosts") that use the add-on, on ``file://``
+and on ``s3://`` (moto at ``RUNLOCK_TEST_S3_ENDPOINT``, which scripts/test
+starts; without it the s3 tests fail, as a missing emulator must).
+
+Run in Meltano's venv, where tests/scripts/meltano.sh installed Meltano, the
+client and this add-on (clients/meltano/run-tests.sh does it all).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent.parent
+
+#: The state ID (and so the run lock's key) of the hosts' pipeline.
+STATE_ID = "dev:tap-counter-to-target-state"
+
+#: Bounds an agent's start and stop, and each wait on a Meltano run.
+AGENT_START_S = 20.0
+MELTANO_BOUND_S = 90.0
+
+
+@pytest.fixture(scope="session")
+def runlockd() -> Path:
+    """$RUNLOCKD, else the workspace's debug build (cargo builds it if needed)."""
+    given = os.environ.get("RUNLOCKD")
+    if given:
+        return Path(given)
+    cargo = shutil.which("cargo")
+    assert cargo, "cargo is needed to build runlockd (or set RUNLOCKD)"
+    subprocess.run([cargo, "build", "-q", "-p", "runlock-agent", "-p", "runlock-shim"], cwd=REPO, check=True)
+    meta = subprocess.run(
+        [cargo, "metadata", "--format-version", "1", "--no-deps"],
+        cwd=REPO, check=True, capture_output=True, text=True,
+    )
+    return Path(json.loads(meta.stdout)["target_directory"]) / "debug" / "runlockd"
+
+
+@pytest.fixture
+def workdir() -> Iterator[Path]:
+    # Under /tmp: a socket path must stay under ~108 bytes.
+    path = Path(tempfile.mkdtemp(prefix="runlock-mel-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class Agent:
+    """A runlockd on a socket of its own, with an empty configuration file."""
+
+    def __init__(self, binary: Path, workdir: Path, name: str, backend: str, env: Dict[str, str]):
+        self.socket = str(workdir / f"{name}.sock")
+        config = workdir / f"{name}.toml"
+        config.write_text("")
+        self.log_path = workdir / f"{name}.log"
+        self._log = open(self.log_path, "wb")
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("RUNLOCK_", "AWS_", "NOTIFY_"))}
+        self.proc = subprocess.Popen(
+            [str(binary), "--config", str(config), "--socket", self.socket, "--backend", backend],
+            env={**clean, **env}, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        deadline = time.monotonic() + AGENT_START_S
+        while True:
+            assert self.proc.poll() is None, f"runlockd exited: {self.log()}"
+            probe = socket.socket(socket.AF_UNIX)
+            try:
+                probe.connect(self.socket)
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"runlockd did not listen: {self.log()}"
+                time.sleep(0.02)
+            finally:
+                probe.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=AGENT_START_S)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+@dataclass
+class Store:
+    """Where the hosts keep their locks (the agents' backend) and their state
+    (Meltano's ``state_backend``), and what both need to reach it."""
+
+    name: str
+    lock_uri: str
+    state_uri: str
+    env: Dict[str, str] = field(default_factory=dict)
+    meltano_settings: str = ""
+
+
+def file_store(workdir: Path) -> Store:
+    return Store("file", f"file://{workdir / 'locks'}", f"runlock+file://{workdir / 'state'}")
+
+
+def s3_store() -> Store:
+    endpoint = os.environ.get("RUNLOCK_TEST_S3_ENDPOINT")
+    assert endpoint, "RUNLOCK_TEST_S3_ENDPOINT is not set (source tests/scripts/stores.sh; stores_start)"
+    bucket = f"runlock-mel-{secrets.token_hex(6)}"
+    # moto takes an unsigned bucket creation.
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{bucket}", method="PUT"), timeout=10).close()
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ENDPOINT_URL_S3": endpoint,
+        "AWS_ACCESS_KEY_ID": "test",
+        "AWS_SECRET_ACCESS_KEY": "test",
+        "AWS_REGION": "us-east-1",
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    # Meltano's S3 store is given its endpoint and keys as Meltano settings,
+    # which the add-on must pass on to it.
+    settings = (
+        "  s3:\n"
+        f"    endpoint_url: {endpoint}\n"
+        "    aws_access_key_id: test\n"
+        "    aws_secret_access_key: test\n"
+    )
+    return Store("s3", f"s3://{bucket}/locks", f"runlock+s3://{bucket}/state", env, settings)
+
+
+@pytest.fixture(params=["file", "s3"])
+def store(request: pytest.FixtureRequest, workdir: Path) -> Store:
+    return file_store(workdir) if request.param == "file" else s3_store()
+
+
+class Run:
+    """One ``meltano`` process, in a session (process group) of its own."""
+
+    def __init__(self, argv: List[str], cwd: Path, env: Dict[str, str], log: Path):
+        self.log_path = log
+        self._log = open(log, "wb")
+        self.proc = subprocess.Popen(
+            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL,
+            stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait(self) -> int:
+        try:
+            return self.proc.wait(timeout=MELTANO_BOUND_S)
+        finally:
+            self._log.close()
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill_group(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=MELTANO_BOUND_S)
+        self._log.close()
+
+
+class Host:
+    """One runner host: an agent of its own and a Meltano project of its
+    own (so its own system database), sharing the store with the others."""
+
+    def __init__(self, name: str, binary: Path, workdir: Path, store: Store):
+        self.name = name
+        self.root = workdir / name
+        self.root.mkdir()
+        self.store = store
+        self.agent = Agent(binary, workdir, f"agent-{name}", store.lock_uri, store.env)
+        self.side = self.root / "side"
+        self._runs: List[Run] = []
+        self._count = 0
+        python = sys.executable
+        for plugin, script in (("tap-counter", "tap_counter.py"), ("target-state", "target_state.py")):
+            path = self.root / plugin
+            path.write_text(f'#!/bin/sh\nexec "{python}" "{HERE / script}" "$@"\n')
+            path.chmod(0o755)
+        (self.root / "meltano.yml").write_text(
+            "project_id: runlock-addon-e2e\n"
+            "send_anonymous_usage_stats: false\n"
+            "default_environment: dev\n"
+            "environments:\n- name: dev\n"
+            "state_backend:\n"
+            f"  uri: {store.state_uri}\n"
+            f"{store.meltano_settings}"
+            "plugins:\n"
+            "  extractors:\n"
+            "  - name: tap-counter\n"
+            "    namespace: tap_counter\n"
+            f"    executable: {self.root / 'tap-counter'}\n"
+            "    capabilities: [state]\n"
+            "  loaders:\n"
+            "  - name: target-state\n"
+            "    namespace: target_state\n"
+            f"    executable: {self.root / 'target-state'}\n"
+        )
+
+    def env(self, **extra: str) -> Dict[str, str]:
+        keep = {
+            k: v for k, v in os.environ.items()
+            if not k.startswith(("RUNLOCK_", "MELTANO_", "AWS_", "TAP_"))
+        }
+        return {
+            **keep,
+            **self.store.env,
+            "RUNLOCK_SOCKET": self.agent.socket,
+            "MELTANO_SEND_ANONYMOUS_USAGE_STATS": "false",
+            "MELTANO_DISABLE_TRACKING": "true",
+            "TAP_SIDE": str(self.side),
+            **extra,
+        }
+
+    def meltano(self, *args: str, wrap: Optional[List[str]] = None, **env: str) -> Run:
+        """Starts ``meltano ARGS`` (inside ``wrap`` when given)."""
+        self._count += 1
+        meltano = str(Path(sys.executable).parent / "meltano")
+        run = Run([*(wrap or []), meltano, *args], self.root, self.env(**env), self.root / f"meltano-{self._count}.log")
+        self._runs.append(run)
+        return run
+
+    def run(self, tag: str, wrap: Optional[List[str]] = None, **env: str) -> Run:
+        """``meltano run tap-counter target-state``, its tap tagged ``tag``."""
+        return self.meltano("run", "tap-counter", "target-state", wrap=wrap, TAP_TAG=tag, **env)
+
+    def started(self) -> List[int]:
+        text = self.side.read_text() if self.side.exists() else ""
+        return [int(line.split()[1]) for line in text.splitlines() if line.startswith("started ")]
+
+    def seen(self) -> List[object]:
+        """The state each tap was handed, in order."""
+        text = self.side.read_text() if self.side.exists() else ""
+        return [json.loads(line.split(" ", 2)[2]) for line in text.splitlines() if line.startswith("seen ")]
+
+    def wait_started(self, count: int, run: Run) -> None:
+        deadline = time.monotonic() + MELTANO_BOUND_S
+        while len(self.started()) < count:
+            assert run.proc.poll() is None, f"meltano ended before its tap started: {run.output()}"
+            assert time.monotonic() < deadline, f"no tap started: {run.output()}"
+            time.sleep(0.05)
+
+    def release_taps(self) -> None:
+        Path(str(self.side) + ".release").touch()
+
+    def state(self) -> object:
+        """``meltano state get`` (no run lock is taken)."""
+        meltano = str(Path(sys.executable).parent / "meltano")
+        done = subprocess.run(
+            [meltano, "state", "get", STATE_ID], cwd=self.root, env=self.env(),
+            capture_output=True, text=True, timeout=MELTANO_BOUND_S,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def close(self) -> None:
+        self.release_taps()
+        for run in self._runs:
+            # Its whole group: a tap and loader outlive a Meltano killed alone.
+            run.kill_group()
+        self.agent.stop()
+
+
+@pytest.fixture
+def hosts(runlockd: Path, workdir: Path, store: Store) -> Iterator[List[Host]]:
+    """Two hosts, A and B, sharing ``store``."""
+    made: List[Host] = []
+    try:
+        for name in ("a", "b"):
+            made.append(Host(name, runlockd, workdir, store))
+        yield made
+    finally:
+        for host in made:
+            host.close()

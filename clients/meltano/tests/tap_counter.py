@@ -1,0 +1,44 @@
+"""A Singer tap for the end-to-end tests, run by Meltano's own Python.
+
+It records the state Meltano handed it (``seen PID STATE``) and that it
+started (``started PID``) in the file ``$TAP_SIDE``, emits one record and the
+state ``{"run": $TAP_TAG}``, then holds until the file ``$TAP_SIDE.release``
+exists (60 s at most) and emits ``{"run": $TAP_TAG, "step": "last"}``.
+"""
+
+import json
+import os
+import sys
+import time
+
+
+def emit(message):
+    print(json.dumps(message), flush=True)
+
+
+def main(argv):
+    if "--discover" in argv:
+        emit({"streams": []})
+        return
+    if "--about" in argv:
+        emit({"name": "tap-counter"})
+        return
+    side = os.environ["TAP_SIDE"]
+    tag = os.environ.get("TAP_TAG", "untagged")
+    state = None
+    if "--state" in argv:
+        with open(argv[argv.index("--state") + 1]) as handle:
+            state = json.load(handle)
+    with open(side, "a") as out:
+        out.write(f"seen {os.getpid()} {json.dumps(state)}\nstarted {os.getpid()}\n")
+    emit({"type": "SCHEMA", "stream": "s", "schema": {"properties": {"id": {"type": "integer"}}}, "key_properties": ["id"]})
+    emit({"type": "RECORD", "stream": "s", "record": {"id": 1}})
+    emit({"type": "STATE", "value": {"run": tag}})
+    deadline = time.monotonic() + 60
+    while not os.path.exists(side + ".release") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    emit({"type": "STATE", "value": {"run": tag, "step": "last"}})
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,161 @@
+"""End to end: the real Meltano with the add-on, two projects as two hosts,
+each with its own agent and system database, sharing one store (file:// and
+s3:// through moto, where Meltano's own S3 store writes the state)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sqlite3
+import time
+from pathlib import Path
+from typing import List
+
+import runlock
+from conftest import STATE_ID, Host, Store, file_store
+
+#: A duplicate run must be refused at once: well within Meltano's own start-up.
+REFUSAL_BOUND_S = 30.0
+
+#: A killed run's key is free when its connection closes, not after a TTL (30 s).
+FREED_BOUND_S = 5.0
+
+
+def committed(host: Host, expected: object) -> None:
+    """Waits (bounded) until the store holds ``expected`` as the pipeline's state."""
+    deadline = time.monotonic() + 60
+    while True:
+        state = host.state()
+        if state == expected:
+            return
+        assert time.monotonic() < deadline, f"the state stayed {state!r}, not {expected!r}"
+
+
+def test_a_second_unwrapped_run_fails_naming_the_holder(hosts: List[Host]) -> None:
+    a, b = hosts
+    first = a.run("a")
+    a.wait_started(1, first)
+
+    started = time.monotonic()
+    second = b.run("b")
+    status = second.wait()
+    took = time.monotonic() - started
+    out = second.output()
+    assert status == 1, out
+    assert f"{STATE_ID!r} is already running" in out, out
+    assert f"pid {first.pid} on {socket.gethostname()}" in out, out
+    assert " since " in out, out
+    assert b.started() == [], "the second run's tap ran"
+    assert took < REFUSAL_BOUND_S, took
+    print(f"\nrefused in {took:.2f} s, Meltano's start-up included ({b.store.name})")
+
+    # `meltano state …` takes no run lock, while the run holds the key.
+    listed = b.meltano("state", "list")
+    assert listed.wait() == 0, listed.output()
+    assert STATE_ID in listed.output()
+    assert b.state() == {"singer_state": {"run": "a"}}
+
+    a.release_taps()
+    assert first.wait() == 0, first.output()
+    assert a.state() == {"singer_state": {"run": "a", "step": "last"}}
+
+
+def test_a_killed_run_frees_the_key_at_once_and_its_state_stays(hosts: List[Host]) -> None:
+    a, b = hosts
+    first = a.run("a")
+    a.wait_started(1, first)
+    committed(b, {"singer_state": {"run": "a"}})
+
+    first.proc.kill()  # SIGKILL to Meltano alone, as a crash would
+    first.proc.wait(timeout=30)
+    killed = time.monotonic()
+    while runlock.inspect(STATE_ID, socket=b.agent.socket).state != "free":
+        assert time.monotonic() - killed < FREED_BOUND_S, "the killed run's lock stayed held"
+        time.sleep(0.005)
+    print(f"\nkey free {1000 * (time.monotonic() - killed):.1f} ms after the SIGKILL ({b.store.name})")
+    second = b.run("b")
+    b.wait_started(1, second)
+    assert b.seen() == [{"run": "a"}], "the next run did not read the killed run's state"
+    b.release_taps()
+    assert second.wait() == 0, second.output()
+    assert b.state() == {"singer_state": {"run": "b", "step": "last"}}
+
+
+def test_a_forced_run_fences_the_state_writes_of_the_run_it_took_over(hosts: List[Host]) -> None:
+    a, b = hosts
+    first = a.run("a")
+    a.wait_started(1, first)
+    committed(b, {"singer_state": {"run": "a"}})
+
+    forced = b.run("b", MELTANO_RUN_FORCE="true")
+    b.wait_started(1, forced)
+    assert b.seen() == [{"run": "a"}]
+    committed(b, {"singer_state": {"run": "b"}})
+
+    # A's tap now emits its last state; Meltano on A must not write it.
+    a.release_taps()
+    # Whether Meltano then exits non-zero depends on when the write fails
+    # (README): what must hold is that the write is refused.
+    first.wait()
+    out = first.output()
+    assert "state write for 'dev:tap-counter-to-target-state' refused" in out, out
+    assert f"now held by pid {forced.pid} on {socket.gethostname()}" in out, out
+    assert b.state() == {"singer_state": {"run": "b"}}
+
+    b.release_taps()
+    assert forced.wait() == 0, forced.output()
+    assert b.state() == {"singer_state": {"run": "b", "step": "last"}}
+
+
+def test_a_run_wrapped_by_the_shim_takes_the_key_once(hosts: List[Host], runlockd: Path) -> None:
+    a, b = hosts
+    shim = str(runlockd.parent / "runlock")
+    wrapped = a.run("a", wrap=[shim, "run", "--meltano", "--"])
+    a.wait_started(1, wrapped)
+    committed(b, {"singer_state": {"run": "a"}})
+    refused = b.run("b")
+    assert refused.wait() != 0
+    assert f"{STATE_ID!r} is already running" in refused.output(), refused.output()
+
+    a.release_taps()
+    assert wrapped.wait() == 0, wrapped.output()
+    assert a.state() == {"singer_state": {"run": "a", "step": "last"}}
+    assert "held by the runlock run around this one" in wrapped.output(), wrapped.output()
+    grants = [line for line in a.agent.log().splitlines() if f"acquired key={STATE_ID} " in line]
+    assert len(grants) == 1, a.agent.log()
+
+
+def test_the_system_database_form_keeps_state_in_meltanos_database(runlockd: Path, workdir: Path) -> None:
+    store = Store("systemdb", f"file://{workdir / 'locks'}", "runlock+systemdb://")
+    host = Host("a", runlockd, workdir, store)
+    try:
+        host.release_taps()
+        run = host.run("a")
+        assert run.wait() == 0, run.output()
+        assert host.state() == {"singer_state": {"run": "a", "step": "last"}}
+        assert f"acquired key={STATE_ID} " in host.agent.log()
+        db = sqlite3.connect(host.root / ".meltano" / "meltano.db")
+        try:
+            [(completed,)] = db.execute("SELECT completed_state FROM state WHERE state_id = ?", (STATE_ID,))
+        finally:
+            db.close()
+        assert json.loads(completed) == {"singer_state": {"run": "a", "step": "last"}}
+    finally:
+        host.close()
+
+
+def test_meltanos_own_check_goes_on_working_beside_it(runlockd: Path, workdir: Path) -> None:
+    host = Host("a", runlockd, workdir, file_store(workdir))
+    try:
+        first = host.run("a")
+        host.wait_started(1, first)
+        # The same project, so the same system database: Meltano's check comes first.
+        second = host.run("b")
+        assert second.wait() == 1, second.output()
+        assert "pipeline is already running" in second.output(), second.output()
+        assert "runlock:" not in second.output(), second.output()
+        assert len(host.started()) == 1
+        host.release_taps()
+        assert first.wait() == 0, first.output()
+    finally:
+        host.close()

@@ -1,0 +1,227 @@
+"""The add-on's parts against a real runlockd on memory:// (an in-memory
+store for Meltano's part), without Meltano's CLI: run locks, the fence,
+the state lock, the policy when no agent answers, and the URI forms."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Dict, Iterable, Iterator, Optional
+
+import click
+import pytest
+import runlock
+from conftest import Agent
+from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager, UnsupportedStateBackendURIError
+
+from runlock_meltano import LockUnavailable, RunHeld, RunlockStateStoreManager, StaleRun
+from runlock_meltano import invocation, state_lock
+from runlock_meltano.inner import inner_uri
+from runlock_meltano.invocation import Invocation
+from runlock_meltano.runs import RunLocks, shim_token
+
+STATE_ID = "dev:tap-x-to-target-y"
+RUN = Invocation(runs_pipelines=True)
+FORCED = Invocation(runs_pipelines=True, force=True)
+
+
+class MemoryStore(StateStoreManager):
+    """Meltano's part, in memory: what the add-on hands writes to."""
+
+    label = "Memory"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.states: Dict[str, MeltanoState] = {}
+
+    def set(self, state: MeltanoState) -> None:
+        self.states[state.state_id] = state
+
+    def get(self, state_id: str) -> Optional[MeltanoState]:
+        return self.states.get(state_id)
+
+    def delete(self, state_id: str) -> None:
+        self.states.pop(state_id, None)
+
+    def get_state_ids(self, pattern: Optional[str] = None) -> Iterable[str]:
+        return list(self.states)
+
+    def acquire_lock(self, state_id: str, *, retry_seconds: float) -> Iterator[None]:  # type: ignore[override]
+        raise AssertionError("the add-on takes the state lock itself")
+
+
+@pytest.fixture
+def agent(runlockd: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Agent]:
+    started = Agent(runlockd, workdir, "agent", "memory://", {})
+    monkeypatch.setenv("RUNLOCK_SOCKET", started.socket)
+    monkeypatch.delenv("RUNLOCK_ON_UNAVAILABLE", raising=False)
+    monkeypatch.setenv("RUNLOCK_CONFIG", str(workdir / "none.toml"))
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def manager(store: MemoryStore, now: Invocation, env: Optional[Dict[str, str]] = None) -> RunlockStateStoreManager:
+    """One Meltano process's backend (its own run locks)."""
+    runs = RunLocks(current=lambda: now, env=env if env is not None else {})
+    return RunlockStateStoreManager("runlock+file:///unused", inner=store, runs=runs)
+
+
+def state(value: str) -> MeltanoState:
+    return MeltanoState(STATE_ID, completed_state={"singer_state": {"v": value}})
+
+
+def test_a_run_locks_its_state_id_at_its_first_read_and_a_second_run_is_refused(agent: Agent) -> None:
+    store = MemoryStore()
+    first = manager(store, RUN)
+    assert first.get(STATE_ID) is None
+    [held] = runlock.status()
+    assert held.key == STATE_ID and held.holder.pid == os.getpid()
+
+    with pytest.raises(RunHeld) as refused:
+        manager(store, RUN).get(STATE_ID)
+    assert f"held by pid {os.getpid()} on " in str(refused.value)
+    assert refused.value.holder is not None and refused.value.holder.token == held.holder.token
+    first.runs.release_all()
+
+
+def test_state_commands_take_no_run_lock(agent: Agent) -> None:
+    store = MemoryStore()
+    running = manager(store, RUN)
+    running.update(state("run"))
+    other = manager(store, invocation.NOT_A_RUN)
+    assert other.get(STATE_ID) == state("run")
+    assert list(other.get_state_ids()) == [STATE_ID]
+    other.update(state("set by hand"))  # `meltano state set`: the state lock only
+    assert store.states[STATE_ID] == state("set by hand")
+    assert [lease.key for lease in runlock.status()] == [STATE_ID]
+    running.runs.release_all()
+
+
+def test_a_forced_run_fences_the_writes_of_the_run_it_took_over(agent: Agent) -> None:
+    store = MemoryStore()
+    old = manager(store, RUN)
+    old.update(state("old"))
+    new = manager(store, FORCED)
+    new.update(state("new"))
+    lost = None
+    old_lease = old.runs.ensure(STATE_ID)
+    assert old_lease is not None and old_lease.lease is not None
+    lost = old_lease.lease.wait_lost(10)
+    assert lost is not None and lost.reason == "forced"
+
+    with pytest.raises(StaleRun) as refused:
+        old.update(state("stale"))
+    assert "refused" in str(refused.value) and f"now held by pid {os.getpid()}" in str(refused.value)
+    with pytest.raises(StaleRun):
+        old.clear(STATE_ID)
+    assert store.states[STATE_ID] == state("new")
+    new.runs.release_all()
+
+
+def test_the_fence_reads_the_record_when_no_loss_was_reported(agent: Agent) -> None:
+    store = MemoryStore()
+    # A run wrapped by `runlock run` whose token is no longer the key's: the
+    # record in the store says so, with no event on any connection of ours.
+    with runlock.lock(STATE_ID) as current:
+        stale = manager(store, RUN, {"RUNLOCK_KEY": STATE_ID, "RUNLOCK_TOKEN": str(current.token - 1)})
+        with pytest.raises(StaleRun) as refused:
+            stale.update(state("stale"))
+        assert f"token {current.token - 1}" in str(refused.value)
+        assert store.states == {}
+
+        # The wrapped run that holds it writes, and takes the key no second time.
+        wrapped = manager(store, RUN, {"RUNLOCK_KEY": f"a\n{STATE_ID}", "RUNLOCK_TOKEN": f"9\n{current.token}"})
+        wrapped.update(state("wrapped"))
+        assert store.states[STATE_ID] == state("wrapped")
+        assert [lease.key for lease in runlock.status()] == [STATE_ID]
+
+
+def test_the_state_lock_is_taken_through_runlock_and_waits_bounded(agent: Agent) -> None:
+    with runlock.lock(state_lock.key(STATE_ID)):
+        with pytest.raises(StateIDLockedError) as refused:
+            with state_lock.state_lock(STATE_ID, wait=0.2):
+                pass
+        assert "is being written by pid" in str(refused.value)
+    with state_lock.state_lock(STATE_ID, wait=0):
+        [held] = runlock.status()
+        assert held.key == "meltano-state-write:" + STATE_ID
+    assert runlock.status() == []
+
+
+@pytest.mark.parametrize("policy", ["fail", "warn", "skip", "nonsense"])
+def test_no_agent_on_unavailable_decides(
+    policy: str, workdir: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("RUNLOCK_SOCKET", str(workdir / "nobody.sock"))
+    monkeypatch.delenv("RUNLOCK_ON_UNAVAILABLE", raising=False)
+    config = workdir / "runlockd.toml"
+    config.write_text(f'on_unavailable = "{policy}"\n')
+    monkeypatch.setenv("RUNLOCK_CONFIG", str(config))
+    store = MemoryStore()
+    caplog.set_level(logging.INFO, "runlock_meltano")
+    if policy in ("fail", "nonsense"):
+        with pytest.raises(LockUnavailable, match="cannot reach the agent"):
+            manager(store, RUN).get(STATE_ID)
+        assert store.states == {}
+        return
+    backend = manager(store, RUN)
+    backend.update(state(policy))
+    assert store.states[STATE_ID] == state(policy)
+    assert ("WITHOUT A LOCK" in caplog.text) == (policy == "warn")
+
+
+def test_the_environment_overrides_the_files_policy(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUNLOCK_SOCKET", str(workdir / "nobody.sock"))
+    config = workdir / "runlockd.toml"
+    config.write_text('on_unavailable = "skip"\n')
+    monkeypatch.setenv("RUNLOCK_CONFIG", str(config))
+    monkeypatch.setenv("RUNLOCK_ON_UNAVAILABLE", "fail")
+    with pytest.raises(LockUnavailable):
+        manager(MemoryStore(), RUN).get(STATE_ID)
+
+
+def test_shim_token_reads_the_wrapping_runs_keys() -> None:
+    env = {"RUNLOCK_KEY": "a\nb", "RUNLOCK_TOKEN": "3\n7", "RUNLOCK_LEASE_ID": "x\ny"}
+    assert shim_token("b", env) == 7
+    assert shim_token("c", env) is None
+    assert shim_token("a", {"RUNLOCK_KEY": "a"}) is None  # unlocked under on_unavailable
+    assert shim_token("a", {"RUNLOCK_KEY": "a", "RUNLOCK_TOKEN": "x"}) is None
+
+
+def test_inner_uris() -> None:
+    assert inner_uri("runlock+s3://bucket/prefix") == "s3://bucket/prefix"
+    assert inner_uri("runlock+file:///srv/state") == "file:///srv/state"
+    assert inner_uri("runlock+systemdb://") == "systemdb://"
+    for bad in ("s3://bucket", "runlock+", "runlock+runlock+s3://b", "runlock+/path"):
+        with pytest.raises(UnsupportedStateBackendURIError):
+            inner_uri(bad)
+
+
+def test_the_invocation_is_meltanos_command() -> None:
+    seen: Dict[str, Invocation] = {}
+
+    @click.group(name="meltano")
+    def cli() -> None:
+        pass
+
+    @cli.command(name="run")
+    @click.option("--force", is_flag=True, envvar="MELTANO_RUN_FORCE")
+    def run(force: bool) -> None:
+        seen["run"] = invocation.current()
+
+    @cli.group(name="state")
+    def state_group() -> None:
+        pass
+
+    @state_group.command(name="list")
+    def state_list() -> None:
+        seen["state"] = invocation.current()
+
+    for argv in (["run"], ["state", "list"]):
+        cli.main(argv, standalone_mode=False)
+    assert seen == {"run": Invocation(True, False), "state": invocation.NOT_A_RUN}
+    cli.main(["run", "--force"], standalone_mode=False)
+    assert seen["run"] == Invocation(True, True)
