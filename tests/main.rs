@@ -21,6 +21,7 @@ mod lifecycle;
 mod meltano;
 mod meltano_e2e;
 mod metrics;
+mod package;
 mod restart;
 mod run_holds_lock;
 mod scenarios;

@@ -29,7 +29,7 @@ fn units_dir() -> Result<PathBuf> {
 }
 
 /// Runs a systemd tool to its end (bounded), without colours or a pager.
-async fn tool(program: &str, args: &[&str]) -> Result<Output> {
+pub(crate) async fn tool(program: &str, args: &[&str]) -> Result<Output> {
     let mut command = Command::new(program);
     command
         .args(args)
@@ -42,7 +42,7 @@ async fn tool(program: &str, args: &[&str]) -> Result<Output> {
         .with_context(|| format!("running {program} (package systemd; scripts/test installs it)"))
 }
 
-fn text(output: &Output) -> String {
+pub(crate) fn text(output: &Output) -> String {
     format!(
         "{}{}",
         String::from_utf8_lossy(&output.stdout),
@@ -67,7 +67,7 @@ fn copy_units(dir: &Path, edit: impl Fn(String) -> String) -> Result<(PathBuf, P
     Ok((service_path, socket_path))
 }
 
-async fn verify(service: &Path, socket: &Path) -> Result<Output> {
+pub(crate) async fn verify(service: &Path, socket: &Path) -> Result<Output> {
     let (service, socket) = (service.display().to_string(), socket.display().to_string());
     // --man=no: the Documentation= pages are not installed here.
     tool(

@@ -35,23 +35,8 @@ fn build() -> anyhow::Result<Bins> {
         .current_dir(workspace)
         .args(["build", "--message-format=json-render-diagnostics"])
         .args(["-p", "runlock-agent", "-p", "runlock-shim"]);
-    // What cargo sets for this test process describes the tests package, not
-    // a build: ring's build script tracks these names, so passing them on
-    // rebuilt ring and the AWS SDK over it here, and again in the next `cargo test`.
-    for (name, _) in std::env::vars_os() {
-        let name = name.to_string_lossy();
-        if name.starts_with("CARGO_PKG_")
-            || name.starts_with("CARGO_MANIFEST_")
-            || [
-                "CARGO_CRATE_NAME",
-                "CARGO_PRIMARY_PACKAGE",
-                "CARGO_TARGET_TMPDIR",
-                "OUT_DIR",
-            ]
-            .contains(&name.as_ref())
-        {
-            cargo.env_remove(name.as_ref());
-        }
+    for name in test_package_env() {
+        cargo.env_remove(name);
     }
     if !cfg!(debug_assertions) {
         cargo.arg("--release");
@@ -86,4 +71,25 @@ fn build() -> anyhow::Result<Bins> {
         runlockd: runlockd.context("cargo build did not report the runlockd executable")?,
         runlock: runlock.context("cargo build did not report the runlock executable")?,
     })
+}
+
+/// What cargo sets for this test process describes the tests package, not a
+/// build, and is removed from a cargo started from a test: ring's build script
+/// tracks these names, so passing them on rebuilt ring and the AWS SDK over
+/// it there, and again in the next `cargo test`.
+pub fn test_package_env() -> Vec<String> {
+    std::env::vars_os()
+        .map(|(name, _)| name.to_string_lossy().into_owned())
+        .filter(|name| {
+            name.starts_with("CARGO_PKG_")
+                || name.starts_with("CARGO_MANIFEST_")
+                || [
+                    "CARGO_CRATE_NAME",
+                    "CARGO_PRIMARY_PACKAGE",
+                    "CARGO_TARGET_TMPDIR",
+                    "OUT_DIR",
+                ]
+                .contains(&name.as_str())
+        })
+        .collect()
 }
