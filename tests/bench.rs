@@ -1278,13 +1278,17 @@ fn agent_options(uri: &str, extra: &[&str]) -> AgentOptions {
 }
 
 /// `env` for the agent, and a log of `info` and up without the lease layer's
-/// line per lease, which would be timed with every acquire.
+/// line per lease, which would be timed with every acquire; the renewal
+/// scheduler's once-a-minute report (in the lease layer) stays, `many_leases` reads it.
 fn agent_env(env: &[(&str, &str)]) -> Vec<(String, String)> {
-    [("RUST_LOG", "info,runlock_agent::lease=warn")]
-        .iter()
-        .chain(env)
-        .map(|(k, v)| (k.to_string(), v.to_string()))
-        .collect()
+    [(
+        "RUST_LOG",
+        "info,runlock_agent::lease=warn,runlock_agent::lease::renewal=info",
+    )]
+    .iter()
+    .chain(env)
+    .map(|(k, v)| (k.to_string(), v.to_string()))
+    .collect()
 }
 
 /// An agent on `uri` with `extra` flags and `env`, ready.

@@ -454,6 +454,19 @@ async fn installed_package_verifies_renders_completes_and_locks() -> Result<()> 
         );
     }
 
+    // Each binary names itself as installed, not after its crate.
+    for (binary, name) in [
+        (&installed_runlock, "runlock"),
+        (&installed_runlockd, "runlockd"),
+    ] {
+        let printed = stdout(&run_tool(&binary.display().to_string(), &["--version"], &[]).await?);
+        let expected = format!("{name} {}", env!("CARGO_PKG_VERSION"));
+        ensure!(
+            printed.trim() == expected,
+            "{name} --version printed {printed:?}, not {expected:?}"
+        );
+    }
+
     // The pages describe the installed binaries: every flag their --help names.
     for (page, binary, args) in [
         ("man1/runlock.1.gz", &installed_runlock, &["--help"][..]),

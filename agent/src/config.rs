@@ -22,7 +22,7 @@ use std::time::Duration;
 /// runlockd: the runlock agent. Holds locks for the runs on this host and
 /// serves `runlock` over a Unix socket.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "runlockd", version, about)]
 pub struct Args {
     /// What to do instead of serving.
     #[command(subcommand)]

@@ -78,9 +78,10 @@ fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
-/// The derive names and describes a command after the crate it is compiled
-/// in; these are the names the binaries are installed as, and the
-/// descriptions their `--help` prints.
+/// The shim's `Cli` is compiled into this crate (`#[path]`), so its derived
+/// description would be this crate's: it is read from the shim's manifest.
+/// The names are the ones the binaries are installed as, and the
+/// descriptions those their `--help` prints.
 fn shim_command() -> anyhow::Result<clap::Command> {
     let manifest: toml::Table = toml::from_str(SHIM_MANIFEST).context("parsing shim/Cargo.toml")?;
     let description = manifest

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 /// runlock: run a command only while holding a lock that runlockd keeps for it.
 #[derive(Debug, Parser)]
-#[command(version, about)]
+#[command(name = "runlock", version, about)]
 pub struct Cli {
     /// Agent socket [default: $RUNLOCK_SOCKET, else /run/runlock/agent.sock for
     /// root, else $XDG_RUNTIME_DIR/runlock/agent.sock]
