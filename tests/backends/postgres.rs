@@ -96,7 +96,7 @@ async fn agents_exclude_each_other_naming_the_holder_and_tokens_outlive_release(
         granted.holder.token
     );
     match two.acquire(&spec("k", "l2", false, TTL)).await {
-        Err(BackendError::Held(Some(h))) => {
+        Err(BackendError::Held(Some(h), _)) => {
             ensure!((h.host.as_str(), h.token) == ("host-of-l1", 1), "{h:?}")
         }
         other => bail!("expected held with its holder, got {other:?}"),
@@ -158,7 +158,7 @@ async fn a_silent_holder_is_taken_over_only_after_ttl_and_grace_by_the_database_
     let taken = loop {
         match two.acquire(&spec("k", "l2", false, ttl)).await {
             Ok(grant) => break grant,
-            Err(BackendError::Held(_)) => {}
+            Err(BackendError::Held(..)) => {}
             Err(other) => bail!("{other}"),
         }
         ensure!(
@@ -233,7 +233,7 @@ async fn agents_starting_together_make_the_table_once_and_racing_acquires_have_o
     let winners = results.iter().filter(|r| r.is_ok()).count();
     let held = results
         .iter()
-        .filter(|r| matches!(r, Err(BackendError::Held(_))))
+        .filter(|r| matches!(r, Err(BackendError::Held(..))))
         .count();
     ensure!((winners, held) == (1, 7), "{results:?}");
     Ok(())
@@ -356,7 +356,7 @@ async fn each_operation_is_one_statement() -> Result<()> {
         ("acquire of a held key, naming its holder", {
             let before = backend.statements_sent();
             let held = backend.acquire(&spec("k", "l3", false, TTL)).await;
-            ensure!(matches!(held, Err(BackendError::Held(Some(_)))));
+            ensure!(matches!(held, Err(BackendError::Held(Some(_), _))));
             count(before)
         }),
     ] {

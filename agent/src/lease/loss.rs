@@ -4,7 +4,7 @@
 use super::event::Loss;
 use super::registry::Registry;
 use super::renewal::Report;
-use crate::backend::LeaseRef;
+use crate::backend::{Ending, LeaseRef};
 use crate::shown::Viewer;
 use runlock_protocol::timing;
 use runlock_protocol::{Holder, KeyRecord, LostReason};
@@ -56,8 +56,15 @@ impl Registry {
         }
     }
 
-    /// A lease is gone: tell its connection, stop the run if its client is gone.
-    pub(super) async fn lose(&self, lease_id: &str, loss: Loss, holder: Option<Holder>) {
+    /// A lease is gone: tell its connection, stop the run if its client is
+    /// gone, and let go of the record with `ending` if it is still ours.
+    pub(super) async fn lose(
+        &self,
+        lease_id: &str,
+        loss: Loss,
+        holder: Option<Holder>,
+        ending: Ending,
+    ) {
         let reason = loss.reason();
         let (lease, notice) = {
             let mut state = self.state();
@@ -97,11 +104,12 @@ impl Registry {
             let backend = self.backend.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(grace).await;
-                let _ = backend.release(&reference).await;
+                let _ = backend.end(&reference, &ending).await;
             });
         } else {
-            // Someone else holds it now: this only lets go of our local hold.
-            let _ = self.backend.release(&reference).await;
+            // Someone else holds it now (or, broken here, about to be freed
+            // as `ending` says): this only lets go of our local hold.
+            let _ = self.backend.end(&reference, &ending).await;
         }
         self.state().queues.wake_head(&lease.key);
     }
@@ -111,7 +119,10 @@ impl Registry {
     async fn renewal_lost(&self, lease: &LeaseRef, taken: bool) {
         if !taken {
             // Tell the run now: looking up who else holds it could hang on the same store.
-            return self.lose(&lease.lease_id, Loss::NotRenewed, None).await;
+            let ending = Ending::Lost(Loss::NotRenewed.to_string());
+            return self
+                .lose(&lease.lease_id, Loss::NotRenewed, None, ending)
+                .await;
         }
         let lookup = tokio::time::timeout(LOOKUP_TIMEOUT, self.backend.inspect(&lease.key));
         let record = lookup.await.ok().and_then(Result::ok);
@@ -132,7 +143,8 @@ impl Registry {
             Some(r) if r.token > lease.token => (Loss::FreedSince(r.token), None),
             _ => (Loss::Gone, None),
         };
-        self.lose(&lease.lease_id, loss, holder).await;
+        self.lose(&lease.lease_id, loss, holder, Ending::Released)
+            .await;
     }
 }
 

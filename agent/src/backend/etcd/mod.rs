@@ -33,8 +33,8 @@ mod tls;
 mod transport;
 
 use super::{
-    key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, EtcdOptions, Grant,
-    LeaseRef, Profile, Profiled,
+    key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Ending, EtcdOptions,
+    Grant, LeaseRef, Profile, Profiled,
 };
 use crate::backend::retry::TIMEOUTS;
 use async_trait::async_trait;
@@ -43,7 +43,7 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use record::EtcdRecord;
-use runlock_protocol::{timing, Holder, Key, KeyRecord, KeyState, Scope};
+use runlock_protocol::{timing, Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -313,7 +313,7 @@ impl EtcdBackend {
                 // and holds it meanwhile.
                 self.keep_spare(lease);
                 if !spec.force {
-                    return Err(BackendError::Held(None));
+                    return Err(BackendError::Held(None, None));
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
@@ -339,7 +339,7 @@ impl EtcdBackend {
             };
             if !spec.force {
                 self.keep_spare(lease);
-                return Err(BackendError::Held(Some(Box::new(holder))));
+                return Err(BackendError::Held(Some(Box::new(holder)), None));
             }
             let forced = Forced {
                 name: &name,
@@ -538,7 +538,7 @@ impl Backend for EtcdBackend {
         .await
     }
 
-    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    async fn end(&self, lease: &LeaseRef, _ending: &Ending) -> Result<(), BackendError> {
         let id = self
             .held
             .lock()
@@ -567,6 +567,7 @@ impl Backend for EtcdBackend {
                 holder: None,
                 expires_in_ms: None,
                 scope: Scope::Global,
+                incident: None,
             };
             let Some(kv) = self.read(&name).await? else {
                 return Ok(answer);
@@ -594,6 +595,12 @@ impl Backend for EtcdBackend {
             Ok(answer)
         })
         .await
+    }
+
+    async fn history(&self, _key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+        Err(BackendError::Unsupported(
+            "etcd:// keeps no history of its keys yet".to_string(),
+        ))
     }
 
     async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {

@@ -19,7 +19,7 @@ async fn two_backends_on_one_directory_exclude_each_other_and_tokens_grow() {
         .expect("free key");
     assert_eq!(first.holder.token, 1);
     match two.acquire(&spec("k", "l2", false, TTL)).await {
-        Err(BackendError::Held(Some(h))) => assert_eq!(h.token, 1),
+        Err(BackendError::Held(Some(h), _)) => assert_eq!(h.token, 1),
         other => panic!("expected held, got {other:?}"),
     }
     assert_eq!(
@@ -124,7 +124,7 @@ async fn a_lock_the_run_holds_outlives_its_agent_and_is_adopted_by_the_next() {
     let new = FileBackend::open(dir.path().into()).expect("open");
     assert!(matches!(
         new.acquire(&spec("k", "l2", false, TTL)).await,
-        Err(BackendError::Held(Some(h))) if h.token == 1
+        Err(BackendError::Held(Some(h), _)) if h.token == 1
     ));
     assert_eq!(
         new.inspect(&key).await.expect("inspect").state,
@@ -156,7 +156,7 @@ async fn a_lock_the_run_holds_outlives_its_agent_and_is_adopted_by_the_next() {
     // Held by the run alone: the adopting agent's copy does not lock it.
     assert!(matches!(
         new.acquire(&spec("k", "l3", false, TTL)).await,
-        Err(BackendError::Held(_))
+        Err(BackendError::Held(..))
     ));
 
     // The run ends (its shim drops the lock), then the agent releases.
@@ -189,7 +189,7 @@ async fn a_lock_taken_again_after_release_is_held_and_force_takes_it_higher() {
     assert!(flock(&run, libc::LOCK_EX | libc::LOCK_NB).expect("relock"));
     assert!(matches!(
         backend.acquire(&spec("k", "l2", false, TTL)).await,
-        Err(BackendError::Held(None))
+        Err(BackendError::Held(None, _))
     ));
     let forced = backend
         .acquire(&spec("k", "l3", true, TTL))
@@ -250,6 +250,7 @@ fn tokens_come_from_durable_blocks_and_a_new_boot_starts_above_the_block() {
         holder: None,
         forced_from: None,
         lease_id: None,
+        history: Vec::new(),
         store: TokenBlock {
             ttl_ms: None,
             reserved,

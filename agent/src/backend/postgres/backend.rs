@@ -5,12 +5,12 @@ use super::session::{self, Session};
 use super::settings::Settings;
 use super::sql::Sql;
 use crate::backend::{
-    redact_uri, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef,
+    redact_uri, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Ending, Grant, LeaseRef,
     PostgresOptions, Profile, Profiled,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
-use runlock_protocol::{Holder, Key, KeyRecord, KeyState, Scope};
+use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
 use std::time::Duration;
 use tokio::sync::broadcast;
 
@@ -131,7 +131,7 @@ impl Backend for PostgresBackend {
                 (column(row, 0)?, column(row, 1)?, column(row, 2)?);
             let recorded = self.holder(&spec.key, holder_text)?;
             if !taken {
-                return Err(BackendError::Held(recorded.map(Box::new)));
+                return Err(BackendError::Held(recorded.map(Box::new), None));
             }
             let holder = Holder {
                 token: token(token_value, &spec.key)?,
@@ -143,7 +143,7 @@ impl Backend for PostgresBackend {
                 lock: None,
             });
         }
-        Err(BackendError::Held(None))
+        Err(BackendError::Held(None, None))
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
@@ -167,7 +167,7 @@ impl Backend for PostgresBackend {
         Ok(())
     }
 
-    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    async fn end(&self, lease: &LeaseRef, _ending: &Ending) -> Result<(), BackendError> {
         let (key, token) = (lease.key.as_str(), stored_token(lease));
         // No row freed: the lease was already someone else's, or freed; nothing to do.
         self.session
@@ -199,6 +199,7 @@ impl Backend for PostgresBackend {
             holder: None,
             expires_in_ms: None,
             scope: Scope::Global,
+            incident: None,
         };
         if let Some(row) = row {
             let (state, token_value, holder, expired, expires_in_ms): (
@@ -222,6 +223,12 @@ impl Backend for PostgresBackend {
             }
         }
         Ok(record)
+    }
+
+    async fn history(&self, _key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+        Err(BackendError::Unsupported(
+            "postgresql:// keeps no history of its keys yet".to_string(),
+        ))
     }
 
     async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
