@@ -197,6 +197,39 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_lease_lost_while_its_record_still_names_it_is_recorded_as_lost() {
+        use crate::backend::cas::{testing::FaultyStore, CasEngine, MemoryCasStore};
+        use runlock_protocol::EventKind;
+        let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
+        let identity = Identity {
+            host: "h".into(),
+            agent_id: "a".into(),
+            uid: 0,
+        };
+        let engine = Arc::new(CasEngine::new(store.clone(), ""));
+        let registry = Registry::new(engine, identity, Policy::with_ttl(Duration::from_secs(30)));
+        let (conn, mut events) = connect(&registry, ROOT);
+        take(&registry, conn, &["k"]).await.expect("free");
+        store.fail_everything(true);
+        let event = tokio::time::timeout(Duration::from_secs(120), events.recv()).await;
+        assert!(matches!(event, Ok(Some(Event::Lost { .. }))), "{event:?}");
+        // The store answers again before anyone else could take the key: the
+        // agent frees its record once the run's kill grace has passed.
+        store.fail_everything(false);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let history = registry.history("k", 0).await.expect("history");
+        let kinds: Vec<_> = history.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [EventKind::Granted, EventKind::Lost]);
+        assert!(history[1].reason.contains("deadline"), "{history:?}");
+        let record = registry.inspect("k").await.expect("record");
+        assert_eq!(record.incident.map(|e| e.kind), Some(EventKind::Lost));
+        // `limit` keeps the latest.
+        let latest = registry.history("k", 1).await.expect("history");
+        assert_eq!(latest.len(), 1);
+        assert_eq!(latest[0].kind, EventKind::Lost);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_peer_that_does_not_read_gets_a_bounded_backlog_of_renewed_events() {
         use crate::backend::cas::{CasEngine, MemoryCasStore};
         let identity = Identity {

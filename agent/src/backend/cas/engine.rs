@@ -666,6 +666,7 @@ mod tests {
     use super::super::MemoryCasStore;
     use super::*;
     use crate::backend::fixtures::{lease, spec};
+    use runlock_protocol::Clock;
 
     const TTL: Duration = Duration::from_secs(10);
 
@@ -1012,6 +1013,19 @@ mod tests {
             (0, 4),
             "acquire of a key this agent freed: one PUT"
         );
+        // Those single writes kept the history, in order.
+        let key = Key::new("k").expect("valid");
+        let kinds: Vec<_> = (engine.history(&key).await.expect("history").iter())
+            .map(|e| (e.kind, e.token, e.host.clone()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (EventKind::Granted, 1, "host-of-l1".to_string()),
+                (EventKind::Released, 1, "host-of-l1".to_string()),
+                (EventKind::Granted, 2, "host-of-l2".to_string()),
+            ]
+        );
 
         // A key last written by another agent: the guess fails, then a read and a write.
         other
@@ -1031,6 +1045,92 @@ mod tests {
         );
         let after = requests();
         assert_eq!((after.0 - before.0, after.1 - before.1), (1, 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_from_an_agent_that_kept_no_history_reads_as_none_and_starts_one() {
+        let store = Arc::new(MemoryCasStore::new());
+        let old = r#"{"key":"k","state":"free","token":7,"ttl_ms":10000,"renewed_at_ms":1}"#;
+        store
+            .put_if_absent("locks/k.json", old.as_bytes().to_vec())
+            .await
+            .expect("seeded");
+        let engine = proven(store.clone()).await;
+        let key = Key::new("k").expect("valid");
+        assert!(engine.history(&key).await.expect("history").is_empty());
+        assert_eq!(engine.inspect(&key).await.expect("inspect").incident, None);
+        let grant = engine
+            .acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
+        assert_eq!(grant.holder.token, 8);
+        let history = engine.history(&key).await.expect("history");
+        assert_eq!(
+            history
+                .iter()
+                .map(|e| (e.kind, e.token))
+                .collect::<Vec<_>>(),
+            [(EventKind::Granted, 8)]
+        );
+        // The stored record is one an older agent reads: its fields are all there.
+        let record = stored(store.as_ref(), "k").await;
+        assert_eq!((record.state, record.token), (KeyState::Held, 8));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_force_an_expiry_and_a_break_are_recorded_with_who_and_which_token() {
+        let store = Arc::new(MemoryCasStore::new());
+        let (one, two) = pair(store.clone()).await;
+        let key = Key::new("k").expect("valid");
+        one.acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
+        two.acquire(&spec("k", "l2", true, TTL))
+            .await
+            .expect("forced");
+        match one.acquire(&spec("k", "l3", false, TTL)).await {
+            Err(BackendError::Held(Some(h), Some(incident))) => {
+                assert_eq!(h.token, 2);
+                assert_eq!(
+                    (incident.kind, incident.token, incident.from_token),
+                    (EventKind::Forced, 2, Some(1))
+                );
+            }
+            other => panic!("expected held naming the force, got {other:?}"),
+        }
+        // `two` goes silent: `one` takes the key over once it expired.
+        tokio::time::sleep(TTL + grace(TTL) + CLOCK_RESOLUTION * 2).await;
+        one.acquire(&spec("k", "l4", false, TTL))
+            .await
+            .expect("expired");
+        let mut breaking = spec("k", "l5", true, TTL);
+        breaking.breaking = true;
+        two.acquire(&breaking).await.expect("broken");
+        two.end(&lease("k", "l5", 4), &Ending::AfterBreak)
+            .await
+            .expect("freed");
+        let history = one.history(&key).await.expect("history");
+        let got: Vec<_> = history
+            .iter()
+            .map(|e| (e.kind, e.token, e.from_token, e.host.as_str(), e.clock))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (EventKind::Granted, 1, None, "host-of-l1", Clock::Agent),
+                (EventKind::Forced, 2, Some(1), "host-of-l2", Clock::Store),
+                (EventKind::Expired, 2, None, "host-of-l2", Clock::Store),
+                (EventKind::Granted, 3, None, "host-of-l4", Clock::Store),
+                (EventKind::Broken, 4, Some(3), "host-of-l5", Clock::Store),
+            ]
+        );
+        assert!(
+            !history[2].reason.is_empty(),
+            "an expiry says how it was seen"
+        );
+        let record = one.inspect(&key).await.expect("inspect");
+        assert_eq!(record.state, KeyState::Free);
+        assert_eq!(record.incident.map(|e| e.kind), Some(EventKind::Broken));
     }
 
     #[tokio::test(start_paused = true)]
