@@ -21,11 +21,6 @@ test_matrix!(
     a_store_pause_longer_than_the_ttl_stops_the_holder_before_anyone_takes_over,
     agents_whose_wall_clocks_are_hours_off_change_nothing,
     the_store_s_own_failures_make_runs_exit_69_with_a_clear_message,
-);
-
-// The stores whose records keep a history.
-test_matrix!(
-    [s3: S3, azure: Azure, gcs: Gcs, postgres: Postgres];
     history_lists_every_grant_force_release_expiry_and_break_from_either_host,
 );
 
