@@ -28,6 +28,7 @@ test_matrix!(
 test_matrix!(
     [s3: S3, azure: Azure, gcs: Gcs];
     records_read_back_with_the_store_s_own_tools_as_json_beside_meltano_state,
+    the_history_costs_no_store_request,
 );
 
 fn now_ms() -> u64 {
@@ -569,5 +570,91 @@ async fn history_lists_every_grant_force_release_expiry_and_break_from_either_ho
         record["incident"]["kind"] == "broken" && record["incident"]["agent_id"] == c_id_s,
         "{record}"
     );
+    Ok(())
+}
+
+/// (kind, token) of each event of `k`'s history through `agent`.
+async fn kinds_of(agent: &TestAgent, k: &str) -> Result<Vec<(String, u64)>> {
+    Ok(history_of(agent, k)
+        .await?
+        .into_iter()
+        .map(|(kind, token, _, _)| (kind, token))
+        .collect())
+}
+
+/// The store requests of an uncontended acquire and release, counted by a
+/// proxy in front of the store: the history rides in the record, so each
+/// is still one conditional write, however long the history.
+async fn the_history_costs_no_store_request(store: impl Store) -> Result<()> {
+    use crate::support::client::RawClient;
+    use crate::support::rewriting_proxy::{authority, RewritingProxy};
+    use crate::support::stores::{unique_name, Endpoint};
+    use runlock_protocol::{AgentMessage, ClientMessage};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let at = store.shared()?;
+    let bucket = unique_name("counted");
+    store.create(&at, &bucket).await?;
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counter = requests.clone();
+    let count = Arc::new(move |_: &mut _| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    let proxy = RewritingProxy::start(authority(&at.url)?, count).await?;
+    let upstream = authority(&at.url)?;
+    let proxied = Endpoint {
+        url: at
+            .url
+            .replacen(&upstream, &format!("127.0.0.1:{}", proxy.port), 1),
+    };
+    let uri = store.uri(&at, &bucket, "p");
+    let agent = TestAgent::start_with_env(AgentOptions::new(&uri), &store.env(&proxied)).await?;
+    let mut conn: RawClient = agent.client().await?;
+    let acquire = |k: &str| ClientMessage::Acquire {
+        keys: vec![k.to_string()],
+        ttl_ms: Some(60_000),
+        wait_ms: 0,
+        force: false,
+        command: "counted".into(),
+        on_lost: runlock_protocol::OnLost::Term,
+    };
+    let k = key("counted");
+    let pair = async |conn: &mut RawClient| -> Result<(usize, usize)> {
+        let before = requests.load(Ordering::SeqCst);
+        let lease_id = match conn.call(acquire(&k)).await? {
+            AgentMessage::Acquired { mut leases, .. } => leases.pop().context("no lease")?.lease_id,
+            other => anyhow::bail!("acquire: {other:?}"),
+        };
+        let acquired = requests.load(Ordering::SeqCst);
+        let release = ClientMessage::Release {
+            lease_ids: vec![lease_id],
+            key: None,
+        };
+        let released = conn.call(release).await?;
+        ensure!(
+            matches!(released, AgentMessage::Released { count: 1 }),
+            "{released:?}"
+        );
+        let after = requests.load(Ordering::SeqCst);
+        Ok((acquired - before, after - acquired))
+    };
+    // The agent checked at its start that the store keeps its conditions:
+    // from the first acquire (of a key never seen) on, nothing but the writes.
+    let first = pair(&mut conn).await?;
+    let second = pair(&mut conn).await?;
+    let third = pair(&mut conn).await?;
+    eprintln!(
+        "{}: store requests per (acquire, release): first {first:?}, then {second:?}, {third:?}",
+        store.name()
+    );
+    for counted in [first, second, third] {
+        ensure!(counted == (1, 1), "(acquire, release): {counted:?}");
+    }
+    let kinds = kinds_of(&agent, &k).await?;
+    let want: Vec<(String, u64)> = (1..=3)
+        .flat_map(|t| [("granted".to_string(), t), ("released".to_string(), t)])
+        .collect();
+    ensure!(kinds == want, "{kinds:?}");
     Ok(())
 }
