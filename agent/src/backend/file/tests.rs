@@ -466,3 +466,60 @@ fn a_directory_others_can_change_is_refused_naming_it() {
         );
     }
 }
+
+#[tokio::test]
+async fn the_history_records_a_run_that_ended_with_no_agent_as_expired() {
+    use runlock_protocol::EventKind;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = Key::new("k").expect("valid");
+    {
+        // A run holds the key, and it and its agent end without a release.
+        let one = FileBackend::open(dir.path().into()).expect("open");
+        let grant = one
+            .acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free key");
+        drop(grant.lock);
+    }
+    let two = FileBackend::open(dir.path().into()).expect("open");
+    two.acquire(&spec("k", "l2", false, TTL))
+        .await
+        .expect("its lock is free");
+    two.end(&lease("k", "l2", 2), &Ending::Lost("gone".into()))
+        .await
+        .expect("freed");
+    let got: Vec<_> = (two.history(&key).await.expect("history").iter())
+        .map(|e| (e.kind, e.token, e.host.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (EventKind::Granted, 1, "host-of-l1".to_string()),
+            (EventKind::Expired, 1, "host-of-l1".to_string()),
+            (EventKind::Granted, 2, "host-of-l2".to_string()),
+            (EventKind::Lost, 2, "host-of-l2".to_string()),
+        ]
+    );
+    let record = two.inspect(&key).await.expect("inspect");
+    assert_eq!(record.incident.map(|e| e.kind), Some(EventKind::Lost));
+}
+
+#[tokio::test]
+async fn a_record_from_an_agent_that_kept_no_history_is_read_and_taken() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backend = FileBackend::open(dir.path().into()).expect("open");
+    let old = r#"{"key":"k","state":"free","token":5,"reserved":1028,"boot_id":"x"}"#;
+    std::fs::write(
+        dir.path().join(file_name(&Key::new("k").expect("valid"))),
+        old,
+    )
+    .expect("written");
+    let key = Key::new("k").expect("valid");
+    assert!(backend.history(&key).await.expect("history").is_empty());
+    let grant = backend
+        .acquire(&spec("k", "l1", false, TTL))
+        .await
+        .expect("free");
+    assert!(grant.holder.token > 5);
+    assert_eq!(backend.history(&key).await.expect("history").len(), 1);
+}
