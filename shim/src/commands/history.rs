@@ -109,3 +109,38 @@ pub async fn run(socket: &Path, key: &str, limit: u32, json: bool) -> Result<Exi
     }
     Ok(ExitCode::SUCCESS)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: EventKind, user: &str, from_token: Option<u64>) -> KeyEvent {
+        KeyEvent {
+            kind,
+            at_ms: 0,
+            clock: Clock::Store,
+            token: 9,
+            from_token,
+            host: "h".into(),
+            agent_id: "a".into(),
+            pid: 7,
+            uid: 0,
+            user: user.into(),
+            reason: String::new(),
+        }
+    }
+
+    #[test]
+    fn each_event_reads_as_one_line_with_peer_text_escaped() {
+        assert_eq!(
+            event_line(&event(EventKind::Forced, "ann", Some(8))),
+            "forced: token 9 taken over from 8 by ann@h (pid 7)"
+        );
+        let hostile = event(EventKind::Granted, "x\x1b[2J\ny", None);
+        let line = event_line(&hostile);
+        assert_eq!(line, r"granted token 9 to x\x1b[2J\ny@h (pid 7)");
+        let json = event_json(&hostile);
+        assert_eq!(json["kind"], "granted");
+        assert_eq!(json["at"], "1970-01-01T00:00:00.000Z");
+    }
+}
