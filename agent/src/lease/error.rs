@@ -235,16 +235,22 @@ impl fmt::Display for Incident<'_> {
         if let Some(from) = e.from_token {
             write!(f, " over {from}")?;
         }
-        let at = std::time::UNIX_EPOCH + Duration::from_millis(e.at_ms);
         let clock = match e.clock {
             runlock_protocol::Clock::Store => "store clock",
             _ => "agent clock",
         };
-        write!(
-            f,
-            ") at {} ({clock})",
-            humantime::format_rfc3339_seconds(at)
-        )?;
+        // Any number a record holds: past the year 9999 RFC 3339 has no form.
+        const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
+        if e.at_ms <= LAST_RFC3339_MS {
+            let at = std::time::UNIX_EPOCH + Duration::from_millis(e.at_ms);
+            write!(
+                f,
+                ") at {} ({clock})",
+                humantime::format_rfc3339_seconds(at)
+            )?;
+        } else {
+            write!(f, ") at {} ms after the epoch ({clock})", e.at_ms)?;
+        }
         if !e.reason.is_empty() {
             write!(f, ": {}", e.reason)?;
         }
@@ -291,8 +297,13 @@ mod tests {
             waited: Duration::ZERO,
             holder: None,
             legacy: None,
-            incident: Some(Box::new(event)),
+            incident: Some(Box::new(event.clone())),
         };
+        let far = KeyEvent {
+            at_ms: u64::MAX,
+            ..event
+        };
+        assert!(Incident(&far).to_string().contains("ms after the epoch"));
         assert_eq!(
             err.to_string(),
             "key \"k\" is held (last forced by ann@h (pid 7, token 9 over 8) at \
