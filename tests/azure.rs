@@ -78,6 +78,7 @@ fn spec(key: &str, lease: &str) -> Result<AcquireSpec> {
         },
         ttl: Duration::from_secs(30),
         force: false,
+        breaking: false,
     })
 }
 
@@ -176,7 +177,7 @@ async fn racing_engines_on_one_key_make_one_holder_and_tokens_grow() -> Result<(
         match task.await? {
             Ok(grant) => winners.push((i, grant.holder.token)),
             Err(err) => match err.downcast_ref::<BackendError>() {
-                Some(BackendError::Held(_)) => {}
+                Some(BackendError::Held(..)) => {}
                 _ => bail!("agent {i}: {err:#}"),
             },
         }

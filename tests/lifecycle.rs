@@ -27,6 +27,11 @@ test_matrix!(
     force_and_break_send_lost_events_to_the_holder,
 );
 
+test_matrix!(
+    [file: Backend::File, memory: Backend::Memory, memory_cas: Backend::MemoryCas];
+    history_lists_grants_forces_releases_and_breaks_in_order,
+);
+
 /// The value of a `name: value` line in the shim's description of a holder.
 fn holder_field<'a>(stderr: &'a str, name: &str) -> Option<&'a str> {
     stderr
@@ -565,5 +570,77 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
         reply == AgentMessage::Released { count: 0 },
         "a free key: {reply:?}"
     );
+    Ok(())
+}
+
+async fn history_lists_grants_forces_releases_and_breaks_in_order(backend: Backend) -> Result<()> {
+    let agent = TestAgent::start_on(backend).await?;
+    let k = key("history");
+    let mut first = agent.run(&[&k], &[], HOLD)?;
+    let t1 = first.ready().await?.token();
+    let mut forced = agent.run(&[&k], &["--force"], HOLD)?;
+    let t2 = forced.ready().await?.token();
+    first.finish().await?.expect_code(76)?;
+    forced.end();
+    forced.finish().await?.expect_code(0)?;
+    let mut broken = agent.run(&[&k], &[], HOLD)?;
+    let t3 = broken.ready().await?.token();
+    agent
+        .runlock_output(&["release", &k])
+        .await?
+        .expect_code(0)?;
+    broken.finish().await?.expect_code(76)?;
+
+    let out = agent.runlock_output(&["history", &k, "--json"]).await?;
+    out.expect_code(0)?;
+    let events: serde_json::Value = serde_json::from_str(out.stdout.trim())?;
+    let got: Vec<(&str, u64, Option<u64>)> = events
+        .as_array()
+        .context("history --json is not an array")?
+        .iter()
+        .map(|e| {
+            let kind = e["kind"].as_str().unwrap_or("?");
+            (
+                kind,
+                e["token"].as_u64().unwrap_or(0),
+                e["from_token"].as_u64(),
+            )
+        })
+        .collect();
+    let want = [
+        ("granted", t1, None),
+        ("forced", t2, Some(t1)),
+        ("released", t2, None),
+        ("granted", t3, None),
+        ("broken", t3, None),
+    ];
+    ensure!(got == want, "{got:?}, not {want:?}");
+    let host = host_name()?;
+    for e in events.as_array().into_iter().flatten() {
+        ensure!(
+            e["host"] == host.as_str() && e["user"] == user_name().as_str(),
+            "{e}"
+        );
+    }
+
+    // --limit keeps the latest; the people's form names each event.
+    let out = agent
+        .runlock_output(&["history", &k, "--limit", "2"])
+        .await?;
+    out.expect_code(0)?;
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    ensure!(lines.len() == 2, "{out:?}");
+    ensure!(lines[0].contains(&format!("granted token {t3}")), "{out:?}");
+    ensure!(lines[1].contains(&format!("broken: token {t3}")), "{out:?}");
+    // A held key's refusal and its record name the last incident.
+    let mut holder = agent.run(&[&k], &[], HOLD)?;
+    holder.ready().await?;
+    let refused = agent.run(&[&k], &[], "exit 0")?.finish().await?;
+    refused.expect_code(75)?;
+    ensure!(refused.stderr.contains("last broken by"), "{refused:?}");
+    let record = agent.inspect_json(&k).await?;
+    ensure!(record["incident"]["kind"] == "broken", "{record}");
+    holder.end();
+    holder.finish().await?.expect_code(0)?;
     Ok(())
 }

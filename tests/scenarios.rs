@@ -21,12 +21,14 @@ test_matrix!(
     a_store_pause_longer_than_the_ttl_stops_the_holder_before_anyone_takes_over,
     agents_whose_wall_clocks_are_hours_off_change_nothing,
     the_store_s_own_failures_make_runs_exit_69_with_a_clear_message,
+    history_lists_every_grant_force_release_expiry_and_break_from_either_host,
 );
 
 // The object stores' records sit beside Meltano's own state files.
 test_matrix!(
     [s3: S3, azure: Azure, gcs: Gcs];
     records_read_back_with_the_store_s_own_tools_as_json_beside_meltano_state,
+    the_history_costs_no_store_request,
 );
 
 fn now_ms() -> u64 {
@@ -479,5 +481,180 @@ async fn records_read_back_with_the_store_s_own_tools_as_json_beside_meltano_sta
         state.as_deref() == Some(r#"{"completed": {}}"#),
         "Meltano's state.json changed: {state:?}"
     );
+    Ok(())
+}
+
+/// `runlock history --json KEY` through `agent`: (kind, token, agent id,
+/// from_token) of each event, oldest first.
+async fn history_of(agent: &TestAgent, k: &str) -> Result<Vec<(String, u64, String, Option<u64>)>> {
+    let out = agent.runlock_output(&["history", k, "--json"]).await?;
+    out.expect_code(0)?;
+    let events: serde_json::Value = serde_json::from_str(out.stdout.trim())
+        .with_context(|| format!("history --json printed non-JSON: {out:?}"))?;
+    let events = events
+        .as_array()
+        .context("history --json is not an array")?;
+    events
+        .iter()
+        .map(|e| {
+            Ok((
+                e["kind"].as_str().context("kind")?.to_string(),
+                e["token"].as_u64().context("token")?,
+                e["agent_id"].as_str().context("agent_id")?.to_string(),
+                e["from_token"].as_u64(),
+            ))
+        })
+        .collect()
+}
+
+async fn history_lists_every_grant_force_release_expiry_and_break_from_either_host(
+    store: impl Store,
+) -> Result<()> {
+    let space = Space::create(store, "history").await?;
+    let mut a = space.agent("", &["--ttl", "5s"]).await?;
+    let b = space.agent("", &["--ttl", "5s"]).await?;
+    let (a_id, b_id) = (a.agent_id().await?, b.agent_id().await?);
+    let k = key("history");
+
+    // Granted to A, forced by B, released by B.
+    let mut first = a.run(&[&k], &[], HOLD)?;
+    let t1 = first.ready().await?.token();
+    let mut forced = b.run(&[&k], &["--force"], HOLD)?;
+    let t2 = forced.ready().await?.token();
+    first.finish().await?.expect_code(76)?;
+    forced.end();
+    forced.finish().await?.expect_code(0)?;
+
+    // Granted to A, whose host dies: B takes the key over once it expired.
+    let mut dying = a.run(&[&k], &[], HOLD)?;
+    let third = dying.ready().await?;
+    let t3 = third.token();
+    a.wait_attached(third.pid).await?;
+    a.kill().await?;
+    let mut taker = b.run(&[&k], &["--wait", "30s"], HOLD)?;
+    let t4 = taker.ready().await?.token();
+    dying.finish().await?.expect_code(76)?;
+
+    // Broken through a third agent (A's host back): the holder's agent is B.
+    let c = space.agent("", &["--ttl", "5s"]).await?;
+    let c_id = c.agent_id().await?;
+    c.runlock_output(&["release", &k]).await?.expect_code(0)?;
+    taker.finish().await?.expect_code(76)?;
+
+    let a_id_s = a_id.as_str();
+    let (b_id_s, c_id_s) = (b_id.as_str(), c_id.as_str());
+    let want = [
+        ("granted", t1, a_id_s, None),
+        ("forced", t2, b_id_s, Some(t1)),
+        ("released", t2, b_id_s, None),
+        ("granted", t3, a_id_s, None),
+        ("expired", t3, a_id_s, None),
+        ("granted", t4, b_id_s, None),
+    ];
+    for reader in [&b, &c] {
+        let events = history_of(reader, &k).await?;
+        ensure!(events.len() == want.len() + 1, "{events:?}");
+        for (got, want) in events.iter().zip(&want) {
+            let got = (got.0.as_str(), got.1, got.2.as_str(), got.3);
+            ensure!(got == *want, "{got:?} where {want:?} was due: {events:?}");
+        }
+        let (kind, token, agent, from) = &events[want.len()];
+        ensure!(
+            kind == "broken" && agent == c_id_s && *from == Some(t4) && *token > t4,
+            "the break: {events:?}"
+        );
+    }
+    // `inspect` names the last incident: the break.
+    let record = c.inspect_json(&k).await?;
+    ensure!(
+        record["incident"]["kind"] == "broken" && record["incident"]["agent_id"] == c_id_s,
+        "{record}"
+    );
+    Ok(())
+}
+
+/// (kind, token) of each event of `k`'s history through `agent`.
+async fn kinds_of(agent: &TestAgent, k: &str) -> Result<Vec<(String, u64)>> {
+    Ok(history_of(agent, k)
+        .await?
+        .into_iter()
+        .map(|(kind, token, _, _)| (kind, token))
+        .collect())
+}
+
+/// The store requests of an uncontended acquire and release, counted by a
+/// proxy in front of the store: the history rides in the record, so each
+/// is still one conditional write, however long the history.
+async fn the_history_costs_no_store_request(store: impl Store) -> Result<()> {
+    use crate::support::client::RawClient;
+    use crate::support::rewriting_proxy::{authority, RewritingProxy};
+    use crate::support::stores::{unique_name, Endpoint};
+    use runlock_protocol::{AgentMessage, ClientMessage};
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    let at = store.shared()?;
+    let bucket = unique_name("counted");
+    store.create(&at, &bucket).await?;
+    let requests = Arc::new(AtomicUsize::new(0));
+    let counter = requests.clone();
+    let count = Arc::new(move |_: &mut _| {
+        counter.fetch_add(1, Ordering::SeqCst);
+    });
+    let proxy = RewritingProxy::start(authority(&at.url)?, count).await?;
+    let upstream = authority(&at.url)?;
+    let proxied = Endpoint {
+        url: at
+            .url
+            .replacen(&upstream, &format!("127.0.0.1:{}", proxy.port), 1),
+    };
+    let uri = store.uri(&at, &bucket, "p");
+    let agent = TestAgent::start_with_env(AgentOptions::new(&uri), &store.env(&proxied)).await?;
+    let mut conn: RawClient = agent.client().await?;
+    let acquire = |k: &str| ClientMessage::Acquire {
+        keys: vec![k.to_string()],
+        ttl_ms: Some(60_000),
+        wait_ms: 0,
+        force: false,
+        command: "counted".into(),
+        on_lost: runlock_protocol::OnLost::Term,
+    };
+    let k = key("counted");
+    let pair = async |conn: &mut RawClient| -> Result<(usize, usize)> {
+        let before = requests.load(Ordering::SeqCst);
+        let lease_id = match conn.call(acquire(&k)).await? {
+            AgentMessage::Acquired { mut leases, .. } => leases.pop().context("no lease")?.lease_id,
+            other => anyhow::bail!("acquire: {other:?}"),
+        };
+        let acquired = requests.load(Ordering::SeqCst);
+        let release = ClientMessage::Release {
+            lease_ids: vec![lease_id],
+            key: None,
+        };
+        let released = conn.call(release).await?;
+        ensure!(
+            matches!(released, AgentMessage::Released { count: 1 }),
+            "{released:?}"
+        );
+        let after = requests.load(Ordering::SeqCst);
+        Ok((acquired - before, after - acquired))
+    };
+    // The agent checked at its start that the store keeps its conditions:
+    // from the first acquire (of a key never seen) on, nothing but the writes.
+    let first = pair(&mut conn).await?;
+    let second = pair(&mut conn).await?;
+    let third = pair(&mut conn).await?;
+    eprintln!(
+        "{}: store requests per (acquire, release): first {first:?}, then {second:?}, {third:?}",
+        store.name()
+    );
+    for counted in [first, second, third] {
+        ensure!(counted == (1, 1), "(acquire, release): {counted:?}");
+    }
+    let kinds = kinds_of(&agent, &k).await?;
+    let want: Vec<(String, u64)> = (1..=3)
+        .flat_map(|t| [("granted".to_string(), t), ("released".to_string(), t)])
+        .collect();
+    ensure!(kinds == want, "{kinds:?}");
     Ok(())
 }

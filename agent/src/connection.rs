@@ -494,6 +494,14 @@ impl Connection {
                 .await
                 .map(AgentMessage::Record)
                 .map_err(wire_error),
+            ClientMessage::History { key, limit } => {
+                let limit = usize::try_from(limit.unwrap_or(0)).unwrap_or(usize::MAX);
+                self.registry
+                    .history(&key, limit)
+                    .await
+                    .map(|events| AgentMessage::Events { key, events })
+                    .map_err(wire_error)
+            }
             ClientMessage::Reattach { leases, on_lost } => {
                 if acquire.task.is_some() {
                     Err(WireError::new(

@@ -17,11 +17,11 @@
 
 use crate::backend::postgres::Settings;
 use crate::backend::{
-    redact_uri, AcquireSpec, Adopted, Backend, BackendError, Grant, LeaseRef, LegacyRun,
+    redact_uri, AcquireSpec, Adopted, Backend, BackendError, Ending, Grant, LeaseRef, LegacyRun,
     ProfiledBackend,
 };
 use async_trait::async_trait;
-use runlock_protocol::{Holder, Key, KeyRecord};
+use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -290,12 +290,16 @@ impl Backend for MeltanoGuard {
         self.inner.renew(lease, ttl).await
     }
 
-    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
-        self.inner.release(lease).await
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
+        self.inner.end(lease, ending).await
     }
 
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
         self.inner.inspect(key).await
+    }
+
+    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+        self.inner.history(key).await
     }
 
     async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {

@@ -8,7 +8,7 @@
 //! registry; without `--metrics` every hook is a single atomic load.
 
 use crate::backend::{
-    AcquireSpec, Adopted, Backend, BackendError, Grant, LeaseRef, ProfiledBackend,
+    AcquireSpec, Adopted, Backend, BackendError, Ending, Grant, LeaseRef, ProfiledBackend,
 };
 use anyhow::Context;
 use async_trait::async_trait;
@@ -23,7 +23,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
-use runlock_protocol::{ErrorCode, Key, KeyRecord, LostReason, WireError};
+use runlock_protocol::{ErrorCode, Key, KeyEvent, KeyRecord, LostReason, WireError};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
@@ -85,14 +85,16 @@ pub enum Operation {
     Inspect,
     /// `Backend::adopt` (a run reattaching after an agent restart).
     Adopt,
+    /// `Backend::history`.
+    History,
 }
 
-const OPERATIONS: [&str; 5] = ["acquire", "renew", "release", "inspect", "adopt"];
+const OPERATIONS: [&str; 6] = ["acquire", "renew", "release", "inspect", "adopt", "history"];
 
 fn backend_result<T>(result: &Result<T, BackendError>) -> &'static str {
     match result {
         Ok(_) => "ok",
-        Err(BackendError::Held(_) | BackendError::HeldByLegacyRun(_)) => "held",
+        Err(BackendError::Held(..) | BackendError::HeldByLegacyRun(_)) => "held",
         Err(BackendError::LeaseMismatch) => "lease_mismatch",
         Err(BackendError::Unavailable(_)) => "unavailable",
         Err(BackendError::Corrupt(_)) => "corrupt",
@@ -341,9 +343,9 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
         let started = Instant::now();
-        let result = self.inner.release(lease).await;
+        let result = self.inner.end(lease, ending).await;
         self.metrics
             .backend_request(Operation::Release, started, &result);
         result
@@ -354,6 +356,14 @@ impl Backend for TimedBackend {
         let result = self.inner.inspect(key).await;
         self.metrics
             .backend_request(Operation::Inspect, started, &result);
+        result
+    }
+
+    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+        let started = Instant::now();
+        let result = self.inner.history(key).await;
+        self.metrics
+            .backend_request(Operation::History, started, &result);
         result
     }
 
@@ -534,6 +544,7 @@ mod tests {
             },
             ttl: Duration::from_secs(30),
             force: false,
+            breaking: false,
         };
         let grant = backend.acquire(&spec).await.expect("free");
         let again = AcquireSpec {
@@ -542,7 +553,7 @@ mod tests {
         };
         assert!(matches!(
             backend.acquire(&again).await,
-            Err(BackendError::Held(_))
+            Err(BackendError::Held(..))
         ));
         backend.inspect(&key).await.expect("inspect");
         let lease = LeaseRef {

@@ -3,7 +3,7 @@
 //! reduced to its program name (it may hold passwords), unless the viewer may
 //! force and break.
 
-use runlock_protocol::{Holder, MAX_COMMAND_LEN};
+use runlock_protocol::{Holder, KeyEvent, MAX_COMMAND_LEN};
 
 /// Host names, user names and agent ids are far shorter; a record from a
 /// store is still cut to this.
@@ -49,6 +49,18 @@ pub fn holder(holder: &Holder, viewer: Viewer, host: &str) -> Holder {
         user: cut(&holder.user, MAX_NAME_LEN),
         command,
         ..holder.clone()
+    }
+}
+
+/// A history event as any peer may see it: it names no command line, so
+/// only its strings (from a store any agent writes) are cut.
+pub fn event(event: &KeyEvent) -> KeyEvent {
+    KeyEvent {
+        host: cut(&event.host, MAX_NAME_LEN),
+        agent_id: cut(&event.agent_id, MAX_NAME_LEN),
+        user: cut(&event.user, MAX_NAME_LEN),
+        reason: cut(&event.reason, MAX_NAME_LEN),
+        ..event.clone()
     }
 }
 

@@ -15,8 +15,8 @@ pub use codec::{AgentCodec, BodyError, MessageCodec, ShimCodec};
 pub use error::{ErrorCode, ProtocolError, WireError};
 pub use message::{AgentMessage, ClientMessage, Envelope};
 pub use types::{
-    Holder, InvalidKey, Key, KeyRecord, KeyState, Lease, LeaseInfo, LostReason, OnLost,
-    OnUnavailable, Scope,
+    Clock, EventKind, Holder, InvalidKey, Key, KeyEvent, KeyRecord, KeyState, Lease, LeaseInfo,
+    LostReason, OnLost, OnUnavailable, Scope,
 };
 
 /// The protocol version this build speaks; see SPEC.md for when it changes.
@@ -32,5 +32,8 @@ pub const MAX_COMMAND_LEN: usize = 4096;
 /// The most keys one `acquire`, or leases one `reattach`, may name: the
 /// reply (up to 512 bytes of key and a lease id each) then fits a frame.
 pub const MAX_KEYS_PER_REQUEST: usize = 1000;
+/// The most events a key's history keeps, and so the most `history` returns:
+/// the record carries them, so this bounds its size (SPEC 8.8).
+pub const MAX_HISTORY_EVENTS: usize = 32;
 /// Lock descriptors passed with one `sendmsg` (SPEC 5.4; the kernel takes 253).
 pub const MAX_LOCKS_PER_MESSAGE: usize = 250;

@@ -2,7 +2,9 @@
 //! sends ([`AgentMessage`]: replies and events), inside an [`Envelope`].
 
 use crate::error::WireError;
-use crate::types::{Holder, KeyRecord, Lease, LeaseInfo, LostReason, OnLost, OnUnavailable, Scope};
+use crate::types::{
+    Holder, KeyEvent, KeyRecord, Lease, LeaseInfo, LostReason, OnLost, OnUnavailable, Scope,
+};
 use serde::{Deserialize, Serialize};
 
 /// A message body with its request id. Replies echo the id of the request
@@ -114,6 +116,14 @@ pub enum ClientMessage {
         /// The key.
         key: String,
     },
+    /// Reads the latest events of a key's history from the backend.
+    History {
+        /// The key.
+        key: String,
+        /// At most this many of the latest events; all the record keeps when absent or 0.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        limit: Option<u32>,
+    },
     /// Asks for a `pong`.
     Ping,
     /// A `type` this build does not know: answered with `unsupported`.
@@ -180,6 +190,13 @@ pub enum AgentMessage {
     },
     /// Answers `inspect`.
     Record(KeyRecord),
+    /// Answers `history`.
+    Events {
+        /// The key.
+        key: String,
+        /// Its latest events, oldest first.
+        events: Vec<KeyEvent>,
+    },
     /// Answers `ping`.
     Pong,
     /// Answers any request that failed, or input that could not be read.

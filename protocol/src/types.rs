@@ -160,6 +160,86 @@ pub struct KeyRecord {
     pub expires_in_ms: Option<u64>,
     /// The backend's scope.
     pub scope: Scope,
+    /// The key's last force, break, expiry or loss, when its history holds one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incident: Option<Box<KeyEvent>>,
+}
+
+/// What happened to a key, as its history records it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// A lease was granted to a key that was free (or never taken).
+    Granted,
+    /// Its holder let the key go.
+    Released,
+    /// A lease was granted with `force` over a live holder.
+    Forced,
+    /// Someone broke the holder's lease (`release{key}`).
+    Broken,
+    /// The holder's lease ran out without a release, seen by the next acquirer.
+    Expired,
+    /// The holder's agent gave the lease up: it could not renew it in time.
+    Lost,
+    /// A new agent adopted the lease of one that stopped (`reattach`).
+    Adopted,
+    /// A kind this build does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+impl EventKind {
+    /// Whether a person looking at a held key should hear of it: the key
+    /// changed hands, or a lease ended, other than by a grant or release.
+    pub fn is_incident(self) -> bool {
+        matches!(
+            self,
+            EventKind::Forced | EventKind::Broken | EventKind::Expired | EventKind::Lost
+        )
+    }
+}
+
+/// Whose clock an event's time was read from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Clock {
+    /// The store's own (PostgreSQL's `clock_timestamp()`, an object store's `Date`).
+    Store,
+    /// The wall clock of the agent that wrote the event.
+    Agent,
+    /// A clock this build does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+/// One entry of a key's history: what happened, when, to which token, and
+/// who did it (for `expired` and `lost`: whose lease it was).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyEvent {
+    /// What happened.
+    pub kind: EventKind,
+    /// When, in milliseconds since the Unix epoch, by `clock`.
+    pub at_ms: u64,
+    /// Whose clock `at_ms` is.
+    pub clock: Clock,
+    /// The token of the lease the event is about.
+    pub token: u64,
+    /// The token taken over (`forced`, `broken`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_token: Option<u64>,
+    /// Host name of the agent that acted.
+    pub host: String,
+    /// Id of that agent process.
+    pub agent_id: String,
+    /// Pid of the client that acted (0 where none did: `expired`, `lost`).
+    pub pid: u32,
+    /// Uid of that client.
+    pub uid: u32,
+    /// User name of `uid`.
+    pub user: String,
+    /// Why, for people; empty when the kind says it all.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
 }
 
 /// What a run does when the agent or the backend cannot be reached: the

@@ -54,6 +54,7 @@ fn client_type(message: &ClientMessage) -> &'static str {
         ClientMessage::Reattach { .. } => "reattach",
         ClientMessage::List => "list",
         ClientMessage::Inspect { .. } => "inspect",
+        ClientMessage::History { .. } => "history",
         ClientMessage::Ping => "ping",
         ClientMessage::Unknown => "unknown",
     }
@@ -68,6 +69,7 @@ fn agent_type(message: &AgentMessage) -> &'static str {
         AgentMessage::Attached => "attached",
         AgentMessage::Leases { .. } => "leases",
         AgentMessage::Record(_) => "record",
+        AgentMessage::Events { .. } => "events",
         AgentMessage::Pong => "pong",
         AgentMessage::Error(_) => "error",
         AgentMessage::Lost { .. } => "lost",
@@ -78,7 +80,7 @@ fn agent_type(message: &AgentMessage) -> &'static str {
 }
 
 const CLIENT_TYPES: &[&str] = &[
-    "hello", "acquire", "release", "attach", "reattach", "list", "inspect", "ping",
+    "hello", "acquire", "release", "attach", "reattach", "list", "inspect", "history", "ping",
 ];
 const AGENT_TYPES: &[&str] = &[
     "welcome",
@@ -87,6 +89,7 @@ const AGENT_TYPES: &[&str] = &[
     "attached",
     "leases",
     "record",
+    "events",
     "pong",
     "error",
     "lost",

@@ -34,6 +34,17 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Show the latest grants, releases, forces, breaks, expiries and losses of KEY
+    History {
+        /// The key
+        key: String,
+        /// Show at most the latest N events (the record keeps 32)
+        #[arg(long, value_name = "N", default_value_t = 32)]
+        limit: u32,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
     /// Break the lease on KEY, whoever holds it (root and the agent's user only)
     Release {
         /// The key

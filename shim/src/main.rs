@@ -47,6 +47,9 @@ fn main() -> ExitCode {
             cli::Command::Inspect { key, json } => {
                 commands::inspect::run(&socket, &key, json).await
             }
+            cli::Command::History { key, limit, json } => {
+                commands::history::run(&socket, &key, limit, json).await
+            }
             cli::Command::Release { key } => commands::release::run(&socket, &key).await,
         }
     });

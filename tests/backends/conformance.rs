@@ -35,7 +35,7 @@ where
     let first = one.acquire(&spec(KEY, "l1", false, TTL)).await?;
     ensure!(first.holder.token >= 1, "{:?}", first.holder);
     match two.acquire(&spec(KEY, "l2", false, TTL)).await {
-        Err(BackendError::Held(Some(holder))) => ensure!(
+        Err(BackendError::Held(Some(holder), _)) => ensure!(
             (holder.host.as_str(), holder.token) == ("host-of-l1", first.holder.token),
             "{holder:?}"
         ),

@@ -50,7 +50,7 @@ async fn agents_exclude_each_other_and_every_grant_has_a_larger_token() {
         .await
         .expect("free");
     match two.acquire(&spec("k", "l2", false, TTL)).await {
-        Err(BackendError::Held(Some(h))) => {
+        Err(BackendError::Held(Some(h), _)) => {
             assert_eq!(
                 (h.host.as_str(), h.token),
                 ("host-of-l1", first.holder.token)
@@ -130,7 +130,7 @@ async fn in_the_middle_of_a_force_the_key_is_held_for_the_forcer() {
         .expect("marker written");
     assert!(matches!(
         waiter.acquire(&spec("k", "w1", false, TTL)).await,
-        Err(BackendError::Held(None))
+        Err(BackendError::Held(None, _))
     ));
     etcd.delete(marker.as_str(), None)
         .await
@@ -166,7 +166,7 @@ async fn an_unrenewed_lease_is_taken_over_after_ttl_and_grace_by_etcd_s_clock() 
     loop {
         match two.acquire(&spec("k", "l2", false, TTL)).await {
             Ok(_) => break,
-            Err(BackendError::Held(_)) => {}
+            Err(BackendError::Held(..)) => {}
             Err(other) => panic!("{other}"),
         }
         assert!(Instant::now() < deadline, "never expired");

@@ -131,7 +131,7 @@ async fn the_engine_on_gcs_excludes_frees_and_spaces_its_writes() {
         .expect("free");
     assert_eq!(grant.holder.token, 1);
     match two.acquire(&spec("dev:k", "l2", false, TTL)).await {
-        Err(BackendError::Held(Some(holder))) => {
+        Err(BackendError::Held(Some(holder), _)) => {
             assert_eq!((holder.host.as_str(), holder.token), ("host-of-l1", 1))
         }
         other => panic!("expected held, got {other:?}"),

@@ -96,7 +96,7 @@ async fn agents_exclude_each_other_naming_the_holder_and_tokens_outlive_release(
         granted.holder.token
     );
     match two.acquire(&spec("k", "l2", false, TTL)).await {
-        Err(BackendError::Held(Some(h))) => {
+        Err(BackendError::Held(Some(h), _)) => {
             ensure!((h.host.as_str(), h.token) == ("host-of-l1", 1), "{h:?}")
         }
         other => bail!("expected held with its holder, got {other:?}"),
@@ -158,7 +158,7 @@ async fn a_silent_holder_is_taken_over_only_after_ttl_and_grace_by_the_database_
     let taken = loop {
         match two.acquire(&spec("k", "l2", false, ttl)).await {
             Ok(grant) => break grant,
-            Err(BackendError::Held(_)) => {}
+            Err(BackendError::Held(..)) => {}
             Err(other) => bail!("{other}"),
         }
         ensure!(
@@ -233,7 +233,7 @@ async fn agents_starting_together_make_the_table_once_and_racing_acquires_have_o
     let winners = results.iter().filter(|r| r.is_ok()).count();
     let held = results
         .iter()
-        .filter(|r| matches!(r, Err(BackendError::Held(_))))
+        .filter(|r| matches!(r, Err(BackendError::Held(..))))
         .count();
     ensure!((winners, held) == (1, 7), "{results:?}");
     Ok(())
@@ -356,7 +356,7 @@ async fn each_operation_is_one_statement() -> Result<()> {
         ("acquire of a held key, naming its holder", {
             let before = backend.statements_sent();
             let held = backend.acquire(&spec("k", "l3", false, TTL)).await;
-            ensure!(matches!(held, Err(BackendError::Held(Some(_)))));
+            ensure!(matches!(held, Err(BackendError::Held(Some(_), _))));
             count(before)
         }),
     ] {
@@ -558,5 +558,59 @@ async fn tls_is_used_and_checked_as_sslmode_asks() -> Result<()> {
         "t_tls",
     )?;
     backend.acquire(&spec("k", "l1", false, TTL)).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_table_made_before_the_history_gains_one_and_keeps_its_rows() -> Result<()> {
+    let schema = "runlock_test_history_upgrade";
+    let uri = var("RUNLOCK_TEST_PG_URI")?;
+    let client = admin(&uri).await?;
+    // The table as agents made it before they kept a history, with a free row.
+    client
+        .batch_execute(&format!(
+            "DROP SCHEMA IF EXISTS {schema} CASCADE;
+             CREATE SCHEMA {schema};
+             CREATE TABLE {schema}.locks (
+                 key text PRIMARY KEY,
+                 state text NOT NULL CHECK (state IN ('held', 'free')),
+                 token bigint NOT NULL CHECK (token > 0),
+                 lease_id text, holder jsonb,
+                 ttl_ms bigint NOT NULL, grace_ms bigint NOT NULL,
+                 written timestamptz NOT NULL, forced_from bigint);
+             INSERT INTO {schema}.locks VALUES ('k', 'free', 7, NULL, NULL, 1000, 500, now(), NULL);"
+        ))
+        .await?;
+    let backend = on(&uri, schema)?;
+    backend.probe().await.map_err(anyhow::Error::msg)?;
+    let key = Key::new("k")?;
+    ensure!(backend.history(&key).await?.is_empty());
+    let grant = backend.acquire(&spec("k", "l1", false, TTL)).await?;
+    ensure!(grant.holder.token == 8, "{grant:?}");
+    backend.release(&lease("k", "l1", 8)).await?;
+    let events: Vec<_> = backend
+        .history(&key)
+        .await?
+        .into_iter()
+        .map(|e| (e.kind, e.token, e.clock))
+        .collect();
+    use runlock_protocol::{Clock, EventKind};
+    ensure!(
+        events
+            == [
+                (EventKind::Granted, 8, Clock::Store),
+                (EventKind::Released, 8, Clock::Store)
+            ],
+        "{events:?}"
+    );
+    // What an older agent's statements write still works beside it: a row
+    // inserted without the column gets an empty history.
+    client
+        .batch_execute(&format!(
+            "INSERT INTO {schema}.locks (key, state, token, ttl_ms, grace_ms, written)
+             VALUES ('old', 'free', 3, 1000, 500, now())"
+        ))
+        .await?;
+    ensure!(backend.history(&Key::new("old")?).await?.is_empty());
     Ok(())
 }

@@ -101,6 +101,8 @@ pub enum Backend {
     File,
     /// `memory://`.
     Memory,
+    /// `memory-cas://`: the object stores' lease engine over memory.
+    MemoryCas,
 }
 
 impl TestAgent {
@@ -113,6 +115,7 @@ impl TestAgent {
     pub async fn start_on(kind: Backend) -> anyhow::Result<TestAgent> {
         match kind {
             Backend::Memory => TestAgent::start("memory://").await,
+            Backend::MemoryCas => TestAgent::start("memory-cas://").await,
             Backend::File => {
                 let dir = temp_dir()?;
                 let uri = format!("file://{}", dir.path().join("locks").display());

@@ -22,6 +22,7 @@ pub fn spec(key: &str, lease: &str, force: bool, ttl: Duration) -> AcquireSpec {
         },
         ttl,
         force,
+        breaking: false,
     }
 }
 

@@ -1,10 +1,12 @@
 //! `memory://`: keys in this process only, for tests and benchmarks.
 
+use super::history::{self, Before, Stamp};
 use super::{
-    AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef, Profile, Profiled,
+    AcquireSpec, Adopted, Backend, BackendError, Capabilities, Ending, Grant, LeaseRef, Profile,
+    Profiled,
 };
 use async_trait::async_trait;
-use runlock_protocol::{Holder, Key, KeyRecord, KeyState, Scope};
+use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -13,6 +15,7 @@ use std::time::Duration;
 struct Record {
     token: u64,
     held: Option<(String, Holder)>,
+    history: Vec<KeyEvent>,
 }
 
 /// An in-process lock table.
@@ -57,9 +60,21 @@ impl Backend for MemoryBackend {
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         self.with_record(&spec.key, |record| {
             if let (Some((_, holder)), false) = (&record.held, spec.force) {
-                return Err(BackendError::Held(Some(Box::new(holder.clone()))));
+                let incident = history::last_incident(&record.history);
+                return Err(BackendError::Held(Some(Box::new(holder.clone())), incident));
             }
+            let before = match &record.held {
+                Some(_) => Before::Live(record.token),
+                None => Before::Free,
+            };
             record.token += 1;
+            history::granted(
+                &mut record.history,
+                spec,
+                record.token,
+                before,
+                Stamp::agent_now(),
+            );
             let holder = Holder {
                 token: record.token,
                 ..spec.holder.clone()
@@ -80,13 +95,20 @@ impl Backend for MemoryBackend {
         })
     }
 
-    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
         self.with_record(&lease.key, |record| {
-            if matches!(&record.held, Some((id, _)) if *id == lease.lease_id) {
-                record.held = None;
+            let Some((_, holder)) = record.held.take_if(|(id, _)| *id == lease.lease_id) else {
+                return Ok(());
+            };
+            if let Some(event) = ending.event(&holder, Stamp::agent_now()) {
+                history::push(&mut record.history, event);
             }
             Ok(())
         })
+    }
+
+    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+        self.with_record(key, |record| Ok(record.history.clone()))
     }
 
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
@@ -102,6 +124,7 @@ impl Backend for MemoryBackend {
                 holder: record.held.as_ref().map(|(_, h)| h.clone()),
                 expires_in_ms: None,
                 scope: Scope::Host,
+                incident: history::last_incident(&record.history),
             })
         })
     }

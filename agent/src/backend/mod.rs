@@ -7,6 +7,7 @@ mod etcd;
 mod failure;
 mod file;
 mod fixtures;
+pub mod history;
 mod key_name;
 mod memory;
 mod open;
@@ -34,7 +35,7 @@ pub use uri::redact_uri;
 pub(crate) use uri::split_userinfo;
 
 use async_trait::async_trait;
-use runlock_protocol::{ErrorCode, Holder, Key, KeyRecord, Scope, WireError};
+use runlock_protocol::{ErrorCode, EventKind, Holder, Key, KeyEvent, KeyRecord, Scope, WireError};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -81,6 +82,38 @@ pub struct AcquireSpec {
     pub ttl: Duration,
     /// Take the key over from its holder.
     pub force: bool,
+    /// The take-over is a break (`release{key}` of a lease held elsewhere):
+    /// the history says `broken`, not `forced`.
+    pub breaking: bool,
+}
+
+/// How a lease ends, for the key's history.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Ending {
+    /// Its holder let it go, or its run ended.
+    Released,
+    /// Someone broke it (`release{key}` on this agent): who.
+    Broken(Box<Holder>),
+    /// Its agent gave it up, unable to renew it in time: why.
+    Lost(String),
+    /// The lease a break of a key held elsewhere took it over with: the
+    /// `broken` event is already written, so its end adds none.
+    AfterBreak,
+}
+
+impl Ending {
+    /// The event ending the lease of `holder` (with its token), if any.
+    pub fn event(&self, holder: &Holder, at: history::Stamp) -> Option<KeyEvent> {
+        let (kind, who, reason) = match self {
+            Ending::Released => (EventKind::Released, holder, ""),
+            Ending::Broken(by) => (EventKind::Broken, by.as_ref(), ""),
+            Ending::Lost(why) => (EventKind::Lost, holder, why.as_str()),
+            Ending::AfterBreak => return None,
+        };
+        let mut event = history::event(kind, who, holder.token, at);
+        event.reason = reason.to_string();
+        Some(event)
+    }
 }
 
 /// A lease as the backend knows it.
@@ -120,9 +153,10 @@ pub struct Adopted {
 /// Why a backend operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
-    /// Someone else holds the key (the holder is unknown while its record is being written).
+    /// Someone else holds the key (the holder is unknown while its record is
+    /// being written); and the key's last incident, where its record keeps one.
     #[error("held")]
-    Held(Option<Box<Holder>>),
+    Held(Option<Box<Holder>>, Option<Box<KeyEvent>>),
     /// Meltano's system database records a live run of the key's state ID,
     /// a run runlock does not wrap (`legacy::MeltanoGuard`).
     #[error("held by a legacy Meltano run")]
@@ -145,7 +179,7 @@ impl BackendError {
     /// The wire code for this error.
     pub fn code(&self) -> ErrorCode {
         match self {
-            BackendError::Held(_) | BackendError::HeldByLegacyRun(_) => ErrorCode::Held,
+            BackendError::Held(..) | BackendError::HeldByLegacyRun(_) => ErrorCode::Held,
             BackendError::LeaseMismatch => ErrorCode::NotOwner,
             BackendError::Unavailable(_) => ErrorCode::Unavailable,
             BackendError::Corrupt(_) => ErrorCode::Internal,
@@ -158,7 +192,7 @@ impl BackendError {
         let mut wire = WireError::new(self.code(), self.to_string());
         wire.key = Some(key.to_string());
         match self {
-            BackendError::Held(holder) => wire.holder = holder.clone(),
+            BackendError::Held(holder, _) => wire.holder = holder.clone(),
             BackendError::HeldByLegacyRun(run) => wire.holder = Some(Box::new(run.holder.clone())),
             _ => return wire,
         }
@@ -230,10 +264,17 @@ pub trait Backend: Send + Sync + 'static {
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError>;
     /// Confirms the lease is still ours and extends it.
     async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError>;
-    /// Ends the lease if it is still ours; a lease already lost is not an error.
-    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError>;
+    /// Ends the lease if it is still ours, recording `ending` in the key's
+    /// history; a lease already lost is not an error.
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError>;
+    /// Ends the lease as its holder letting go ([`Backend::end`]).
+    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        self.end(lease, &Ending::Released).await
+    }
     /// Reads the key's record.
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError>;
+    /// Reads the key's history, oldest first: the same read as `inspect`.
+    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError>;
     /// Takes over a lease granted through an agent that has stopped, if the
     /// store still holds it, unexpired, with this id and token: rewrites its
     /// record naming `agent_id` and extends it, as a renewal would. A store

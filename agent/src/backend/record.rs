@@ -4,7 +4,7 @@
 //! its own (the token there is the key's revision, not a field), and
 //! PostgreSQL keeps columns.
 
-use runlock_protocol::{Holder, KeyState};
+use runlock_protocol::{Holder, KeyEvent, KeyState};
 use serde::{Deserialize, Serialize};
 
 /// One key's record, as stored; `S` is what only its store needs.
@@ -25,6 +25,10 @@ pub struct LockRecord<S> {
     /// The token this holder took the key from with `force`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forced_from: Option<u64>,
+    /// The key's latest events, oldest first, at most `MAX_HISTORY_EVENTS`
+    /// (`backend::history`); absent from records written before it was kept.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<KeyEvent>,
     /// The store's own fields.
     #[serde(flatten)]
     pub store: S,

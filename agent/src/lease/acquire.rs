@@ -7,7 +7,7 @@ use super::event::Loss;
 use super::registry::Registry;
 use super::renewal::deadline;
 use super::state::{ConnId, LocalLease};
-use crate::backend::{AcquireSpec, BackendError, Grant, LeaseRef};
+use crate::backend::{AcquireSpec, BackendError, Ending, Grant, LeaseRef};
 use crate::shown;
 use runlock_protocol::timing;
 use runlock_protocol::{Holder, Key, Lease, OnLost, MAX_COMMAND_LEN, MAX_KEYS_PER_REQUEST};
@@ -194,6 +194,7 @@ impl Registry {
                 holder: adopted.grant.holder.clone(),
                 ttl: adopted.ttl,
                 force: false,
+                breaking: false,
             };
             let taken = self.register(conn, spec, adopted.grant).await?;
             granted.add(taken);
@@ -224,6 +225,7 @@ impl Registry {
             let at_head = req.force || self.is_head(&key, place.id);
             let mut unreachable = None;
             let mut legacy = None;
+            let mut incident = None;
             let last_holder = if at_head {
                 let spec = AcquireSpec {
                     key: key.clone(),
@@ -234,10 +236,14 @@ impl Registry {
                     },
                     ttl,
                     force: req.force,
+                    breaking: false,
                 };
                 match self.backend.acquire(&spec).await {
                     Ok(grant) => return self.register(conn, spec, grant).await,
-                    Err(BackendError::Held(h)) => h,
+                    Err(BackendError::Held(h, last)) => {
+                        incident = last;
+                        h
+                    }
                     Err(BackendError::HeldByLegacyRun(run)) => {
                         let holder = Box::new(run.holder.clone());
                         legacy = Some(run);
@@ -267,6 +273,7 @@ impl Registry {
                     waited: req.wait,
                     holder: last_holder.map(|h| Box::new(self.show(&h, viewer))),
                     legacy,
+                    incident: incident.map(|e| Box::new(shown::event(&e))),
                 });
             }
             // A local release wakes us at once; polling finds holders on other agents.
@@ -350,6 +357,7 @@ impl Registry {
                     waited: Duration::ZERO,
                     holder: Some(Box::new(self.show(&newer, viewer))),
                     legacy: None,
+                    incident: None,
                 });
             }
             match state.conns.get_mut(&conn) {
@@ -376,7 +384,8 @@ impl Registry {
                 host: holder.host.clone(),
                 pid: holder.pid,
             };
-            self.lose(&old, loss, Some(holder.clone())).await;
+            self.lose(&old, loss, Some(holder.clone()), Ending::Released)
+                .await;
         }
         tracing::info!(key = %spec.key, token = holder.token, lease = %lease_id, force = spec.force, "acquired");
         let valid_until = (self.capabilities.survives_agent && self.capabilities.lease_expires)
@@ -488,11 +497,21 @@ mod tests {
         async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
             self.store.renew(lease, ttl).await
         }
-        async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
-            self.store.release(lease).await
+        async fn end(
+            &self,
+            lease: &LeaseRef,
+            ending: &crate::backend::Ending,
+        ) -> Result<(), BackendError> {
+            self.store.end(lease, ending).await
         }
         async fn inspect(&self, key: &Key) -> Result<runlock_protocol::KeyRecord, BackendError> {
             self.store.inspect(key).await
+        }
+        async fn history(
+            &self,
+            key: &Key,
+        ) -> Result<Vec<runlock_protocol::KeyEvent>, BackendError> {
+            self.store.history(key).await
         }
         async fn adopt(
             &self,

@@ -7,7 +7,7 @@ use crate::process::AttachRefused;
 use crate::shown;
 use runlock_protocol::timing;
 use runlock_protocol::types::{InvalidKey, MAX_KEY_LEN};
-use runlock_protocol::{ErrorCode, Holder, Key, MAX_KEYS_PER_REQUEST};
+use runlock_protocol::{ErrorCode, EventKind, Holder, Key, KeyEvent, MAX_KEYS_PER_REQUEST};
 use std::fmt;
 use std::time::Duration;
 
@@ -79,7 +79,7 @@ pub enum LeaseError {
         lease_id: String,
     },
     /// The key is held: at once, or still after waiting `waited`.
-    #[error("{}", HeldText { key, waited: *waited, legacy: legacy.as_deref() })]
+    #[error("{}", HeldText { key, waited: *waited, legacy: legacy.as_deref(), incident: incident.as_deref() })]
     Held {
         /// The key.
         key: Key,
@@ -87,6 +87,8 @@ pub enum LeaseError {
         waited: Duration,
         /// Who holds it, as the peer may see it, where known.
         holder: Option<Box<Holder>>,
+        /// The key's last force, break, expiry or loss, as the peer may see it.
+        incident: Option<Box<KeyEvent>>,
         /// The holder is a legacy Meltano run, not a lease.
         legacy: Option<Box<LegacyRun>>,
     },
@@ -187,6 +189,7 @@ struct HeldText<'a> {
     key: &'a Key,
     waited: Duration,
     legacy: Option<&'a LegacyRun>,
+    incident: Option<&'a KeyEvent>,
 }
 
 impl fmt::Display for HeldText<'_> {
@@ -198,10 +201,60 @@ impl fmt::Display for HeldText<'_> {
             let waited = humantime::format_duration(self.waited);
             write!(f, "key {key:?} is still held after waiting {waited}")?;
         }
-        match self.legacy {
-            Some(run) => write!(f, ": {}", legacy::explain(run)),
+        if let Some(run) = self.legacy {
+            write!(f, ": {}", legacy::explain(run))?;
+        }
+        match self.incident {
+            Some(event) => write!(f, " ({})", Incident(event)),
             None => Ok(()),
         }
+    }
+}
+
+/// A key's last incident in words: "last forced by ann@h (pid 7, token 9
+/// over 8) at 2026-…Z (agent clock)". The event was already cut to fit
+/// (`shown::event`); the shim escapes what it prints.
+pub struct Incident<'a>(pub &'a KeyEvent);
+
+impl fmt::Display for Incident<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let e = self.0;
+        let what = match e.kind {
+            EventKind::Forced => "forced by",
+            EventKind::Broken => "broken by",
+            EventKind::Expired => "expired: the lease of",
+            EventKind::Lost => "lost by",
+            _ => "changed by",
+        };
+        write!(f, "last {what} {}@{}", e.user, e.host)?;
+        if e.pid != 0 {
+            write!(f, " (pid {}, token {}", e.pid, e.token)?;
+        } else {
+            write!(f, " (token {}", e.token)?;
+        }
+        if let Some(from) = e.from_token {
+            write!(f, " over {from}")?;
+        }
+        let clock = match e.clock {
+            runlock_protocol::Clock::Store => "store clock",
+            _ => "agent clock",
+        };
+        // Any number a record holds: past the year 9999 RFC 3339 has no form.
+        const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
+        if e.at_ms <= LAST_RFC3339_MS {
+            let at = std::time::UNIX_EPOCH + Duration::from_millis(e.at_ms);
+            write!(
+                f,
+                ") at {} ({clock})",
+                humantime::format_rfc3339_seconds(at)
+            )?;
+        } else {
+            write!(f, ") at {} ms after the epoch ({clock})", e.at_ms)?;
+        }
+        if !e.reason.is_empty() {
+            write!(f, ": {}", e.reason)?;
+        }
+        Ok(())
     }
 }
 
@@ -220,7 +273,42 @@ mod tests {
             waited,
             holder: None,
             legacy: legacy.map(Box::new),
+            incident: None,
         }
+    }
+
+    #[test]
+    fn held_names_the_last_incident() {
+        let event = KeyEvent {
+            kind: EventKind::Forced,
+            at_ms: 1_000,
+            clock: runlock_protocol::Clock::Agent,
+            token: 9,
+            from_token: Some(8),
+            host: "h".into(),
+            agent_id: "a".into(),
+            pid: 7,
+            uid: 0,
+            user: "ann".into(),
+            reason: String::new(),
+        };
+        let err = LeaseError::Held {
+            key: key(),
+            waited: Duration::ZERO,
+            holder: None,
+            legacy: None,
+            incident: Some(Box::new(event.clone())),
+        };
+        let far = KeyEvent {
+            at_ms: u64::MAX,
+            ..event
+        };
+        assert!(Incident(&far).to_string().contains("ms after the epoch"));
+        assert_eq!(
+            err.to_string(),
+            "key \"k\" is held (last forced by ann@h (pid 7, token 9 over 8) at \
+             1970-01-01T00:00:01Z (agent clock))"
+        );
     }
 
     #[test]

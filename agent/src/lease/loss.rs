@@ -4,7 +4,7 @@
 use super::event::Loss;
 use super::registry::Registry;
 use super::renewal::Report;
-use crate::backend::LeaseRef;
+use crate::backend::{Ending, LeaseRef};
 use crate::shown::Viewer;
 use runlock_protocol::timing;
 use runlock_protocol::{Holder, KeyRecord, LostReason};
@@ -56,8 +56,15 @@ impl Registry {
         }
     }
 
-    /// A lease is gone: tell its connection, stop the run if its client is gone.
-    pub(super) async fn lose(&self, lease_id: &str, loss: Loss, holder: Option<Holder>) {
+    /// A lease is gone: tell its connection, stop the run if its client is
+    /// gone, and let go of the record with `ending` if it is still ours.
+    pub(super) async fn lose(
+        &self,
+        lease_id: &str,
+        loss: Loss,
+        holder: Option<Holder>,
+        ending: Ending,
+    ) {
         let reason = loss.reason();
         let (lease, notice) = {
             let mut state = self.state();
@@ -97,11 +104,12 @@ impl Registry {
             let backend = self.backend.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(grace).await;
-                let _ = backend.release(&reference).await;
+                let _ = backend.end(&reference, &ending).await;
             });
         } else {
-            // Someone else holds it now: this only lets go of our local hold.
-            let _ = self.backend.release(&reference).await;
+            // Someone else holds it now (or, broken here, about to be freed
+            // as `ending` says): this only lets go of our local hold.
+            let _ = self.backend.end(&reference, &ending).await;
         }
         self.state().queues.wake_head(&lease.key);
     }
@@ -111,7 +119,10 @@ impl Registry {
     async fn renewal_lost(&self, lease: &LeaseRef, taken: bool) {
         if !taken {
             // Tell the run now: looking up who else holds it could hang on the same store.
-            return self.lose(&lease.lease_id, Loss::NotRenewed, None).await;
+            let ending = Ending::Lost(Loss::NotRenewed.to_string());
+            return self
+                .lose(&lease.lease_id, Loss::NotRenewed, None, ending)
+                .await;
         }
         let lookup = tokio::time::timeout(LOOKUP_TIMEOUT, self.backend.inspect(&lease.key));
         let record = lookup.await.ok().and_then(Result::ok);
@@ -132,7 +143,8 @@ impl Registry {
             Some(r) if r.token > lease.token => (Loss::FreedSince(r.token), None),
             _ => (Loss::Gone, None),
         };
-        self.lose(&lease.lease_id, loss, holder).await;
+        self.lose(&lease.lease_id, loss, holder, Ending::Released)
+            .await;
     }
 }
 
@@ -182,6 +194,39 @@ mod tests {
             "{:?} requests: retries did not back off",
             store.requests()
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lease_lost_while_its_record_still_names_it_is_recorded_as_lost() {
+        use crate::backend::cas::{testing::FaultyStore, CasEngine, MemoryCasStore};
+        use runlock_protocol::EventKind;
+        let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
+        let identity = Identity {
+            host: "h".into(),
+            agent_id: "a".into(),
+            uid: 0,
+        };
+        let engine = Arc::new(CasEngine::new(store.clone(), ""));
+        let registry = Registry::new(engine, identity, Policy::with_ttl(Duration::from_secs(30)));
+        let (conn, mut events) = connect(&registry, ROOT);
+        take(&registry, conn, &["k"]).await.expect("free");
+        store.fail_everything(true);
+        let event = tokio::time::timeout(Duration::from_secs(120), events.recv()).await;
+        assert!(matches!(event, Ok(Some(Event::Lost { .. }))), "{event:?}");
+        // The store answers again before anyone else could take the key: the
+        // agent frees its record once the run's kill grace has passed.
+        store.fail_everything(false);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let history = registry.history("k", 0).await.expect("history");
+        let kinds: Vec<_> = history.iter().map(|e| e.kind).collect();
+        assert_eq!(kinds, [EventKind::Granted, EventKind::Lost]);
+        assert!(history[1].reason.contains("deadline"), "{history:?}");
+        let record = registry.inspect("k").await.expect("record");
+        assert_eq!(record.incident.map(|e| e.kind), Some(EventKind::Lost));
+        // `limit` keeps the latest.
+        let latest = registry.history("k", 1).await.expect("history");
+        assert_eq!(latest.len(), 1);
+        assert_eq!(latest[0].kind, EventKind::Lost);
     }
 
     #[tokio::test(start_paused = true)]

@@ -100,13 +100,23 @@ mod tests {
         async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
             self.store.renew(lease, ttl).await
         }
-        async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
-            self.store.release(lease).await?;
+        async fn end(
+            &self,
+            lease: &LeaseRef,
+            ending: &crate::backend::Ending,
+        ) -> Result<(), BackendError> {
+            self.store.end(lease, ending).await?;
             let _ = self.released.send(lease.key.clone());
             Ok(())
         }
         async fn inspect(&self, key: &Key) -> Result<runlock_protocol::KeyRecord, BackendError> {
             self.store.inspect(key).await
+        }
+        async fn history(
+            &self,
+            key: &Key,
+        ) -> Result<Vec<runlock_protocol::KeyEvent>, BackendError> {
+            self.store.history(key).await
         }
         async fn adopt(
             &self,

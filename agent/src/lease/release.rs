@@ -6,7 +6,7 @@ use super::error::{backend_on, valid_key, LeaseError};
 use super::event::Loss;
 use super::registry::Registry;
 use super::state::ConnId;
-use crate::backend::{AcquireSpec, LeaseRef};
+use crate::backend::{AcquireSpec, Ending, LeaseRef};
 use runlock_protocol::Holder;
 
 impl Registry {
@@ -51,13 +51,18 @@ impl Registry {
         if !may_override {
             return Err(self.forbidden(peer, "release another's lock", None));
         }
+        let breaker = Holder {
+            acquired_at_ms: now_ms(),
+            ..self.holder(peer, user, "runlock release".to_string())
+        };
         let local = self.state().by_key.get(&key).cloned();
         if let Some(lease_id) = local {
             let loss = Loss::BrokenHere {
                 uid: peer.uid,
                 pid: peer.pid,
             };
-            self.lose(&lease_id, loss, None).await;
+            let ending = Ending::Broken(Box::new(breaker));
+            self.lose(&lease_id, loss, None, ending).await;
             return Ok(1);
         }
         let record = self.backend.inspect(&key).await.map_err(backend_on(&key))?;
@@ -68,12 +73,10 @@ impl Registry {
         let spec = AcquireSpec {
             key: key.clone(),
             lease_id: uuid::Uuid::new_v4().to_string(),
-            holder: Holder {
-                acquired_at_ms: now_ms(),
-                ..self.holder(peer, user, "runlock release".to_string())
-            },
+            holder: breaker,
             ttl: self.policy.default_ttl,
             force: true,
+            breaking: true,
         };
         let grant = self
             .backend
@@ -86,7 +89,7 @@ impl Registry {
             token: grant.holder.token,
         };
         self.backend
-            .release(&lease)
+            .end(&lease, &Ending::AfterBreak)
             .await
             .map_err(backend_on(&key))?;
         tracing::info!(key = %key, uid = peer.uid, "broke a lease held through another agent");

@@ -4,7 +4,8 @@
 use super::error::{backend_on, valid_key, LeaseError};
 use super::registry::Registry;
 use super::state::ConnId;
-use runlock_protocol::{KeyRecord, LeaseInfo, MAX_FRAME_LEN};
+use crate::shown;
+use runlock_protocol::{KeyEvent, KeyRecord, LeaseInfo, MAX_FRAME_LEN};
 
 impl Registry {
     /// How many leases this agent holds (without copying them, as `list` does).
@@ -70,7 +71,23 @@ impl Registry {
         let mut record = self.inspect(key).await?;
         let viewer = self.viewer(conn);
         record.holder = record.holder.map(|h| self.show(&h, viewer));
+        record.incident = record.incident.map(|e| Box::new(shown::event(&e)));
         Ok(record)
+    }
+
+    /// The latest `limit` events of a key's history (all it keeps for 0),
+    /// oldest first, each string cut to fit. An event names no command
+    /// line, so every peer that may `inspect` the key may see them.
+    pub async fn history(&self, key: &str, limit: usize) -> Result<Vec<KeyEvent>, LeaseError> {
+        let key = valid_key(key)?;
+        let events = self.backend.history(&key).await.map_err(backend_on(&key))?;
+        // A record another agent wrote may hold more than this one keeps.
+        let keep = match limit {
+            0 => runlock_protocol::MAX_HISTORY_EVENTS,
+            n => n.min(runlock_protocol::MAX_HISTORY_EVENTS),
+        };
+        let skip = events.len().saturating_sub(keep);
+        Ok(events[skip..].iter().map(shown::event).collect())
     }
 
     /// The backend's record of a key.

@@ -86,6 +86,21 @@ def test_wait_succeeds_once_the_holder_releases(agent: Agent) -> None:
     assert results and isinstance(results[0], int) and results[0] > first.token
 
 
+def test_history_lists_grants_forces_and_releases_in_order(agent: Agent) -> None:
+    key = "dev:history"
+    with pytest.raises(runlock.LockLost):
+        with runlock.lock(key, socket=agent.socket) as first:
+            with runlock.lock(key, socket=agent.socket, force=True) as second:
+                pass
+    assert first.lost is not None and first.lost.reason == "forced"
+    events = runlock.history(key, socket=agent.socket)
+    kinds = [(e.kind, e.token) for e in events]
+    assert kinds == [("granted", first.token), ("forced", second.token), ("released", second.token)], kinds
+    assert events[1].from_token == first.token and events[1].pid == os.getpid()
+    assert [e.kind for e in runlock.history(key, limit=1, socket=agent.socket)] == ["released"]
+    assert runlock.inspect(key, socket=agent.socket).incident == events[1]
+
+
 def test_invalid_key(agent: Agent) -> None:
     with pytest.raises(runlock.InvalidKey) as caught:
         runlock.lock("dev\nx", socket=agent.socket)

@@ -86,6 +86,7 @@ BUILT = {
     "client-list.msgpack": lambda: messages.simple(6, "list"),
     "client-inspect.msgpack": lambda: messages.inspect(7, "dev:a"),
     "client-ping.msgpack": lambda: messages.simple(8, "ping"),
+    "client-history.msgpack": lambda: messages.history(10, "dev:a", limit=3),
 }
 
 
@@ -254,3 +255,17 @@ def test_undecodable_bodies(body: bytes) -> None:
 def test_bad_fields_are_protocol_errors(body: Dict[str, Any]) -> None:
     with pytest.raises(ProtocolError):
         messages.parse_agent(body)
+
+
+def test_history_events_and_incident() -> None:
+    events = parse("agent-events.msgpack")
+    assert isinstance(events, messages.Events) and events.key == "dev:a"
+    assert [e.kind for e in events.events] == ["granted", "forced", "released"]
+    forced = events.events[1]
+    assert (forced.token, forced.from_token, forced.clock, forced.user) == (13, 12, "store", "root")
+    assert events.events[0].from_token is None and events.events[0].reason == ""
+    assert events.events[2].reason == "its run ended"
+    record = parse("agent-record-held-incident.msgpack")
+    assert isinstance(record, messages.Record)
+    assert record.record.incident == forced
+    assert parse("agent-record-held.msgpack").record.incident is None  # type: ignore[union-attr]

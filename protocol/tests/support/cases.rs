@@ -7,8 +7,8 @@
 
 use runlock_protocol::codec::encode_body;
 use runlock_protocol::{
-    AgentMessage, ClientMessage, Envelope, ErrorCode, Holder, KeyRecord, KeyState, Lease,
-    LeaseInfo, LostReason, OnLost, OnUnavailable, Scope, WireError,
+    AgentMessage, ClientMessage, Clock, Envelope, ErrorCode, EventKind, Holder, KeyEvent,
+    KeyRecord, KeyState, Lease, LeaseInfo, LostReason, OnLost, OnUnavailable, Scope, WireError,
 };
 
 /// A message of either direction.
@@ -92,6 +92,22 @@ fn holder(pid: u32, token: u64) -> Holder {
         command: COMMAND.into(),
         acquired_at_ms: 1_700_000_000_000,
         token,
+    }
+}
+
+fn event(kind: EventKind, pid: u32, token: u64, user: &str) -> KeyEvent {
+    KeyEvent {
+        kind,
+        at_ms: 1_700_000_060_000,
+        clock: Clock::Store,
+        token,
+        from_token: None,
+        host: "runner-01".into(),
+        agent_id: AGENT_ID.into(),
+        pid,
+        uid: if user == "root" { 0 } else { 1000 },
+        user: user.into(),
+        reason: String::new(),
     }
 }
 
@@ -203,6 +219,11 @@ pub fn canonical() -> Vec<Vector> {
             name: "client-inspect",
             meaning: "Request 7: read the backend's record of key `dev:a`.",
             message: client(Some(7), ClientMessage::Inspect { key: "dev:a".into() }),
+        },
+        Vector {
+            name: "client-history",
+            meaning: "Request 10: read the latest 3 events of `dev:a`'s history.",
+            message: client(Some(10), ClientMessage::History { key: "dev:a".into(), limit: Some(3) }),
         },
         Vector {
             name: "client-ping",
@@ -330,6 +351,7 @@ pub fn canonical() -> Vec<Vector> {
                     holder: None,
                     expires_in_ms: None,
                     scope: Scope::Global,
+                    incident: None,
                 }),
             ),
         },
@@ -346,6 +368,7 @@ pub fn canonical() -> Vec<Vector> {
                     holder: Some(holder(4242, 12)),
                     expires_in_ms: Some(21_500),
                     scope: Scope::Global,
+                    incident: None,
                 }),
             ),
         },
@@ -362,7 +385,57 @@ pub fn canonical() -> Vec<Vector> {
                     holder: Some(holder(4242, 12)),
                     expires_in_ms: None,
                     scope: Scope::Host,
+                    incident: None,
                 }),
+            ),
+        },
+        Vector {
+            name: "agent-record-held-incident",
+            meaning: "Answers request 7: `dev:a` is held with token 13 by root, who took it over with \
+                      `force` from token 12; `incident` is that force, the key's last force, break, \
+                      expiry or loss, timed by the store's clock.",
+            message: agent(
+                Some(7),
+                AgentMessage::Record(KeyRecord {
+                    key: "dev:a".into(),
+                    state: KeyState::Held,
+                    token: 13,
+                    holder: Some(Holder { pid: 5150, uid: 0, user: "root".into(), ..holder(5150, 13) }),
+                    expires_in_ms: Some(29_000),
+                    scope: Scope::Global,
+                    incident: Some(Box::new(KeyEvent {
+                        from_token: Some(12),
+                        ..event(EventKind::Forced, 5150, 13, "root")
+                    })),
+                }),
+            ),
+        },
+        Vector {
+            name: "agent-events",
+            meaning: "Answers request 10: the latest three events of `dev:a`, oldest first: etl was \
+                      granted token 12, root forced it (token 13 over 12), root released it. The \
+                      first was timed by the writing agent's clock, the others by the store's.",
+            message: agent(
+                Some(10),
+                AgentMessage::Events {
+                    key: "dev:a".into(),
+                    events: vec![
+                        KeyEvent {
+                            at_ms: 1_700_000_000_000,
+                            clock: Clock::Agent,
+                            ..event(EventKind::Granted, 4242, 12, "etl")
+                        },
+                        KeyEvent {
+                            from_token: Some(12),
+                            ..event(EventKind::Forced, 5150, 13, "root")
+                        },
+                        KeyEvent {
+                            at_ms: 1_700_000_090_000,
+                            reason: "its run ended".into(),
+                            ..event(EventKind::Released, 5150, 13, "root")
+                        },
+                    ],
+                },
             ),
         },
         Vector {

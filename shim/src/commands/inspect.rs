@@ -54,6 +54,7 @@ pub async fn run(socket: &Path, key: &str, json: bool) -> Result<ExitCode, Failu
             "holder": record.holder.as_ref().map(holder_json),
             "expires_in_ms": record.expires_in_ms,
             "scope": scope,
+            "incident": record.incident.as_deref().map(super::history::event_json),
         });
         println!("{value}");
         return Ok(ExitCode::SUCCESS);
@@ -78,6 +79,13 @@ pub async fn run(socket: &Path, key: &str, json: bool) -> Result<ExitCode, Failu
             println!("expires: when its holder's agent lets go (kernel lock)")
         }
         None => {}
+    }
+    if let Some(incident) = &record.incident {
+        println!(
+            "last:    {} at {}",
+            super::history::event_line(incident),
+            format::since(incident.at_ms)
+        );
     }
     println!(
         "scope:   {scope}{}",

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod history;
 pub mod inspect;
 pub mod release;
 pub mod run;

@@ -147,6 +147,16 @@ impl Store for Etcd {
         kvs.into_iter()
             .map(|kv| {
                 let key = base64_decode(kv["key"].as_str().context("no key")?)?;
+                Ok((key, kv))
+            })
+            // The agent's own keys (`.history/`, `.force/`) are not lock records.
+            .filter(|entry: &Result<(Vec<u8>, serde_json::Value)>| {
+                entry
+                    .as_ref()
+                    .map_or(true, |(key, _)| !key[under.len()..].starts_with(b"."))
+            })
+            .map(|entry| {
+                let (key, kv) = entry?;
                 let value = base64_decode(kv["value"].as_str().context("no value")?)?;
                 let token = kv["create_revision"]
                     .as_u64()

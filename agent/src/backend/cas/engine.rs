@@ -11,15 +11,16 @@
 
 use super::proof::{self, Unproven};
 use super::{CasError, CasStore, Read, Stored};
+use crate::backend::history::{self, Before, Stamp};
 use crate::backend::record::LockRecord;
 use crate::backend::retry::RetryBudget;
 use crate::backend::{
-    key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef, Profile,
-    Profiled,
+    key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Ending, Grant, LeaseRef,
+    Profile, Profiled,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
-use runlock_protocol::{Holder, Key, KeyRecord, KeyState, Scope};
+use runlock_protocol::{EventKind, Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -117,10 +118,11 @@ pub struct CasEngine {
     held: Mutex<HashMap<String, Held>>,
     /// Without a store clock: when this agent first saw each record version.
     seen: Mutex<HashMap<String, (String, Instant)>>,
-    /// Records this agent last saw (or left) free: their version and token, so
-    /// that acquiring one takes a single conditional write instead of a read
-    /// and a write. A stale entry only fails its precondition.
-    known_free: Mutex<HashMap<String, (String, u64)>>,
+    /// Records this agent last left free: their version and content (token,
+    /// history), so that acquiring one takes a single conditional write
+    /// instead of a read and a write. A stale entry only fails its
+    /// precondition, and a matching version means the content is as kept.
+    known_free: Mutex<HashMap<String, (String, CasRecord)>>,
     /// Records this agent has seen at all; one never seen is first tried as absent.
     known: Mutex<std::collections::HashSet<String>>,
     pacer: Pacer,
@@ -235,7 +237,14 @@ impl CasEngine {
         }
     }
 
-    fn held_record(spec: &AcquireSpec, token: u64, forced_from: Option<u64>) -> CasRecord {
+    /// The record granting `spec` with `token`, keeping `history` (to which
+    /// the caller has added the grant's events).
+    fn held_record(
+        spec: &AcquireSpec,
+        token: u64,
+        forced_from: Option<u64>,
+        history: Vec<KeyEvent>,
+    ) -> CasRecord {
         CasRecord {
             key: spec.key.to_string(),
             state: KeyState::Held,
@@ -246,6 +255,7 @@ impl CasEngine {
             }),
             lease_id: Some(spec.lease_id.clone()),
             forced_from,
+            history,
             store: Lapse {
                 ttl_ms: spec.ttl.as_millis() as u64,
                 renewed_at_ms: now_ms(),
@@ -254,7 +264,7 @@ impl CasEngine {
     }
 
     /// Notes what a read or a write showed of a record.
-    fn learn(&self, name: &str, free: Option<(String, u64)>) {
+    fn learn(&self, name: &str, free: Option<(String, CasRecord)>) {
         self.known
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -269,23 +279,48 @@ impl CasEngine {
     /// The write that takes the key if the record is as this agent last knew it
     /// (free, or never seen and so presumably absent); `None` when it needs a read.
     fn guess(&self, spec: &AcquireSpec, name: &str) -> Option<(CasRecord, Option<String>)> {
-        if let Some((version, token)) = self
+        if let Some((version, free)) = self
             .known_free
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
         {
-            return Some((
-                Self::held_record(spec, token + 1, None),
-                Some(version.clone()),
-            ));
+            let token = free.token + 1;
+            let record =
+                Self::granting(spec, token, None, free.history.clone(), Before::Free, None);
+            return Some((record, Some(version.clone())));
         }
         let seen = self
             .known
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .contains(name);
-        (!seen).then(|| (Self::held_record(spec, 1, None), None))
+        (!seen).then(|| {
+            (
+                Self::granting(spec, 1, None, Vec::new(), Before::Free, None),
+                None,
+            )
+        })
+    }
+
+    /// The record granting `spec` with `token` after `history`, what the
+    /// record held before, and the store's time where a read just gave it.
+    fn granting(
+        spec: &AcquireSpec,
+        token: u64,
+        forced_from: Option<u64>,
+        mut history: Vec<KeyEvent>,
+        before: Before<'_>,
+        date: Option<SystemTime>,
+    ) -> CasRecord {
+        history::granted(
+            &mut history,
+            spec,
+            token,
+            before,
+            Stamp::store_or_agent(date),
+        );
+        Self::held_record(spec, token, forced_from, history)
     }
 
     /// One attempt: read the record (or, with `guess`, trust what this agent
@@ -348,23 +383,38 @@ impl CasEngine {
     ) -> Result<(CasRecord, Option<String>), BackendError> {
         let Read { object, date } = self.store.get(name).await.map_err(unavailable)?;
         let decided = match &object {
-            None => (Self::held_record(spec, 1, None), None),
+            None => (
+                Self::granting(spec, 1, None, Vec::new(), Before::Free, date),
+                None,
+            ),
             Some(stored) => {
                 let current = self.parse(name, stored)?;
                 let ours = current.lease_id.as_deref() == Some(spec.lease_id.as_str());
+                let next = current.token + 1;
+                let history = current.history.clone();
                 let record = if current.state != KeyState::Held {
-                    Self::held_record(spec, current.token + 1, None)
+                    Self::granting(spec, next, None, history, Before::Free, date)
                 } else if ours {
                     // Our own earlier write landed though its answer was lost: write again,
                     // so the lease's clock starts from a write whose send time we know.
-                    Self::held_record(spec, current.token, current.forced_from)
+                    // Its events are already in the history.
+                    Self::held_record(spec, current.token, current.forced_from, history)
                 } else if self.expired(name, &current, stored, date) {
-                    Self::held_record(spec, current.token + 1, None)
+                    let before = match &current.holder {
+                        Some(holder) => Before::Expired {
+                            holder,
+                            why: "not renewed for its TTL and grace, by the store's clock",
+                        },
+                        None => Before::Free,
+                    };
+                    Self::granting(spec, next, None, history, before, date)
                 } else if spec.force {
-                    Self::held_record(spec, current.token + 1, Some(current.token))
+                    let before = Before::Live(current.token);
+                    Self::granting(spec, next, Some(current.token), history, before, date)
                 } else {
                     self.learn(name, None);
-                    return Err(BackendError::Held(current.holder.map(Box::new)));
+                    let incident = history::last_incident(&current.history);
+                    return Err(BackendError::Held(current.holder.map(Box::new), incident));
                 };
                 (record, Some(stored.version.clone()))
             }
@@ -484,19 +534,26 @@ impl Backend for CasEngine {
         Ok(())
     }
 
-    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
         let Some(mut record) = self.record_of(&lease.lease_id) else {
             return Ok(());
         };
+        // The record as last written is the record as stored: a write by
+        // anyone else would make this one fail its precondition.
+        if let Some(holder) = &record.holder {
+            if let Some(event) = ending.event(holder, Stamp::agent_now()) {
+                history::push(&mut record.history, event);
+            }
+        }
         record.state = KeyState::Free;
         record.holder = None;
         record.lease_id = None;
         record.forced_from = None;
         record.store.renewed_at_ms = now_ms();
-        let (name, token) = (self.name(&lease.key), record.token);
-        let outcome = self.overwrite(lease, record).await;
+        let name = self.name(&lease.key);
+        let outcome = self.overwrite(lease, record.clone()).await;
         if let Ok(version) = &outcome {
-            self.learn(&name, Some((version.clone(), token)));
+            self.learn(&name, Some((version.clone(), record)));
         }
         self.held
             .lock()
@@ -521,6 +578,9 @@ impl Backend for CasEngine {
         }
         if let Some(holder) = record.holder.as_mut() {
             holder.agent_id = agent_id.to_string();
+            let at = Stamp::store_or_agent(date);
+            let adopted = history::event(EventKind::Adopted, holder, record.token, at);
+            history::push(&mut record.history, adopted);
         }
         record.store.renewed_at_ms = now_ms();
         let holder = record
@@ -557,6 +617,15 @@ impl Backend for CasEngine {
         }
     }
 
+    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+        let name = self.name(key);
+        let Read { object, .. } = self.store.get(&name).await.map_err(unavailable)?;
+        match object {
+            Some(stored) => Ok(self.parse(&name, &stored)?.history),
+            None => Ok(Vec::new()),
+        }
+    }
+
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
         let name = self.name(key);
         let Read { object, date } = self.store.get(&name).await.map_err(unavailable)?;
@@ -567,10 +636,12 @@ impl Backend for CasEngine {
             holder: None,
             expires_in_ms: None,
             scope: Scope::Global,
+            incident: None,
         };
         if let Some(stored) = object {
             let record = self.parse(&name, &stored)?;
             answer.token = record.token;
+            answer.incident = history::last_incident(&record.history);
             if record.state == KeyState::Held && !self.expired(&name, &record, &stored, date) {
                 answer.state = KeyState::Held;
                 answer.holder = record.holder;
@@ -595,6 +666,7 @@ mod tests {
     use super::super::MemoryCasStore;
     use super::*;
     use crate::backend::fixtures::{lease, spec};
+    use runlock_protocol::Clock;
 
     const TTL: Duration = Duration::from_secs(10);
 
@@ -628,7 +700,7 @@ mod tests {
             1
         );
         match two.acquire(&spec("k", "l2", false, TTL)).await {
-            Err(BackendError::Held(Some(h))) => {
+            Err(BackendError::Held(Some(h), _)) => {
                 assert_eq!((h.host.as_str(), h.token), ("host-of-l1", 1))
             }
             other => panic!("expected held, got {other:?}"),
@@ -680,7 +752,7 @@ mod tests {
                     assert_eq!(grant.holder.token, 2);
                     break;
                 }
-                Err(BackendError::Held(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(BackendError::Held(..)) => tokio::time::sleep(Duration::from_millis(100)).await,
                 Err(other) => panic!("{other}"),
             }
         }
@@ -701,7 +773,7 @@ mod tests {
         let first_look = Instant::now();
         assert!(matches!(
             two.acquire(&spec("k", "l2", false, TTL)).await,
-            Err(BackendError::Held(_))
+            Err(BackendError::Held(..))
         ));
         // A renewal in between starts the watch again.
         tokio::time::sleep(TTL).await;
@@ -710,7 +782,7 @@ mod tests {
         loop {
             match two.acquire(&spec("k", "l2", false, TTL)).await {
                 Ok(_) => break,
-                Err(BackendError::Held(_)) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(BackendError::Held(..)) => tokio::time::sleep(Duration::from_millis(100)).await,
                 Err(other) => panic!("{other}"),
             }
         }
@@ -771,7 +843,7 @@ mod tests {
             .expect("and its version kept");
         assert!(matches!(
             two.acquire(&spec("k", "l2", false, TTL)).await,
-            Err(BackendError::Held(_))
+            Err(BackendError::Held(..))
         ));
         one.release(&lease("k", "l1", 1)).await.expect("release");
         assert_eq!(stored(store.as_ref(), "k").await.state, KeyState::Free);
@@ -941,6 +1013,19 @@ mod tests {
             (0, 4),
             "acquire of a key this agent freed: one PUT"
         );
+        // Those single writes kept the history, in order.
+        let key = Key::new("k").expect("valid");
+        let kinds: Vec<_> = (engine.history(&key).await.expect("history").iter())
+            .map(|e| (e.kind, e.token, e.host.clone()))
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                (EventKind::Granted, 1, "host-of-l1".to_string()),
+                (EventKind::Released, 1, "host-of-l1".to_string()),
+                (EventKind::Granted, 2, "host-of-l2".to_string()),
+            ]
+        );
 
         // A key last written by another agent: the guess fails, then a read and a write.
         other
@@ -960,6 +1045,92 @@ mod tests {
         );
         let after = requests();
         assert_eq!((after.0 - before.0, after.1 - before.1), (1, 2));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_record_from_an_agent_that_kept_no_history_reads_as_none_and_starts_one() {
+        let store = Arc::new(MemoryCasStore::new());
+        let old = r#"{"key":"k","state":"free","token":7,"ttl_ms":10000,"renewed_at_ms":1}"#;
+        store
+            .put_if_absent("locks/k.json", old.as_bytes().to_vec())
+            .await
+            .expect("seeded");
+        let engine = proven(store.clone()).await;
+        let key = Key::new("k").expect("valid");
+        assert!(engine.history(&key).await.expect("history").is_empty());
+        assert_eq!(engine.inspect(&key).await.expect("inspect").incident, None);
+        let grant = engine
+            .acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
+        assert_eq!(grant.holder.token, 8);
+        let history = engine.history(&key).await.expect("history");
+        assert_eq!(
+            history
+                .iter()
+                .map(|e| (e.kind, e.token))
+                .collect::<Vec<_>>(),
+            [(EventKind::Granted, 8)]
+        );
+        // The stored record is one an older agent reads: its fields are all there.
+        let record = stored(store.as_ref(), "k").await;
+        assert_eq!((record.state, record.token), (KeyState::Held, 8));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_force_an_expiry_and_a_break_are_recorded_with_who_and_which_token() {
+        let store = Arc::new(MemoryCasStore::new());
+        let (one, two) = pair(store.clone()).await;
+        let key = Key::new("k").expect("valid");
+        one.acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
+        two.acquire(&spec("k", "l2", true, TTL))
+            .await
+            .expect("forced");
+        match one.acquire(&spec("k", "l3", false, TTL)).await {
+            Err(BackendError::Held(Some(h), Some(incident))) => {
+                assert_eq!(h.token, 2);
+                assert_eq!(
+                    (incident.kind, incident.token, incident.from_token),
+                    (EventKind::Forced, 2, Some(1))
+                );
+            }
+            other => panic!("expected held naming the force, got {other:?}"),
+        }
+        // `two` goes silent: `one` takes the key over once it expired.
+        tokio::time::sleep(TTL + grace(TTL) + CLOCK_RESOLUTION * 2).await;
+        one.acquire(&spec("k", "l4", false, TTL))
+            .await
+            .expect("expired");
+        let mut breaking = spec("k", "l5", true, TTL);
+        breaking.breaking = true;
+        two.acquire(&breaking).await.expect("broken");
+        two.end(&lease("k", "l5", 4), &Ending::AfterBreak)
+            .await
+            .expect("freed");
+        let history = one.history(&key).await.expect("history");
+        let got: Vec<_> = history
+            .iter()
+            .map(|e| (e.kind, e.token, e.from_token, e.host.as_str(), e.clock))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (EventKind::Granted, 1, None, "host-of-l1", Clock::Agent),
+                (EventKind::Forced, 2, Some(1), "host-of-l2", Clock::Store),
+                (EventKind::Expired, 2, None, "host-of-l2", Clock::Store),
+                (EventKind::Granted, 3, None, "host-of-l4", Clock::Store),
+                (EventKind::Broken, 4, Some(3), "host-of-l5", Clock::Store),
+            ]
+        );
+        assert!(
+            !history[2].reason.is_empty(),
+            "an expiry says how it was seen"
+        );
+        let record = one.inspect(&key).await.expect("inspect");
+        assert_eq!(record.state, KeyState::Free);
+        assert_eq!(record.incident.map(|e| e.kind), Some(EventKind::Broken));
     }
 
     #[tokio::test(start_paused = true)]

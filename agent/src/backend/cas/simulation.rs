@@ -69,6 +69,7 @@ impl Agent {
                 holder: holder(self.id),
                 ttl: self.ttl,
                 force: false,
+                breaking: false,
             };
             let Ok(grant) = self.engine.acquire(&spec).await else {
                 continue;

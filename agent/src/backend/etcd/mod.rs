@@ -15,8 +15,11 @@
 //! - renew: keep the lease alive, and read the key to see that it is still
 //!   attached to that lease with that create revision (a `--force` elsewhere
 //!   replaces it).
-//! - release: revoke the lease; etcd deletes the key with it, atomically, and
-//!   only if the key is still attached to it.
+//! - release: one transaction deletes the key, if still attached to our lease
+//!   with our token, and records the release in the key's history
+//!   (`history.rs`); the etcd lease, holding nothing any more, is left to run
+//!   out. If the key is not as we wrote it, the lease is revoked instead, as
+//!   before history was kept: etcd deletes the key only if still attached.
 //! - a holder whose agent dies stops keeping its lease alive, and etcd deletes
 //!   the key when the lease runs out, by etcd's own clock.
 //! - waiters: one watch on the prefix reports deleted keys (`releases`).
@@ -25,6 +28,7 @@
 //! echo it, and the endpoints are kept without userinfo.
 
 mod errors;
+mod history;
 mod record;
 mod settings;
 #[cfg(test)]
@@ -33,17 +37,19 @@ mod tls;
 mod transport;
 
 use super::{
-    key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, EtcdOptions, Grant,
-    LeaseRef, Profile, Profiled,
+    key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Ending, EtcdOptions,
+    Grant, LeaseRef, Profile, Profiled,
 };
+use crate::backend::history::{self as shared, Stamp};
 use crate::backend::retry::TIMEOUTS;
 use async_trait::async_trait;
 use errors::{LeaseGone, Problem};
 use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
+use history::Kept;
 use record::EtcdRecord;
-use runlock_protocol::{timing, Holder, Key, KeyRecord, KeyState, Scope};
+use runlock_protocol::{timing, EventKind, Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -65,13 +71,16 @@ pub(crate) fn lease_seconds(ttl: Duration) -> i64 {
     (ttl + timing::grace(ttl)).as_secs_f64().ceil() as i64
 }
 
-/// What a force writes: the key's name, its marker's, the record, the lease.
+/// What a force writes: the key's name, its marker's, the record, the
+/// lease, and the event that goes into the key's history.
 #[derive(Clone, Copy)]
 struct Forced<'a> {
     name: &'a str,
     marker: &'a str,
     body: &'a [u8],
     lease: i64,
+    history: &'a str,
+    event: &'a KeyEvent,
 }
 
 /// A granted etcd lease and when its grant was sent: the lease's clock starts there.
@@ -87,8 +96,11 @@ pub struct EtcdBackend {
     connection: Arc<Connection>,
     /// `etcd://hosts/prefix`, and the user if any: never the password.
     description: String,
-    /// runlock lease id → the etcd lease that holds its key.
-    held: Mutex<HashMap<String, i64>>,
+    /// runlock lease id → the etcd lease that holds its key, and its holder.
+    held: Mutex<HashMap<String, (i64, Holder)>>,
+    /// Each key's history as this agent last read or wrote it, by the
+    /// history key's name: the condition its next write is made on.
+    histories: Mutex<HashMap<String, Kept>>,
     /// A lease granted for an acquire that found the key held, kept for the
     /// next attempt (a waiter polls): only while young enough, see `take_spare`.
     spare: Mutex<Option<EtcdLease>>,
@@ -130,6 +142,7 @@ impl EtcdBackend {
             }),
             description,
             held: Mutex::new(HashMap::new()),
+            histories: Mutex::new(HashMap::new()),
             spare: Mutex::new(None),
             watch: target.watch,
             released: OnceLock::new(),
@@ -205,7 +218,40 @@ impl EtcdBackend {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(lease_id)
-            .copied()
+            .map(|(id, _)| *id)
+    }
+
+    /// Where a key's history lives: a name no escaped key can have (a
+    /// leading `.`), and a key the watch for released keys never sees
+    /// deleted.
+    fn history_name(&self, key: &Key) -> String {
+        format!(
+            "{}.history/{}",
+            self.connection.prefix,
+            key_name::escaped(key)
+        )
+    }
+
+    /// The history as this agent last saw it (absent if it never did).
+    fn kept(&self, name: &str) -> Kept {
+        let histories = self.histories.lock().unwrap_or_else(|e| e.into_inner());
+        histories.get(name).cloned().unwrap_or_default()
+    }
+
+    /// Notes what a read or a write showed of a history; whether it changed.
+    fn keep(&self, name: &str, kept: Kept) -> bool {
+        let mut histories = self.histories.lock().unwrap_or_else(|e| e.into_inner());
+        histories.insert(name.to_string(), kept.clone()) != Some(kept)
+    }
+
+    /// The history in a read's answer; unreadable: the error that says so.
+    fn read_history(&self, name: &str, kv: Option<&KeyValue>) -> Result<Kept, BackendError> {
+        Kept::read(kv).ok_or_else(|| {
+            BackendError::Corrupt(format!(
+                "{name} in {} is not a runlock history; delete it to start it afresh",
+                self.description
+            ))
+        })
     }
 
     /// A lease for one acquire attempt: the spare one if it is young, else a new grant.
@@ -254,15 +300,16 @@ impl EtcdBackend {
     }
 
     fn granted(&self, spec: &AcquireSpec, lease: i64, token: u64, sent: Instant) -> Grant {
+        let holder = Holder {
+            token,
+            ..spec.holder.clone()
+        };
         self.held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(spec.lease_id.clone(), lease);
+            .insert(spec.lease_id.clone(), (lease, holder.clone()));
         Grant {
-            holder: Holder {
-                token,
-                ..spec.holder.clone()
-            },
+            holder,
             sent,
             lock: None,
         }
@@ -273,19 +320,31 @@ impl EtcdBackend {
         let name = self.name(&spec.key);
         let marker = self.force_marker(&spec.key);
         let body = EtcdRecord::new(spec).body();
+        let history_key = self.history_name(&spec.key);
+        // Token 0: the grant's own revision (see `history`).
+        let grant = shared::event(EventKind::Granted, &spec.holder, 0, Stamp::agent_now());
         for _ in 0..FORCE_ATTEMPTS {
             let lease = self.lease_for(spec.ttl).await?;
+            let kept = self.kept(&history_key);
+            let events = kept.after_grant(grant.clone());
             let create = Txn::new()
                 .when([
                     Compare::create_revision(name.clone(), CompareOp::Equal, 0),
                     Compare::create_revision(marker.clone(), CompareOp::Equal, 0),
+                    Compare::mod_revision(history_key.clone(), CompareOp::Equal, kept.revision),
                 ])
-                .and_then([TxnOp::put(
-                    name.clone(),
-                    body.clone(),
-                    Some(PutOptions::new().with_lease(lease.id)),
-                )])
-                .or_else([TxnOp::get(name.clone(), None)]);
+                .and_then([
+                    TxnOp::put(
+                        name.clone(),
+                        body.clone(),
+                        Some(PutOptions::new().with_lease(lease.id)),
+                    ),
+                    TxnOp::put(history_key.clone(), history::body(&events), None),
+                ])
+                .or_else([
+                    TxnOp::get(name.clone(), None),
+                    TxnOp::get(history_key.clone(), None),
+                ]);
             let answer = match self
                 .connection
                 .call(|mut c| {
@@ -301,19 +360,35 @@ impl EtcdBackend {
                 }
             };
             if answer.succeeded() {
-                let token = answer.header().map(|h| h.revision()).unwrap_or(0) as u64;
-                return Ok(self.granted(spec, lease.id, token, lease.sent));
+                let revision = answer.header().map(|h| h.revision()).unwrap_or(0);
+                let events = history::filled(events, revision as u64);
+                self.keep(&history_key, Kept { revision, events });
+                return Ok(self.granted(spec, lease.id, revision as u64, lease.sent));
             }
-            let current = answer.op_responses().into_iter().find_map(|r| match r {
+            let mut read = answer.op_responses().into_iter().map(|r| match r {
                 TxnOpResponse::Get(mut got) => got.take_kvs().into_iter().next(),
                 _ => None,
             });
+            let (current, history_kv) = (read.next().flatten(), read.next().flatten());
+            let now = match self.read_history(&history_key, history_kv.as_ref()) {
+                Ok(now) => now,
+                Err(err) => {
+                    self.keep_spare(lease);
+                    return Err(err);
+                }
+            };
+            let incident = shared::last_incident(&now.events);
+            if self.keep(&history_key, now) && current.is_none() {
+                // Only the history had changed since this agent saw it: again.
+                self.keep_spare(lease);
+                continue;
+            }
             let Some(current) = current else {
                 // No key, so the force marker: another agent is forcing it
                 // and holds it meanwhile.
                 self.keep_spare(lease);
                 if !spec.force {
-                    return Err(BackendError::Held(None));
+                    return Err(BackendError::Held(None, incident));
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
@@ -339,13 +414,22 @@ impl EtcdBackend {
             };
             if !spec.force {
                 self.keep_spare(lease);
-                return Err(BackendError::Held(Some(Box::new(holder))));
+                return Err(BackendError::Held(Some(Box::new(holder)), incident));
             }
+            let mut event = grant.clone();
+            event.kind = if spec.breaking {
+                EventKind::Broken
+            } else {
+                EventKind::Forced
+            };
+            event.from_token = Some(current.create_revision() as u64);
             let forced = Forced {
                 name: &name,
                 marker: &marker,
                 body: &body,
                 lease: lease.id,
+                history: &history_key,
+                event: &event,
             };
             match self.take_over(&forced, &current).await {
                 Ok(Some(token)) => return Ok(self.granted(spec, lease.id, token, lease.sent)),
@@ -380,6 +464,8 @@ impl EtcdBackend {
             marker,
             body,
             lease,
+            history,
+            event,
         } = *forced;
         let with_lease = || Some(PutOptions::new().with_lease(lease));
         let delete = Txn::new()
@@ -390,10 +476,21 @@ impl EtcdBackend {
             .and_then([
                 TxnOp::delete(name, None),
                 TxnOp::put(marker, body, with_lease()),
+                TxnOp::get(history, None),
             ]);
-        if !self.transact(delete).await?.succeeded() {
+        let deleted = self.transact(delete).await?;
+        if !deleted.succeeded() {
             return Ok(None);
         }
+        // The history as the delete saw it: only the forcer, holding the
+        // marker, writes it before the key is created again.
+        let history_kv = deleted.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(mut got) => got.take_kvs().into_iter().next(),
+            _ => None,
+        });
+        let kept = self.read_history(history, history_kv.as_ref())?;
+        let mut events = kept.events.clone();
+        shared::push(&mut events, event.clone());
         if current.lease() != 0 {
             // The key is gone either way; this only makes the old holder's
             // keep-alives fail too.
@@ -403,18 +500,25 @@ impl EtcdBackend {
             .when([
                 Compare::value(marker, CompareOp::Equal, body),
                 Compare::create_revision(name, CompareOp::Equal, 0),
+                Compare::mod_revision(history, CompareOp::Equal, kept.revision),
             ])
             .and_then([
                 TxnOp::put(name, body, with_lease()),
                 TxnOp::delete(marker, None),
+                TxnOp::put(history, history::body(&events), None),
             ])
             // Only an agent of an older version, which knows no marker, can
-            // have created the key meanwhile: give the marker up, read again.
+            // have created the key (or written no history) meanwhile: give
+            // the marker up, read again.
             .or_else([TxnOp::delete(marker, None)]);
         let created = self.transact(create).await?;
-        Ok(created
-            .succeeded()
-            .then(|| created.header().map(|h| h.revision()).unwrap_or(0) as u64))
+        if !created.succeeded() {
+            return Ok(None);
+        }
+        let revision = created.header().map(|h| h.revision()).unwrap_or(0);
+        let events = history::filled(events, revision as u64);
+        self.keep(history, Kept { revision, events });
+        Ok(Some(revision as u64))
     }
 
     /// Where a force in progress marks its key (see `take_over`): a name no
@@ -447,6 +551,24 @@ impl EtcdBackend {
             Err(Problem::Expected(LeaseGone)) => Err(BackendError::LeaseMismatch),
             Err(problem) => Err(self.connection.unavailable(problem)),
         }
+    }
+
+    /// A key and its history, in one request.
+    async fn read_with_history(
+        &self,
+        name: &str,
+        history_key: &str,
+    ) -> Result<(Option<KeyValue>, Kept), BackendError> {
+        let both = Txn::new().and_then([TxnOp::get(name, None), TxnOp::get(history_key, None)]);
+        let answer = self.transact(both).await?;
+        let mut read = answer.op_responses().into_iter().map(|r| match r {
+            TxnOpResponse::Get(mut got) => got.take_kvs().into_iter().next(),
+            _ => None,
+        });
+        let (kv, history_kv) = (read.next().flatten(), read.next().flatten());
+        let kept = self.read_history(history_key, history_kv.as_ref())?;
+        self.keep(history_key, kept.clone());
+        Ok((kv, kept))
     }
 
     async fn read(&self, name: &str) -> Result<Option<KeyValue>, BackendError> {
@@ -538,20 +660,68 @@ impl Backend for EtcdBackend {
         .await
     }
 
-    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
-        let id = self
+    /// Deletes the key and records how its lease ended, in one transaction,
+    /// if the key is still ours and its history as we last wrote it;
+    /// otherwise revokes the etcd lease as before, which deletes the key
+    /// only if it is still attached, and records nothing. The etcd lease
+    /// itself is left to run out: it holds nothing any more.
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
+        let held = self
             .held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&lease.lease_id);
-        let Some(id) = id else {
+        let Some((id, holder)) = held else {
             return Ok(()); // not ours (any more): nothing to let go of
         };
+        let name = self.name(&lease.key);
+        let history_key = self.history_name(&lease.key);
+        let kept = self.kept(&history_key);
+        let mut when = vec![
+            Compare::lease(name.clone(), CompareOp::Equal, id),
+            Compare::create_revision(name.clone(), CompareOp::Equal, lease.token as i64),
+        ];
+        let mut then = vec![TxnOp::delete(name.clone(), None)];
+        let mut events = kept.events.clone();
+        let event = ending.event(&holder, Stamp::agent_now());
+        if let Some(event) = event.clone() {
+            shared::push(&mut events, event);
+            when.push(Compare::mod_revision(
+                history_key.clone(),
+                CompareOp::Equal,
+                kept.revision,
+            ));
+            then.push(TxnOp::put(
+                history_key.clone(),
+                history::body(&events),
+                None,
+            ));
+        }
         self.bounded(async {
+            let ended = self.transact(Txn::new().when(when).and_then(then)).await?;
+            if ended.succeeded() {
+                let revision = ended.header().map(|h| h.revision()).unwrap_or(0);
+                if event.is_some() {
+                    self.keep(&history_key, Kept { revision, events });
+                }
+                return Ok(());
+            }
             self.connection
                 .revoke(id)
                 .await
                 .map_err(|p| self.connection.unavailable(p))
+        })
+        .await
+    }
+
+    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+        let name = self.history_name(key);
+        self.bounded(async {
+            let kv = self.read(&name).await?;
+            let kept = self.read_history(&name, kv.as_ref())?;
+            let events = kept.events.clone();
+            self.keep(&name, kept);
+            Ok(events)
         })
         .await
     }
@@ -567,8 +737,13 @@ impl Backend for EtcdBackend {
                 holder: None,
                 expires_in_ms: None,
                 scope: Scope::Global,
+                incident: None,
             };
-            let Some(kv) = self.read(&name).await? else {
+            let (kv, kept) = self
+                .read_with_history(&name, &self.history_name(key))
+                .await?;
+            answer.incident = shared::last_incident(&kept.events);
+            let Some(kv) = kv else {
                 return Ok(answer);
             };
             let record = self.parse(&name, &kv)?;
@@ -598,8 +773,10 @@ impl Backend for EtcdBackend {
 
     async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
         let name = self.name(&lease.key);
+        let history_key = self.history_name(&lease.key);
         self.bounded(async {
-            let kv = self.read(&name).await?.ok_or(BackendError::LeaseMismatch)?;
+            let (kv, kept) = self.read_with_history(&name, &history_key).await?;
+            let kv = kv.ok_or(BackendError::LeaseMismatch)?;
             let mut record = self.parse(&name, &kv)?;
             let id = kv.lease();
             let ours = record.lease_id == lease.lease_id
@@ -611,18 +788,30 @@ impl Backend for EtcdBackend {
             let sent = Instant::now();
             self.keep_alive(id).await?;
             record.holder.insert("agent_id".into(), agent_id.into());
+            let holder = record.holder(lease.token).ok_or_else(|| {
+                BackendError::Corrupt(format!(
+                    "{name} in {} names no readable holder",
+                    self.description
+                ))
+            })?;
+            let mut events = kept.events.clone();
+            let adopted =
+                shared::event(EventKind::Adopted, &holder, lease.token, Stamp::agent_now());
+            shared::push(&mut events, adopted);
             // Rewritten only if untouched since the read: a force in between wins.
             let rewrite = Txn::new()
-                .when([Compare::mod_revision(
-                    name.clone(),
-                    CompareOp::Equal,
-                    kv.mod_revision(),
-                )])
-                .and_then([TxnOp::put(
-                    name.clone(),
-                    record.body(),
-                    Some(PutOptions::new().with_lease(id)),
-                )]);
+                .when([
+                    Compare::mod_revision(name.clone(), CompareOp::Equal, kv.mod_revision()),
+                    Compare::mod_revision(history_key.clone(), CompareOp::Equal, kept.revision),
+                ])
+                .and_then([
+                    TxnOp::put(
+                        name.clone(),
+                        record.body(),
+                        Some(PutOptions::new().with_lease(id)),
+                    ),
+                    TxnOp::put(history_key.clone(), history::body(&events), None),
+                ]);
             let written = self
                 .connection
                 .call(|mut c| {
@@ -634,16 +823,12 @@ impl Backend for EtcdBackend {
             if !written.succeeded() {
                 return Err(BackendError::LeaseMismatch);
             }
-            let holder = record.holder(lease.token).ok_or_else(|| {
-                BackendError::Corrupt(format!(
-                    "{name} in {} names no readable holder",
-                    self.description
-                ))
-            })?;
+            let revision = written.header().map(|h| h.revision()).unwrap_or(0);
+            self.keep(&history_key, Kept { revision, events });
             self.held
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
-                .insert(lease.lease_id.clone(), id);
+                .insert(lease.lease_id.clone(), (id, holder.clone()));
             Ok(Adopted {
                 grant: Grant {
                     holder,

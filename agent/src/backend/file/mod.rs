@@ -35,15 +35,17 @@ mod settings;
 mod tests;
 mod transport;
 
+use super::history::{self, Stamp};
 use super::{
-    AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef, Profile, Profiled,
+    AcquireSpec, Adopted, Backend, BackendError, Capabilities, Ending, Grant, LeaseRef, Profile,
+    Profiled,
 };
 use anyhow::Context as _;
 use async_trait::async_trait;
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::Mode;
 use record::{boot_id, held_record, read_bytes, read_record_settled, write_record, FileRecord};
-use runlock_protocol::{Key, KeyRecord, KeyState, Scope};
+use runlock_protocol::{EventKind, Key, KeyEvent, KeyRecord, KeyState, Scope};
 use settings::{open_dir, DIR_MODE, FILE_MODE};
 use std::collections::HashMap;
 use std::fs::{DirBuilder, File};
@@ -319,8 +321,12 @@ impl Inner {
                 if spec.force {
                     return self.take_over(&dir, spec, current);
                 }
+                let incident = current
+                    .as_ref()
+                    .and_then(|r| history::last_incident(&r.history));
                 return Err(BackendError::Held(
                     current.and_then(|r| r.holder).map(Box::new),
+                    incident,
                 ));
             }
             // A force may have renamed a new file over the name between our open and lock.
@@ -476,7 +482,7 @@ impl Inner {
     /// key's current lock file and the record still names the lease: the
     /// run may have dropped the lock already, and then someone else may
     /// hold the key.
-    fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    fn release(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
         let Some(held) = self
             .held
             .lock()
@@ -494,7 +500,7 @@ impl Inner {
         if !ours {
             return Ok(()); // someone else holds the key, or the run still does (an adopted lease)
         }
-        let result = self.free_record(&dir, &name, lease, &held.agent_id);
+        let result = self.free_record(&dir, &name, lease, &held.agent_id, ending);
         let _ = flock(&held.lock, libc::LOCK_UN);
         result
     }
@@ -507,6 +513,7 @@ impl Inner {
         name: &str,
         lease: &LeaseRef,
         agent_id: &str,
+        ending: &Ending,
     ) -> Result<(), BackendError> {
         let Some(file) = self.try_open(dir, name, OFlag::O_RDWR)? else {
             return Ok(());
@@ -521,6 +528,11 @@ impl Inner {
                 .is_some_and(|h| h.agent_id == agent_id);
         if !ours {
             return Ok(());
+        }
+        if let Some(holder) = &record.holder {
+            if let Some(event) = ending.event(holder, Stamp::agent_now()) {
+                history::push(&mut record.history, event);
+            }
         }
         record.state = KeyState::Free;
         record.holder = None;
@@ -561,6 +573,13 @@ impl Inner {
         let _ = flock(&lock, libc::LOCK_EX | libc::LOCK_NB)
             .map_err(|e| self.io_error("locking", &lock_name, e))?;
         holder.agent_id = agent_id.to_string();
+        let adopted = history::event(
+            EventKind::Adopted,
+            &holder,
+            record.token,
+            Stamp::agent_now(),
+        );
+        history::push(&mut record.history, adopted);
         record.holder = Some(holder.clone());
         self.write(&dir, &file, &name, &record, false)?;
         let ttl = Duration::from_millis(record.store.ttl_ms.unwrap_or(60_000));
@@ -575,6 +594,17 @@ impl Inner {
         })
     }
 
+    fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+        let name = file_name(key);
+        let dir = self.dir()?;
+        let Some(file) = self.try_open(&dir, &name, OFlag::O_RDONLY)? else {
+            return Ok(Vec::new());
+        };
+        let record =
+            read_record_settled(&file, |_| true).map_err(|e| self.io_error("reading", &name, e))?;
+        Ok(record.map(|r| r.history).unwrap_or_default())
+    }
+
     fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
         let (name, lock_name) = (file_name(key), lock_name(key));
         let mut answer = KeyRecord {
@@ -584,6 +614,7 @@ impl Inner {
             holder: None,
             expires_in_ms: None,
             scope: Scope::Host,
+            incident: None,
         };
         let dir = self.dir()?;
         let Some(file) = self.try_open(&dir, &name, OFlag::O_RDONLY)? else {
@@ -595,6 +626,7 @@ impl Inner {
             return Ok(answer);
         };
         answer.token = record.token;
+        answer.incident = history::last_incident(&record.history);
         if record.state != KeyState::Held {
             return Ok(answer);
         }
@@ -647,9 +679,15 @@ impl Backend for FileBackend {
         self.blocking(move |inner| inner.renew(&lease)).await
     }
 
-    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
-        let lease = lease.clone();
-        self.blocking(move |inner| inner.release(&lease)).await
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
+        let (lease, ending) = (lease.clone(), ending.clone());
+        self.blocking(move |inner| inner.release(&lease, &ending))
+            .await
+    }
+
+    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+        let key = key.clone();
+        self.blocking(move |inner| inner.history(&key)).await
     }
 
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {

@@ -3,6 +3,7 @@
 //! place under the key's lock.
 
 use super::super::record::LockRecord;
+use crate::backend::history::{self, Before, Stamp};
 use crate::backend::AcquireSpec;
 use runlock_protocol::{Holder, KeyState};
 use serde::{Deserialize, Serialize};
@@ -75,7 +76,8 @@ pub(super) fn write_record(mut file: &File, record: &FileRecord, durable: bool) 
 }
 
 /// The record (and its holder) that grants `spec` after `previous`, and
-/// whether it must be written durably.
+/// whether it must be written durably. `forced_from`: the live holder's
+/// token it takes the key over from.
 pub(super) fn held_record(
     spec: &AcquireSpec,
     previous: Option<&FileRecord>,
@@ -83,6 +85,20 @@ pub(super) fn held_record(
     boot_id: &str,
 ) -> (Holder, FileRecord, bool) {
     let (token, reserved, durable) = next_token(previous, boot_id);
+    let mut events = previous.map(|p| p.history.clone()).unwrap_or_default();
+    let dead_holder = previous
+        .filter(|p| p.state == KeyState::Held)
+        .and_then(|p| p.holder.as_ref());
+    let before = match (forced_from, dead_holder) {
+        (Some(from), _) => Before::Live(from),
+        // The lock was free (we hold it now), yet the record says held.
+        (None, Some(holder)) => Before::Expired {
+            holder,
+            why: "its run ended without a release: the key's lock was free",
+        },
+        (None, None) => Before::Free,
+    };
+    history::granted(&mut events, spec, token, before, Stamp::agent_now());
     let holder = Holder {
         token,
         ..spec.holder.clone()
@@ -94,6 +110,7 @@ pub(super) fn held_record(
         holder: Some(holder.clone()),
         forced_from,
         lease_id: Some(spec.lease_id.clone()),
+        history: events,
         store: TokenBlock {
             ttl_ms: Some(spec.ttl.as_millis() as u64),
             reserved,

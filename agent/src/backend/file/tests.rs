@@ -19,7 +19,7 @@ async fn two_backends_on_one_directory_exclude_each_other_and_tokens_grow() {
         .expect("free key");
     assert_eq!(first.holder.token, 1);
     match two.acquire(&spec("k", "l2", false, TTL)).await {
-        Err(BackendError::Held(Some(h))) => assert_eq!(h.token, 1),
+        Err(BackendError::Held(Some(h), _)) => assert_eq!(h.token, 1),
         other => panic!("expected held, got {other:?}"),
     }
     assert_eq!(
@@ -124,7 +124,7 @@ async fn a_lock_the_run_holds_outlives_its_agent_and_is_adopted_by_the_next() {
     let new = FileBackend::open(dir.path().into()).expect("open");
     assert!(matches!(
         new.acquire(&spec("k", "l2", false, TTL)).await,
-        Err(BackendError::Held(Some(h))) if h.token == 1
+        Err(BackendError::Held(Some(h), _)) if h.token == 1
     ));
     assert_eq!(
         new.inspect(&key).await.expect("inspect").state,
@@ -156,7 +156,7 @@ async fn a_lock_the_run_holds_outlives_its_agent_and_is_adopted_by_the_next() {
     // Held by the run alone: the adopting agent's copy does not lock it.
     assert!(matches!(
         new.acquire(&spec("k", "l3", false, TTL)).await,
-        Err(BackendError::Held(_))
+        Err(BackendError::Held(..))
     ));
 
     // The run ends (its shim drops the lock), then the agent releases.
@@ -189,7 +189,7 @@ async fn a_lock_taken_again_after_release_is_held_and_force_takes_it_higher() {
     assert!(flock(&run, libc::LOCK_EX | libc::LOCK_NB).expect("relock"));
     assert!(matches!(
         backend.acquire(&spec("k", "l2", false, TTL)).await,
-        Err(BackendError::Held(None))
+        Err(BackendError::Held(None, _))
     ));
     let forced = backend
         .acquire(&spec("k", "l3", true, TTL))
@@ -250,6 +250,7 @@ fn tokens_come_from_durable_blocks_and_a_new_boot_starts_above_the_block() {
         holder: None,
         forced_from: None,
         lease_id: None,
+        history: Vec::new(),
         store: TokenBlock {
             ttl_ms: None,
             reserved,
@@ -464,4 +465,61 @@ fn a_directory_others_can_change_is_refused_naming_it() {
             "{msg}"
         );
     }
+}
+
+#[tokio::test]
+async fn the_history_records_a_run_that_ended_with_no_agent_as_expired() {
+    use runlock_protocol::EventKind;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let key = Key::new("k").expect("valid");
+    {
+        // A run holds the key, and it and its agent end without a release.
+        let one = FileBackend::open(dir.path().into()).expect("open");
+        let grant = one
+            .acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free key");
+        drop(grant.lock);
+    }
+    let two = FileBackend::open(dir.path().into()).expect("open");
+    two.acquire(&spec("k", "l2", false, TTL))
+        .await
+        .expect("its lock is free");
+    two.end(&lease("k", "l2", 2), &Ending::Lost("gone".into()))
+        .await
+        .expect("freed");
+    let got: Vec<_> = (two.history(&key).await.expect("history").iter())
+        .map(|e| (e.kind, e.token, e.host.clone()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (EventKind::Granted, 1, "host-of-l1".to_string()),
+            (EventKind::Expired, 1, "host-of-l1".to_string()),
+            (EventKind::Granted, 2, "host-of-l2".to_string()),
+            (EventKind::Lost, 2, "host-of-l2".to_string()),
+        ]
+    );
+    let record = two.inspect(&key).await.expect("inspect");
+    assert_eq!(record.incident.map(|e| e.kind), Some(EventKind::Lost));
+}
+
+#[tokio::test]
+async fn a_record_from_an_agent_that_kept_no_history_is_read_and_taken() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let backend = FileBackend::open(dir.path().into()).expect("open");
+    let old = r#"{"key":"k","state":"free","token":5,"reserved":1028,"boot_id":"x"}"#;
+    std::fs::write(
+        dir.path().join(file_name(&Key::new("k").expect("valid"))),
+        old,
+    )
+    .expect("written");
+    let key = Key::new("k").expect("valid");
+    assert!(backend.history(&key).await.expect("history").is_empty());
+    let grant = backend
+        .acquire(&spec("k", "l1", false, TTL))
+        .await
+        .expect("free");
+    assert!(grant.holder.token > 5);
+    assert_eq!(backend.history(&key).await.expect("history").len(), 1);
 }

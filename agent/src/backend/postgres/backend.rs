@@ -4,13 +4,14 @@
 use super::session::{self, Session};
 use super::settings::Settings;
 use super::sql::Sql;
+use crate::backend::history;
 use crate::backend::{
-    redact_uri, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Grant, LeaseRef,
+    redact_uri, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Ending, Grant, LeaseRef,
     PostgresOptions, Profile, Profiled,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
-use runlock_protocol::{Holder, Key, KeyRecord, KeyState, Scope};
+use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
 use std::time::Duration;
 use tokio::sync::broadcast;
 
@@ -86,6 +87,20 @@ impl PostgresBackend {
 }
 
 impl PostgresBackend {
+    /// A row's history column, read.
+    fn history_of(&self, key: &Key, text: Option<String>) -> Result<Vec<KeyEvent>, BackendError> {
+        let Some(text) = text else {
+            return Ok(Vec::new());
+        };
+        serde_json::from_str(&text).map_err(|err| {
+            BackendError::Corrupt(format!(
+                "the row of {key:?} in {} has a history runlock cannot read ({err}); \
+                 set it to '[]' to start it afresh",
+                self.table
+            ))
+        })
+    }
+
     /// Keys released through any agent, as the server announces them; `None`
     /// when this backend does not listen.
     pub fn releases(&self) -> Option<broadcast::Receiver<Key>> {
@@ -119,19 +134,37 @@ impl Backend for PostgresBackend {
                     let holder = &holder;
                     let lease_id = &spec.lease_id;
                     async move {
-                        let args: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-                            [&key, lease_id, holder, &ttl, &grace, &spec.force];
+                        let args: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [
+                            &key,
+                            lease_id,
+                            holder,
+                            &ttl,
+                            &grace,
+                            &spec.force,
+                            &spec.breaking,
+                        ];
                         link.client.query(&link.statements.acquire, &args).await
                     }
                 })
                 .await
                 .map_err(BackendError::Unavailable)?;
             let Some(row) = rows.first() else { continue };
-            let (taken, token_value, holder_text): (bool, i64, Option<String>) =
-                (column(row, 0)?, column(row, 1)?, column(row, 2)?);
+            let (taken, token_value, holder_text, history): (
+                bool,
+                i64,
+                Option<String>,
+                Option<String>,
+            ) = (
+                column(row, 0)?,
+                column(row, 1)?,
+                column(row, 2)?,
+                column(row, 3)?,
+            );
             let recorded = self.holder(&spec.key, holder_text)?;
             if !taken {
-                return Err(BackendError::Held(recorded.map(Box::new)));
+                let history = self.history_of(&spec.key, history)?;
+                let incident = history::last_incident(&history);
+                return Err(BackendError::Held(recorded.map(Box::new), incident));
             }
             let holder = Holder {
                 token: token(token_value, &spec.key)?,
@@ -143,7 +176,7 @@ impl Backend for PostgresBackend {
                 lock: None,
             });
         }
-        Err(BackendError::Held(None))
+        Err(BackendError::Held(None, None))
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
@@ -167,14 +200,26 @@ impl Backend for PostgresBackend {
         Ok(())
     }
 
-    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
         let (key, token) = (lease.key.as_str(), stored_token(lease));
+        // The event as the statement writes it: its kind, who (when not the
+        // row's holder) and why.
+        let (kind, who, reason): (Option<&str>, Option<String>, &str) = match ending {
+            Ending::Released => (Some("released"), None, ""),
+            // invariant: a Holder always serializes (plain strings and numbers)
+            Ending::Broken(by) => (Some("broken"), serde_json::to_string(by).ok(), ""),
+            Ending::Lost(why) => (Some("lost"), None, why.as_str()),
+            Ending::AfterBreak => (None, None, ""),
+        };
         // No row freed: the lease was already someone else's, or freed; nothing to do.
         self.session
-            .run(|link| async move {
-                link.client
-                    .query(&link.statements.release, &[&key, &lease.lease_id, &token])
-                    .await
+            .run(|link| {
+                let who = &who;
+                async move {
+                    let args: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
+                        [&key, &lease.lease_id, &token, &kind, who, &reason];
+                    link.client.query(&link.statements.release, &args).await
+                }
             })
             .await
             .map_err(BackendError::Unavailable)?;
@@ -199,22 +244,26 @@ impl Backend for PostgresBackend {
             holder: None,
             expires_in_ms: None,
             scope: Scope::Global,
+            incident: None,
         };
         if let Some(row) = row {
-            let (state, token_value, holder, expired, expires_in_ms): (
+            let (state, token_value, holder, expired, expires_in_ms, history): (
                 String,
                 i64,
                 Option<String>,
                 bool,
                 i64,
+                Option<String>,
             ) = (
                 column(&row, 0)?,
                 column(&row, 1)?,
                 column(&row, 2)?,
                 column(&row, 3)?,
                 column(&row, 4)?,
+                column(&row, 5)?,
             );
             record.token = token(token_value, key)?;
+            record.incident = history::last_incident(&self.history_of(key, history)?);
             if state == "held" && !expired {
                 record.state = KeyState::Held;
                 record.holder = self.holder(key, holder)?;
@@ -222,6 +271,23 @@ impl Backend for PostgresBackend {
             }
         }
         Ok(record)
+    }
+
+    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+        let name = key.as_str();
+        let (row, _) = self
+            .session
+            .run(|link| async move {
+                link.client
+                    .query_opt(&link.statements.history, &[&name])
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        match row {
+            Some(row) => self.history_of(key, column(&row, 0)?),
+            None => Ok(Vec::new()),
+        }
     }
 
     async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {

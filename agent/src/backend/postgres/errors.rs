@@ -8,12 +8,15 @@ pub use crate::backend::failure::Failure;
 use std::error::Error as _;
 use tokio_postgres::error::SqlState;
 
-/// Whether `err` says the lock table or its schema is missing.
+/// Whether `err` says the lock table, its schema or a column of it is missing.
 #[cfg(feature = "postgres")]
 pub fn missing_table(err: &tokio_postgres::Error) -> bool {
+    // A missing column: a table made by an agent that kept no history.
     matches!(
         err.code(),
-        Some(c) if *c == SqlState::UNDEFINED_TABLE || *c == SqlState::INVALID_SCHEMA_NAME
+        Some(c) if *c == SqlState::UNDEFINED_TABLE
+            || *c == SqlState::INVALID_SCHEMA_NAME
+            || *c == SqlState::UNDEFINED_COLUMN
     )
 }
 

@@ -215,7 +215,7 @@ impl Session {
                     .batch_execute(&self.sql.ensure())
                     .await
                     .map_err(|err| self.explain(&err))?;
-                tracing::info!(table = %self.sql.table(), "created the lock table");
+                tracing::info!(table = %self.sql.table(), "created (or completed) the lock table");
                 self.sql
                     .prepare(&client)
                     .await

@@ -12,6 +12,7 @@
 //! | `ttl_ms`, `grace_ms` | the holder's TTL, and how long past it others wait |
 //! | `written` | when the row was last written, by the **database's** clock |
 //! | `forced_from` | the token this holder took the key from with `--force` |
+//! | `history` | the key's latest events (jsonb array, oldest first, at most 32), by the database's clock |
 //!
 //! A held row is expired once the database's `now()` has passed `written +
 //! ttl_ms + grace_ms`; no agent's clock is ever consulted. Writes stamp
@@ -44,21 +45,47 @@ pub struct Sql {
 
 /// The statements, prepared on one connection.
 pub struct Prepared {
-    /// `$1 key, $2 lease_id, $3 holder json, $4 ttl_ms, $5 grace_ms, $6 force` →
-    /// `(taken bool, token bigint, holder text)`: the taken row, or the holder's row.
+    /// `$1 key, $2 lease_id, $3 holder json, $4 ttl_ms, $5 grace_ms, $6 force,
+    /// $7 breaking` → `(taken bool, token bigint, holder text, history text)`:
+    /// the taken row (no history), or the holder's row.
     pub acquire: Statement,
     /// `$1 key, $2 lease_id, $3 token, $4 ttl_ms, $5 grace_ms` → rows affected.
     pub renew: Statement,
-    /// `$1 key, $2 lease_id, $3 token` → one row if it freed the key.
+    /// `$1 key, $2 lease_id, $3 token, $4 event kind (NULL: none), $5 who
+    /// (NULL: the holder), $6 reason` → one row if it freed the key.
     pub release: Statement,
-    /// `$1 key` → `(state, token, holder, expired, expires_in_ms)`, or no row.
+    /// `$1 key` → `(state, token, holder, expired, expires_in_ms, history)`, or no row.
     pub inspect: Statement,
+    /// `$1 key` → `(history)`, or no row.
+    pub history: Statement,
     /// `$1 key, $2 lease_id, $3 token, $4 agent_id` → `(holder, ttl_ms)` if adopted.
     pub adopt: Statement,
 }
 
 /// When a held row stops protecting its holder, by the database's clock.
 const EXPIRES: &str = "l.written + (l.ttl_ms + l.grace_ms) * interval '1 millisecond'";
+
+/// How many events a row's history keeps (`MAX_HISTORY_EVENTS`).
+const KEPT: usize = runlock_protocol::MAX_HISTORY_EVENTS;
+
+/// An event about `token`, done by `who` (a holder as jsonb, whose command
+/// line is never kept), now by the database's clock.
+fn event(kind: &str, who: &str, token: &str, more: &str) -> String {
+    format!(
+        "(({who}) - 'command' - 'gid' - 'acquired_at_ms' - 'token') || jsonb_build_object(
+             'kind', {kind}, 'clock', 'store', 'token', {token},
+             'at_ms', (extract(epoch FROM clock_timestamp()) * 1000)::bigint{more})"
+    )
+}
+
+/// `history`, a jsonb array, cut to its latest [`KEPT`] elements.
+fn kept(history: &str) -> String {
+    format!(
+        "(SELECT coalesce(jsonb_agg(e ORDER BY i), '[]') FROM jsonb_array_elements({history})
+              WITH ORDINALITY AS t(e, i)
+          WHERE i > jsonb_array_length({history}) - {KEPT})"
+    )
+}
 
 impl Sql {
     /// The statements for `schema`; releases are announced on `channel`.
@@ -98,8 +125,11 @@ impl Sql {
                  ttl_ms      bigint NOT NULL,
                  grace_ms    bigint NOT NULL,
                  written     timestamptz NOT NULL,
-                 forced_from bigint
+                 forced_from bigint,
+                 history     jsonb NOT NULL DEFAULT '[]'
              );
+             -- A table made before the history was kept; older agents leave it as it is.
+             ALTER TABLE {table} ADD COLUMN IF NOT EXISTS history jsonb NOT NULL DEFAULT '[]';
              COMMENT ON TABLE {table} IS
                  'runlock lock records, one row per key: written by runlockd, read them freely';",
             turn = quote_literal(&format!("runlock schema {}", self.schema)),
@@ -120,11 +150,35 @@ impl Sql {
         // earlier attempt of this same acquire landed but its answer was lost:
         // then the token stays). Otherwise the second branch reads the holder,
         // in the same round trip.
+        let granted = event("'granted'", "CAST($3 AS jsonb)", "1", "");
+        let next = "l.token + 1";
+        let taken_over = event(
+            "CASE WHEN $7 THEN 'broken' ELSE 'forced' END",
+            "CAST($3 AS jsonb)",
+            next,
+            ", 'from_token', l.token",
+        );
+        let expired = event(
+            "'expired'",
+            "coalesce(l.holder, '{}')",
+            "l.token",
+            ", 'pid', 0, 'reason', 'not renewed for its TTL and grace, by the database''s clock'",
+        );
+        let granted_next = event("'granted'", "CAST($3 AS jsonb)", next, "");
+        let history = kept(&format!(
+            "l.history || CASE
+                 WHEN l.lease_id = EXCLUDED.lease_id THEN '[]'::jsonb
+                 WHEN l.state = 'held' AND {EXPIRES} > now() THEN jsonb_build_array({taken_over})
+                 WHEN l.state = 'held' THEN jsonb_build_array({expired}, {granted_next})
+                 ELSE jsonb_build_array({granted_next})
+             END"
+        ));
         let acquire = format!(
             "WITH taken AS (
-                 INSERT INTO {table} AS l (key, state, token, lease_id, holder, ttl_ms, grace_ms, written)
+                 INSERT INTO {table} AS l (key, state, token, lease_id, holder, ttl_ms, grace_ms,
+                                           written, history)
                  VALUES ($1, 'held', 1, $2, CAST($3 AS jsonb) || jsonb_build_object('token', 1),
-                         $4, $5, clock_timestamp())
+                         $4, $5, clock_timestamp(), jsonb_build_array({granted}))
                  ON CONFLICT (key) DO UPDATE SET
                      state = 'held',
                      token = CASE WHEN l.lease_id = EXCLUDED.lease_id THEN l.token ELSE l.token + 1 END,
@@ -137,14 +191,15 @@ impl Sql {
                      forced_from = CASE
                          WHEN l.lease_id = EXCLUDED.lease_id THEN l.forced_from
                          WHEN l.state = 'held' AND {EXPIRES} > now() THEN l.token
-                     END
+                     END,
+                     history = {history}
                  WHERE l.state = 'free' OR l.lease_id = EXCLUDED.lease_id OR $6
                     OR {EXPIRES} <= now()
                  RETURNING l.token, l.holder::text
              )
-             SELECT true, token, holder FROM taken
+             SELECT true, token, holder, NULL::text FROM taken
              UNION ALL
-             SELECT false, token, holder::text FROM {table}
+             SELECT false, token, holder::text, history::text FROM {table}
              WHERE key = $1 AND NOT EXISTS (SELECT FROM taken)"
         );
         let renew = format!(
@@ -153,10 +208,18 @@ impl Sql {
                AND {EXPIRES} > now()"
         );
         // NOTIFY inside the release's own statement: waiters hear of it once it commits.
+        let ended = event(
+            "$4::text",
+            "coalesce($5::jsonb, l.holder)",
+            "l.token",
+            ", 'reason', $6::text",
+        );
+        let ended = kept(&format!("l.history || jsonb_build_array({ended})"));
         let release = format!(
             "WITH freed AS (
-                 UPDATE {table} SET state = 'free', lease_id = NULL, holder = NULL,
-                     forced_from = NULL, written = clock_timestamp()
+                 UPDATE {table} AS l SET state = 'free', lease_id = NULL, holder = NULL,
+                     forced_from = NULL, written = clock_timestamp(),
+                     history = CASE WHEN $4::text IS NULL THEN l.history ELSE {ended} END
                  WHERE key = $1 AND lease_id = $2 AND token = $3 AND state = 'held'
                  RETURNING key
              )
@@ -166,36 +229,56 @@ impl Sql {
         let inspect = format!(
             "SELECT state, token, holder::text, {EXPIRES} <= now(),
                     (extract(epoch FROM l.written + l.ttl_ms * interval '1 millisecond' - now())
-                     * 1000)::bigint
+                     * 1000)::bigint,
+                    history::text
              FROM {table} AS l WHERE key = $1"
         );
+        let history = format!("SELECT history::text FROM {table} WHERE key = $1");
+        let adopted = event(
+            "'adopted'",
+            "jsonb_set(l.holder, '{agent_id}', to_jsonb($4::text))",
+            "l.token",
+            "",
+        );
+        let adopted = kept(&format!("l.history || jsonb_build_array({adopted})"));
         let adopt = format!(
             "UPDATE {table} AS l
              SET holder = jsonb_set(holder, '{{agent_id}}', to_jsonb($4::text)),
+                 history = {adopted},
                  written = clock_timestamp()
              WHERE key = $1 AND lease_id = $2 AND token = $3 AND state = 'held'
                AND {EXPIRES} > now()
              RETURNING holder::text, ttl_ms"
         );
         let types = (
-            [T::TEXT, T::TEXT, T::TEXT, T::INT8, T::INT8, T::BOOL],
+            [
+                T::TEXT,
+                T::TEXT,
+                T::TEXT,
+                T::INT8,
+                T::INT8,
+                T::BOOL,
+                T::BOOL,
+            ],
             [T::TEXT, T::TEXT, T::INT8, T::INT8, T::INT8],
-            [T::TEXT, T::TEXT, T::INT8],
+            [T::TEXT, T::TEXT, T::INT8, T::TEXT, T::TEXT, T::TEXT],
             [T::TEXT],
             [T::TEXT, T::TEXT, T::INT8, T::TEXT],
         );
-        let (acquire, renew, release, inspect, adopt) = futures::try_join!(
+        let (acquire, renew, release, inspect, adopt, history) = futures::try_join!(
             client.prepare_typed(&acquire, &types.0),
             client.prepare_typed(&renew, &types.1),
             client.prepare_typed(&release, &types.2),
             client.prepare_typed(&inspect, &types.3),
             client.prepare_typed(&adopt, &types.4),
+            client.prepare_typed(&history, &types.3),
         )?;
         Ok(Prepared {
             acquire,
             renew,
             release,
             inspect,
+            history,
             adopt,
         })
     }

@@ -9,7 +9,7 @@ See README.md for lock-loss semantics; protocol/SPEC.md for the wire protocol.
 """
 
 from ._connection import __version__
-from .api import Lease, break_lock, inspect, lock, status
+from .api import Lease, break_lock, history, inspect, lock, status
 from .errors import (
     BadRequest,
     ConfigError,
@@ -25,17 +25,19 @@ from .errors import (
     Unavailable,
     Unsupported,
 )
-from .messages import Grant, Holder, KeyRecord, LeaseInfo, LostEvent, Welcome
+from .messages import Grant, Holder, KeyEvent, KeyRecord, LeaseInfo, LostEvent, Welcome
 
 __all__ = [
     "__version__",
     "lock",
     "status",
     "inspect",
+    "history",
     "break_lock",
     "Lease",
     "Grant",
     "Holder",
+    "KeyEvent",
     "KeyRecord",
     "LeaseInfo",
     "LostEvent",

@@ -19,7 +19,7 @@ from ._connection import HANDSHAKE_TIMEOUT_S, Connection
 from ._socket_path import resolve
 from ._wire import close_fds
 from .errors import LockLost, ProtocolError, RunlockError
-from .messages import AgentMessage, Grant, KeyRecord, LeaseInfo, LostEvent, Welcome
+from .messages import AgentMessage, Grant, KeyEvent, KeyRecord, LeaseInfo, LostEvent, Welcome
 
 _log = logging.getLogger("runlock")
 
@@ -612,6 +612,16 @@ def inspect(key: str, *, socket: SocketPath = None) -> KeyRecord:
     if not isinstance(reply, messages.Record):
         raise ProtocolError(f"unexpected answer to inspect: {reply!r}")
     return reply.record
+
+
+def history(key: str, limit: Optional[int] = None, *, socket: SocketPath = None) -> List[KeyEvent]:
+    """The latest events of ``key``, oldest first (``runlock history``): every
+    grant, release, force, break, expiry and loss the backend's record keeps
+    (at most 32), or the latest ``limit`` of them."""
+    reply = _one_shot(socket, lambda i: messages.history(i, key, limit))
+    if not isinstance(reply, messages.Events):
+        raise ProtocolError(f"unexpected answer to history: {reply!r}")
+    return list(reply.events)
 
 
 def break_lock(key: str, *, socket: SocketPath = None) -> int:

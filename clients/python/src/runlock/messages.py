@@ -113,6 +113,15 @@ def inspect(request_id: int, key: str) -> Dict[str, Any]:
     return message
 
 
+def history(request_id: int, key: str, limit: Optional[int] = None) -> Dict[str, Any]:
+    """``history``: the latest events of a key (all the record keeps when ``limit`` is None)."""
+    message = _with_id(request_id, "history")
+    message["key"] = key
+    if limit is not None:
+        message["limit"] = limit
+    return message
+
+
 # --------------------------------------------------------------------------- field readers
 
 
@@ -203,6 +212,11 @@ def _holder(body: Dict[str, Any]) -> Optional[Holder]:
     return None if value is None else Holder.from_wire(value)
 
 
+def _incident(body: Dict[str, Any]) -> Optional[KeyEvent]:
+    value = _field(body, "incident", False)
+    return None if value is None else KeyEvent.from_wire(value)
+
+
 @dataclass(frozen=True)
 class Grant:
     """One key granted by ``acquire`` (SPEC 7.2 ``Lease``)."""
@@ -240,6 +254,46 @@ class LeaseInfo:
 
 
 @dataclass(frozen=True)
+class KeyEvent:
+    """One entry of a key's history (SPEC 7.6): what happened, when (ms since
+    the epoch, by ``clock``: ``store`` or ``agent``), to which token, and who
+    acted (for ``expired`` and ``lost``: whose lease it was; pid 0 where no
+    client acted). ``kind`` is ``granted``, ``released``, ``forced``,
+    ``broken``, ``expired``, ``lost`` or ``adopted`` (or a newer agent's
+    value, kept as is); ``from_token`` is the token taken over by a force or
+    break."""
+
+    kind: str
+    at_ms: int
+    clock: str
+    token: int
+    host: str
+    agent_id: str
+    pid: int
+    uid: int
+    user: str
+    from_token: Optional[int] = None
+    reason: str = ""
+
+    @classmethod
+    def from_wire(cls, value: Any) -> "KeyEvent":
+        body = _map(value, "event")
+        return cls(
+            kind=_str(body, "kind"),
+            at_ms=_int(body, "at_ms"),
+            clock=_str(body, "clock"),
+            token=_int(body, "token"),
+            host=_str(body, "host"),
+            agent_id=_str(body, "agent_id"),
+            pid=_int(body, "pid", limit=_U32),
+            uid=_int(body, "uid", limit=_U32),
+            user=_str(body, "user"),
+            from_token=_int(body, "from_token", required=False),
+            reason=_str(body, "reason", required=False) or "",
+        )
+
+
+@dataclass(frozen=True)
 class KeyRecord:
     """A key's record in the backend, as ``inspect()`` reports it (SPEC 7.4).
 
@@ -253,6 +307,8 @@ class KeyRecord:
     scope: str
     holder: Optional[Holder] = None
     expires_in_ms: Optional[int] = None
+    #: The key's last force, break, expiry or loss, when its history holds one.
+    incident: Optional[KeyEvent] = None
 
 
 # --------------------------------------------------------------------------- agent messages
@@ -311,6 +367,15 @@ class Record:
     """Answer to ``inspect``."""
 
     record: KeyRecord
+    id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Events:
+    """Answer to ``history``: the key's latest events, oldest first."""
+
+    key: str
+    events: Tuple[KeyEvent, ...]
     id: Optional[int] = None
 
 
@@ -390,7 +455,8 @@ class Unknown:
 
 
 AgentMessage = Union[
-    Welcome, Acquired, Released, Leases, Record, Empty, Error, Lost, Renewed, Restarting, Unknown
+    Welcome, Acquired, Released, Leases, Record, Events, Empty, Error, Lost, Renewed, Restarting,
+    Unknown,
 ]
 
 
@@ -442,8 +508,15 @@ def parse_agent(body: Dict[str, Any]) -> AgentMessage:
             scope=_str(body, "scope"),
             holder=_holder(body),
             expires_in_ms=_int(body, "expires_in_ms", required=False),
+            incident=_incident(body),
         )
         return Record(record=record, id=request_id)
+    if kind == "events":
+        return Events(
+            key=_str(body, "key"),
+            events=tuple(KeyEvent.from_wire(v) for v in _list(body, "events")),
+            id=request_id,
+        )
     if kind in ("attached", "pong"):
         return Empty(type=kind, id=request_id)
     if kind == "error":

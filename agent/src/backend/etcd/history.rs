@@ -1,0 +1,119 @@
+//! A key's history on etcd. The held key is deleted at release and when its
+//! etcd lease runs out, so its history lives beside it in a key of its own,
+//! under `.history/` and on no lease, written in the same transaction as
+//! each grant and release, on condition that it is as this agent last saw
+//! it (its mod revision): no operation needs a request of its own.
+//!
+//! A grant's token is the revision of the transaction that writes it, known
+//! only once written, so the events a write appends carry token 0 and read
+//! as the revision of the write that made the history key's value (its mod
+//! revision): only the latest write's events can carry 0.
+
+use crate::backend::history::{self, Stamp};
+use etcd_client::KeyValue;
+use runlock_protocol::{EventKind, KeyEvent};
+
+/// A history as read: the history key's mod revision (0: absent) and its
+/// events, tokens filled in.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Kept {
+    pub(super) revision: i64,
+    pub(super) events: Vec<KeyEvent>,
+}
+
+impl Kept {
+    /// The history in `kv` (absent: empty); `None` when it cannot be read.
+    pub(super) fn read(kv: Option<&KeyValue>) -> Option<Kept> {
+        let Some(kv) = kv else {
+            return Some(Kept::default());
+        };
+        let events: Vec<KeyEvent> = serde_json::from_slice(kv.value()).ok()?;
+        Some(Kept {
+            revision: kv.mod_revision(),
+            events: filled(events, kv.mod_revision() as u64),
+        })
+    }
+
+    /// The events after the grant of a key found absent: an `expired` one
+    /// first when the last recorded lease has no recorded end (its etcd
+    /// lease ran out, and etcd deleted the key), then `grant` (token 0).
+    pub(super) fn after_grant(&self, grant: KeyEvent) -> Vec<KeyEvent> {
+        let mut events = self.events.clone();
+        let open = events.last().filter(|e| {
+            matches!(
+                e.kind,
+                EventKind::Granted | EventKind::Forced | EventKind::Adopted
+            )
+        });
+        if let Some(open) = open.cloned() {
+            let mut expired = KeyEvent {
+                kind: EventKind::Expired,
+                pid: 0,
+                from_token: None,
+                reason: "its etcd lease ran out with no release recorded".to_string(),
+                ..open
+            };
+            let now = Stamp::agent_now();
+            (expired.at_ms, expired.clock) = (now.at_ms, now.clock);
+            history::push(&mut events, expired);
+        }
+        history::push(&mut events, grant);
+        events
+    }
+}
+
+/// `events` with the tokens a write left to its own revision filled in.
+pub(super) fn filled(mut events: Vec<KeyEvent>, revision: u64) -> Vec<KeyEvent> {
+    for event in events.iter_mut().filter(|e| e.token == 0) {
+        event.token = revision;
+    }
+    events
+}
+
+/// The history key's value.
+pub(super) fn body(events: &[KeyEvent]) -> Vec<u8> {
+    // invariant: events are plain strings and numbers, which always serialize
+    serde_json::to_vec(events).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::fixtures::spec;
+    use std::time::Duration;
+
+    fn grant(token: u64) -> KeyEvent {
+        let spec = spec("k", "l", false, Duration::from_secs(30));
+        history::event(EventKind::Granted, &spec.holder, token, Stamp::agent_now())
+    }
+
+    #[test]
+    fn a_grant_after_a_lease_with_no_recorded_end_records_its_expiry() {
+        let kept = Kept {
+            revision: 9,
+            events: vec![grant(9)],
+        };
+        let events = filled(kept.after_grant(grant(0)), 12);
+        let got: Vec<_> = events.iter().map(|e| (e.kind, e.token, e.pid)).collect();
+        assert_eq!(
+            got,
+            [
+                (EventKind::Granted, 9, 7),
+                (EventKind::Expired, 9, 0),
+                (EventKind::Granted, 12, 7),
+            ]
+        );
+        let mut released = grant(9);
+        released.kind = EventKind::Released;
+        let ended = Kept {
+            revision: 10,
+            events: vec![grant(9), released],
+        };
+        assert_eq!(
+            ended.after_grant(grant(0)).len(),
+            3,
+            "no expiry after a release"
+        );
+        assert_eq!(Kept::read(None), Some(Kept::default()));
+    }
+}
