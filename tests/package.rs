@@ -64,6 +64,7 @@ const FILES: &[&str] = &[
     "usr/share/doc/runlock/copyright",
     "usr/share/fish/vendor_completions.d/runlock.fish",
     "usr/share/fish/vendor_completions.d/runlockd.fish",
+    "usr/share/man/man1/runlock-history.1.gz",
     "usr/share/man/man1/runlock-inspect.1.gz",
     "usr/share/man/man1/runlock-release.1.gz",
     "usr/share/man/man1/runlock-run.1.gz",
