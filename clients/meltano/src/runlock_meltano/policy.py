@@ -13,6 +13,8 @@ import os
 
 import runlock
 
+from .errors import LockUnavailable
+
 try:  # Python 3.11+; older Pythons read no configuration file (as the client)
     import tomllib as _toml
 except ImportError:  # pragma: no cover - depends on the interpreter
@@ -67,3 +69,17 @@ def agent_unreachable(err: runlock.RunlockError) -> bool:
     if not isinstance(err, runlock.Unavailable):
         return False
     return not err.message.startswith("agent busy")
+
+
+def go_on_unlocked(state_id: str, err: runlock.RunlockError, doing: str) -> None:
+    """Returns when ``err`` means the agent could not be asked and the host's
+    ``on_unavailable`` lets ``doing`` (say, "running") go on without a lock,
+    warning loudly under ``warn``; raises :class:`LockUnavailable` otherwise,
+    and for any other refusal (forbidden, invalid key, …)."""
+    if not agent_unreachable(err):
+        raise LockUnavailable(state_id, err) from None
+    policy = on_unavailable()
+    if policy is OnUnavailable.FAIL:
+        raise LockUnavailable(state_id, err) from None
+    if policy is OnUnavailable.WARN:
+        _log.warning("runlock: WARNING: %s %r WITHOUT A LOCK (on_unavailable = warn): %s", doing, state_id, err.message)

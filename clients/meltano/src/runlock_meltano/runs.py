@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 import runlock
 
 from . import invocation
-from .errors import LockUnavailable, RunHeld, StaleRun, describe
-from .policy import OnUnavailable, agent_unreachable, on_unavailable
+from .errors import RunHeld, StaleRun, describe
+from .policy import go_on_unlocked
 
 _log = logging.getLogger("runlock_meltano")
 
@@ -89,7 +89,7 @@ class RunLocks:
         except runlock.Held as err:
             raise RunHeld(state_id, err.holder) from None
         except runlock.RunlockError as err:
-            self._unlocked(state_id, err)
+            go_on_unlocked(state_id, err, "running")
             return RunLease(state_id, None)
         if not self._exit_hook:
             # The connection's end releases anyway; releasing first says so in the agent's log.
@@ -97,19 +97,6 @@ class RunLocks:
             self._exit_hook = True
         _log.info("runlock: locked %r for this run (token %d%s)", state_id, lease.token, ", forced" if force else "")
         return RunLease(state_id, lease.token, lease)
-
-    def _unlocked(self, state_id: str, err: runlock.RunlockError) -> None:
-        """The agent could not be asked: ``on_unavailable`` decides; any other
-        refusal (forbidden, invalid key, …) stops the run."""
-        if not agent_unreachable(err):
-            raise LockUnavailable(state_id, err) from None
-        policy = on_unavailable()
-        if policy is OnUnavailable.FAIL:
-            raise LockUnavailable(state_id, err) from None
-        if policy is OnUnavailable.WARN:
-            _log.warning(
-                "runlock: WARNING: running %r WITHOUT A LOCK (on_unavailable = warn): %s", state_id, err.message
-            )
 
     @staticmethod
     def _on_lost(event: runlock.LostEvent) -> None:
@@ -133,7 +120,7 @@ class RunLocks:
         try:
             record = runlock.inspect(state_id)
         except runlock.RunlockError as err:
-            self._unlocked(state_id, err)
+            go_on_unlocked(state_id, err, "writing the state of")
             return
         if record.state != "held" or record.token != held.token:
             why = f"the store's record is {record.state} with token {record.token}"

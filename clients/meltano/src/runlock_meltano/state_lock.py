@@ -7,17 +7,14 @@ as it does with Meltano's own lock.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import runlock
 
-from .errors import LockUnavailable, describe
-from .policy import OnUnavailable, agent_unreachable, on_unavailable
+from .errors import describe
+from .policy import go_on_unlocked
 from meltano.core.state_store.base import StateIDLockedError
-
-_log = logging.getLogger("runlock_meltano")
 
 #: The state lock's key is this, then the state ID.
 KEY_PREFIX = "meltano-state-write:"
@@ -49,14 +46,5 @@ def _take(state_id: str, wait: float) -> runlock.Lease | None:
             f"(waited {wait:g} s)"
         ) from None
     except runlock.RunlockError as err:
-        if not agent_unreachable(err):
-            raise LockUnavailable(state_id, err) from None
-        policy = on_unavailable()
-        if policy is OnUnavailable.FAIL:
-            raise LockUnavailable(state_id, err) from None
-        if policy is OnUnavailable.WARN:
-            _log.warning(
-                "runlock: WARNING: writing the state of %r WITHOUT A LOCK (on_unavailable = warn): %s",
-                state_id, err.message,
-            )
+        go_on_unlocked(state_id, err, "writing the state of")
         return None
