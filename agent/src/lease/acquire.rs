@@ -529,16 +529,7 @@ mod tests {
             calls: Default::default(),
             let_first_answer: Default::default(),
         });
-        let identity = Identity {
-            host: "test-host".into(),
-            agent_id: "agent-1".into(),
-            uid: 0,
-        };
-        let registry = Registry::new(
-            backend.clone(),
-            identity,
-            Policy::with_ttl(Duration::from_secs(30)),
-        );
+        let registry = agent(backend.clone(), "agent-1");
         let (first, _first_events) = connect(&registry, ROOT);
         let (second, mut second_events) = connect(&registry, ROOT);
         let shared = registry.clone();
@@ -641,15 +632,7 @@ mod tests {
     async fn a_new_agent_adopts_a_handed_over_lease_with_its_token() {
         use crate::backend::cas::{CasEngine, MemoryCasStore};
         let store = Arc::new(MemoryCasStore::new());
-        let agent = |id: &str| {
-            let identity = Identity {
-                host: "h".into(),
-                agent_id: id.into(),
-                uid: 0,
-            };
-            let engine = Arc::new(CasEngine::new(store.clone(), ""));
-            Registry::new(engine, identity, Policy::with_ttl(Duration::from_secs(30)))
-        };
+        let agent = |id: &str| agent(Arc::new(CasEngine::new(store.clone(), "")), id);
         let old = agent("old");
         let (conn, mut events) = connect(&old, ROOT);
         let granted = old

@@ -134,18 +134,7 @@ mod tests {
             store: Arc::new(MemoryBackend::default()),
             released,
         });
-        let agent = |id: &str| {
-            let identity = Identity {
-                host: "test-host".into(),
-                agent_id: id.into(),
-                uid: 0,
-            };
-            Registry::new(
-                backend.clone(),
-                identity,
-                Policy::with_ttl(Duration::from_secs(30)),
-            )
-        };
+        let agent = |id: &str| agent(backend.clone(), id);
         let (a, b) = (agent("agent-a"), agent("agent-b"));
         let (holder, _a_events) = connect(&a, ROOT);
         let held = take(&a, holder, &["k"]).await.expect("free");

@@ -4,7 +4,7 @@ pub(super) use super::{
     AcquireRequest, ConnId, Event, Events, Granted, Identity, LeaseError, PeerCred, Policy,
     Registry,
 };
-pub(super) use crate::backend::MemoryBackend;
+pub(super) use crate::backend::{MemoryBackend, ProfiledBackend};
 pub(super) use crate::process::Peer;
 pub(super) use runlock_protocol::{Key, Lease, OnLost};
 pub(super) use std::sync::Arc;
@@ -19,16 +19,27 @@ pub(super) const ROOT: PeerCred = PeerCred {
 };
 
 pub(super) fn registry() -> Arc<Registry> {
+    agent(Arc::new(MemoryBackend::default()), "agent-1")
+}
+
+/// A registry over `store` with a 30 s TTL: the agent `agent_id` on
+/// "test-host", as several agents sharing one store are in a test.
+pub(super) fn agent(store: impl Into<ProfiledBackend>, agent_id: &str) -> Arc<Registry> {
+    agent_with(store, agent_id, Policy::with_ttl(Duration::from_secs(30)))
+}
+
+/// The same, under `policy`.
+pub(super) fn agent_with(
+    store: impl Into<ProfiledBackend>,
+    agent_id: &str,
+    policy: Policy,
+) -> Arc<Registry> {
     let identity = Identity {
         host: "test-host".into(),
-        agent_id: "agent-1".into(),
+        agent_id: agent_id.into(),
         uid: 0,
     };
-    Registry::new(
-        Arc::new(MemoryBackend::default()),
-        identity,
-        Policy::with_ttl(Duration::from_secs(30)),
-    )
+    Registry::new(store, identity, policy)
 }
 
 pub(super) fn request(keys: &[&str], wait: Duration, force: bool) -> AcquireRequest {
