@@ -124,6 +124,17 @@ async fn what_another_user_holds_reaches_roots_terminal_escaped() -> Result<()> 
     ensure!(command.contains(HOSTILE_PROGRAM), "{leases}");
     ensure!(leases[0]["child_pid"] == ready.pid, "{leases}");
 
+    // The key's history names who took it (by the agent's own records of the
+    // peer), never the command line, and prints as safely.
+    let history = output(&agent, &["history", &k]).await?;
+    ensure!(history.status.success(), "{history:?}");
+    let text = terminal_safe("history", &history.stdout)?;
+    ensure!(text.contains("granted token 1 to nobody@"), "{text}");
+    ensure!(
+        !text.contains("pwned") && !text.contains("forged"),
+        "the history shows a command line: {text}"
+    );
+
     theirs.end();
     theirs.finish().await?.expect_code(0)
 }
