@@ -188,7 +188,9 @@ impl Connection {
     /// Waits (bounded) for `hello`; anything else is refused and closes the connection.
     async fn handshake(&mut self) -> Result<bool, ProtocolError> {
         let limit = self.limits.handshake_timeout;
-        let Ok(frame) = tokio::time::timeout(limit, self.next_frame()).await else {
+        // The handshake's own deadline bounds a partial hello too: the frame
+        // timer would race it and name the wrong limit.
+        let Ok(frame) = tokio::time::timeout(limit, self.transport.next()).await else {
             let message = format!(
                 "no hello within {}; closing the connection",
                 humantime::format_duration(limit)
