@@ -85,6 +85,7 @@ async fn member_holding(agent: &TestAgent, key: &str) -> Result<RawClient> {
         RawClient::connect_as(agent.socket(), NOBODY, NOBODY, &[RUNLOCK_GROUP]).await?;
     member.hello().await?;
     let acquire = ClientMessage::Acquire {
+        slots: 1,
         keys: vec![key.to_string()],
         ttl_ms: None,
         wait_ms: 0,

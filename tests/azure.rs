@@ -66,6 +66,8 @@ fn spec(key: &str, lease: &str) -> Result<AcquireSpec> {
         key: Key::new(key)?,
         lease_id: lease.into(),
         holder: Holder {
+            slot: None,
+            slots: None,
             host: format!("host-of-{lease}"),
             agent_id: format!("agent-of-{lease}"),
             pid: 1,

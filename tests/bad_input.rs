@@ -240,6 +240,7 @@ async fn a_second_outstanding_acquire_is_refused_and_the_first_goes_on() -> Resu
     let mut waiter = agent.client().await?;
     let first = waiter
         .send(ClientMessage::Acquire {
+            slots: 1,
             keys: vec![k.clone()],
             ttl_ms: None,
             wait_ms: 10_000,
@@ -258,6 +259,7 @@ async fn a_second_outstanding_acquire_is_refused_and_the_first_goes_on() -> Resu
     let lease_ids = leases.into_iter().map(|l| l.lease_id).collect();
     let released = holder
         .call(ClientMessage::Release {
+            slot: None,
             lease_ids,
             key: None,
         })
@@ -380,6 +382,7 @@ async fn malformed_requests_get_bad_request_and_the_connection_stays() -> Result
     let agent = TestAgent::start_on(Backend::File).await?;
     let mut client = agent.client().await?;
     let with_ttl = |ttl_ms| ClientMessage::Acquire {
+        slots: 1,
         keys: vec![key("ttl")],
         ttl_ms: Some(ttl_ms),
         wait_ms: 0,
@@ -392,10 +395,12 @@ async fn malformed_requests_get_bad_request_and_the_connection_stays() -> Result
         with_ttl(999),
         with_ttl(86_400_001),
         ClientMessage::Release {
+            slot: None,
             lease_ids: Vec::new(),
             key: None,
         },
         ClientMessage::Release {
+            slot: None,
             lease_ids: vec!["x".into()],
             key: Some("k".into()),
         },
@@ -444,6 +449,7 @@ async fn releasing_another_connections_lease_is_not_owner_and_releases_nothing()
     ids.extend(theirs.iter().cloned());
     let reply = other
         .call(ClientMessage::Release {
+            slot: None,
             lease_ids: ids,
             key: None,
         })
@@ -459,6 +465,7 @@ async fn releasing_another_connections_lease_is_not_owner_and_releases_nothing()
     ensure!(other.is_held(&k).await?, "the owner's lease was released");
     let reply = owner
         .call(ClientMessage::Release {
+            slot: None,
             lease_ids: theirs,
             key: None,
         })

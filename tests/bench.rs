@@ -555,6 +555,7 @@ fn acquired(reply: AgentMessage) -> Result<String> {
 
 async fn release(conn: &mut RawClient, lease_id: String) -> Result<()> {
     let request = ClientMessage::Release {
+        slot: None,
         lease_ids: vec![lease_id],
         key: None,
     };
@@ -707,6 +708,7 @@ async fn gcs_acquire_all(conn: &mut RawClient, round: &str) -> Result<Vec<Durati
         }
     }
     let release = ClientMessage::Release {
+        slot: None,
         lease_ids,
         key: None,
     };
@@ -1043,6 +1045,7 @@ async fn many_leases(_scratch: &Path) -> Result<Rows> {
             .map(|i| format!("lease-{i}"))
             .collect();
         let request = ClientMessage::Acquire {
+            slots: 1,
             keys,
             ttl_ms: None,
             wait_ms: 0,
@@ -1298,6 +1301,7 @@ async fn start_agent(uri: &str, extra: &[&str], env: &[(&str, &str)]) -> Result<
 
 fn acquire(key: &str, wait_ms: u64) -> ClientMessage {
     ClientMessage::Acquire {
+        slots: 1,
         keys: vec![key.to_string()],
         ttl_ms: None,
         wait_ms,
@@ -1316,6 +1320,7 @@ async fn pair(conn: &mut RawClient, key: &str) -> Result<(Duration, Duration)> {
     let acquired = Instant::now();
     match conn
         .call(ClientMessage::Release {
+            slot: None,
             lease_ids: vec![lease_id],
             key: None,
         })

@@ -538,6 +538,7 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
     // The lost lease is no longer the holder's to release.
     let reply = holder
         .call(ClientMessage::Release {
+            slot: None,
             lease_ids: vec![old.lease_id.clone()],
             key: None,
         })
@@ -547,6 +548,7 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
     let mut breaker = agent.client().await?;
     let reply = breaker
         .call(ClientMessage::Release {
+            slot: None,
             lease_ids: Vec::new(),
             key: Some(k.clone()),
         })
@@ -562,6 +564,7 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
     }
     let reply = breaker
         .call(ClientMessage::Release {
+            slot: None,
             lease_ids: Vec::new(),
             key: Some(k.clone()),
         })

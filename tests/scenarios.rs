@@ -612,6 +612,7 @@ async fn the_history_costs_no_store_request(store: impl Store) -> Result<()> {
     let agent = TestAgent::start_with_env(AgentOptions::new(&uri), &store.env(&proxied)).await?;
     let mut conn: RawClient = agent.client().await?;
     let acquire = |k: &str| ClientMessage::Acquire {
+        slots: 1,
         keys: vec![k.to_string()],
         ttl_ms: Some(60_000),
         wait_ms: 0,
@@ -628,6 +629,7 @@ async fn the_history_costs_no_store_request(store: impl Store) -> Result<()> {
         };
         let acquired = requests.load(Ordering::SeqCst);
         let release = ClientMessage::Release {
+            slot: None,
             lease_ids: vec![lease_id],
             key: None,
         };

@@ -438,6 +438,7 @@ impl Connection {
                 force,
                 command,
                 on_lost,
+                slots,
             } => {
                 if acquire.task.is_some() {
                     Err(WireError::new(
@@ -452,6 +453,7 @@ impl Connection {
                         force,
                         command,
                         on_lost,
+                        slots,
                     };
                     if req.wait.is_zero() {
                         // Nothing to wait for, so nothing to abandon: no task needed,
@@ -464,7 +466,11 @@ impl Connection {
                     }
                 }
             }
-            ClientMessage::Release { lease_ids, key } => match (lease_ids.is_empty(), key) {
+            ClientMessage::Release {
+                lease_ids,
+                key,
+                slot,
+            } => match (lease_ids.is_empty(), key) {
                 (false, None) => self
                     .registry
                     .release(conn, &lease_ids)
@@ -472,7 +478,7 @@ impl Connection {
                     .map_err(wire_error),
                 (true, Some(key)) => self
                     .registry
-                    .break_key(conn, &key)
+                    .break_key(conn, &key, slot.unwrap_or(0))
                     .await
                     .map_err(wire_error),
                 _ => Err(WireError::new(
@@ -597,12 +603,13 @@ fn millis_left(at: tokio::time::Instant) -> u64 {
 fn wire_error(err: LeaseError) -> WireError {
     match err {
         // The backend's own wording, about the key.
-        LeaseError::Backend { key, source } => source.to_wire(&key),
+        LeaseError::Backend { key, source } => source.to_wire(&key.base()),
         err => WireError {
             code: err.code(),
             message: err.to_string(),
             key: err.key(),
             holder: err.holder().cloned().map(Box::new),
+            holders: err.holders().to_vec(),
         },
     }
 }
@@ -624,10 +631,10 @@ fn event_message(event: Event) -> AgentMessage {
             holder,
         } => AgentMessage::Lost {
             lease_id,
-            key: key.to_string(),
+            key: key.split_slot().0.to_string(),
             reason: loss.reason(),
             message: loss.to_string(),
-            holder,
+            holder: holder.map(|h| *h),
         },
     }
 }

@@ -218,6 +218,8 @@ async fn find_postgres(
 /// The run, and the holder peers are shown for it.
 fn legacy_run(run_id: String, started_at_ms: Option<i64>) -> LegacyRun {
     let holder = Holder {
+        slot: None,
+        slots: None,
         host: HOLDER_HOST.to_string(),
         agent_id: String::new(),
         pid: 0,

@@ -532,6 +532,8 @@ mod tests {
             key: key.clone(),
             lease_id: "l1".into(),
             holder: Holder {
+                slot: None,
+                slots: None,
                 host: "h".into(),
                 agent_id: "a".into(),
                 pid: 1,

@@ -81,6 +81,8 @@ mod tests {
 
     fn holder_of(uid: u32, command: &str) -> Holder {
         Holder {
+            slot: None,
+            slots: None,
             host: "h".into(),
             agent_id: "a".into(),
             pid: 1,

@@ -27,6 +27,8 @@ pub enum ErrorCode {
     BadRequest,
     /// The agent failed; details are in its log.
     Internal,
+    /// The key is held with another number of slots than asked; `holders` says who.
+    SlotsMismatch,
     /// A code this build does not know.
     #[serde(other)]
     Unknown,
@@ -46,6 +48,7 @@ impl ErrorCode {
             ErrorCode::UnsupportedVersion => "unsupported_version",
             ErrorCode::BadRequest => "bad_request",
             ErrorCode::Internal => "internal",
+            ErrorCode::SlotsMismatch => "slots_mismatch",
             ErrorCode::Unknown => "unknown",
         }
     }
@@ -65,6 +68,10 @@ pub struct WireError {
     /// Who holds the key, with `held` and `timeout` (boxed: errors stay small).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<Box<Holder>>,
+    /// For a key with slots: the holder of every held slot (`held`,
+    /// `timeout`, `slots_mismatch`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<Holder>,
 }
 
 impl WireError {
@@ -75,6 +82,7 @@ impl WireError {
             message: message.into(),
             key: None,
             holder: None,
+            holders: Vec::new(),
         }
     }
 }

@@ -39,6 +39,14 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
 fn is_zero_u32(n: &u32) -> bool {
     *n == 0
 }
@@ -80,6 +88,9 @@ pub enum ClientMessage {
         /// What the agent does to an attached run whose client is gone when a lease is lost.
         #[serde(default)]
         on_lost: OnLost,
+        /// How many holders each key admits at once (1: a plain key).
+        #[serde(default = "one", skip_serializing_if = "is_one")]
+        slots: u32,
     },
     /// Releases leases this connection holds (`lease_ids`), or breaks whoever
     /// holds `key` (subject to force rights).
@@ -90,6 +101,9 @@ pub enum ClientMessage {
         /// A key to break, whoever holds it.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         key: Option<String>,
+        /// With `key`: the slot to break, for a key with slots.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        slot: Option<u32>,
     },
     /// Names the run's process, so the agent can stop it when a lease is lost
     /// after the client itself is gone. Applies to every lease of the connection.

@@ -228,6 +228,7 @@ mod tests {
             4,
             crate::ClientMessage::Reattach {
                 leases: vec![crate::Lease {
+                    slot: None,
                     key: "k".into(),
                     lease_id: "l".into(),
                     token: 3,

@@ -50,7 +50,38 @@ impl Key {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// The key of the record that slot `slot` of this key is kept in: the
+    /// key itself for slot 0, else the key, U+001F and the slot's number.
+    /// No valid key holds a control character, so a slot's record never
+    /// clashes with a key's (SPEC 13).
+    pub fn slot_record(&self, slot: u32) -> Key {
+        match slot {
+            0 => self.clone(),
+            n => Key(format!("{}{SLOT_SEPARATOR}{n}", self.0)),
+        }
+    }
+
+    /// The key a slot record belongs to and the slot's number (0 for a key's
+    /// own record).
+    pub fn split_slot(&self) -> (&str, u32) {
+        match self.0.rsplit_once(SLOT_SEPARATOR) {
+            Some((base, n)) => (base, n.parse().unwrap_or(0)),
+            None => (&self.0, 0),
+        }
+    }
+
+    /// The key a slot record belongs to, as peers name it.
+    pub fn base(&self) -> Key {
+        Key(self.split_slot().0.to_string())
+    }
 }
+
+/// Joins a key and a slot number in a slot record's key.
+const SLOT_SEPARATOR: char = '\u{1f}';
+
+/// The most slots a key may have.
+pub const MAX_SLOTS: u32 = 64;
 
 impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -87,6 +118,12 @@ pub struct Holder {
     pub acquired_at_ms: u64,
     /// The fencing token of the lease.
     pub token: u64,
+    /// The slot held, for a key with slots (0-based).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u32>,
+    /// How many slots the key was taken with; absent for a plain key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u32>,
 }
 
 /// One key granted by an `acquire`.
@@ -96,8 +133,12 @@ pub struct Lease {
     pub key: String,
     /// The lease's id, unique across agents and restarts.
     pub lease_id: String,
-    /// The fencing token: larger than every earlier token of this key.
+    /// The fencing token: larger than every earlier token of this key (of
+    /// this slot, for a key with slots).
     pub token: u64,
+    /// The slot granted, for a key with slots (0-based).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u32>,
 }
 
 /// One lease as `list` reports it.
@@ -163,6 +204,12 @@ pub struct KeyRecord {
     /// The key's last force, break, expiry or loss, when its history holds one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub incident: Option<Box<KeyEvent>>,
+    /// For a key with slots: how many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slots: Option<u32>,
+    /// For a key with slots: the holder of every held slot, by slot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub holders: Vec<Holder>,
 }
 
 /// What happened to a key, as its history records it.
@@ -240,6 +287,9 @@ pub struct KeyEvent {
     /// Why, for people; empty when the kind says it all.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub reason: String,
+    /// The slot the event is about, for a key with slots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u32>,
 }
 
 /// What a run does when the agent or the backend cannot be reached: the

@@ -31,7 +31,7 @@ pub fn for_error(code: ErrorCode) -> u8 {
     match code {
         ErrorCode::Held | ErrorCode::Timeout => EXIT_HELD,
         ErrorCode::Unavailable => EXIT_UNAVAILABLE,
-        ErrorCode::InvalidKey | ErrorCode::BadRequest => EXIT_USAGE,
+        ErrorCode::InvalidKey | ErrorCode::BadRequest | ErrorCode::SlotsMismatch => EXIT_USAGE,
         ErrorCode::Forbidden | ErrorCode::NotOwner => EXIT_FORBIDDEN,
         ErrorCode::Unsupported
         | ErrorCode::UnsupportedVersion

@@ -47,6 +47,7 @@ pub fn hello() -> ClientMessage {
 /// A minimal `acquire` of `keys` that does not wait.
 pub fn acquire(keys: &[&str]) -> ClientMessage {
     ClientMessage::Acquire {
+        slots: 1,
         keys: keys.iter().map(|k| k.to_string()).collect(),
         ttl_ms: None,
         wait_ms: 0,

@@ -10,6 +10,8 @@ pub fn spec(key: &str, lease: &str, force: bool, ttl: Duration) -> AcquireSpec {
         key: Key::new(key).expect("a valid key"),
         lease_id: lease.into(),
         holder: Holder {
+            slot: None,
+            slots: None,
             host: format!("host-of-{lease}"),
             agent_id: format!("agent-of-{lease}"),
             pid: 7,

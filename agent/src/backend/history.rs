@@ -48,6 +48,7 @@ impl Stamp {
 /// is never kept: it may hold secrets, and the history outlives the lease).
 pub fn event(kind: EventKind, who: &Holder, token: u64, at: Stamp) -> KeyEvent {
     KeyEvent {
+        slot: None,
         kind,
         at_ms: at.at_ms,
         clock: at.clock,

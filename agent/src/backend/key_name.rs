@@ -7,10 +7,18 @@ use std::fmt::Write as _;
 
 /// Bytes outside `[A-Za-z0-9._-]` become `%XX` (a leading `.` too, so names
 /// never clash with our own dot files); names too long for a file system
-/// become `%sha256-…`, which no escaped key can spell.
+/// become `%sha256-…`, which no escaped key can spell. Slot `i ≥ 1` of a
+/// key is the key's name, `#` and `i`: no escaped key holds a `#`.
 pub fn escaped(key: &Key) -> String {
+    match key.split_slot() {
+        (base, 0) => escaped_str(base),
+        (base, slot) => format!("{}#{slot}", escaped_str(base)),
+    }
+}
+
+fn escaped_str(key: &str) -> String {
     let mut name = String::new();
-    for (i, b) in key.as_str().bytes().enumerate() {
+    for (i, b) in key.bytes().enumerate() {
         if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || (b == b'.' && i > 0) {
             name.push(b as char);
         } else {
@@ -18,13 +26,12 @@ pub fn escaped(key: &Key) -> String {
         }
     }
     if name.len() > 200 {
-        name = Sha256::digest(key.as_str().as_bytes()).iter().fold(
-            String::from("%sha256-"),
-            |mut s, b| {
+        name = Sha256::digest(key.as_bytes())
+            .iter()
+            .fold(String::from("%sha256-"), |mut s, b| {
                 let _ = write!(s, "{b:02x}");
                 s
-            },
-        );
+            });
     }
     name
 }
@@ -42,5 +49,10 @@ mod tests {
         assert!(k(&"é".repeat(200)).starts_with("%sha256-"));
         assert!(k(&"é".repeat(200)).len() < 250);
         assert_ne!(k(&"é".repeat(200)), k(&"é".repeat(199)));
+        let slot = |s: &str, n| escaped(&Key::new(s).expect("valid").slot_record(n));
+        assert_eq!(slot("a#1", 0), "a%231");
+        assert_eq!(slot("a", 1), "a#1");
+        assert_ne!(slot("a", 1), slot("a#1", 0));
+        assert!(slot(&"é".repeat(200), 3).ends_with("#3"));
     }
 }

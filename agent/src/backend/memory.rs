@@ -114,6 +114,8 @@ impl Backend for MemoryBackend {
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
         self.with_record(key, |record| {
             Ok(KeyRecord {
+                slots: None,
+                holders: Vec::new(),
                 key: key.to_string(),
                 state: if record.held.is_some() {
                     KeyState::Held

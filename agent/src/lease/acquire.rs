@@ -38,6 +38,8 @@ pub struct AcquireRequest {
     pub command: String,
     /// What to do to the attached run when a lease is lost after the client is gone.
     pub on_lost: OnLost,
+    /// How many holders each key admits at once (1: a plain key).
+    pub slots: u32,
 }
 
 /// What `acquire` and `reattach` hand back.
@@ -269,6 +271,7 @@ impl Registry {
                 };
                 let viewer = self.viewer(conn);
                 return Err(LeaseError::Held {
+                    holders: Vec::new(),
                     key,
                     waited: req.wait,
                     holder: last_holder.map(|h| Box::new(self.show(&h, viewer))),
@@ -353,6 +356,7 @@ impl Registry {
                 drop(state);
                 let viewer = self.viewer(conn);
                 return Err(LeaseError::Held {
+                    holders: Vec::new(),
                     key: spec.key,
                     waited: Duration::ZERO,
                     holder: Some(Box::new(self.show(&newer, viewer))),
@@ -391,6 +395,7 @@ impl Registry {
         let valid_until = (self.capabilities.survives_agent && self.capabilities.lease_expires)
             .then(|| deadline(grant.sent, spec.ttl));
         let lease = Lease {
+            slot: None,
             key: spec.key.to_string(),
             lease_id,
             token: holder.token,
@@ -612,7 +617,7 @@ mod tests {
         );
         assert_eq!(
             registry
-                .break_key(conn, "k")
+                .break_key(conn, "k", 0)
                 .await
                 .expect_err("not allowed")
                 .code(),
@@ -697,6 +702,7 @@ mod tests {
         let (conn, _events) = connect(&registry, ROOT);
         assert!(!registry.hand_over());
         let lease = Lease {
+            slot: None,
             key: "k".into(),
             lease_id: "l".into(),
             token: 1,

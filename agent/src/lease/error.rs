@@ -7,7 +7,9 @@ use crate::process::AttachRefused;
 use crate::shown;
 use runlock_protocol::timing;
 use runlock_protocol::types::{InvalidKey, MAX_KEY_LEN};
-use runlock_protocol::{ErrorCode, EventKind, Holder, Key, KeyEvent, MAX_KEYS_PER_REQUEST};
+use runlock_protocol::{
+    ErrorCode, EventKind, Holder, Key, KeyEvent, MAX_KEYS_PER_REQUEST, MAX_SLOTS,
+};
 use std::fmt;
 use std::time::Duration;
 
@@ -70,7 +72,8 @@ pub enum LeaseError {
     NotHeldHere(String),
     /// A reattach names a lease the backend no longer holds as it was.
     #[error(
-        "lease {lease_id} on {key:?} is no longer held: it expired, was taken over or was released"
+        "lease {lease_id} on {} is no longer held: it expired, was taken over or was released",
+        Named(key)
     )]
     NoLongerHeld {
         /// Its key.
@@ -78,8 +81,26 @@ pub enum LeaseError {
         /// The lease.
         lease_id: String,
     },
+    /// `slots` outside 1..=MAX_SLOTS.
+    #[error("slots must be between 1 and {MAX_SLOTS}, got {0}")]
+    SlotsOutOfRange(u32),
+    /// A slot number no key can have.
+    #[error("slot {0} does not exist: slots are numbered from 0 to {max}", max = MAX_SLOTS - 1)]
+    NoSuchSlot(u32),
+    /// The key is held with another count of slots than asked.
+    #[error("{}", MismatchText { key, asked: *asked, held_with: *held_with, holders })]
+    SlotsMismatch {
+        /// The key.
+        key: Key,
+        /// The count this acquire asked.
+        asked: u32,
+        /// The count a live holder took it with.
+        held_with: u32,
+        /// The live holders, as the peer may see them.
+        holders: Vec<Holder>,
+    },
     /// The key is held: at once, or still after waiting `waited`.
-    #[error("{}", HeldText { key, waited: *waited, legacy: legacy.as_deref(), incident: incident.as_deref() })]
+    #[error("{}", HeldText { key, waited: *waited, legacy: legacy.as_deref(), incident: incident.as_deref(), slots: holders.len() })]
     Held {
         /// The key.
         key: Key,
@@ -87,6 +108,8 @@ pub enum LeaseError {
         waited: Duration,
         /// Who holds it, as the peer may see it, where known.
         holder: Option<Box<Holder>>,
+        /// For a key with slots: the holder of every slot.
+        holders: Vec<Holder>,
         /// The key's last force, break, expiry or loss, as the peer may see it.
         incident: Option<Box<KeyEvent>>,
         /// The holder is a legacy Meltano run, not a lease.
@@ -123,6 +146,8 @@ impl LeaseError {
             TooManyKeys(_) | NoKeys | TooManyLeases(_) | NoLeases | TtlOutOfRange { .. } => {
                 ErrorCode::BadRequest
             }
+            SlotsOutOfRange(_) | NoSuchSlot(_) => ErrorCode::BadRequest,
+            SlotsMismatch { .. } => ErrorCode::SlotsMismatch,
             AlreadyHeldHere(_) => ErrorCode::BadRequest,
             Forbidden { .. } => ErrorCode::Forbidden,
             NotHeldHere(_) | NoLongerHeld { .. } => ErrorCode::NotOwner,
@@ -140,9 +165,10 @@ impl LeaseError {
         match self {
             InvalidKey { key, .. } => Some(key.clone()),
             Forbidden { key, .. } => key.as_ref().map(Key::to_string),
-            NoLongerHeld { key, .. } | Held { key, .. } | Backend { key, .. } => {
-                Some(key.to_string())
-            }
+            NoLongerHeld { key, .. }
+            | Held { key, .. }
+            | Backend { key, .. }
+            | SlotsMismatch { key, .. } => Some(key.split_slot().0.to_string()),
             _ => None,
         }
     }
@@ -151,7 +177,16 @@ impl LeaseError {
     pub fn holder(&self) -> Option<&Holder> {
         match self {
             LeaseError::Held { holder, .. } => holder.as_deref(),
+            LeaseError::SlotsMismatch { holders, .. } => holders.first(),
             _ => None,
+        }
+    }
+
+    /// For a key with slots: every slot's holder.
+    pub fn holders(&self) -> &[Holder] {
+        match self {
+            LeaseError::Held { holders, .. } | LeaseError::SlotsMismatch { holders, .. } => holders,
+            _ => &[],
         }
     }
 }
@@ -165,6 +200,14 @@ pub(super) fn backend_on(key: &Key) -> impl FnOnce(BackendError) -> LeaseError +
 }
 
 /// The key, or why it is not one; written once for every request that names keys.
+/// The record of `slot` of `key`, if the slot can exist.
+pub(super) fn valid_slot(key: &Key, slot: u32) -> Result<Key, LeaseError> {
+    match slot < MAX_SLOTS {
+        true => Ok(key.slot_record(slot)),
+        false => Err(LeaseError::NoSuchSlot(slot)),
+    }
+}
+
 pub(super) fn valid_key(key: &str) -> Result<Key, LeaseError> {
     Key::new(key).map_err(|reason| LeaseError::InvalidKey {
         key: shown::cut(key, MAX_KEY_LEN),
@@ -185,21 +228,38 @@ impl fmt::Display for OnBackend<'_> {
 }
 
 /// The text of [`LeaseError::Held`].
+/// A key as a message names it: a slot's record by its key and slot.
+pub struct Named<'a>(pub &'a Key);
+
+impl fmt::Display for Named<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0.split_slot() {
+            (key, 0) => write!(f, "key {key:?}"),
+            (key, slot) => write!(f, "key {key:?} slot {slot}"),
+        }
+    }
+}
+
 struct HeldText<'a> {
     key: &'a Key,
     waited: Duration,
     legacy: Option<&'a LegacyRun>,
     incident: Option<&'a KeyEvent>,
+    slots: usize,
 }
 
 impl fmt::Display for HeldText<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let key = self.key;
+        let key = Named(self.key);
+        let what = match self.slots {
+            0 => "is held".to_string(),
+            n => format!("has all {n} slots held"),
+        };
         if self.waited.is_zero() {
-            write!(f, "key {key:?} is held")?;
+            write!(f, "{key} {what}")?;
         } else {
             let waited = humantime::format_duration(self.waited);
-            write!(f, "key {key:?} is still held after waiting {waited}")?;
+            write!(f, "{key} {what} still, after waiting {waited}")?;
         }
         if let Some(run) = self.legacy {
             write!(f, ": {}", legacy::explain(run))?;
@@ -214,6 +274,46 @@ impl fmt::Display for HeldText<'_> {
 /// A key's last incident in words: "last forced by ann@h (pid 7, token 9
 /// over 8) at 2026-…Z (agent clock)". The event was already cut to fit
 /// (`shown::event`); the shim escapes what it prints.
+struct MismatchText<'a> {
+    key: &'a Key,
+    asked: u32,
+    held_with: u32,
+    holders: &'a [Holder],
+}
+
+impl fmt::Display for MismatchText<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let plural = |n: u32| if n == 1 { "slot" } else { "slots" };
+        write!(
+            f,
+            "{} is held with {} {}, and this acquire asks {} {}: a key's slots are \
+             one count for every holder",
+            Named(self.key),
+            self.held_with,
+            plural(self.held_with),
+            self.asked,
+            plural(self.asked),
+        )?;
+        for (n, h) in self.holders.iter().enumerate() {
+            let sep = if n == 0 { "; held by" } else { "," };
+            let slots = h.slots.unwrap_or(1);
+            write!(
+                f,
+                "{sep} {}@{} (pid {}, {slots} {}",
+                h.user,
+                h.host,
+                h.pid,
+                plural(slots)
+            )?;
+            match h.slot {
+                Some(slot) => write!(f, ", slot {slot})")?,
+                None => write!(f, ")")?,
+            }
+        }
+        Ok(())
+    }
+}
+
 pub struct Incident<'a>(pub &'a KeyEvent);
 
 impl fmt::Display for Incident<'_> {
@@ -269,6 +369,7 @@ mod tests {
 
     fn held(waited: Duration, legacy: Option<LegacyRun>) -> LeaseError {
         LeaseError::Held {
+            holders: Vec::new(),
             key: key(),
             waited,
             holder: None,
@@ -280,6 +381,7 @@ mod tests {
     #[test]
     fn held_names_the_last_incident() {
         let event = KeyEvent {
+            slot: None,
             kind: EventKind::Forced,
             at_ms: 1_000,
             clock: runlock_protocol::Clock::Agent,
@@ -293,6 +395,7 @@ mod tests {
             reason: String::new(),
         };
         let err = LeaseError::Held {
+            holders: Vec::new(),
             key: key(),
             waited: Duration::ZERO,
             holder: None,
@@ -328,6 +431,8 @@ mod tests {
     #[test]
     fn a_legacy_run_is_named_after_the_held_text() {
         let holder = Holder {
+            slot: None,
+            slots: None,
             host: legacy::HOLDER_HOST.to_string(),
             agent_id: String::new(),
             pid: 0,

@@ -32,7 +32,7 @@ pub enum Event {
         /// How it was lost.
         loss: Loss,
         /// Who took the key, as the peer may see them, where known.
-        holder: Option<Holder>,
+        holder: Option<Box<Holder>>,
     },
 }
 
@@ -67,7 +67,7 @@ impl EventSender {
             lease_id,
             key,
             loss,
-            holder,
+            holder: holder.map(Box::new),
         });
     }
 

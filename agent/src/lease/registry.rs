@@ -224,6 +224,8 @@ impl Registry {
     /// running `command`; the backend sets the token, the caller the time.
     pub(super) fn holder(&self, peer: PeerCred, user: String, command: String) -> Holder {
         Holder {
+            slot: None,
+            slots: None,
             host: self.identity.host.clone(),
             agent_id: self.identity.agent_id.clone(),
             pid: peer.pid,

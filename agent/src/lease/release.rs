@@ -2,7 +2,7 @@
 //! key, here or on another agent (`break_key`, for `runlock release --key`).
 
 use super::acquire::now_ms;
-use super::error::{backend_on, valid_key, LeaseError};
+use super::error::{backend_on, valid_key, valid_slot, LeaseError};
 use super::event::Loss;
 use super::registry::Registry;
 use super::state::ConnId;
@@ -45,8 +45,9 @@ impl Registry {
     }
 
     /// Breaks whoever holds `key`, on this agent or another sharing the backend.
-    pub async fn break_key(&self, conn: ConnId, key: &str) -> Result<u32, LeaseError> {
+    pub async fn break_key(&self, conn: ConnId, key: &str, slot: u32) -> Result<u32, LeaseError> {
         let key = valid_key(key)?;
+        let key = valid_slot(&key, slot)?;
         let (peer, user, may_override) = self.peer(conn)?;
         if !may_override {
             return Err(self.forbidden(peer, "release another's lock", None));

@@ -44,6 +44,7 @@ pub(super) fn agent_with(
 
 pub(super) fn request(keys: &[&str], wait: Duration, force: bool) -> AcquireRequest {
     AcquireRequest {
+        slots: 1,
         keys: keys.iter().map(|k| k.to_string()).collect(),
         ttl: None,
         wait,

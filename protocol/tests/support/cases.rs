@@ -83,6 +83,8 @@ const COMMAND: &str = "meltano run tap-x target-y";
 
 fn holder(pid: u32, token: u64) -> Holder {
     Holder {
+        slot: None,
+        slots: None,
         host: "runner-01".into(),
         agent_id: AGENT_ID.into(),
         pid,
@@ -97,6 +99,7 @@ fn holder(pid: u32, token: u64) -> Holder {
 
 fn event(kind: EventKind, pid: u32, token: u64, user: &str) -> KeyEvent {
     KeyEvent {
+        slot: None,
         kind,
         at_ms: 1_700_000_060_000,
         clock: Clock::Store,
@@ -113,6 +116,7 @@ fn event(kind: EventKind, pid: u32, token: u64, user: &str) -> KeyEvent {
 
 fn lease(key: &str, lease_id: &str, token: u64) -> Lease {
     Lease {
+        slot: None,
         key: key.into(),
         lease_id: lease_id.into(),
         token,
@@ -146,7 +150,7 @@ pub fn canonical() -> Vec<Vector> {
                       The encoder always writes `command` and `on_lost`, here at their defaults (empty, `term`).",
             message: client(
                 Some(1),
-                ClientMessage::Acquire {
+                ClientMessage::Acquire { slots: 1,
                     keys: vec!["dev:tap-x-to-target-y".into()],
                     ttl_ms: None,
                     wait_ms: 0,
@@ -163,7 +167,7 @@ pub fn canonical() -> Vec<Vector> {
                       SIGKILL the run if a lease is lost while the client is gone.",
             message: client(
                 Some(2),
-                ClientMessage::Acquire {
+                ClientMessage::Acquire { slots: 1,
                     keys: vec!["dev:b".into(), "dev:a".into()],
                     ttl_ms: Some(30_000),
                     wait_ms: 60_000,
@@ -174,11 +178,36 @@ pub fn canonical() -> Vec<Vector> {
             ),
         },
         Vector {
+            name: "client-acquire-slots",
+            meaning: "Request 11: take one of the 3 slots of `warehouse` (at most 3 holders at once across \
+                      every agent sharing the backend), waiting up to 60 s for one to be free.",
+            message: client(
+                Some(11),
+                ClientMessage::Acquire {
+                    keys: vec!["warehouse".into()],
+                    ttl_ms: None,
+                    wait_ms: 60_000,
+                    force: false,
+                    command: COMMAND.into(),
+                    on_lost: OnLost::Term,
+                    slots: 3,
+                },
+            ),
+        },
+        Vector {
+            name: "client-release-key-slot",
+            meaning: "Request 12: break whoever holds slot 2 of `warehouse` (needs force rights).",
+            message: client(
+                Some(12),
+                ClientMessage::Release { lease_ids: Vec::new(), key: Some("warehouse".into()), slot: Some(2) },
+            ),
+        },
+        Vector {
             name: "client-release-lease-ids",
             meaning: "Request 3: release two leases this connection holds.",
             message: client(
                 Some(3),
-                ClientMessage::Release {
+                ClientMessage::Release { slot: None,
                     lease_ids: vec!["lease-0001".into(), "lease-0002".into()],
                     key: None,
                 },
@@ -189,7 +218,7 @@ pub fn canonical() -> Vec<Vector> {
             meaning: "Request 4: break whoever holds `dev:a` (needs force rights).",
             message: client(
                 Some(4),
-                ClientMessage::Release { lease_ids: Vec::new(), key: Some("dev:a".into()) },
+                ClientMessage::Release { slot: None, lease_ids: Vec::new(), key: Some("dev:a".into()) },
             ),
         },
         Vector {
@@ -258,6 +287,19 @@ pub fn canonical() -> Vec<Vector> {
                 Some(2),
                 AgentMessage::Acquired {
                     leases: vec![lease("dev:a", "lease-0001", 12), lease("dev:b", "lease-0002", 3)],
+                    ttl_ms: 30_000,
+                    valid_for_ms: Some(25_000),
+                    locks: 0,
+                },
+            ),
+        },
+        Vector {
+            name: "agent-acquired-slot",
+            meaning: "Answers request 11: slot 1 of `warehouse` taken, with slot 1's own fencing token.",
+            message: agent(
+                Some(11),
+                AgentMessage::Acquired {
+                    leases: vec![Lease { slot: Some(1), ..lease("warehouse", "lease-0007", 5) }],
                     ttl_ms: 30_000,
                     valid_for_ms: Some(25_000),
                     locks: 0,
@@ -344,7 +386,7 @@ pub fn canonical() -> Vec<Vector> {
                       No holder and no expires_in_ms.",
             message: agent(
                 Some(7),
-                AgentMessage::Record(KeyRecord {
+                AgentMessage::Record(KeyRecord { slots: None, holders: Vec::new(),
                     key: "dev:a".into(),
                     state: KeyState::Free,
                     token: 12,
@@ -361,7 +403,7 @@ pub fn canonical() -> Vec<Vector> {
                       the lease expires in 21.5 s unless renewed; global scope.",
             message: agent(
                 Some(7),
-                AgentMessage::Record(KeyRecord {
+                AgentMessage::Record(KeyRecord { slots: None, holders: Vec::new(),
                     key: "dev:a".into(),
                     state: KeyState::Held,
                     token: 12,
@@ -378,7 +420,7 @@ pub fn canonical() -> Vec<Vector> {
                       so expires_in_ms is absent; host scope.",
             message: agent(
                 Some(7),
-                AgentMessage::Record(KeyRecord {
+                AgentMessage::Record(KeyRecord { slots: None, holders: Vec::new(),
                     key: "dev:a".into(),
                     state: KeyState::Held,
                     token: 12,
@@ -396,7 +438,7 @@ pub fn canonical() -> Vec<Vector> {
                       expiry or loss, timed by the store's clock.",
             message: agent(
                 Some(7),
-                AgentMessage::Record(KeyRecord {
+                AgentMessage::Record(KeyRecord { slots: None, holders: Vec::new(),
                     key: "dev:a".into(),
                     state: KeyState::Held,
                     token: 13,
@@ -407,6 +449,29 @@ pub fn canonical() -> Vec<Vector> {
                         from_token: Some(12),
                         ..event(EventKind::Forced, 5150, 13, "root")
                     })),
+                }),
+            ),
+        },
+        Vector {
+            name: "agent-record-slots",
+            meaning: "Answers request 7 for a key with 3 slots: slots 0 and 2 are held; `holders` lists \
+                      them with their slots and tokens; `state`, `token`, `holder` and `expires_in_ms` \
+                      are the lowest held slot's, as a client that knows nothing of slots reads a key.",
+            message: agent(
+                Some(7),
+                AgentMessage::Record(KeyRecord {
+                    key: "warehouse".into(),
+                    state: KeyState::Held,
+                    token: 9,
+                    holder: Some(Holder { slot: Some(0), slots: Some(3), ..holder(4242, 9) }),
+                    expires_in_ms: Some(29_000),
+                    scope: Scope::Global,
+                    incident: None,
+                    slots: Some(3),
+                    holders: vec![
+                        Holder { slot: Some(0), slots: Some(3), ..holder(4242, 9) },
+                        Holder { slot: Some(2), slots: Some(3), ..holder(4250, 4) },
+                    ],
                 }),
             ),
         },
@@ -448,7 +513,7 @@ pub fn canonical() -> Vec<Vector> {
             meaning: "Answers request 1: `dev:tap-x-to-target-y` is held (wait_ms was 0); holder says by whom.",
             message: agent(
                 Some(1),
-                AgentMessage::Error(WireError {
+                AgentMessage::Error(WireError { holders: Vec::new(),
                     code: ErrorCode::Held,
                     message: "key dev:tap-x-to-target-y is held by etl (pid 4242) on runner-01".into(),
                     key: Some("dev:tap-x-to-target-y".into()),
@@ -457,11 +522,46 @@ pub fn canonical() -> Vec<Vector> {
             ),
         },
         Vector {
+            name: "agent-error-held-slots",
+            meaning: "Answers request 11 (wait_ms 0): every slot of `warehouse` is held; `holders` names \
+                      each slot's holder, `holder` the first of them.",
+            message: agent(
+                Some(11),
+                AgentMessage::Error(WireError {
+                    code: ErrorCode::Held,
+                    message: "key \"warehouse\" has all 2 slots held".into(),
+                    key: Some("warehouse".into()),
+                    holder: Some(Box::new(Holder { slot: Some(0), slots: Some(2), ..holder(4242, 9) })),
+                    holders: vec![
+                        Holder { slot: Some(0), slots: Some(2), ..holder(4242, 9) },
+                        Holder { slot: Some(1), slots: Some(2), ..holder(4250, 5) },
+                    ],
+                }),
+            ),
+        },
+        Vector {
+            name: "agent-error-slots-mismatch",
+            meaning: "Answers request 11: `warehouse` is held by a run that took it with 5 slots, and \
+                      this acquire asked 3; nothing was taken.",
+            message: agent(
+                Some(11),
+                AgentMessage::Error(WireError {
+                    code: ErrorCode::SlotsMismatch,
+                    message: "key \"warehouse\" is held with 5 slots, and this acquire asks 3 slots: \
+                              a key's slots are one count for every holder; held by etl@runner-01 \
+                              (pid 4242, 5 slots, slot 0)".into(),
+                    key: Some("warehouse".into()),
+                    holder: Some(Box::new(Holder { slot: Some(0), slots: Some(5), ..holder(4242, 9) })),
+                    holders: vec![Holder { slot: Some(0), slots: Some(5), ..holder(4242, 9) }],
+                }),
+            ),
+        },
+        Vector {
             name: "agent-error-timeout",
             meaning: "Answers request 2: `dev:a` stayed held for the whole wait; holder says by whom.",
             message: agent(
                 Some(2),
-                AgentMessage::Error(WireError {
+                AgentMessage::Error(WireError { holders: Vec::new(),
                     code: ErrorCode::Timeout,
                     message: "key dev:a still held after waiting 60s".into(),
                     key: Some("dev:a".into()),
@@ -474,7 +574,7 @@ pub fn canonical() -> Vec<Vector> {
             meaning: "Answers request 9: the key broke a key rule; the message names the rule, `key` is the offending key.",
             message: agent(
                 Some(9),
-                AgentMessage::Error(WireError {
+                AgentMessage::Error(WireError { holders: Vec::new(),
                     code: ErrorCode::InvalidKey,
                     message: "invalid key: a key must not contain control characters (found U+000A at byte 3)".into(),
                     key: Some("dev\nx".into()),
@@ -504,7 +604,7 @@ pub fn canonical() -> Vec<Vector> {
                     key: "dev:a".into(),
                     reason: LostReason::Forced,
                     message: "dev:a was taken over by root (pid 5150) on runner-02".into(),
-                    holder: Some(Holder {
+                    holder: Some(Holder { slot: None, slots: None,
                         host: "runner-02".into(),
                         agent_id: "9d8c7b6a-5f4e-4d3c-8b2a-1f0e9d8c7b6a".into(),
                         pid: 5150,
@@ -581,7 +681,7 @@ pub fn decode_only() -> Vec<DecodeOnly> {
             ]),
             message: client(
                 Some(5),
-                ClientMessage::Acquire {
+                ClientMessage::Acquire { slots: 1,
                     keys: vec!["dev:a".into()],
                     ttl_ms: None,
                     wait_ms: 0,

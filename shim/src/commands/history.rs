@@ -116,6 +116,7 @@ mod tests {
 
     fn event(kind: EventKind, user: &str, from_token: Option<u64>) -> KeyEvent {
         KeyEvent {
+            slot: None,
             kind,
             at_ms: 0,
             clock: Clock::Store,

@@ -10,6 +10,7 @@ pub async fn run(socket: &Path, key: &str) -> Result<ExitCode, Failure> {
     super::valid_key(key)?;
     let mut client = Client::connect(socket).await?;
     let request = ClientMessage::Release {
+        slot: None,
         lease_ids: Vec::new(),
         key: Some(key.to_string()),
     };

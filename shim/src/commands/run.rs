@@ -179,6 +179,7 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
     if watch.agent_open {
         let lease_ids = leases.iter().map(|l| l.lease_id.clone()).collect();
         let release = client.call(ClientMessage::Release {
+            slot: None,
             lease_ids,
             key: None,
         });
@@ -249,6 +250,7 @@ type Acquired = (Vec<Lease>, Duration, Option<Duration>, Vec<OwnedFd>);
 /// The `acquire` for every key.
 fn request(args: &RunArgs) -> ClientMessage {
     ClientMessage::Acquire {
+        slots: 1,
         keys: args.keys.clone(),
         ttl_ms: args.ttl.map(cli::millis),
         wait_ms: cli::millis(args.wait),

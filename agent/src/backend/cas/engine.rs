@@ -630,6 +630,8 @@ impl Backend for CasEngine {
         let name = self.name(key);
         let Read { object, date } = self.store.get(&name).await.map_err(unavailable)?;
         let mut answer = KeyRecord {
+            slots: None,
+            holders: Vec::new(),
             key: key.to_string(),
             state: KeyState::Free,
             token: 0,

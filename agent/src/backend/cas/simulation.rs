@@ -29,6 +29,8 @@ struct Belief {
 
 fn holder(agent: usize) -> Holder {
     Holder {
+        slot: None,
+        slots: None,
         host: format!("host-{agent}"),
         agent_id: format!("agent-{agent}"),
         pid: 1,

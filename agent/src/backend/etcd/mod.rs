@@ -730,6 +730,8 @@ impl Backend for EtcdBackend {
         let name = self.name(key);
         self.bounded(async {
             let mut answer = KeyRecord {
+                slots: None,
+                holders: Vec::new(),
                 key: key.to_string(),
                 state: KeyState::Free,
                 // etcd forgets a deleted key; the next grant's token is still larger.

@@ -608,6 +608,8 @@ impl Inner {
     fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
         let (name, lock_name) = (file_name(key), lock_name(key));
         let mut answer = KeyRecord {
+            slots: None,
+            holders: Vec::new(),
             key: key.to_string(),
             state: KeyState::Free,
             token: 0,

@@ -238,6 +238,8 @@ impl Backend for PostgresBackend {
             .await
             .map_err(BackendError::Unavailable)?;
         let mut record = KeyRecord {
+            slots: None,
+            holders: Vec::new(),
             key: key.to_string(),
             state: KeyState::Free,
             token: 0,
