@@ -261,9 +261,12 @@ impl Registry {
                 if let Some(err) = refusal.unreachable {
                     return Err(backend_on(&key)(err));
                 }
+                // Behind a local waiter: who holds it is looked up only now.
+                if req.slots > 1 && refusal.holders.is_empty() {
+                    refusal.holders = self.slot_holders(&key).await;
+                }
                 let holder = match refusal.holder {
                     Some(holder) => Some(holder),
-                    // Behind a local waiter: who holds it is looked up only now.
                     None if refusal.holders.is_empty() => self.holder_of(&key).await,
                     None => None,
                 };
@@ -456,7 +459,7 @@ impl Registry {
             self.lose(&old, loss, Some(holder.clone()), Ending::Released)
                 .await;
         }
-        tracing::info!(key = %spec.key, token = holder.token, lease = %lease_id, force = spec.force, "acquired");
+        tracing::info!(key = ?spec.key, token = holder.token, lease = %lease_id, force = spec.force, "acquired");
         let valid_until = (self.capabilities.survives_agent && self.capabilities.lease_expires)
             .then(|| deadline(grant.sent, spec.ttl));
         let lease = Lease {
