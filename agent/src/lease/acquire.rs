@@ -229,10 +229,10 @@ impl Registry {
         deadline: Instant,
         cancel: &CancellationToken,
     ) -> Result<Taken, LeaseError> {
-        let place = self.enqueue(&key);
+        let place = self.enqueue(&key, req.slots);
         let mut poll = POLL_START;
         loop {
-            let at_head = req.force || self.is_head(&key, place.id);
+            let at_head = req.force || self.may_try(&key, place.id);
             let mut refusal = Refusal::default();
             if at_head {
                 let spec = AcquireSpec {
@@ -283,6 +283,7 @@ impl Registry {
                         .map(|h| Box::new(self.show(&h, viewer)))
                         .or_else(|| holders.first().cloned().map(Box::new)),
                     holders,
+                    slots: req.slots,
                     legacy: refusal.legacy,
                     incident: refusal.incident.map(|e| Box::new(shown::event(&e))),
                 });
@@ -376,10 +377,10 @@ impl Registry {
         }
     }
 
-    fn enqueue(&self, key: &Key) -> Place<'_> {
+    fn enqueue(&self, key: &Key, slots: u32) -> Place<'_> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let notify = Arc::new(Notify::new());
-        self.state().queues.join(key, id, notify.clone());
+        self.state().queues.join(key, id, notify.clone(), slots);
         Place {
             registry: self,
             key: key.clone(),
@@ -388,8 +389,8 @@ impl Registry {
         }
     }
 
-    fn is_head(&self, key: &Key, id: u64) -> bool {
-        self.state().queues.is_head(key, id)
+    fn may_try(&self, key: &Key, id: u64) -> bool {
+        self.state().queues.may_try(key, id)
     }
 
     /// Records a granted lease; a local lease it forced out is told it is lost.
@@ -425,6 +426,7 @@ impl Registry {
                 let viewer = self.viewer(conn);
                 return Err(LeaseError::Held {
                     holders: Vec::new(),
+                    slots: 1,
                     key: spec.key,
                     waited: Duration::ZERO,
                     holder: Some(Box::new(self.show(&newer, viewer))),

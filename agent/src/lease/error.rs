@@ -100,7 +100,7 @@ pub enum LeaseError {
         holders: Vec<Holder>,
     },
     /// The key is held: at once, or still after waiting `waited`.
-    #[error("{}", HeldText { key, waited: *waited, legacy: legacy.as_deref(), incident: incident.as_deref(), slots: holders.len() })]
+    #[error("{}", HeldText { key, waited: *waited, legacy: legacy.as_deref(), incident: incident.as_deref(), slots: *slots })]
     Held {
         /// The key.
         key: Key,
@@ -110,6 +110,8 @@ pub enum LeaseError {
         holder: Option<Box<Holder>>,
         /// For a key with slots: the holder of every slot.
         holders: Vec<Holder>,
+        /// How many slots the request asked (1: a plain key).
+        slots: u32,
         /// The key's last force, break, expiry or loss, as the peer may see it.
         incident: Option<Box<KeyEvent>>,
         /// The holder is a legacy Meltano run, not a lease.
@@ -245,7 +247,7 @@ struct HeldText<'a> {
     waited: Duration,
     legacy: Option<&'a LegacyRun>,
     incident: Option<&'a KeyEvent>,
-    slots: usize,
+    slots: u32,
 }
 
 impl fmt::Display for HeldText<'_> {
@@ -253,8 +255,8 @@ impl fmt::Display for HeldText<'_> {
         let key = Named(self.key);
         let waited = humantime::format_duration(self.waited);
         match (self.slots, self.waited.is_zero()) {
-            (0, true) => write!(f, "{key} is held")?,
-            (0, false) => write!(f, "{key} is still held after waiting {waited}")?,
+            (0 | 1, true) => write!(f, "{key} is held")?,
+            (0 | 1, false) => write!(f, "{key} is still held after waiting {waited}")?,
             (n, true) => write!(f, "{key} has all {n} slots held")?,
             (n, false) => write!(
                 f,
@@ -370,6 +372,7 @@ mod tests {
     fn held(waited: Duration, legacy: Option<LegacyRun>) -> LeaseError {
         LeaseError::Held {
             holders: Vec::new(),
+            slots: 1,
             key: key(),
             waited,
             holder: None,
@@ -396,6 +399,7 @@ mod tests {
         };
         let err = LeaseError::Held {
             holders: Vec::new(),
+            slots: 1,
             key: key(),
             waited: Duration::ZERO,
             holder: None,

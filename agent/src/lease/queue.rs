@@ -1,5 +1,7 @@
 //! The per-key local waiter queues: runs on this agent waiting for the same
 //! key are served in arrival order, and a release here wakes the next at once.
+//! For a key with N slots the first N in line may try at once (each may find
+//! a slot of its own); a plain key's head tries alone.
 
 use runlock_protocol::Key;
 use std::collections::{HashMap, VecDeque};
@@ -9,6 +11,8 @@ use tokio::sync::Notify;
 struct Waiter {
     id: u64,
     notify: Arc<Notify>,
+    /// The slots its request asked: how near the front it must be to try.
+    slots: u32,
 }
 
 /// Every key's queue of local waiters, head first.
@@ -16,20 +20,25 @@ struct Waiter {
 pub(super) struct Queues(HashMap<Key, VecDeque<Waiter>>);
 
 impl Queues {
-    /// Puts waiter `id` at the back of `key`'s queue; `notify` wakes it.
-    pub(super) fn join(&mut self, key: &Key, id: u64, notify: Arc<Notify>) {
+    /// Puts waiter `id`, asking `slots`, at the back of `key`'s queue;
+    /// `notify` wakes it.
+    pub(super) fn join(&mut self, key: &Key, id: u64, notify: Arc<Notify>, slots: u32) {
         self.0
             .entry(key.clone())
             .or_default()
-            .push_back(Waiter { id, notify });
+            .push_back(Waiter { id, notify, slots });
     }
 
-    /// Whether waiter `id` is first in line for `key`.
-    pub(super) fn is_head(&self, key: &Key, id: u64) -> bool {
-        self.0
-            .get(key)
-            .and_then(|q| q.front())
-            .is_some_and(|w| w.id == id)
+    /// Whether waiter `id` is near enough the front of `key`'s queue to try:
+    /// first in line, or among the first N for a key with N slots.
+    pub(super) fn may_try(&self, key: &Key, id: u64) -> bool {
+        let Some(queue) = self.0.get(key) else {
+            return false;
+        };
+        queue
+            .iter()
+            .position(|w| w.id == id)
+            .is_some_and(|at| at < queue[at].slots as usize)
     }
 
     /// Takes waiter `id` out of `key`'s queue and wakes whoever is now first.
@@ -44,14 +53,18 @@ impl Queues {
         }
     }
 
-    /// Wakes the first waiter for `key` (for a slot's record, for its key), if any.
+    /// Wakes the waiters for `key` that may try (for a slot's record, for
+    /// its key), if any.
     pub(super) fn wake_head(&self, key: &Key) {
         let queue = match key.split_slot() {
             (_, 0) => self.0.get(key),
             _ => self.0.get(&key.base()),
         };
-        if let Some(head) = queue.and_then(|q| q.front()) {
-            head.notify.notify_one();
+        for (at, waiter) in queue.into_iter().flatten().enumerate() {
+            if at >= waiter.slots as usize {
+                break;
+            }
+            waiter.notify.notify_one();
         }
     }
 

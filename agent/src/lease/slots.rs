@@ -444,6 +444,38 @@ mod tests {
         assert_eq!(named, vec![Some(0), Some(1)]);
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn runs_that_start_together_each_take_a_slot_of_their_own() {
+        // Every request to the store takes a while, so the three overlap.
+        let slow = FaultyStore::random(
+            MemoryCasStore::new(),
+            7,
+            Duration::from_millis(50),
+            0.0,
+            0.0,
+        );
+        let registry = agent(Arc::new(CasEngine::new(Arc::new(slow), "")), "agent-1");
+        let mut runs = Vec::new();
+        for _ in 0..3 {
+            let (conn, events) = connect(&registry, ROOT);
+            let shared = registry.clone();
+            runs.push(tokio::spawn(async move {
+                let _events = events;
+                take_slots(&shared, conn, 3).await
+            }));
+        }
+        let mut slots = Vec::new();
+        for run in runs {
+            let lease = run
+                .await
+                .expect("ran")
+                .expect("a slot of its own, without waiting");
+            slots.push(lease.slot);
+        }
+        slots.sort();
+        assert_eq!(slots, vec![Some(0), Some(1), Some(2)]);
+    }
+
     #[tokio::test]
     async fn force_takes_the_slot_granted_earliest() {
         let registry = registry();

@@ -29,26 +29,36 @@ class RunlockError(Exception):
         self.key = key
 
 
-class Held(RunlockError):
-    """The key is held by someone else; ``holder`` says who (host, pid, user, token...).
+class NamesHolders(RunlockError):
+    """An error that names who holds the key: ``holder``, and for a key with
+    slots ``holders`` (each with its ``slot`` and token; ``holder`` is the
+    first). For a plain key ``holders`` is empty."""
 
-    For a key with slots every slot is held: ``holders`` names each slot's
-    holder (with its ``slot`` and token), ``holder`` the first of them. For a
-    plain key ``holders`` is empty.
-    """
+    #: The code an instance made in Python (not from the wire) carries.
+    default_code = ""
 
     def __init__(
         self,
         message: str,
         *,
-        code: Optional[str] = "held",
+        code: Optional[str] = None,
         key: Optional[str] = None,
         holder: Optional["Holder"] = None,
         holders: "Sequence[Holder]" = (),
     ):
-        super().__init__(message, code=code, key=key)
+        super().__init__(message, code=code or self.default_code, key=key)
         self.holder = holder
         self.holders = list(holders)
+
+
+class Held(NamesHolders):
+    """The key is held by someone else; ``holder`` says who (host, pid, user, token...).
+
+    For a key with slots every slot is held: ``holders`` names each slot's
+    holder (with its ``slot`` and token), ``holder`` the first of them.
+    """
+
+    default_code = "held"
 
 
 class Timeout(Held):
@@ -83,7 +93,7 @@ class BadRequest(RunlockError):
     """The agent could not accept the request as sent (for example a TTL out of range)."""
 
 
-class SlotsMismatch(BadRequest):
+class SlotsMismatch(BadRequest, NamesHolders):
     """The key is held by a holder that took it with another count of slots
     than this acquire asked: a key's slots are one count for every holder.
 
@@ -93,18 +103,7 @@ class SlotsMismatch(BadRequest):
     ``holder`` the first, and :attr:`held_with` is their count.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        code: Optional[str] = "slots_mismatch",
-        key: Optional[str] = None,
-        holder: Optional["Holder"] = None,
-        holders: "Sequence[Holder]" = (),
-    ):
-        super().__init__(message, code=code, key=key)
-        self.holder = holder
-        self.holders = list(holders)
+    default_code = "slots_mismatch"
 
     @property
     def held_with(self) -> Optional[int]:
@@ -173,6 +172,6 @@ def from_wire(
 ) -> RunlockError:
     """Builds the exception for an agent ``error`` reply; unknown codes give a plain RunlockError."""
     cls = _BY_CODE.get(code, RunlockError)
-    if issubclass(cls, (Held, SlotsMismatch)):
+    if issubclass(cls, NamesHolders):
         return cls(message, code=code, key=key, holder=holder, holders=holders)
     return cls(message, code=code, key=key)
