@@ -71,6 +71,22 @@ impl Key {
         }
     }
 
+    /// A key as a record names it: a valid key, or a slot record's key
+    /// ([`Key::slot_record`]).
+    pub fn parse_record(name: &str) -> Result<Key, InvalidKey> {
+        match name.rsplit_once(SLOT_SEPARATOR) {
+            Some((base, slot)) => {
+                let key = Key::new(base)?;
+                let at = base.len();
+                match slot.parse::<u32>() {
+                    Ok(n) if n > 0 && n.to_string() == slot => Ok(key.slot_record(n)),
+                    _ => Err(InvalidKey::ControlCharacter(SLOT_SEPARATOR as u32, at)),
+                }
+            }
+            None => Key::new(name),
+        }
+    }
+
     /// The key a slot record belongs to, as peers name it.
     pub fn base(&self) -> Key {
         Key(self.split_slot().0.to_string())

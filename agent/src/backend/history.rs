@@ -48,7 +48,6 @@ impl Stamp {
 /// is never kept: it may hold secrets, and the history outlives the lease).
 pub fn event(kind: EventKind, who: &Holder, token: u64, at: Stamp) -> KeyEvent {
     KeyEvent {
-        slot: None,
         kind,
         at_ms: at.at_ms,
         clock: at.clock,
@@ -60,6 +59,7 @@ pub fn event(kind: EventKind, who: &Holder, token: u64, at: Stamp) -> KeyEvent {
         uid: who.uid,
         user: who.user.clone(),
         reason: String::new(),
+        slot: who.slot,
     }
 }
 

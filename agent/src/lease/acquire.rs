@@ -2,15 +2,18 @@
 //! nothing, waiting in the local queue and polling for holders elsewhere) and
 //! `reattach` (adopting the leases of a stopped agent).
 
-use super::error::{backend_on, valid_key, LeaseError};
+use super::error::{backend_on, valid_key, valid_slot, LeaseError};
 use super::event::Loss;
 use super::registry::Registry;
 use super::renewal::deadline;
+use super::slots::{count_of, SlotRefusal};
 use super::state::{ConnId, LocalLease};
 use crate::backend::{AcquireSpec, BackendError, Ending, Grant, LeaseRef};
 use crate::shown;
 use runlock_protocol::timing;
-use runlock_protocol::{Holder, Key, Lease, OnLost, MAX_COMMAND_LEN, MAX_KEYS_PER_REQUEST};
+use runlock_protocol::{
+    Holder, Key, Lease, OnLost, MAX_COMMAND_LEN, MAX_KEYS_PER_REQUEST, MAX_SLOTS,
+};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -117,6 +120,9 @@ impl Registry {
                 backend: (shortest > timing::MIN_TTL).then(|| self.description.clone()),
             });
         }
+        if req.slots == 0 || req.slots > MAX_SLOTS {
+            return Err(LeaseError::SlotsOutOfRange(req.slots));
+        }
         let (peer, user, may_override) = self.peer(conn)?;
         if req.force && !may_override {
             return Err(self.forbidden(peer, "force a lock", None));
@@ -165,6 +171,7 @@ impl Registry {
         }
         for lease in leases {
             let key = valid_key(&lease.key)?;
+            let key = valid_slot(&key, lease.slot.unwrap_or(0))?;
             if self.state().leases.contains_key(&lease.lease_id) {
                 return Err(LeaseError::AlreadyHeldHere(lease.lease_id));
             }
@@ -208,8 +215,9 @@ impl Registry {
         Ok(granted)
     }
 
-    /// Takes one key for the connection: at the head of its local queue, or
-    /// at once with `force`; waits for its holder until `deadline`.
+    /// Takes one key for the connection (one of its slots, for a key with
+    /// slots): at the head of its local queue, or at once with `force`;
+    /// waits for its holders until `deadline`.
     #[allow(clippy::too_many_arguments)]
     async fn acquire_key(
         &self,
@@ -225,10 +233,8 @@ impl Registry {
         let mut poll = POLL_START;
         loop {
             let at_head = req.force || self.is_head(&key, place.id);
-            let mut unreachable = None;
-            let mut legacy = None;
-            let mut incident = None;
-            let last_holder = if at_head {
+            let mut refusal = Refusal::default();
+            if at_head {
                 let spec = AcquireSpec {
                     key: key.clone(),
                     lease_id: uuid::Uuid::new_v4().to_string(),
@@ -240,43 +246,42 @@ impl Registry {
                     force: req.force,
                     breaking: false,
                 };
-                match self.backend.acquire(&spec).await {
-                    Ok(grant) => return self.register(conn, spec, grant).await,
-                    Err(BackendError::Held(h, last)) => {
-                        incident = last;
-                        h
-                    }
-                    Err(BackendError::HeldByLegacyRun(run)) => {
-                        let holder = Box::new(run.holder.clone());
-                        legacy = Some(run);
-                        Some(holder)
-                    }
+                match self.attempt(&key, req, spec, self.viewer(conn)).await {
+                    Ok((spec, grant)) => return self.register(conn, spec, grant).await,
                     // A run that may wait also waits out a store that cannot be reached.
-                    Err(err @ BackendError::Unavailable(_)) if !req.wait.is_zero() => {
-                        unreachable = Some(err);
-                        None
+                    Err(Attempt::Unreachable(err)) if !req.wait.is_zero() => {
+                        refusal.unreachable = Some(err)
                     }
-                    Err(err) => return Err(backend_on(&key)(err)),
+                    Err(Attempt::Unreachable(err)) => return Err(backend_on(&key)(err)),
+                    Err(Attempt::Refused(err)) => return Err(err),
+                    Err(Attempt::Held(held)) => refusal = held,
                 }
-            } else {
-                None // behind a local waiter: who holds it is looked up only if we give up
-            };
+            }
             if Instant::now() >= deadline {
-                if let Some(err) = unreachable {
+                if let Some(err) = refusal.unreachable {
                     return Err(backend_on(&key)(err));
                 }
-                let last_holder = match last_holder {
+                let holder = match refusal.holder {
                     Some(holder) => Some(holder),
-                    None => self.holder_of(&key).await,
+                    // Behind a local waiter: who holds it is looked up only now.
+                    None if refusal.holders.is_empty() => self.holder_of(&key).await,
+                    None => None,
                 };
                 let viewer = self.viewer(conn);
+                let holders: Vec<Holder> = refusal
+                    .holders
+                    .iter()
+                    .map(|h| self.show(h, viewer))
+                    .collect();
                 return Err(LeaseError::Held {
-                    holders: Vec::new(),
                     key,
                     waited: req.wait,
-                    holder: last_holder.map(|h| Box::new(self.show(&h, viewer))),
-                    legacy,
-                    incident: incident.map(|e| Box::new(shown::event(&e))),
+                    holder: holder
+                        .map(|h| Box::new(self.show(&h, viewer)))
+                        .or_else(|| holders.first().cloned().map(Box::new)),
+                    holders,
+                    legacy: refusal.legacy,
+                    incident: refusal.incident.map(|e| Box::new(shown::event(&e))),
                 });
             }
             // A local release wakes us at once; polling finds holders on other agents.
@@ -290,6 +295,66 @@ impl Registry {
                 }
             }
             poll = (poll * 2).min(POLL_CAP);
+        }
+    }
+
+    /// One try at `key` for `spec`: a plain key in one backend call, a key
+    /// with slots through `take_slot`. A holder that took the key with
+    /// another count of slots is refused, never mixed with.
+    async fn attempt(
+        &self,
+        key: &Key,
+        req: &AcquireRequest,
+        spec: AcquireSpec,
+        viewer: crate::shown::Viewer,
+    ) -> Result<(AcquireSpec, Grant), Attempt> {
+        let mismatch = |held_with: u32, holders: Vec<Holder>| {
+            Attempt::Refused(LeaseError::SlotsMismatch {
+                key: key.clone(),
+                asked: req.slots,
+                held_with,
+                holders: holders.iter().map(|h| self.show(h, viewer)).collect(),
+            })
+        };
+        if req.slots > 1 {
+            return self
+                .take_slot(key, req.slots, spec)
+                .await
+                .map_err(|refusal| match refusal {
+                    SlotRefusal::Held(holders, incident) => Attempt::Held(Refusal {
+                        holders,
+                        incident,
+                        ..Refusal::default()
+                    }),
+                    SlotRefusal::Mismatch(count, holders) => mismatch(count, holders),
+                    SlotRefusal::Backend(err) => Attempt::from_backend(key, err),
+                });
+        }
+        if spec.force {
+            // A force takes over without reading: whose lease it ends is
+            // checked first, so that a plain key never takes a slot.
+            let record = self.backend.inspect(key).await;
+            let record = record.map_err(|err| Attempt::from_backend(key, err))?;
+            if let Some(h) = record.holder.filter(|h| count_of(h) != 1) {
+                return Err(mismatch(count_of(&h), vec![h]));
+            }
+        }
+        match self.backend.acquire(&spec).await {
+            Ok(grant) => Ok((spec, grant)),
+            Err(BackendError::Held(Some(h), _)) if count_of(&h) != 1 => {
+                Err(mismatch(count_of(&h), vec![*h]))
+            }
+            Err(BackendError::Held(holder, incident)) => Err(Attempt::Held(Refusal {
+                holder,
+                incident,
+                ..Refusal::default()
+            })),
+            Err(BackendError::HeldByLegacyRun(run)) => Err(Attempt::Held(Refusal {
+                holder: Some(Box::new(run.holder.clone())),
+                legacy: Some(run),
+                ..Refusal::default()
+            })),
+            Err(err) => Err(Attempt::from_backend(key, err)),
         }
     }
 
@@ -391,17 +456,47 @@ impl Registry {
             self.lose(&old, loss, Some(holder.clone()), Ending::Released)
                 .await;
         }
-        tracing::info!(key = %spec.key, token = holder.token, lease = %lease_id, force = spec.force, "acquired");
+        tracing::info!(key = ?spec.key, token = holder.token, lease = %lease_id, force = spec.force, "acquired");
         let valid_until = (self.capabilities.survives_agent && self.capabilities.lease_expires)
             .then(|| deadline(grant.sent, spec.ttl));
         let lease = Lease {
-            slot: None,
-            key: spec.key.to_string(),
+            key: spec.key.split_slot().0.to_string(),
             lease_id,
             token: holder.token,
+            slot: holder.slot,
         };
         Ok((lease, valid_until, lock))
     }
+}
+
+/// Why one try at a key did not take it.
+enum Attempt {
+    /// Held: wait, or tell who holds it.
+    Held(Refusal),
+    /// The store cannot be reached: a run that may wait waits it out.
+    Unreachable(BackendError),
+    /// Refused for good.
+    Refused(LeaseError),
+}
+
+impl Attempt {
+    fn from_backend(key: &Key, err: BackendError) -> Attempt {
+        match err {
+            err @ BackendError::Unavailable(_) => Attempt::Unreachable(err),
+            err => Attempt::Refused(backend_on(key)(err)),
+        }
+    }
+}
+
+/// What the last try at a key learnt of its holders.
+#[derive(Default)]
+struct Refusal {
+    holder: Option<Box<Holder>>,
+    /// For a key with slots: every slot's holder.
+    holders: Vec<Holder>,
+    incident: Option<Box<runlock_protocol::KeyEvent>>,
+    legacy: Option<Box<crate::backend::LegacyRun>>,
+    unreachable: Option<BackendError>,
 }
 
 /// A waiter's place in a key's local queue; leaving it wakes the next in line.

@@ -251,15 +251,12 @@ struct HeldText<'a> {
 impl fmt::Display for HeldText<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let key = Named(self.key);
-        let what = match self.slots {
-            0 => "is held".to_string(),
-            n => format!("has all {n} slots held"),
-        };
-        if self.waited.is_zero() {
-            write!(f, "{key} {what}")?;
-        } else {
-            let waited = humantime::format_duration(self.waited);
-            write!(f, "{key} {what} still, after waiting {waited}")?;
+        let waited = humantime::format_duration(self.waited);
+        match (self.slots, self.waited.is_zero()) {
+            (0, true) => write!(f, "{key} is held")?,
+            (0, false) => write!(f, "{key} is still held after waiting {waited}")?,
+            (n, true) => write!(f, "{key} has all {n} slots held")?,
+            (n, false) => write!(f, "{key} still has all {n} slots held after waiting {waited}")?,
         }
         if let Some(run) = self.legacy {
             write!(f, ": {}", legacy::explain(run))?;

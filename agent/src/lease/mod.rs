@@ -16,6 +16,7 @@ mod queue;
 mod registry;
 mod release;
 pub mod renewal;
+mod slots;
 mod state;
 mod supervise;
 #[cfg(test)]

@@ -44,9 +44,13 @@ impl Queues {
         }
     }
 
-    /// Wakes the first waiter for `key`, if any.
+    /// Wakes the first waiter for `key` (for a slot's record, for its key), if any.
     pub(super) fn wake_head(&self, key: &Key) {
-        if let Some(head) = self.0.get(key).and_then(|q| q.front()) {
+        let queue = match key.split_slot() {
+            (_, 0) => self.0.get(key),
+            _ => self.0.get(&key.base()),
+        };
+        if let Some(head) = queue.and_then(|q| q.front()) {
             head.notify.notify_one();
         }
     }

@@ -36,9 +36,15 @@ impl Registry {
         };
         self.renewals.stop(lease_id);
         if let Err(err) = self.backend.release(&lease.reference(lease_id)).await {
-            tracing::warn!(key = %lease.key, error = %err, "release failed");
+            tracing::warn!(key = ?lease.key, error = %err, "release failed");
         }
-        tracing::info!(key = %lease.key, token = lease.holder.token, lease = %lease_id, "released");
+        tracing::info!(key = ?lease.key, token = lease.holder.token, lease = %lease_id, "released");
+        if let Some(count) = lease.holder.slots {
+            let slot = lease.key.split_slot().1;
+            self.state()
+                .free_slots
+                .insert(lease.key.base(), (slot, count));
+        }
         // Only after the backend let go, or the woken waiter would find it still held.
         self.state().queues.wake_head(&lease.key);
         true
@@ -52,12 +58,20 @@ impl Registry {
         if !may_override {
             return Err(self.forbidden(peer, "release another's lock", None));
         }
-        let breaker = Holder {
+        let mut breaker = Holder {
             acquired_at_ms: now_ms(),
             ..self.holder(peer, user, "runlock release".to_string())
         };
-        let local = self.state().by_key.get(&key).cloned();
-        if let Some(lease_id) = local {
+        let local = {
+            let state = self.state();
+            let lease_id = state.by_key.get(&key).cloned();
+            let slots = lease_id.as_ref().and_then(|id| state.leases.get(id));
+            lease_id.map(|id| (id, slots.and_then(|l| l.holder.slots)))
+        };
+        if let Some((lease_id, slots)) = local {
+            // The break is an event of the slot it ends.
+            breaker.slots = slots;
+            breaker.slot = slots.map(|_| slot);
             let loss = Loss::BrokenHere {
                 uid: peer.uid,
                 pid: peer.pid,
@@ -69,6 +83,10 @@ impl Registry {
         let record = self.backend.inspect(&key).await.map_err(backend_on(&key))?;
         if record.holder.is_none() && record.state != runlock_protocol::KeyState::Held {
             return Ok(0);
+        }
+        breaker.slots = record.holder.as_ref().and_then(|h| h.slots);
+        if breaker.slots.is_some() {
+            breaker.slot = Some(slot);
         }
         // Held through another agent: take it over, then let it go.
         let spec = AcquireSpec {
@@ -93,7 +111,7 @@ impl Registry {
             .end(&lease, &Ending::AfterBreak)
             .await
             .map_err(backend_on(&key))?;
-        tracing::info!(key = %key, uid = peer.uid, "broke a lease held through another agent");
+        tracing::info!(key = ?key, uid = peer.uid, "broke a lease held through another agent");
         Ok(1)
     }
 }

@@ -20,7 +20,7 @@ impl Registry {
             .leases
             .iter()
             .map(|(id, l)| LeaseInfo {
-                key: l.key.to_string(),
+                key: l.key.split_slot().0.to_string(),
                 lease_id: id.clone(),
                 ttl_ms: l.ttl.as_millis() as u64,
                 holder: l.holder.clone(),
@@ -31,7 +31,7 @@ impl Registry {
                     .map(|run| run.pid()),
             })
             .collect();
-        leases.sort_by(|a, b| a.key.cmp(&b.key));
+        leases.sort_by(|a, b| (&a.key, a.holder.slot).cmp(&(&b.key, b.holder.slot)));
         leases
     }
 
@@ -71,6 +71,9 @@ impl Registry {
         let mut record = self.inspect(key).await?;
         let viewer = self.viewer(conn);
         record.holder = record.holder.map(|h| self.show(&h, viewer));
+        for holder in record.holders.iter_mut() {
+            *holder = self.show(holder, viewer);
+        }
         record.incident = record.incident.map(|e| Box::new(shown::event(&e)));
         Ok(record)
     }
@@ -80,7 +83,7 @@ impl Registry {
     /// line, so every peer that may `inspect` the key may see them.
     pub async fn history(&self, key: &str, limit: usize) -> Result<Vec<KeyEvent>, LeaseError> {
         let key = valid_key(key)?;
-        let events = self.backend.history(&key).await.map_err(backend_on(&key))?;
+        let events = self.slot_history(&key).await.map_err(backend_on(&key))?;
         // A record another agent wrote may hold more than this one keeps.
         let keep = match limit {
             0 => runlock_protocol::MAX_HISTORY_EVENTS,
@@ -90,9 +93,10 @@ impl Registry {
         Ok(events[skip..].iter().map(shown::event).collect())
     }
 
-    /// The backend's record of a key.
+    /// The backend's record of a key, every slot's for a key with slots.
     pub async fn inspect(&self, key: &str) -> Result<KeyRecord, LeaseError> {
         let key = valid_key(key)?;
-        self.backend.inspect(&key).await.map_err(backend_on(&key))
+        let records = self.slot_records(&key).await.map_err(backend_on(&key))?;
+        Ok(Registry::merge_records(&key, records))
     }
 }

@@ -194,7 +194,7 @@ async fn watch_once(
             let key = event
                 .prev_kv()
                 .and_then(|kv| serde_json::from_slice::<EtcdRecord>(kv.value()).ok())
-                .and_then(|record| Key::new(record.key).ok());
+                .and_then(|record| Key::parse_record(&record.key).ok());
             if let Some(key) = key {
                 let _ = released.send(key);
             }

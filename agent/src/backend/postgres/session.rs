@@ -249,7 +249,7 @@ async fn drive<S, T>(
     while let Some(message) = messages.next().await {
         match message {
             Ok(AsyncMessage::Notification(notice)) => {
-                if let Ok(key) = Key::new(notice.payload()) {
+                if let Ok(key) = Key::parse_record(notice.payload()) {
                     let _ = released.send(key); // nobody waiting is fine
                 }
             }

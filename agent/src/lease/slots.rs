@@ -1,0 +1,509 @@
+//! Keys with slots: at most N holders at once (SPEC 13). Slot `i` of a key is
+//! leased, renewed, released and fenced exactly as a plain key is, in a record
+//! of its own (`Key::slot_record`), so every backend keeps slots without
+//! knowing of them. This module chooses the slot an acquire takes, checks the
+//! count every holder took the key with, and reads a key's slots back as one
+//! record and one history.
+
+use super::registry::Registry;
+use crate::backend::{AcquireSpec, BackendError, Grant};
+use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, MAX_SLOTS};
+
+/// Slot records are looked for this many at a time when a key's count is
+/// not known from a live holder.
+const DISCOVERY_BATCH: u32 = 8;
+
+/// Why a key's slots could not be taken.
+pub(super) enum SlotRefusal {
+    /// Every slot is held: the holders by slot, and the latest incident.
+    Held(Vec<Holder>, Option<Box<KeyEvent>>),
+    /// A live holder took the key with another count: that count and the
+    /// holders of that count.
+    Mismatch(u32, Vec<Holder>),
+    /// The store failed.
+    Backend(BackendError),
+}
+
+/// The count a holder took its key with: a plain key is a key with one slot.
+pub(super) fn count_of(holder: &Holder) -> u32 {
+    holder.slots.unwrap_or(1)
+}
+
+/// The holders among `holders` that took the key with a count other than `n`,
+/// with that count, if there are any.
+fn mismatch(holders: &[Holder], n: u32) -> Option<(u32, Vec<Holder>)> {
+    let other = holders.iter().find(|h| count_of(h) != n)?;
+    let count = count_of(other);
+    let same: Vec<Holder> = holders
+        .iter()
+        .filter(|h| count_of(h) == count)
+        .cloned()
+        .collect();
+    Some((count, same))
+}
+
+/// The live holder of each held slot record, by slot, with its slot named.
+fn live_holders(records: &[KeyRecord]) -> Vec<Holder> {
+    records
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.state == KeyState::Held)
+        .filter_map(|(slot, r)| {
+            let mut holder = r.holder.clone()?;
+            holder.slot.get_or_insert(slot as u32);
+            Some(holder)
+        })
+        .collect()
+}
+
+/// The latest force, break, expiry or loss of any slot, naming its slot.
+fn latest_incident(records: &[KeyRecord]) -> Option<Box<KeyEvent>> {
+    let mut latest: Option<Box<KeyEvent>> = None;
+    for (slot, record) in records.iter().enumerate() {
+        if let Some(mut incident) = record.incident.clone() {
+            incident.slot.get_or_insert(slot as u32);
+            if latest.as_ref().is_none_or(|l| incident.at_ms >= l.at_ms) {
+                latest = Some(incident);
+            }
+        }
+    }
+    latest
+}
+
+impl Registry {
+    /// Takes one of the `n` slots of `key` for `spec` (whose key, slot and
+    /// holder are filled in here): first the slot this agent last let go,
+    /// with one write where the store remembers it free; else the lowest
+    /// free slot of the records read; with `force` and every slot held, the
+    /// slot whose holder was granted earliest.
+    pub(super) async fn take_slot(
+        &self,
+        key: &Key,
+        n: u32,
+        mut spec: AcquireSpec,
+    ) -> Result<(AcquireSpec, Grant), SlotRefusal> {
+        let force = spec.force;
+        spec.force = false;
+        let hint = self.state().free_slots.get(key).copied();
+        if let Some((slot, _)) = hint.filter(|&(slot, count)| count == n && slot < n) {
+            match self.try_slot(key, n, slot, &spec).await {
+                Ok(grant) => return Ok(grant),
+                Err(SlotRefusal::Held(..)) => {}
+                Err(refusal) => return Err(refusal),
+            }
+        }
+        let records = self
+            .read_slots(key, n)
+            .await
+            .map_err(SlotRefusal::Backend)?;
+        let holders = live_holders(&records);
+        if let Some((count, theirs)) = mismatch(&holders, n) {
+            return Err(SlotRefusal::Mismatch(count, theirs));
+        }
+        let free = (0..n).filter(|&slot| records[slot as usize].state != KeyState::Held);
+        for slot in free {
+            match self.try_slot(key, n, slot, &spec).await {
+                Ok(grant) => return Ok(grant),
+                Err(SlotRefusal::Held(..)) => {}
+                Err(refusal) => return Err(refusal),
+            }
+        }
+        let incident = latest_incident(&records);
+        if force {
+            let oldest = holders.iter().min_by_key(|h| h.acquired_at_ms);
+            if let Some(slot) = oldest.and_then(|h| h.slot) {
+                spec.force = true;
+                return self.try_slot(key, n, slot, &spec).await;
+            }
+        }
+        Err(SlotRefusal::Held(holders, incident))
+    }
+
+    /// One attempt at slot `slot`: a live holder of another count is a
+    /// mismatch, not a slot held.
+    async fn try_slot(
+        &self,
+        key: &Key,
+        n: u32,
+        slot: u32,
+        spec: &AcquireSpec,
+    ) -> Result<(AcquireSpec, Grant), SlotRefusal> {
+        let mut spec = spec.clone();
+        spec.key = key.slot_record(slot);
+        spec.holder.slot = Some(slot);
+        spec.holder.slots = Some(n);
+        match self.backend.acquire(&spec).await {
+            Ok(grant) => Ok((spec, grant)),
+            Err(BackendError::Held(Some(holder), incident)) => {
+                let mut holder = *holder;
+                holder.slot.get_or_insert(slot);
+                match count_of(&holder) == n {
+                    true => Err(SlotRefusal::Held(vec![holder], incident)),
+                    false => Err(SlotRefusal::Mismatch(count_of(&holder), vec![holder])),
+                }
+            }
+            Err(BackendError::Held(None, incident)) => Err(SlotRefusal::Held(vec![], incident)),
+            Err(err) => Err(SlotRefusal::Backend(err)),
+        }
+    }
+
+    /// The records of slots `0..n`, read at once.
+    async fn read_slots(&self, key: &Key, n: u32) -> Result<Vec<KeyRecord>, BackendError> {
+        self.read_range(key, 0..n).await
+    }
+
+    async fn read_range(
+        &self,
+        key: &Key,
+        slots: std::ops::Range<u32>,
+    ) -> Result<Vec<KeyRecord>, BackendError> {
+        let reads = slots.map(|slot| {
+            let record = key.slot_record(slot);
+            async move { self.backend.inspect(&record).await }
+        });
+        futures::future::join_all(reads).await.into_iter().collect()
+    }
+
+    /// The records of every slot `key` has: one read for a plain key or a
+    /// held slot 0, whose holder says how many; otherwise the slot records
+    /// that exist, looked for a few at a time (slots are taken lowest
+    /// first, so they are found contiguous).
+    pub(super) async fn slot_records(&self, key: &Key) -> Result<Vec<KeyRecord>, BackendError> {
+        let first = self.backend.inspect(key).await?;
+        let mut records = vec![first];
+        let mut known = records[0].holder.as_ref().map(count_of);
+        if known.is_none() {
+            // Free: a key that never had slots has no slot 1.
+            let mut next = 1;
+            let mut batch = 1;
+            'looking: while next < MAX_SLOTS {
+                let end = (next + batch).min(MAX_SLOTS);
+                for record in self.read_range(key, next..end).await? {
+                    if record.token == 0 {
+                        break 'looking;
+                    }
+                    records.push(record);
+                }
+                next = end;
+                batch = DISCOVERY_BATCH;
+            }
+            known = live_holders(&records).iter().map(count_of).max();
+        }
+        let n = known.unwrap_or(1).clamp(1, MAX_SLOTS);
+        let have = records.len() as u32;
+        if n > have {
+            records.extend(self.read_range(key, have..n).await?);
+        }
+        Ok(records)
+    }
+
+    /// A key's slots as one record (SPEC 13): a plain key's record as it is.
+    pub(super) fn merge_records(key: &Key, mut records: Vec<KeyRecord>) -> KeyRecord {
+        let holders = live_holders(&records);
+        let slotted = records.len() > 1 || holders.iter().any(|h| h.slots.is_some());
+        if !slotted {
+            return records.swap_remove(0);
+        }
+        let n = holders
+            .iter()
+            .map(count_of)
+            .max()
+            .unwrap_or(records.len() as u32);
+        let incident = latest_incident(&records);
+        let lowest = records
+            .iter()
+            .position(|r| r.state == KeyState::Held)
+            .unwrap_or(0);
+        let mut record = records.swap_remove(lowest);
+        record.key = key.to_string();
+        record.holder = holders.first().cloned();
+        record.incident = incident;
+        record.slots = Some(n);
+        record.holders = holders;
+        record
+    }
+
+    /// The histories of a key's slots, merged by time and then slot, each
+    /// slot's own order kept exact whatever its clocks say.
+    pub(super) async fn slot_history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+        let first = self.backend.history(key).await?;
+        if !first.iter().any(|e| e.slot.is_some()) {
+            return Ok(first);
+        }
+        let mut slots = vec![first];
+        let mut next = 1;
+        'looking: while next < MAX_SLOTS {
+            let end = (next + DISCOVERY_BATCH).min(MAX_SLOTS);
+            let reads = (next..end).map(|slot| {
+                let record = key.slot_record(slot);
+                async move { self.backend.history(&record).await }
+            });
+            for history in futures::future::join_all(reads).await {
+                let history = history?;
+                if history.is_empty() {
+                    break 'looking;
+                }
+                slots.push(history);
+            }
+            next = end;
+        }
+        Ok(merge_histories(slots))
+    }
+}
+
+/// One list of the slots' events: at each step the earliest next event of
+/// any slot (the lower slot on a tie), so each slot keeps its own order.
+fn merge_histories(slots: Vec<Vec<KeyEvent>>) -> Vec<KeyEvent> {
+    let total = slots.iter().map(Vec::len).sum();
+    let mut merged = Vec::with_capacity(total);
+    let mut heads: Vec<std::iter::Peekable<std::vec::IntoIter<KeyEvent>>> = slots
+        .into_iter()
+        .map(|s| s.into_iter().peekable())
+        .collect();
+    loop {
+        let earliest = heads
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(slot, events)| events.peek().map(|e| (e.at_ms, slot)))
+            .min();
+        let Some((_, slot)) = earliest else {
+            return merged;
+        };
+        if let Some(mut event) = heads[slot].next() {
+            event.slot.get_or_insert(slot as u32);
+            merged.push(event);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use crate::backend::cas::{testing::FaultyStore, CasEngine, MemoryCasStore};
+    use runlock_protocol::{ErrorCode, EventKind, LostReason};
+
+    fn slots(keys: &[&str], n: u32, wait: Duration, force: bool) -> AcquireRequest {
+        AcquireRequest {
+            slots: n,
+            ..request(keys, wait, force)
+        }
+    }
+
+    async fn take_slots(registry: &Registry, conn: ConnId, n: u32) -> Result<Lease, LeaseError> {
+        let never = CancellationToken::new();
+        let granted = registry
+            .acquire(conn, slots(&["w"], n, Duration::ZERO, false), &never)
+            .await?;
+        Ok(granted.leases[0].clone())
+    }
+
+    #[tokio::test]
+    async fn n_slots_admit_n_holders_and_refuse_the_next_naming_them() {
+        let registry = registry();
+        let mut taken = Vec::new();
+        let mut events = Vec::new();
+        for _ in 0..3 {
+            let (conn, e) = connect(&registry, ROOT);
+            events.push(e);
+            taken.push(
+                take_slots(&registry, conn, 3)
+                    .await
+                    .expect("a slot is free"),
+            );
+        }
+        let slots: Vec<_> = taken.iter().map(|l| l.slot).collect();
+        assert_eq!(slots, vec![Some(0), Some(1), Some(2)]);
+        assert!(taken.iter().all(|l| l.key == "w" && l.token == 1));
+        let (fourth, _e) = connect(&registry, ROOT);
+        let err = take_slots(&registry, fourth, 3)
+            .await
+            .expect_err("all held");
+        assert_eq!(err.code(), ErrorCode::Held);
+        assert_eq!(err.key().as_deref(), Some("w"));
+        let holders: Vec<_> = err.holders().iter().map(|h| h.slot).collect();
+        assert_eq!(holders, vec![Some(0), Some(1), Some(2)]);
+        assert!(err.holders().iter().all(|h| h.slots == Some(3)));
+        assert!(err.to_string().contains("all 3 slots held"), "{err}");
+        let listed: Vec<_> = registry
+            .list()
+            .iter()
+            .map(|l| (l.key.clone(), l.holder.slot))
+            .collect();
+        assert_eq!(
+            listed,
+            vec![
+                ("w".into(), Some(0)),
+                ("w".into(), Some(1)),
+                ("w".into(), Some(2))
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_count_other_than_the_holders_is_refused_naming_both() {
+        let registry = registry();
+        let (holder, _e1) = connect(&registry, ROOT);
+        take_slots(&registry, holder, 3).await.expect("free");
+        let (other, _e2) = connect(&registry, ROOT);
+        let err = take_slots(&registry, other, 5)
+            .await
+            .expect_err("3 is not 5");
+        assert_eq!(err.code(), ErrorCode::SlotsMismatch);
+        let text = err.to_string();
+        assert!(
+            text.contains("held with 3 slots") && text.contains("asks 5 slots"),
+            "{text}"
+        );
+        assert_eq!(err.holders().len(), 1);
+        // A plain key is a key with one slot: it neither takes nor forces a slot.
+        let err = take(&registry, other, &["w"])
+            .await
+            .expect_err("1 is not 3");
+        assert_eq!(err.code(), ErrorCode::SlotsMismatch);
+        let never = CancellationToken::new();
+        let forced = registry
+            .acquire(other, request(&["w"], Duration::ZERO, true), &never)
+            .await;
+        assert_eq!(
+            forced.expect_err("1 is not 3").code(),
+            ErrorCode::SlotsMismatch
+        );
+        // Nothing was taken by the refused requests.
+        assert_eq!(registry.list().len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_released_slot_goes_to_the_waiter_and_tokens_grow_per_slot() {
+        let registry = registry();
+        let (a, _ea) = connect(&registry, ROOT);
+        let (b, _eb) = connect(&registry, ROOT);
+        take_slots(&registry, a, 2).await.expect("slot 0");
+        let second = take_slots(&registry, b, 2).await.expect("slot 1");
+        let (waiter, _ew) = connect(&registry, ROOT);
+        let shared = registry.clone();
+        let task = tokio::spawn(async move {
+            let never = CancellationToken::new();
+            let req = slots(&["w"], 2, Duration::from_secs(60), false);
+            shared.acquire(waiter, req, &never).await
+        });
+        while waiting(&registry, "w") < 1 {
+            tokio::task::yield_now().await;
+        }
+        registry
+            .release(b, &[second.lease_id])
+            .await
+            .expect("released");
+        let granted = tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("woken")
+            .expect("ran")
+            .expect("granted");
+        assert_eq!(granted.leases[0].slot, Some(1));
+        assert_eq!(granted.leases[0].token, 2, "slot 1's second lease");
+    }
+
+    #[tokio::test]
+    async fn force_takes_the_slot_granted_earliest() {
+        let registry = registry();
+        let (a, mut first_events) = connect(&registry, ROOT);
+        let (b, _eb) = connect(&registry, ROOT);
+        let first = take_slots(&registry, a, 2).await.expect("slot 0");
+        tokio::time::sleep(Duration::from_millis(5)).await; // a later acquired_at_ms
+        take_slots(&registry, b, 2).await.expect("slot 1");
+        let (forcer, _ef) = connect(&registry, ROOT);
+        let never = CancellationToken::new();
+        let forced = registry
+            .acquire(forcer, slots(&["w"], 2, Duration::ZERO, true), &never)
+            .await
+            .expect("forced");
+        assert_eq!(forced.leases[0].slot, first.slot);
+        assert_eq!(forced.leases[0].token, first.token + 1);
+        match first_events.try_recv().expect("told") {
+            Event::Lost { lease_id, loss, .. } => {
+                assert_eq!(lease_id, first.lease_id);
+                assert_eq!(loss.reason(), LostReason::Forced);
+            }
+            other => panic!("expected lost, got {other:?}"),
+        }
+        assert_eq!(
+            registry.list().len(),
+            2,
+            "one slot forced, the other untouched"
+        );
+    }
+
+    #[tokio::test]
+    async fn inspect_and_history_show_every_slot() {
+        let registry = registry();
+        let (a, _ea) = connect(&registry, ROOT);
+        let (b, _eb) = connect(&registry, ROOT);
+        // Events of different slots are ordered by their clocks: a few ms
+        // apart, so that memory://'s millisecond stamps tell them apart.
+        let apart = || std::thread::sleep(Duration::from_millis(3));
+        let zero = take_slots(&registry, a, 3).await.expect("slot 0");
+        apart();
+        take_slots(&registry, b, 3).await.expect("slot 1");
+        apart();
+        registry
+            .release(a, &[zero.lease_id])
+            .await
+            .expect("released");
+        let record = registry.inspect("w").await.expect("record");
+        assert_eq!(record.slots, Some(3));
+        assert_eq!(record.key, "w");
+        let held: Vec<_> = record.holders.iter().map(|h| h.slot).collect();
+        assert_eq!(held, vec![Some(1)]);
+        assert_eq!(record.holder.expect("lowest held").slot, Some(1));
+        let events = registry.history("w", 0).await.expect("history");
+        let seen: Vec<_> = events.iter().map(|e| (e.kind, e.slot)).collect();
+        assert_eq!(
+            seen,
+            vec![
+                (EventKind::Granted, Some(0)),
+                (EventKind::Granted, Some(1)),
+                (EventKind::Released, Some(0)),
+            ]
+        );
+        // A plain key reads as it always did.
+        take(&registry, a, &["plain"]).await.expect("free");
+        let plain = registry.inspect("plain").await.expect("record");
+        assert_eq!((plain.slots, plain.holders.len()), (None, 0));
+    }
+
+    #[tokio::test]
+    async fn the_slot_let_go_last_is_taken_again_with_one_write() {
+        let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
+        let registry = agent(Arc::new(CasEngine::new(store.clone(), "")), "agent-1");
+        let (conn, _events) = connect(&registry, ROOT);
+        let lease = take_slots(&registry, conn, 3).await.expect("free");
+        registry
+            .release(conn, &[lease.lease_id])
+            .await
+            .expect("released");
+        let (gets, puts) = store.requests();
+        let again = take_slots(&registry, conn, 3).await.expect("free");
+        assert_eq!(again.slot, lease.slot);
+        assert_eq!(
+            store.requests(),
+            (gets, puts + 1),
+            "(reads, writes) of the second acquire"
+        );
+    }
+
+    #[tokio::test]
+    async fn slot_counts_outside_the_range_and_unknown_slots_are_bad_requests() {
+        let registry = registry();
+        let (conn, _e) = connect(&registry, ROOT);
+        for n in [0, runlock_protocol::MAX_SLOTS + 1] {
+            let err = take_slots(&registry, conn, n)
+                .await
+                .expect_err("out of range");
+            assert_eq!(err.code(), ErrorCode::BadRequest);
+        }
+        let err = registry
+            .break_key(conn, "w", runlock_protocol::MAX_SLOTS)
+            .await
+            .expect_err("no such slot");
+        assert_eq!(err.code(), ErrorCode::BadRequest);
+    }
+}
