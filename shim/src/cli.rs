@@ -50,8 +50,8 @@ pub enum Command {
     Release {
         /// The key
         key: String,
-        /// Break only slot N of a key with slots (0-based, as RUNLOCK_SLOT
-        /// and `inspect` number them)
+        /// Of a key with slots, the slot to break (0-based, as RUNLOCK_SLOT
+        /// and `inspect` number them) [default: 0, the key's own record]
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..i64::from(MAX_SLOTS)))]
         slot: Option<u32>,
     },
