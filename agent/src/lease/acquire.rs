@@ -261,9 +261,12 @@ impl Registry {
                 if let Some(err) = refusal.unreachable {
                     return Err(backend_on(&key)(err));
                 }
+                // Behind a local waiter: who holds it is looked up only now.
+                if req.slots > 1 && refusal.holders.is_empty() {
+                    refusal.holders = self.slot_holders(&key).await;
+                }
                 let holder = match refusal.holder {
                     Some(holder) => Some(holder),
-                    // Behind a local waiter: who holds it is looked up only now.
                     None if refusal.holders.is_empty() => self.holder_of(&key).await,
                     None => None,
                 };

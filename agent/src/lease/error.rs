@@ -256,7 +256,10 @@ impl fmt::Display for HeldText<'_> {
             (0, true) => write!(f, "{key} is held")?,
             (0, false) => write!(f, "{key} is still held after waiting {waited}")?,
             (n, true) => write!(f, "{key} has all {n} slots held")?,
-            (n, false) => write!(f, "{key} still has all {n} slots held after waiting {waited}")?,
+            (n, false) => write!(
+                f,
+                "{key} still has all {n} slots held after waiting {waited}"
+            )?,
         }
         if let Some(run) = self.legacy {
             write!(f, ": {}", legacy::explain(run))?;

@@ -197,6 +197,12 @@ impl Registry {
         Ok(records)
     }
 
+    /// The live holders of a key's slots, as far as they can be read.
+    pub(super) async fn slot_holders(&self, key: &Key) -> Vec<Holder> {
+        let records = self.slot_records(key).await.unwrap_or_default();
+        live_holders(&records)
+    }
+
     /// A key's slots as one record (SPEC 13): a plain key's record as it is.
     pub(super) fn merge_records(key: &Key, mut records: Vec<KeyRecord>) -> KeyRecord {
         let holders = live_holders(&records);
@@ -400,6 +406,42 @@ mod tests {
             .expect("granted");
         assert_eq!(granted.leases[0].slot, Some(1));
         assert_eq!(granted.leases[0].token, 2, "slot 1's second lease");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_behind_another_times_out_naming_every_slot_holder() {
+        let registry = registry();
+        let mut events = Vec::new();
+        for _ in 0..2 {
+            let (conn, e) = connect(&registry, ROOT);
+            events.push(e);
+            take_slots(&registry, conn, 2)
+                .await
+                .expect("a slot is free");
+        }
+        let (first, _e1) = connect(&registry, ROOT);
+        let shared = registry.clone();
+        let _first = tokio::spawn(async move {
+            let never = CancellationToken::new();
+            let req = slots(&["w"], 2, Duration::from_secs(3600), false);
+            shared.acquire(first, req, &never).await
+        });
+        while waiting(&registry, "w") < 1 {
+            tokio::task::yield_now().await;
+        }
+        let (second, _e2) = connect(&registry, ROOT);
+        let never = CancellationToken::new();
+        let err = registry
+            .acquire(
+                second,
+                slots(&["w"], 2, Duration::from_secs(1), false),
+                &never,
+            )
+            .await
+            .expect_err("still held");
+        assert_eq!(err.code(), ErrorCode::Timeout);
+        let named: Vec<_> = err.holders().iter().map(|h| h.slot).collect();
+        assert_eq!(named, vec![Some(0), Some(1)]);
     }
 
     #[tokio::test]
