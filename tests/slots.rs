@@ -277,6 +277,20 @@ async fn three_runs_hold_a_3_slot_key_at_once_and_a_fourth_exits_75_naming_each(
         .collect();
     want.sort();
     ensure!(listed == want, "status --json: {listed:?}, not {want:?}");
+    let text = hosts.a.runlock_output(&["status"]).await?;
+    text.expect_code(0)?;
+    let mut shown: Vec<(u64, u64)> = text
+        .stdout
+        .lines()
+        .filter(|row| row.split_whitespace().next() == Some(k.as_str()))
+        .filter_map(|row| {
+            // KEY TOKEN PID CHILD SLOT ...
+            let fields: Vec<&str> = row.split_whitespace().collect();
+            Some((fields.get(4)?.parse().ok()?, fields.get(1)?.parse().ok()?))
+        })
+        .collect();
+    shown.sort();
+    ensure!(shown == want, "status: {shown:?}, not {want:?}: {text:?}");
 
     for h in [first, second, third] {
         h.end(0).await?;

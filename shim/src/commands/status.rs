@@ -47,20 +47,21 @@ pub async fn run(socket: &Path, json: bool) -> Result<ExitCode, Failure> {
     }
     // PID is the holder's, as every host sees it in the backend's record (the
     // shim's, for a `runlock run`); CHILD is the command that the lease
-    // protects. SLOT is `-` for a plain key.
+    // protects. SLOT is `-` for a plain key; it comes after the columns
+    // that were there before slots, so that they keep their places.
     println!(
-        "{:<40} {:>4} {:>8} {:>8} {:>8} {:<10} {:<26} COMMAND",
-        "KEY", "SLOT", "TOKEN", "PID", "CHILD", "USER", "SINCE"
+        "{:<40} {:>8} {:>8} {:>8} {:>4} {:<10} {:<26} COMMAND",
+        "KEY", "TOKEN", "PID", "CHILD", "SLOT", "USER", "SINCE"
     );
     let or_dash = |n: Option<u32>| n.map_or_else(|| "-".to_string(), |n| n.to_string());
     for l in &leases {
         println!(
-            "{:<40} {:>4} {:>8} {:>8} {:>8} {:<10} {:<26} {}",
+            "{:<40} {:>8} {:>8} {:>8} {:>4} {:<10} {:<26} {}",
             escape(&l.key),
-            or_dash(l.holder.slot),
             l.holder.token,
             l.holder.pid,
             or_dash(l.child_pid),
+            or_dash(l.holder.slot),
             escape(&l.holder.user),
             format::rfc3339(l.holder.acquired_at_ms),
             escape(&l.holder.command)
