@@ -126,8 +126,9 @@ async fn run() -> Result<()> {
         agent.stop().await?;
     }
 
-    let groups: [(&str, Group); 7] = [
+    let groups: [(&str, Group); 8] = [
         ("s3", |scratch| Box::pin(s3_rows(scratch))),
+        ("slots", |scratch| Box::pin(slot_rows(scratch))),
         ("azure", |scratch| Box::pin(azure_rows(scratch))),
         ("gcs", |scratch| Box::pin(gcs_rows(scratch))),
         ("postgres", |scratch| Box::pin(postgres(scratch))),
@@ -216,6 +217,95 @@ async fn s3_rows(_scratch: &Path) -> Result<Rows> {
         raw,
         acquires,
     ));
+    Ok(rows)
+}
+
+/// S3 on moto: what each operation on a key with 1, 3 and 10 slots costs the
+/// store, counted by a proxy; two agents, as two runner hosts.
+async fn slot_rows(_scratch: &Path) -> Result<Rows> {
+    let Ok(endpoint) = std::env::var("RUNLOCK_TEST_S3_ENDPOINT") else {
+        let why = "skipped: RUNLOCK_TEST_S3_ENDPOINT is not set (see BENCHMARKS.md)";
+        return Ok(vec![("slots".into(), why.into())]);
+    };
+    let bucket = format!("runlock-bench-slots-{}", std::process::id());
+    http::request("PUT", &format!("{endpoint}/{bucket}"), &[], "")
+        .await?
+        .success("creating a bucket")?;
+    let proxy = CountingProxy::start(&endpoint).await?;
+    let env = [
+        ("AWS_ENDPOINT_URL", proxy.url.as_str()),
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let uri = format!("s3://{bucket}/slots");
+    let mut a = start_agent(&uri, &[], &env).await?;
+    let mut b = start_agent(&uri, &[], &env).await?;
+    let mut rows = Vec::new();
+    for n in [1u32, 3, 10] {
+        let key = format!("warehouse-{n}");
+        let take = |wait_ms| acquire_slots(&key, wait_ms, n);
+        let mut counted = |what: &str, requests: usize| {
+            rows.push((
+                format!("S3 (moto), {n} slots: store requests per {what}"),
+                requests.to_string(),
+            ));
+        };
+        let mut first = a.client().await?;
+        let before = proxy.requests();
+        let first_lease = acquired(first.call(take(0)).await?)?;
+        counted("acquire of a key never seen", proxy.requests() - before);
+        // The other host fills every other slot; the next one is refused.
+        let mut others = Vec::new();
+        for taken in 1..n {
+            let mut conn = b.client().await?;
+            let before = proxy.requests();
+            let lease = acquired(conn.call(take(0)).await?)?;
+            if taken == 1 {
+                counted(
+                    "acquire of a free slot, another host's slot held",
+                    proxy.requests() - before,
+                );
+            }
+            others.push((conn, lease));
+        }
+        if let Some((mut conn, lease)) = others.pop() {
+            release(&mut conn, lease).await?;
+        }
+        if n > 1 {
+            let mut conn = b.client().await?;
+            let before = proxy.requests();
+            let lease = acquired(conn.call(take(0)).await?)?;
+            counted(
+                "acquire of the slot this agent let go",
+                proxy.requests() - before,
+            );
+            others.push((conn, lease));
+        }
+        let mut refused = b.client().await?;
+        let before = proxy.requests();
+        match refused.call(take(0)).await? {
+            AgentMessage::Error(e) if e.code == runlock_protocol::ErrorCode::Held => {}
+            other => bail!("an acquire with every slot held: {other:?}"),
+        }
+        counted(
+            "acquire refused, every slot held",
+            proxy.requests() - before,
+        );
+        let before = proxy.requests();
+        first
+            .call(ClientMessage::Inspect { key: key.clone() })
+            .await?;
+        counted("inspect", proxy.requests() - before);
+        let before = proxy.requests();
+        release(&mut first, first_lease).await?;
+        counted("release", proxy.requests() - before);
+        for (mut conn, lease) in others {
+            release(&mut conn, lease).await?;
+        }
+    }
+    a.stop().await?;
+    b.stop().await?;
     Ok(rows)
 }
 
@@ -1300,8 +1390,12 @@ async fn start_agent(uri: &str, extra: &[&str], env: &[(&str, &str)]) -> Result<
 }
 
 fn acquire(key: &str, wait_ms: u64) -> ClientMessage {
+    acquire_slots(key, wait_ms, 1)
+}
+
+fn acquire_slots(key: &str, wait_ms: u64, slots: u32) -> ClientMessage {
     ClientMessage::Acquire {
-        slots: 1,
+        slots,
         keys: vec![key.to_string()],
         ttl_ms: None,
         wait_ms,

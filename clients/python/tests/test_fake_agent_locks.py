@@ -288,6 +288,28 @@ def test_restarting_agent_then_busy_then_unavailable_then_reattached(tmp_path: P
     thread.join(BOUND_S)
 
 
+def test_a_slot_lease_is_asked_for_and_reattached_with_its_slot(tmp_path: Path) -> None:
+    path = str(tmp_path / "fake.sock")
+    slot_lease = {**LEASE, "slot": 2}
+    after: "queue.Queue[Dict[str, Any]]" = queue.Queue()
+
+    def first(conn: socket.socket) -> None:
+        greet(conn)
+        request = read(conn)
+        assert request["type"] == "acquire" and request["slots"] == 3
+        send(conn, {**acquired(request, valid_for_ms=10000), "leases": [slot_lease]})
+        # Then it crashes: the connection ends.
+
+    thread = serve(path, [first, reattached_by([slot_lease], after)])
+    with runlock.lock("k", slots=3, socket=path) as lease:
+        assert lease.slot == 2 and lease.token == 7
+        assert lease.wait_reattached(BOUND_S), "not reattached"
+        assert lease.slot == 2 and lease.lost is None
+    request = after.get(timeout=BOUND_S)
+    assert request["type"] == "release" and request["lease_ids"] == ["L1"]
+    thread.join(BOUND_S)
+
+
 @pytest.mark.parametrize(
     "code, message",
     [("not_owner", "lease L1 is no longer held"), ("forbidden", "another uid's lease")],

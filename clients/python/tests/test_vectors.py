@@ -79,6 +79,10 @@ BUILT = {
         3, lease_ids=["lease-0001", "lease-0002"]
     ),
     "client-release-key.msgpack": lambda: messages.release(4, key="dev:a"),
+    "client-acquire-slots.msgpack": lambda: messages.acquire(
+        11, ["warehouse"], wait_ms=60000, command="meltano run tap-x target-y", slots=3
+    ),
+    "client-release-key-slot.msgpack": lambda: messages.release(12, key="warehouse", slot=2),
     "client-attach.msgpack": lambda: messages.attach(5, 4300, 4300),
     "client-reattach.msgpack": lambda: messages.reattach(
         9, [Grant("dev:a", "lease-0001", 12)], on_lost="term"
@@ -269,3 +273,101 @@ def test_history_events_and_incident() -> None:
     assert isinstance(record, messages.Record)
     assert record.record.incident == forced
     assert parse("agent-record-held.msgpack").record.incident is None  # type: ignore[union-attr]
+
+
+def slot_holder(pid: int, token: int, slot: int, slots: int) -> runlock.Holder:
+    """A holder of the slot vectors, which differ only in these fields."""
+    return runlock.Holder(
+        host="runner-01",
+        agent_id="5b0e7c1a-3f4d-4e8a-9c2b-7d1e6f0a4b3c",
+        pid=pid,
+        uid=1000,
+        gid=1000,
+        user="etl",
+        command="meltano run tap-x target-y",
+        acquired_at_ms=1700000000000,
+        token=token,
+        slot=slot,
+        slots=slots,
+    )
+
+
+def test_a_plain_key_has_no_slot_anywhere() -> None:
+    acquired = parse("agent-acquired.msgpack")
+    assert isinstance(acquired, messages.Acquired)
+    assert [g.slot for g in acquired.leases] == [None, None]
+    error = parse("agent-error-held.msgpack")
+    assert isinstance(error, messages.Error) and error.holders == ()
+    exc = error.exception()
+    assert isinstance(exc, runlock.Held) and exc.holders == []
+    assert exc.holder is not None and (exc.holder.slot, exc.holder.slots) == (None, None)
+    record = parse("agent-record-held.msgpack")
+    assert isinstance(record, messages.Record)
+    assert record.record.slots is None and record.record.holders == ()
+    events = parse("agent-events.msgpack")
+    assert isinstance(events, messages.Events) and {e.slot for e in events.events} == {None}
+
+
+def test_slot_grant_record_and_errors() -> None:
+    acquired = parse("agent-acquired-slot.msgpack")
+    assert isinstance(acquired, messages.Acquired)
+    assert acquired.leases == (Grant("warehouse", "lease-0007", 5, slot=1),)
+
+    record = parse("agent-record-slots.msgpack")
+    assert isinstance(record, messages.Record)
+    first, third = slot_holder(4242, 9, 0, 3), slot_holder(4250, 4, 2, 3)
+    assert record.record == runlock.KeyRecord(
+        key="warehouse",
+        state="held",
+        token=9,
+        scope="global",
+        holder=first,
+        expires_in_ms=29000,
+        slots=3,
+        holders=(first, third),
+    )
+
+    held = parse("agent-error-held-slots.msgpack").exception()  # type: ignore[union-attr]
+    assert type(held) is runlock.Held and held.key == "warehouse"
+    assert held.holders == [slot_holder(4242, 9, 0, 2), slot_holder(4250, 5, 1, 2)]
+    assert held.holder == held.holders[0]
+
+    mismatch = parse("agent-error-slots-mismatch.msgpack").exception()  # type: ignore[union-attr]
+    assert type(mismatch) is runlock.SlotsMismatch and mismatch.code == "slots_mismatch"
+    assert isinstance(mismatch, runlock.BadRequest) and not isinstance(mismatch, runlock.Held)
+    assert mismatch.key == "warehouse" and mismatch.held_with == 5
+    assert mismatch.holders == [slot_holder(4242, 9, 0, 5)] and mismatch.holder == mismatch.holders[0]
+    assert "5 slots" in mismatch.message and "asks 3 slots" in mismatch.message
+
+
+def test_a_slot_lease_is_reattached_with_its_slot() -> None:
+    # The next agent must adopt the slot's own record, so the slot travels
+    # with the lease (SPEC 7.2), after the fields a plain lease has.
+    request = messages.reattach(9, [Grant("warehouse", "lease-0007", 5, slot=1)])
+    assert request["leases"] == [{"key": "warehouse", "lease_id": "lease-0007", "token": 5, "slot": 1}]
+    assert list(request["leases"][0]) == ["key", "lease_id", "token", "slot"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"type": "acquired", "ttl_ms": 1, "leases": [{"key": "k", "lease_id": "l", "token": 1, "slot": -1}]},
+        {"type": "acquired", "ttl_ms": 1, "leases": [{"key": "k", "lease_id": "l", "token": 1, "slot": 1 << 32}]},
+        {"type": "record", "key": "k", "state": "free", "token": 0, "scope": "host", "slots": "3"},
+        {"type": "record", "key": "k", "state": "free", "token": 0, "scope": "host", "holders": {}},
+        {"type": "error", "code": "held", "message": "m", "holders": [1]},
+    ],
+)
+def test_bad_slot_fields_are_protocol_errors(body: Dict[str, Any]) -> None:
+    with pytest.raises(ProtocolError):
+        messages.parse_agent(body)
+
+
+def test_slots_and_slot_the_wire_cannot_carry_are_refused_before_connecting() -> None:
+    for bad in [-1, 1 << 32, True, 3.0, "3"]:
+        with pytest.raises(ValueError):
+            runlock.lock("k", slots=bad, socket="/nonexistent/agent.sock")  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            runlock.break_lock("k", slot=bad, socket="/nonexistent/agent.sock")  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        messages.release(1, lease_ids=["l"], slot=0)

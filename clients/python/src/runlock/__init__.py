@@ -5,6 +5,9 @@
     with runlock.lock("dev:tap-x-to-target-y", wait=30, ttl=30) as lease:
         run_pipeline(fencing_token=lease.token)
 
+    with runlock.lock("warehouse", slots=3, wait=600) as lease:  # at most 3 at once
+        load(slot=lease.slot, fencing_token=lease.token)
+
 See README.md for lock-loss semantics; protocol/SPEC.md for the wire protocol.
 """
 
@@ -21,6 +24,7 @@ from .errors import (
     NotOwner,
     ProtocolError,
     RunlockError,
+    SlotsMismatch,
     Timeout,
     Unavailable,
     Unsupported,
@@ -45,6 +49,7 @@ __all__ = [
     "RunlockError",
     "Held",
     "Timeout",
+    "SlotsMismatch",
     "Unavailable",
     "InvalidKey",
     "Forbidden",

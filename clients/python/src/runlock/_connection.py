@@ -175,6 +175,7 @@ class Connection:
                     f"the agent at {self.path} refused the connection: {reply.message}",
                     reply.key,
                     reply.holder,
+                    reply.holders,
                 )
             if reply.id is not None:
                 raise ProtocolError(f"unexpected answer to hello: {reply!r}")

@@ -55,6 +55,17 @@ def _millis(seconds: float, what: str) -> int:
     return millis
 
 
+_MAX_U32 = (1 << 32) - 1
+
+
+def _uint32(value: int, what: str) -> int:
+    """A count the wire carries as uint32; whether the agent accepts it (slots:
+    1 to 64) is the agent's to say, as for a TTL."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_U32:
+        raise ValueError(f"{what} must be an int from 0 to {_MAX_U32}, got {value!r}")
+    return value
+
+
 def _unlock(fds: List[int]) -> None:
     """Drops each kernel lock: ``LOCK_UN`` on one copy drops it for every
     process sharing the open file description, children included (SPEC 5.4)."""
@@ -81,7 +92,8 @@ class Lease:
 
     Use it as a context manager (``with runlock.lock(...) as lease``), or call
     :meth:`release` yourself. One key: ``lease.key``, ``lease.token`` and
-    ``lease.lease_id``. Several keys: ``lease.keys`` (sorted), and the mappings
+    ``lease.lease_id`` (and ``lease.slot``, the slot granted, when the key was
+    taken with ``slots``). Several keys: ``lease.keys`` (sorted), and the mappings
     ``lease.tokens`` and ``lease.lease_ids`` from key to value; ``lease.grants``
     holds one :class:`~runlock.Grant` per key in sorted order.
 
@@ -185,6 +197,13 @@ class Lease:
     def lease_id(self) -> str:
         """The lease id (only when one key was locked)."""
         return self._single().lease_id
+
+    @property
+    def slot(self) -> Optional[int]:
+        """The slot granted, 0-based, when the key was taken with ``slots``
+        (None for a plain key); :attr:`token` is that slot's own token. Only
+        when one key was locked: several keys have it in :attr:`grants`."""
+        return self._single().slot
 
     @property
     def valid_for_ms(self) -> Optional[int]:
@@ -546,6 +565,7 @@ def lock(
     on_lost: Optional[OnLost] = None,
     socket: SocketPath = None,
     command: Optional[str] = None,
+    slots: int = 1,
 ) -> Lease:
     """Takes one key (a ``str``) or several (a list: all or none, in sorted order).
 
@@ -556,6 +576,12 @@ def lock(
     the keys from their holders (needs force rights). ``command`` is recorded
     in the holder (default: this process's command line).
 
+    ``slots`` lets each key admit that many holders at once (1 to 64) across
+    every agent sharing the backend; each holder gets one slot
+    (:attr:`Lease.slot`) with its own fencing token, and ``force`` takes one
+    slot. Everyone must take a key with the same count: a holder that took it
+    with another raises :class:`~runlock.SlotsMismatch`. 1 is a plain key.
+
     The lease is acquired when this is called and held until :meth:`Lease.release`
     or the end of the ``with`` block.
     """
@@ -564,6 +590,7 @@ def lock(
         raise ValueError("keys must be a str or a non-empty sequence of str")
     wait_ms = _millis(wait, "wait")
     ttl_ms = None if ttl is None else _millis(ttl, "ttl")
+    _uint32(slots, "slots")
     conn = Connection(resolve(socket))
     fds: List[int] = []
     try:
@@ -574,6 +601,7 @@ def lock(
             wait_ms=wait_ms or None,
             force=True if force else None,
             command=_default_command() if command is None else command,
+            slots=slots,
         )
         reply, fds = conn.request_fds(request, timeout=wait_ms / 1000 + REPLY_SLACK_S)
         if not isinstance(reply, messages.Acquired):
@@ -624,12 +652,15 @@ def history(key: str, limit: Optional[int] = None, *, socket: SocketPath = None)
     return list(reply.events)
 
 
-def break_lock(key: str, *, socket: SocketPath = None) -> int:
-    """Breaks whoever holds ``key`` (``runlock release KEY``; needs force rights).
+def break_lock(key: str, *, slot: Optional[int] = None, socket: SocketPath = None) -> int:
+    """Breaks whoever holds ``key`` (``runlock release KEY``; needs force rights);
+    for a key with slots, ``slot`` names the one slot to break.
 
-    Returns 1 if a lease was broken, 0 if the key was free.
+    Returns 1 if a lease was broken, 0 if the key (or slot) was free.
     """
-    reply = _one_shot(socket, lambda i: messages.release(i, key=key))
+    if slot is not None:
+        _uint32(slot, "slot")
+    reply = _one_shot(socket, lambda i: messages.release(i, key=key, slot=slot))
     if not isinstance(reply, messages.Released):
         raise ProtocolError(f"unexpected answer to release: {reply!r}")
     return reply.count

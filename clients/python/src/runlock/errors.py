@@ -8,7 +8,7 @@ catches every failure of this package. Agent errors map from their wire ``code``
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Dict, List, Optional, Type
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Type
 
 if TYPE_CHECKING:  # only for annotations: messages imports this module
     from .messages import Holder, LostEvent
@@ -30,7 +30,12 @@ class RunlockError(Exception):
 
 
 class Held(RunlockError):
-    """The key is held by someone else; ``holder`` says who (host, pid, user, token...)."""
+    """The key is held by someone else; ``holder`` says who (host, pid, user, token...).
+
+    For a key with slots every slot is held: ``holders`` names each slot's
+    holder (with its ``slot`` and token), ``holder`` the first of them. For a
+    plain key ``holders`` is empty.
+    """
 
     def __init__(
         self,
@@ -39,9 +44,11 @@ class Held(RunlockError):
         code: Optional[str] = "held",
         key: Optional[str] = None,
         holder: Optional["Holder"] = None,
+        holders: "Sequence[Holder]" = (),
     ):
         super().__init__(message, code=code, key=key)
         self.holder = holder
+        self.holders = list(holders)
 
 
 class Timeout(Held):
@@ -74,6 +81,39 @@ class Unsupported(RunlockError):
 
 class BadRequest(RunlockError):
     """The agent could not accept the request as sent (for example a TTL out of range)."""
+
+
+class SlotsMismatch(BadRequest):
+    """The key is held by a holder that took it with another count of slots
+    than this acquire asked: a key's slots are one count for every holder.
+
+    A subclass of :class:`BadRequest`, not of :class:`Held`: waiting does not
+    cure it, the counts must agree. ``message`` names both counts and the
+    holders; ``holders`` lists them (each with its ``slot`` and ``slots``),
+    ``holder`` the first, and :attr:`held_with` is their count.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: Optional[str] = "slots_mismatch",
+        key: Optional[str] = None,
+        holder: Optional["Holder"] = None,
+        holders: "Sequence[Holder]" = (),
+    ):
+        super().__init__(message, code=code, key=key)
+        self.holder = holder
+        self.holders = list(holders)
+
+    @property
+    def held_with(self) -> Optional[int]:
+        """How many slots the live holders took the key with (None if the
+        agent named no holder); 1 for a plain key's holder."""
+        first = self.holders[0] if self.holders else self.holder
+        if first is None:
+            return None
+        return 1 if first.slots is None else first.slots
 
 
 class Internal(RunlockError):
@@ -120,14 +160,19 @@ _BY_CODE: Dict[str, Type[RunlockError]] = {
     "unsupported_version": ProtocolError,
     "bad_request": BadRequest,
     "internal": Internal,
+    "slots_mismatch": SlotsMismatch,
 }
 
 
 def from_wire(
-    code: str, message: str, key: Optional[str] = None, holder: "Optional[Holder]" = None
+    code: str,
+    message: str,
+    key: Optional[str] = None,
+    holder: "Optional[Holder]" = None,
+    holders: "Sequence[Holder]" = (),
 ) -> RunlockError:
     """Builds the exception for an agent ``error`` reply; unknown codes give a plain RunlockError."""
     cls = _BY_CODE.get(code, RunlockError)
-    if issubclass(cls, Held):
-        return cls(message, code=code, key=key, holder=holder)
+    if issubclass(cls, (Held, SlotsMismatch)):
+        return cls(message, code=code, key=key, holder=holder, holders=holders)
     return cls(message, code=code, key=key)

@@ -53,9 +53,11 @@ def acquire(
     force: Optional[bool] = None,
     command: str = "",
     on_lost: str = "term",
+    slots: int = 1,
 ) -> Dict[str, Any]:
     """``acquire``. Optional fields left as None are omitted, as the reference
-    encoder omits them; ``command`` and ``on_lost`` are always written, as it does."""
+    encoder omits them; ``command`` and ``on_lost`` are always written, as it
+    does; ``slots`` only when not 1 (a plain key), so plain keys keep their bytes."""
     message = _with_id(request_id, "acquire")
     message["keys"] = list(keys)
     if ttl_ms is not None:
@@ -66,20 +68,31 @@ def acquire(
         message["force"] = force
     message["command"] = command
     message["on_lost"] = on_lost
+    if slots != 1:
+        message["slots"] = slots
     return message
 
 
 def release(
-    request_id: int, *, lease_ids: Optional[Sequence[str]] = None, key: Optional[str] = None
+    request_id: int,
+    *,
+    lease_ids: Optional[Sequence[str]] = None,
+    key: Optional[str] = None,
+    slot: Optional[int] = None,
 ) -> Dict[str, Any]:
-    """``release``: exactly one of a non-empty ``lease_ids`` or a ``key`` (to break)."""
+    """``release``: exactly one of a non-empty ``lease_ids`` or a ``key`` (to
+    break); with ``key``, ``slot`` names the one slot to break."""
     if bool(lease_ids) == (key is not None):
         raise ValueError("release needs either lease_ids or key, not both")
+    if slot is not None and key is None:
+        raise ValueError("release: slot goes with key")
     message = _with_id(request_id, "release")
     if lease_ids:
         message["lease_ids"] = list(lease_ids)
     else:
         message["key"] = key
+        if slot is not None:
+            message["slot"] = slot
     return message
 
 
@@ -94,11 +107,17 @@ def reattach(request_id: int, leases: Sequence["Grant"], on_lost: str = "term") 
     """``reattach`` (SPEC 8.7): has the next agent adopt leases taken through
     one that has stopped."""
     message = _with_id(request_id, "reattach")
-    message["leases"] = [
-        {"key": g.key, "lease_id": g.lease_id, "token": g.token} for g in leases
-    ]
+    message["leases"] = [_lease(g) for g in leases]
     message["on_lost"] = on_lost
     return message
+
+
+def _lease(grant: "Grant") -> Dict[str, Any]:
+    # A slot's lease names its slot, so the next agent adopts that slot's record.
+    lease: Dict[str, Any] = {"key": grant.key, "lease_id": grant.lease_id, "token": grant.token}
+    if grant.slot is not None:
+        lease["slot"] = grant.slot
+    return lease
 
 
 def simple(request_id: int, kind: str) -> Dict[str, Any]:
@@ -190,6 +209,10 @@ class Holder:
     command: str
     acquired_at_ms: int
     token: int
+    #: For a key with slots: the slot held (0-based) and how many slots the
+    #: holder took the key with; None for a plain key.
+    slot: Optional[int] = None
+    slots: Optional[int] = None
 
     @classmethod
     def from_wire(cls, value: Any) -> "Holder":
@@ -204,12 +227,21 @@ class Holder:
             command=_str(body, "command"),
             acquired_at_ms=_int(body, "acquired_at_ms"),
             token=_int(body, "token"),
+            slot=_int(body, "slot", required=False, limit=_U32),
+            slots=_int(body, "slots", required=False, limit=_U32),
         )
 
 
 def _holder(body: Dict[str, Any]) -> Optional[Holder]:
     value = _field(body, "holder", False)
     return None if value is None else Holder.from_wire(value)
+
+
+def _holders(body: Dict[str, Any]) -> Tuple[Holder, ...]:
+    """``holders``: every held slot's holder, for a key with slots (absent: none)."""
+    if _field(body, "holders", False) is None:
+        return ()
+    return tuple(Holder.from_wire(v) for v in _list(body, "holders"))
 
 
 def _incident(body: Dict[str, Any]) -> Optional[KeyEvent]:
@@ -219,16 +251,24 @@ def _incident(body: Dict[str, Any]) -> Optional[KeyEvent]:
 
 @dataclass(frozen=True)
 class Grant:
-    """One key granted by ``acquire`` (SPEC 7.2 ``Lease``)."""
+    """One key granted by ``acquire`` (SPEC 7.2 ``Lease``); ``slot`` is the
+    slot granted (0-based) for a key with slots, None for a plain key, and
+    ``token`` then that slot's own fencing token."""
 
     key: str
     lease_id: str
     token: int
+    slot: Optional[int] = None
 
     @classmethod
     def from_wire(cls, value: Any) -> "Grant":
         body = _map(value, "lease")
-        return cls(key=_str(body, "key"), lease_id=_str(body, "lease_id"), token=_int(body, "token"))
+        return cls(
+            key=_str(body, "key"),
+            lease_id=_str(body, "lease_id"),
+            token=_int(body, "token"),
+            slot=_int(body, "slot", required=False, limit=_U32),
+        )
 
 
 @dataclass(frozen=True)
@@ -261,7 +301,7 @@ class KeyEvent:
     client acted). ``kind`` is ``granted``, ``released``, ``forced``,
     ``broken``, ``expired``, ``lost`` or ``adopted`` (or a newer agent's
     value, kept as is); ``from_token`` is the token taken over by a force or
-    break."""
+    break; ``slot`` the slot it is about, for a key with slots."""
 
     kind: str
     at_ms: int
@@ -274,6 +314,7 @@ class KeyEvent:
     user: str
     from_token: Optional[int] = None
     reason: str = ""
+    slot: Optional[int] = None
 
     @classmethod
     def from_wire(cls, value: Any) -> "KeyEvent":
@@ -290,6 +331,7 @@ class KeyEvent:
             user=_str(body, "user"),
             from_token=_int(body, "from_token", required=False),
             reason=_str(body, "reason", required=False) or "",
+            slot=_int(body, "slot", required=False, limit=_U32),
         )
 
 
@@ -299,6 +341,12 @@ class KeyRecord:
 
     ``state`` is ``"free"`` or ``"held"`` (or a newer agent's value, kept as is);
     ``expires_in_ms`` is None when free and on backends whose locks do not expire.
+
+    For a key with slots, ``slots`` is their count and ``holders`` has one
+    :class:`Holder` per held slot (each with its ``slot`` and token), while
+    ``state``, ``token``, ``holder`` and ``expires_in_ms`` are the lowest
+    held slot's (slot 0's when all are free). For a plain key ``slots`` is
+    None and ``holders`` empty.
     """
 
     key: str
@@ -309,6 +357,8 @@ class KeyRecord:
     expires_in_ms: Optional[int] = None
     #: The key's last force, break, expiry or loss, when its history holds one.
     incident: Optional[KeyEvent] = None
+    slots: Optional[int] = None
+    holders: Tuple[Holder, ...] = ()
 
 
 # --------------------------------------------------------------------------- agent messages
@@ -389,16 +439,18 @@ class Empty:
 
 @dataclass(frozen=True)
 class Error:
-    """An ``error`` reply; ``exception()`` gives the matching RunlockError."""
+    """An ``error`` reply; ``exception()`` gives the matching RunlockError.
+    ``holders`` names every held slot's holder, for a key with slots."""
 
     code: str
     message: str
     key: Optional[str] = None
     holder: Optional[Holder] = None
     id: Optional[int] = None
+    holders: Tuple[Holder, ...] = ()
 
     def exception(self) -> errors.RunlockError:
-        return errors.from_wire(self.code, self.message, self.key, self.holder)
+        return errors.from_wire(self.code, self.message, self.key, self.holder, self.holders)
 
 
 @dataclass(frozen=True)
@@ -509,6 +561,8 @@ def parse_agent(body: Dict[str, Any]) -> AgentMessage:
             holder=_holder(body),
             expires_in_ms=_int(body, "expires_in_ms", required=False),
             incident=_incident(body),
+            slots=_int(body, "slots", required=False, limit=_U32),
+            holders=_holders(body),
         )
         return Record(record=record, id=request_id)
     if kind == "events":
@@ -526,6 +580,7 @@ def parse_agent(body: Dict[str, Any]) -> AgentMessage:
             key=_str(body, "key", required=False),
             holder=_holder(body),
             id=request_id,
+            holders=_holders(body),
         )
     if kind == "lost":
         event = LostEvent(
