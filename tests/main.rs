@@ -27,6 +27,7 @@ mod run_holds_lock;
 mod scenarios;
 mod secrets;
 mod shim_trust;
+mod slots;
 mod systemd;
 mod trust;
 mod untrusted_stores;

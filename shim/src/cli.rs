@@ -1,6 +1,7 @@
 //! The command line, as DESIGN's shim contract writes it.
 
 use clap::{Parser, Subcommand, ValueEnum};
+use runlock_protocol::MAX_SLOTS;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -49,6 +50,10 @@ pub enum Command {
     Release {
         /// The key
         key: String,
+        /// Of a key with slots, the slot to break (0-based, as RUNLOCK_SLOT
+        /// and `inspect` number them) [default: 0, the key's own record]
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(0..i64::from(MAX_SLOTS)))]
+        slot: Option<u32>,
     },
 }
 
@@ -73,7 +78,17 @@ pub struct RunArgs {
     /// Lease time to live [default: the agent's]
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
     pub ttl: Option<Duration>,
+    /// Let up to N runs hold each key at once, across every host sharing the
+    /// backend (1 to 64); every holder of a key must ask the same N
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_SLOTS))
+    )]
+    pub slots: u32,
     /// Take the keys over from their holders, who are stopped and exit 76
+    /// (of a key with slots: one slot, a free one if any, else the oldest holder's)
     #[arg(long)]
     pub force: bool,
     /// What to do to the command if its lease is lost

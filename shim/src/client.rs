@@ -6,8 +6,8 @@ use crate::exit::{self, Failure};
 use crate::fd_stream::FdStream;
 use futures::{SinkExt, StreamExt};
 use runlock_protocol::{
-    AgentMessage, ClientMessage, Envelope, ErrorCode, OnUnavailable, ProtocolError, ShimCodec,
-    WireError, PROTOCOL_VERSION,
+    AgentMessage, ClientMessage, Envelope, ErrorCode, Holder, OnUnavailable, ProtocolError,
+    ShimCodec, WireError, PROTOCOL_VERSION,
 };
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
@@ -332,20 +332,95 @@ pub fn unexpected(what: &str, got: &AgentMessage) -> Failure {
     )
 }
 
-/// `held`/`timeout` failures print who holds the key.
+/// `held`, `timeout` and `slots_mismatch` failures print who holds the key:
+/// for a key with slots, every held slot's holder.
 pub fn describe_wire_error(err: &WireError) -> String {
     let mut text = display::escape(&err.message).into_owned();
-    if let (ErrorCode::Held | ErrorCode::Timeout, Some(h)) = (err.code, &err.holder) {
-        text.push_str(&format!(
-            "\n  host:    {}\n  pid:     {}\n  user:    {} (uid {})\n  command: {}\n  since:   {}\n  token:   {}",
-            display::escape(&h.host),
-            h.pid,
-            display::escape(&h.user),
-            h.uid,
-            display::escape(&h.command),
-            crate::format::since(h.acquired_at_ms),
-            h.token
-        ));
+    if !matches!(
+        err.code,
+        ErrorCode::Held | ErrorCode::Timeout | ErrorCode::SlotsMismatch
+    ) {
+        return text;
+    }
+    let holders = match (&err.holders[..], &err.holder) {
+        ([], Some(holder)) => std::slice::from_ref(&**holder),
+        (holders, _) => holders,
+    };
+    for h in holders {
+        let indent = match (h.slot, h.slots) {
+            (Some(slot), Some(slots)) => {
+                text.push_str(&format!("\n  slot {slot} (of {slots}):"));
+                "    "
+            }
+            (Some(slot), None) => {
+                text.push_str(&format!("\n  slot {slot}:"));
+                "    "
+            }
+            (None, _) => "  ",
+        };
+        text.push_str(&holder_lines(h, indent));
     }
     text
+}
+
+/// A holder's fields, each on a line of its own starting with `indent`,
+/// every peer-supplied string escaped.
+fn holder_lines(h: &Holder, indent: &str) -> String {
+    format!(
+        "\n{indent}host:    {}\n{indent}pid:     {}\n{indent}user:    {} (uid {})\n{indent}command: {}\n{indent}since:   {}\n{indent}token:   {}",
+        display::escape(&h.host),
+        h.pid,
+        display::escape(&h.user),
+        h.uid,
+        display::escape(&h.command),
+        crate::format::since(h.acquired_at_ms),
+        h.token
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(slot: Option<u32>, pid: u32, token: u64) -> Holder {
+        Holder {
+            host: "runner-01".into(),
+            agent_id: "a".into(),
+            pid,
+            uid: 1000,
+            gid: 1000,
+            user: "etl".into(),
+            command: "load".into(),
+            acquired_at_ms: 0,
+            token,
+            slot,
+            slots: slot.map(|_| 3),
+        }
+    }
+
+    #[test]
+    fn a_refusal_of_a_key_with_slots_names_every_slot_s_holder() {
+        let mut err = WireError::new(ErrorCode::Held, "held");
+        err.holder = Some(Box::new(holder(Some(0), 10, 4)));
+        err.holders = vec![holder(Some(0), 10, 4), holder(Some(2), 12, 7)];
+        let text = describe_wire_error(&err);
+        for want in [
+            "\n  slot 0 (of 3):\n    host:    runner-01\n    pid:     10",
+            "    token:   4",
+            "\n  slot 2 (of 3):",
+            "    pid:     12",
+            "    token:   7",
+        ] {
+            assert!(text.contains(want), "{want:?} not in {text}");
+        }
+    }
+
+    #[test]
+    fn a_refusal_of_a_plain_key_names_its_holder_as_before() {
+        let mut err = WireError::new(ErrorCode::Timeout, "held");
+        err.holder = Some(Box::new(holder(None, 10, 4)));
+        let text = describe_wire_error(&err);
+        assert!(text.starts_with("held\n  host:    runner-01\n  pid:     10\n"));
+        assert!(!text.contains("slot"));
+    }
 }

@@ -50,7 +50,9 @@ fn main() -> ExitCode {
             cli::Command::History { key, limit, json } => {
                 commands::history::run(&socket, &key, limit, json).await
             }
-            cli::Command::Release { key } => commands::release::run(&socket, &key).await,
+            cli::Command::Release { key, slot } => {
+                commands::release::run(&socket, &key, slot).await
+            }
         }
     });
     match result {

@@ -45,12 +45,20 @@ pub fn event_json(e: &KeyEvent) -> serde_json::Value {
         "uid": e.uid,
         "user": e.user,
         "reason": e.reason,
+        "slot": e.slot,
     })
 }
 
 /// One event on one line, every string escaped: "granted token 3 to
-/// etl@runner-01 (pid 42)".
+/// etl@runner-01 (pid 42)"; of a key with slots, "slot 1: granted …".
 pub fn event_line(e: &KeyEvent) -> String {
+    match e.slot {
+        Some(slot) => format!("slot {slot}: {}", what_happened(e)),
+        None => what_happened(e),
+    }
+}
+
+fn what_happened(e: &KeyEvent) -> String {
     let who = format!("{}@{}", escape(&e.user), escape(&e.host));
     let pid = match e.pid {
         0 => String::new(),
@@ -143,5 +151,14 @@ mod tests {
         let json = event_json(&hostile);
         assert_eq!(json["kind"], "granted");
         assert_eq!(json["at"], "1970-01-01T00:00:00.000Z");
+        assert!(json["slot"].is_null());
+    }
+
+    #[test]
+    fn an_event_of_a_slot_names_it() {
+        let mut e = event(EventKind::Released, "ann", None);
+        e.slot = Some(2);
+        assert_eq!(event_line(&e), "slot 2: released token 9 by ann@h (pid 7)");
+        assert_eq!(event_json(&e)["slot"], 2);
     }
 }

@@ -1,4 +1,5 @@
-//! `runlock release KEY`: break the lease on a key, whoever holds it.
+//! `runlock release KEY [--slot N]`: break the lease on a key (or on one
+//! slot of it), whoever holds it.
 
 use crate::client::{unexpected, Client, BACKEND_ANSWER_TIMEOUT};
 use crate::exit::Failure;
@@ -6,17 +7,21 @@ use runlock_protocol::{AgentMessage, ClientMessage};
 use std::path::Path;
 use std::process::ExitCode;
 
-pub async fn run(socket: &Path, key: &str) -> Result<ExitCode, Failure> {
+pub async fn run(socket: &Path, key: &str, slot: Option<u32>) -> Result<ExitCode, Failure> {
     super::valid_key(key)?;
     let mut client = Client::connect(socket).await?;
     let request = ClientMessage::Release {
-        slot: None,
+        slot,
         lease_ids: Vec::new(),
         key: Some(key.to_string()),
     };
+    let what = match slot {
+        Some(slot) => format!("slot {slot} of {key:?}"),
+        None => format!("{key:?}"),
+    };
     match client.call_within(BACKEND_ANSWER_TIMEOUT, request).await {
-        Ok(AgentMessage::Released { count: 0 }) => println!("{key:?} was not held"),
-        Ok(AgentMessage::Released { .. }) => println!("released {key:?}"),
+        Ok(AgentMessage::Released { count: 0 }) => println!("{what} was not held"),
+        Ok(AgentMessage::Released { .. }) => println!("released {what}"),
         Ok(other) => return Err(unexpected("release", &other)),
         Err(err) => return Err(err.into_failure("releasing")),
     }

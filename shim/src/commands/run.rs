@@ -250,7 +250,7 @@ type Acquired = (Vec<Lease>, Duration, Option<Duration>, Vec<OwnedFd>);
 /// The `acquire` for every key.
 fn request(args: &RunArgs) -> ClientMessage {
     ClientMessage::Acquire {
-        slots: 1,
+        slots: args.slots,
         keys: args.keys.clone(),
         ttl_ms: args.ttl.map(cli::millis),
         wait_ms: cli::millis(args.wait),
@@ -298,7 +298,8 @@ async fn acquire(
 /// command holds a duplicate of it, so that the agent sees the connection
 /// close only when every process of the run has exited, and of each of its
 /// `locks`, so that a kernel lock lasts as long as the run, agent or no
-/// agent; without one (no lock), it gets only `RUNLOCK_KEY`.
+/// agent; without one (no lock), it gets only `RUNLOCK_KEY`. A key with
+/// slots adds `RUNLOCK_SLOT`.
 fn spawn(
     socket: Option<RawFd>,
     locks: &[OwnedFd],
@@ -342,6 +343,17 @@ fn spawn(
         builder
             .env_remove("RUNLOCK_TOKEN")
             .env_remove("RUNLOCK_LEASE_ID");
+    }
+    // One line per key, in RUNLOCK_TOKEN's order: a token is only
+    // comparable with its own slot's, so the two are read together.
+    if leases.iter().any(|l| l.slot.is_some()) {
+        builder.env(
+            "RUNLOCK_SLOT",
+            join(|l| l.slot.map(|s| s.to_string()).unwrap_or_default()),
+        );
+    } else {
+        // Not an enclosing run's: a plain key has no slot.
+        builder.env_remove("RUNLOCK_SLOT");
     }
     let spawned = builder.spawn();
     drop(inherited); // the child has its copies; these would keep the run's lock alive after it

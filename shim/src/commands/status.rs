@@ -29,6 +29,7 @@ pub async fn run(socket: &Path, json: bool) -> Result<ExitCode, Failure> {
             .map(|l| {
                 serde_json::json!({
                     "key": l.key,
+                    "slot": l.holder.slot,
                     "lease_id": l.lease_id,
                     "token": l.holder.token,
                     "ttl_ms": l.ttl_ms,
@@ -45,21 +46,22 @@ pub async fn run(socket: &Path, json: bool) -> Result<ExitCode, Failure> {
         return Ok(ExitCode::SUCCESS);
     }
     // PID is the holder's, as every host sees it in the backend's record (the
-    // shim's, for a `runlock run`); CHILD is the command that the lease protects.
+    // shim's, for a `runlock run`); CHILD is the command that the lease
+    // protects. SLOT is `-` for a plain key; it comes after the columns
+    // that were there before slots, so that they keep their places.
     println!(
-        "{:<40} {:>8} {:>8} {:>8} {:<10} {:<26} COMMAND",
-        "KEY", "TOKEN", "PID", "CHILD", "USER", "SINCE"
+        "{:<40} {:>8} {:>8} {:>8} {:>4} {:<10} {:<26} COMMAND",
+        "KEY", "TOKEN", "PID", "CHILD", "SLOT", "USER", "SINCE"
     );
+    let or_dash = |n: Option<u32>| n.map_or_else(|| "-".to_string(), |n| n.to_string());
     for l in &leases {
-        let child = l
-            .child_pid
-            .map_or_else(|| "-".to_string(), |pid| pid.to_string());
         println!(
-            "{:<40} {:>8} {:>8} {:>8} {:<10} {:<26} {}",
+            "{:<40} {:>8} {:>8} {:>8} {:>4} {:<10} {:<26} {}",
             escape(&l.key),
             l.holder.token,
             l.holder.pid,
-            child,
+            or_dash(l.child_pid),
+            or_dash(l.holder.slot),
             escape(&l.holder.user),
             format::rfc3339(l.holder.acquired_at_ms),
             escape(&l.holder.command)

@@ -1,0 +1,707 @@
+//! Keys with slots (`runlock run --slots N`: at most N holders at once),
+//! through the real shim and agents, on every backend: `file://` and the
+//! network stores with two agents sharing them as two hosts would,
+//! `memory://` and `memory-cas://` with one agent (their locks live in it).
+//! Each case is an `async fn(place)`, named per backend by `test_matrix!`
+//! (`slots::CASE::BACKEND`).
+
+use crate::support::agent::{Backend, FileBackendDir};
+use crate::support::run::Run;
+use crate::support::stores::{Azure, Etcd, Gcs, Postgres, Space, Store, S3};
+use crate::support::{key, AgentOptions, Deadline, TestAgent};
+use anyhow::{ensure, Context, Result};
+use nix::sys::signal::Signal;
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+test_matrix!(
+    [
+        file: Local(Backend::File),
+        memory: Local(Backend::Memory),
+        memory_cas: Local(Backend::MemoryCas),
+        s3: OnStore(S3),
+        azure: OnStore(Azure),
+        gcs: OnStore(Gcs),
+        postgres: OnStore(Postgres),
+        etcd: OnStore(Etcd),
+    ];
+    three_runs_hold_a_3_slot_key_at_once_and_a_fourth_exits_75_naming_each,
+    each_slot_s_token_grows_and_runlock_slot_reads_as_runlock_token,
+    a_killed_slot_holder_frees_its_slot_at_once,
+    force_takes_a_free_slot_else_the_earliest_holder_s_and_stops_only_that_one,
+    a_run_asking_another_slot_count_exits_64_naming_both_counts,
+    history_and_release_name_the_slot,
+);
+
+// Leases that outlive their agent: a dead host's slots are freed by expiry.
+test_matrix!(
+    [s3: S3, azure: Azure, gcs: Gcs, postgres: Postgres, etcd: Etcd];
+    a_lost_host_s_slots_are_taken_over_after_the_ttl_and_not_before,
+);
+
+/// The slots every case's key has.
+const SLOTS: u32 = 3;
+
+/// Like `support::run::HOLD`, and says its slot on a second line:
+/// `ready PID TOKEN`, `slot N`; holds until its stdin closes.
+const HOLD_SLOT: &str =
+    "echo ready $$ $RUNLOCK_TOKEN; echo slot $RUNLOCK_SLOT; read _line; echo bye";
+
+/// A backend that lives in agents (`file://` on this host, `memory://`).
+struct Local(Backend);
+
+/// A shared store, through its emulator.
+struct OnStore<S>(S);
+
+/// Where a case runs: two agents over one fresh space, as two hosts.
+#[async_trait::async_trait]
+trait Place: Send + 'static {
+    async fn hosts(self, hint: &str, args: &[&str]) -> Result<Hosts>;
+}
+
+/// Two agents sharing their locks. `memory://` and `memory-cas://` live in
+/// one agent, so there B is A.
+struct Hosts {
+    a: TestAgent,
+    other: Option<TestAgent>,
+    /// The lock directory of `file://`, kept while the agents use it.
+    _locks: Option<FileBackendDir>,
+}
+
+impl Hosts {
+    fn b(&self) -> &TestAgent {
+        self.other.as_ref().unwrap_or(&self.a)
+    }
+
+    /// Whether A and B are one agent (so `status` through A lists B's leases too).
+    fn one_agent(&self) -> bool {
+        self.other.is_none()
+    }
+}
+
+#[async_trait::async_trait]
+impl Place for Local {
+    async fn hosts(self, _hint: &str, args: &[&str]) -> Result<Hosts> {
+        let options = |uri: String| {
+            let mut options = AgentOptions::new(uri);
+            options.args = args.iter().map(|a| a.to_string()).collect();
+            options
+        };
+        match self.0 {
+            Backend::File => {
+                let locks = FileBackendDir::new()?;
+                let a = TestAgent::start_with(options(locks.uri())).await?;
+                let b = TestAgent::start_with(options(locks.uri())).await?;
+                Ok(Hosts {
+                    a,
+                    other: Some(b),
+                    _locks: Some(locks),
+                })
+            }
+            Backend::Memory | Backend::MemoryCas => {
+                let uri = match self.0 {
+                    Backend::Memory => "memory://",
+                    _ => "memory-cas://",
+                };
+                let a = TestAgent::start_with(options(uri.to_string())).await?;
+                Ok(Hosts {
+                    a,
+                    other: None,
+                    _locks: None,
+                })
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl<S: Store> Place for OnStore<S> {
+    async fn hosts(self, hint: &str, args: &[&str]) -> Result<Hosts> {
+        let space = Space::create(self.0, hint).await?;
+        let a = space.agent("slots", args).await?;
+        let b = space.agent("slots", args).await?;
+        Ok(Hosts {
+            a,
+            other: Some(b),
+            _locks: None,
+        })
+    }
+}
+
+/// A run holding one slot of a key (see [`HOLD_SLOT`]).
+struct Holding {
+    run: Run,
+    /// The shim's pid: the holder's, as every host sees it.
+    pid: u32,
+    /// The command's pid (and process group).
+    child: u32,
+    token: u64,
+    slot: u32,
+}
+
+/// Starts a [`HOLD_SLOT`] run of `k` with `--slots 3` and `extra` through
+/// `agent`, and waits until it holds.
+async fn hold(agent: &TestAgent, k: &str, extra: &[&str]) -> Result<Holding> {
+    holding(run_slots(agent, k, SLOTS, extra)?).await
+}
+
+/// `runlock run --key K --slots N EXTRA... -- sh -c HOLD_SLOT`, started.
+fn run_slots(agent: &TestAgent, k: &str, slots: u32, extra: &[&str]) -> Result<Run> {
+    let slots = slots.to_string();
+    let mut args = vec!["--slots", &slots];
+    args.extend_from_slice(extra);
+    agent.run(&[k], &args, HOLD_SLOT)
+}
+
+/// Waits until a [`HOLD_SLOT`] run holds, and reads what it printed.
+async fn holding(mut run: Run) -> Result<Holding> {
+    let ready = run.ready().await?;
+    let line = run.line().await?;
+    let slot = line
+        .strip_prefix("slot ")
+        .and_then(|n| n.parse().ok())
+        .with_context(|| format!("no RUNLOCK_SLOT in {line:?}"))?;
+    Ok(Holding {
+        pid: run.pid()?,
+        child: ready.pid,
+        token: ready.token(),
+        slot,
+        run,
+    })
+}
+
+impl Holding {
+    /// Ends the command and expects it to exit `code`.
+    async fn end(mut self, code: i32) -> Result<()> {
+        self.run.end();
+        self.run.finish().await?.expect_code(code)
+    }
+}
+
+/// The slots of `k` held now, by slot: (holder pid, token), through `agent`.
+async fn held_slots(agent: &TestAgent, k: &str) -> Result<BTreeMap<u64, (u64, u64)>> {
+    let record = agent.inspect_json(k).await?;
+    let holders = match record["holders"].as_array() {
+        Some(holders) => holders.clone(),
+        None => Vec::new(),
+    };
+    holders
+        .iter()
+        .map(|h| {
+            let field = |name: &str| h[name].as_u64().with_context(|| format!("{name}: {h}"));
+            Ok((field("slot")?, (field("pid")?, field("token")?)))
+        })
+        .collect()
+}
+
+async fn three_runs_hold_a_3_slot_key_at_once_and_a_fourth_exits_75_naming_each(
+    place: impl Place,
+) -> Result<()> {
+    let hosts = place.hosts("three-at-once", &[]).await?;
+    let k = key("three-at-once");
+    let first = hold(&hosts.a, &k, &[]).await?;
+    let second = hold(hosts.b(), &k, &[]).await?;
+    let third = hold(&hosts.a, &k, &[]).await?;
+    let held = [&first, &second, &third];
+    let mut slots: Vec<u32> = held.iter().map(|h| h.slot).collect();
+    slots.sort();
+    ensure!(slots == [0, 1, 2], "three holders, three slots: {slots:?}");
+
+    let refused = hosts
+        .b()
+        .run(&[&k], &["--slots", "3"], "echo must-not-run")?
+        .finish()
+        .await?;
+    refused.expect_code(75)?;
+    ensure!(!refused.stdout.contains("must-not-run"), "{refused:?}");
+    for h in held {
+        for want in [
+            format!("slot {} (of 3):", h.slot),
+            format!("pid:     {}\n", h.pid),
+            format!("token:   {}\n", h.token),
+        ] {
+            ensure!(
+                refused.stderr.contains(&want),
+                "{want:?} not named: {refused:?}"
+            );
+        }
+    }
+
+    // Every slot, from either host.
+    let want: BTreeMap<u64, (u64, u64)> = held
+        .iter()
+        .map(|h| (h.slot.into(), (h.pid.into(), h.token)))
+        .collect();
+    for agent in [&hosts.a, hosts.b()] {
+        ensure!(held_slots(agent, &k).await? == want, "inspect: {want:?}");
+    }
+    let record = hosts.b().inspect_json(&k).await?;
+    let lowest = &want[&0];
+    ensure!(
+        record["state"] == "held"
+            && record["slots"] == SLOTS
+            && record["holder"]["slot"] == 0
+            && record["holder"]["pid"] == lowest.0
+            && record["token"] == lowest.1,
+        "the record's own fields are the lowest held slot's: {record}"
+    );
+    let text = hosts.a.runlock_output(&["inspect", &k]).await?;
+    text.expect_code(0)?;
+    ensure!(text.stdout.contains("slots:   3 (3 held)"), "{text:?}");
+    for h in held {
+        let line = format!("slot {}:  held, token {}\n", h.slot, h.token);
+        ensure!(text.stdout.contains(&line), "{line:?} not shown: {text:?}");
+    }
+
+    // `status` lists the leases held through its agent, each with its slot.
+    let status = hosts.a.runlock_output(&["status", "--json"]).await?;
+    status.expect_code(0)?;
+    let listed: serde_json::Value = serde_json::from_str(status.stdout.trim())?;
+    let mut listed: Vec<(u64, u64)> = listed
+        .as_array()
+        .context("status --json is not an array")?
+        .iter()
+        .filter(|l| l["key"] == k.as_str())
+        .map(|l| {
+            (
+                l["slot"].as_u64().unwrap_or(99),
+                l["token"].as_u64().unwrap_or(0),
+            )
+        })
+        .collect();
+    listed.sort();
+    let mut want: Vec<(u64, u64)> = held
+        .iter()
+        .filter(|h| hosts.one_agent() || h.pid != second.pid)
+        .map(|h| (h.slot.into(), h.token))
+        .collect();
+    want.sort();
+    ensure!(listed == want, "status --json: {listed:?}, not {want:?}");
+    let text = hosts.a.runlock_output(&["status"]).await?;
+    text.expect_code(0)?;
+    let mut shown: Vec<(u64, u64)> = text
+        .stdout
+        .lines()
+        .filter(|row| row.split_whitespace().next() == Some(k.as_str()))
+        .filter_map(|row| {
+            // KEY TOKEN PID CHILD SLOT ...
+            let fields: Vec<&str> = row.split_whitespace().collect();
+            Some((fields.get(4)?.parse().ok()?, fields.get(1)?.parse().ok()?))
+        })
+        .collect();
+    shown.sort();
+    ensure!(shown == want, "status: {shown:?}, not {want:?}: {text:?}");
+
+    for h in [first, second, third] {
+        h.end(0).await?;
+    }
+    Ok(())
+}
+
+async fn each_slot_s_token_grows_and_runlock_slot_reads_as_runlock_token(
+    place: impl Place,
+) -> Result<()> {
+    let hosts = place.hosts("per-slot-tokens", &[]).await?;
+    let k = key("per-slot-tokens");
+    // Rounds of holders from both hosts; whichever slot each gets, its token
+    // is larger than every earlier token of that slot.
+    let mut last: BTreeMap<u32, u64> = BTreeMap::new();
+    for _round in 0..3 {
+        let holders = [
+            hold(&hosts.a, &k, &[]).await?,
+            hold(hosts.b(), &k, &[]).await?,
+        ];
+        ensure!(holders[0].slot != holders[1].slot, "two holders, one slot");
+        for h in holders {
+            if let Some(&before) = last.get(&h.slot) {
+                ensure!(
+                    h.token > before,
+                    "slot {}: token {} after {before}",
+                    h.slot,
+                    h.token
+                );
+            }
+            last.insert(h.slot, h.token);
+            h.end(0).await?;
+        }
+    }
+
+    // Several keys: one slot and one token per key, on lines in the same order.
+    let other = key("per-slot-tokens-2");
+    let out = hosts
+        .a
+        .run(
+            &[&other, &k],
+            &["--slots", "3"],
+            "echo tokens $RUNLOCK_TOKEN; echo slots $RUNLOCK_SLOT",
+        )?
+        .finish()
+        .await?;
+    out.expect_code(0)?;
+    let words = |prefix: &str| -> Vec<u64> {
+        out.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(|rest| {
+                rest.split_whitespace()
+                    .filter_map(|w| w.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let (tokens, slots) = (words("tokens "), words("slots "));
+    ensure!(tokens.len() == 2 && slots.len() == 2, "{out:?}");
+    ensure!(slots.iter().all(|&s| s < 3), "{out:?}");
+
+    // A plain key has no slot, whatever the caller's environment says.
+    let mut command = hosts.a.runlock()?;
+    command.env("RUNLOCK_SLOT", "9").args([
+        "run",
+        "--key",
+        &k,
+        "--",
+        "sh",
+        "-c",
+        "echo slot=${RUNLOCK_SLOT-none}",
+    ]);
+    let plain = Run::spawn(command)?.finish().await?;
+    plain.expect_code(0)?;
+    ensure!(plain.stdout == "slot=none\n", "{plain:?}");
+    Ok(())
+}
+
+async fn a_killed_slot_holder_frees_its_slot_at_once(place: impl Place) -> Result<()> {
+    let hosts = place.hosts("killed-slot", &[]).await?;
+    let k = key("killed-slot");
+    let first = hold(&hosts.a, &k, &[]).await?;
+    let victim = hold(&hosts.a, &k, &[]).await?;
+    let third = hold(hosts.b(), &k, &[]).await?;
+    hosts.a.wait_attached(victim.child).await?;
+
+    // SIGKILL the shim and the command's group: the agent sees end of file.
+    let killed = Instant::now();
+    victim.run.signal(Signal::SIGKILL)?;
+    victim.run.kill_group()?;
+    let deadline = Deadline::new(Duration::from_secs(5), "the slot to be free through B");
+    while held_slots(hosts.b(), &k)
+        .await?
+        .contains_key(&victim.slot.into())
+    {
+        deadline.tick().await?;
+    }
+    eprintln!("slot freed {:?} after the kill", killed.elapsed());
+    let others: Vec<u64> = held_slots(hosts.b(), &k).await?.into_keys().collect();
+    let mut want = vec![u64::from(first.slot), third.slot.into()];
+    want.sort();
+    ensure!(others == want, "the other holders: {others:?}");
+
+    // The slot is taken again at once, with a larger token.
+    let next = hold(hosts.b(), &k, &[]).await?;
+    ensure!(
+        next.slot == victim.slot && next.token > victim.token,
+        "slot {} token {} after slot {} token {}",
+        next.slot,
+        next.token,
+        victim.slot,
+        victim.token
+    );
+    for h in [first, third, next] {
+        h.end(0).await?;
+    }
+    Ok(())
+}
+
+async fn force_takes_a_free_slot_else_the_earliest_holder_s_and_stops_only_that_one(
+    place: impl Place,
+) -> Result<()> {
+    // TTL 6 s: a forced holder notices at its next renewal, about 2 s on.
+    let hosts = place.hosts("force-slot", &["--ttl", "6s"]).await?;
+    let k = key("force-slot");
+    let first = hold(&hosts.a, &k, &[]).await?;
+    let second = hold(hosts.b(), &k, &[]).await?;
+
+    // A slot is free: --force takes it and stops nobody.
+    let third = hold(hosts.b(), &k, &["--force"]).await?;
+    ensure!(
+        ![first.slot, second.slot].contains(&third.slot),
+        "force took slot {} though one was free",
+        third.slot
+    );
+
+    // None is free: --force takes the slot of the holder granted earliest.
+    let fourth = hold(hosts.b(), &k, &["--force"]).await?;
+    ensure!(
+        fourth.slot == first.slot && fourth.token > first.token,
+        "force took slot {} (token {}); the earliest holder had slot {} (token {})",
+        fourth.slot,
+        fourth.token,
+        first.slot,
+        first.token
+    );
+    let stopped = first.run.finish().await?;
+    stopped.expect_code(76)?;
+    ensure!(!stopped.stdout.contains("bye"), "not stopped: {stopped:?}");
+
+    // The others hold on, as the store says, and end as they end.
+    let want: BTreeMap<u64, (u64, u64)> = [&second, &third, &fourth]
+        .iter()
+        .map(|h| (h.slot.into(), (h.pid.into(), h.token)))
+        .collect();
+    ensure!(held_slots(&hosts.a, &k).await? == want, "after the forces");
+    for h in [second, third, fourth] {
+        h.end(0).await?;
+    }
+    Ok(())
+}
+
+async fn a_run_asking_another_slot_count_exits_64_naming_both_counts(
+    place: impl Place,
+) -> Result<()> {
+    let hosts = place.hosts("slots-mismatch", &[]).await?;
+    let k = key("slots-mismatch");
+    let first = hold(&hosts.a, &k, &[]).await?;
+    let second = hold(hosts.b(), &k, &[]).await?;
+
+    // Another count is an error, not a wait: it exits at once, --wait or not.
+    for (asked, extra) in [
+        ("5", &["--slots", "5", "--wait", "30s"][..]),
+        ("1", &[][..]),
+    ] {
+        let out = hosts
+            .b()
+            .run(&[&k], extra, "echo must-not-run")?
+            .finish()
+            .await?;
+        out.expect_code(64)?;
+        ensure!(!out.stdout.contains("must-not-run"), "{out:?}");
+        ensure!(out.elapsed < Duration::from_secs(10), "it waited: {out:?}");
+        ensure!(
+            out.stderr.contains(&format!("{asked} slot")) && out.stderr.contains("3 slots"),
+            "both counts ({asked} and 3) are not named: {out:?}"
+        );
+        // A plain acquire reads only the key's own record: slot 0's.
+        for h in [&first, &second] {
+            let pid = format!("pid:     {}\n", h.pid);
+            if asked != "1" || h.slot == 0 {
+                ensure!(out.stderr.contains(&pid), "holder {pid:?}: {out:?}");
+            }
+        }
+    }
+    // Counts the protocol does not allow never reach the agent.
+    for bad in ["0", "65"] {
+        let out = hosts
+            .a
+            .run(&[&k], &["--slots", bad], "true")?
+            .finish()
+            .await?;
+        out.expect_code(64)?;
+        ensure!(out.stderr.contains("--slots"), "{out:?}");
+    }
+    // The holders were not disturbed.
+    ensure!(held_slots(&hosts.a, &k).await?.len() == 2, "holders lost");
+    first.end(0).await?;
+    second.end(0).await
+}
+
+/// `runlock history --json KEY` through `agent`: (kind, slot, token,
+/// from_token, agent id) of each event, oldest first.
+type Event = (String, Option<u64>, u64, Option<u64>, String);
+
+async fn history_of(agent: &TestAgent, k: &str) -> Result<Vec<Event>> {
+    let out = agent.runlock_output(&["history", k, "--json"]).await?;
+    out.expect_code(0)?;
+    let events: serde_json::Value = serde_json::from_str(out.stdout.trim())
+        .with_context(|| format!("history --json printed non-JSON: {out:?}"))?;
+    events
+        .as_array()
+        .context("history --json is not an array")?
+        .iter()
+        .map(|e| {
+            Ok((
+                e["kind"].as_str().context("kind")?.to_string(),
+                e["slot"].as_u64(),
+                e["token"].as_u64().context("token")?,
+                e["from_token"].as_u64(),
+                e["agent_id"].as_str().context("agent_id")?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Whether `e` is the break of token `token` by agent `by`. Through another
+/// agent than the holder's, a break takes the next token and names the one it
+/// ended (`from_token`); through the holder's own (one agent for `memory://`)
+/// it ends the lease as a release does, under its own token.
+fn is_break_of(e: &Event, token: u64, by: &str) -> bool {
+    let ended = match e.3 {
+        Some(from) => from == token && e.2 > token,
+        None => e.2 == token,
+    };
+    e.0 == "broken" && ended && e.4 == by
+}
+
+async fn history_and_release_name_the_slot(place: impl Place) -> Result<()> {
+    let hosts = place.hosts("slot-history", &[]).await?;
+    let (a_id, b_id) = (hosts.a.agent_id().await?, hosts.b().agent_id().await?);
+    let k = key("slot-history");
+    let first = hold(&hosts.a, &k, &[]).await?;
+    let second = hold(hosts.b(), &k, &[]).await?;
+    let (first_slot, first_token) = (first.slot, first.token);
+    first.end(0).await?;
+
+    // Break the second's slot from A's host; the first's is free already.
+    let slot = second.slot.to_string();
+    let free = first_slot.to_string();
+    let nothing = hosts
+        .a
+        .runlock_output(&["release", &k, "--slot", &free])
+        .await?;
+    nothing.expect_code(0)?;
+    ensure!(nothing.stdout.contains("was not held"), "{nothing:?}");
+    let broke = hosts
+        .a
+        .runlock_output(&["release", &k, "--slot", &slot])
+        .await?;
+    broke.expect_code(0)?;
+    ensure!(
+        broke.stdout.contains(&format!("released slot {slot} of")),
+        "{broke:?}"
+    );
+    let second_slot = second.slot;
+    let second_token = second.token;
+    second.run.finish().await?.expect_code(76)?;
+
+    // Across slots the order is the stores' clocks' (whole seconds for some),
+    // so each slot's own events are checked in order.
+    let some = |n: u32| Some(u64::from(n));
+    for reader in [hosts.b(), &hosts.a] {
+        let events = history_of(reader, &k).await?;
+        let of =
+            |slot: u32| -> Vec<&Event> { events.iter().filter(|e| e.1 == some(slot)).collect() };
+        let first_events = of(first_slot);
+        ensure!(
+            first_events.len() == 2
+                && *first_events[0]
+                    == (
+                        "granted".into(),
+                        some(first_slot),
+                        first_token,
+                        None,
+                        a_id.clone()
+                    )
+                && *first_events[1]
+                    == (
+                        "released".into(),
+                        some(first_slot),
+                        first_token,
+                        None,
+                        a_id.clone()
+                    ),
+            "slot {first_slot}: {events:?}"
+        );
+        let second_events = of(second_slot);
+        ensure!(
+            second_events.len() == 2
+                && *second_events[0]
+                    == (
+                        "granted".into(),
+                        some(second_slot),
+                        second_token,
+                        None,
+                        b_id.clone()
+                    )
+                && is_break_of(second_events[1], second_token, &a_id),
+            "slot {second_slot}: {events:?}"
+        );
+        ensure!(events.len() == 4, "events of no slot: {events:?}");
+    }
+    let text = hosts.a.runlock_output(&["history", &k]).await?;
+    text.expect_code(0)?;
+    ensure!(
+        text.stdout.contains(&format!("slot {second_slot}: broken")),
+        "{text:?}"
+    );
+    Ok(())
+}
+
+async fn a_lost_host_s_slots_are_taken_over_after_the_ttl_and_not_before(
+    store: impl Store,
+) -> Result<()> {
+    const TTL: Duration = Duration::from_secs(5);
+    let space = Space::create(store, "slot-host-loss").await?;
+    let mut a = space.agent("p", &["--ttl", "5s"]).await?;
+    let b = space.agent("p", &["--ttl", "30s"]).await?;
+    let k = key("slot-host-loss");
+    let lost = [hold(&a, &k, &[]).await?, hold(&a, &k, &[]).await?];
+    let kept = hold(&b, &k, &[]).await?;
+    for h in &lost {
+        a.wait_attached(h.child).await?;
+    }
+
+    // The host dies: the agent is SIGKILLed and releases nothing.
+    a.kill().await?;
+    let killed = Instant::now();
+    let waiters = [
+        run_slots(&b, &k, SLOTS, &["--wait", "30s"])?,
+        run_slots(&b, &k, SLOTS, &["--wait", "30s"])?,
+    ];
+    // A's runs outlive their agent only until their leases' deadline, and
+    // must be gone before anyone takes their slots (invariant 4).
+    let gone = lost.map(|mut h| {
+        tokio::spawn(async move {
+            let status = h.run.wait().await;
+            (Instant::now(), status, h)
+        })
+    });
+    let mut took = Vec::new();
+    for waiter in waiters {
+        let h = holding(waiter).await?;
+        took.push((killed.elapsed(), h));
+    }
+    let mut before = BTreeMap::new();
+    for run in gone {
+        let (at, status, h) = run.await?;
+        ensure!(status?.code() == Some(76), "A's run did not exit 76");
+        ensure!(
+            at.duration_since(killed) < took[0].0,
+            "A's run ended {:?} after the kill, B took a slot {:?} after it",
+            at.duration_since(killed),
+            took[0].0
+        );
+        before.insert(h.slot, h.token);
+    }
+    for (after, h) in &took {
+        eprintln!("slot {} taken over {after:?} after the kill", h.slot);
+        // A renewed at most TTL/3 before it died; the slot lapses TTL after that.
+        ensure!(
+            *after >= TTL - TTL / 3,
+            "slot {} taken over {after:?} after the kill: before the TTL",
+            h.slot
+        );
+        ensure!(
+            *after <= TTL + Duration::from_millis(4500),
+            "slot {} taken over only {after:?} after the kill",
+            h.slot
+        );
+        let token = before
+            .get(&h.slot)
+            .with_context(|| format!("B took slot {}, which was not A's: {before:?}", h.slot))?;
+        ensure!(
+            h.token > *token,
+            "slot {}: {} after {token}",
+            h.slot,
+            h.token
+        );
+    }
+    // B's own holder was never touched.
+    let held = held_slots(&b, &k).await?;
+    ensure!(
+        held.get(&kept.slot.into()) == Some(&(kept.pid.into(), kept.token)),
+        "{held:?}"
+    );
+    kept.end(0).await?;
+    for (_, h) in took {
+        h.end(0).await?;
+    }
+    Ok(())
+}
