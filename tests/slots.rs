@@ -26,6 +26,7 @@ test_matrix!(
         etcd: OnStore(Etcd),
     ];
     three_runs_hold_a_3_slot_key_at_once_and_a_fourth_exits_75_naming_each,
+    three_runs_started_together_each_take_a_slot,
     each_slot_s_token_grows_and_runlock_slot_reads_as_runlock_token,
     a_killed_slot_holder_frees_its_slot_at_once,
     force_takes_a_free_slot_else_the_earliest_holder_s_and_stops_only_that_one,
@@ -293,6 +294,29 @@ async fn three_runs_hold_a_3_slot_key_at_once_and_a_fourth_exits_75_naming_each(
     ensure!(shown == want, "status: {shown:?}, not {want:?}: {text:?}");
 
     for h in [first, second, third] {
+        h.end(0).await?;
+    }
+    Ok(())
+}
+
+/// Runs started by one cron tick ask at once: none of them may take
+/// another's contention for a slot for the key being full.
+async fn three_runs_started_together_each_take_a_slot(place: impl Place) -> Result<()> {
+    let hosts = place.hosts("started-together", &[]).await?;
+    let k = key("started-together");
+    let runs = [
+        run_slots(&hosts.a, &k, SLOTS, &[])?,
+        run_slots(&hosts.a, &k, SLOTS, &[])?,
+        run_slots(hosts.b(), &k, SLOTS, &[])?,
+    ];
+    let mut held = Vec::new();
+    for run in runs {
+        held.push(holding(run).await?);
+    }
+    let mut slots: Vec<u32> = held.iter().map(|h| h.slot).collect();
+    slots.sort();
+    ensure!(slots == [0, 1, 2], "three holders, three slots: {slots:?}");
+    for h in held {
         h.end(0).await?;
     }
     Ok(())
