@@ -226,6 +226,42 @@ async fn another_users_command_line_shows_only_its_program() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slot_counts_and_slot_numbers_out_of_range_are_refused_and_take_nothing() -> Result<()> {
+    let agent = limited_agent().await?;
+    let mut client = member(&agent).await?;
+    client.hello().await?;
+    let k = key("slots-bounds");
+    // Every slot is a store read when the key is contended: the count is bounded.
+    for slots in [0, runlock_protocol::MAX_SLOTS + 1, u32::MAX] {
+        let mut request = acquire(&[&k]);
+        if let ClientMessage::Acquire { slots: asked, .. } = &mut request {
+            *asked = slots;
+        }
+        match client.call(request).await? {
+            AgentMessage::Error(err) if err.code == ErrorCode::BadRequest => {
+                ensure!(
+                    err.message.contains("slots must be between 1 and 64"),
+                    "{err:?}"
+                )
+            }
+            other => bail!("slots {slots}: expected bad_request, got {other:?}"),
+        }
+    }
+    ensure!(!client.is_held(&k).await?, "a refused request took the key");
+    // Breaking a slot no key can have (and nobody may break anyway).
+    let breaking = ClientMessage::Release {
+        lease_ids: Vec::new(),
+        key: Some(k.clone()),
+        slot: Some(runlock_protocol::MAX_SLOTS),
+    };
+    match client.call(breaking).await? {
+        AgentMessage::Error(err) if err.code == ErrorCode::BadRequest => {}
+        other => bail!("expected bad_request, got {other:?}"),
+    }
+    agent.still_serves().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_fields_get_their_own_errors_and_every_reply_fits() -> Result<()> {
     let agent = limited_agent().await?;
     let mut client = member(&agent).await?;
