@@ -729,3 +729,43 @@ async fn a_lost_host_s_slots_are_taken_over_after_the_ttl_and_not_before(
     }
     Ok(())
 }
+
+/// An agent restarted under its slot runs (SIGTERM hands the leases over):
+/// each shim reattaches its slot, with the same slot and token, and the key
+/// still admits no more than its count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_keeps_every_slot_with_its_token() -> Result<()> {
+    let space = Space::create(S3, "slots-restart").await?;
+    let mut old = space.agent("slots", &[]).await?;
+    let k = key("slots-restart");
+    let mut held = Vec::new();
+    for _ in 0..SLOTS {
+        held.push(hold(&old, &k, &[]).await?);
+    }
+    let before = held_slots(&old, &k).await?;
+    old.stop().await?;
+    let new = space.agent_on_socket("slots", &[], old.socket()).await?;
+    let deadline = Deadline::new(crate::support::WAIT, "every slot run to reattach");
+    loop {
+        let leases = crate::restart::leases_of(&new).await?;
+        if leases.len() == SLOTS as usize && leases.iter().all(|l| l.child_pid.is_some()) {
+            break;
+        }
+        deadline.tick().await?;
+    }
+    ensure!(
+        held_slots(&new, &k).await? == before,
+        "slots or tokens changed"
+    );
+    let refused = run_slots(&new, &k, SLOTS, &[])?.finish().await?;
+    refused.expect_code(75)?;
+    for h in held {
+        let token = h.token;
+        let mut run = h.run;
+        run.end();
+        let out = run.finish().await?;
+        out.expect_code(0)?;
+        ensure!(out.stderr.contains("reattached"), "token {token}: {out:?}");
+    }
+    Ok(())
+}
