@@ -84,7 +84,7 @@ impl Registry {
     ) -> Result<(AcquireSpec, Grant), SlotRefusal> {
         let force = spec.force;
         spec.force = false;
-        let hint = self.state().free_slots.get(key).copied();
+        let hint = self.state().free_slots.remove(key);
         if let Some((slot, _)) = hint.filter(|&(slot, count)| count == n && slot < n) {
             match self.try_slot(key, n, slot, &spec).await {
                 Ok(grant) => return Ok(grant),

@@ -68,8 +68,8 @@ pub(super) struct State {
     pub(super) conns: HashMap<ConnId, Conn>,
     pub(super) queues: Queues,
     /// For a key with slots: the slot this agent last let go and the count
-    /// it was held with, tried first by the next acquire (one write where
-    /// the store remembers the slot free).
+    /// it was held with, taken (and so forgotten) by the next acquire, which
+    /// tries it first (one write where the store remembers the slot free).
     pub(super) free_slots: HashMap<Key, (u32, u32)>,
     /// The agent is stopping and its leases outlive it: they are left for
     /// the next agent, neither renewed nor released.
