@@ -87,6 +87,14 @@ impl Key {
         }
     }
 
+    /// The key as a log line names it: a slot's record as `KEY#SLOT`.
+    pub fn logged(&self) -> std::borrow::Cow<'_, str> {
+        match self.split_slot() {
+            (key, 0) => key.into(),
+            (key, slot) => format!("{key}#{slot}").into(),
+        }
+    }
+
     /// The key a slot record belongs to, as peers name it.
     pub fn base(&self) -> Key {
         Key(self.split_slot().0.to_string())

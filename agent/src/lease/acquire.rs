@@ -461,7 +461,7 @@ impl Registry {
             self.lose(&old, loss, Some(holder.clone()), Ending::Released)
                 .await;
         }
-        tracing::info!(key = ?spec.key, token = holder.token, lease = %lease_id, force = spec.force, "acquired");
+        tracing::info!(key = %spec.key.logged(), token = holder.token, lease = %lease_id, force = spec.force, "acquired");
         let valid_until = (self.capabilities.survives_agent && self.capabilities.lease_expires)
             .then(|| deadline(grant.sent, spec.ttl));
         let lease = Lease {

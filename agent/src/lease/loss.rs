@@ -86,7 +86,7 @@ impl Registry {
             (lease, notice)
         };
         self.renewals.stop(lease_id);
-        tracing::warn!(key = ?lease.key, token = lease.holder.token, ?reason, "lease lost");
+        tracing::warn!(key = %lease.key.logged(), token = lease.holder.token, ?reason, "lease lost");
         crate::metrics::lost(reason);
         let grace = timing::kill_grace(lease.ttl);
         if let Some((events, viewer, orphan, on_lost)) = notice {

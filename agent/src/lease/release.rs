@@ -36,9 +36,9 @@ impl Registry {
         };
         self.renewals.stop(lease_id);
         if let Err(err) = self.backend.release(&lease.reference(lease_id)).await {
-            tracing::warn!(key = ?lease.key, error = %err, "release failed");
+            tracing::warn!(key = %lease.key.logged(), error = %err, "release failed");
         }
-        tracing::info!(key = ?lease.key, token = lease.holder.token, lease = %lease_id, "released");
+        tracing::info!(key = %lease.key.logged(), token = lease.holder.token, lease = %lease_id, "released");
         if let Some(count) = lease.holder.slots {
             let slot = lease.key.split_slot().1;
             self.state()
@@ -111,7 +111,7 @@ impl Registry {
             .end(&lease, &Ending::AfterBreak)
             .await
             .map_err(backend_on(&key))?;
-        tracing::info!(key = ?key, uid = peer.uid, "broke a lease held through another agent");
+        tracing::info!(key = %key.logged(), uid = peer.uid, "broke a lease held through another agent");
         Ok(1)
     }
 }

@@ -247,7 +247,7 @@ async fn run(
                         entry.failures += 1;
                         let backoff = Duration::from_millis(250) * 2u32.pow(entry.failures.min(8) - 1);
                         let retry = backoff.min(timing::renewal_period(entry.ttl)).mul_f64(0.5 + fastrand::f64());
-                        tracing::warn!(key = ?entry.lease.key, %error, "renewal failed, retrying until the lease's deadline (if it has one)");
+                        tracing::warn!(key = %entry.lease.key.logged(), %error, "renewal failed, retrying until the lease's deadline (if it has one)");
                         // The retry is raced against the deadline like any renewal.
                         let retry_at = Instant::now() + retry;
                         entry.due = entry.deadline(expires).map_or(retry_at, |d| retry_at.min(d));
