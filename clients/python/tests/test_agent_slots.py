@@ -11,7 +11,7 @@ import signal
 import threading
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Dict, List, Union
+from typing import Callable, Dict, List, Optional, Union
 
 import pytest
 
@@ -24,10 +24,17 @@ BOUND_S = 10.0
 KEY = "warehouse"
 
 
-def hold_all(stack: ExitStack, agent: Agent, slots: int) -> List[runlock.Lease]:
+def hold_all(
+    stack: ExitStack,
+    agent: Agent,
+    slots: int,
+    on_lost: "Optional[Callable[[runlock.LostEvent], None]]" = None,
+) -> List[runlock.Lease]:
     """Takes every slot of KEY, each through its own connection, as separate runs would."""
     return [
-        stack.enter_context(runlock.lock(KEY, slots=slots, socket=agent.socket, command=f"load {n}"))
+        stack.enter_context(
+            runlock.lock(KEY, slots=slots, socket=agent.socket, command=f"load {n}", on_lost=on_lost)
+        )
         for n in range(slots)
     ]
 
@@ -137,10 +144,7 @@ def test_a_released_slot_lets_a_waiter_in_with_a_newer_token(agent: Agent) -> No
 def test_breaking_one_slot_ends_only_its_lease(agent: Agent) -> None:
     events: "queue.Queue[runlock.LostEvent]" = queue.Queue()
     with ExitStack() as stack:
-        leases = [
-            stack.enter_context(runlock.lock(KEY, slots=2, socket=agent.socket, on_lost=events.put))
-            for _ in range(2)
-        ]
+        leases = hold_all(stack, agent, 2, on_lost=events.put)
         target = next(lease for lease in leases if lease.slot == 1)
         assert runlock.break_lock(KEY, slot=1, socket=agent.socket) == 1
         event = events.get(timeout=BOUND_S)
@@ -157,10 +161,7 @@ def test_breaking_one_slot_ends_only_its_lease(agent: Agent) -> None:
 def test_force_takes_one_slot(agent: Agent) -> None:
     events: "queue.Queue[runlock.LostEvent]" = queue.Queue()
     with ExitStack() as stack:
-        leases = [
-            stack.enter_context(runlock.lock(KEY, slots=2, socket=agent.socket, on_lost=events.put))
-            for _ in range(2)
-        ]
+        leases = hold_all(stack, agent, 2, on_lost=events.put)
         forced = stack.enter_context(runlock.lock(KEY, slots=2, force=True, socket=agent.socket))
         event = events.get(timeout=BOUND_S)
         assert event.reason == "forced"
