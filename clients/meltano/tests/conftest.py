@@ -188,8 +188,12 @@ class Host:
     """One runner host: an agent of its own and a Meltano project of its
     own (so its own system database), sharing the store with the others."""
 
-    def __init__(self, name: str, binary: Path, workdir: Path, store: Store):
+    def __init__(self, name: str, binary: Path, workdir: Path, store: Store, socket_setting: bool = False):
+        """``socket_setting``: the project names its agent's socket in the
+        add-on's setting (``state_backend.runlock.socket``), and its runs get
+        no ``RUNLOCK_SOCKET``."""
         self.name = name
+        self.socket_setting = socket_setting
         self.root = workdir / name
         self.root.mkdir()
         self.store = store
@@ -210,7 +214,8 @@ class Host:
             "state_backend:\n"
             f"  uri: {store.state_uri}\n"
             f"{store.meltano_settings}"
-            "plugins:\n"
+            + (f"  runlock:\n    socket: {self.agent.socket}\n" if socket_setting else "")
+            + "plugins:\n"
             "  extractors:\n"
             "  - name: tap-counter\n"
             "    namespace: tap_counter\n"
@@ -230,7 +235,7 @@ class Host:
         return {
             **keep,
             **self.store.env,
-            "RUNLOCK_SOCKET": self.agent.socket,
+            **({} if self.socket_setting else {"RUNLOCK_SOCKET": self.agent.socket}),
             "MELTANO_SEND_ANONYMOUS_USAGE_STATS": "false",
             "MELTANO_DISABLE_TRACKING": "true",
             "TAP_SIDE": str(self.side),
@@ -245,9 +250,9 @@ class Host:
         self._runs.append(run)
         return run
 
-    def run(self, tag: str, wrap: Optional[List[str]] = None, **env: str) -> Run:
-        """``meltano run tap-counter target-state``, its tap tagged ``tag``."""
-        return self.meltano("run", "tap-counter", "target-state", wrap=wrap, TAP_TAG=tag, **env)
+    def run(self, tag: str, *args: str, wrap: Optional[List[str]] = None, **env: str) -> Run:
+        """``meltano run tap-counter target-state ARGS``, its tap tagged ``tag``."""
+        return self.meltano("run", "tap-counter", "target-state", *args, wrap=wrap, TAP_TAG=tag, **env)
 
     def started(self) -> List[int]:
         text = self.side.read_text() if self.side.exists() else ""

@@ -3,7 +3,9 @@
 It records the state Meltano handed it (``seen PID STATE``) and that it
 started (``started PID``) in the file ``$TAP_SIDE``, emits one record and the
 state ``{"run": $TAP_TAG}``, then holds until the file ``$TAP_SIDE.release``
-exists (60 s at most) and emits ``{"run": $TAP_TAG, "step": "last"}``.
+exists (60 s at most) and emits ``{"run": $TAP_TAG, "step": "last"}``. With
+``$TAP_HOLD_FIRST`` set, it holds before its first state instead, so that
+its run writes no state until released.
 """
 
 import json
@@ -33,10 +35,14 @@ def main(argv):
         out.write(f"seen {os.getpid()} {json.dumps(state)}\nstarted {os.getpid()}\n")
     emit({"type": "SCHEMA", "stream": "s", "schema": {"properties": {"id": {"type": "integer"}}}, "key_properties": ["id"]})
     emit({"type": "RECORD", "stream": "s", "record": {"id": 1}})
-    emit({"type": "STATE", "value": {"run": tag}})
+    hold_first = bool(os.environ.get("TAP_HOLD_FIRST"))
+    if not hold_first:
+        emit({"type": "STATE", "value": {"run": tag}})
     deadline = time.monotonic() + 60
     while not os.path.exists(side + ".release") and time.monotonic() < deadline:
         time.sleep(0.05)
+    if hold_first:
+        emit({"type": "STATE", "value": {"run": tag}})
     emit({"type": "STATE", "value": {"run": tag, "step": "last"}})
 
 

@@ -60,6 +60,44 @@ def test_a_second_unwrapped_run_fails_naming_the_holder(hosts: List[Host]) -> No
     assert a.state() == {"singer_state": {"run": "a", "step": "last"}}
 
 
+def test_runs_that_read_no_state_are_locked_as_meltano_starts_them(runlockd: Path, workdir: Path) -> None:
+    store = file_store(workdir)
+    a = Host("a", runlockd, workdir, store)
+    # B reaches its agent through the add-on's setting, with no RUNLOCK_SOCKET.
+    b = Host("b", runlockd, workdir, store, socket_setting=True)
+    try:
+        # --full-refresh reads no state, and this tap writes none until released.
+        first = a.run("a", "--full-refresh", TAP_HOLD_FIRST="1")
+        a.wait_started(1, first)
+        record = runlock.inspect(STATE_ID, socket=a.agent.socket)
+        assert record.state == "held" and record.holder is not None, record
+        assert record.holder.pid == first.pid, record
+
+        for argv in (
+            ["run", "tap-counter", "target-state", "--full-refresh"],
+            ["el", "tap-counter", "target-state", "--full-refresh", f"--state-id={STATE_ID}"],
+        ):
+            started = time.monotonic()
+            second = b.meltano(*argv, TAP_TAG="b")
+            status = second.wait()
+            took = time.monotonic() - started
+            out = second.output()
+            assert status == 1, out
+            assert f"{STATE_ID!r} is already running" in out, out
+            assert f"pid {first.pid} on {socket.gethostname()}" in out, out
+            assert " since " in out and "Traceback" not in out, out
+            assert b.started() == [], f"the tap of `meltano {argv[0]}` ran"
+            assert took < REFUSAL_BOUND_S, took
+            print(f"\n`meltano {argv[0]} --full-refresh` refused in {took:.2f} s, Meltano's start-up included")
+
+        a.release_taps()
+        assert first.wait() == 0, first.output()
+        assert a.state() == {"singer_state": {"run": "a", "step": "last"}}
+    finally:
+        a.close()
+        b.close()
+
+
 def test_a_killed_run_frees_the_key_at_once_and_its_state_stays(hosts: List[Host]) -> None:
     a, b = hosts
     first = a.run("a")

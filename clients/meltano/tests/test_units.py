@@ -4,6 +4,7 @@ the state lock, the policy when no agent answers, and the URI forms."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from pathlib import Path
@@ -13,10 +14,11 @@ import click
 import pytest
 import runlock
 from conftest import Agent
+from meltano.core.job.job import Job, State
 from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager, UnsupportedStateBackendURIError
 
 from runlock_meltano import LockUnavailable, RunHeld, RunlockStateStoreManager, StaleRun
-from runlock_meltano import invocation, state_lock
+from runlock_meltano import invocation, job_start, runs, settings, state_lock
 from runlock_meltano.inner import inner_uri
 from runlock_meltano.invocation import Invocation
 from runlock_meltano.runs import RunLocks, shim_token
@@ -225,3 +227,56 @@ def test_the_invocation_is_meltanos_command() -> None:
     assert seen == {"run": Invocation(True, False), "state": invocation.NOT_A_RUN}
     cli.main(["run", "--force"], standalone_mode=False)
     assert seen["run"] == Invocation(True, True)
+
+
+class Session:
+    """What Meltano's Job.run writes the job through (its system database)."""
+
+    def __init__(self) -> None:
+        self.saved: list[State] = []
+
+    def add(self, job: Job) -> None:
+        self.saved.append(job.state)
+
+    def commit(self) -> None:
+        pass
+
+
+def test_importing_the_add_on_wraps_meltanos_job_run_once() -> None:
+    hooked = Job.run
+    original = getattr(hooked, job_start.ORIGINAL)  # the package's import installed it
+    assert job_start.install() and job_start.install()
+    assert Job.run is hooked
+    assert not hasattr(original, job_start.ORIGINAL), "wrapped twice"
+
+    class ChangedJob:
+        def run(self, session: object) -> None:
+            pass
+
+    before = ChangedJob.run
+    assert not job_start.install(ChangedJob)  # not the method expected: left alone
+    assert ChangedJob.run is before
+
+
+def test_a_job_start_locks_its_state_id_only_under_a_runlock_state_backend(
+    agent: Agent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = RunLocks(current=lambda: RUN, env={})
+    monkeypatch.setattr(runs, "RUN_LOCKS", first)
+
+    async def held_inside(session: Session) -> list[str]:
+        async with Job(job_name=STATE_ID).run(session):
+            return [lease.key for lease in runlock.status()]
+
+    monkeypatch.setattr(settings, "state_backend_uri", lambda: "s3://bucket/state")
+    assert asyncio.run(held_inside(Session())) == []
+    monkeypatch.setattr(settings, "state_backend_uri", lambda: "runlock+s3://bucket/state")
+    assert asyncio.run(held_inside(Session())) == [STATE_ID]
+
+    # Another process's run is refused before Meltano marks its job running.
+    monkeypatch.setattr(runs, "RUN_LOCKS", RunLocks(current=lambda: RUN, env={}))
+    session = Session()
+    with pytest.raises(RunHeld, match=f"held by pid {os.getpid()} on "):
+        asyncio.run(held_inside(session))
+    assert session.saved == []
+    first.release_all()

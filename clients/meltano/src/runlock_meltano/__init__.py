@@ -1,10 +1,37 @@
 """runlock inside Meltano: a state backend (``state_backend.uri:
 runlock+s3://…``, ``runlock+file://…``, …) that locks each run's state ID
-through the host's runlockd, takes Meltano's state lock through it, and
-refuses state writes from a run whose lease is no longer current. See README.md.
+through the host's runlockd as Meltano starts the run, takes Meltano's
+state lock through it, and refuses state writes from a run whose lease is
+no longer current. See README.md.
 """
 
-from .backend import RunlockStateStoreManager
-from .errors import LockUnavailable, RunHeld, StaleRun
+from __future__ import annotations
+
+import typing as t
+
+from . import job_start
+
+if t.TYPE_CHECKING:
+    from .backend import RunlockStateStoreManager
+    from .errors import LockUnavailable, RunHeld, StaleRun
+
+# Meltano imports the add-on at start-up, for every command (its setting,
+# settings.py): the moment to hook the start of Meltano's jobs.
+job_start.install()
 
 __all__ = ["RunlockStateStoreManager", "RunHeld", "StaleRun", "LockUnavailable"]
+
+
+def __getattr__(name: str) -> object:
+    # Imported when first asked for, not with the package: every Meltano
+    # command imports it, and the state backend's imports (Meltano's file
+    # stores, the client) would add some 90 ms to each one's start-up.
+    if name == "RunlockStateStoreManager":
+        from . import backend
+
+        return backend.RunlockStateStoreManager
+    if name in ("RunHeld", "StaleRun", "LockUnavailable"):
+        from . import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -38,7 +38,8 @@ class RunlockStateStoreManager(StateStoreManager):
         return f"{self.inner.label}, locked by runlock"
 
     def get(self, state_id: str) -> MeltanoState | None:
-        # An extract-load block's first look at its state: the run lock is taken here.
+        # The run lock is taken as Meltano starts the job (job_start.py); here
+        # it is already held, unless that hook could not be installed.
         self.runs.ensure(state_id)
         return self.inner.get(state_id)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import datetime
 
 import runlock
+from meltano.core.error import MeltanoError
+from meltano.core.runner import RunnerError
 from meltano.core.state_store.base import StateIDLockedError
 
 
@@ -20,7 +22,14 @@ def describe(holder: runlock.Holder | None) -> str:
     )
 
 
-class RunHeld(StateIDLockedError):
+class Refused(StateIDLockedError, RunnerError, MeltanoError):
+    """What Meltano's own state stores raise for a locked state ID. Raised as
+    a job starts, it is also what Meltano prints as a message, not a
+    traceback: a RunnerError from ``meltano run``'s blocks (as Meltano's own
+    "already running"), a MeltanoError from ``meltano el``/``elt``."""
+
+
+class RunHeld(Refused):
     """Another run holds the state ID: this run must not start."""
 
     def __init__(self, state_id: str, holder: runlock.Holder | None):
@@ -32,7 +41,7 @@ class RunHeld(StateIDLockedError):
         self.holder = holder
 
 
-class StaleRun(StateIDLockedError):
+class StaleRun(Refused):
     """This run's lease on the state ID is no longer the current one (forced,
     broken, expired): its state write is refused, so the newer run's stays."""
 
@@ -46,7 +55,7 @@ class StaleRun(StateIDLockedError):
         self.holder = holder
 
 
-class LockUnavailable(StateIDLockedError):
+class LockUnavailable(Refused):
     """The agent could not be asked (and ``on_unavailable`` is ``fail``), or
     refused for another reason than the key being held (force rights, …)."""
 

@@ -1,10 +1,10 @@
 """The run locks of this Meltano process, and the fence on its state writes.
 
-An extract-load command locks each state ID at that ID's first state access
-(the extractor's state look-up, before the tap starts; or, for a run that
-reads no state, its first write) and holds the lease until the process
-exits: the lease lives on this process's connection to the agent, which the
-agent releases the moment the connection closes, however the process ends.
+An extract-load command locks each state ID as Meltano starts its job,
+before the tap starts (job_start.py), or else at that ID's first state
+access, and holds the lease until the process exits: the lease lives on
+this process's connection to the agent, which the agent releases the
+moment the connection closes, however the process ends.
 A run wrapped by ``runlock run`` already holds the key (``RUNLOCK_KEY``,
 ``RUNLOCK_TOKEN``): it is used as it is, not taken a second time.
 """
@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 
 import runlock
 
-from . import invocation
+from . import invocation, settings
 from .errors import RunHeld, StaleRun, describe
 from .policy import go_on_unlocked
 
@@ -58,9 +58,11 @@ class RunLocks:
         self,
         current: Callable[[], invocation.Invocation] = invocation.current,
         env: Mapping[str, str] = os.environ,
+        socket: Callable[[], str | None] = settings.socket,
     ):
         self._current = current
         self._env = env
+        self._socket = socket
         self._held: dict[str, RunLease] = {}
         self._lock = threading.Lock()
         self._exit_hook = False
@@ -85,7 +87,7 @@ class RunLocks:
             _log.info("runlock: %r is held by the runlock run around this one (token %d)", state_id, token)
             return RunLease(state_id, token)
         try:
-            lease = runlock.lock(state_id, force=force, on_lost=self._on_lost)
+            lease = runlock.lock(state_id, force=force, on_lost=self._on_lost, socket=self._socket())
         except runlock.Held as err:
             raise RunHeld(state_id, err.holder) from None
         except runlock.RunlockError as err:
@@ -118,7 +120,7 @@ class RunLocks:
         if held.lease is not None and (lost := held.lease.lost) is not None:
             raise StaleRun(state_id, held.token, f"{lost.reason}: {lost.message}", lost.holder)
         try:
-            record = runlock.inspect(state_id)
+            record = runlock.inspect(state_id, socket=self._socket())
         except runlock.RunlockError as err:
             go_on_unlocked(state_id, err, "writing the state of")
             return

@@ -12,6 +12,7 @@ from contextlib import contextmanager
 
 import runlock
 
+from . import settings
 from .errors import describe
 from .policy import go_on_unlocked
 from meltano.core.state_store.base import StateIDLockedError
@@ -39,7 +40,7 @@ def state_lock(state_id: str, *, wait: float = WAIT_S) -> Iterator[None]:
 
 def _take(state_id: str, wait: float) -> runlock.Lease | None:
     try:
-        return runlock.lock(key(state_id), wait=wait)
+        return runlock.lock(key(state_id), wait=wait, socket=settings.socket())
     except runlock.Held as err:  # Timeout too
         raise StateIDLockedError(
             f"runlock: the state of {state_id!r} is being written by {describe(err.holder)} "
