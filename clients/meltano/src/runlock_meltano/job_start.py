@@ -27,7 +27,7 @@ from .inner import PREFIX
 _log = logging.getLogger("runlock_meltano")
 
 #: Set on the wrapper, to Meltano's own ``Job.run``: how a second install knows.
-ORIGINAL = "__runlock_original__"
+ORIGINAL = "_runlock_original"
 
 JobRun = t.Callable[[t.Any, t.Any], AbstractAsyncContextManager[None]]
 

@@ -3,8 +3,8 @@ agent's socket, for a project whose runs reach their host's agent at a path
 of its own (a container with the agent's socket mounted, say).
 
 Declared through Meltano's ``meltano.settings`` entry points (pyproject.toml),
-as a custom state backend declares its settings, so ``meltano config meltano
-set state_backend.runlock.socket PATH`` (or
+as a custom state backend declares its settings, so ``meltano config set
+meltano state_backend.runlock.socket PATH`` (or
 ``MELTANO_STATE_BACKEND_RUNLOCK_SOCKET``) sets it. Meltano loads these at
 start-up for every command, which imports the add-on and so hooks the start
 of its jobs (job_start.py). Unset, the client's own
