@@ -160,6 +160,14 @@ impl FileBackend {
     }
 }
 
+/// What a refused lock turned out to be, once the record beside it was read.
+enum Refused {
+    /// Held: by the record's holder, where the record names one.
+    Held(Option<Box<FileRecord>>),
+    /// Its holder let go while the record was read, and the lock is ours.
+    LetGo,
+}
+
 impl Inner {
     /// A name in the lock directory, for messages.
     fn path(&self, name: &str) -> PathBuf {
@@ -317,17 +325,21 @@ impl Inner {
         loop {
             let lock = self.open(&dir, &lock_name, OFlag::O_RDONLY | OFlag::O_CREAT)?;
             if !self.try_lock(&dir, &lock, &lock_name, &name)? {
-                let current = self.holder_record(&dir, &name)?;
-                if spec.force {
-                    return self.take_over(&dir, spec, current);
+                match self.holder_record(&dir, &lock, &name)? {
+                    Refused::LetGo => {} // the lock is ours now
+                    Refused::Held(current) if spec.force => {
+                        return self.take_over(&dir, spec, current.map(|r| *r));
+                    }
+                    Refused::Held(current) => {
+                        let incident = current
+                            .as_ref()
+                            .and_then(|r| history::last_incident(&r.history));
+                        return Err(BackendError::Held(
+                            current.and_then(|r| r.holder).map(Box::new),
+                            incident,
+                        ));
+                    }
                 }
-                let incident = current
-                    .as_ref()
-                    .and_then(|r| history::last_incident(&r.history));
-                return Err(BackendError::Held(
-                    current.and_then(|r| r.holder).map(Box::new),
-                    incident,
-                ));
             }
             // A force may have renamed a new file over the name between our open and lock.
             if !self.same_inode(&dir, &lock, &lock_name)? {
@@ -391,13 +403,25 @@ impl Inner {
         attempt()
     }
 
-    /// The record of a key someone holds, read once its writer is done.
-    fn holder_record(&self, dir: &File, name: &str) -> Result<Option<FileRecord>, BackendError> {
+    /// The record of the holder of a key whose `lock` was just refused, read
+    /// once its writer is done (a holder takes the lock before it writes);
+    /// or, should the holder let go meanwhile, the lock, taken: waiting on
+    /// for a held record would keep a waiter from a free key.
+    fn holder_record(&self, dir: &File, lock: &File, name: &str) -> Result<Refused, BackendError> {
         let Some(file) = self.try_open(dir, name, OFlag::O_RDONLY)? else {
-            return Ok(None);
+            return Ok(Refused::Held(None));
         };
-        read_record_settled(&file, |r| r.state == KeyState::Held)
-            .map_err(|e| self.io_error("reading", name, e))
+        let mut taken = false;
+        let record = read_record_settled(&file, |r| {
+            taken = r.state != KeyState::Held
+                && flock(lock, libc::LOCK_EX | libc::LOCK_NB).unwrap_or(false);
+            taken || r.state == KeyState::Held
+        })
+        .map_err(|e| self.io_error("reading", name, e))?;
+        Ok(match taken {
+            true => Refused::LetGo,
+            false => Refused::Held(record.map(Box::new)),
+        })
     }
 
     /// A duplicate of a held lock file's description, for the run.

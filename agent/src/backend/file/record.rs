@@ -125,7 +125,7 @@ pub(super) fn held_record(
 /// empty or unreadable.
 pub(super) fn read_record_settled(
     file: &File,
-    wanted: impl Fn(&FileRecord) -> bool,
+    mut wanted: impl FnMut(&FileRecord) -> bool,
 ) -> io::Result<Option<FileRecord>> {
     for _ in 0..50 {
         let bytes = read_bytes(file)?;

@@ -523,3 +523,42 @@ async fn a_record_from_an_agent_that_kept_no_history_is_read_and_taken() {
     assert!(grant.holder.token > 5);
     assert_eq!(backend.history(&key).await.expect("history").len(), 1);
 }
+
+#[tokio::test]
+async fn a_holder_that_lets_go_while_its_record_is_read_hands_the_lock_over_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let one = FileBackend::open(dir.path().into()).expect("open");
+    let key = Key::new("k").expect("valid");
+    let first = one
+        .acquire(&spec("k", "l1", false, TTL))
+        .await
+        .expect("free key");
+    let inner = &one.inner;
+    let open_dir = inner.dir().expect("dir");
+    let (name, lock_name) = (file_name(&key), lock_name(&key));
+    let lock = inner
+        .open(&open_dir, &lock_name, OFlag::O_RDONLY | OFlag::O_CREAT)
+        .expect("open the lock");
+    // Held: the refused lock's record names its holder.
+    match inner.holder_record(&open_dir, &lock, &name).expect("read") {
+        Refused::Held(Some(record)) => assert_eq!(record.token, first.holder.token),
+        Refused::Held(None) => panic!("the holder's record was not read"),
+        Refused::LetGo => panic!("took a lock that is held"),
+    }
+    // Let go between the refusal and the read (the record is free, the lock
+    // too): the waiter takes the lock, where it used to wait for a held
+    // record that would never come, and then say "held" by nobody.
+    one.release(&lease("k", "l1", 1)).await.expect("release");
+    assert!(matches!(
+        inner.holder_record(&open_dir, &lock, &name).expect("read"),
+        Refused::LetGo
+    ));
+    assert!(
+        !flock(
+            &first.lock.map(File::from).expect("the run's copy"),
+            libc::LOCK_EX | libc::LOCK_NB
+        )
+        .expect("flock"),
+        "the lock was not taken"
+    );
+}
