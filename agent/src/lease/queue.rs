@@ -32,13 +32,19 @@ impl Queues {
     /// Whether waiter `id` is near enough the front of `key`'s queue to try:
     /// first in line, or among the first N for a key with N slots.
     pub(super) fn may_try(&self, key: &Key, id: u64) -> bool {
-        let Some(queue) = self.0.get(key) else {
-            return false;
-        };
-        queue
-            .iter()
-            .position(|w| w.id == id)
-            .is_some_and(|at| at < queue[at].slots as usize)
+        self.may_try_now(key).any(|w| w.id == id)
+    }
+
+    /// The waiters for `key` that may try now, front first: at most 64, so
+    /// a long queue costs no more to look at than a short one.
+    fn may_try_now(&self, key: &Key) -> impl Iterator<Item = &Waiter> {
+        self.0
+            .get(key)
+            .into_iter()
+            .flatten()
+            .enumerate()
+            .take_while(|(at, w)| *at < w.slots as usize)
+            .map(|(_, w)| w)
     }
 
     /// Takes waiter `id` out of `key`'s queue and wakes whoever is now first.
@@ -56,14 +62,11 @@ impl Queues {
     /// Wakes the waiters for `key` that may try (for a slot's record, for
     /// its key), if any.
     pub(super) fn wake_head(&self, key: &Key) {
-        let queue = match key.split_slot() {
-            (_, 0) => self.0.get(key),
-            _ => self.0.get(&key.base()),
+        let key = match key.split_slot() {
+            (_, 0) => std::borrow::Cow::Borrowed(key),
+            _ => std::borrow::Cow::Owned(key.base()),
         };
-        for (at, waiter) in queue.into_iter().flatten().enumerate() {
-            if at >= waiter.slots as usize {
-                break;
-            }
+        for waiter in self.may_try_now(&key) {
             waiter.notify.notify_one();
         }
     }

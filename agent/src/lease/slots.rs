@@ -93,7 +93,7 @@ impl Registry {
             }
         }
         let records = self
-            .read_slots(key, n)
+            .read_range(key, 0..n)
             .await
             .map_err(SlotRefusal::Backend)?;
         let holders = live_holders(&records);
@@ -147,11 +147,7 @@ impl Registry {
         }
     }
 
-    /// The records of slots `0..n`, read at once.
-    async fn read_slots(&self, key: &Key, n: u32) -> Result<Vec<KeyRecord>, BackendError> {
-        self.read_range(key, 0..n).await
-    }
-
+    /// The records of `slots` of `key`, read at once.
     async fn read_range(
         &self,
         key: &Key,
