@@ -361,11 +361,11 @@ async fn installed_package_verifies_renders_completes_and_locks() -> Result<()> 
             .any(|l| l.starts_with("runlock:")),
         "postinst made no group runlock"
     );
-    for dir in ["var/lib/runlock", "run/runlock"] {
+    for (dir, mode) in [("var/lib/runlock", 0o700), ("run/runlock", 0o750)] {
         let meta = std::fs::metadata(root.path(dir))
             .with_context(|| format!("{dir} in the scratch root"))?;
         ensure!(
-            (meta.uid(), meta.gid(), meta.mode() & 0o7777) == (uid, gid, 0o750),
+            (meta.uid(), meta.gid(), meta.mode() & 0o7777) == (uid, gid, mode),
             "{dir} is {}:{} {:o}",
             meta.uid(),
             meta.gid(),

@@ -38,9 +38,15 @@ pub(super) fn flock(file: &File, operation: libc::c_int) -> io::Result<bool> {
 /// Whether a `flock` taken through `first` keeps `second` (another open of
 /// the same file) out: the one thing this backend needs of the file system,
 /// which some network and FUSE file systems do not do, granting every lock.
+/// The file is this agent's own, so nobody else should hold it: if someone
+/// does, that is said, not waited for.
 pub(super) fn flock_excludes(first: &File, second: &File) -> anyhow::Result<()> {
-    // Blocking: another agent starting may be checking the same file.
-    flock(first, libc::LOCK_EX).context("flock(LOCK_EX)")?;
+    if !flock(first, libc::LOCK_EX | libc::LOCK_NB).context("flock(LOCK_EX)")? {
+        anyhow::bail!(
+            "another process holds a lock on it ({})",
+            super::blocker::flock_blocker(first)
+        );
+    }
     let second_got_it = flock(second, libc::LOCK_EX | libc::LOCK_NB).context("flock(LOCK_EX)");
     let _ = flock(second, libc::LOCK_UN);
     let _ = flock(first, libc::LOCK_UN);
@@ -56,6 +62,28 @@ pub(super) fn range_lock(kind: libc::c_int) -> libc::flock {
     lock.l_type = kind as libc::c_short;
     lock.l_whence = libc::SEEK_SET as libc::c_short;
     lock
+}
+
+/// Takes an OFD lock on the whole file within `limit`, trying again every
+/// few milliseconds; `Ok(false)` when another still holds it then. Never a
+/// blocking wait: whoever holds it could hold it for ever.
+pub(super) fn ofd_lock_within(
+    file: &File,
+    kind: libc::c_int,
+    limit: std::time::Duration,
+) -> io::Result<bool> {
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_micros(100);
+    loop {
+        if ofd_lock(file, kind, false)? {
+            return Ok(true);
+        }
+        if start.elapsed() >= limit {
+            return Ok(false);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(5));
+    }
 }
 
 /// Takes an OFD lock on the whole file; `Ok(false)` when another holds it.
