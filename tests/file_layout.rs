@@ -7,9 +7,10 @@
 //! starts. Then the same locks held by a process the layout cannot keep out
 //! (root): the agent names it and never waits on it forever.
 
-use crate::access::NOBODY;
+use crate::access::{as_nobody, NOBODY};
 use crate::support::agent::{temp_dir, FileBackendDir};
 use crate::support::run::{Finished, HOLD};
+use crate::support::shim_exit::EXIT_HELD;
 use crate::support::{setpriv, within, AgentOptions, Run, TestAgent, WAIT};
 use crate::systemd::{text, tool};
 use anyhow::{ensure, Context, Result};
@@ -164,6 +165,21 @@ async fn a_member_can_neither_read_nor_lock_what_the_packaged_agent_keeps() -> R
         }
     }
 
+    // What a member may do it still can: its own run holds its key through
+    // the descriptor it is handed (no name to open), and root's run waits on it.
+    let mut mine = as_nobody(
+        &agent,
+        &[packaged.gid],
+        &["run", "--key", "mine", "--", "sh", "-c", HOLD],
+    )?;
+    mine.ready().await?;
+    agent
+        .runlock_output(&["run", "--key", "mine", "--", "true"])
+        .await?
+        .expect_code(EXIT_HELD.into())?;
+    mine.end();
+    mine.finish().await?.expect_code(0)?;
+
     // Root's runs are what they would be with no member at all.
     held.end();
     held.finish().await?.expect_code(0)?;
@@ -296,6 +312,11 @@ async fn a_key_locked_by_a_process_no_record_names_is_refused_naming_it() -> Res
     ] {
         ensure!(out.stderr.contains(&says), "{says:?} not named: {out:?}");
     }
+    // With slots, the stranger holds slot 0 only: the next is taken.
+    agent
+        .runlock_output(&["run", "--slots", "2", "--key", "stranger", "--", "true"])
+        .await?
+        .expect_code(0)?;
     drop(held);
     agent
         .runlock_output(&["run", "--key", "stranger", "--", "true"])

@@ -15,13 +15,20 @@ use std::os::unix::io::AsRawFd;
 pub(super) struct Blocker {
     pub(super) pid: Option<u32>,
     pub(super) uid: Option<u32>,
+    /// The pid that took the lock has exited: a process it started, which
+    /// inherited the descriptor, holds it now.
+    pub(super) exited: bool,
 }
 
 impl Blocker {
     fn of_pid(pid: u32) -> Blocker {
+        let alive = i32::try_from(pid)
+            .map(|p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None))
+            .map(|sent| sent != Err(nix::errno::Errno::ESRCH));
         Blocker {
             pid: Some(pid),
             uid: uid_of(pid),
+            exited: alive == Ok(false),
         }
     }
 }
@@ -29,6 +36,13 @@ impl Blocker {
 impl fmt::Display for Blocker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match (self.pid, self.uid) {
+            (Some(pid), _) if self.exited => write!(
+                f,
+                "taken by pid {pid}, which has exited: a process it started holds it"
+            ),
+            (None, _) if self.exited => {
+                f.write_str("taken by a process that has exited: a process it started holds it")
+            }
             (Some(pid), Some(uid)) => {
                 write!(f, "pid {pid}, {}", super::settings::user_name(uid))
             }
@@ -66,13 +80,19 @@ pub(super) fn flock_blocker(file: &File) -> Blocker {
         libc::minor(meta.dev()),
         meta.ino()
     );
-    holder_in(&table, &device)
-        .map(Blocker::of_pid)
-        .unwrap_or_default()
+    match holder_in(&table, &device) {
+        // The kernel shows 0 once the process that took the lock is gone.
+        Some(0) => Blocker {
+            exited: true,
+            ..Blocker::default()
+        },
+        Some(pid) => Blocker::of_pid(pid),
+        None => Blocker::default(),
+    }
 }
 
 /// The pid holding (not waiting for) a lock on `device` (`MAJ:MIN:INODE`)
-/// in a `/proc/locks` table.
+/// in a `/proc/locks` table (0: the process that took it has exited).
 fn holder_in(table: &str, device: &str) -> Option<u32> {
     table
         .lines()
@@ -116,6 +136,8 @@ mod tests {
             "an OFD lock names no pid"
         );
         assert_eq!(holder_in(table, "00:2f:99"), None);
+        let gone = "1: FLOCK  ADVISORY  WRITE 0 00:2f:12 0 EOF\n";
+        assert_eq!(holder_in(gone, "00:2f:12"), Some(0));
     }
 
     #[test]
@@ -130,5 +152,33 @@ mod tests {
         assert!(who
             .to_string()
             .starts_with(&format!("pid {}", std::process::id())));
+    }
+
+    #[test]
+    fn a_lock_whose_taker_exited_is_said_to_be_held_by_a_process_it_started() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("f");
+        File::create(&path).expect("create");
+        // flock(1) locks the shell's descriptor and exits; the background
+        // sleep inherited it and holds the lock on.
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg("exec 9<\"$0\"; flock -n 9 || exit 3; sleep 30 >/dev/null 2>&1 & echo $!")
+            .arg(&path)
+            .stdout(std::process::Stdio::piped())
+            .output()
+            .expect("sh");
+        assert!(out.status.success(), "{out:?}");
+        let sleeper: i32 = String::from_utf8_lossy(&out.stdout)
+            .trim()
+            .parse()
+            .expect("pid");
+        let who = flock_blocker(&File::open(&path).expect("open"));
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(sleeper),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        assert!(who.exited, "{who:?}");
+        assert!(who.to_string().contains("has exited"), "{who}");
     }
 }
