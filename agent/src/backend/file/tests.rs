@@ -473,14 +473,14 @@ fn a_gate_locked_by_a_classic_lock_names_its_process_and_an_ofd_lock_none() {
     let done = unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_SETLK, &lock) };
     assert_eq!(done, 0, "{}", std::io::Error::last_os_error());
     assert!(
-        !ofd_lock(&agent, libc::F_RDLCK, false).expect("try"),
+        !ofd_lock(&agent, libc::F_RDLCK).expect("try"),
         "no conflict"
     );
     let who = range_blocker(&agent, libc::F_RDLCK);
     assert_eq!(who.pid, Some(std::process::id()));
     drop(holder); // closing any descriptor of the file ends a classic lock
     let other = open();
-    assert!(ofd_lock(&other, libc::F_WRLCK, false).expect("lock"));
+    assert!(ofd_lock(&other, libc::F_WRLCK).expect("lock"));
     assert_eq!(range_blocker(&agent, libc::F_RDLCK), Blocker::default());
 }
 

@@ -75,7 +75,7 @@ pub(super) fn ofd_lock_within(
     let start = std::time::Instant::now();
     let mut pause = std::time::Duration::from_micros(100);
     loop {
-        if ofd_lock(file, kind, false)? {
+        if ofd_lock(file, kind)? {
             return Ok(true);
         }
         if start.elapsed() >= limit {
@@ -86,23 +86,19 @@ pub(super) fn ofd_lock_within(
     }
 }
 
-/// Takes an OFD lock on the whole file; `Ok(false)` when another holds it.
-pub(super) fn ofd_lock(file: &File, kind: libc::c_int, wait: bool) -> io::Result<bool> {
+/// Tries an OFD lock on the whole file, never waiting; `Ok(false)` when
+/// another holds it.
+pub(super) fn ofd_lock(file: &File, kind: libc::c_int) -> io::Result<bool> {
     let lock = range_lock(kind);
-    let cmd = if wait {
-        libc::F_OFD_SETLKW
-    } else {
-        libc::F_OFD_SETLK
-    };
     loop {
         // SAFETY: the descriptor is open for the call and `lock` outlives it.
-        if unsafe { libc::fcntl(file.as_raw_fd(), cmd, &lock) } == 0 {
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) } == 0 {
             return Ok(true);
         }
         let err = io::Error::last_os_error();
         match err.raw_os_error() {
             Some(libc::EINTR) => continue,
-            Some(libc::EAGAIN) | Some(libc::EACCES) if !wait => return Ok(false),
+            Some(libc::EAGAIN) | Some(libc::EACCES) => return Ok(false),
             _ => return Err(err),
         }
     }
