@@ -179,6 +179,27 @@ async fn a_member_can_neither_read_nor_lock_what_the_packaged_agent_keeps() -> R
         .expect_code(EXIT_HELD.into())?;
     mine.end();
     mine.finish().await?.expect_code(0)?;
+    // Nor can a run open its own lock file again through the descriptor's
+    // /proc link (no directory is looked through there, only the file's
+    // mode): a second description of it would hold the key past the release.
+    let reopen = r#"for f in /proc/$$/fd/*; do
+        case "$(readlink "$f")" in *.run)
+            echo found-lock
+            if (exec 8<"$f") 2>/dev/null; then echo reopened; fi
+        esac
+    done"#;
+    let out = as_nobody(
+        &agent,
+        &[packaged.gid],
+        &["run", "--key", "mine", "--", "sh", "-c", reopen],
+    )?
+    .finish()
+    .await?;
+    out.expect_code(0)?;
+    ensure!(
+        out.stdout.contains("found-lock") && !out.stdout.contains("reopened"),
+        "{out:?}"
+    );
 
     // Root's runs are what they would be with no member at all.
     held.end();
