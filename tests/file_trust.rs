@@ -158,7 +158,7 @@ async fn a_lock_directory_another_user_can_change_stops_the_agent_with_78() -> R
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn lock_files_are_0640_and_unreadable_by_others_even_under_umask_000() -> Result<()> {
+async fn lock_files_are_0600_and_unreadable_by_others_even_under_umask_000() -> Result<()> {
     let locks = FileBackendDir::new()?;
     // Only the lock directory's and the files' own modes keep others out.
     chmod(locks.parent(), 0o755)?;
@@ -174,9 +174,9 @@ async fn lock_files_are_0640_and_unreadable_by_others_even_under_umask_000() -> 
         "the record does not name the command; nothing to hide"
     );
     for (path, widest) in [
-        (locks.path(), 0o750),
-        (file.clone(), 0o640),
-        (locks.path().join(".force.lock"), 0o640),
+        (locks.path(), 0o700),
+        (file.clone(), 0o600),
+        (locks.path().join(".force.lock"), 0o600),
     ] {
         let mode = mode(&path)?;
         ensure!(mode & !widest == 0, "{} has mode {mode:o}", path.display());

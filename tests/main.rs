@@ -14,6 +14,7 @@ mod config;
 mod crash_release;
 mod deploy;
 mod file_backend;
+mod file_layout;
 mod file_trust;
 mod gcs;
 mod legacy;

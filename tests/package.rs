@@ -361,11 +361,11 @@ async fn installed_package_verifies_renders_completes_and_locks() -> Result<()> 
             .any(|l| l.starts_with("runlock:")),
         "postinst made no group runlock"
     );
-    for dir in ["var/lib/runlock", "run/runlock"] {
+    for (dir, mode) in [("var/lib/runlock", 0o700), ("run/runlock", 0o750)] {
         let meta = std::fs::metadata(root.path(dir))
             .with_context(|| format!("{dir} in the scratch root"))?;
         ensure!(
-            (meta.uid(), meta.gid(), meta.mode() & 0o7777) == (uid, gid, 0o750),
+            (meta.uid(), meta.gid(), meta.mode() & 0o7777) == (uid, gid, mode),
             "{dir} is {}:{} {:o}",
             meta.uid(),
             meta.gid(),
@@ -607,6 +607,11 @@ async fn upgrade_remove_and_purge_keep_what_the_operator_wrote() -> Result<()> {
     std::fs::write(root.path(CONFFILE), &edited)?;
     std::fs::write(root.path("etc/runlock/notes"), "the operator's\n")?;
     std::fs::write(root.path("var/lib/runlock/kept"), "lock state\n")?;
+    // An earlier version's lock directory, open to the socket's group.
+    std::fs::set_permissions(
+        root.path("var/lib/runlock"),
+        std::fs::Permissions::from_mode(0o750),
+    )?;
     // The operator turns socket activation off; an upgrade must not turn it back on.
     let root_arg = format!("--root={}", root.path("").display());
     let out = tool("systemctl", &[&root_arg, "disable", "runlockd.socket"]).await?;
@@ -625,6 +630,11 @@ async fn upgrade_remove_and_purge_keep_what_the_operator_wrote() -> Result<()> {
     ensure!(
         !root.path(SOCKET_ENABLED).exists(),
         "the upgrade enabled the socket the operator disabled"
+    );
+    let mode = std::fs::metadata(root.path("var/lib/runlock"))?.mode() & 0o7777;
+    ensure!(
+        mode == 0o700,
+        "the upgrade left the lock directory {mode:o}"
     );
 
     root.dpkg(&["--remove", "runlock"]).await?;

@@ -160,13 +160,15 @@ async fn sysusers_and_tmpfiles_make_the_user_and_its_directories() -> Result<()>
     let tmpfiles = units.join("tmpfiles.d/runlock.conf").display().to_string();
     let out = tool("systemd-tmpfiles", &["--create", &root_arg, &tmpfiles]).await?;
     ensure!(out.status.success(), "systemd-tmpfiles: {}", text(&out));
-    for dir in ["run/runlock", "var/lib/runlock"] {
+    // The socket's directory lets the group reach the socket; the lock
+    // directory is the agent's alone (tests/file_layout.rs attacks it).
+    for (dir, want) in [("run/runlock", 0o750), ("var/lib/runlock", 0o700)] {
         let meta = std::fs::metadata(root.path().join(dir)).with_context(|| dir.to_string())?;
         ensure!(
             meta.is_dir()
                 && meta.uid() == uid
                 && meta.gid() == gid
-                && meta.permissions().mode() & 0o7777 == 0o750,
+                && meta.permissions().mode() & 0o7777 == want,
             "/{dir}: uid {} gid {} mode {:o}",
             meta.uid(),
             meta.gid(),

@@ -94,7 +94,11 @@ const OPERATIONS: [&str; 6] = ["acquire", "renew", "release", "inspect", "adopt"
 fn backend_result<T>(result: &Result<T, BackendError>) -> &'static str {
     match result {
         Ok(_) => "ok",
-        Err(BackendError::Held(..) | BackendError::HeldByLegacyRun(_)) => "held",
+        Err(
+            BackendError::Held(..)
+            | BackendError::HeldUnrecorded(_)
+            | BackendError::HeldByLegacyRun(_),
+        ) => "held",
         Err(BackendError::LeaseMismatch) => "lease_mismatch",
         Err(BackendError::Unavailable(_)) => "unavailable",
         Err(BackendError::Corrupt(_)) => "corrupt",

@@ -28,6 +28,9 @@ pub struct AgentOptions {
     pub umask: Option<u32>,
     /// The `runlockd` to start, if not the one the tests built.
     pub program: Option<PathBuf>,
+    /// The uid and gid to run the agent as (no supplementary groups), if not
+    /// the test's: as the package's user, say.
+    pub user: Option<(u32, u32)>,
     /// Print the agent's log when it is dropped (the test harness shows it
     /// only for a failing test); the bench, which has no harness, does not.
     pub log_on_drop: bool,
@@ -42,6 +45,7 @@ impl AgentOptions {
             args: Vec::new(),
             umask: None,
             program: None,
+            user: None,
             log_on_drop: true,
         }
     }
@@ -183,6 +187,14 @@ impl TestAgent {
                     Ok(())
                 });
             }
+        }
+        if let Some((uid, gid)) = options.user {
+            // The agent must reach its notify socket and its tempdir as that user.
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
+            std::fs::set_permissions(&notify_path, std::fs::Permissions::from_mode(0o777))?;
+            // From root, std drops the supplementary groups too.
+            command.uid(uid).gid(gid);
         }
         let child = command
             .spawn()

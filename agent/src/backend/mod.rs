@@ -157,6 +157,10 @@ pub enum BackendError {
     /// being written); and the key's last incident, where its record keeps one.
     #[error("held")]
     Held(Option<Box<Holder>>, Option<Box<KeyEvent>>),
+    /// The key is held by someone no record names (a process that is not a
+    /// run any agent granted); what is known of it, for the peer.
+    #[error("{0}")]
+    HeldUnrecorded(String),
     /// Meltano's system database records a live run of the key's state ID,
     /// a run runlock does not wrap (`legacy::MeltanoGuard`).
     #[error("held by a legacy Meltano run")]
@@ -179,7 +183,9 @@ impl BackendError {
     /// The wire code for this error.
     pub fn code(&self) -> ErrorCode {
         match self {
-            BackendError::Held(..) | BackendError::HeldByLegacyRun(_) => ErrorCode::Held,
+            BackendError::Held(..)
+            | BackendError::HeldUnrecorded(_)
+            | BackendError::HeldByLegacyRun(_) => ErrorCode::Held,
             BackendError::LeaseMismatch => ErrorCode::NotOwner,
             BackendError::Unavailable(_) => ErrorCode::Unavailable,
             BackendError::Corrupt(_) => ErrorCode::Internal,
@@ -194,6 +200,10 @@ impl BackendError {
         match self {
             BackendError::Held(holder, _) => wire.holder = holder.clone(),
             BackendError::HeldByLegacyRun(run) => wire.holder = Some(Box::new(run.holder.clone())),
+            BackendError::HeldUnrecorded(why) => {
+                wire.message = format!("key {key:?} is held: {why}");
+                return wire;
+            }
             _ => return wire,
         }
         wire.message = format!("key {key:?} is held");

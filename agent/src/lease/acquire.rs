@@ -285,6 +285,7 @@ impl Registry {
                     holders,
                     slots: req.slots,
                     legacy: refusal.legacy,
+                    unrecorded: refusal.unrecorded,
                     incident: refusal.incident.map(|e| Box::new(shown::event(&e))),
                 });
             }
@@ -351,6 +352,10 @@ impl Registry {
             Err(BackendError::Held(holder, incident)) => Err(Attempt::Held(Refusal {
                 holder,
                 incident,
+                ..Refusal::default()
+            })),
+            Err(BackendError::HeldUnrecorded(why)) => Err(Attempt::Held(Refusal {
+                unrecorded: Some(why),
                 ..Refusal::default()
             })),
             Err(BackendError::HeldByLegacyRun(run)) => Err(Attempt::Held(Refusal {
@@ -431,6 +436,7 @@ impl Registry {
                     waited: Duration::ZERO,
                     holder: Some(Box::new(self.show(&newer, viewer))),
                     legacy: None,
+                    unrecorded: None,
                     incident: None,
                 });
             }
@@ -501,6 +507,8 @@ struct Refusal {
     holders: Vec<Holder>,
     incident: Option<Box<runlock_protocol::KeyEvent>>,
     legacy: Option<Box<crate::backend::LegacyRun>>,
+    /// What the backend knows of a holder no record names.
+    unrecorded: Option<String>,
     unreachable: Option<BackendError>,
 }
 

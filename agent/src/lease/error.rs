@@ -100,7 +100,7 @@ pub enum LeaseError {
         holders: Vec<Holder>,
     },
     /// The key is held: at once, or still after waiting `waited`.
-    #[error("{}", HeldText { key, waited: *waited, legacy: legacy.as_deref(), incident: incident.as_deref(), slots: *slots })]
+    #[error("{}", HeldText { key, waited: *waited, legacy: legacy.as_deref(), unrecorded: unrecorded.as_deref(), incident: incident.as_deref(), slots: *slots })]
     Held {
         /// The key.
         key: Key,
@@ -116,6 +116,8 @@ pub enum LeaseError {
         incident: Option<Box<KeyEvent>>,
         /// The holder is a legacy Meltano run, not a lease.
         legacy: Option<Box<LegacyRun>>,
+        /// The holder is a process no record names: what the backend knows of it.
+        unrecorded: Option<String>,
     },
     /// The backend failed on `key`.
     #[error("{source}")]
@@ -246,6 +248,7 @@ struct HeldText<'a> {
     key: &'a Key,
     waited: Duration,
     legacy: Option<&'a LegacyRun>,
+    unrecorded: Option<&'a str>,
     incident: Option<&'a KeyEvent>,
     slots: u32,
 }
@@ -265,6 +268,9 @@ impl fmt::Display for HeldText<'_> {
         }
         if let Some(run) = self.legacy {
             write!(f, ": {}", legacy::explain(run))?;
+        }
+        if let Some(why) = self.unrecorded {
+            write!(f, ": {why}")?;
         }
         match self.incident {
             Some(event) => write!(f, " ({})", Incident(event)),
@@ -377,6 +383,7 @@ mod tests {
             waited,
             holder: None,
             legacy: legacy.map(Box::new),
+            unrecorded: None,
             incident: None,
         }
     }
@@ -404,6 +411,7 @@ mod tests {
             waited: Duration::ZERO,
             holder: None,
             legacy: None,
+            unrecorded: None,
             incident: Some(Box::new(event.clone())),
         };
         let far = KeyEvent {

@@ -143,6 +143,8 @@ impl Registry {
                 }
             }
             Err(BackendError::Held(None, incident)) => Err(SlotRefusal::Held(vec![], incident)),
+            // A slot a stranger holds is a held slot: the next may be free.
+            Err(BackendError::HeldUnrecorded(_)) => Err(SlotRefusal::Held(vec![], None)),
             Err(err) => Err(SlotRefusal::Backend(err)),
         }
     }

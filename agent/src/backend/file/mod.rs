@@ -27,7 +27,16 @@
 //! for every user of its socket, so a link planted where a lock file belongs
 //! is refused, never followed out of the directory. A directory that anyone
 //! but root and the agent's user could change is refused at start.
+//!
+//! Nothing here is for the socket's members: the directory is 0700 and its
+//! files 0600 (a run is handed its lock as a descriptor, and never opens a
+//! name), so no member can read a record or lock a file. The agent still
+//! never waits without bound on a lock another process could hold: the
+//! start-up probe locks a file of its own, the force gate is tried for at
+//! most [`GATE_WAIT`], and a refusal that no record explains names the
+//! process in the way where the kernel tells.
 
+mod blocker;
 mod errors;
 mod record;
 mod settings;
@@ -56,7 +65,7 @@ use std::os::unix::io::{AsRawFd, FromRawFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use transport::{file_name, flock, flock_excludes, lock_name, ofd_lock};
+use transport::{file_name, flock, flock_excludes, lock_name, ofd_lock_within};
 
 /// A directory of lock files.
 #[derive(Clone)]
@@ -84,16 +93,18 @@ struct Held {
 }
 
 const GATE_FILE: &str = ".force.lock";
-/// An empty file on which the agent checks at start that `flock` excludes.
-const PROBE_FILE: &str = ".probe.run";
+/// How long an acquisition, release or force waits for the gate: agents
+/// hold it for a few file system calls, so a longer hold is someone else's.
+const GATE_WAIT: Duration = Duration::from_secs(5);
 /// How long a failed lock attempt waits before it is believed once more: a
 /// `free` record beside a locked file is an agent between taking the lock and
 /// writing, or `inspect` looking.
 const SECOND_LOOK: Duration = Duration::from_millis(2);
 
 impl FileBackend {
-    /// Opens (creating if needed, mode 0750) the lock directory, refusing
-    /// one that a user other than root or the agent's own could change.
+    /// Opens (creating if needed, mode 0700) the lock directory, refusing
+    /// one that a user other than root or the agent's own could change, and
+    /// taking its group's and others' permissions off (said in a warning).
     pub fn open(dir: PathBuf) -> anyhow::Result<FileBackend> {
         FileBackend::open_in_boot(dir, boot_id())
     }
@@ -125,9 +136,21 @@ impl FileBackend {
                 )
             }
         }
-        let first = inner.open(&dir, PROBE_FILE, OFlag::O_RDONLY | OFlag::O_CREAT)?;
-        let second = inner.open(&dir, PROBE_FILE, OFlag::O_RDONLY)?;
-        flock_excludes(&first, &second).with_context(|| {
+        // A file of this agent's own, not a shared name: nobody else can
+        // hold its lock, so no process can keep an agent from starting.
+        let probe = format!(".probe-{}.run", uuid::Uuid::new_v4());
+        let first = inner.open(
+            &dir,
+            &probe,
+            OFlag::O_RDONLY | OFlag::O_CREAT | OFlag::O_EXCL,
+        )?;
+        let second = inner.open(&dir, &probe, OFlag::O_RDONLY);
+        let _ = nix::unistd::unlinkat(
+            Some(dir.as_raw_fd()),
+            probe.as_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+        flock_excludes(&first, &second?).with_context(|| {
             format!(
                 "lock directory {}: its file system cannot be trusted to lock",
                 inner.dir.display()
@@ -198,11 +221,11 @@ impl Inner {
             .ok_or_else(|| self.io_error("opening", name, nix::errno::Errno::ENOENT))
     }
 
-    /// Opens `name` in `dir` (created 0640 with `O_CREAT`), never through a
+    /// Opens `name` in `dir` (created 0600 with `O_CREAT`), never through a
     /// link; `Ok(None)` when it does not exist. A link, or anything but a
     /// plain file with one name, is `Corrupt`: that key stays unusable until
     /// a person removes it, and nothing outside the directory is touched. A
-    /// file opened for writing is tightened to 0640 if it was wider.
+    /// file wider than 0600 (an earlier layout's 0640) is tightened.
     fn try_open(&self, dir: &File, name: &str, flags: OFlag) -> Result<Option<File>, BackendError> {
         let fd = nix::fcntl::openat(
             Some(dir.as_raw_fd()),
@@ -234,7 +257,7 @@ impl Inner {
             )));
         }
         let mode = meta.mode() & 0o7777;
-        if flags.contains(OFlag::O_RDWR) && mode & !FILE_MODE != 0 {
+        if mode & !FILE_MODE != 0 {
             nix::sys::stat::fchmod(file.as_raw_fd(), Mode::from_bits_truncate(mode & FILE_MODE))
                 .map_err(|e| self.io_error("restricting the mode of", name, e))?;
         }
@@ -271,7 +294,17 @@ impl Inner {
         } else {
             libc::F_RDLCK
         };
-        ofd_lock(&gate, kind, true).map_err(|e| self.io_error("locking", GATE_FILE, e))?;
+        let locked = ofd_lock_within(&gate, kind, GATE_WAIT)
+            .map_err(|e| self.io_error("locking", GATE_FILE, e))?;
+        if !locked {
+            return Err(BackendError::Unavailable(format!(
+                "the force gate {} has been locked by another process for {} ({}); \
+                 runlock's agents hold it for milliseconds",
+                self.path(GATE_FILE).display(),
+                humantime::format_duration(GATE_WAIT),
+                blocker::range_blocker(&gate, kind),
+            )));
+        }
         Ok(Some(gate))
     }
 
@@ -329,6 +362,13 @@ impl Inner {
                     Refused::LetGo => {} // the lock is ours now
                     Refused::Held(current) if spec.force => {
                         return self.take_over(&dir, spec, current.map(|r| *r));
+                    }
+                    Refused::Held(current)
+                        if !current
+                            .as_ref()
+                            .is_some_and(|r| r.state == KeyState::Held && r.holder.is_some()) =>
+                    {
+                        return Err(self.held_by_stranger(&lock, &lock_name));
                     }
                     Refused::Held(current) => {
                         let incident = current
@@ -422,6 +462,20 @@ impl Inner {
             true => Refused::LetGo,
             false => Refused::Held(record.map(Box::new)),
         })
+    }
+
+    /// A refusal that no record explains: `lock` is held, yet no record
+    /// names a holder. Not a run any agent granted (it would have written
+    /// its record before this was read): another program, or a process a
+    /// run left behind that locked its descriptor again.
+    fn held_by_stranger(&self, lock: &File, lock_name: &str) -> BackendError {
+        BackendError::HeldUnrecorded(format!(
+            "{} is locked by a process that no record names ({}): not a run any runlock \
+             agent granted, but another program or a process left over from an earlier \
+             run; the key is free once it lets go, or `--force` takes it over",
+            self.path(lock_name).display(),
+            blocker::flock_blocker(lock),
+        ))
     }
 
     /// A duplicate of a held lock file's description, for the run.

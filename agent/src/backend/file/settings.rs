@@ -5,20 +5,63 @@
 use anyhow::Context as _;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 
-/// A record names its holder's command line, which is not for every user.
-pub(super) const FILE_MODE: u32 = 0o640;
-pub(super) const DIR_MODE: u32 = 0o750;
+/// A record names its holder's command line, and a lock file that others
+/// could open they could lock: nothing here is for anyone but the agent's
+/// user (the socket's group included; a run gets its lock as a descriptor).
+pub(super) const FILE_MODE: u32 = 0o600;
+pub(super) const DIR_MODE: u32 = 0o700;
 
-/// Opens the lock directory after checking who can change it.
+/// Opens the lock directory after checking who can change it, and closes it
+/// to everyone but its owner.
 pub(super) fn open_dir(dir: &Path) -> anyhow::Result<File> {
     let real = resolve_checked(dir)?;
-    OpenOptions::new()
+    let file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
         .open(&real)
-        .with_context(|| format!("opening lock directory {}", dir.display()))
+        .with_context(|| format!("opening lock directory {}", dir.display()))?;
+    close_to_others(dir, &file)?;
+    Ok(file)
+}
+
+/// Takes every permission of the group and of others off the lock
+/// directory (an earlier layout made it 0750 for the socket's group), saying
+/// so; refuses the directory when that cannot be done. Through the open
+/// descriptor, so it is the directory checked that is changed.
+fn close_to_others(dir: &Path, file: &File) -> anyhow::Result<()> {
+    let meta = file
+        .metadata()
+        .with_context(|| format!("checking lock directory {}", dir.display()))?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    let closed = mode & !0o077;
+    let open_to = match mode & 0o007 {
+        0 => format!("group {}", group_name(meta.gid())),
+        _ => "every user".to_string(),
+    };
+    nix::sys::stat::fchmod(
+        file.as_raw_fd(),
+        nix::sys::stat::Mode::from_bits_truncate(closed),
+    )
+    .with_context(|| {
+        format!(
+            "refusing lock directory {}: it is mode {mode:04o}, so {open_to} could read \
+             holders' command lines and lock its files, and it could not be made \
+             {closed:04o}",
+            dir.display()
+        )
+    })?;
+    tracing::warn!(
+        "lock directory {} was mode {mode:04o}, open to {open_to}, who could read holders' \
+         command lines and lock its files; it is now {closed:04o}",
+        dir.display()
+    );
+    Ok(())
 }
 
 /// Resolves `dir` one name at a time, following links as the kernel would,

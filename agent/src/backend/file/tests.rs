@@ -187,10 +187,14 @@ async fn a_lock_taken_again_after_release_is_held_and_force_takes_it_higher() {
         .expect("release");
     // A process the run left behind locks its inherited description again.
     assert!(flock(&run, libc::LOCK_EX | libc::LOCK_NB).expect("relock"));
-    assert!(matches!(
-        backend.acquire(&spec("k", "l2", false, TTL)).await,
-        Err(BackendError::Held(None, _))
-    ));
+    // Refused as held, naming the file and the process, which no record names.
+    match backend.acquire(&spec("k", "l2", false, TTL)).await {
+        Err(BackendError::HeldUnrecorded(why)) => {
+            let pid = format!("pid {}", std::process::id());
+            assert!(why.contains("k.run") && why.contains(&pid), "{why}");
+        }
+        other => panic!("not refused as held by a stranger: {other:?}"),
+    }
     let forced = backend
         .acquire(&spec("k", "l3", true, TTL))
         .await
@@ -402,27 +406,82 @@ async fn a_linked_gate_refuses_force_and_lets_plain_acquisitions_go_on() {
 }
 
 #[tokio::test]
-async fn lock_files_are_0640_and_a_wider_one_is_tightened() {
+async fn lock_files_are_0600_and_a_wider_one_or_a_wider_directory_is_tightened() {
     use std::os::unix::fs::PermissionsExt;
     let top = tempfile::tempdir().expect("tempdir");
     let dir = top.path().join("new").join("locks");
     let backend = FileBackend::open(dir.clone()).expect("open");
     let mode = |path: &Path| std::fs::metadata(path).expect("stat").mode() & 0o7777;
-    assert_eq!(mode(&dir) & !DIR_MODE, 0, "directory mode {:o}", mode(&dir));
-    let wide = dir.join("wide.lock");
-    std::fs::write(&wide, b"").expect("write");
-    std::fs::set_permissions(&wide, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    assert_eq!(mode(&dir), DIR_MODE, "directory mode {:o}", mode(&dir));
+    // An earlier layout's files: a record and a lock file its group could open.
+    let (wide, wide_run) = (dir.join("wide.lock"), dir.join("wide.run"));
+    for file in [&wide, &wide_run] {
+        std::fs::write(file, b"").expect("write");
+        std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o640)).expect("chmod");
+    }
     backend
         .acquire(&spec("wide", "l1", false, TTL))
         .await
         .expect("free key");
-    assert_eq!(mode(&wide), 0o640);
+    assert_eq!((mode(&wide), mode(&wide_run)), (0o600, 0o600));
     backend
         .acquire(&spec("fresh", "l2", false, TTL))
         .await
         .expect("free key");
-    let fresh = mode(&dir.join("fresh.lock"));
-    assert_eq!(fresh & !FILE_MODE, 0, "new lock file mode {fresh:o}");
+    for name in ["fresh.lock", "fresh.run", ".force.lock"] {
+        let fresh = mode(&dir.join(name));
+        assert_eq!(fresh & !FILE_MODE, 0, "new {name} mode {fresh:o}");
+    }
+    // And an earlier layout's directory, closed when an agent opens it.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o750)).expect("chmod");
+    FileBackend::open(dir.clone()).expect("open again");
+    assert_eq!(mode(&dir), 0o700);
+}
+
+#[test]
+fn the_start_probe_leaves_no_file_and_ignores_a_lock_on_the_old_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = File::create(dir.path().join(".probe.run")).expect("create");
+    assert!(flock(&old, libc::LOCK_EX).expect("flock"));
+    FileBackend::open(dir.path().into()).expect("open beside a held .probe.run");
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with(".probe"))
+        .collect();
+    assert_eq!(left, [".probe.run"], "probe files left");
+}
+
+#[test]
+fn a_gate_locked_by_a_classic_lock_names_its_process_and_an_ofd_lock_none() {
+    use super::blocker::{range_blocker, Blocker};
+    use super::transport::{ofd_lock, range_lock};
+    let dir = tempfile::tempdir().expect("tempdir");
+    FileBackend::open(dir.path().into()).expect("open");
+    let path = dir.path().join(GATE_FILE);
+    let open = || {
+        File::options()
+            .read(true)
+            .write(true)
+            .open(&path)
+            .expect("open the gate")
+    };
+    let (holder, agent) = (open(), open());
+    // A classic lock is this process's; it still conflicts with an OFD lock.
+    let lock = range_lock(libc::F_WRLCK);
+    // SAFETY: the descriptor is open and `lock` outlives the call.
+    let done = unsafe { libc::fcntl(holder.as_raw_fd(), libc::F_SETLK, &lock) };
+    assert_eq!(done, 0, "{}", std::io::Error::last_os_error());
+    assert!(
+        !ofd_lock(&agent, libc::F_RDLCK).expect("try"),
+        "no conflict"
+    );
+    let who = range_blocker(&agent, libc::F_RDLCK);
+    assert_eq!(who.pid, Some(std::process::id()));
+    drop(holder); // closing any descriptor of the file ends a classic lock
+    let other = open();
+    assert!(ofd_lock(&other, libc::F_WRLCK).expect("lock"));
+    assert_eq!(range_blocker(&agent, libc::F_RDLCK), Blocker::default());
 }
 
 #[test]

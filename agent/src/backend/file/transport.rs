@@ -38,9 +38,15 @@ pub(super) fn flock(file: &File, operation: libc::c_int) -> io::Result<bool> {
 /// Whether a `flock` taken through `first` keeps `second` (another open of
 /// the same file) out: the one thing this backend needs of the file system,
 /// which some network and FUSE file systems do not do, granting every lock.
+/// The file is this agent's own, so nobody else should hold it: if someone
+/// does, that is said, not waited for.
 pub(super) fn flock_excludes(first: &File, second: &File) -> anyhow::Result<()> {
-    // Blocking: another agent starting may be checking the same file.
-    flock(first, libc::LOCK_EX).context("flock(LOCK_EX)")?;
+    if !flock(first, libc::LOCK_EX | libc::LOCK_NB).context("flock(LOCK_EX)")? {
+        anyhow::bail!(
+            "another process holds a lock on it ({})",
+            super::blocker::flock_blocker(first)
+        );
+    }
     let second_got_it = flock(second, libc::LOCK_EX | libc::LOCK_NB).context("flock(LOCK_EX)");
     let _ = flock(second, libc::LOCK_UN);
     let _ = flock(first, libc::LOCK_UN);
@@ -58,23 +64,41 @@ pub(super) fn range_lock(kind: libc::c_int) -> libc::flock {
     lock
 }
 
-/// Takes an OFD lock on the whole file; `Ok(false)` when another holds it.
-pub(super) fn ofd_lock(file: &File, kind: libc::c_int, wait: bool) -> io::Result<bool> {
+/// Takes an OFD lock on the whole file within `limit`, trying again every
+/// few milliseconds; `Ok(false)` when another still holds it then. Never a
+/// blocking wait: whoever holds it could hold it for ever.
+pub(super) fn ofd_lock_within(
+    file: &File,
+    kind: libc::c_int,
+    limit: std::time::Duration,
+) -> io::Result<bool> {
+    let start = std::time::Instant::now();
+    let mut pause = std::time::Duration::from_micros(100);
+    loop {
+        if ofd_lock(file, kind)? {
+            return Ok(true);
+        }
+        if start.elapsed() >= limit {
+            return Ok(false);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Tries an OFD lock on the whole file, never waiting; `Ok(false)` when
+/// another holds it.
+pub(super) fn ofd_lock(file: &File, kind: libc::c_int) -> io::Result<bool> {
     let lock = range_lock(kind);
-    let cmd = if wait {
-        libc::F_OFD_SETLKW
-    } else {
-        libc::F_OFD_SETLK
-    };
     loop {
         // SAFETY: the descriptor is open for the call and `lock` outlives it.
-        if unsafe { libc::fcntl(file.as_raw_fd(), cmd, &lock) } == 0 {
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLK, &lock) } == 0 {
             return Ok(true);
         }
         let err = io::Error::last_os_error();
         match err.raw_os_error() {
             Some(libc::EINTR) => continue,
-            Some(libc::EAGAIN) | Some(libc::EACCES) if !wait => return Ok(false),
+            Some(libc::EAGAIN) | Some(libc::EACCES) => return Ok(false),
             _ => return Err(err),
         }
     }
