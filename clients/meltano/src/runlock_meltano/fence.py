@@ -30,6 +30,7 @@ from __future__ import annotations
 import errno
 import fcntl
 import json
+import logging
 import os
 import time
 import typing as t
@@ -39,6 +40,8 @@ from contextlib import contextmanager
 from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager
 from meltano.core.state_store.db import DBStateStoreManager
 from meltano.core.state_store.filesystem import BaseFilesystemStateStoreManager, LocalFilesystemStateStoreManager
+
+_log = logging.getLogger("runlock_meltano")
 
 #: The key of ``state.json`` that records the token of the newest run that wrote it.
 TOKEN_KEY = "runlock_token"
@@ -229,7 +232,20 @@ class S3Fence(StoreFence):
             # 412: changed since read; 409: a concurrent conditional write won.
             if status in (409, 412):
                 return False
-            raise
+            if status != 501:
+                raise
+            # An S3-compatible store without conditional writes: written as
+            # Meltano writes, with the agent check alone before it.
+            _log.warning(
+                "runlock: the S3 store refused a conditional write (%s); the state of %r is written "
+                "without the store's fence", err, state_id,
+            )
+            client.put_object(
+                Bucket=self.s3.bucket,  # type: ignore[attr-defined]
+                Key=self._key(state_id),
+                Body=text.encode(),
+                ContentType="application/json",
+            )
         return True
 
     def register(self, state_id: str, token: int, overtaken: Overtaken) -> None:
