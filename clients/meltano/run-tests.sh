@@ -4,9 +4,11 @@
 # the client and this add-on, pytest and mypy: `mypy --strict` on the
 # package, then its tests (tests/test_units.py and tests/test_fence.py
 # against a real runlockd, tests/test_e2e.py and tests/test_state_commands.py
-# with the real Meltano), on file://, on s3:// through moto at
-# RUNLOCK_TEST_S3_ENDPOINT, and on PostgreSQL at RUNLOCK_TEST_PG_URI, both of
-# which scripts/test starts (tests/scripts/stores.sh; stores_start).
+# with the real Meltano), on file://, and on the emulators scripts/test
+# starts (tests/scripts/stores.sh; stores_start): s3:// on moto
+# (RUNLOCK_TEST_S3_ENDPOINT), gs:// on fake-gcs-server
+# (RUNLOCK_TEST_GCS_ENDPOINT), azure:// on Azurite
+# (RUNLOCK_TEST_AZURE_CONNECTION_STRING), PostgreSQL (RUNLOCK_TEST_PG_URI).
 # runlockd is this workspace's debug build (cargo builds it, honouring
 # CARGO_TARGET_DIR), or $RUNLOCKD.
 #

@@ -1,6 +1,7 @@
 """The state store's own fence (fence.py), on Meltano's real stores: its
-local file store, its S3 store on moto, and its system database store on
-PostgreSQL and SQLite, with a real runlockd. Two managers stand for two
+local file store, its S3 store on moto, its GCS store on fake-gcs-server,
+its Azure store on Azurite, and its system database store on PostgreSQL
+and SQLite, with a real runlockd. Two managers stand for two
 Meltano processes (each its own run locks and its own store client).
 
 The race the agent check alone leaves open: run A's write passes the check,
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -67,6 +69,34 @@ def s3_opener() -> Opener:
     )
 
 
+def gcs_opener(monkeypatch: pytest.MonkeyPatch) -> Opener:
+    """Meltano's GCS store on fake-gcs-server at RUNLOCK_TEST_GCS_ENDPOINT
+    (scripts/test starts it), which the client reaches as an emulator."""
+    from google.cloud import storage
+    from meltano.core.state_store.google.backend import GCSStateStoreManager
+
+    endpoint = os.environ.get("RUNLOCK_TEST_GCS_ENDPOINT")
+    assert endpoint, "RUNLOCK_TEST_GCS_ENDPOINT is not set (source tests/scripts/stores.sh; stores_start)"
+    monkeypatch.setenv("STORAGE_EMULATOR_HOST", endpoint)
+    bucket = f"runlock-mel-{secrets.token_hex(6)}"
+    storage.Client(project="test").create_bucket(bucket)
+    uri = f"gs://{bucket}/state"
+    return lambda: GCSStateStoreManager(uri=uri, lock_timeout_seconds=10)
+
+
+def azure_opener() -> Opener:
+    """Meltano's Azure store on Azurite (RUNLOCK_TEST_AZURE_CONNECTION_STRING)."""
+    from azure.storage.blob import BlobServiceClient
+    from meltano.core.state_store.azure.backend import AZStorageStateStoreManager
+
+    connection = os.environ.get("RUNLOCK_TEST_AZURE_CONNECTION_STRING")
+    assert connection, "RUNLOCK_TEST_AZURE_CONNECTION_STRING is not set (source tests/scripts/stores.sh; stores_start)"
+    container = f"runlock-mel-{secrets.token_hex(6)}"
+    BlobServiceClient.from_connection_string(connection).create_container(container)
+    uri = f"azure://{container}/state"
+    return lambda: AZStorageStateStoreManager(uri=uri, lock_timeout_seconds=10, connection_string=connection)
+
+
 def db_opener(uri: str) -> Opener:
     """Meltano's system database store on ``uri``, with Meltano's ``state``
     table made as its migrations make it."""
@@ -81,12 +111,16 @@ def db_opener(uri: str) -> Opener:
     return lambda: DBStateStoreManager(session=sessions())
 
 
-@pytest.fixture(params=["file", "s3", "postgres", "sqlite"])
-def opener(request: pytest.FixtureRequest, workdir: Path) -> Opener:
+@pytest.fixture(params=["file", "s3", "gcs", "azure", "postgres", "sqlite"])
+def opener(request: pytest.FixtureRequest, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Opener:
     if request.param == "file":
         return file_opener(workdir)
     if request.param == "s3":
         return s3_opener()
+    if request.param == "gcs":
+        return gcs_opener(monkeypatch)
+    if request.param == "azure":
+        return azure_opener()
     if request.param == "postgres":
         return db_opener(pg_database())
     return db_opener(f"sqlite:///{workdir / 'meltano.db'}")

@@ -5,9 +5,10 @@ the store, not the add-on, decides it, in the one operation that writes:
 - ``file://`` (Meltano's local store): the check of the token recorded in
   ``state.json`` and the write happen under an exclusive ``flock`` of the
   store's directory, which every writer through the add-on takes;
-- ``s3://``: ``state.json`` carries the token, and the write is a
-  ``PutObject`` conditional on the ``ETag`` read with it (``If-Match``, or
-  ``If-None-Match: *`` for a state not yet written);
+- ``s3://``, ``gs://``, ``azure://``: ``state.json`` carries the token,
+  and the write is conditional on the version read with it (S3
+  ``If-Match``, GCS ``ifGenerationMatch``, Azure ``If-Match`` on the ETag;
+  for a state not yet written, on there being none);
 - ``systemdb`` on PostgreSQL or SQLite: a table of its own,
   ``runlock_fence``, keeps each state ID's newest token; one statement
   raises it only when it is not higher than the run's, and Meltano's own
@@ -15,8 +16,9 @@ the store, not the add-on, decides it, in the one operation that writes:
 
 A run records its token when it first touches the state ID (before its tap
 starts, as its state is read), so a run taken over by a forced one is
-refused as soon as the newer run has started. Other stores (``gs://``,
-``azure://``, other databases) keep the agent check alone (runs.py).
+refused as soon as the newer run has started. Other stores (databases
+other than PostgreSQL and SQLite, add-ons' stores) keep the agent check
+alone (runs.py).
 
 In ``state.json`` the token is one more key, ``runlock_token``, beside
 Meltano's ``completed`` and ``partial``, which Meltano's reader ignores. A
@@ -32,6 +34,7 @@ import fcntl
 import json
 import logging
 import os
+import sys
 import time
 import typing as t
 from collections.abc import Callable, Iterable, Iterator
@@ -90,13 +93,16 @@ def for_store(inner: StateStoreManager) -> StoreFence:
     """The fence that ``inner``'s store can keep."""
     if isinstance(inner, LocalFilesystemStateStoreManager):
         return FileFence(inner)
-    try:
-        from meltano.core.state_store.s3.backend import S3StateStoreManager
-    except ImportError:  # Meltano without its s3 extra (boto3)
-        pass
-    else:
-        if isinstance(inner, S3StateStoreManager):
-            return S3Fence(inner)
+    # A cloud store's module is imported when its manager exists, and only
+    # then: it imports its client library (Meltano's s3, gcs, azure extras).
+    for module, name, fence in (
+        ("meltano.core.state_store.s3.backend", "S3StateStoreManager", S3Fence),
+        ("meltano.core.state_store.google.backend", "GCSStateStoreManager", GCSFence),
+        ("meltano.core.state_store.azure.backend", "AZStorageStateStoreManager", AzureFence),
+    ):
+        manager = getattr(sys.modules.get(module), name, None)
+        if isinstance(manager, type) and isinstance(inner, manager):
+            return fence(inner)
     if isinstance(inner, DBStateStoreManager) and DBFence.supports(inner):
         return DBFence(inner)
     return StoreFence(inner)
@@ -196,37 +202,64 @@ class FileFence(StoreFence):
             return self.inner.set_all(states)
 
 
-class S3Fence(StoreFence):
-    """Meltano's S3 store: the token in ``state.json``, written with ``If-Match``."""
-
-    def __init__(self, inner: StateStoreManager):
-        super().__init__(inner)
-        self.s3 = inner
+class ObjectFence(StoreFence):
+    """A cloud store: the token in ``state.json``, written only if the object
+    is still the one read (its ETag or generation), or still absent."""
 
     def _key(self, state_id: str) -> str:
-        return t.cast(str, self.s3.get_state_path(state_id))  # type: ignore[attr-defined]
+        return t.cast(BaseFilesystemStateStoreManager, self.inner).get_state_path(state_id)
 
-    def _read(self, state_id: str) -> tuple[str | None, bytes | None]:
-        """``(ETag, body)``, or ``(None, None)`` when there is no state."""
-        client = self.s3.client  # type: ignore[attr-defined]
+    def _read(self, key: str) -> tuple[object, bytes | None]:
+        """``(version, body)``; ``(None, None)`` when there is no object."""
+        raise NotImplementedError
+
+    def _put(self, key: str, body: bytes, version: object) -> bool:
+        """Writes ``body`` unless the object is no longer ``version`` (None:
+        absent); False when it is not."""
+        raise NotImplementedError
+
+    def register(self, state_id: str, token: int, overtaken: Overtaken) -> None:
+        key = self._key(state_id)
+        for _ in range(ATTEMPTS):
+            version, body = self._read(key)
+            if body is None:
+                return  # no state yet: nothing a stale run could overwrite
+            recorded = recorded_token(body)
+            if recorded == token:
+                return
+            decide(recorded, token, overtaken)
+            if self._put(key, encode(MeltanoState.from_json(state_id, body.decode()), token).encode(), version):
+                return
+        raise StateIDLockedError(f"runlock: the state of {state_id!r} kept changing while this run recorded its token")
+
+    def write(self, state: MeltanoState, token: int | None, overtaken: Overtaken) -> None:
+        key = self._key(state.state_id)
+        for _ in range(ATTEMPTS):
+            version, body = self._read(key)
+            keep = decide(recorded_token(body) if body is not None else None, token, overtaken)
+            before_store_write(state.state_id)
+            if self._put(key, encode(state, keep).encode(), version):
+                return
+        raise StateIDLockedError(f"runlock: the state of {state.state_id!r} kept changing during this write")
+
+
+class S3Fence(ObjectFence):
+    """Meltano's S3 store: ``PutObject`` with ``If-Match`` / ``If-None-Match: *``."""
+
+    def _read(self, key: str) -> tuple[object, bytes | None]:
+        client = self.inner.client  # type: ignore[attr-defined]
         try:
-            got = client.get_object(Bucket=self.s3.bucket, Key=self._key(state_id))  # type: ignore[attr-defined]
+            got = client.get_object(Bucket=self.inner.bucket, Key=key)  # type: ignore[attr-defined]
         except client.exceptions.NoSuchKey:
             return None, None
         return got["ETag"], got["Body"].read()
 
-    def _put(self, state_id: str, text: str, etag: str | None) -> bool:
-        """False when the object is no longer the one read (``etag``; None: absent)."""
-        client = self.s3.client  # type: ignore[attr-defined]
-        condition = {"IfMatch": etag} if etag is not None else {"IfNoneMatch": "*"}
+    def _put(self, key: str, body: bytes, version: object) -> bool:
+        client = self.inner.client  # type: ignore[attr-defined]
+        condition = {"IfMatch": version} if version is not None else {"IfNoneMatch": "*"}
+        put = {"Bucket": self.inner.bucket, "Key": key, "Body": body, "ContentType": "application/json"}  # type: ignore[attr-defined]
         try:
-            client.put_object(
-                Bucket=self.s3.bucket,  # type: ignore[attr-defined]
-                Key=self._key(state_id),
-                Body=text.encode(),
-                ContentType="application/json",
-                **condition,
-            )
+            client.put_object(**put, **condition)
         except client.exceptions.ClientError as err:
             status = err.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
             # 412: changed since read; 409: a concurrent conditional write won.
@@ -237,38 +270,71 @@ class S3Fence(StoreFence):
             # An S3-compatible store without conditional writes: written as
             # Meltano writes, with the agent check alone before it.
             _log.warning(
-                "runlock: the S3 store refused a conditional write (%s); the state of %r is written "
-                "without the store's fence", err, state_id,
+                "runlock: the S3 store refused a conditional write (%s); %r is written without the store's fence",
+                err, key,
             )
-            client.put_object(
-                Bucket=self.s3.bucket,  # type: ignore[attr-defined]
-                Key=self._key(state_id),
-                Body=text.encode(),
-                ContentType="application/json",
-            )
+            client.put_object(**put)
         return True
 
-    def register(self, state_id: str, token: int, overtaken: Overtaken) -> None:
-        for _ in range(ATTEMPTS):
-            etag, body = self._read(state_id)
-            if body is None:
-                return
-            recorded = recorded_token(body)
-            if recorded == token:
-                return
-            decide(recorded, token, overtaken)
-            if self._put(state_id, encode(MeltanoState.from_json(state_id, body.decode()), token), etag):
-                return
-        raise StateIDLockedError(f"runlock: the state of {state_id!r} kept changing while this run recorded its token")
 
-    def write(self, state: MeltanoState, token: int | None, overtaken: Overtaken) -> None:
-        for _ in range(ATTEMPTS):
-            etag, body = self._read(state.state_id)
-            keep = decide(recorded_token(body) if body is not None else None, token, overtaken)
-            before_store_write(state.state_id)
-            if self._put(state.state_id, encode(state, keep), etag):
-                return
-        raise StateIDLockedError(f"runlock: the state of {state.state_id!r} kept changing during this write")
+class GCSFence(ObjectFence):
+    """Meltano's GCS store: an upload with ``ifGenerationMatch`` (0: absent)."""
+
+    def _blob(self, key: str) -> t.Any:
+        return self.inner.client.bucket(self.inner.bucket).blob(key)  # type: ignore[attr-defined]
+
+    def _read(self, key: str) -> tuple[object, bytes | None]:
+        from google.api_core.exceptions import NotFound
+
+        blob = self._blob(key)
+        try:
+            body = blob.download_as_bytes()
+        except NotFound:
+            return None, None
+        # The download sets the generation it read.
+        return blob.generation, body
+
+    def _put(self, key: str, body: bytes, version: object) -> bool:
+        from google.api_core.exceptions import PreconditionFailed
+
+        try:
+            self._blob(key).upload_from_string(
+                body, content_type="application/json", if_generation_match=version if version is not None else 0
+            )
+        except PreconditionFailed:
+            return False
+        return True
+
+
+class AzureFence(ObjectFence):
+    """Meltano's Azure store: an upload with ``If-Match`` (``If-None-Match: *``: absent)."""
+
+    def _blob(self, key: str) -> t.Any:
+        return self.inner.client.get_blob_client(container=self.inner.container_name, blob=key)  # type: ignore[attr-defined]
+
+    def _read(self, key: str) -> tuple[object, bytes | None]:
+        from azure.core.exceptions import ResourceNotFoundError
+
+        try:
+            got = self._blob(key).download_blob()
+        except ResourceNotFoundError:
+            return None, None
+        return got.properties.etag, got.readall()
+
+    def _put(self, key: str, body: bytes, version: object) -> bool:
+        from azure.core import MatchConditions
+        from azure.core.exceptions import ResourceExistsError, ResourceModifiedError
+
+        try:
+            if version is None:
+                self._blob(key).upload_blob(body, overwrite=False)
+            else:
+                self._blob(key).upload_blob(
+                    body, overwrite=True, etag=version, match_condition=MatchConditions.IfNotModified
+                )
+        except (ResourceExistsError, ResourceModifiedError):
+            return False
+        return True
 
 
 #: The fence table, in Meltano's system database beside its ``state`` table.
