@@ -281,3 +281,34 @@ def test_the_system_database_session_it_opens_is_closed_with_it(
     while connections() != 0:  # the server ends its side as it sees the close
         assert time.monotonic() < deadline, "the add-on's database connection stayed open"
         time.sleep(0.01)
+
+
+def test_a_system_database_it_may_not_add_its_table_to_keeps_the_agent_check(
+    agent: Agent, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Meltano's database user may lack the right to create tables (its
+    schema made by another role): runs go on, fenced through the agent."""
+    import psycopg
+
+    database = pg_database()
+    db_opener(database)  # Meltano's state table, made by the owner
+    plain = database.replace("postgresql+psycopg://", "postgresql://", 1)
+    with psycopg.connect(plain, autocommit=True) as conn:
+        conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+        conn.execute("GRANT ALL ON state TO runlock_limited")
+    limited = database.replace("://postgres@", "://runlock_limited@", 1)
+    run = manager(db_opener(limited), RUN)
+    run.update(state("run"))
+    assert completed(manager(db_opener(database), NOT_A_RUN)) == {"singer_state": {"run": "run"}}
+    assert "cannot create the table runlock_fence" in caplog.text, caplog.text
+    assert "permission denied" in caplog.text, caplog.text
+    with psycopg.connect(plain) as conn:
+        row = conn.execute("SELECT to_regclass('runlock_fence')").fetchone()
+    assert row == (None,)
+    # The agent check still refuses a taken-over run.
+    forced = manager(db_opener(limited), FORCED)
+    forced.update(state("forced"))
+    with pytest.raises(StaleRun):
+        run.update(state("stale"))
+    assert completed(forced) == {"singer_state": {"run": "forced"}}
+    forced.runs.release_all()

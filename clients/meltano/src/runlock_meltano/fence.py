@@ -359,7 +359,7 @@ class DBFence(StoreFence):
     def __init__(self, inner: StateStoreManager):
         super().__init__(inner)
         self.db = t.cast(DBStateStoreManager, inner)
-        self._table = False
+        self._table: bool | None = None
 
     @staticmethod
     def supports(inner: DBStateStoreManager) -> bool:
@@ -371,11 +371,26 @@ class DBFence(StoreFence):
 
         return self.db.session.execute(text(sql), params)
 
-    def _ensure_table(self) -> None:
-        if not self._table:
-            self._exec(_CREATE)
-            self.db.session.commit()
-            self._table = True
+    def _ensure_table(self) -> bool:
+        """Whether the fence table is there to use: made on first use, unless
+        Meltano's database user may not make it (then writes keep the agent
+        check alone, with a warning, rather than every run failing)."""
+        if self._table is None:
+            from sqlalchemy.exc import DBAPIError
+
+            try:
+                self._exec(_CREATE)
+                self.db.session.commit()
+                self._table = True
+            except DBAPIError as err:
+                self.db.session.rollback()
+                _log.warning(
+                    "runlock: cannot create the table %s in Meltano's system database (%s); state writes are "
+                    "checked through the agent only, without the database's fence",
+                    FENCE_TABLE, str(err.orig).strip() or type(err.orig).__name__,
+                )
+                self._table = False
+        return self._table
 
     def _claim(self, state_id: str, token: int, overtaken: Overtaken) -> None:
         """Raises the recorded token to ``token`` in the open transaction, or
@@ -388,7 +403,8 @@ class DBFence(StoreFence):
         self._exec(_SET, state_id=state_id, token=token)
 
     def register(self, state_id: str, token: int, overtaken: Overtaken) -> None:
-        self._ensure_table()
+        if not self._ensure_table():
+            return
         try:
             self._claim(state_id, token, overtaken)
             self.db.session.commit()
@@ -397,10 +413,10 @@ class DBFence(StoreFence):
             raise
 
     def write(self, state: MeltanoState, token: int | None, overtaken: Overtaken) -> None:
-        if token is None:
-            self.inner.set(state)  # a `meltano state` command: the fence is left as it is
+        if token is None or not self._ensure_table():
+            # A `meltano state` command (the fence is left as it is), or no fence table.
+            self.inner.set(state)
             return
-        self._ensure_table()
         before_store_write(state.state_id)
         try:
             self._claim(state.state_id, token, overtaken)
