@@ -25,7 +25,7 @@ Snapshot = Callable[[], object]
 class Project:
     """A Meltano project with no plugins: only its state is used."""
 
-    def __init__(self, root: Path, uri: str, extra: str, env: Dict[str, str]):
+    def __init__(self, root: Path, uri: str, extra: str):
         self.root = root
         root.mkdir()
         (root / "meltano.yml").write_text(
@@ -35,7 +35,7 @@ class Project:
             "state_backend:\n"
             f"  uri: {uri}\n"
         )
-        self._env = env
+        self.env: Dict[str, str] = {}
         editor = root / "editor"
         # `meltano state edit` runs $EDITOR on a file: this one replaces its content.
         editor.write_text('#!/bin/sh\nprintf \'%s\' \'{"singer_state": {"edited": true}}\' > "$1"\n')
@@ -45,7 +45,7 @@ class Project:
     def state(self, *args: str, stdin: Optional[str] = None) -> Tuple[int, str, str]:
         meltano = str(Path(sys.executable).parent / "meltano")
         done = subprocess.run(
-            [meltano, "state", *args], cwd=self.root, env={**self._env, "EDITOR": self.editor},
+            [meltano, "state", *args], cwd=self.root, env={**self.env, "EDITOR": self.editor},
             input=stdin, capture_output=True, text=True, timeout=MELTANO_BOUND_S,
         )
         return done.returncode, done.stdout, done.stderr
@@ -107,7 +107,7 @@ def pair(kind: str, workdir: Path) -> Tuple[Project, Snapshot, Project, Snapshot
     made = []
     for name in ("plain", "runlock"):
         prefix = "runlock+" if name == "runlock" else ""
-        extra, env = "", {}
+        extra = ""
         snapshot: Snapshot
         if kind == "file":
             where = workdir / f"{name}-state"
@@ -130,7 +130,7 @@ def pair(kind: str, workdir: Path) -> Tuple[Project, Snapshot, Project, Snapshot
             database = pg_database()
             extra = f"database_uri: {database}\n"
             snapshot = lambda database=database: pg_rows(database)  # noqa: E731
-        project = Project(workdir / name, uri, extra, env)
+        project = Project(workdir / name, uri, extra)
         if kind == "s3":
             with open(project.root / "meltano.yml", "a") as handle:
                 handle.write(extra_settings)
@@ -195,8 +195,8 @@ def agent(runlockd: Path, workdir: Path) -> Iterator[Agent]:
 @pytest.mark.parametrize("kind", ["file", "s3", "sqlite", "postgres"])
 def test_each_state_subcommand_leaves_what_the_plain_backend_leaves(kind: str, agent: Agent, workdir: Path) -> None:
     plain, plain_snapshot, locked, locked_snapshot = pair(kind, workdir)
-    plain._env = base_env({})
-    locked._env = base_env({"RUNLOCK_SOCKET": agent.socket})
+    plain.env = base_env({})
+    locked.env = base_env({"RUNLOCK_SOCKET": agent.socket})
 
     def both(args: List[str], stdin: Optional[str]) -> Tuple[Tuple[int, str, str], Tuple[int, str, str]]:
         with ThreadPoolExecutor(2) as pool:
