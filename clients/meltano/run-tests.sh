@@ -2,9 +2,15 @@
 # The Meltano add-on's checks, for scripts/test; exits non-zero on any
 # failure. In Meltano's venv, where tests/scripts/meltano.sh installs Meltano,
 # the client and this add-on, pytest and mypy: `mypy --strict` on the
-# package, then its tests (tests/test_units.py against a real runlockd,
-# tests/test_e2e.py with the real Meltano, on file:// and on s3:// through
-# moto at RUNLOCK_TEST_S3_ENDPOINT, which scripts/test starts).
+# package, then its tests (tests/test_units.py and tests/test_fence.py
+# against a real runlockd, tests/test_e2e.py and tests/test_state_commands.py
+# with the real Meltano), on file://, and on the emulators scripts/test
+# starts (tests/scripts/stores.sh; stores_start): s3:// on moto
+# (RUNLOCK_TEST_S3_ENDPOINT), gs:// on fake-gcs-server
+# (RUNLOCK_TEST_GCS_ENDPOINT), azure:// on Azurite
+# (RUNLOCK_TEST_AZURE_CONNECTION_STRING), PostgreSQL (RUNLOCK_TEST_PG_URI).
+# runlockd is this workspace's debug build (cargo builds it, honouring
+# CARGO_TARGET_DIR), or $RUNLOCKD.
 #
 # The tests, and the Meltano processes they start, import this checkout's
 # sources (PYTHONPATH), so an edit is tested without reinstalling; the

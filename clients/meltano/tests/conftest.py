@@ -302,3 +302,28 @@ def hosts(runlockd: Path, workdir: Path, store: Store) -> Iterator[List[Host]]:
     finally:
         for host in made:
             host.close()
+
+
+def pg_database() -> str:
+    """A new, empty database in the PostgreSQL cluster at
+    ``RUNLOCK_TEST_PG_URI`` (tests/scripts/postgres.sh, which scripts/test
+    starts), as a SQLAlchemy URI for Meltano (psycopg 3, Meltano's
+    ``postgres`` extra)."""
+    import psycopg
+
+    uri = os.environ.get("RUNLOCK_TEST_PG_URI")
+    assert uri, "RUNLOCK_TEST_PG_URI is not set (source tests/scripts/stores.sh; stores_start)"
+    name = f"runlock_mel_{secrets.token_hex(6)}"
+    with psycopg.connect(uri, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    base = uri.rsplit("/", 1)[0]
+    return f"{base.replace('postgresql://', 'postgresql+psycopg://', 1)}/{name}"
+
+
+def s3_bucket() -> str:
+    """A new bucket in moto at ``RUNLOCK_TEST_S3_ENDPOINT``."""
+    endpoint = os.environ.get("RUNLOCK_TEST_S3_ENDPOINT")
+    assert endpoint, "RUNLOCK_TEST_S3_ENDPOINT is not set (source tests/scripts/stores.sh; stores_start)"
+    bucket = f"runlock-mel-{secrets.token_hex(6)}"
+    urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{bucket}", method="PUT"), timeout=10).close()
+    return bucket

@@ -5,14 +5,17 @@ s3:// through moto, where Meltano's own S3 store writes the state)."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import List
 
 import runlock
-from conftest import STATE_ID, Host, Run, Store, file_store
+from conftest import MELTANO_BOUND_S, STATE_ID, Host, Run, Store, file_store
 
 #: A duplicate run must be refused at once: well within Meltano's own start-up.
 REFUSAL_BOUND_S = 30.0
@@ -193,3 +196,27 @@ def test_meltanos_own_check_goes_on_working_beside_it(runlockd: Path, workdir: P
         assert first.wait() == 0, first.output()
     finally:
         host.close()
+
+
+def test_a_uri_meltano_hands_over_but_the_add_on_refuses_is_shown_without_its_secrets(workdir: Path) -> None:
+    """Meltano picks a state backend by the URI's scheme, lowercased: this
+    mixed-case one reaches the add-on, which refuses it, and says so."""
+    store = Store("mixed", "memory://", "Runlock+s3://AKIAEXAMPLE:hunter2@bucket/state?sig=s3cr3t")
+    project = workdir / "p"
+    project.mkdir()
+    (project / "meltano.yml").write_text(
+        "project_id: runlock-addon-e2e\nsend_anonymous_usage_stats: false\n"
+        f"state_backend:\n  uri: '{store.state_uri}'\n"
+    )
+    meltano = str(Path(sys.executable).parent / "meltano")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RUNLOCK_", "MELTANO_", "AWS_"))}
+    for level in ("info", "debug"):
+        done = subprocess.run(
+            [meltano, "--log-level", level, "state", "list"], cwd=project, capture_output=True, text=True,
+            env={**env, "MELTANO_DISABLE_TRACKING": "true", "COLUMNS": "200"}, timeout=MELTANO_BOUND_S,
+        )
+        out = done.stdout + done.stderr
+        assert done.returncode == 1, out
+        assert "not a runlock state backend URI: 'Runlock+s3://***@bucket/state?sig=***'" in out, out
+        for secret in ("AKIAEXAMPLE", "hunter2", "s3cr3t"):
+            assert secret not in out, out

@@ -202,6 +202,23 @@ def test_inner_uris() -> None:
             inner_uri(bad)
 
 
+def test_a_uri_naming_no_store_is_shown_without_its_secrets() -> None:
+    for uri in (
+        "runlock+//AKIAEXAMPLE:hunter2@bucket/state?X-Amz-Signature=s3cr3t&sig=s3cr3t",
+        "runlock+:hunter2@bucket/state",
+        "Runlock+s3://AKIAEXAMPLE:hunter2@bucket/state?sv=2024&sig=s3cr3t",
+        "runlock+//user:pass/with/slashes:hunter2@host/state",
+    ):
+        with pytest.raises(UnsupportedStateBackendURIError) as refused:
+            inner_uri(uri)
+        message = str(refused.value)
+        for secret in ("AKIAEXAMPLE", "hunter2", "s3cr3t", "pass/with"):
+            assert secret not in message, message
+        assert "***@" in message, message
+    with pytest.raises(UnsupportedStateBackendURIError, match="'runlock\\+/srv/state' names no store"):
+        inner_uri("runlock+/srv/state")  # nothing secret: shown as it is
+
+
 def test_the_invocation_is_meltanos_command() -> None:
     seen: Dict[str, Invocation] = {}
 

@@ -10,8 +10,10 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from meltano.core.state_store.base import MeltanoState, StateStoreManager
+from meltano.core.state_store.db import DBStateStoreManager
 from meltano.core.state_store.filesystem import BaseFilesystemStateStoreManager
 
+from . import fence
 from .inner import open_inner
 from .runs import RUN_LOCKS, RunLocks
 from .state_lock import state_lock
@@ -30,38 +32,76 @@ class RunlockStateStoreManager(StateStoreManager):
     ):
         super().__init__()
         self.uri = uri
+        # A system database session opened here is this manager's to close.
+        self._owns_session = inner is None
         self.inner = inner if inner is not None else open_inner(uri, settings)
         self.runs = runs if runs is not None else RUN_LOCKS
+        self.fence = fence.for_store(self.inner)
+        self._registered: set[str] = set()
 
     @property
     def label(self) -> str:
         return f"{self.inner.label}, locked by runlock"
 
+    def _enter(self, state_id: str) -> None:
+        """This run's lock on ``state_id`` (taken as Meltano started the job,
+        job_start.py, unless that hook could not be installed), and its token
+        recorded in the state store at its first touch, so that the store
+        refuses the writes of the run it took over."""
+        held = self.runs.ensure(state_id)
+        if held is None or held.token is None or state_id in self._registered:
+            return
+        token = held.token
+        self.fence.register(state_id, token, lambda recorded: self.runs.overtaken(state_id, token, recorded))
+        self._registered.add(state_id)
+
     def get(self, state_id: str) -> MeltanoState | None:
-        # The run lock is taken as Meltano starts the job (job_start.py); here
-        # it is already held, unless that hook could not be installed.
-        self.runs.ensure(state_id)
+        self._enter(state_id)
         return self.inner.get(state_id)
 
     def set(self, state: MeltanoState) -> None:
-        if isinstance(self.inner, BaseFilesystemStateStoreManager):
-            # Meltano's own acquire_lock makes a local store's directory; this one does not run.
-            self.inner.create_state_id_dir_if_not_exists(state.state_id)
-        self.runs.fence(state.state_id)
-        self.inner.set(state)
+        held = self.runs.fence(state.state_id)
+        if held is None or held.token is None:
+            self.fence.write(state, None, _not_a_run)
+            return
+        token = held.token
+        self.fence.write(state, token, lambda recorded: self.runs.overtaken(state.state_id, token, recorded))
+        self._registered.add(state.state_id)
 
     def delete(self, state_id: str) -> None:
         self.runs.fence(state_id)
-        self.inner.delete(state_id)
+        self.fence.delete(state_id)
 
     def get_state_ids(self, pattern: str | None = None) -> Iterable[str]:
         return self.inner.get_state_ids(pattern)
+
+    # The bulk operations (`meltano state export`, `import`, `clear --all`;
+    # no run makes them) are Meltano's store's own, so that they do what they
+    # do without the add-on: the system database's import replaces each
+    # state, where a write of one state merges a partial state into it.
+
+    def get_all(self, pattern: str | None = None) -> Iterable[MeltanoState]:
+        return self.inner.get_all(pattern)
+
+    def set_all(self, states: Iterable[MeltanoState]) -> int:
+        return self.fence.write_all(states)
+
+    def clear_all(self) -> int:
+        if type(self.inner).clear_all is StateStoreManager.clear_all:
+            # The store has no bulk delete: Meltano's own loop of `clear`, so
+            # each delete under the state lock, runlock's here.
+            return super().clear_all()
+        return self.inner.clear_all()
 
     @contextmanager
     def acquire_lock(self, state_id: str, *, retry_seconds: float) -> Iterator[None]:
         # The run lock first, so that a run that writes before it reads is
         # refused as a duplicate run, not queued behind a state write.
-        self.runs.ensure(state_id)
+        self._enter(state_id)
+        if isinstance(self.inner, BaseFilesystemStateStoreManager):
+            # As Meltano's own acquire_lock, which this one replaces: deleting
+            # a local state ID removes its directory, which must exist.
+            self.inner.create_state_id_dir_if_not_exists(state_id)
         with state_lock(state_id):
             yield
 
@@ -69,4 +109,12 @@ class RunlockStateStoreManager(StateStoreManager):
         self.inner.migrate()
 
     def close(self) -> None:
-        self.inner.close()
+        try:
+            self.inner.close()
+        finally:
+            if self._owns_session and isinstance(self.inner, DBStateStoreManager):
+                self.inner.session.close()
+
+
+def _not_a_run(recorded: int) -> None:
+    """Never called: a write that is no run's keeps the token it finds (fence.decide)."""

@@ -108,25 +108,49 @@ class RunLocks:
             event.key, event.reason, event.message, who,
         )
 
-    def fence(self, state_id: str) -> None:
+    def fence(self, state_id: str) -> RunLease | None:
         """Raises :class:`StaleRun` unless this run's lease on ``state_id`` is
-        still the key's current one: no loss reported, and the store's record
-        held with this lease's token. Called right before each state write; a
-        takeover between this check and the write landing is not caught (the
-        window is one agent round trip and the write itself; README)."""
+        still the key's current one, as far as the agent knows: no loss
+        reported, and the store's record held with this lease's token.
+        Returns this run's hold, or None when there is nothing to fence (not
+        a run, or a run without a lock). Called right before each state
+        write; a takeover landing after this check is for the state store's
+        own fence to refuse (fence.py)."""
         held = self.ensure(state_id)
         if held is None or held.token is None:
-            return
+            return None
         if held.lease is not None and (lost := held.lease.lost) is not None:
             raise StaleRun(state_id, held.token, f"{lost.reason}: {lost.message}", lost.holder)
         try:
             record = runlock.inspect(state_id, socket=self._socket())
         except runlock.RunlockError as err:
             go_on_unlocked(state_id, err, "writing the state of")
-            return
+            return None
         if record.state != "held" or record.token != held.token:
             why = f"the store's record is {record.state} with token {record.token}"
             raise StaleRun(state_id, held.token, why, record.holder if record.state == "held" else None)
+        return held
+
+    def overtaken(self, state_id: str, token: int, recorded: int) -> None:
+        """The state store records ``recorded``, higher than this run's
+        ``token``, as the state ID's newest run: raises :class:`StaleRun`
+        naming the key's holder. Returns only when the agent still says this
+        run holds the key with ``token``: tokens then started over (the
+        agent's lock store was replaced or reset), and the recorded one is
+        from before; this run's is recorded in its place."""
+        why = f"the state store records a newer run's token, {recorded}"
+        try:
+            record = runlock.inspect(state_id, socket=self._socket())
+        except runlock.RunlockError:
+            raise StaleRun(state_id, token, why, None) from None
+        if record.state == "held" and record.token == token:
+            _log.warning(
+                "runlock: the state of %r records token %d, above this run's %d, which the agent says is current; "
+                "the agent's tokens started over, so this run's replaces it",
+                state_id, recorded, token,
+            )
+            return
+        raise StaleRun(state_id, token, why, record.holder if record.state == "held" else None)
 
     def release_all(self) -> None:
         with self._lock:
