@@ -575,7 +575,14 @@ impl Inner {
     fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
         let (name, lock_name) = (file_name(&lease.key), lock_name(&lease.key));
         let dir = self.dir()?;
-        let _gate = self.open_gate(&dir, false)?;
+        // Exclusive, as for a force: no acquisition is then between taking
+        // the key's lock and writing its record, so a lock held below is the
+        // run's whose record is read, never a new holder's about to write
+        // its own (which this write would overwrite with the old token).
+        let _gate = match self.open_gate(&dir, true) {
+            Err(BackendError::Corrupt(_)) => self.open_gate(&dir, false)?,
+            gate => gate?,
+        };
         let lock = self
             .try_open(&dir, &lock_name, OFlag::O_RDONLY)?
             .ok_or(BackendError::LeaseMismatch)?;
