@@ -23,6 +23,7 @@ mod meltano;
 mod meltano_e2e;
 mod metrics;
 mod package;
+mod reattach_trust;
 mod restart;
 mod run_holds_lock;
 mod scenarios;

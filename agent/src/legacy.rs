@@ -17,8 +17,8 @@
 
 use crate::backend::postgres::Settings;
 use crate::backend::{
-    redact_uri, AcquireSpec, Adopted, Backend, BackendError, Ending, Grant, LeaseRef, LegacyRun,
-    ProfiledBackend,
+    redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Ending, Grant, LeaseRef,
+    LegacyRun, ProfiledBackend,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord};
@@ -304,8 +304,8 @@ impl Backend for MeltanoGuard {
         self.inner.history(key).await
     }
 
-    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
-        self.inner.adopt(lease, agent_id).await
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
+        self.inner.adopt(lease, by).await
     }
 }
 

@@ -8,7 +8,7 @@
 //! registry; without `--metrics` every hook is a single atomic load.
 
 use crate::backend::{
-    AcquireSpec, Adopted, Backend, BackendError, Ending, Grant, LeaseRef, ProfiledBackend,
+    AcquireSpec, Adopted, Adopter, Backend, BackendError, Ending, Grant, LeaseRef, ProfiledBackend,
 };
 use anyhow::Context;
 use async_trait::async_trait;
@@ -371,9 +371,9 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
         let started = Instant::now();
-        let result = self.inner.adopt(lease, agent_id).await;
+        let result = self.inner.adopt(lease, by).await;
         self.metrics
             .backend_request(Operation::Adopt, started, &result);
         result

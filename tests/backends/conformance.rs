@@ -7,7 +7,7 @@
 use crate::support::stores::{Azure, Etcd, Gcs, Postgres, Space, Store, S3};
 use anyhow::{bail, ensure, Context, Result};
 use runlock_agent::backend::cas::{AzureOptions, CasEngine, CasStore, S3Options};
-use runlock_agent::backend::testing::{gcs_on_emulator, lease, spec};
+use runlock_agent::backend::testing::{adopter, gcs_on_emulator, lease, spec};
 use runlock_agent::backend::{self, BackendError, BackendOptions, ProfiledBackend, Readiness};
 use runlock_protocol::{Key, KeyState};
 use std::future::Future;
@@ -95,11 +95,24 @@ where
     // and the next agent on that host takes the lease over.
     drop(one);
     let next = open().await?.backend;
-    match next.adopt(&lease(KEY, "l3", l3.token + 1), "next").await {
+    match next
+        .adopt(&lease(KEY, "l3", l3.token + 1), &adopter("next"))
+        .await
+    {
         Err(BackendError::LeaseMismatch) => {}
         other => bail!("adopting with the wrong token: {other:?}"),
     }
-    let adopted = next.adopt(&l3, "next").await?;
+    // Another user's lease, with its id and token, is not adopted: the
+    // stored record names its user.
+    let stranger = backend::Adopter {
+        uid: 4242,
+        ..adopter("next")
+    };
+    match next.adopt(&l3, &stranger).await {
+        Err(BackendError::LeaseMismatch) => {}
+        other => bail!("adopting another user's lease: {other:?}"),
+    }
+    let adopted = next.adopt(&l3, &adopter("next")).await?;
     ensure!(
         (
             adopted.grant.holder.agent_id.as_str(),

@@ -5,7 +5,9 @@
 //! no store running.)
 
 use etcd_client::{Client, ConnectOptions, Permission};
-use runlock_agent::backend::testing::{etcd_force_marker, etcd_lease_seconds, lease, spec};
+use runlock_agent::backend::testing::{
+    adopter, etcd_force_marker, etcd_lease_seconds, lease, spec,
+};
 use runlock_agent::backend::{AcquireSpec, Backend, BackendError, EtcdBackend, EtcdOptions};
 use runlock_protocol::{Key, KeyState, Scope};
 use std::path::PathBuf;
@@ -241,11 +243,11 @@ async fn another_agent_adopts_a_live_lease_and_names_itself() {
         .expect("free");
     let taken = lease("k", "l1", granted.holder.token);
     assert!(matches!(
-        new.adopt(&lease("k", "l1", granted.holder.token + 1), "new")
+        new.adopt(&lease("k", "l1", granted.holder.token + 1), &adopter("new"))
             .await,
         Err(BackendError::LeaseMismatch)
     ));
-    let adopted = new.adopt(&taken, "new").await.expect("adopted");
+    let adopted = new.adopt(&taken, &adopter("new")).await.expect("adopted");
     assert_eq!(adopted.ttl, TTL);
     assert_eq!(
         (

@@ -6,7 +6,7 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use runlock_agent::backend::postgres::{Settings, DEFAULT_SCHEMA};
-use runlock_agent::backend::testing::{lease, spec};
+use runlock_agent::backend::testing::{adopter, lease, spec};
 use runlock_agent::backend::{
     AcquireSpec, Backend, BackendError, PostgresBackend, PostgresOptions,
 };
@@ -297,10 +297,13 @@ async fn a_restarted_agent_adopts_a_lease_that_is_still_held() -> Result<()> {
     let granted = old.acquire(&spec("k", "l1", false, TTL)).await?;
     let token = granted.holder.token;
     ensure!(matches!(
-        new.adopt(&lease("k", "l1", token + 1), "agent-new").await,
+        new.adopt(&lease("k", "l1", token + 1), &adopter("agent-new"))
+            .await,
         Err(BackendError::LeaseMismatch)
     ));
-    let adopted = new.adopt(&lease("k", "l1", token), "agent-new").await?;
+    let adopted = new
+        .adopt(&lease("k", "l1", token), &adopter("agent-new"))
+        .await?;
     ensure!(adopted.ttl == TTL);
     ensure!(adopted.grant.holder.agent_id == "agent-new" && adopted.grant.holder.token == token);
     let holder = new
@@ -312,7 +315,8 @@ async fn a_restarted_agent_adopts_a_lease_that_is_still_held() -> Result<()> {
     new.renew(&lease("k", "l1", token), TTL).await?;
     new.release(&lease("k", "l1", token)).await?;
     ensure!(matches!(
-        new.adopt(&lease("k", "l1", token), "agent-new").await,
+        new.adopt(&lease("k", "l1", token), &adopter("agent-new"))
+            .await,
         Err(BackendError::LeaseMismatch)
     ));
     Ok(())

@@ -2,8 +2,11 @@
 //! tests/), one shape for every store: the holder names its lease
 //! (`host-of-l1`), so a test reads who won.
 
-use super::{AcquireSpec, Holder, Key, LeaseRef};
+use super::{AcquireSpec, Adopter, Holder, Key, LeaseRef};
 use std::time::Duration;
+
+/// The user every fixture holder runs as.
+pub const OWNER_UID: u32 = 1000;
 
 pub fn spec(key: &str, lease: &str, force: bool, ttl: Duration) -> AcquireSpec {
     AcquireSpec {
@@ -15,8 +18,8 @@ pub fn spec(key: &str, lease: &str, force: bool, ttl: Duration) -> AcquireSpec {
             host: format!("host-of-{lease}"),
             agent_id: format!("agent-of-{lease}"),
             pid: 7,
-            uid: 1000,
-            gid: 1000,
+            uid: OWNER_UID,
+            gid: OWNER_UID,
             user: "etl".into(),
             command: "meltano run tap target".into(),
             acquired_at_ms: 1,
@@ -33,5 +36,13 @@ pub fn lease(key: &str, lease_id: &str, token: u64) -> LeaseRef {
         key: Key::new(key).expect("a valid key"),
         lease_id: lease_id.into(),
         token,
+    }
+}
+
+/// Agent `agent_id` adopting for the fixture holders' user.
+pub fn adopter(agent_id: &str) -> Adopter {
+    Adopter {
+        agent_id: agent_id.into(),
+        uid: OWNER_UID,
     }
 }

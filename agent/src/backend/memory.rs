@@ -2,8 +2,8 @@
 
 use super::history::{self, Before, Stamp};
 use super::{
-    AcquireSpec, Adopted, Backend, BackendError, Capabilities, Ending, Grant, LeaseRef, Profile,
-    Profiled,
+    AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Ending, Grant, LeaseRef,
+    Profile, Profiled,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
@@ -51,7 +51,7 @@ impl Profiled for MemoryBackend {
 
 #[async_trait]
 impl Backend for MemoryBackend {
-    async fn adopt(&self, _: &LeaseRef, _: &str) -> Result<Adopted, BackendError> {
+    async fn adopt(&self, _: &LeaseRef, _: &Adopter) -> Result<Adopted, BackendError> {
         Err(BackendError::Unsupported(
             "memory:// does not keep locks beyond the agent that took them".to_string(),
         ))

@@ -141,6 +141,25 @@ pub struct Grant {
     pub lock: Option<std::os::fd::OwnedFd>,
 }
 
+/// Who takes a lease over with [`Backend::adopt`]: the adopting agent, and
+/// the user its client runs as, whom the stored record must name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Adopter {
+    /// The adopting agent's id, recorded as the holder's from then on.
+    pub agent_id: String,
+    /// The uid of the client asking to adopt (`SO_PEERCRED`).
+    pub uid: u32,
+}
+
+impl Adopter {
+    /// Whether the stored `holder` is the asking user: each store checks it
+    /// on the record it rewrites, in the same conditional write, never on a
+    /// view read earlier (a `file://` view shows no holder once its run ended).
+    pub fn owns(&self, holder: &Holder) -> bool {
+        holder.uid == self.uid
+    }
+}
+
 /// What a successful adopt returns.
 #[derive(Debug)]
 pub struct Adopted {
@@ -286,8 +305,10 @@ pub trait Backend: Send + Sync + 'static {
     /// Reads the key's history, oldest first: the same read as `inspect`.
     async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError>;
     /// Takes over a lease granted through an agent that has stopped, if the
-    /// store still holds it, unexpired, with this id and token: rewrites its
-    /// record naming `agent_id` and extends it, as a renewal would. A store
-    /// whose leases die with their agent answers `Unsupported`.
-    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError>;
+    /// store still holds it, unexpired, with this id and token, for the
+    /// adopter's user (`LeaseMismatch` otherwise, so that a stranger learns
+    /// nothing): rewrites its record naming the adopting agent and extends
+    /// it, as a renewal would. A store whose leases die with their agent
+    /// answers `Unsupported`.
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError>;
 }

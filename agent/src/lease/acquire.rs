@@ -8,7 +8,7 @@ use super::registry::Registry;
 use super::renewal::deadline;
 use super::slots::{count_of, SlotRefusal};
 use super::state::{ConnId, LocalLease};
-use crate::backend::{AcquireSpec, BackendError, Ending, Grant, LeaseRef};
+use crate::backend::{AcquireSpec, Adopter, BackendError, Ending, Grant, LeaseRef};
 use crate::shown;
 use runlock_protocol::timing;
 use runlock_protocol::{
@@ -152,9 +152,12 @@ impl Registry {
 
     /// Adopts leases taken through an agent that has stopped, once the backend
     /// confirms each is still held, unexpired, with its id and token, by this
-    /// peer's user. All or nothing: on a failure the leases adopted so far
-    /// stay with this connection, to be released when it closes (after its
-    /// run has stopped).
+    /// peer's user: checked by the store on the record it rewrites, never on
+    /// a view of it, and for everyone alike (a force user forces; it has no
+    /// need to adopt another's run). Another user's lease is answered as not
+    /// held, which tells a guesser nothing. All or nothing: on a failure the
+    /// leases adopted so far stay with this connection, to be released when
+    /// it closes (after its run has stopped).
     pub async fn reattach(
         &self,
         conn: ConnId,
@@ -164,7 +167,11 @@ impl Registry {
         if leases.is_empty() {
             return Err(LeaseError::NoLeases);
         }
-        let (peer, _, may_override) = self.peer(conn)?;
+        let (peer, _, _) = self.peer(conn)?;
+        let by = Adopter {
+            agent_id: self.identity.agent_id.clone(),
+            uid: peer.uid,
+        };
         let mut granted = Granted::new(Duration::ZERO, leases.len());
         if leases.len() > MAX_KEYS_PER_REQUEST {
             return Err(LeaseError::TooManyLeases(leases.len()));
@@ -180,14 +187,9 @@ impl Registry {
                 lease_id: lease.lease_id.clone(),
                 token: lease.token,
             };
-            let record = self.backend.inspect(&key).await.map_err(backend_on(&key))?;
-            if let Some(h) = record.holder.filter(|h| h.uid != peer.uid && !may_override) {
-                let action = format!("reattach a lease of uid {}", h.uid);
-                return Err(self.forbidden(peer, &action, Some(key)));
-            }
             let adopted = self
                 .backend
-                .adopt(&reference, &self.identity.agent_id)
+                .adopt(&reference, &by)
                 .await
                 .map_err(|e| match e {
                     BackendError::LeaseMismatch => LeaseError::NoLongerHeld {
@@ -629,9 +631,9 @@ mod tests {
         async fn adopt(
             &self,
             lease: &LeaseRef,
-            agent_id: &str,
+            by: &crate::backend::Adopter,
         ) -> Result<crate::backend::Adopted, BackendError> {
-            self.store.adopt(lease, agent_id).await
+            self.store.adopt(lease, by).await
         }
     }
 
@@ -802,6 +804,45 @@ mod tests {
         child.kill().expect("kill");
         child.wait().expect("reap");
         assert_eq!(new.run_outliving(conn), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn another_users_lease_is_not_adopted_even_by_a_force_user() {
+        use crate::backend::cas::{CasEngine, MemoryCasStore};
+        let store = Arc::new(MemoryCasStore::new());
+        let agent = |id: &str| agent(Arc::new(CasEngine::new(store.clone(), "")), id);
+        let old = agent("old");
+        let owner = PeerCred {
+            pid: 2,
+            uid: 4242,
+            gid: 4242,
+        };
+        let (conn, _events) = connect(&old, owner);
+        let lease = take(&old, conn, &["k"]).await.expect("free").remove(0);
+        assert!(old.hand_over());
+        old.close_connection(conn).await;
+
+        let new = agent("new");
+        let member = PeerCred {
+            pid: 3,
+            uid: 4243,
+            gid: 4243,
+        };
+        for stranger in [member, ROOT] {
+            let (conn, _events) = connect(&new, stranger);
+            let err = new
+                .reattach(conn, vec![lease.clone()], OnLost::Term)
+                .await
+                .expect_err("not theirs");
+            assert_eq!(err.code(), ErrorCode::NotOwner, "uid {}", stranger.uid);
+        }
+        assert!(new.list().is_empty());
+        let record = new.inspect("k").await.expect("record");
+        assert_eq!(record.holder.expect("held").agent_id, "old");
+        let (conn, _events) = connect(&new, owner);
+        new.reattach(conn, vec![lease], OnLost::Term)
+            .await
+            .expect("the owner's");
     }
 
     #[tokio::test]

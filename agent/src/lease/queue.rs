@@ -141,9 +141,9 @@ mod tests {
         async fn adopt(
             &self,
             lease: &LeaseRef,
-            agent_id: &str,
+            by: &crate::backend::Adopter,
         ) -> Result<crate::backend::Adopted, BackendError> {
-            self.store.adopt(lease, agent_id).await
+            self.store.adopt(lease, by).await
         }
     }
 

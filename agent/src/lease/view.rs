@@ -36,7 +36,9 @@ impl Registry {
     }
 
     /// The leases held through this agent as the connection's peer may see
-    /// them, as many as fit one reply; and how many were left out.
+    /// them, as many as fit one reply; and how many were left out. A lease
+    /// id is shown to its owner only (empty for everyone else, force users
+    /// included): with its token it is what `reattach` names.
     pub fn list_for(&self, conn: ConnId) -> (Vec<LeaseInfo>, u32) {
         // Field names, lease id and integers of one entry take less than this,
         // and the reply's own envelope less than the headroom.
@@ -48,6 +50,9 @@ impl Registry {
         let all = self.list();
         let total = all.len();
         for mut lease in all {
+            if lease.holder.uid != viewer.uid {
+                lease.lease_id.clear();
+            }
             lease.holder = self.show(&lease.holder, viewer);
             let h = &lease.holder;
             let size = ENTRY_OVERHEAD
@@ -98,5 +103,47 @@ impl Registry {
         let key = valid_key(key)?;
         let records = self.slot_records(&key).await.map_err(backend_on(&key))?;
         Ok(Registry::merge_records(&key, records))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+
+    #[tokio::test]
+    async fn a_lease_id_is_listed_for_its_owner_only() {
+        let registry = registry();
+        let member = PeerCred {
+            pid: 2,
+            uid: 4242,
+            gid: 4242,
+        };
+        let (roots, _root_events) = connect(&registry, ROOT);
+        let (members, _member_events) = connect(&registry, member);
+        let root_lease = take(&registry, roots, &["a"])
+            .await
+            .expect("free")
+            .remove(0);
+        let member_lease = take(&registry, members, &["b"])
+            .await
+            .expect("free")
+            .remove(0);
+        let ids = |conn| -> Vec<(String, String)> {
+            let (leases, _) = registry.list_for(conn);
+            leases.into_iter().map(|l| (l.key, l.lease_id)).collect()
+        };
+        let (a, b) = ("a".to_string(), "b".to_string());
+        assert_eq!(
+            ids(members),
+            vec![
+                (a.clone(), String::new()),
+                (b.clone(), member_lease.lease_id)
+            ]
+        );
+        // Root may force and break, and needs no one's lease id for either.
+        assert_eq!(
+            ids(roots),
+            vec![(a, root_lease.lease_id), (b, String::new())]
+        );
     }
 }

@@ -30,7 +30,8 @@ pub async fn run(socket: &Path, json: bool) -> Result<ExitCode, Failure> {
                 serde_json::json!({
                     "key": l.key,
                     "slot": l.holder.slot,
-                    "lease_id": l.lease_id,
+                    // Empty for another user's lease: the agent shows an id to its owner only.
+                    "lease_id": (!l.lease_id.is_empty()).then_some(&l.lease_id),
                     "token": l.holder.token,
                     "ttl_ms": l.ttl_ms,
                     "child_pid": l.child_pid,

@@ -15,8 +15,8 @@ use crate::backend::history::{self, Before, Stamp};
 use crate::backend::record::LockRecord;
 use crate::backend::retry::RetryBudget;
 use crate::backend::{
-    key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Ending, Grant, LeaseRef,
-    Profile, Profiled,
+    key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Ending, Grant,
+    LeaseRef, Profile, Profiled,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -565,19 +565,22 @@ impl Backend for CasEngine {
         }
     }
 
-    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
         self.trusted().await?;
         let name = self.name(&lease.key);
         let Read { object, date } = self.store.get(&name).await.map_err(unavailable)?;
         let stored = object.ok_or(BackendError::LeaseMismatch)?;
         let mut record = self.parse(&name, &stored)?;
+        // The owner is checked on this read, and the write below is
+        // conditional on its version: no one can change the holder between.
         if !record.held_by(&lease.lease_id, lease.token)
+            || !record.holder.as_ref().is_some_and(|h| by.owns(h))
             || self.expired(&name, &record, &stored, date)
         {
             return Err(BackendError::LeaseMismatch);
         }
         if let Some(holder) = record.holder.as_mut() {
-            holder.agent_id = agent_id.to_string();
+            holder.agent_id = by.agent_id.clone();
             let at = Stamp::store_or_agent(date);
             let adopted = history::event(EventKind::Adopted, holder, record.token, at);
             history::push(&mut record.history, adopted);
@@ -667,7 +670,7 @@ mod tests {
     use super::super::testing::FaultyStore;
     use super::super::MemoryCasStore;
     use super::*;
-    use crate::backend::fixtures::{lease, spec};
+    use crate::backend::fixtures::{adopter, lease, spec, OWNER_UID};
     use runlock_protocol::Clock;
 
     const TTL: Duration = Duration::from_secs(10);
@@ -687,6 +690,36 @@ mod tests {
     async fn stored(store: &dyn CasStore, key: &str) -> CasRecord {
         let read = store.get(&format!("locks/{key}.json")).await.expect("get");
         serde_json::from_slice(&read.object.expect("record").body).expect("json")
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_user_its_record_names_adopts_a_lease() {
+        let store = Arc::new(MemoryCasStore::new());
+        let (one, two) = pair(store.clone()).await;
+        one.acquire(&spec("k", "l1", false, TTL))
+            .await
+            .expect("free");
+        let stranger = Adopter {
+            uid: OWNER_UID + 1,
+            ..adopter("two")
+        };
+        assert!(matches!(
+            two.adopt(&lease("k", "l1", 1), &stranger).await,
+            Err(BackendError::LeaseMismatch)
+        ));
+        let record = stored(store.as_ref(), "k").await;
+        assert_eq!(record.holder.expect("held").agent_id, "agent-of-l1");
+        let adopted = two
+            .adopt(&lease("k", "l1", 1), &adopter("two"))
+            .await
+            .expect("the owner's");
+        assert_eq!(
+            (
+                adopted.grant.holder.agent_id.as_str(),
+                adopted.grant.holder.token
+            ),
+            ("two", 1)
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -37,8 +37,8 @@ mod tls;
 mod transport;
 
 use super::{
-    key_name, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Ending, EtcdOptions,
-    Grant, LeaseRef, Profile, Profiled,
+    key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Ending,
+    EtcdOptions, Grant, LeaseRef, Profile, Profiled,
 };
 use crate::backend::history::{self as shared, Stamp};
 use crate::backend::retry::TIMEOUTS;
@@ -773,7 +773,7 @@ impl Backend for EtcdBackend {
         .await
     }
 
-    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
         let name = self.name(&lease.key);
         let history_key = self.history_name(&lease.key);
         self.bounded(async {
@@ -787,15 +787,22 @@ impl Backend for EtcdBackend {
             if !ours {
                 return Err(BackendError::LeaseMismatch);
             }
-            let sent = Instant::now();
-            self.keep_alive(id).await?;
-            record.holder.insert("agent_id".into(), agent_id.into());
+            record
+                .holder
+                .insert("agent_id".into(), by.agent_id.clone().into());
             let holder = record.holder(lease.token).ok_or_else(|| {
                 BackendError::Corrupt(format!(
                     "{name} in {} names no readable holder",
                     self.description
                 ))
             })?;
+            // Checked before the keep-alive, which would extend a stranger's
+            // lease; the rewrite below holds only if the record is unchanged.
+            if !by.owns(&holder) {
+                return Err(BackendError::LeaseMismatch);
+            }
+            let sent = Instant::now();
+            self.keep_alive(id).await?;
             let mut events = kept.events.clone();
             let adopted =
                 shared::event(EventKind::Adopted, &holder, lease.token, Stamp::agent_now());

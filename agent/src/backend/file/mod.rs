@@ -46,8 +46,8 @@ mod transport;
 
 use super::history::{self, Stamp};
 use super::{
-    AcquireSpec, Adopted, Backend, BackendError, Capabilities, Ending, Grant, LeaseRef, Profile,
-    Profiled,
+    AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Ending, Grant, LeaseRef,
+    Profile, Profiled,
 };
 use anyhow::Context as _;
 use async_trait::async_trait;
@@ -622,23 +622,30 @@ impl Inner {
     }
 
     /// Takes over a lease granted through an agent that has stopped, whose
-    /// run still holds the lock: the record must name the lease and its
-    /// token, and the key's lock file must be locked (by the run) or free
-    /// (then this agent holds it, as nobody else took the key since).
-    fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+    /// run still holds the lock: the record must name the lease, its token
+    /// and the adopter's user, and the key's lock file must still be locked
+    /// (by the run). A free lock means the run has ended: the lease is over,
+    /// whatever its record still says, and is not adopted.
+    fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
         let (name, lock_name) = (file_name(&lease.key), lock_name(&lease.key));
         let dir = self.dir()?;
-        let _gate = self.open_gate(&dir, false)?;
+        // Exclusive, as for a force: no acquisition is then between taking
+        // the key's lock and writing its record, so a lock held below is the
+        // run's whose record is read, never a new holder's about to write
+        // its own (which this write would overwrite with the old token).
+        let _gate = match self.open_gate(&dir, true) {
+            Err(BackendError::Corrupt(_)) => self.open_gate(&dir, false)?,
+            gate => gate?,
+        };
         let lock = self
             .try_open(&dir, &lock_name, OFlag::O_RDONLY)?
             .ok_or(BackendError::LeaseMismatch)?;
         let file = self
             .try_open(&dir, &name, OFlag::O_RDWR)?
             .ok_or(BackendError::LeaseMismatch)?;
-        let Some(mut record) = self
-            .read_record(&file, &name)?
-            .filter(|r| r.held_by(&lease.lease_id, lease.token))
-        else {
+        let Some(mut record) = self.read_record(&file, &name)?.filter(|r| {
+            r.held_by(&lease.lease_id, lease.token) && r.holder.as_ref().is_some_and(|h| by.owns(h))
+        }) else {
             return Err(BackendError::LeaseMismatch);
         };
         let mut holder = record.holder.clone().ok_or_else(|| {
@@ -647,10 +654,16 @@ impl Inner {
                 self.path(&name).display()
             ))
         })?;
-        // Whether the run holds it or nobody does, nobody else can take it now.
-        let _ = flock(&lock, libc::LOCK_EX | libc::LOCK_NB)
-            .map_err(|e| self.io_error("locking", &lock_name, e))?;
-        holder.agent_id = agent_id.to_string();
+        // The run holds its lock exclusively; a shared lock we can take
+        // means nobody holds it so (an `inspect` may hold it shared for an
+        // instant): the run is gone, and so is its lease.
+        let run_gone = flock(&lock, libc::LOCK_SH | libc::LOCK_NB)
+            .map_err(|e| self.io_error("checking", &lock_name, e))?;
+        if run_gone {
+            let _ = flock(&lock, libc::LOCK_UN);
+            return Err(BackendError::LeaseMismatch);
+        }
+        holder.agent_id = by.agent_id.clone();
         let adopted = history::event(
             EventKind::Adopted,
             &holder,
@@ -661,7 +674,7 @@ impl Inner {
         record.holder = Some(holder.clone());
         self.write(&dir, &file, &name, &record, false)?;
         let ttl = Duration::from_millis(record.store.ttl_ms.unwrap_or(60_000));
-        self.remember(&lease.lease_id, lock, agent_id);
+        self.remember(&lease.lease_id, lock, &by.agent_id);
         Ok(Adopted {
             grant: Grant {
                 holder,
@@ -775,9 +788,8 @@ impl Backend for FileBackend {
         self.blocking(move |inner| inner.inspect(&key)).await
     }
 
-    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
-        let (lease, agent_id) = (lease.clone(), agent_id.to_string());
-        self.blocking(move |inner| inner.adopt(&lease, &agent_id))
-            .await
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
+        let (lease, by) = (lease.clone(), by.clone());
+        self.blocking(move |inner| inner.adopt(&lease, &by)).await
     }
 }

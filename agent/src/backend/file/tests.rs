@@ -2,7 +2,7 @@
 
 use super::record::{next_token, TokenBlock, TOKEN_BLOCK};
 use super::*;
-use crate::backend::fixtures::{lease, spec};
+use crate::backend::fixtures::{adopter, lease, spec, OWNER_UID};
 use std::io::Write as _;
 use std::path::Path;
 
@@ -131,15 +131,16 @@ async fn a_lock_the_run_holds_outlives_its_agent_and_is_adopted_by_the_next() {
         KeyState::Held
     );
     assert!(matches!(
-        new.adopt(&lease("k", "l1", 2), "new-agent").await,
+        new.adopt(&lease("k", "l1", 2), &adopter("new-agent")).await,
         Err(BackendError::LeaseMismatch)
     ));
     assert!(matches!(
-        new.adopt(&lease("k", "other", 1), "new-agent").await,
+        new.adopt(&lease("k", "other", 1), &adopter("new-agent"))
+            .await,
         Err(BackendError::LeaseMismatch)
     ));
     let adopted = new
-        .adopt(&lease("k", "l1", 1), "new-agent")
+        .adopt(&lease("k", "l1", 1), &adopter("new-agent"))
         .await
         .expect("adopt");
     assert_eq!(
@@ -620,4 +621,91 @@ async fn a_holder_that_lets_go_while_its_record_is_read_hands_the_lock_over_at_o
         .expect("flock"),
         "the lock was not taken"
     );
+}
+
+#[tokio::test]
+async fn a_lease_whose_run_ended_or_of_another_user_is_not_adopted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = FileBackend::open(dir.path().into()).expect("open");
+    let run = old
+        .acquire(&spec("k", "l1", false, TTL))
+        .await
+        .expect("free key")
+        .lock
+        .expect("a lock for the run");
+    drop(old);
+
+    let new = FileBackend::open(dir.path().into()).expect("open");
+    let stranger = Adopter {
+        uid: OWNER_UID + 1,
+        ..adopter("new-agent")
+    };
+    assert!(matches!(
+        new.adopt(&lease("k", "l1", 1), &stranger).await,
+        Err(BackendError::LeaseMismatch)
+    ));
+    // The run ends while no agent runs: its record still names it.
+    drop(run);
+    assert_eq!(record_at(dir.path(), "k.lock").state, KeyState::Held);
+    assert!(matches!(
+        new.adopt(&lease("k", "l1", 1), &adopter("new-agent")).await,
+        Err(BackendError::LeaseMismatch)
+    ));
+    // Nothing kept it: the next run takes the key at once, with a larger token.
+    let next = new
+        .acquire(&spec("k", "l2", false, TTL))
+        .await
+        .expect("free");
+    assert_eq!(next.holder.token, 2);
+}
+
+/// The owner's run ends while its shim's `reattach` is on its way, and a new
+/// holder takes the key's lock but has not yet written its record: the lock
+/// is not the run's, so the lease is not adopted, and the new holder's
+/// record is never overwritten with the old lease (its token handed out again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_taken_by_a_new_holder_mid_acquire_is_not_taken_for_the_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = FileBackend::open(dir.path().into()).expect("open");
+    let run = old
+        .acquire(&spec("k", "l1", false, TTL))
+        .await
+        .expect("free key")
+        .lock
+        .expect("a lock for the run");
+    drop(old);
+    drop(run); // the run ends
+
+    // A new holder, between taking the key's lock and writing its record,
+    // as every acquisition is: inside the gate, shared.
+    let open = |name: &str| {
+        std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(dir.path().join(name))
+            .expect("open")
+    };
+    let gate = open(GATE_FILE);
+    assert!(ofd_lock(&gate, libc::F_RDLCK, false).expect("gate"));
+    let key_lock = open("k.run");
+    assert!(flock(&key_lock, libc::LOCK_EX | libc::LOCK_NB).expect("lock"));
+
+    let new = FileBackend::open(dir.path().into()).expect("open");
+    let mut adopting =
+        tokio::spawn(async move { new.adopt(&lease("k", "l1", 1), &adopter("new-agent")).await });
+    // Not answered while an acquisition is under way.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut adopting)
+            .await
+            .is_err(),
+        "adopted while another holder was between its lock and its record"
+    );
+    // That holder gives up (or finishes): the run's lock is free, so its
+    // lease is over.
+    drop(key_lock);
+    drop(gate);
+    assert!(matches!(
+        adopting.await.expect("adopt ran"),
+        Err(BackendError::LeaseMismatch)
+    ));
 }

@@ -6,8 +6,8 @@ use super::settings::Settings;
 use super::sql::Sql;
 use crate::backend::history;
 use crate::backend::{
-    redact_uri, AcquireSpec, Adopted, Backend, BackendError, Capabilities, Ending, Grant, LeaseRef,
-    PostgresOptions, Profile, Profiled,
+    redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Ending, Grant,
+    LeaseRef, PostgresOptions, Profile, Profiled,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -292,15 +292,16 @@ impl Backend for PostgresBackend {
         }
     }
 
-    async fn adopt(&self, lease: &LeaseRef, agent_id: &str) -> Result<Adopted, BackendError> {
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
         let (key, token) = (lease.key.as_str(), stored_token(lease));
+        let (agent_id, uid) = (by.agent_id.as_str(), i64::from(by.uid));
         let (row, sent) = self
             .session
             .run(|link| async move {
                 link.client
                     .query_opt(
                         &link.statements.adopt,
-                        &[&key, &lease.lease_id, &token, &agent_id],
+                        &[&key, &lease.lease_id, &token, &agent_id, &uid],
                     )
                     .await
             })

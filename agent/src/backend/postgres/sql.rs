@@ -247,7 +247,7 @@ impl Sql {
                  history = {adopted},
                  written = clock_timestamp()
              WHERE key = $1 AND lease_id = $2 AND token = $3 AND state = 'held'
-               AND {EXPIRES} > now()
+               AND {EXPIRES} > now() AND l.holder -> 'uid' = to_jsonb($5::int8)
              RETURNING holder::text, ttl_ms"
         );
         let types = (
@@ -263,7 +263,7 @@ impl Sql {
             [T::TEXT, T::TEXT, T::INT8, T::INT8, T::INT8],
             [T::TEXT, T::TEXT, T::INT8, T::TEXT, T::TEXT, T::TEXT],
             [T::TEXT],
-            [T::TEXT, T::TEXT, T::INT8, T::TEXT],
+            [T::TEXT, T::TEXT, T::INT8, T::TEXT, T::INT8],
         );
         let (acquire, renew, release, inspect, adopt, history) = futures::try_join!(
             client.prepare_typed(&acquire, &types.0),
