@@ -686,7 +686,7 @@ async fn a_lock_taken_by_a_new_holder_mid_acquire_is_not_taken_for_the_run() {
             .expect("open")
     };
     let gate = open(GATE_FILE);
-    assert!(ofd_lock(&gate, libc::F_RDLCK, false).expect("gate"));
+    assert!(super::transport::ofd_lock(&gate, libc::F_RDLCK).expect("gate"));
     let key_lock = open("k.run");
     assert!(flock(&key_lock, libc::LOCK_EX | libc::LOCK_NB).expect("lock"));
 
