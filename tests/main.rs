@@ -16,6 +16,7 @@ mod deploy;
 mod file_backend;
 mod file_layout;
 mod file_trust;
+mod fleet;
 mod gcs;
 mod legacy;
 mod lifecycle;

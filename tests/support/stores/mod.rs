@@ -409,10 +409,14 @@ fn records_under(prefix: &str) -> String {
 
 /// Records from a store SDK's listing printed as JSON by our Python helper:
 /// `[{<name_field>, "last_modified": seconds, "body"}]`.
-/// The object an agent checks the store on (`cas/proof.rs`), beside the
-/// records but not one of them.
+/// An object an agent checks the store on (`cas/proof.rs`), beside the
+/// records but not one of them (removed after the check, but a listing may
+/// catch one in between).
 fn is_probe(object: &str) -> bool {
-    object.ends_with("/.runlock/locks/probe") || object == ".runlock/locks/probe"
+    object
+        .rsplit('/')
+        .next()
+        .is_some_and(|leaf| leaf.starts_with("probe-") && !leaf.ends_with(".json"))
 }
 
 fn records_from_listing(text: &str, name_field: &str) -> Result<Vec<Record>> {

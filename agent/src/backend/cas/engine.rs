@@ -171,8 +171,7 @@ impl CasEngine {
         let verdict = self
             .verdict
             .get_or_try_init(|| async {
-                let probe = format!("{}{}", self.prefix, proof::PROBE);
-                match proof::prove(self.store.as_ref(), &probe).await {
+                match proof::prove(self.store.as_ref(), &self.prefix).await {
                     Ok(()) => Ok(None),
                     Err(Unproven::Lacks(what)) => Ok(Some(what)),
                     Err(unanswered) => Err(unanswered),
@@ -951,6 +950,9 @@ mod tests {
             let result = self.inner.put_if_match(name, body, version).await;
             self.noted(name, result)
         }
+        async fn delete(&self, name: &str) -> Result<(), CasError> {
+            self.inner.delete(name).await
+        }
     }
 
     #[tokio::test(start_paused = true)]
@@ -992,10 +994,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_write_whose_precondition_failed_does_not_hold_up_the_next() {
         let store = Arc::new(Throttled::new());
-        let (one, two) = (
-            CasEngine::new(store.clone(), "locks/"),
-            CasEngine::new(store.clone(), "locks/"),
-        );
+        let (one, two) = pair(store.clone()).await;
         one.acquire(&spec("k", "l1", false, TTL))
             .await
             .expect("free");

@@ -57,6 +57,15 @@ impl MemoryCasStore {
     }
 }
 
+#[cfg(test)]
+impl MemoryCasStore {
+    /// The names of the objects held now.
+    pub fn names(&self) -> Vec<String> {
+        let objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
+        objects.keys().cloned().collect()
+    }
+}
+
 impl Default for MemoryCasStore {
     fn default() -> Self {
         MemoryCasStore::new()
@@ -102,5 +111,13 @@ impl CasStore for MemoryCasStore {
         version: &str,
     ) -> Result<String, CasError> {
         self.write(name, body, Some(version))
+    }
+
+    async fn delete(&self, name: &str) -> Result<(), CasError> {
+        self.objects
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+        Ok(())
     }
 }

@@ -113,6 +113,9 @@ pub trait CasStore: Send + Sync + 'static {
         body: Vec<u8>,
         version: &str,
     ) -> Result<String, CasError>;
+    /// Removes an object whatever its version; an absent one is no error. Only
+    /// ever asked of an object no other agent writes (this agent's probe).
+    async fn delete(&self, name: &str) -> Result<(), CasError>;
 }
 
 #[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]

@@ -1,29 +1,33 @@
 //! Before an object store is trusted with a lock, it must show that it
 //! refuses what the lease engine relies on it refusing. Some S3-compatible
 //! stores ignore `If-None-Match` and `If-Match` and answer 200: on such a
-//! store two agents would both be granted one key, with one token. So, on one
+//! store two agents would both be granted one key, with one token. So, on a
 //! probe object beside the records, the store must refuse a create-if-absent
 //! of an existing object and a replace against a version that is no longer
 //! current, must give each write a new version, must show a write to the next
 //! read, and must stamp a write with a time no older than the write (expiry
 //! is judged by it).
 //!
-//! Only a definite answer condemns a store: an error, a timeout or a race
-//! with another agent probing the same object leaves the question open, and
-//! it is asked again at the next acquire.
+//! Each proof writes a probe object of its own (`probe-<random>`), removed
+//! once the verdict is in: agents that start together on one store never
+//! write one object, so none breaks another's proof (invariant 9), and on a
+//! store that limits writes per object (GCS) the proof keeps to its pace.
+//!
+//! Only a definite answer condemns a store: an error or a timeout leaves the
+//! question open, and it is asked again at the next acquire.
 
 use super::{CasError, CasStore, Read, Stored};
 use std::time::Duration;
 
-/// The probe object's name under the records' prefix: not a key's record,
-/// whose names all end in `.json`.
-pub const PROBE: &str = "probe";
+/// The start of a probe object's name under the records' prefix: never a
+/// key's record, whose names all end in `.json`.
+pub const PROBE: &str = "probe-";
 
-/// How many times a step is tried again after another writer got in first:
-/// agents starting together all check the one probe object.
+/// How many times a step is tried again after the object changed under it:
+/// nobody else writes it, so only a store that loses or reorders writes does.
 const ATTEMPTS: usize = 12;
 
-/// Waits a random 5–50 ms, so that agents checking at once fall apart.
+/// Waits a random 5–50 ms before a step is tried again.
 async fn back_off() {
     tokio::time::sleep(Duration::from_millis(fastrand::u64(5..50))).await;
 }
@@ -37,9 +41,22 @@ pub enum Unproven {
     Unanswered(String),
 }
 
-/// Puts `store` through the checks on the object `name`.
-pub async fn prove(store: &dyn CasStore, name: &str) -> Result<(), Unproven> {
+/// Puts `store` through the checks on a probe object of this proof's own
+/// under `prefix`, and removes it again.
+pub async fn prove(store: &dyn CasStore, prefix: &str) -> Result<(), Unproven> {
     let writer = uuid::Uuid::new_v4().simple().to_string();
+    let name = format!("{prefix}{PROBE}{writer}");
+    let verdict = checks(store, &name, &writer).await;
+    // A probe left behind costs a few bytes and misleads nobody: removing it
+    // is tidiness, never part of the verdict.
+    tokio::time::sleep(store.min_write_interval()).await;
+    if let Err(err) = store.delete(&name).await {
+        tracing::debug!("could not remove the probe object {name}: {err}");
+    }
+    verdict
+}
+
+async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Unproven> {
     let body = |step: &str| format!("{{\"runlock_probe\":\"{writer}\",\"step\":\"{step}\"}}\n");
     existing(store, name, &body("create")).await?;
 
@@ -56,6 +73,8 @@ pub async fn prove(store: &dyn CasStore, name: &str) -> Result<(), Unproven> {
 
     for attempt in 0..ATTEMPTS {
         let (before, date_before) = existing(store, name, &body("create")).await?;
+        // The create (or the last update) was a write of this object too.
+        tokio::time::sleep(store.min_write_interval()).await;
         let update = body(&format!("update {attempt}"));
         let version = match store
             .put_if_match(name, update.clone().into(), &before.version)
@@ -63,7 +82,7 @@ pub async fn prove(store: &dyn CasStore, name: &str) -> Result<(), Unproven> {
         {
             Ok(version) => version,
             Err(CasError::Conflict) => {
-                back_off().await; // another agent checking: read again
+                back_off().await; // the store changed it under us: read again
                 continue;
             }
             Err(err) => return Err(unanswered(err)),
@@ -98,7 +117,7 @@ pub async fn prove(store: &dyn CasStore, name: &str) -> Result<(), Unproven> {
             ));
         }
         if after.body != update.as_bytes() {
-            back_off().await; // another agent wrote it since: nothing learnt
+            back_off().await; // written since by someone else: nothing learnt
             continue;
         }
         if after.version != version {
@@ -123,7 +142,7 @@ pub async fn prove(store: &dyn CasStore, name: &str) -> Result<(), Unproven> {
         return Ok(());
     }
     Err(Unproven::Unanswered(format!(
-        "{name} kept changing while it was checked (other agents checking it too?)"
+        "{name} kept changing while it was checked, though no other agent writes it"
     )))
 }
 
@@ -233,10 +252,13 @@ mod tests {
                 written
             })
         }
+        async fn delete(&self, name: &str) -> Result<(), CasError> {
+            self.inner.delete(name).await
+        }
     }
 
     async fn verdict(store: &dyn CasStore) -> Result<(), Unproven> {
-        prove(store, "locks/probe").await
+        prove(store, "locks/").await
     }
 
     #[tokio::test]
@@ -310,6 +332,101 @@ mod tests {
         for check in checks {
             assert_eq!(check.await.expect("no panic"), Ok(()));
         }
+    }
+
+    /// Records which objects were written, and when, by the store's clock.
+    #[derive(Default)]
+    struct Recording {
+        inner: MemoryCasStore,
+        interval: Duration,
+        writes: std::sync::Mutex<Vec<(String, tokio::time::Instant)>>,
+    }
+
+    impl Recording {
+        fn noted<T>(&self, name: &str, result: Result<T, CasError>) -> Result<T, CasError> {
+            if result.is_ok() {
+                let at = tokio::time::Instant::now();
+                self.writes
+                    .lock()
+                    .expect("lock")
+                    .push((name.to_string(), at));
+            }
+            result
+        }
+    }
+
+    #[async_trait]
+    impl CasStore for Recording {
+        fn describe(&self) -> String {
+            "recording://".into()
+        }
+        fn records_prefix(&self) -> &str {
+            ""
+        }
+        fn min_write_interval(&self) -> Duration {
+            self.interval
+        }
+        async fn probe(&self) -> Result<(), CasError> {
+            Ok(())
+        }
+        async fn get(&self, name: &str) -> Result<Read, CasError> {
+            self.inner.get(name).await
+        }
+        async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
+            let result = self.inner.put_if_absent(name, body).await;
+            self.noted(name, result)
+        }
+        async fn put_if_match(
+            &self,
+            name: &str,
+            body: Vec<u8>,
+            version: &str,
+        ) -> Result<String, CasError> {
+            let result = self.inner.put_if_match(name, body, version).await;
+            self.noted(name, result)
+        }
+        async fn delete(&self, name: &str) -> Result<(), CasError> {
+            let result = self.inner.delete(name).await;
+            self.noted(name, result)
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn agents_proving_one_store_together_never_write_one_object_and_leave_none() {
+        let store = Arc::new(Recording {
+            interval: Duration::from_secs(1),
+            ..Recording::default()
+        });
+        let checks = (0..50).map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { verdict(store.as_ref()).await })
+        });
+        for check in checks {
+            assert_eq!(check.await.expect("no panic"), Ok(()));
+        }
+        let writes = store.writes.lock().expect("lock").clone();
+        let mut by_object: std::collections::HashMap<String, Vec<tokio::time::Instant>> =
+            std::collections::HashMap::new();
+        for (name, at) in writes {
+            by_object.entry(name).or_default().push(at);
+        }
+        assert_eq!(by_object.len(), 50, "one probe object per proof");
+        for (name, times) in &by_object {
+            assert!(name.starts_with("locks/probe-"), "{name}");
+            // Create, update, removal: no object written faster than the store allows.
+            assert_eq!(times.len(), 3, "{name}: {times:?}");
+            for pair in times.windows(2) {
+                assert!(
+                    pair[1] - pair[0] >= Duration::from_secs(1),
+                    "{name}: {times:?}"
+                );
+            }
+        }
+        assert_eq!(
+            store.inner.names(),
+            Vec::<String>::new(),
+            "every probe removed"
+        );
     }
 
     #[tokio::test]

@@ -147,4 +147,8 @@ impl CasStore for FaultyStore {
         self.around(true, self.inner.put_if_match(name, body, version))
             .await
     }
+
+    async fn delete(&self, name: &str) -> Result<(), CasError> {
+        self.around(true, self.inner.delete(name)).await
+    }
 }

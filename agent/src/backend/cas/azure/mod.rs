@@ -218,4 +218,12 @@ impl CasStore for AzureStore {
     ) -> Result<String, CasError> {
         self.put(name, body, Some(version)).await
     }
+
+    async fn delete(&self, name: &str) -> Result<(), CasError> {
+        let request = self.container.blob_client(name).delete().into_future();
+        match self.bounded(name, request).await? {
+            Ok(_) => Ok(()),
+            Err(err) => self.failure(&err, name).expected().map(|_| ()),
+        }
+    }
 }

@@ -281,4 +281,21 @@ impl CasStore for GcsStore {
     ) -> Result<String, CasError> {
         self.upload(name, body, version).await
     }
+
+    async fn delete(&self, name: &str) -> Result<(), CasError> {
+        let url = format!(
+            "{}/storage/v1/b/{}/o/{}",
+            self.api,
+            encode(&self.bucket),
+            encode(name)
+        );
+        let what = self.object(name);
+        let answer = self
+            .exchange(&what, || Request::delete(url.as_str()), Bytes::new(), None)
+            .await?;
+        match self.sort(&answer, &what).map(Failure::expected) {
+            None | Some(Ok(_)) => Ok(()),
+            Some(Err(err)) => Err(err),
+        }
+    }
 }

@@ -283,4 +283,18 @@ impl CasStore for S3Store {
     ) -> Result<String, CasError> {
         self.put(name, body, Some(version)).await
     }
+
+    async fn delete(&self, name: &str) -> Result<(), CasError> {
+        let sent = self
+            .client
+            .delete_object()
+            .bucket(&self.bucket)
+            .key(name)
+            .send()
+            .await;
+        match sent {
+            Ok(_) => Ok(()),
+            Err(err) => self.failure(err, name).expected().map(|_| ()),
+        }
+    }
 }

@@ -1,0 +1,57 @@
+//! A fleet on one store (invariant 9): agents that start together, as a
+//! fleet's pods do at the top of the hour, never refuse each other. Each case
+//! runs once per shared store (`fleet::CASE::STORE`); BENCHMARKS.md has the
+//! larger herds.
+
+use crate::support::stores::{Azure, Etcd, Gcs, Space, Store, S3};
+use crate::support::{key, TestAgent};
+use anyhow::{ensure, Result};
+use std::time::Duration;
+
+test_matrix!(
+    [s3: S3, azure: Azure, gcs: Gcs, etcd: Etcd];
+    agents_started_together_are_each_granted_their_own_key,
+);
+
+/// As many agents as a 2-core CI machine starts at once without the test
+/// measuring its own load; `scripts/fleet` (BENCHMARKS.md) goes to 200.
+const HERD: usize = 30;
+
+/// Each run's `--wait`, as in a fleet's schedule.
+const RUN_WAIT: Duration = Duration::from_secs(60);
+
+async fn agents_started_together_are_each_granted_their_own_key(store: impl Store) -> Result<()> {
+    let space = Space::create(store, "herd").await?;
+    // All at once: every agent's start checks the store (the object stores'
+    // proof) while the others do.
+    let agents: Vec<TestAgent> =
+        futures::future::try_join_all((0..HERD).map(|_| space.agent("fleet", &[]))).await?;
+    let wait = format!("{}s", RUN_WAIT.as_secs());
+    let runs = agents
+        .iter()
+        .enumerate()
+        .map(|(i, agent)| {
+            agent.run(
+                &[&key(&format!("herd-{i}"))],
+                &["--wait", &wait, "--ttl", "15s"],
+                "echo granted",
+            )
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let finished = futures::future::try_join_all(
+        runs.into_iter()
+            .map(|run| run.finish_within(RUN_WAIT + Duration::from_secs(10))),
+    )
+    .await?;
+    let refused: Vec<String> = finished
+        .iter()
+        .filter(|run| run.code() != Some(0) || !run.stdout.contains("granted"))
+        .map(|run| format!("{run:?}"))
+        .collect();
+    ensure!(
+        refused.is_empty(),
+        "{} of {HERD} runs were not granted: {refused:#?}",
+        refused.len()
+    );
+    Ok(())
+}
