@@ -1,0 +1,357 @@
+//! `scripts/fleet STORE N`: N real agents (release build) started together on
+//! one store's emulator, as a fleet's pods start at the top of the hour, and
+//! one table of what happened (BENCHMARKS.md, "Fleet"). Nothing here asserts
+//! a figure; `tests/fleet.rs` holds the invariant with a smaller herd.
+//!
+//! The workload (issue 28):
+//! 1. every agent starts at once and runs one command on a key of its own
+//!    (`--wait 60s`, TTL 15 s): the time from the herd's start to each run's
+//!    end is its first grant;
+//! 2. every second agent then queues one run on one shared key; each run
+//!    notes when it started and ended, so the turns, the handover (one run's
+//!    end to the next one's start) and any overlap are read off afterwards;
+//! 3. the store's requests per second with every agent idle, then with every
+//!    agent holding 10 leases; and the agents' total RSS.
+//!
+//! Store requests are counted at the store: a counting HTTP proxy in front of
+//! moto, Azurite and fake-gcs-server; PostgreSQL's committed transactions
+//! (`pg_stat_database`); etcd's handled gRPC calls (its `/metrics`).
+
+use anyhow::{bail, Context, Result};
+use runlock_tests::rewriting_proxy::{authority, RewritingProxy};
+use runlock_tests::run::HOLD;
+use runlock_tests::stores::{Azure, Endpoint, Etcd, Gcs, Postgres, Space, Store, S3};
+use runlock_tests::{http, AgentOptions, Run, TestAgent};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// The first runs' `--wait`, and the shared key's queue's.
+const WAIT: Duration = Duration::from_secs(60);
+/// The TTL of every run.
+const TTL: &str = "15s";
+/// How long each turn on the shared key holds it.
+const TURN: Duration = Duration::from_millis(200);
+/// How long the shared key's queue is watched at most.
+const QUEUE_TIME: Duration = Duration::from_secs(90);
+/// The window store requests are counted over.
+const SAMPLE: Duration = Duration::from_secs(30);
+/// Leases each agent holds in the busy sample.
+const LEASES_EACH: usize = 10;
+
+fn main() -> Result<()> {
+    if std::env::args().any(|a| a == "--list") {
+        return Ok(()); // `cargo test --benches` asks for the list of benchmarks
+    }
+    let args: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let (store, n) = match args.as_slice() {
+        [store, n] => (store.clone(), n.parse::<usize>().context("N: a number")?),
+        _ => bail!("usage: scripts/fleet STORE N   (STORE: s3, azure, gcs, postgres, etcd)"),
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let figures = match store.as_str() {
+            "s3" => fleet(S3, n).await?,
+            "azure" => fleet(Azure, n).await?,
+            "gcs" => fleet(Gcs, n).await?,
+            "postgres" => fleet(Postgres, n).await?,
+            "etcd" => fleet(Etcd, n).await?,
+            other => bail!("no store {other:?}: s3, azure, gcs, postgres or etcd"),
+        };
+        print_table(&store, n, &figures);
+        Ok(())
+    })
+}
+
+/// What one fleet run measured.
+struct Figures {
+    first_grant: Vec<Duration>,
+    refused: usize,
+    failed: Vec<String>,
+    turns: usize,
+    queued: usize,
+    handovers: Vec<Duration>,
+    overlaps: usize,
+    idle_per_second: f64,
+    busy_per_second: f64,
+    rss_mib: f64,
+}
+
+/// Counts the store's requests, however the store lets them be counted.
+enum Counter {
+    /// The count, and the proxy that keeps it (stopped when dropped).
+    Proxy(Arc<AtomicU64>, #[allow(dead_code)] RewritingProxy),
+    Postgres(String),
+    Etcd(String),
+}
+
+impl Counter {
+    async fn read(&self) -> Result<u64> {
+        match self {
+            Counter::Proxy(count, _) => Ok(count.load(Ordering::Relaxed)),
+            Counter::Postgres(uri) => {
+                let out = tokio::process::Command::new("psql")
+                    .args(["-XAtw", uri, "-c"])
+                    .arg("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+                    .output()
+                    .await
+                    .context("running psql")?;
+                let text = String::from_utf8_lossy(&out.stdout);
+                // psql's own query is one transaction: not the agents'.
+                Ok(text
+                    .trim()
+                    .parse::<u64>()
+                    .context("xact_commit")?
+                    .saturating_sub(1))
+            }
+            Counter::Etcd(url) => {
+                let metrics = http::get(&format!("{url}/metrics"))
+                    .await?
+                    .success("etcd's metrics")?;
+                Ok(metrics
+                    .lines()
+                    .filter(|l| l.starts_with("grpc_server_handled_total{"))
+                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                    .sum::<f64>() as u64)
+            }
+        }
+    }
+
+    async fn per_second_over(&self, window: Duration) -> Result<f64> {
+        let before = self.read().await?;
+        tokio::time::sleep(window).await;
+        let after = self.read().await?;
+        Ok(after.saturating_sub(before) as f64 / window.as_secs_f64())
+    }
+}
+
+async fn fleet(store: impl Store, n: usize) -> Result<Figures> {
+    let name = store.name();
+    let mut space = Space::create(store, "fleet").await?;
+    let counter = match name {
+        "postgres" => Counter::Postgres(space.uri("")),
+        "etcd" => Counter::Etcd(space.at.url.clone()),
+        _ => {
+            let count = Arc::new(AtomicU64::new(0));
+            let counted = count.clone();
+            let proxy = RewritingProxy::start(
+                authority(&space.at.url)?,
+                Arc::new(move |_| {
+                    counted.fetch_add(1, Ordering::Relaxed);
+                }),
+            )
+            .await?;
+            // Agents reach the store through the proxy from here on.
+            space.at = Endpoint {
+                url: format!("http://127.0.0.1:{}", proxy.port),
+            };
+            Counter::Proxy(count, proxy)
+        }
+    };
+
+    let scratch = tempfile::Builder::new()
+        .prefix("runlock-fleet")
+        .tempdir_in("/tmp")?;
+    runlock_tests::bins::bins()?; // built before the clock starts
+    let env = space.env();
+    let agent = || {
+        let mut options = AgentOptions::new(space.uri("fleet"));
+        options.log_on_drop = false;
+        TestAgent::start_with_env(options, &env)
+    };
+    let started = Instant::now();
+    let wait = format!("{}s", WAIT.as_secs());
+    let agents: Vec<TestAgent> = futures::future::try_join_all((0..n).map(|_| agent())).await?;
+    let firsts: Vec<Run> = agents
+        .iter()
+        .enumerate()
+        .map(|(i, agent)| {
+            agent.run(
+                &[&format!("own-{i}")],
+                &["--wait", &wait, "--ttl", TTL],
+                "true",
+            )
+        })
+        .collect::<Result<_>>()?;
+    let ends = futures::future::join_all(firsts.into_iter().map(|run| async move {
+        let finished = run.finish_within(WAIT + Duration::from_secs(30)).await;
+        (finished, started.elapsed())
+    }))
+    .await;
+    let (mut first_grant, mut refused, mut failed) = (Vec::new(), 0, Vec::new());
+    for (finished, at) in ends {
+        match finished {
+            Ok(run) if run.code() == Some(0) => first_grant.push(at),
+            Ok(run) if run.code() == Some(75) => refused += 1,
+            Ok(run) => failed.push(format!("exit {:?}: {}", run.code(), run.stderr.trim())),
+            Err(err) => failed.push(format!("{err:#}")),
+        }
+    }
+
+    // The shared key: every second agent queues one turn.
+    let log = scratch.path().join("turns");
+    let turn = format!(
+        "echo start $(date +%s.%N) >> {log}; sleep {}; echo end $(date +%s.%N) >> {log}",
+        TURN.as_secs_f64(),
+        log = log.display()
+    );
+    let queue_wait = format!("{}s", QUEUE_TIME.as_secs());
+    let queue: Vec<Run> = agents
+        .iter()
+        .step_by(2)
+        .map(|agent| agent.run(&["shared"], &["--wait", &queue_wait, "--ttl", TTL], &turn))
+        .collect::<Result<_>>()?;
+    let queued = queue.len();
+    futures::future::join_all(
+        queue
+            .into_iter()
+            .map(|run| run.finish_within(QUEUE_TIME + Duration::from_secs(30))),
+    )
+    .await;
+    let (turns, handovers, overlaps) =
+        read_turns(&std::fs::read_to_string(&log).unwrap_or_default());
+
+    let idle_per_second = counter.per_second_over(SAMPLE).await?;
+    let keys: Vec<String> = (0..LEASES_EACH).map(|k| format!("busy-{k}")).collect();
+    let mut holders = Vec::new();
+    for (i, agent) in agents.iter().enumerate() {
+        let mine: Vec<String> = keys.iter().map(|k| format!("{k}-{i}")).collect();
+        let refs: Vec<&str> = mine.iter().map(String::as_str).collect();
+        holders.push(agent.run(&refs, &["--ttl", TTL, "--wait", &wait], HOLD)?);
+    }
+    for holder in holders.iter_mut() {
+        holder.ready().await?;
+    }
+    let busy_per_second = counter.per_second_over(SAMPLE).await?;
+    let rss_mib = agents
+        .iter()
+        .filter_map(|a| a.pid())
+        .filter_map(|pid| rss_kib(pid).ok())
+        .sum::<u64>() as f64
+        / 1024.0;
+    drop(holders);
+    Ok(Figures {
+        first_grant,
+        refused,
+        failed,
+        turns,
+        queued,
+        handovers,
+        overlaps,
+        idle_per_second,
+        busy_per_second,
+        rss_mib,
+    })
+}
+
+/// The turns on the shared key from the runs' own notes: how many, the gaps
+/// between one's end and the next one's start, and how many began before the
+/// one before them ended (none, if the lock holds).
+fn read_turns(text: &str) -> (usize, Vec<Duration>, usize) {
+    let mut events: Vec<(f64, bool)> = text
+        .lines()
+        .filter_map(|line| {
+            let (what, at) = line.split_once(' ')?;
+            Some((at.trim().parse().ok()?, what == "start"))
+        })
+        .collect();
+    events.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (mut turns, mut inside, mut overlaps) = (0, 0usize, 0);
+    let mut last_end: Option<f64> = None;
+    let mut handovers = Vec::new();
+    for (at, is_start) in events {
+        if is_start {
+            turns += 1;
+            if inside > 0 {
+                overlaps += 1;
+            }
+            inside += 1;
+            if let Some(end) = last_end.take() {
+                handovers.push(Duration::from_secs_f64((at - end).max(0.0)));
+            }
+        } else {
+            inside = inside.saturating_sub(1);
+            last_end = Some(at);
+        }
+    }
+    (turns, handovers, overlaps)
+}
+
+fn rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .context("VmRSS")
+}
+
+fn quantile(samples: &[Duration], q: f64) -> String {
+    if samples.is_empty() {
+        return "-".into();
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort();
+    let at = ((sorted.len() as f64 - 1.0) * q).round() as usize;
+    format!("{:.2} s", sorted[at].as_secs_f64())
+}
+
+fn print_table(store: &str, n: usize, f: &Figures) {
+    let when = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    println!("fleet: {store}, {n} agents (unix time {when})");
+    println!("| figure | value |");
+    println!("| --- | --- |");
+    let rows = [
+        (
+            "granted their own key",
+            format!("{} of {n}", f.first_grant.len()),
+        ),
+        (
+            "first grant p50 / p99 / max (from the herd's start)",
+            format!(
+                "{} / {} / {}",
+                quantile(&f.first_grant, 0.5),
+                quantile(&f.first_grant, 0.99),
+                quantile(&f.first_grant, 1.0)
+            ),
+        ),
+        ("refused (75)", f.refused.to_string()),
+        ("failed (other exits)", f.failed.len().to_string()),
+        (
+            "shared key: turns of those queued",
+            format!("{} of {}", f.turns, f.queued),
+        ),
+        (
+            "shared key: handover p50 / p99",
+            format!(
+                "{} / {}",
+                quantile(&f.handovers, 0.5),
+                quantile(&f.handovers, 0.99)
+            ),
+        ),
+        ("shared key: overlapping turns", f.overlaps.to_string()),
+        (
+            "store requests/s, all idle",
+            format!("{:.1}", f.idle_per_second),
+        ),
+        (
+            "store requests/s, 10 leases each",
+            format!("{:.1}", f.busy_per_second),
+        ),
+        ("agents' total RSS", format!("{:.0} MiB", f.rss_mib)),
+    ];
+    for (name, value) in rows {
+        println!("| {name} | {value} |");
+    }
+    for failure in f.failed.iter().take(5) {
+        println!("failed: {failure}");
+    }
+}
