@@ -666,7 +666,7 @@ impl Backend for CasEngine {
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::FaultyStore;
+    use super::super::testing::{FaultyStore, Throttled};
     use super::super::MemoryCasStore;
     use super::*;
     use crate::backend::fixtures::{adopter, lease, spec, OWNER_UID};
@@ -881,78 +881,6 @@ mod tests {
         ));
         one.release(&lease("k", "l1", 1)).await.expect("release");
         assert_eq!(stored(store.as_ref(), "k").await.state, KeyState::Free);
-    }
-
-    /// A memory store that wants writes of one object a second apart (as GCS
-    /// does) and notes when each successful write happened.
-    struct Throttled {
-        inner: MemoryCasStore,
-        writes: Mutex<Vec<(String, Instant)>>,
-    }
-
-    impl Throttled {
-        fn new() -> Throttled {
-            Throttled {
-                inner: MemoryCasStore::new(),
-                writes: Mutex::new(Vec::new()),
-            }
-        }
-
-        fn noted<T>(&self, name: &str, result: Result<T, CasError>) -> Result<T, CasError> {
-            if result.is_ok() {
-                let mut writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
-                writes.push((name.to_string(), Instant::now()));
-            }
-            result
-        }
-
-        /// The shortest time between two successful writes of one object.
-        fn closest_writes(&self) -> Option<Duration> {
-            let writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
-            let mut closest: Option<Duration> = None;
-            for (i, (name, at)) in writes.iter().enumerate() {
-                if let Some((_, before)) = writes[..i].iter().rev().find(|(n, _)| n == name) {
-                    let gap = *at - *before;
-                    closest = Some(closest.map_or(gap, |c| c.min(gap)));
-                }
-            }
-            closest
-        }
-    }
-
-    #[async_trait]
-    impl CasStore for Throttled {
-        fn describe(&self) -> String {
-            "throttled://".into()
-        }
-        fn records_prefix(&self) -> &str {
-            ""
-        }
-        async fn probe(&self) -> Result<(), CasError> {
-            Ok(())
-        }
-        fn min_write_interval(&self) -> Duration {
-            Duration::from_secs(1)
-        }
-        async fn get(&self, name: &str) -> Result<Read, CasError> {
-            self.inner.get(name).await
-        }
-        async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
-            let result = self.inner.put_if_absent(name, body).await;
-            self.noted(name, result)
-        }
-        async fn put_if_match(
-            &self,
-            name: &str,
-            body: Vec<u8>,
-            version: &str,
-        ) -> Result<String, CasError> {
-            let result = self.inner.put_if_match(name, body, version).await;
-            self.noted(name, result)
-        }
-        async fn delete(&self, name: &str) -> Result<(), CasError> {
-            self.inner.delete(name).await
-        }
     }
 
     #[tokio::test(start_paused = true)]

@@ -181,7 +181,7 @@ fn unanswered(err: CasError) -> Unproven {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::cas::testing::FaultyStore;
+    use crate::backend::cas::testing::{FaultyStore, Throttled};
     use crate::backend::cas::MemoryCasStore;
     use async_trait::async_trait;
     use std::sync::Arc;
@@ -334,69 +334,9 @@ mod tests {
         }
     }
 
-    /// Records which objects were written, and when, by the store's clock.
-    #[derive(Default)]
-    struct Recording {
-        inner: MemoryCasStore,
-        interval: Duration,
-        writes: std::sync::Mutex<Vec<(String, tokio::time::Instant)>>,
-    }
-
-    impl Recording {
-        fn noted<T>(&self, name: &str, result: Result<T, CasError>) -> Result<T, CasError> {
-            if result.is_ok() {
-                let at = tokio::time::Instant::now();
-                self.writes
-                    .lock()
-                    .expect("lock")
-                    .push((name.to_string(), at));
-            }
-            result
-        }
-    }
-
-    #[async_trait]
-    impl CasStore for Recording {
-        fn describe(&self) -> String {
-            "recording://".into()
-        }
-        fn records_prefix(&self) -> &str {
-            ""
-        }
-        fn min_write_interval(&self) -> Duration {
-            self.interval
-        }
-        async fn probe(&self) -> Result<(), CasError> {
-            Ok(())
-        }
-        async fn get(&self, name: &str) -> Result<Read, CasError> {
-            self.inner.get(name).await
-        }
-        async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
-            let result = self.inner.put_if_absent(name, body).await;
-            self.noted(name, result)
-        }
-        async fn put_if_match(
-            &self,
-            name: &str,
-            body: Vec<u8>,
-            version: &str,
-        ) -> Result<String, CasError> {
-            let result = self.inner.put_if_match(name, body, version).await;
-            self.noted(name, result)
-        }
-        async fn delete(&self, name: &str) -> Result<(), CasError> {
-            let result = self.inner.delete(name).await;
-            self.noted(name, result)
-        }
-    }
-
     #[tokio::test(start_paused = true)]
     async fn agents_proving_one_store_together_never_write_one_object_and_leave_none() {
-        let store = Arc::new(Recording {
-            interval: Duration::from_secs(1),
-            ..Recording::default()
-        });
+        let store = Arc::new(Throttled::new());
         let checks = (0..50).map(|_| {
             let store = store.clone();
             tokio::spawn(async move { verdict(store.as_ref()).await })

@@ -152,3 +152,77 @@ impl CasStore for FaultyStore {
         self.around(true, self.inner.delete(name)).await
     }
 }
+
+/// A memory store that wants writes of one object a second apart (as GCS
+/// does) and notes when each successful write happened.
+pub struct Throttled {
+    pub inner: MemoryCasStore,
+    /// Each successful write (removals too): the object and when.
+    pub writes: Mutex<Vec<(String, tokio::time::Instant)>>,
+}
+
+impl Throttled {
+    pub fn new() -> Throttled {
+        Throttled {
+            inner: MemoryCasStore::new(),
+            writes: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn noted<T>(&self, name: &str, result: Result<T, CasError>) -> Result<T, CasError> {
+        if result.is_ok() {
+            let mut writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+            writes.push((name.to_string(), tokio::time::Instant::now()));
+        }
+        result
+    }
+
+    /// The shortest time between two successful writes of one object.
+    pub fn closest_writes(&self) -> Option<Duration> {
+        let writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+        let mut closest: Option<Duration> = None;
+        for (i, (name, at)) in writes.iter().enumerate() {
+            if let Some((_, before)) = writes[..i].iter().rev().find(|(n, _)| n == name) {
+                let gap = *at - *before;
+                closest = Some(closest.map_or(gap, |c| c.min(gap)));
+            }
+        }
+        closest
+    }
+}
+
+#[async_trait]
+impl CasStore for Throttled {
+    fn describe(&self) -> String {
+        "throttled://".into()
+    }
+    fn records_prefix(&self) -> &str {
+        ""
+    }
+    async fn probe(&self) -> Result<(), CasError> {
+        Ok(())
+    }
+    fn min_write_interval(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    async fn get(&self, name: &str) -> Result<Read, CasError> {
+        self.inner.get(name).await
+    }
+    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
+        let result = self.inner.put_if_absent(name, body).await;
+        self.noted(name, result)
+    }
+    async fn put_if_match(
+        &self,
+        name: &str,
+        body: Vec<u8>,
+        version: &str,
+    ) -> Result<String, CasError> {
+        let result = self.inner.put_if_match(name, body, version).await;
+        self.noted(name, result)
+    }
+    async fn delete(&self, name: &str) -> Result<(), CasError> {
+        let result = self.inner.delete(name).await;
+        self.noted(name, result)
+    }
+}
