@@ -11,7 +11,8 @@
 //!    notes when it started and ended, so the turns, the handover (one run's
 //!    end to the next one's start) and any overlap are read off afterwards;
 //! 3. the store's requests per second with every agent idle, then with every
-//!    agent holding 10 leases; and the agents' total RSS.
+//!    agent holding 10 leases at the default TTL (30 s); and the agents'
+//!    total RSS.
 //!
 //! Store requests are counted at the store: a counting HTTP proxy in front of
 //! moto, Azurite and fake-gcs-server; PostgreSQL's committed transactions
@@ -80,6 +81,7 @@ struct Figures {
     idle_per_second: f64,
     busy_per_second: f64,
     holding: usize,
+    hold_errors: Vec<String>,
     rss_mib: f64,
 }
 
@@ -167,25 +169,31 @@ async fn fleet(store: impl Store, n: usize) -> Result<Figures> {
     };
     let started = Instant::now();
     let wait = format!("{}s", WAIT.as_secs());
-    let agents: Vec<TestAgent> = futures::future::try_join_all((0..n).map(|_| agent())).await?;
-    let firsts: Vec<Run> = agents
-        .iter()
-        .enumerate()
-        .map(|(i, agent)| {
-            agent.run(
-                &[&format!("own-{i}")],
-                &["--wait", &wait, "--ttl", TTL],
-                "true",
-            )
-        })
-        .collect::<Result<_>>()?;
-    let ends = futures::future::join_all(firsts.into_iter().map(|run| async move {
+    // Each agent runs its first command as soon as it is ready, as a pod's
+    // job does once its agent is up.
+    let wait = &wait;
+    let herd = futures::future::join_all((0..n).map(|i| async move {
+        let agent = agent().await?;
+        let run = agent.run(
+            &[&format!("own-{i}")],
+            &["--wait", wait, "--ttl", TTL],
+            "true",
+        )?;
         let finished = run.finish_within(WAIT + Duration::from_secs(30)).await;
-        (finished, started.elapsed())
+        anyhow::Ok((agent, finished, started.elapsed()))
     }))
     .await;
-    let (mut first_grant, mut refused, mut failed) = (Vec::new(), 0, Vec::new());
-    for (finished, at) in ends {
+    let (mut agents, mut first_grant, mut refused, mut failed) =
+        (Vec::new(), Vec::new(), 0, Vec::new());
+    for started in herd {
+        let (agent, finished, at) = match started {
+            Ok(started) => started,
+            Err(err) => {
+                failed.push(format!("agent: {err:#}"));
+                continue;
+            }
+        };
+        agents.push(agent);
         match finished {
             Ok(run) if run.code() == Some(0) => first_grant.push(at),
             Ok(run) if run.code() == Some(75) => refused += 1,
@@ -223,16 +231,21 @@ async fn fleet(store: impl Store, n: usize) -> Result<Figures> {
     for (i, agent) in agents.iter().enumerate() {
         let mine: Vec<String> = keys.iter().map(|k| format!("{k}-{i}")).collect();
         let refs: Vec<&str> = mine.iter().map(String::as_str).collect();
-        holders.push(agent.run(&refs, &["--ttl", TTL, "--wait", &wait], HOLD)?);
+        // The default TTL: what a fleet's holders renew at.
+        holders.push(agent.run(&refs, &["--wait", wait], HOLD)?);
     }
     // A herd's 10 leases each are many writes at once: a holder is waited
     // for in rounds of the harness's bound, up to the runs' own --wait.
-    let mut holding = 0;
+    let (mut holding, mut hold_errors) = (0, Vec::new());
     for holder in holders.iter_mut() {
         for _ in 0..(WAIT.as_secs() / 15).max(1) {
-            if holder.ready().await.is_ok() {
-                holding += 1;
-                break;
+            match holder.ready().await {
+                Ok(_) => {
+                    holding += 1;
+                    break;
+                }
+                Err(err) if hold_errors.len() < 3 => hold_errors.push(format!("{err:#}")),
+                Err(_) => {}
             }
         }
     }
@@ -255,6 +268,7 @@ async fn fleet(store: impl Store, n: usize) -> Result<Figures> {
         idle_per_second,
         busy_per_second,
         holding,
+        hold_errors,
         rss_mib,
     })
 }
@@ -366,5 +380,8 @@ fn print_table(store: &str, n: usize, f: &Figures) {
     }
     for failure in f.failed.iter().take(5) {
         println!("failed: {failure}");
+    }
+    for error in &f.hold_errors {
+        println!("not holding: {error}");
     }
 }

@@ -31,6 +31,7 @@ test_matrix!(
     a_killed_slot_holder_frees_its_slot_at_once,
     force_takes_a_free_slot_else_the_earliest_holder_s_and_stops_only_that_one,
     a_run_asking_another_slot_count_exits_64_naming_both_counts,
+    a_plain_run_is_refused_beside_slot_holders_once_slot_0_is_free,
     history_and_release_name_the_slot,
 );
 
@@ -503,7 +504,8 @@ async fn a_run_asking_another_slot_count_exits_64_naming_both_counts(
             out.stderr.contains(&format!("{asked} slot")) && out.stderr.contains("3 slots"),
             "both counts ({asked} and 3) are not named: {out:?}"
         );
-        // A plain acquire reads only the key's own record: slot 0's.
+        // A plain acquire is refused on slot 0's holder (which it meets
+        // first); another count on every holder it read.
         for h in [&first, &second] {
             let pid = format!("pid:     {}\n", h.pid);
             if asked != "1" || h.slot == 0 {
@@ -525,6 +527,47 @@ async fn a_run_asking_another_slot_count_exits_64_naming_both_counts(
     ensure!(held_slots(&hosts.a, &k).await?.len() == 2, "holders lost");
     first.end(0).await?;
     second.end(0).await
+}
+
+/// Issue 27, item 1: the slot-0 holder of a 3-slot key ends; a plain run
+/// and a `--slots 2` run, through either agent, take the free record and are
+/// then refused (64), never run beside slots 1 and 2 (invariant 10).
+async fn a_plain_run_is_refused_beside_slot_holders_once_slot_0_is_free(
+    place: impl Place,
+) -> Result<()> {
+    let hosts = place.hosts("slots-plain", &[]).await?;
+    let k = key("slots-plain");
+    let zero = hold(&hosts.a, &k, &[]).await?;
+    let one = hold(hosts.b(), &k, &[]).await?;
+    let two = hold(&hosts.a, &k, &[]).await?;
+    ensure!(zero.slot == 0, "slot {}", zero.slot);
+    zero.end(0).await?;
+    for agent in [&hosts.a, hosts.b()] {
+        for extra in [&[][..], &["--slots", "2"][..]] {
+            let out = agent
+                .run(&[&k], extra, "echo must-not-run")?
+                .finish()
+                .await?;
+            out.expect_code(64)?;
+            ensure!(!out.stdout.contains("must-not-run"), "{out:?}");
+            ensure!(
+                out.stderr.contains("3 slots"),
+                "the holders' count: {out:?}"
+            );
+        }
+    }
+    // The refused runs gave back what they took: two holders, and slot 0
+    // free for a run of their count.
+    ensure!(
+        held_slots(&hosts.a, &k).await?.len() == 2,
+        "holders changed"
+    );
+    let again = hold(hosts.b(), &k, &[]).await?;
+    ensure!(again.slot == 0, "slot {}", again.slot);
+    for h in [one, two, again] {
+        h.end(0).await?;
+    }
+    Ok(())
 }
 
 /// `runlock history --json KEY` through `agent`: (kind, slot, token,

@@ -323,27 +323,72 @@ impl Registry {
                 holders: holders.iter().map(|h| self.show(h, viewer)).collect(),
             })
         };
-        if req.slots > 1 {
-            return self
-                .take_slot(key, req.slots, spec)
-                .await
-                .map_err(|refusal| match refusal {
-                    SlotRefusal::Held(holders, incident) => Attempt::Held(Refusal {
-                        holders,
-                        incident,
-                        ..Refusal::default()
-                    }),
-                    SlotRefusal::Mismatch(count, holders) => mismatch(count, holders),
-                    SlotRefusal::Backend(err) => Attempt::from_backend(key, err),
-                });
+        let (spec, grant) = match req.slots > 1 {
+            true => {
+                self.take_slot(key, req.slots, spec)
+                    .await
+                    .map_err(|refusal| match refusal {
+                        SlotRefusal::Held(holders, incident) => Attempt::Held(Refusal {
+                            holders,
+                            incident,
+                            ..Refusal::default()
+                        }),
+                        SlotRefusal::Mismatch(count, holders) => mismatch(count, holders),
+                        SlotRefusal::Backend(err) => Attempt::from_backend(key, err),
+                    })?
+            }
+            false => self.take_plain(key, spec, &mismatch).await?,
+        };
+        // Invariant 10: whatever was read before the write, the key's other
+        // slots are read again after it (the slot-retake shortcut included).
+        let mine = spec.holder.slot.unwrap_or(0);
+        match self.counts_agree(key, req.slots, mine).await {
+            Ok(None) => Ok((spec, grant)),
+            Ok(Some((count, holders))) => {
+                self.give_back(&spec, grant).await;
+                Err(mismatch(count, holders))
+            }
+            Err(err) => {
+                self.give_back(&spec, grant).await;
+                Err(Attempt::from_backend(key, err))
+            }
         }
+    }
+
+    /// Lets go at once of a grant that must not stand (invariant 10).
+    async fn give_back(&self, spec: &AcquireSpec, grant: Grant) {
+        let reference = LeaseRef {
+            key: spec.key.clone(),
+            lease_id: spec.lease_id.clone(),
+            token: grant.holder.token,
+        };
+        if let Err(err) = self.backend.release(&reference).await {
+            // It then expires as any lease whose agent stopped renewing.
+            tracing::warn!(key = %spec.key, "could not give back a grant refused for its slot count: {err}");
+        }
+    }
+
+    /// A plain key: its own record, one holder.
+    async fn take_plain(
+        &self,
+        key: &Key,
+        spec: AcquireSpec,
+        mismatch: &impl Fn(u32, Vec<Holder>) -> Attempt,
+    ) -> Result<(AcquireSpec, Grant), Attempt> {
         if spec.force {
-            // A force takes over without reading: whose lease it ends is
-            // checked first, so that a plain key never takes a slot.
-            let record = self.backend.inspect(key).await;
-            let record = record.map_err(|err| Attempt::from_backend(key, err))?;
-            if let Some(h) = record.holder.filter(|h| count_of(h) != 1) {
-                return Err(mismatch(count_of(&h), vec![h]));
+            // A force ends its holder's run before anything is read again, so
+            // every slot is checked first: a plain force never displaces a
+            // slot, nor joins slot holders.
+            let records = self.records_from(key, 0).await;
+            let records = records.map_err(|err| Attempt::from_backend(key, err))?;
+            let holders: Vec<Holder> = records
+                .iter()
+                .filter(|r| r.state == runlock_protocol::KeyState::Held)
+                .filter_map(|r| r.holder.clone())
+                .filter(|h| count_of(h) != 1)
+                .collect();
+            if let Some(h) = holders.first() {
+                return Err(mismatch(count_of(h), holders));
             }
         }
         match self.backend.acquire(&spec).await {

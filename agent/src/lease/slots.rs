@@ -13,6 +13,16 @@ use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, MAX_SLOTS};
 /// not known from a live holder.
 const DISCOVERY_BATCH: u32 = 8;
 
+/// The slot records one attempt reads at once: a 64-slot key costs the
+/// store's client 8 requests in flight, not 64.
+const READS_IN_FLIGHT: usize = 8;
+
+/// The slot acquire attempts one user's runs make at once through an agent
+/// (each waiter tries again as before, in turn): with [`READS_IN_FLIGHT`],
+/// at most 32 of a user's reads are in flight, however many runs wait.
+/// Renewals never wait for these.
+const TURNS_PER_USER: usize = 4;
+
 /// Why a key's slots could not be taken.
 pub(super) enum SlotRefusal {
     /// Every slot is held: the holders by slot, and the latest incident.
@@ -44,13 +54,18 @@ fn mismatch(holders: &[Holder], n: u32) -> Option<(u32, Vec<Holder>)> {
 
 /// The live holder of each held slot record, by slot, with its slot named.
 fn live_holders(records: &[KeyRecord]) -> Vec<Holder> {
+    live_holders_from(records, 0)
+}
+
+/// [`live_holders`] of records that start at slot `first`.
+fn live_holders_from(records: &[KeyRecord], first: u32) -> Vec<Holder> {
     records
         .iter()
-        .enumerate()
-        .filter(|(_, r)| r.state == KeyState::Held)
-        .filter_map(|(slot, r)| {
+        .zip(first..)
+        .filter(|(r, _)| r.state == KeyState::Held)
+        .filter_map(|(r, slot)| {
             let mut holder = r.holder.clone()?;
-            holder.slot.get_or_insert(slot as u32);
+            holder.slot.get_or_insert(slot);
             Some(holder)
         })
         .collect()
@@ -82,6 +97,8 @@ impl Registry {
         n: u32,
         mut spec: AcquireSpec,
     ) -> Result<(AcquireSpec, Grant), SlotRefusal> {
+        let turns = self.slot_turns(spec.holder.uid);
+        let _turn = turns.acquire().await;
         let force = spec.force;
         spec.force = false;
         let hint = self.state().free_slots.remove(key);
@@ -149,17 +166,32 @@ impl Registry {
         }
     }
 
-    /// The records of `slots` of `key`, read at once.
+    /// The semaphore of `uid`'s slot acquire attempts (see [`TURNS_PER_USER`]).
+    fn slot_turns(&self, uid: u32) -> std::sync::Arc<tokio::sync::Semaphore> {
+        self.state()
+            .slot_turns
+            .entry(uid)
+            .or_insert_with(|| std::sync::Arc::new(tokio::sync::Semaphore::new(TURNS_PER_USER)))
+            .clone()
+    }
+
+    /// The records of `slots` of `key`, [`READS_IN_FLIGHT`] at a time.
     async fn read_range(
         &self,
         key: &Key,
         slots: std::ops::Range<u32>,
     ) -> Result<Vec<KeyRecord>, BackendError> {
+        use futures::StreamExt;
         let reads = slots.map(|slot| {
             let record = key.slot_record(slot);
             async move { self.backend.inspect(&record).await }
         });
-        futures::future::join_all(reads).await.into_iter().collect()
+        futures::stream::iter(reads)
+            .buffered(READS_IN_FLIGHT)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect()
     }
 
     /// The records of every slot `key` has: one read for a plain key or a
@@ -193,6 +225,53 @@ impl Registry {
             records.extend(self.read_range(key, have..n).await?);
         }
         Ok(records)
+    }
+
+    /// Every slot record `key` has ever had, from slot `from` on: read until
+    /// a record that was never written (slots are taken lowest first, so
+    /// records ever written are contiguous), a few at a time.
+    pub(super) async fn records_from(
+        &self,
+        key: &Key,
+        from: u32,
+    ) -> Result<Vec<KeyRecord>, BackendError> {
+        let mut records = Vec::new();
+        let mut next = from;
+        let mut batch = 2;
+        while next < MAX_SLOTS {
+            let end = (next + batch).min(MAX_SLOTS);
+            for record in self.read_range(key, next..end).await? {
+                if record.token == 0 {
+                    return Ok(records);
+                }
+                records.push(record);
+            }
+            next = end;
+            batch = DISCOVERY_BATCH;
+        }
+        Ok(records)
+    }
+
+    /// Invariant 10, checked after a grant of slot `mine` of `key` taken with
+    /// count `n` (a plain key: slot 0, count 1): the live holders of every
+    /// other slot record, read after our own write. Two acquirers of different
+    /// counts each write before they read, so at least one of them sees the
+    /// other; a holder of another count is a mismatch, and the grant is given
+    /// back. A slot that was never written bounds the read.
+    pub(super) async fn counts_agree(
+        &self,
+        key: &Key,
+        n: u32,
+        mine: u32,
+    ) -> Result<Option<(u32, Vec<Holder>)>, BackendError> {
+        // Slot 0 is read too unless it is ours (a plain key: one read, slot 1's).
+        let first = u32::from(mine == 0);
+        let records = self.records_from(key, first).await?;
+        let others: Vec<Holder> = live_holders_from(&records, first)
+            .into_iter()
+            .filter(|h| h.slot != Some(mine))
+            .collect();
+        Ok(mismatch(&others, n))
     }
 
     /// The live holders of a key's slots, as far as they can be read.
@@ -283,6 +362,7 @@ fn merge_histories(slots: Vec<Vec<KeyEvent>>) -> Vec<KeyEvent> {
 #[cfg(test)]
 mod tests {
     use super::super::testing::*;
+    use super::{READS_IN_FLIGHT, TURNS_PER_USER};
     use crate::backend::cas::{testing::FaultyStore, CasEngine, MemoryCasStore};
     use runlock_protocol::{ErrorCode, EventKind, LostReason};
 
@@ -542,6 +622,134 @@ mod tests {
         assert_eq!((plain.slots, plain.holders.len()), (None, 0));
     }
 
+    /// Issue 27, item 1: slot 0 of a 3-slot key comes free while slots 1
+    /// and 2 are held; a plain run, and a run of another count, each take
+    /// a free record and must still be refused, through either agent.
+    #[tokio::test]
+    async fn a_plain_run_or_another_count_beside_slot_holders_is_refused() {
+        let store = Arc::new(MemoryCasStore::new());
+        let one = agent(Arc::new(CasEngine::new(store.clone(), "")), "agent-1");
+        let two = agent(Arc::new(CasEngine::new(store.clone(), "")), "agent-2");
+        let mut conns = Vec::new();
+        let mut leases = Vec::new();
+        for registry in [&one, &two, &one] {
+            let (conn, events) = connect(registry, ROOT);
+            leases.push(take_slots(registry, conn, 3).await.expect("a slot is free"));
+            conns.push((conn, events));
+        }
+        assert_eq!(leases[0].slot, Some(0));
+        one.release(conns[0].0, &[leases[0].lease_id.clone()])
+            .await
+            .expect("released");
+        for registry in [&one, &two] {
+            let (conn, _e) = connect(registry, ROOT);
+            let err = take(registry, conn, &["w"])
+                .await
+                .expect_err("3 are held with 3");
+            assert_eq!(err.code(), ErrorCode::SlotsMismatch, "{err}");
+            let err = take_slots(registry, conn, 2).await.expect_err("2 is not 3");
+            assert_eq!(err.code(), ErrorCode::SlotsMismatch, "{err}");
+        }
+        // Nothing was left taken by the refused runs: the slot is free for
+        // a run of the holders' own count, which the shortcut gives slot 0.
+        let (conn, _e) = connect(&one, ROOT);
+        let again = take_slots(&one, conn, 3).await.expect("slot 0 is free");
+        assert_eq!(again.slot, Some(0));
+        let record = two.inspect("w").await.expect("record");
+        assert_eq!(record.holders.len(), 3, "{record:?}");
+    }
+
+    #[tokio::test]
+    async fn a_smaller_count_is_refused_beside_holders_of_higher_slots() {
+        let registry = registry();
+        let mut held = Vec::new();
+        for _ in 0..5 {
+            let (conn, events) = connect(&registry, ROOT);
+            let lease = take_slots(&registry, conn, 5).await.expect("free");
+            held.push((conn, events, lease));
+        }
+        for (conn, _, lease) in &held[..2] {
+            registry
+                .release(*conn, std::slice::from_ref(&lease.lease_id))
+                .await
+                .expect("released");
+        }
+        let (conn, _e) = connect(&registry, ROOT);
+        let err = take_slots(&registry, conn, 2)
+            .await
+            .expect_err("slots 2 to 4 are held with 5");
+        assert_eq!(err.code(), ErrorCode::SlotsMismatch, "{err}");
+        let err = registry
+            .acquire(
+                conn,
+                slots(&["w"], 2, Duration::ZERO, true),
+                &CancellationToken::new(),
+            )
+            .await
+            .expect_err("nor by force");
+        assert_eq!(err.code(), ErrorCode::SlotsMismatch, "{err}");
+        let forced = registry
+            .acquire(
+                conn,
+                request(&["w"], Duration::ZERO, true),
+                &CancellationToken::new(),
+            )
+            .await
+            .expect_err("a plain force neither");
+        assert_eq!(forced.code(), ErrorCode::SlotsMismatch, "{forced}");
+        assert_eq!(registry.list().len(), 3, "the three holders untouched");
+    }
+
+    /// Issue 27, item 4: one user's many slot waiters on a 64-slot key
+    /// keep at most TURNS_PER_USER × READS_IN_FLIGHT reads in flight.
+    #[tokio::test]
+    async fn one_user_s_slot_waiters_keep_a_bounded_number_of_reads_in_flight() {
+        let store = Arc::new(FaultyStore::random(
+            MemoryCasStore::new(),
+            27,
+            Duration::from_millis(4),
+            0.0,
+            0.0,
+        ));
+        let registry = agent(Arc::new(CasEngine::new(store.clone(), "")), "agent-1");
+        let (root, _e) = connect(&registry, ROOT);
+        for _ in 0..64 {
+            take_slots(&registry, root, 64)
+                .await
+                .expect("a slot is free");
+        }
+        store
+            .most_in_flight
+            .store(0, std::sync::atomic::Ordering::SeqCst);
+        let member = PeerCred {
+            pid: 2,
+            uid: 65534,
+            gid: 65534,
+        };
+        let waiters = (0..32).map(|_| {
+            let registry = registry.clone();
+            let (conn, events) = connect(&registry, member);
+            async move {
+                let asked = slots(&["w"], 64, Duration::from_millis(300), false);
+                let answer = registry
+                    .acquire(conn, asked, &CancellationToken::new())
+                    .await;
+                drop(events);
+                answer.map(|_| ()).expect_err("every slot is held")
+            }
+        });
+        for err in futures::future::join_all(waiters).await {
+            assert_eq!(err.code(), ErrorCode::Timeout, "{err}");
+        }
+        let most = store
+            .most_in_flight
+            .load(std::sync::atomic::Ordering::SeqCst);
+        assert!(
+            most as usize <= TURNS_PER_USER * READS_IN_FLIGHT,
+            "{most} reads at once"
+        );
+    }
+
     #[tokio::test]
     async fn the_slot_let_go_last_is_taken_again_with_one_write() {
         let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
@@ -555,9 +763,10 @@ mod tests {
         let (gets, puts) = store.requests();
         let again = take_slots(&registry, conn, 3).await.expect("free");
         assert_eq!(again.slot, lease.slot);
+        // One write, then the check's read of slots 1 and 2 (never written).
         assert_eq!(
             store.requests(),
-            (gets, puts + 1),
+            (gets + 2, puts + 1),
             "(reads, writes) of the second acquire"
         );
     }

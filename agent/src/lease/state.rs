@@ -71,6 +71,9 @@ pub(super) struct State {
     /// it was held with, taken (and so forgotten) by the next acquire, which
     /// tries it first (one write where the store remembers the slot free).
     pub(super) free_slots: HashMap<Key, (u32, u32)>,
+    /// Per user: the slot acquire attempts that may run at once, so that one
+    /// user's slot waiters cost the store a bounded number of reads.
+    pub(super) slot_turns: HashMap<u32, Arc<tokio::sync::Semaphore>>,
     /// The agent is stopping and its leases outlive it: they are left for
     /// the next agent, neither renewed nor released.
     pub(super) handing_over: bool,

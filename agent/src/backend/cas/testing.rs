@@ -26,6 +26,9 @@ pub struct FaultyStore {
     /// Requests seen: reads and writes.
     pub gets: AtomicU64,
     pub puts: AtomicU64,
+    /// Requests being answered now, and the most there ever were at once.
+    in_flight: AtomicU64,
+    pub most_in_flight: AtomicU64,
 }
 
 impl FaultyStore {
@@ -54,6 +57,8 @@ impl FaultyStore {
             fail_everything: AtomicBool::new(false),
             gets: AtomicU64::new(0),
             puts: AtomicU64::new(0),
+            in_flight: AtomicU64::new(0),
+            most_in_flight: AtomicU64::new(0),
         }
     }
 
@@ -101,6 +106,18 @@ impl FaultyStore {
     ) -> Result<T, CasError> {
         let counter = if write { &self.puts } else { &self.gets };
         counter.fetch_add(1, Ordering::SeqCst);
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        let outcome = self.fated(write, op).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        outcome
+    }
+
+    async fn fated<T>(
+        &self,
+        write: bool,
+        op: impl std::future::Future<Output = Result<T, CasError>>,
+    ) -> Result<T, CasError> {
         let (before, after, fate) = self.draw(write);
         tokio::time::sleep(before).await;
         if fate == Fate::FailBefore {

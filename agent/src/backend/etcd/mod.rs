@@ -734,7 +734,6 @@ impl Backend for EtcdBackend {
                 holders: Vec::new(),
                 key: key.to_string(),
                 state: KeyState::Free,
-                // etcd forgets a deleted key; the next grant's token is still larger.
                 token: 0,
                 holder: None,
                 expires_in_ms: None,
@@ -746,6 +745,10 @@ impl Backend for EtcdBackend {
                 .await?;
             answer.incident = shared::last_incident(&kept.events);
             let Some(kv) = kv else {
+                // A key once held says so by its history's last token: a
+                // reader looking for the slot records ever written (SPEC 13)
+                // must not take a released slot for one never taken.
+                answer.token = kept.events.iter().map(|e| e.token).max().unwrap_or(0);
                 return Ok(answer);
             };
             let record = self.parse(&name, &kv)?;
