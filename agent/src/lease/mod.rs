@@ -12,6 +12,8 @@ mod acquire;
 mod error;
 mod event;
 mod loss;
+#[cfg(test)]
+mod model;
 mod queue;
 mod registry;
 mod release;
