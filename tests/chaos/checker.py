@@ -70,7 +70,10 @@ def check(path):
                     k, _, v = item.partition("=")
                     conf[k] = v
             elif kind == "E":
-                run(f[0]).enter = (t, f[1], f[2], f[3], f[4], f[5] == "1", f[6], where)
+                # The count a run asked (0: a plain key of the plain keys; 1 to 3: a
+                # slot key, 1 meaning plain) is last, after the ledger's older fields.
+                slots = int(f[7]) if len(f) > 7 else 0
+                run(f[0]).enter = (t, f[1], f[2], f[3], f[4], f[5] == "1", f[6], where, slots)
             elif kind == "L":
                 run(f[0]).leave = (t, f[3], where)
             elif kind == "S":
@@ -118,6 +121,7 @@ def check(path):
 
     # Critical sections and their ends.
     sections = defaultdict(list)
+    slot_sections = defaultdict(list)  # --slots: keys several runs may hold at once
     for r in runs.values():
         if r.enter is None:
             continue
@@ -133,7 +137,10 @@ def check(path):
                       r.spawn and r.spawn[4], r.enter[7], r.exit and r.exit[2])
         if r.enter[2] == "none":
             violation(f"run {r.id} ran without a lock (no RUNLOCK_TOKEN)", r.enter[7])
-        sections[r.enter[1]].append(r)
+        if r.enter[8]:
+            slot_sections[r.enter[1]].append(r)
+        else:
+            sections[r.enter[1]].append(r)
 
     overlaps = 0
     forced_overlaps = 0
@@ -208,6 +215,23 @@ def check(path):
                           best[1].enter[7], r.enter[7])
             if best is None or token > best[0]:
                 best = (token, r)
+
+    # Invariant 10: a key with slots never has more runs inside than the
+    # smallest count any of them asked (tokens are per slot, so only counts
+    # are compared here).
+    too_many = 0
+    for key, rs in slot_sections.items():
+        rs.sort(key=lambda r: (r.enter[0], r.id))
+        active = []
+        for b in rs:
+            active = [a for a in active if a.end > b.enter[0]] + [b]
+            smallest = min(a.enter[8] for a in active)
+            if len(active) > smallest:
+                too_many += 1
+                violation(f"key {key}: run {b.id} (asking {b.enter[8]}) entered while "
+                          f"{len(active) - 1} runs were inside, asking "
+                          f"{sorted(a.enter[8] for a in active[:-1])}: more than {smallest}",
+                          *[a.enter[7] for a in active])
 
     # Forced-out runs must be gone within the bound.
     forced_exits = defaultdict(int)
@@ -292,6 +316,8 @@ def check(path):
     return {
         "backend": backend,
         "sections": n_sections,
+        "slot_sections": sum(len(v) for v in slot_sections.values()),
+        "over_count": too_many,
         "overlaps": overlaps,
         "regressions": regressions,
         "forced_overlaps": forced_overlaps,

@@ -58,7 +58,7 @@ signal.signal(signal.SIGTERM, on_term)
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
 line = (
     f"E\t{now()}\t{RUN}\t{KEY}\t{TOKEN}\t{LEASE}\t{env['CHAOS_AGENT']}"
-    f"\t{env['CHAOS_FORCED']}\t{os.getpid()}\n"
+    f"\t{env['CHAOS_FORCED']}\t{os.getpid()}\t{env.get('CHAOS_SLOTS', '0')}\n"
 )
 os.write(fd, line.encode())
 entered = True

@@ -48,6 +48,9 @@ class Harness:
         self.bindir = bindir
         self.out = out
         self.keys = [f"chaos-{i}" for i in range(opts.keys)]
+        # --slots: keys every run takes with a random count (plain = 1);
+        # never forced by a fault (a plain force of a slot key is refused).
+        self.slot_keys = [f"slots-{i}" for i in range(2)] if opts.slots else []
         self.ttl = opts.ttl
         self.runs = {}
         self.next_run = 0
@@ -91,13 +94,15 @@ class Harness:
             return rng.randint(100, 600)
         return rng.randint(5, 40)
 
-    async def run_once(self, key, agent, role, hold, wait_s, made=None):
+    async def run_once(self, key, agent, role, hold, wait_s, made=None, slots=0):
         rid = str(self.next_run)
         self.next_run += 1
         argv = [os.path.join(self.bindir, "runlock"), "run", "--socket", agent.socket,
                 "--key", key, "--ttl", f"{self.ttl}s", "--wait", f"{wait_s}s"]
         if role == "force":
             argv.append("--force")
+        if slots > 1:
+            argv += ["--slots", str(slots)]
         argv += ["--", self.python, "-I", "-S", CRITICAL]
         env = {
             "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
@@ -105,6 +110,7 @@ class Harness:
             "CHAOS_LEDGER": self.ledger.path, "CHAOS_NOTIFY": self.dpath,
             "CHAOS_RUN": rid, "CHAOS_AGENT": str(agent.index),
             "CHAOS_FORCED": "1" if role == "force" else "0", "CHAOS_HOLD_MS": str(hold),
+            "CHAOS_SLOTS": str(slots),
         }
         errpath = os.path.join(self.shim_err, rid)
         with open(errpath, "wb") as err:
@@ -151,8 +157,13 @@ class Harness:
                 except asyncio.TimeoutError:
                     pass
                 continue
-            code = await self.run_once(rng.choice(self.keys), agent, "work",
-                                       self.hold_ms(rng), self.o.wait)
+            if self.slot_keys and rng.random() < 0.5:
+                code = await self.run_once(rng.choice(self.slot_keys), agent, "work",
+                                           self.hold_ms(rng), self.o.wait,
+                                           slots=rng.choice([1, 2, 2, 3, 3]))
+            else:
+                code = await self.run_once(rng.choice(self.keys), agent, "work",
+                                           self.hold_ms(rng), self.o.wait)
             if code == 69:
                 await asyncio.sleep(0.1)  # backoff while the store is away, not a wait for it
 
@@ -217,7 +228,8 @@ class Harness:
             # Over a lease that lives on: a holder with a second or more to go, or else a
             # victim of our own, holding 4-6 s (across renewals), on a key the pick names.
             now = proc.now_ns()
-            held = [r for r in self._candidates(inside_only=True)
+            # Slot keys are never forced: a plain force of one is refused (64).
+            held = [r for r in self._candidates(inside_only=True) if r.key in self.keys
                     if r.enter_ns and r.enter_ns + r.hold_ms * 1_000_000 - now > 1_000_000_000]
             if held:
                 victim = held[f["pick"] % len(held)]
