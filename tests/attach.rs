@@ -111,15 +111,23 @@ async fn member_attached(agent: &TestAgent, key: &str, group: u32) -> Result<Raw
     Ok(member)
 }
 
-/// `breaker` takes the member's lease, and the member is told.
+/// `breaker` takes the member's lease, and the member is told. The member's
+/// connection then closes, as its run's would once stopped: a forced run
+/// waits for that (invariant 10).
 async fn break_and_tell(
     agent: &TestAgent,
-    member: &mut RawClient,
+    mut member: RawClient,
     key: &str,
     breaker: Breaker,
 ) -> Result<()> {
-    breaker.take(agent, key).await?;
-    match member.next_event().await? {
+    let told = async move {
+        let event = member.next_event().await;
+        drop(member);
+        event
+    };
+    let (taken, told) = tokio::join!(breaker.take(agent, key), told);
+    taken?;
+    match told? {
         AgentMessage::Lost { .. } => Ok(()),
         other => bail!("{breaker:?}: expected lost, got {other:?}"),
     }
@@ -159,7 +167,7 @@ async fn attach_of_what_is_not_the_members_own_is_refused_and_nothing_is_signall
                 }
                 other => bail!("{case}: expected an error, got {other:?}"),
             }
-            break_and_tell(&agent, &mut member, &k, breaker).await?;
+            break_and_tell(&agent, member, &k, breaker).await?;
             for (whose, pid) in [("root's", root), ("nobody's", own), ("init", 1)] {
                 ensure!(alive(pid), "{case}: {whose} process {pid} was killed");
             }
@@ -179,8 +187,8 @@ async fn a_members_run_is_stopped_but_roots_process_in_its_group_is_left_alone()
         // Root's process joins nobody's group (same session), as a member cannot make it.
         let roots = roots_sleeper(Some(group))?;
         let root = pid_of(&roots)?;
-        let mut member = member_attached(&agent, &k, group).await?;
-        break_and_tell(&agent, &mut member, &k, breaker).await?;
+        let member = member_attached(&agent, &k, group).await?;
+        break_and_tell(&agent, member, &k, breaker).await?;
         let status = own.wait().await?;
         ensure!(
             status.signal() == Some(Signal::SIGKILL as i32),
@@ -248,13 +256,13 @@ async fn a_members_pid_reused_by_root_after_its_run_ended_is_not_signalled() -> 
     let k = key("attach-reused");
     for breaker in BREAKERS {
         let (mut own, group) = nobodys_sleeper().await?;
-        let mut member = member_attached(&agent, &k, group).await?;
+        let member = member_attached(&agent, &k, group).await?;
         own.signal(Signal::SIGKILL)?;
         own.wait().await?;
         drop(own);
         // Root's new process now has the pid, and the group, nobody attached.
         let roots = roots_sleeper_with_pid(group)?;
-        break_and_tell(&agent, &mut member, &k, breaker).await?;
+        break_and_tell(&agent, member, &k, breaker).await?;
         ensure!(
             alive(pid_of(&roots)?),
             "{breaker:?}: root's process that reused pid {group} was killed"

@@ -441,16 +441,21 @@ async fn on_lost_ignore_lets_the_command_finish_but_exits_76() -> Result<()> {
     let k = key("on-lost-ignore");
     let mut holder = agent.run(&[&k], &["--on-lost", "ignore"], HOLD)?;
     holder.ready().await?;
-    agent
-        .run(&[&k], &["--force"], "exit 0")?
-        .finish()
-        .await?
-        .expect_code(0)?;
+    let forced = agent.run(&[&k], &["--force"], "echo forced")?;
+    let told = Deadline::new(crate::support::WAIT, "the holder to be told of the force");
+    while !holder.stderr_so_far().contains("lost the lock") {
+        told.tick().await?;
+    }
     // The command goes on: it still reads its input and says goodbye.
     holder.end();
     holder.expect_line("bye").await?;
     let old = holder.finish().await?;
-    old.expect_code(76)
+    old.expect_code(76)?;
+    // The forced run waited for it to end (not for the deadline: 33 s here).
+    let forced = forced.finish().await?;
+    forced.expect_code(0)?;
+    ensure!(forced.stdout == "forced\n", "{forced:?}");
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -514,12 +519,8 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
     if let ClientMessage::Acquire { force, .. } = &mut force {
         *force = true;
     }
-    let AgentMessage::Acquired { leases, .. } = forcer.call(force).await? else {
-        anyhow::bail!("force failed");
-    };
-    let new = leases[0].clone();
-    ensure!(new.token > old.token, "{new:?} after {old:?}");
-    match holder.next_event().await? {
+    let forced = forcer.send(force).await?;
+    let new_token = match holder.next_event().await? {
         AgentMessage::Lost {
             lease_id,
             key: lost_key,
@@ -531,10 +532,11 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
                 lease_id == old.lease_id && lost_key == k,
                 "{lease_id} {lost_key}"
             );
-            ensure!(h.token == new.token && h.pid == std::process::id(), "{h:?}");
+            ensure!(h.token > old.token && h.pid == std::process::id(), "{h:?}");
+            h.token
         }
         other => anyhow::bail!("expected lost{{forced}}, got {other:?}"),
-    }
+    };
     // The lost lease is no longer the holder's to release.
     let reply = holder
         .call(ClientMessage::Release {
@@ -544,6 +546,25 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
         })
         .await?;
     ensure!(matches!(reply, AgentMessage::Error(_)), "{reply:?}");
+    // The forced run is answered once the run it displaced has stopped: the
+    // holder's connection is its run.
+    drop(holder);
+    let AgentMessage::Acquired { leases, .. } = forcer.reply(forced).await? else {
+        anyhow::bail!("force failed");
+    };
+    let new = leases[0].clone();
+    ensure!(
+        new.token == new_token,
+        "{new:?}, the holder was told {new_token}"
+    );
+    match forcer.forcing.as_slice() {
+        [AgentMessage::Forcing {
+            holder: Some(h),
+            wait_ms,
+            ..
+        }] => ensure!(h.token == old.token && *wait_ms > 0, "{h:?} {wait_ms}"),
+        other => anyhow::bail!("expected one forcing event, got {other:?}"),
+    }
 
     let mut breaker = agent.client().await?;
     let reply = breaker

@@ -17,6 +17,7 @@ mod file_backend;
 mod file_layout;
 mod file_trust;
 mod fleet;
+mod force;
 mod gcs;
 mod legacy;
 mod lifecycle;

@@ -5,10 +5,11 @@
 //! Each case is an `async fn(place)`, named per backend by `test_matrix!`
 //! (`slots::CASE::BACKEND`).
 
-use crate::support::agent::{Backend, FileBackendDir};
+use crate::support::agent::Backend;
+use crate::support::hosts::{Local, OnStore, Place};
 use crate::support::run::Run;
 use crate::support::stores::{Azure, Etcd, Gcs, Postgres, Space, Store, S3};
-use crate::support::{key, AgentOptions, Deadline, TestAgent};
+use crate::support::{key, Deadline, TestAgent};
 use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
 use std::collections::BTreeMap;
@@ -48,87 +49,6 @@ const SLOTS: u32 = 3;
 /// `ready PID TOKEN`, `slot N`; holds until its stdin closes.
 const HOLD_SLOT: &str =
     "echo ready $$ $RUNLOCK_TOKEN; echo slot $RUNLOCK_SLOT; read _line; echo bye";
-
-/// A backend that lives in agents (`file://` on this host, `memory://`).
-struct Local(Backend);
-
-/// A shared store, through its emulator.
-struct OnStore<S>(S);
-
-/// Where a case runs: two agents over one fresh space, as two hosts.
-#[async_trait::async_trait]
-trait Place: Send + 'static {
-    async fn hosts(self, hint: &str, args: &[&str]) -> Result<Hosts>;
-}
-
-/// Two agents sharing their locks. `memory://` and `memory-cas://` live in
-/// one agent, so there B is A.
-struct Hosts {
-    a: TestAgent,
-    other: Option<TestAgent>,
-    /// The lock directory of `file://`, kept while the agents use it.
-    _locks: Option<FileBackendDir>,
-}
-
-impl Hosts {
-    fn b(&self) -> &TestAgent {
-        self.other.as_ref().unwrap_or(&self.a)
-    }
-
-    /// Whether A and B are one agent (so `status` through A lists B's leases too).
-    fn one_agent(&self) -> bool {
-        self.other.is_none()
-    }
-}
-
-#[async_trait::async_trait]
-impl Place for Local {
-    async fn hosts(self, _hint: &str, args: &[&str]) -> Result<Hosts> {
-        let options = |uri: String| {
-            let mut options = AgentOptions::new(uri);
-            options.args = args.iter().map(|a| a.to_string()).collect();
-            options
-        };
-        match self.0 {
-            Backend::File => {
-                let locks = FileBackendDir::new()?;
-                let a = TestAgent::start_with(options(locks.uri())).await?;
-                let b = TestAgent::start_with(options(locks.uri())).await?;
-                Ok(Hosts {
-                    a,
-                    other: Some(b),
-                    _locks: Some(locks),
-                })
-            }
-            Backend::Memory | Backend::MemoryCas => {
-                let uri = match self.0 {
-                    Backend::Memory => "memory://",
-                    _ => "memory-cas://",
-                };
-                let a = TestAgent::start_with(options(uri.to_string())).await?;
-                Ok(Hosts {
-                    a,
-                    other: None,
-                    _locks: None,
-                })
-            }
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl<S: Store> Place for OnStore<S> {
-    async fn hosts(self, hint: &str, args: &[&str]) -> Result<Hosts> {
-        let space = Space::create(self.0, hint).await?;
-        let a = space.agent("slots", args).await?;
-        let b = space.agent("slots", args).await?;
-        Ok(Hosts {
-            a,
-            other: Some(b),
-            _locks: None,
-        })
-    }
-}
 
 /// A run holding one slot of a key (see [`HOLD_SLOT`]).
 struct Holding {

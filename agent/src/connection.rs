@@ -312,6 +312,9 @@ impl Connection {
         let result: Result<(), ProtocolError> = async {
             loop {
                 tokio::select! {
+                    // In this order: an event the registry sent before a reply
+                    // (`forcing` before `acquired`) reaches the peer before it.
+                    biased;
                     _ = shutdown.cancelled() => {
                         // The server has handed the leases over (where they outlive the agent).
                         self.send(None, AgentMessage::Restarting).await?;
@@ -455,7 +458,8 @@ impl Connection {
                         on_lost,
                         slots,
                     };
-                    if req.wait.is_zero() {
+                    // A force waits for the run it displaces (telling the peer so).
+                    if req.wait.is_zero() && !req.force {
                         // Nothing to wait for, so nothing to abandon: no task needed,
                         // and the store write is awaited to its end like any other.
                         let result = take(&self.registry, conn, req, &acquire.cancel).await;
@@ -623,6 +627,11 @@ fn event_message(event: Event) -> AgentMessage {
         } => AgentMessage::Renewed {
             lease_id,
             valid_for_ms: millis_left(valid_until),
+        },
+        Event::Forcing { key, holder, wait } => AgentMessage::Forcing {
+            key: key.split_slot().0.to_string(),
+            holder: holder.map(|h| *h),
+            wait_ms: wait.as_millis() as u64,
         },
         Event::Lost {
             lease_id,

@@ -17,8 +17,8 @@
 
 use crate::backend::postgres::Settings;
 use crate::backend::{
-    redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Ending, Grant, LeaseRef,
-    LegacyRun, ProfiledBackend,
+    redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant,
+    LeaseRef, LegacyRun, ProfiledBackend,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord};
@@ -306,6 +306,18 @@ impl Backend for MeltanoGuard {
 
     async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
         self.inner.adopt(lease, by).await
+    }
+
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        self.inner.confirm_stopped(lease).await
+    }
+
+    async fn displaced_stopped(
+        &self,
+        key: &Key,
+        displaced: &Displaced,
+    ) -> Result<bool, BackendError> {
+        self.inner.displaced_stopped(key, displaced).await
     }
 }
 

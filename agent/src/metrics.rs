@@ -8,7 +8,8 @@
 //! registry; without `--metrics` every hook is a single atomic load.
 
 use crate::backend::{
-    AcquireSpec, Adopted, Adopter, Backend, BackendError, Ending, Grant, LeaseRef, ProfiledBackend,
+    AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant, LeaseRef,
+    ProfiledBackend,
 };
 use anyhow::Context;
 use async_trait::async_trait;
@@ -87,9 +88,20 @@ pub enum Operation {
     Adopt,
     /// `Backend::history`.
     History,
+    /// `Backend::confirm_stopped` and `Backend::displaced_stopped`: a
+    /// forced run waiting for the run it took the key from.
+    Displaced,
 }
 
-const OPERATIONS: [&str; 6] = ["acquire", "renew", "release", "inspect", "adopt", "history"];
+const OPERATIONS: [&str; 7] = [
+    "acquire",
+    "renew",
+    "release",
+    "inspect",
+    "adopt",
+    "history",
+    "displaced",
+];
 
 fn backend_result<T>(result: &Result<T, BackendError>) -> &'static str {
     match result {
@@ -376,6 +388,26 @@ impl Backend for TimedBackend {
         let result = self.inner.adopt(lease, by).await;
         self.metrics
             .backend_request(Operation::Adopt, started, &result);
+        result
+    }
+
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        let started = Instant::now();
+        let result = self.inner.confirm_stopped(lease).await;
+        self.metrics
+            .backend_request(Operation::Displaced, started, &result);
+        result
+    }
+
+    async fn displaced_stopped(
+        &self,
+        key: &Key,
+        displaced: &Displaced,
+    ) -> Result<bool, BackendError> {
+        let started = Instant::now();
+        let result = self.inner.displaced_stopped(key, displaced).await;
+        self.metrics
+            .backend_request(Operation::Displaced, started, &result);
         result
     }
 }

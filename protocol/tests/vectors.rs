@@ -73,6 +73,7 @@ fn agent_type(message: &AgentMessage) -> &'static str {
         AgentMessage::Pong => "pong",
         AgentMessage::Error(_) => "error",
         AgentMessage::Lost { .. } => "lost",
+        AgentMessage::Forcing { .. } => "forcing",
         AgentMessage::Renewed { .. } => "renewed",
         AgentMessage::Restarting => "restarting",
         AgentMessage::Unknown => "unknown",
@@ -93,6 +94,7 @@ const AGENT_TYPES: &[&str] = &[
     "pong",
     "error",
     "lost",
+    "forcing",
     "renewed",
     "restarting",
 ];

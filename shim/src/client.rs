@@ -237,27 +237,36 @@ impl Client {
     /// Reads until the reply to `id`, setting events aside.
     pub async fn reply(&mut self, id: u64) -> Result<AgentMessage, CallError> {
         loop {
-            match self.transport.next().await {
-                None => return Err(CallError::Gone("the agent closed the connection".into())),
-                Some(Err(err)) => return Err(CallError::Gone(describe(&err))),
-                Some(Ok(Err(bad))) => {
-                    return Err(CallError::Gone(format!(
-                        "cannot decode the agent's message: {}",
-                        display::escape(&bad.reason)
-                    )))
-                }
-                Some(Ok(Ok(Envelope {
-                    id: Some(got),
-                    body,
-                }))) if got == id => {
-                    return match body {
-                        AgentMessage::Error(err) => Err(CallError::Agent(err)),
-                        body => Ok(body),
-                    };
-                }
-                Some(Ok(Ok(Envelope { id: None, body }))) => self.events.push_back(body),
-                Some(Ok(Ok(Envelope { id: Some(_), .. }))) => {} // a reply to a request we gave up on
+            if let Some(reply) = self.read_one(id).await {
+                return reply;
             }
+        }
+    }
+
+    /// Reads one message: the reply to `id`, or `None` for anything else
+    /// (an event is set aside). Cancel-safe: a frame is read whole or not at all.
+    async fn read_one(&mut self, id: u64) -> Option<Result<AgentMessage, CallError>> {
+        match self.transport.next().await {
+            None => Some(Err(CallError::Gone(
+                "the agent closed the connection".into(),
+            ))),
+            Some(Err(err)) => Some(Err(CallError::Gone(describe(&err)))),
+            Some(Ok(Err(bad))) => Some(Err(CallError::Gone(format!(
+                "cannot decode the agent's message: {}",
+                display::escape(&bad.reason)
+            )))),
+            Some(Ok(Ok(Envelope {
+                id: Some(got),
+                body,
+            }))) if got == id => Some(match body {
+                AgentMessage::Error(err) => Err(CallError::Agent(err)),
+                body => Ok(body),
+            }),
+            Some(Ok(Ok(Envelope { id: None, body }))) => {
+                self.events.push_back(body);
+                None
+            }
+            Some(Ok(Ok(Envelope { id: Some(_), .. }))) => None, // a reply to a request we gave up on
         }
     }
 
@@ -279,15 +288,50 @@ impl Client {
 
     /// Like [`Client::reply`], for a reply that must come within `limit`: past
     /// it the agent is stopped or wedged, and is treated as unreachable.
+    /// A forced acquire that waits for the run it displaces says so
+    /// (`forcing`): the user is told, and the agent has that much longer.
     pub async fn reply_within(
         &mut self,
         id: u64,
         limit: Duration,
     ) -> Result<AgentMessage, CallError> {
-        match tokio::time::timeout(limit, self.reply(id)).await {
-            Ok(result) => result,
-            Err(_) => Err(CallError::Gone(silent(&self.socket, limit))),
+        let mut deadline = tokio::time::Instant::now() + limit;
+        let mut allowed = limit;
+        loop {
+            let longer = self.tell_forcing();
+            deadline += longer;
+            allowed += longer;
+            match tokio::time::timeout_at(deadline, self.read_one(id)).await {
+                Err(_) => return Err(CallError::Gone(silent(&self.socket, allowed))),
+                Ok(Some(reply)) => {
+                    self.tell_forcing();
+                    return reply;
+                }
+                Ok(None) => {}
+            }
         }
+    }
+
+    /// Tells the user of every `forcing` event set aside, and takes them out;
+    /// returns how much longer they said the agent needs.
+    fn tell_forcing(&mut self) -> Duration {
+        let mut longer = Duration::ZERO;
+        self.events.retain(|event| match event {
+            AgentMessage::Forcing {
+                key,
+                holder,
+                wait_ms,
+            } => {
+                eprintln!(
+                    "runlock: {}",
+                    forcing_notice(key, holder.as_ref(), *wait_ms)
+                );
+                longer += Duration::from_millis(*wait_ms);
+                false
+            }
+            _ => true,
+        });
+        longer
     }
 }
 
@@ -312,6 +356,25 @@ pub fn describe(err: &ProtocolError) -> String {
         ProtocolError::Io(io) => format!("connection to the agent failed: {io}"),
         other => other.to_string(),
     }
+}
+
+/// What the shim says while a forced acquire waits for the run it displaces.
+pub fn forcing_notice(key: &str, holder: Option<&Holder>, wait_ms: u64) -> String {
+    let whose = match holder {
+        Some(h) => format!(
+            "the run of {}@{} (pid {}, token {})",
+            display::escape(&h.user),
+            display::escape(&h.host),
+            h.pid,
+            h.token
+        ),
+        None => "the run it was held by".to_string(),
+    };
+    format!(
+        "{:?} is taken over; waiting for {whose} to stop before the command starts: at most {}s",
+        display::escape(key),
+        wait_ms.div_ceil(1000)
+    )
 }
 
 /// What the shim says of an agent that stayed silent for `limit`.

@@ -278,7 +278,19 @@ impl TestAgent {
 
     /// `runlock run --key K... [extra] -- sh -c SCRIPT`, started.
     pub fn run(&self, keys: &[&str], extra: &[&str], script: &str) -> anyhow::Result<Run> {
+        self.run_with_env(keys, extra, script, &[])
+    }
+
+    /// Like [`TestAgent::run`], with `env` set for the command.
+    pub fn run_with_env(
+        &self,
+        keys: &[&str],
+        extra: &[&str],
+        script: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Run> {
         let mut command = self.runlock()?;
+        command.envs(env.iter().copied());
         command.arg("run");
         for key in keys {
             command.args(["--key", key]);

@@ -20,6 +20,8 @@ pub struct RawClient {
     next_id: u64,
     /// Events (messages without `id`) that arrived while a reply was awaited.
     pub events: VecDeque<AgentMessage>,
+    /// The `forcing` events its forced acquires were sent, in order.
+    pub forcing: Vec<AgentMessage>,
 }
 
 /// A frame: the 4-byte big-endian length, then `body`.
@@ -67,6 +69,7 @@ impl RawClient {
             framed: Framed::new(stream, ShimCodec::new()),
             next_id: 1,
             events: VecDeque::new(),
+            forcing: Vec::new(),
         })
     }
 
@@ -105,6 +108,7 @@ impl RawClient {
             framed: Framed::new(UnixStream::from_std(stream)?, ShimCodec::new()),
             next_id: 1,
             events: VecDeque::new(),
+            forcing: Vec::new(),
         })
     }
 
@@ -193,6 +197,12 @@ impl RawClient {
                     id: Some(got),
                     body,
                 } if got == id => return Ok(body),
+                // What a forced acquire waits for, kept apart from the events
+                // a holder is told (`lost`, `renewed`).
+                Envelope {
+                    id: None,
+                    body: body @ AgentMessage::Forcing { .. },
+                } => self.forcing.push(body),
                 Envelope { id: None, body } => self.events.push_back(body),
                 other => bail!("a reply to a request never sent: {other:?}"),
             }

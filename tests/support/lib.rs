@@ -29,6 +29,7 @@ macro_rules! test_matrix {
 pub mod agent;
 pub mod bins;
 pub mod client;
+pub mod hosts;
 pub mod http;
 pub mod journal;
 pub mod rewriting_proxy;

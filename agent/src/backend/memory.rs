@@ -2,8 +2,8 @@
 
 use super::history::{self, Before, Stamp};
 use super::{
-    AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Ending, Grant, LeaseRef,
-    Profile, Profiled,
+    AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced, Ending, Grant,
+    LeaseRef, Profile, Profiled,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
@@ -15,7 +15,11 @@ use std::time::Duration;
 struct Record {
     token: u64,
     held: Option<(String, Holder)>,
+    /// The holder's TTL.
+    ttl: Duration,
     history: Vec<KeyEvent>,
+    /// Tokens whose runs were taken over and have since stopped.
+    stopped: std::collections::BTreeSet<u64>,
 }
 
 /// An in-process lock table.
@@ -67,6 +71,12 @@ impl Backend for MemoryBackend {
                 Some(_) => Before::Live(record.token),
                 None => Before::Free,
             };
+            let displaced = record.held.take().map(|(_, holder)| Displaced {
+                token: holder.token,
+                holder: Some(holder),
+                ttl: record.ttl,
+                lock: None,
+            });
             record.token += 1;
             history::granted(
                 &mut record.history,
@@ -80,10 +90,12 @@ impl Backend for MemoryBackend {
                 ..spec.holder.clone()
             };
             record.held = Some((spec.lease_id.clone(), holder.clone()));
+            record.ttl = spec.ttl;
             Ok(Grant {
                 holder,
                 sent: tokio::time::Instant::now(),
                 lock: None,
+                displaced,
             })
         })
     }
@@ -109,6 +121,19 @@ impl Backend for MemoryBackend {
 
     async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
         self.with_record(key, |record| Ok(record.history.clone()))
+    }
+
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        self.with_record(&lease.key, |record| record.stopped.insert(lease.token));
+        Ok(())
+    }
+
+    async fn displaced_stopped(
+        &self,
+        key: &Key,
+        displaced: &Displaced,
+    ) -> Result<bool, BackendError> {
+        Ok(self.with_record(key, |record| record.stopped.remove(&displaced.token)))
     }
 
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {

@@ -139,6 +139,25 @@ pub struct Grant {
     /// the locked open file description, for the run to inherit, so that the
     /// lock lives exactly as long as the run, agent or no agent.
     pub lock: Option<std::os::fd::OwnedFd>,
+    /// The live lease a force took the key from, whose run must have
+    /// stopped before the forced run starts (invariant 10).
+    pub displaced: Option<Displaced>,
+}
+
+/// A live lease taken over by a force (or a break): whose run it was, and
+/// what tells that the run has stopped.
+#[derive(Debug, Clone)]
+pub struct Displaced {
+    /// Its fencing token.
+    pub token: u64,
+    /// Its holder, where the store said (not after a retried write).
+    pub holder: Option<Holder>,
+    /// Its time to live: its run is stopped by its agent, or stops itself
+    /// at its deadline, within this (and the grace) of the force's write.
+    pub ttl: Duration,
+    /// `file://`: our own open file description of the lock file the run
+    /// holds, renamed away by the force; lockable once the run has stopped.
+    pub lock: Option<Arc<std::fs::File>>,
 }
 
 /// Who takes a lease over with [`Backend::adopt`]: the adopting agent, and
@@ -311,4 +330,15 @@ pub trait Backend: Send + Sync + 'static {
     /// it, as a renewal would. A store whose leases die with their agent
     /// answers `Unsupported`.
     async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError>;
+    /// Says, through the store, that the run of `lease`, taken over from
+    /// this agent, has stopped, so that the forcer waiting on it may start.
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError>;
+    /// Whether the run of the lease `displaced` from `key` has stopped: its
+    /// agent said so through the store (and the word is then removed), or
+    /// on `file://` its lock is free.
+    async fn displaced_stopped(
+        &self,
+        key: &Key,
+        displaced: &Displaced,
+    ) -> Result<bool, BackendError>;
 }

@@ -249,7 +249,16 @@ impl Registry {
                     breaking: false,
                 };
                 match self.attempt(&key, req, spec, self.viewer(conn)).await {
-                    Ok((spec, grant)) => return self.register(conn, spec, grant).await,
+                    Ok((spec, mut grant)) => {
+                        let (displaced, sent) = (grant.displaced.take(), grant.sent);
+                        let taken = self.register(conn, spec, grant).await?;
+                        let Some(displaced) = displaced else {
+                            return Ok(taken);
+                        };
+                        // Invariant 10: answered once the displaced run has stopped.
+                        self.await_stopped(conn, &key, &displaced, sent).await;
+                        return Ok(taken);
+                    }
                     // A run that may wait also waits out a store that cannot be reached.
                     Err(Attempt::Unreachable(err)) if !req.wait.is_zero() => {
                         refusal.unreachable = Some(err)
@@ -473,8 +482,29 @@ impl Registry {
                 .and_then(|id| state.leases.get(id))
                 .filter(|newer| newer.holder.token > holder.token)
                 .map(|newer| newer.holder.clone());
-            if let Some(newer) = newer {
-                drop(state);
+            match (newer, state.conns.get_mut(&conn)) {
+                (Some(newer), _) => Err(Some(newer)),
+                (None, Some(c)) => {
+                    c.leases.insert(lease_id.clone());
+                    let displaced = state.by_key.insert(spec.key.clone(), lease_id.clone());
+                    state.leases.insert(lease_id.clone(), lease);
+                    crate::metrics::leases_held(state.leases.len());
+                    Ok(displaced)
+                }
+                (None, None) => Err(None),
+            }
+        };
+        let displaced = match registered {
+            Ok(displaced) => displaced,
+            Err(newer) => {
+                if newer.is_none() {
+                    let _ = self.backend.release(&reference).await;
+                }
+                // Its run never started: a force that displaced it need not wait.
+                self.confirm_stopped(vec![reference]).await;
+                let Some(newer) = newer else {
+                    return Err(LeaseError::ClosedDuringAcquire);
+                };
                 let viewer = self.viewer(conn);
                 return Err(LeaseError::Held {
                     holders: Vec::new(),
@@ -487,20 +517,6 @@ impl Registry {
                     incident: None,
                 });
             }
-            match state.conns.get_mut(&conn) {
-                Some(c) => {
-                    c.leases.insert(lease_id.clone());
-                    let displaced = state.by_key.insert(spec.key.clone(), lease_id.clone());
-                    state.leases.insert(lease_id.clone(), lease);
-                    crate::metrics::leases_held(state.leases.len());
-                    Some(displaced)
-                }
-                None => None,
-            }
-        };
-        let Some(displaced) = registered else {
-            let _ = self.backend.release(&reference).await;
-            return Err(LeaseError::ClosedDuringAcquire);
         };
         if self.capabilities.needs_renewal {
             self.renewals.start_lease(reference, spec.ttl, grant.sent);
@@ -680,6 +696,16 @@ mod tests {
         ) -> Result<crate::backend::Adopted, BackendError> {
             self.store.adopt(lease, by).await
         }
+        async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+            self.store.confirm_stopped(lease).await
+        }
+        async fn displaced_stopped(
+            &self,
+            key: &Key,
+            displaced: &crate::backend::Displaced,
+        ) -> Result<bool, BackendError> {
+            self.store.displaced_stopped(key, displaced).await
+        }
     }
 
     #[tokio::test]
@@ -707,23 +733,41 @@ mod tests {
             }
         });
         waited.await.expect("the first force reached the store");
-        let never = CancellationToken::new();
-        let Granted { leases: later, .. } = registry
-            .acquire(second, request(&["k"], Duration::ZERO, true), &never)
-            .await
-            .expect("the second force");
+        let shared = registry.clone();
+        let second_force = tokio::spawn(async move {
+            let never = CancellationToken::new();
+            shared
+                .acquire(second, request(&["k"], Duration::ZERO, true), &never)
+                .await
+        });
+        // The second force is registered, and waits for the run it displaced.
+        let registered = tokio::time::timeout(Duration::from_secs(10), async {
+            while registry.list().is_empty() {
+                tokio::task::yield_now().await;
+            }
+        });
+        registered.await.expect("the second force registered");
         backend.let_first_answer.notify_one();
         let err = first_force
             .await
             .expect("the first force ran")
             .expect_err("superseded before it was answered");
+        // Its run never started, so the second force need not wait out a TTL.
+        let Granted { leases: later, .. } =
+            tokio::time::timeout(Duration::from_secs(5), second_force)
+                .await
+                .expect("answered once the first was refused")
+                .expect("the second force ran")
+                .expect("the second force");
         assert_eq!(err.code(), ErrorCode::Held);
         assert_eq!(err.holder().expect("holder").token, later[0].token);
         // The later force still holds the key, here and in the store, untold of any loss.
-        assert!(
-            second_events.try_recv().is_err(),
-            "the later force was told it was lost"
-        );
+        while let Ok(event) = second_events.try_recv() {
+            assert!(
+                matches!(event, Event::Forcing { .. }),
+                "the later force was told {event:?}"
+            );
+        }
         assert_eq!(registry.list().len(), 1);
         let record = backend.store.inspect(&key).await.expect("inspect");
         assert_eq!(record.holder.expect("held").token, later[0].token);

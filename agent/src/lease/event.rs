@@ -23,6 +23,15 @@ pub enum Event {
         /// Until when it is guaranteed without another renewal.
         valid_until: Instant,
     },
+    /// A forced acquire waits for the run it took `key` from to stop.
+    Forcing {
+        /// The key.
+        key: Key,
+        /// That run's holder, as the peer may see it, where known.
+        holder: Option<Box<Holder>>,
+        /// How long at most.
+        wait: std::time::Duration,
+    },
     /// A lease is gone.
     Lost {
         /// The lease.
@@ -68,6 +77,15 @@ impl EventSender {
             key,
             loss,
             holder: holder.map(Box::new),
+        });
+    }
+
+    /// Sends `forcing`.
+    pub(super) fn forcing(&self, key: Key, holder: Option<Holder>, wait: std::time::Duration) {
+        let _ = self.events.send(Event::Forcing {
+            key,
+            holder: holder.map(Box::new),
+            wait,
         });
     }
 

@@ -3,12 +3,14 @@
 //!
 //! One `Registry` under one lock (`state`), its operations one idea a module:
 //! `acquire` (and reattach), `queue` (local waiters), `release` (and break),
-//! `loss` (a lease lost, and what `renewal` reports), `supervise` (the run a
+//! `displaced` (a force waits for the run it displaces), `loss` (a lease
+//! lost, and what `renewal` reports), `supervise` (the run a
 //! peer attached), `view` (list and inspect as a peer may see them). It
 //! speaks in `error::LeaseError` and `event::Event`; only the connection
 //! turns them into wire messages.
 
 mod acquire;
+mod displaced;
 mod error;
 mod event;
 mod loss;

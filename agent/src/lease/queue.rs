@@ -145,6 +145,16 @@ mod tests {
         ) -> Result<crate::backend::Adopted, BackendError> {
             self.store.adopt(lease, by).await
         }
+        async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+            self.store.confirm_stopped(lease).await
+        }
+        async fn displaced_stopped(
+            &self,
+            key: &Key,
+            displaced: &crate::backend::Displaced,
+        ) -> Result<bool, BackendError> {
+            self.store.displaced_stopped(key, displaced).await
+        }
     }
 
     #[tokio::test(start_paused = true)]

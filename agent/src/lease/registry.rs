@@ -60,6 +60,9 @@ pub struct Registry {
     state: Mutex<State>,
     pub(super) renewals: Renewals,
     pub(super) next_id: AtomicU64,
+    /// Told when this agent said that runs taken over have stopped, so that
+    /// forcers waiting here look again at once.
+    pub(super) stopped_here: tokio::sync::Notify,
 }
 
 /// Wakes the first local waiter for each key the backend says another agent
@@ -111,6 +114,7 @@ impl Registry {
             policy,
             state: Mutex::new(State::default()),
             next_id: AtomicU64::new(1),
+            stopped_here: tokio::sync::Notify::new(),
         });
         tokio::spawn(Registry::take_reports(Arc::downgrade(&registry), reports));
         if let Some(releases) = releases {
@@ -163,6 +167,7 @@ impl Registry {
             on_lost: OnLost::Term,
             reattached: false,
             leases_gone: Arc::default(),
+            stopped_owed: Vec::new(),
         };
         self.state().conns.insert(id, conn);
         (id, received)
@@ -171,10 +176,16 @@ impl Registry {
     /// Ends a connection: every lease it holds is released at once, unless
     /// the agent is handing its leases over to the next one.
     pub async fn close_connection(&self, conn: ConnId) {
-        let (leases, handing_over) = {
+        let (leases, handing_over, stopped) = {
             let mut state = self.state();
-            let leases: Vec<String> = match state.conns.remove(&conn) {
-                Some(c) => c.leases.into_iter().collect(),
+            let (leases, stopped): (Vec<String>, _) = match state.conns.remove(&conn) {
+                Some(c) => {
+                    // The run holds the connection: its end is the run's end,
+                    // unless the run was reattached and outlives its shim.
+                    let ended = !c.reattached || !c.child.is_some_and(|run| run.has_members());
+                    let stopped = if ended { c.stopped_owed } else { Vec::new() };
+                    (c.leases.into_iter().collect(), stopped)
+                }
                 None => return,
             };
             if state.handing_over {
@@ -182,11 +193,12 @@ impl Registry {
                     state.remove_lease(lease_id);
                 }
             }
-            (leases, state.handing_over)
+            (leases, state.handing_over, stopped)
         };
         if handing_over {
             return;
         }
+        self.confirm_stopped(stopped).await;
         for lease_id in leases {
             self.release_lease(&lease_id).await;
         }

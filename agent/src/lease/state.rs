@@ -59,6 +59,9 @@ pub(super) struct Conn {
     pub(super) reattached: bool,
     /// Told when its last lease goes: no run need be waited for any more.
     pub(super) leases_gone: Arc<Notify>,
+    /// Its leases taken over by a force: once its run has stopped, this
+    /// agent says so through the store, for the forcer waiting on it.
+    pub(super) stopped_owed: Vec<LeaseRef>,
 }
 
 #[derive(Default)]

@@ -41,7 +41,9 @@ Opener = Callable[[], StateStoreManager]
 
 @pytest.fixture
 def agent(runlockd: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Agent]:
-    started = Agent(runlockd, workdir, "agent", "memory://", {})
+    # TTL 2 s: a forced run waits for the run it displaces to stop, or for
+    # that run's deadline (TTL + grace); A is held in this very process.
+    started = Agent(runlockd, workdir, "agent", "memory://", {"RUNLOCK_TTL": "2s"})
     monkeypatch.setenv("RUNLOCK_SOCKET", started.socket)
     monkeypatch.delenv("RUNLOCK_ON_UNAVAILABLE", raising=False)
     monkeypatch.setenv("RUNLOCK_CONFIG", str(workdir / "none.toml"))

@@ -88,8 +88,10 @@ def test_wait_succeeds_once_the_holder_releases(agent: Agent) -> None:
 
 def test_history_lists_grants_forces_and_releases_in_order(agent: Agent) -> None:
     key = "dev:history"
+    # The forced lock is granted once the first is stopped or past its
+    # deadline (TTL + grace: 2.5 s here), and this thread holds the first.
     with pytest.raises(runlock.LockLost):
-        with runlock.lock(key, socket=agent.socket) as first:
+        with runlock.lock(key, socket=agent.socket, ttl=2) as first:
             with runlock.lock(key, socket=agent.socket, force=True) as second:
                 pass
     assert first.lost is not None and first.lost.reason == "forced"
@@ -125,7 +127,8 @@ def test_unreachable_socket_is_unavailable(tmp_path: Path) -> None:
 
 def test_force_fires_the_first_holders_on_lost(agent: Agent) -> None:
     events: "queue.Queue[runlock.LostEvent]" = queue.Queue()
-    with runlock.lock("dev:force", socket=agent.socket, on_lost=events.put) as first:
+    # Granted at the first's deadline (2.5 s): this thread still holds it.
+    with runlock.lock("dev:force", socket=agent.socket, on_lost=events.put, ttl=2) as first:
         with runlock.lock("dev:force", socket=agent.socket, force=True) as second:
             event = events.get(timeout=BOUND_S)
             assert event.reason == "forced"

@@ -29,11 +29,14 @@ def hold_all(
     agent: Agent,
     slots: int,
     on_lost: "Optional[Callable[[runlock.LostEvent], None]]" = None,
+    ttl: Optional[float] = None,
 ) -> List[runlock.Lease]:
     """Takes every slot of KEY, each through its own connection, as separate runs would."""
     return [
         stack.enter_context(
-            runlock.lock(KEY, slots=slots, socket=agent.socket, command=f"load {n}", on_lost=on_lost)
+            runlock.lock(
+                KEY, slots=slots, socket=agent.socket, command=f"load {n}", on_lost=on_lost, ttl=ttl
+            )
         )
         for n in range(slots)
     ]
@@ -161,7 +164,9 @@ def test_breaking_one_slot_ends_only_its_lease(agent: Agent) -> None:
 def test_force_takes_one_slot(agent: Agent) -> None:
     events: "queue.Queue[runlock.LostEvent]" = queue.Queue()
     with ExitStack() as stack:
-        leases = hold_all(stack, agent, 2, on_lost=events.put)
+        # The forced slot is granted at its holder's deadline (2.5 s): this
+        # thread still holds it.
+        leases = hold_all(stack, agent, 2, on_lost=events.put, ttl=2)
         forced = stack.enter_context(runlock.lock(KEY, slots=2, force=True, socket=agent.socket))
         event = events.get(timeout=BOUND_S)
         assert event.reason == "forced"

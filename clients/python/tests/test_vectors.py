@@ -177,6 +177,10 @@ def test_welcome_acquired_record_lost_renewed() -> None:
     assert lost.event.holder is not None and lost.event.holder.token == 13
     expired = parse("agent-lost-expired.msgpack")
     assert isinstance(expired, messages.Lost) and expired.event.holder is None
+    forcing = parse("agent-forcing.msgpack")
+    assert isinstance(forcing, messages.Forcing) and forcing.wait_ms == 33000
+    assert forcing.holder is not None and forcing.holder.token == 12
+    assert "at most 33s" in forcing.describe() and "ann@runner-01" in forcing.describe()
     renewed = parse("agent-renewed.msgpack")
     assert renewed == messages.Renewed(lease_id="lease-0001", valid_for_ms=25000)
     assert parse("decode-only/agent-pong-unknown-fields.msgpack") == messages.Empty("pong", 8)

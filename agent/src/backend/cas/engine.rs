@@ -15,8 +15,8 @@ use crate::backend::history::{self, Before, Stamp};
 use crate::backend::record::LockRecord;
 use crate::backend::retry::RetryBudget;
 use crate::backend::{
-    key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Ending, Grant,
-    LeaseRef, Profile, Profiled,
+    key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
+    Ending, Grant, LeaseRef, Profile, Profiled,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -51,6 +51,10 @@ pub struct Lapse {
     pub ttl_ms: u64,
     /// When the writer last wrote the record, by its own wall clock: for people only.
     pub renewed_at_ms: u64,
+    /// A forced record: the TTL of the lease it took over (`forced_from`),
+    /// whose run the forced run waits for (invariant 10).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forced_ttl_ms: Option<u64>,
 }
 
 /// One key's record in an object store: readable with the cloud's own CLI.
@@ -241,7 +245,7 @@ impl CasEngine {
     fn held_record(
         spec: &AcquireSpec,
         token: u64,
-        forced_from: Option<u64>,
+        forced: Option<(u64, u64)>,
         history: Vec<KeyEvent>,
     ) -> CasRecord {
         CasRecord {
@@ -253,11 +257,12 @@ impl CasEngine {
                 ..spec.holder.clone()
             }),
             lease_id: Some(spec.lease_id.clone()),
-            forced_from,
+            forced_from: forced.map(|(token, _)| token),
             history,
             store: Lapse {
                 ttl_ms: spec.ttl.as_millis() as u64,
                 renewed_at_ms: now_ms(),
+                forced_ttl_ms: forced.map(|(_, ttl_ms)| ttl_ms),
             },
         }
     }
@@ -307,7 +312,7 @@ impl CasEngine {
     fn granting(
         spec: &AcquireSpec,
         token: u64,
-        forced_from: Option<u64>,
+        forced: Option<(u64, u64)>,
         mut history: Vec<KeyEvent>,
         before: Before<'_>,
         date: Option<SystemTime>,
@@ -319,7 +324,7 @@ impl CasEngine {
             before,
             Stamp::store_or_agent(date),
         );
-        Self::held_record(spec, token, forced_from, history)
+        Self::held_record(spec, token, forced, history)
     }
 
     /// One attempt: read the record (or, with `guess`, trust what this agent
@@ -330,11 +335,12 @@ impl CasEngine {
         name: &str,
         guess: bool,
     ) -> Result<Option<Grant>, BackendError> {
-        let (record, version) = match guess.then(|| self.guess(spec, name)).flatten() {
-            Some(guessed) => guessed,
-            None if guess => return Ok(None),
-            None => self.decide(spec, name).await?,
-        };
+        let (record, version, displaced_holder) =
+            match guess.then(|| self.guess(spec, name)).flatten() {
+                Some((record, version)) => (record, version, None),
+                None if guess => return Ok(None),
+                None => self.decide(spec, name).await?,
+            };
         let body = record.to_json();
         let booking = self.pacer.book(name).await;
         let sent = Instant::now();
@@ -353,6 +359,7 @@ impl CasEngine {
                     .remove(name);
                 self.learn(name, None);
                 let holder = record.holder.clone().unwrap_or_else(|| spec.holder.clone());
+                let displaced = forced_over(&record, displaced_holder);
                 let held = Held { version, record };
                 self.held
                     .lock()
@@ -362,6 +369,7 @@ impl CasEngine {
                     holder,
                     sent,
                     lock: None,
+                    displaced,
                 }))
             }
             // Lost a race, or lost the answer: read again to see who won.
@@ -373,17 +381,19 @@ impl CasEngine {
         }
     }
 
-    /// Reads the record and decides what to write: the record and the version
-    /// it replaces (`None`: create it), or `held`.
+    /// Reads the record and decides what to write: the record, the version
+    /// it replaces (`None`: create it) and the live holder it forces out; or `held`.
     async fn decide(
         &self,
         spec: &AcquireSpec,
         name: &str,
-    ) -> Result<(CasRecord, Option<String>), BackendError> {
+    ) -> Result<(CasRecord, Option<String>, Option<Holder>), BackendError> {
         let Read { object, date } = self.store.get(name).await.map_err(unavailable)?;
+        let mut displaced = None;
         let decided = match &object {
             None => (
                 Self::granting(spec, 1, None, Vec::new(), Before::Free, date),
+                None,
                 None,
             ),
             Some(stored) => {
@@ -397,7 +407,8 @@ impl CasEngine {
                     // Our own earlier write landed though its answer was lost: write again,
                     // so the lease's clock starts from a write whose send time we know.
                     // Its events are already in the history.
-                    Self::held_record(spec, current.token, current.forced_from, history)
+                    let forced = current.forced_from.zip(current.store.forced_ttl_ms);
+                    Self::held_record(spec, current.token, forced, history)
                 } else if self.expired(name, &current, stored, date) {
                     let before = match &current.holder {
                         Some(holder) => Before::Expired {
@@ -409,13 +420,15 @@ impl CasEngine {
                     Self::granting(spec, next, None, history, before, date)
                 } else if spec.force {
                     let before = Before::Live(current.token);
-                    Self::granting(spec, next, Some(current.token), history, before, date)
+                    let forced = Some((current.token, current.store.ttl_ms));
+                    displaced = current.holder.clone();
+                    Self::granting(spec, next, forced, history, before, date)
                 } else {
                     self.learn(name, None);
                     let incident = history::last_incident(&current.history);
                     return Err(BackendError::Held(current.holder.map(Box::new), incident));
                 };
-                (record, Some(stored.version.clone()))
+                (record, Some(stored.version.clone()), displaced)
             }
         };
         Ok(decided)
@@ -477,7 +490,26 @@ impl CasEngine {
     }
 }
 
+/// The lease a forced `record` took over, once written: the holder as read
+/// (unknown when a retried write found its own record).
+fn forced_over(record: &CasRecord, holder: Option<Holder>) -> Option<Displaced> {
+    let (token, ttl_ms) = record.forced_from.zip(record.store.forced_ttl_ms)?;
+    Some(Displaced {
+        token,
+        holder,
+        ttl: Duration::from_millis(ttl_ms),
+        lock: None,
+    })
+}
+
 impl CasEngine {
+    /// Where the agent of a lease taken over says its run has stopped: one
+    /// object per taken-over token, beside the record (never a record's
+    /// name, which ends in `.json`).
+    fn stopped_name(&self, key: &Key, token: u64) -> String {
+        format!("{}{}.stopped-{token}", self.prefix, key_name::escaped(key))
+    }
+
     /// The shortest TTL this store's write pace can keep renewed.
     pub fn min_ttl(&self) -> Duration {
         self.store.min_write_interval() * MIN_TTL_IN_WRITE_INTERVALS
@@ -548,6 +580,7 @@ impl Backend for CasEngine {
         record.holder = None;
         record.lease_id = None;
         record.forced_from = None;
+        record.store.forced_ttl_ms = None;
         record.store.renewed_at_ms = now_ms();
         let name = self.name(&lease.key);
         let outcome = self.overwrite(lease, record.clone()).await;
@@ -608,6 +641,7 @@ impl Backend for CasEngine {
                         holder,
                         sent,
                         lock: None,
+                        displaced: None,
                     },
                     ttl,
                 })
@@ -617,6 +651,34 @@ impl Backend for CasEngine {
                 Err(err)
             }
         }
+    }
+
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        let name = self.stopped_name(&lease.key, lease.token);
+        let body = serde_json::json!({ "key": lease.key.as_str(), "stopped": lease.token });
+        match self
+            .store
+            .put_if_absent(&name, body.to_string().into_bytes())
+            .await
+        {
+            Ok(_) | Err(CasError::Conflict) => Ok(()),
+            Err(err) => Err(unavailable(err)),
+        }
+    }
+
+    async fn displaced_stopped(
+        &self,
+        key: &Key,
+        displaced: &Displaced,
+    ) -> Result<bool, BackendError> {
+        let name = self.stopped_name(key, displaced.token);
+        let Read { object, .. } = self.store.get(&name).await.map_err(unavailable)?;
+        if object.is_none() {
+            return Ok(false);
+        }
+        // Read once, by the one forcer it was written for.
+        let _ = self.store.delete(&name).await;
+        Ok(true)
     }
 
     async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {

@@ -114,7 +114,8 @@ pub trait CasStore: Send + Sync + 'static {
         version: &str,
     ) -> Result<String, CasError>;
     /// Removes an object whatever its version; an absent one is no error. Only
-    /// ever asked of an object no other agent writes (this agent's probe).
+    /// ever asked of an object no other agent writes again (this agent's
+    /// probe, a word that a run taken over has stopped, once read).
     async fn delete(&self, name: &str) -> Result<(), CasError>;
 }
 

@@ -37,8 +37,8 @@ mod tls;
 mod transport;
 
 use super::{
-    key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Ending,
-    EtcdOptions, Grant, LeaseRef, Profile, Profiled,
+    key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
+    Ending, EtcdOptions, Grant, LeaseRef, Profile, Profiled,
 };
 use crate::backend::history::{self as shared, Stamp};
 use crate::backend::retry::TIMEOUTS;
@@ -61,6 +61,8 @@ use transport::{watch_releases, Connection};
 
 /// How often a forced acquire may find the key taken again between its delete and its create.
 const FORCE_ATTEMPTS: usize = 4;
+/// How long a word that a taken-over run has stopped is kept for its forcer.
+const STOPPED_WORD_SECONDS: i64 = 3600;
 /// Released keys queued for a slow waiter before it is told it missed some.
 const RELEASED_BACKLOG: usize = 256;
 
@@ -299,7 +301,14 @@ impl EtcdBackend {
         });
     }
 
-    fn granted(&self, spec: &AcquireSpec, lease: i64, token: u64, sent: Instant) -> Grant {
+    fn granted(
+        &self,
+        spec: &AcquireSpec,
+        lease: i64,
+        token: u64,
+        sent: Instant,
+        displaced: Option<Displaced>,
+    ) -> Grant {
         let holder = Holder {
             token,
             ..spec.holder.clone()
@@ -312,6 +321,7 @@ impl EtcdBackend {
             holder,
             sent,
             lock: None,
+            displaced,
         }
     }
 
@@ -363,7 +373,7 @@ impl EtcdBackend {
                 let revision = answer.header().map(|h| h.revision()).unwrap_or(0);
                 let events = history::filled(events, revision as u64);
                 self.keep(&history_key, Kept { revision, events });
-                return Ok(self.granted(spec, lease.id, revision as u64, lease.sent));
+                return Ok(self.granted(spec, lease.id, revision as u64, lease.sent, None));
             }
             let mut read = answer.op_responses().into_iter().map(|r| match r {
                 TxnOpResponse::Get(mut got) => got.take_kvs().into_iter().next(),
@@ -403,7 +413,7 @@ impl EtcdBackend {
             // A retried create whose first answer was lost finds its own write.
             if record.lease_id == spec.lease_id && current.lease() == lease.id {
                 let token = current.create_revision() as u64;
-                return Ok(self.granted(spec, lease.id, token, lease.sent));
+                return Ok(self.granted(spec, lease.id, token, lease.sent, None));
             }
             let holder = match self.holder_of(&name, &current) {
                 Ok(holder) => holder,
@@ -431,8 +441,17 @@ impl EtcdBackend {
                 history: &history_key,
                 event: &event,
             };
+            let displaced = Displaced {
+                token: holder.token,
+                ttl: Duration::from_millis(record.ttl_ms),
+                holder: Some(holder),
+                lock: None,
+            };
             match self.take_over(&forced, &current).await {
-                Ok(Some(token)) => return Ok(self.granted(spec, lease.id, token, lease.sent)),
+                Ok(Some(token)) => {
+                    let grant = self.granted(spec, lease.id, token, lease.sent, Some(displaced));
+                    return Ok(grant);
+                }
                 Ok(None) => self.keep_spare(lease),
                 Err(err) => {
                     self.abandon(lease);
@@ -519,6 +538,16 @@ impl EtcdBackend {
         let events = history::filled(events, revision as u64);
         self.keep(history, Kept { revision, events });
         Ok(Some(revision as u64))
+    }
+
+    /// Where the agent of a lease taken over says its run has stopped, for
+    /// the forcer waiting on it: a name no escaped key can have, as below.
+    fn stopped_name(&self, key: &Key, token: u64) -> String {
+        format!(
+            "{}.stopped/{}/{token}",
+            self.connection.prefix,
+            key_name::escaped(key)
+        )
     }
 
     /// Where a force in progress marks its key (see `take_over`): a name no
@@ -635,6 +664,44 @@ impl Profiled for EtcdBackend {
 
 #[async_trait]
 impl Backend for EtcdBackend {
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        let name = self.stopped_name(&lease.key, lease.token);
+        // On a lease of its own, so that a word nobody reads (its forcer gave
+        // up waiting) goes by itself.
+        let granted = self
+            .connection
+            .call(|mut c| async move { c.lease_grant(STOPPED_WORD_SECONDS, None).await })
+            .await
+            .map_err(|p| self.connection.unavailable(p))?;
+        let put = PutOptions::new().with_lease(granted.id());
+        self.connection
+            .call(|mut c| {
+                let (name, put) = (name.clone(), put.clone());
+                async move { c.put(name, "stopped", Some(put)).await }
+            })
+            .await
+            .map_err(|p| self.connection.unavailable(p))?;
+        Ok(())
+    }
+
+    async fn displaced_stopped(
+        &self,
+        key: &Key,
+        displaced: &Displaced,
+    ) -> Result<bool, BackendError> {
+        let name = self.stopped_name(key, displaced.token);
+        // Read and removed in one request.
+        let deleted = self
+            .connection
+            .call(|mut c| {
+                let name = name.clone();
+                async move { c.delete(name, None).await }
+            })
+            .await
+            .map_err(|p| self.connection.unavailable(p))?;
+        Ok(deleted.deleted() > 0)
+    }
+
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         self.bounded(self.try_acquire(spec)).await
     }
@@ -846,6 +913,7 @@ impl Backend for EtcdBackend {
                     holder,
                     sent,
                     lock: None,
+                    displaced: None,
                 },
                 ttl: Duration::from_millis(record.ttl_ms),
             })

@@ -46,8 +46,8 @@ mod transport;
 
 use super::history::{self, Stamp};
 use super::{
-    AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Ending, Grant, LeaseRef,
-    Profile, Profiled,
+    AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced, Ending, Grant,
+    LeaseRef, Profile, Profiled,
 };
 use anyhow::Context as _;
 use async_trait::async_trait;
@@ -361,7 +361,7 @@ impl Inner {
                 match self.holder_record(&dir, &lock, &name)? {
                     Refused::LetGo => {} // the lock is ours now
                     Refused::Held(current) if spec.force => {
-                        return self.take_over(&dir, spec, current.map(|r| *r));
+                        return self.take_over(&dir, spec, current.map(|r| *r), lock);
                     }
                     Refused::Held(current)
                         if !current
@@ -407,6 +407,7 @@ impl Inner {
                 holder,
                 sent,
                 lock: Some(run),
+                displaced: None,
             });
         }
     }
@@ -486,11 +487,14 @@ impl Inner {
     }
 
     /// Force: a new locked lock file renamed over the old, then the record.
+    /// `old` is our own description of the old lock file, which the displaced
+    /// run holds locked until it has stopped.
     fn take_over(
         &self,
         dir: &File,
         spec: &AcquireSpec,
         current: Option<FileRecord>,
+        old: File,
     ) -> Result<Grant, BackendError> {
         let (name, lock_name) = (file_name(&spec.key), lock_name(&spec.key));
         // A lock with no held record beside it (a run's leftover process that
@@ -534,10 +538,21 @@ impl Inner {
         self.write(dir, &file, &name, &record, durable)?;
         let run = self.run_copy(&lock, &lock_name)?;
         self.remember(&spec.lease_id, lock, &spec.holder.agent_id);
+        // A process no record names (not a run) has no agent to stop it.
+        let displaced = (current.state == KeyState::Held)
+            .then_some(current.holder)
+            .flatten()
+            .map(|holder| Displaced {
+                token: holder.token,
+                holder: Some(holder),
+                ttl: (current.store.ttl_ms).map_or(spec.ttl, Duration::from_millis),
+                lock: Some(Arc::new(old)),
+            });
         Ok(Grant {
             holder,
             sent: tokio::time::Instant::now(),
             lock: Some(run),
+            displaced,
         })
     }
 
@@ -680,6 +695,7 @@ impl Inner {
                 holder,
                 sent: tokio::time::Instant::now(),
                 lock: None,
+                displaced: None,
             },
             ttl,
         })
@@ -791,5 +807,27 @@ impl Backend for FileBackend {
     async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
         let (lease, by) = (lease.clone(), by.clone());
         self.blocking(move |inner| inner.adopt(&lease, &by)).await
+    }
+
+    /// Nothing to say: the run's lock is the word.
+    async fn confirm_stopped(&self, _: &LeaseRef) -> Result<(), BackendError> {
+        Ok(())
+    }
+
+    async fn displaced_stopped(
+        &self,
+        _: &Key,
+        displaced: &Displaced,
+    ) -> Result<bool, BackendError> {
+        let Some(old) = &displaced.lock else {
+            return Ok(true);
+        };
+        // Free once every process holding the run's description has let go.
+        let free = flock(old.as_ref(), libc::LOCK_EX | libc::LOCK_NB)
+            .map_err(|e| BackendError::Unavailable(format!("locking a taken-over lock: {e}")))?;
+        if free {
+            let _ = flock(old.as_ref(), libc::LOCK_UN);
+        }
+        Ok(free)
     }
 }

@@ -6,8 +6,8 @@ use super::settings::Settings;
 use super::sql::Sql;
 use crate::backend::history;
 use crate::backend::{
-    redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Ending, Grant,
-    LeaseRef, PostgresOptions, Profile, Profiled,
+    redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
+    Ending, Grant, LeaseRef, PostgresOptions, Profile, Profiled,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -70,6 +70,32 @@ impl PostgresBackend {
     /// Statements sent by operations so far: each operation is one, unless retried.
     pub fn statements_sent(&self) -> u64 {
         self.session.statements_sent()
+    }
+
+    /// A forced row's `displaced`: the holder and TTL of the lease it took over.
+    fn displaced(
+        &self,
+        key: &Key,
+        text: Option<String>,
+    ) -> Result<Option<Displaced>, BackendError> {
+        #[derive(serde::Deserialize)]
+        struct Column {
+            holder: Holder,
+            ttl_ms: u64,
+        }
+        let Some(text) = text else { return Ok(None) };
+        let column: Column = serde_json::from_str(&text).map_err(|err| {
+            BackendError::Corrupt(format!(
+                "the row of {key:?} in {} names a taken-over lease runlock cannot read ({err})",
+                self.table
+            ))
+        })?;
+        Ok(Some(Displaced {
+            token: column.holder.token,
+            holder: Some(column.holder),
+            ttl: Duration::from_millis(column.ttl_ms),
+            lock: None,
+        }))
     }
 
     fn holder(&self, key: &Key, text: Option<String>) -> Result<Option<Holder>, BackendError> {
@@ -149,9 +175,10 @@ impl Backend for PostgresBackend {
                 .await
                 .map_err(BackendError::Unavailable)?;
             let Some(row) = rows.first() else { continue };
-            let (taken, token_value, holder_text, history): (
+            let (taken, token_value, holder_text, history, displaced): (
                 bool,
                 i64,
+                Option<String>,
                 Option<String>,
                 Option<String>,
             ) = (
@@ -159,6 +186,7 @@ impl Backend for PostgresBackend {
                 column(row, 1)?,
                 column(row, 2)?,
                 column(row, 3)?,
+                column(row, 4)?,
             );
             let recorded = self.holder(&spec.key, holder_text)?;
             if !taken {
@@ -170,13 +198,49 @@ impl Backend for PostgresBackend {
                 token: token(token_value, &spec.key)?,
                 ..spec.holder.clone()
             };
+            let displaced = self.displaced(&spec.key, displaced)?;
             return Ok(Grant {
                 holder,
                 sent,
                 lock: None,
+                displaced,
             });
         }
         Err(BackendError::Held(None, None))
+    }
+
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        let (key, token) = (lease.key.as_str(), stored_token(lease));
+        self.session
+            .run(|link| async move {
+                link.client
+                    .execute(&link.statements.stopped, &[&key, &token])
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        Ok(())
+    }
+
+    async fn displaced_stopped(
+        &self,
+        key: &Key,
+        displaced: &Displaced,
+    ) -> Result<bool, BackendError> {
+        let (key, token) = (
+            key.as_str(),
+            i64::try_from(displaced.token).unwrap_or(i64::MAX),
+        );
+        let (taken, _) = self
+            .session
+            .run(|link| async move {
+                link.client
+                    .execute(&link.statements.take_stopped, &[&key, &token])
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        Ok(taken > 0)
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
@@ -320,6 +384,7 @@ impl Backend for PostgresBackend {
                 holder,
                 sent,
                 lock: None,
+                displaced: None,
             },
             ttl: Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0)),
         })

@@ -24,6 +24,8 @@ use tokio_postgres::{Client, Statement};
 
 /// The name of the table inside the schema.
 pub const TABLE: &str = "locks";
+/// The table where the agent of a run taken over says the run has stopped.
+pub const STOPPED: &str = "stopped";
 
 /// `ident` as a quoted SQL identifier.
 pub fn quote_ident(ident: &str) -> String {
@@ -39,6 +41,7 @@ pub fn quote_literal(text: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct Sql {
     table: String,
+    stopped: String,
     schema: String,
     channel: String,
 }
@@ -60,6 +63,11 @@ pub struct Prepared {
     pub history: Statement,
     /// `$1 key, $2 lease_id, $3 token, $4 agent_id` → `(holder, ttl_ms)` if adopted.
     pub adopt: Statement,
+    /// `$1 key, $2 token`: the run of that lease, taken over, has stopped.
+    pub stopped: Statement,
+    /// `$1 key, $2 token` → one row if its run was said to have stopped
+    /// (the word is removed).
+    pub take_stopped: Statement,
 }
 
 /// When a held row stops protecting its holder, by the database's clock.
@@ -92,6 +100,7 @@ impl Sql {
     pub fn new(schema: &str, channel: &str) -> Sql {
         Sql {
             table: format!("{}.{}", quote_ident(schema), quote_ident(TABLE)),
+            stopped: format!("{}.{}", quote_ident(schema), quote_ident(STOPPED)),
             schema: schema.to_string(),
             channel: channel.to_string(),
         }
@@ -130,11 +139,22 @@ impl Sql {
              );
              -- A table made before the history was kept; older agents leave it as it is.
              ALTER TABLE {table} ADD COLUMN IF NOT EXISTS history jsonb NOT NULL DEFAULT '[]';
+             -- A forced row: the holder and TTL of the lease it took over.
+             ALTER TABLE {table} ADD COLUMN IF NOT EXISTS displaced jsonb;
+             CREATE TABLE IF NOT EXISTS {stopped} (
+                 key   text NOT NULL,
+                 token bigint NOT NULL,
+                 at    timestamptz NOT NULL DEFAULT now(),
+                 PRIMARY KEY (key, token)
+             );
+             COMMENT ON TABLE {stopped} IS
+                 'runlock: runs taken over with --force that have stopped, until their forcer reads it';
              COMMENT ON TABLE {table} IS
                  'runlock lock records, one row per key: written by runlockd, read them freely';",
             turn = quote_literal(&format!("runlock schema {}", self.schema)),
             schema = quote_ident(&self.schema),
             table = self.table,
+            stopped = self.stopped,
         )
     }
 
@@ -192,14 +212,19 @@ impl Sql {
                          WHEN l.lease_id = EXCLUDED.lease_id THEN l.forced_from
                          WHEN l.state = 'held' AND {EXPIRES} > now() THEN l.token
                      END,
+                     displaced = CASE
+                         WHEN l.lease_id = EXCLUDED.lease_id THEN l.displaced
+                         WHEN l.state = 'held' AND {EXPIRES} > now()
+                         THEN jsonb_build_object('holder', l.holder, 'ttl_ms', l.ttl_ms)
+                     END,
                      history = {history}
                  WHERE l.state = 'free' OR l.lease_id = EXCLUDED.lease_id OR $6
                     OR {EXPIRES} <= now()
-                 RETURNING l.token, l.holder::text
+                 RETURNING l.token, l.holder::text, l.displaced::text
              )
-             SELECT true, token, holder, NULL::text FROM taken
+             SELECT true, token, holder, NULL::text, displaced FROM taken
              UNION ALL
-             SELECT false, token, holder::text, history::text FROM {table}
+             SELECT false, token, holder::text, history::text, NULL::text FROM {table}
              WHERE key = $1 AND NOT EXISTS (SELECT FROM taken)"
         );
         let renew = format!(
@@ -218,7 +243,7 @@ impl Sql {
         let release = format!(
             "WITH freed AS (
                  UPDATE {table} AS l SET state = 'free', lease_id = NULL, holder = NULL,
-                     forced_from = NULL, written = clock_timestamp(),
+                     forced_from = NULL, displaced = NULL, written = clock_timestamp(),
                      history = CASE WHEN $4::text IS NULL THEN l.history ELSE {ended} END
                  WHERE key = $1 AND lease_id = $2 AND token = $3 AND state = 'held'
                  RETURNING key
@@ -265,13 +290,25 @@ impl Sql {
             [T::TEXT],
             [T::TEXT, T::TEXT, T::INT8, T::TEXT, T::INT8],
         );
-        let (acquire, renew, release, inspect, adopt, history) = futures::try_join!(
+        // A word nobody read (its forcer gave up waiting) goes a day later.
+        let stopped = format!(
+            "WITH old AS (DELETE FROM {stopped} WHERE at < now() - interval '1 day')
+             INSERT INTO {stopped} (key, token) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+            stopped = self.stopped
+        );
+        let take_stopped = format!(
+            "DELETE FROM {} WHERE key = $1 AND token = $2 RETURNING token",
+            self.stopped
+        );
+        let (acquire, renew, release, inspect, adopt, history, stopped, take_stopped) = futures::try_join!(
             client.prepare_typed(&acquire, &types.0),
             client.prepare_typed(&renew, &types.1),
             client.prepare_typed(&release, &types.2),
             client.prepare_typed(&inspect, &types.3),
             client.prepare_typed(&adopt, &types.4),
             client.prepare_typed(&history, &types.3),
+            client.prepare_typed(&stopped, &[T::TEXT, T::INT8]),
+            client.prepare_typed(&take_stopped, &[T::TEXT, T::INT8]),
         )?;
         Ok(Prepared {
             acquire,
@@ -280,6 +317,8 @@ impl Sql {
             inspect,
             history,
             adopt,
+            stopped,
+            take_stopped,
         })
     }
 }

@@ -56,7 +56,7 @@ def _call(handler: Callable[[Any], None], arg: Any) -> None:
 class _Pending:
     """A request awaiting its reply; the reader thread fills it in."""
 
-    __slots__ = ("done", "reply", "error", "fds")
+    __slots__ = ("done", "reply", "error", "fds", "extended_s")
 
     def __init__(self) -> None:
         self.done = threading.Event()
@@ -64,6 +64,8 @@ class _Pending:
         self.error: Optional[RunlockError] = None
         #: Lock descriptors that came with the reply, owned by the requester.
         self.fds: List[int] = []
+        #: How much longer the agent said it needs (``forcing``), not yet added.
+        self.extended_s = 0.0
 
 
 class Connection:
@@ -220,7 +222,7 @@ class Connection:
             with self._state_lock:
                 self._pending.pop(request_id, None)
             raise Unavailable(f"cannot send to the agent at {self.path}: {err}") from err
-        if not pending.done.wait(timeout):
+        if not self._wait(pending, timeout):
             self.close()
             # A reply that raced the close may have brought descriptors; once
             # closed, the reader has stopped, so nothing can arrive after this.
@@ -232,6 +234,20 @@ class Connection:
         if isinstance(pending.reply, messages.Error):
             raise pending.reply.exception()
         return pending.reply, pending.fds
+
+    def _wait(self, pending: _Pending, timeout: Optional[float]) -> bool:
+        """Waits for the reply within ``timeout``, and the longer waits a
+        ``forcing`` event announced meanwhile."""
+        if timeout is None:
+            return pending.done.wait()
+        deadline = time.monotonic() + timeout
+        while not pending.done.wait(max(deadline - time.monotonic(), 0.0)):
+            with self._state_lock:
+                extended, pending.extended_s = pending.extended_s, 0.0
+            if extended <= 0:
+                return False
+            deadline += extended
+        return True
 
     # ------------------------------------------------------------------ reader thread
 
@@ -297,6 +313,13 @@ class Connection:
             self._fail_pending(ProtocolError(f"agent reported: {message.message}", code=message.code))
         elif isinstance(message, messages.Unknown):
             _log.debug("runlock: ignoring unknown event %r", message.type)
+        elif isinstance(message, messages.Forcing):
+            # A forced acquire waits for the run it displaces to stop: the
+            # agent answers that much later.
+            _log.warning("runlock: %s", message.describe())
+            with self._state_lock:
+                for waiting in self._pending.values():
+                    waiting.extended_s += message.wait_ms / 1000
         else:
             with self._dispatch_lock:
                 if self._on_event is None:

@@ -482,6 +482,30 @@ class Lost:
 
 
 @dataclass(frozen=True)
+class Forcing:
+    """The ``forcing`` event: a forced acquire has taken ``key`` and waits,
+    at most ``wait_ms``, for the run it took it from (``holder``, where
+    known) to stop before it answers."""
+
+    key: str
+    wait_ms: int
+    holder: Optional[Holder] = None
+    id: Optional[int] = None
+
+    def describe(self) -> str:
+        """The wait in words."""
+        whose = "the run it was held by"
+        if self.holder is not None:
+            h = self.holder
+            whose = f"the run of {h.user}@{h.host} (pid {h.pid}, token {h.token})"
+        seconds = -(-self.wait_ms // 1000)
+        return (
+            f"{self.key!r} is taken over; waiting for {whose} to stop before"
+            f" answering: at most {seconds}s"
+        )
+
+
+@dataclass(frozen=True)
 class Renewed:
     """The ``renewed`` event: the lease stays guaranteed for ``valid_for_ms``."""
 
@@ -507,8 +531,8 @@ class Unknown:
 
 
 AgentMessage = Union[
-    Welcome, Acquired, Released, Leases, Record, Events, Empty, Error, Lost, Renewed, Restarting,
-    Unknown,
+    Welcome, Acquired, Released, Leases, Record, Events, Empty, Error, Lost, Forcing, Renewed,
+    Restarting, Unknown,
 ]
 
 
@@ -591,6 +615,13 @@ def parse_agent(body: Dict[str, Any]) -> AgentMessage:
             holder=_holder(body),
         )
         return Lost(event=event, id=request_id)
+    if kind == "forcing":
+        return Forcing(
+            key=_str(body, "key"),
+            wait_ms=_int(body, "wait_ms"),
+            holder=_holder(body),
+            id=request_id,
+        )
     if kind == "renewed":
         return Renewed(
             lease_id=_str(body, "lease_id"),

@@ -1,0 +1,123 @@
+//! `--force` never runs beside the run it displaces (invariant 10), through
+//! the real shim and agents, on every backend: the forced command starts
+//! once the displaced run has stopped, or once that run's deadline has
+//! passed when its host is gone; the forced run says what it waits for.
+//! Each case is an `async fn(place)`, named per backend by `test_matrix!`
+//! (`force::CASE::BACKEND`).
+
+use crate::support::agent::Backend;
+use crate::support::hosts::{Local, OnStore, Place};
+use crate::support::run::Finished;
+use crate::support::stores::{Azure, Etcd, Gcs, Postgres, Space, Store, S3};
+use crate::support::{key, TestAgent};
+use anyhow::{ensure, Result};
+use std::time::{Duration, Instant};
+
+test_matrix!(
+    [
+        file: Local(Backend::File),
+        memory: Local(Backend::Memory),
+        memory_cas: Local(Backend::MemoryCas),
+        s3: OnStore(S3),
+        azure: OnStore(Azure),
+        gcs: OnStore(Gcs),
+        postgres: OnStore(Postgres),
+        etcd: OnStore(Etcd),
+    ];
+    a_forced_run_starts_once_the_run_it_displaced_has_stopped,
+);
+
+// Leases that outlive their agent: a dead host's run stops at its deadline.
+test_matrix!(
+    [s3: S3, azure: Azure, gcs: Gcs, postgres: Postgres, etcd: Etcd];
+    a_forced_run_waits_out_the_deadline_of_a_run_whose_host_is_gone,
+);
+
+/// The holder: holds an exclusive `flock` on `$WITNESS` for as long as any
+/// process of its run lives, so that a run beside it cannot take it; says
+/// `ready PID TOKEN` (PID: the command's, now `flock`) once it holds it.
+const HOLDER: &str =
+    "exec flock \"$WITNESS\" sh -c 'echo ready $PPID $RUNLOCK_TOKEN; read _line; echo bye'";
+
+/// The forced run: whether it started alone, by the witness.
+const FORCED: &str =
+    "if flock -n \"$WITNESS\" true; then echo alone $RUNLOCK_TOKEN; else echo beside; fi";
+
+/// A witness file for one case, and the environment that names it.
+fn witness(case: &str) -> Result<(tempfile::TempDir, String)> {
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join(case);
+    std::fs::write(&path, b"")?;
+    Ok((dir, path.display().to_string()))
+}
+
+/// Checks that the forced run ran alone, after saying what it waited for.
+fn ran_alone(forced: &Finished, displaced_token: u64) -> Result<()> {
+    forced.expect_code(0)?;
+    ensure!(
+        forced.stdout.starts_with("alone "),
+        "the forced run started beside the run it displaced: {forced:?}"
+    );
+    ensure!(
+        forced
+            .stderr
+            .contains("is taken over; waiting for the run of")
+            && forced.stderr.contains(&format!("token {displaced_token})"))
+            && forced.stderr.contains("at most"),
+        "the forced run did not say what it waited for: {forced:?}"
+    );
+    Ok(())
+}
+
+async fn a_forced_run_starts_once_the_run_it_displaced_has_stopped(
+    place: impl Place,
+) -> Result<()> {
+    // TTL 6 s: through another agent, the holder hears of the force at its
+    // next renewal, about 2 s on.
+    let hosts = place.hosts("force-waits", &["--ttl", "6s"]).await?;
+    let k = key("force-waits");
+    let (_dir, witness) = witness("force-waits")?;
+    let env = [("WITNESS", witness.as_str())];
+    let mut holder = hosts.a.run_with_env(&[&k], &[], HOLDER, &env)?;
+    let token = holder.ready().await?.token();
+
+    let forced = hosts.b().run_with_env(&[&k], &["--force"], FORCED, &env)?;
+    let forced = forced.finish().await?;
+    ran_alone(&forced, token)?;
+    let stopped = holder.finish().await?;
+    stopped.expect_code(76)?;
+    ensure!(!stopped.stdout.contains("bye"), "not stopped: {stopped:?}");
+    Ok(())
+}
+
+async fn a_forced_run_waits_out_the_deadline_of_a_run_whose_host_is_gone(
+    store: impl Store,
+) -> Result<()> {
+    const TTL: Duration = Duration::from_secs(5);
+    let space = Space::create(store, "force-deadline").await?;
+    let mut a = space.agent("f", &["--ttl", "5s"]).await?;
+    let b: TestAgent = space.agent("f", &["--ttl", "5s"]).await?;
+    let k = key("force-deadline");
+    let (_dir, witness) = witness("force-deadline")?;
+    let env = [("WITNESS", witness.as_str())];
+    let mut holder = a.run_with_env(&[&k], &[], HOLDER, &env)?;
+    let ready = holder.ready().await?;
+    a.wait_attached(ready.pid).await?;
+
+    // The host's agent dies: nobody tells the holder of the force, and its
+    // shim stops the run at its lease's deadline.
+    a.kill().await?;
+    let started = Instant::now();
+    let forced = b.run_with_env(&[&k], &["--force"], FORCED, &env)?;
+    let forced = forced.finish_within(TTL * 4).await?;
+    ran_alone(&forced, ready.token())?;
+    ensure!(
+        forced.elapsed >= TTL / 2,
+        "answered after {:?}: before the displaced run could have stopped",
+        forced.elapsed
+    );
+    let stopped = holder.finish().await?;
+    stopped.expect_code(76)?;
+    ensure!(started.elapsed() < TTL * 4, "{:?}", started.elapsed());
+    Ok(())
+}
