@@ -203,7 +203,10 @@ mod tests {
         assert!(!forced.is_finished());
         let (waiter, _waiter_events) = connect(&registry, ROOT);
         let refused = take(&registry, waiter, &["k"]).await;
-        assert!(refused.is_err(), "taken beside the displaced run: {refused:?}");
+        assert!(
+            refused.is_err(),
+            "taken beside the displaced run: {refused:?}"
+        );
         registry.close_connection(old).await;
         let answered = tokio::time::timeout(Duration::from_secs(1), forced).await;
         answered.expect("answered").expect("ran").expect("granted");
