@@ -347,3 +347,57 @@ async fn descriptors_a_peer_sends_are_never_kept() -> Result<()> {
     );
     agent.still_serves().await
 }
+
+/// Issue 27, attack 4, on an object store: a member's runs hold every slot
+/// of a 32-slot key and 32 more wait for one, each try reading the key's
+/// slot records through the store client that root's renewals share.
+/// Root's run with a short TTL keeps renewing (it is never lost for want
+/// of a renewal) and root's other runs are served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_members_slot_waiters_on_s3_neither_stop_nor_starve_roots_runs() -> Result<()> {
+    use crate::support::stores::{Space, S3};
+    use std::os::unix::fs::PermissionsExt;
+    const SLOTS: &str = "32";
+    let space = Space::create(S3, "slot-flood").await?;
+    let group = RUNLOCK_GROUP.to_string();
+    let agent = space.agent("p", &["--socket-group", &group]).await?;
+    std::fs::set_permissions(agent.dir(), std::fs::Permissions::from_mode(0o755))?;
+    let w = key("slot-flood");
+    let hold = ["run", "--slots", SLOTS, "--key", &w, "--", "sh", "-c", HOLD];
+    let mut holders = Vec::new();
+    for _ in 0..32 {
+        holders.push(as_nobody(&agent, &[RUNLOCK_GROUP], &hold)?);
+    }
+    for holder in &mut holders {
+        holder.ready().await?;
+    }
+    let wait = [
+        "run", "--slots", SLOTS, "--wait", "60s", "--key", &w, "--", "true",
+    ];
+    let mut waiters = Vec::new();
+    for _ in 0..32 {
+        waiters.push(as_nobody(&agent, &[RUNLOCK_GROUP], &wait)?);
+    }
+    // Root's lease is renewed every 2 s (TTL 6 s) through the same client
+    // while the waiters poll; a renewal starved past its deadline ends it 76.
+    let roots = agent.run(&[&key("roots")], &["--ttl", "6s"], "sleep 12; echo done")?;
+    for n in 0..5 {
+        let short = agent.run(&[&key(&format!("roots-{n}"))], &[], "echo served")?;
+        let short = short.finish().await?;
+        short.expect_code(0)?;
+        ensure!(short.stdout == "served\n", "{short:?}");
+    }
+    let roots = roots
+        .finish_within(std::time::Duration::from_secs(45))
+        .await?;
+    roots.expect_code(0)?;
+    ensure!(roots.stdout == "done\n", "{roots:?}");
+    for waiter in &waiters {
+        waiter.signal(nix::sys::signal::Signal::SIGKILL)?;
+    }
+    for mut holder in holders {
+        holder.end();
+        holder.finish().await?.expect_code(0)?;
+    }
+    Ok(())
+}
