@@ -169,6 +169,16 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
         }
     };
 
+    // A lost run is its whole process group: what the command left behind
+    // is killed at the end of the kill grace too, before the lock is
+    // dropped and before the agent may say the run has stopped.
+    if watch.lost && !matches!(watch.on_lost, OnLostArg::Ignore) && killpg(group, None).is_ok() {
+        if let Some(at) = watch.kill_at {
+            tokio::time::sleep_until(at).await;
+        }
+        let _ = killpg(group, Signal::SIGKILL);
+    }
+
     // Dropped for every holder of the lock (a daemon the run left behind
     // too) before the agent is told: it marks the record free only once it
     // can take the lock itself, so this leaves no moment with two holders.
