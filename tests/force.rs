@@ -2,6 +2,7 @@
 //! the real shim and agents, on every backend: the forced command starts
 //! once the displaced run has stopped, or once that run's deadline has
 //! passed when its host is gone; the forced run says what it waits for.
+//! A break (`runlock release KEY`) frees the key only then, too.
 //! Each case is an `async fn(place)`, named per backend by `test_matrix!`
 //! (`force::CASE::BACKEND`).
 
@@ -25,6 +26,8 @@ test_matrix!(
         etcd: OnStore(Etcd),
     ];
     a_forced_run_starts_once_the_run_it_displaced_has_stopped,
+    a_break_through_the_holders_agent_frees_the_key_once_the_run_has_stopped,
+    a_break_through_another_agent_frees_the_key_once_the_run_has_stopped,
 );
 
 // Leases that outlive their agent: a dead host's run stops at its deadline.
@@ -119,5 +122,63 @@ async fn a_forced_run_waits_out_the_deadline_of_a_run_whose_host_is_gone(
     let stopped = holder.finish().await?;
     stopped.expect_code(76)?;
     ensure!(started.elapsed() < TTL * 4, "{:?}", started.elapsed());
+    Ok(())
+}
+
+/// A holder whose run outlives SIGTERM: it is stopped only by the SIGKILL a
+/// kill grace later, so a key freed before then would let a waiter in
+/// beside it.
+const STUBBORN_HOLDER: &str = "exec flock \"$WITNESS\" sh -c 'trap \"\" TERM; echo ready $PPID $RUNLOCK_TOKEN; read _line; echo bye'";
+
+async fn a_break_through_the_holders_agent_frees_the_key_once_the_run_has_stopped(
+    place: impl Place,
+) -> Result<()> {
+    a_break_frees_the_key_once_the_run_has_stopped(place, "break-here", true).await
+}
+
+async fn a_break_through_another_agent_frees_the_key_once_the_run_has_stopped(
+    place: impl Place,
+) -> Result<()> {
+    a_break_frees_the_key_once_the_run_has_stopped(place, "break-there", false).await
+}
+
+/// A run holds the key on A and a waiter queues on B; `runlock release`
+/// through A (`here`) or B breaks the run, says what it waits for, and
+/// answers once the run has stopped: the waiter then starts alone.
+async fn a_break_frees_the_key_once_the_run_has_stopped(
+    place: impl Place,
+    case: &str,
+    here: bool,
+) -> Result<()> {
+    let hosts = place.hosts(case, &["--ttl", "6s"]).await?;
+    let k = key(case);
+    let (_dir, witness) = witness(case)?;
+    let env = [("WITNESS", witness.as_str())];
+    let mut holder = hosts.a.run_with_env(&[&k], &[], STUBBORN_HOLDER, &env)?;
+    let token = holder.ready().await?.token();
+    let waiter = hosts
+        .b()
+        .run_with_env(&[&k], &["--wait", "60s"], FORCED, &env)?;
+
+    let breaker = if here { &hosts.a } else { hosts.b() };
+    let broken = breaker.runlock_output(&["release", &k]).await?;
+    let stopped = holder.finish().await?;
+    let waiter = waiter.finish().await?;
+    waiter.expect_code(0)?;
+    ensure!(
+        waiter.stdout.starts_with("alone "),
+        "the waiter started beside the broken run: {waiter:?}"
+    );
+    stopped.expect_code(76)?;
+    ensure!(!stopped.stdout.contains("bye"), "not stopped: {stopped:?}");
+    broken.expect_code(0)?;
+    ensure!(broken.stdout.starts_with("released"), "{broken:?}");
+    ensure!(
+        broken
+            .stderr
+            .contains("is taken over; waiting for the run of")
+            && broken.stderr.contains(&format!("token {token})")),
+        "the break did not say what it waited for: {broken:?}"
+    );
     Ok(())
 }

@@ -567,14 +567,13 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
     }
 
     let mut breaker = agent.client().await?;
-    let reply = breaker
-        .call(ClientMessage::Release {
+    let breaking = breaker
+        .send(ClientMessage::Release {
             slot: None,
             lease_ids: Vec::new(),
             key: Some(k.clone()),
         })
         .await?;
-    ensure!(reply == AgentMessage::Released { count: 1 }, "{reply:?}");
     match forcer.next_event().await? {
         AgentMessage::Lost {
             lease_id,
@@ -582,6 +581,16 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
             ..
         } => ensure!(lease_id == new.lease_id, "{lease_id}"),
         other => anyhow::bail!("expected lost{{broken}}, got {other:?}"),
+    }
+    // The break, too, is answered once the run it broke has stopped.
+    drop(forcer);
+    let reply = breaker.reply(breaking).await?;
+    ensure!(reply == AgentMessage::Released { count: 1 }, "{reply:?}");
+    match breaker.forcing.as_slice() {
+        [AgentMessage::Forcing {
+            holder: Some(h), ..
+        }] => ensure!(h.token == new.token, "{h:?}"),
+        other => anyhow::bail!("expected one forcing event, got {other:?}"),
     }
     let reply = breaker
         .call(ClientMessage::Release {
@@ -631,12 +640,15 @@ async fn history_lists_grants_forces_releases_and_breaks_in_order(backend: Backe
             )
         })
         .collect();
+    // A break takes the key over with a token of its own, then frees it.
+    let t4 = got.last().map_or(0, |e| e.1);
+    ensure!(t4 > t3, "{got:?}");
     let want = [
         ("granted", t1, None),
         ("forced", t2, Some(t1)),
         ("released", t2, None),
         ("granted", t3, None),
-        ("broken", t3, None),
+        ("broken", t4, Some(t3)),
     ];
     ensure!(got == want, "{got:?}, not {want:?}");
     let host = host_name()?;

@@ -2,7 +2,9 @@
 //! the release of every lease it held. The one place where the lease layer's
 //! errors and events become wire messages.
 
-use crate::lease::{AcquireRequest, ConnId, Event, Granted, LeaseError, PeerCred, Registry};
+use crate::lease::{
+    AcquireRequest, ConnId, Event, Events, Granted, LeaseError, PeerCred, Registry,
+};
 use crate::limits::{Limits, HELLO_FRAME_LEN};
 use crate::process::Peer;
 use bytes::BytesMut;
@@ -333,7 +335,7 @@ impl Connection {
                             let err = WireError::new(ErrorCode::BadRequest, format!("cannot decode message: {}", bad.reason));
                             self.reply_error(bad.id, err).await?;
                         }
-                        Some(Ok(Ok(Envelope { id, body }))) => self.request(conn, id, body, &mut acquire).await?,
+                        Some(Ok(Ok(Envelope { id, body }))) => self.request(conn, id, body, &mut acquire, &mut events).await?,
                     },
                 }
             }
@@ -427,6 +429,7 @@ impl Connection {
         id: Option<u64>,
         body: ClientMessage,
         acquire: &mut AcquireSlot,
+        events: &mut Events,
     ) -> Result<(), ProtocolError> {
         tracing::debug!(?id, request = ?body, "request");
         let reply = match body {
@@ -480,11 +483,26 @@ impl Connection {
                     .release(conn, &lease_ids)
                     .await
                     .map_err(wire_error),
-                (true, Some(key)) => self
-                    .registry
-                    .break_key(conn, &key, slot.unwrap_or(0))
-                    .await
-                    .map_err(wire_error),
+                (true, Some(key)) => {
+                    // A break waits for the run it ends to stop, and says so
+                    // (`forcing`) meanwhile, as a force does. Its own task: a
+                    // break once begun ends the key it took, peer or no peer.
+                    let registry = self.registry.clone();
+                    let slot = slot.unwrap_or(0);
+                    let mut breaking = tokio::spawn(
+                        async move { registry.break_key(conn, &key, slot).await }.in_current_span(),
+                    );
+                    loop {
+                        tokio::select! {
+                            biased;
+                            Some(event) = events.recv() => self.send(None, event_message(event)).await?,
+                            broken = &mut breaking => break match broken {
+                                Ok(broken) => broken.map_err(wire_error),
+                                Err(err) => Err(WireError::new(ErrorCode::Internal, format!("the break failed: {err}"))),
+                            },
+                        }
+                    }
+                }
                 _ => Err(WireError::new(
                     ErrorCode::BadRequest,
                     "release takes either lease_ids or key",

@@ -371,7 +371,7 @@ pub fn forcing_notice(key: &str, holder: Option<&Holder>, wait_ms: u64) -> Strin
         None => "the run it was held by".to_string(),
     };
     format!(
-        "{:?} is taken over; waiting for {whose} to stop before the command starts: at most {}s",
+        "{:?} is taken over; waiting for {whose} to stop: at most {}s",
         display::escape(key),
         wait_ms.div_ceil(1000)
     )

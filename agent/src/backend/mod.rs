@@ -92,11 +92,9 @@ pub struct AcquireSpec {
 pub enum Ending {
     /// Its holder let it go, or its run ended.
     Released,
-    /// Someone broke it (`release{key}` on this agent): who.
-    Broken(Box<Holder>),
     /// Its agent gave it up, unable to renew it in time: why.
     Lost(String),
-    /// The lease a break of a key held elsewhere took it over with: the
+    /// The lease a break (`release{key}`) took the key over with: the
     /// `broken` event is already written, so its end adds none.
     AfterBreak,
 }
@@ -106,7 +104,6 @@ impl Ending {
     pub fn event(&self, holder: &Holder, at: history::Stamp) -> Option<KeyEvent> {
         let (kind, who, reason) = match self {
             Ending::Released => (EventKind::Released, holder, ""),
-            Ending::Broken(by) => (EventKind::Broken, by.as_ref(), ""),
             Ending::Lost(why) => (EventKind::Lost, holder, why.as_str()),
             Ending::AfterBreak => return None,
         };

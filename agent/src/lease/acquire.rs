@@ -248,7 +248,7 @@ impl Registry {
                     force: req.force,
                     breaking: false,
                 };
-                match self.attempt(&key, req, spec, self.viewer(conn)).await {
+                match self.attempt(conn, &key, req, spec).await {
                     Ok((spec, mut grant)) => {
                         let (displaced, sent) = (grant.displaced.take(), grant.sent);
                         let taken = self.register(conn, spec, grant).await?;
@@ -319,11 +319,12 @@ impl Registry {
     /// another count of slots is refused, never mixed with.
     async fn attempt(
         &self,
+        conn: ConnId,
         key: &Key,
         req: &AcquireRequest,
         spec: AcquireSpec,
-        viewer: crate::shown::Viewer,
     ) -> Result<(AcquireSpec, Grant), Attempt> {
+        let viewer = self.viewer(conn);
         let mismatch = |held_with: u32, holders: Vec<Holder>| {
             Attempt::Refused(LeaseError::SlotsMismatch {
                 key: key.clone(),
@@ -354,27 +355,35 @@ impl Registry {
         match self.counts_agree(key, req.slots, mine).await {
             Ok(None) => Ok((spec, grant)),
             Ok(Some((count, holders))) => {
-                self.give_back(&spec, grant).await;
+                self.give_back(conn, &spec, grant).await;
                 Err(mismatch(count, holders))
             }
             Err(err) => {
-                self.give_back(&spec, grant).await;
+                self.give_back(conn, &spec, grant).await;
                 Err(Attempt::from_backend(key, err))
             }
         }
     }
 
-    /// Lets go at once of a grant that must not stand (invariant 10).
-    async fn give_back(&self, spec: &AcquireSpec, grant: Grant) {
-        let reference = LeaseRef {
+    /// Lets go of a grant that must not stand (invariant 10): at once, or,
+    /// if it took the key over, once the run it displaced has stopped.
+    async fn give_back(&self, conn: ConnId, spec: &AcquireSpec, grant: Grant) {
+        let lease = LeaseRef {
             key: spec.key.clone(),
             lease_id: spec.lease_id.clone(),
             token: grant.holder.token,
         };
-        if let Err(err) = self.backend.release(&reference).await {
-            // It then expires as any lease whose agent stopped renewing.
-            tracing::warn!(key = %spec.key, "could not give back a grant refused for its slot count: {err}");
+        if let Some(forced) = self.held_here_before(&spec.key, lease.token) {
+            let loss = Loss::ForcedHere {
+                user: grant.holder.user.clone(),
+                host: grant.holder.host.clone(),
+                pid: grant.holder.pid,
+            };
+            self.lose(&forced, loss, Some(grant.holder.clone()), Ending::Released)
+                .await;
         }
+        self.let_go_once_stopped(conn, lease, spec.ttl, &grant, &Ending::Released)
+            .await;
     }
 
     /// A plain key: its own record, one holder.
@@ -646,26 +655,38 @@ mod tests {
         assert_eq!(err.code(), ErrorCode::NotOwner);
     }
 
-    /// A store that holds back its answer to the first acquire until told:
-    /// the first force lands first and is answered last, as a slow network
-    /// may answer two forces through one agent.
-    struct AnswersFirstLast {
+    /// A store that stages a race around a force. `answers_first_last`: it
+    /// holds back its answer to the first acquire until told, so the first
+    /// force lands first and is answered last, as a slow network may answer
+    /// two forces through one agent. `slot_joins_force`: right after a
+    /// force lands, another agent takes slot 1 of the key with a count of 2.
+    #[derive(Default)]
+    struct Staged {
         store: Arc<MemoryBackend>,
+        answers_first_last: bool,
+        slot_joins_force: bool,
         calls: std::sync::atomic::AtomicUsize,
         let_first_answer: tokio::sync::Notify,
     }
 
-    impl crate::backend::Profiled for AnswersFirstLast {
+    impl crate::backend::Profiled for Staged {
         fn profile(&self) -> crate::backend::Profile {
             self.store.profile()
         }
     }
 
     #[async_trait::async_trait]
-    impl Backend for AnswersFirstLast {
+    impl Backend for Staged {
         async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
             let grant = self.store.acquire(spec).await;
-            if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            if self.slot_joins_force && spec.force {
+                let mut other =
+                    crate::backend::testing::spec("k", "other", false, Duration::from_secs(30));
+                other.key = spec.key.slot_record(1);
+                (other.holder.slot, other.holder.slots) = (Some(1), Some(2));
+                self.store.acquire(&other).await.expect("slot 1 is free");
+            }
+            if self.answers_first_last && self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
                 self.let_first_answer.notified().await;
             }
             grant
@@ -710,10 +731,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_force_answered_after_a_later_one_is_refused_and_frees_nothing() {
-        let backend = Arc::new(AnswersFirstLast {
-            store: Arc::new(MemoryBackend::default()),
-            calls: Default::default(),
-            let_first_answer: Default::default(),
+        let backend = Arc::new(Staged {
+            answers_first_last: true,
+            ..Staged::default()
         });
         let registry = agent(backend.clone(), "agent-1");
         let (first, _first_events) = connect(&registry, ROOT);
@@ -771,6 +791,46 @@ mod tests {
         assert_eq!(registry.list().len(), 1);
         let record = backend.store.inspect(&key).await.expect("inspect");
         assert_eq!(record.holder.expect("held").token, later[0].token);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_force_given_back_for_its_slot_count_keeps_the_key_until_the_run_it_displaced_has_stopped(
+    ) {
+        let backend = Arc::new(Staged {
+            slot_joins_force: true,
+            ..Staged::default()
+        });
+        let registry = agent(backend.clone(), "agent-1");
+        let (old, mut old_events) = connect(&registry, ROOT);
+        take(&registry, old, &["k"]).await.expect("free");
+        let (forcer, _forcer_events) = connect(&registry, ROOT);
+        let shared = registry.clone();
+        let force = tokio::spawn(async move {
+            let never = CancellationToken::new();
+            let asked = request(&["k"], Duration::ZERO, true);
+            shared.acquire(forcer, asked, &never).await
+        });
+        let lost = tokio::time::timeout(Duration::from_secs(1), old_events.recv()).await;
+        assert!(matches!(lost, Ok(Some(Event::Lost { .. }))), "{lost:?}");
+        // The displaced run takes its time to stop: slot 0 stays the forcer's
+        // meanwhile, so no plain run starts beside it.
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(!force.is_finished(), "given back before the run stopped");
+        let key = Key::new("k").expect("valid");
+        let record = backend.store.inspect(&key).await.expect("inspect");
+        assert!(
+            record.holder.is_some(),
+            "slot 0 freed beside the displaced run"
+        );
+        registry.close_connection(old).await;
+        let refused = tokio::time::timeout(Duration::from_secs(1), force)
+            .await
+            .expect("answered once the run stopped")
+            .expect("ran")
+            .expect_err("its slot count does not match");
+        assert_eq!(refused.code(), ErrorCode::SlotsMismatch);
+        let record = backend.store.inspect(&key).await.expect("inspect");
+        assert!(record.holder.is_none(), "{record:?}");
     }
 
     #[tokio::test]

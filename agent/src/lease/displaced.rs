@@ -5,7 +5,7 @@
 
 use super::registry::Registry;
 use super::state::ConnId;
-use crate::backend::{Displaced, LeaseRef};
+use crate::backend::{Displaced, Ending, Grant, LeaseRef};
 use runlock_protocol::{timing, Key};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -76,6 +76,33 @@ impl Registry {
             }
             look = (look * 2).min(LONGEST_LOOK);
         }
+    }
+
+    /// Keeps a forced grant that must not stand (a break, or a force the
+    /// slot-count check refuses) renewed until the run it displaced has
+    /// stopped, then ends it with `ending`: freed at once, the key would go
+    /// to a waiter beside that run (invariant 10).
+    pub(super) async fn let_go_once_stopped(
+        &self,
+        conn: ConnId,
+        lease: LeaseRef,
+        ttl: Duration,
+        grant: &Grant,
+        ending: &Ending,
+    ) {
+        if let Some(displaced) = &grant.displaced {
+            if self.capabilities.needs_renewal {
+                self.renewals.start_lease(lease.clone(), ttl, grant.sent);
+            }
+            self.await_stopped(conn, &lease.key, displaced, grant.sent)
+                .await;
+            self.renewals.stop(&lease.lease_id);
+        }
+        if let Err(err) = self.backend.end(&lease, ending).await {
+            // It then expires as any lease whose agent stopped renewing.
+            tracing::warn!(key = %lease.key.logged(), "could not let go of a key taken over: {err}");
+        }
+        self.state().queues.wake_head(&lease.key);
     }
 
     /// Says through the store that the runs of `leases`, taken over from

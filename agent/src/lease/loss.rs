@@ -71,10 +71,13 @@ impl Registry {
             let Some(lease) = state.remove_lease(lease_id) else {
                 return;
             };
-            // Its forcer waits for the run to stop (invariant 10).
+            // Its forcer or breaker waits for the run to stop (invariant 10).
             if matches!(
                 loss,
-                Loss::ForcedHere { .. } | Loss::TakenOver { .. } | Loss::Gone
+                Loss::ForcedHere { .. }
+                    | Loss::BrokenHere { .. }
+                    | Loss::TakenOver { .. }
+                    | Loss::Gone
             ) {
                 if let Some(c) = state.conns.get_mut(&lease.conn) {
                     c.stopped_owed.push(lease.reference(lease_id));

@@ -7,7 +7,7 @@ use super::event::Loss;
 use super::registry::Registry;
 use super::state::ConnId;
 use crate::backend::{AcquireSpec, Ending, LeaseRef};
-use runlock_protocol::Holder;
+use runlock_protocol::{Holder, Key};
 
 impl Registry {
     /// Releases leases this connection holds.
@@ -50,7 +50,10 @@ impl Registry {
         true
     }
 
-    /// Breaks whoever holds `key`, on this agent or another sharing the backend.
+    /// Breaks whoever holds `key`, on this agent or another sharing the
+    /// backend: takes it over as a force does, waits until the run it
+    /// displaced has stopped (telling the peer, as a force does), then lets
+    /// it go. Freed at once, the key would go to a waiter beside that run.
     pub async fn break_key(&self, conn: ConnId, key: &str, slot: u32) -> Result<u32, LeaseError> {
         let key = valid_key(key)?;
         let key = valid_slot(&key, slot)?;
@@ -62,33 +65,24 @@ impl Registry {
             acquired_at_ms: now_ms(),
             ..self.holder(peer, user, "runlock release".to_string())
         };
-        let local = {
+        let held_here = {
             let state = self.state();
-            let lease_id = state.by_key.get(&key).cloned();
-            let slots = lease_id.as_ref().and_then(|id| state.leases.get(id));
-            lease_id.map(|id| (id, slots.and_then(|l| l.holder.slots)))
+            let lease = state.by_key.get(&key).and_then(|id| state.leases.get(id));
+            lease.map(|l| l.holder.slots)
         };
-        if let Some((lease_id, slots)) = local {
-            // The break is an event of the slot it ends.
-            breaker.slots = slots;
-            breaker.slot = slots.map(|_| slot);
-            let loss = Loss::BrokenHere {
-                uid: peer.uid,
-                pid: peer.pid,
-            };
-            let ending = Ending::Broken(Box::new(breaker));
-            self.lose(&lease_id, loss, None, ending).await;
-            return Ok(1);
-        }
-        let record = self.backend.inspect(&key).await.map_err(backend_on(&key))?;
-        if record.holder.is_none() && record.state != runlock_protocol::KeyState::Held {
-            return Ok(0);
-        }
-        breaker.slots = record.holder.as_ref().and_then(|h| h.slots);
-        if breaker.slots.is_some() {
-            breaker.slot = Some(slot);
-        }
-        // Held through another agent: take it over, then let it go.
+        let slots = match held_here {
+            Some(slots) => slots,
+            None => {
+                let record = self.backend.inspect(&key).await.map_err(backend_on(&key))?;
+                if record.holder.is_none() && record.state != runlock_protocol::KeyState::Held {
+                    return Ok(0);
+                }
+                record.holder.as_ref().and_then(|h| h.slots)
+            }
+        };
+        // The break is an event of the slot it ends.
+        breaker.slots = slots;
+        breaker.slot = slots.map(|_| slot);
         let spec = AcquireSpec {
             key: key.clone(),
             lease_id: uuid::Uuid::new_v4().to_string(),
@@ -107,11 +101,25 @@ impl Registry {
             lease_id: spec.lease_id,
             token: grant.holder.token,
         };
-        self.backend
-            .end(&lease, &Ending::AfterBreak)
-            .await
-            .map_err(backend_on(&key))?;
-        tracing::info!(key = %key.logged(), uid = peer.uid, "broke a lease held through another agent");
+        if let Some(broken) = self.held_here_before(&key, lease.token) {
+            let loss = Loss::BrokenHere {
+                uid: peer.uid,
+                pid: peer.pid,
+            };
+            self.lose(&broken, loss, None, Ending::Released).await;
+        }
+        self.let_go_once_stopped(conn, lease, spec.ttl, &grant, &Ending::AfterBreak)
+            .await;
+        tracing::info!(key = %key.logged(), uid = peer.uid, "broke a lease");
         Ok(1)
+    }
+
+    /// The lease held here on `key` with a token older than `token`: the
+    /// one a take-over with `token` displaced.
+    pub(super) fn held_here_before(&self, key: &Key, token: u64) -> Option<String> {
+        let state = self.state();
+        let lease_id = state.by_key.get(key)?;
+        let lease = state.leases.get(lease_id)?;
+        (lease.holder.token < token).then(|| lease_id.clone())
     }
 }

@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import List
 
@@ -141,7 +142,9 @@ def test_force_fires_the_first_holders_on_lost(agent: Agent) -> None:
 
 def test_loss_without_on_lost_raises_when_the_block_exits(agent: Agent) -> None:
     with pytest.raises(runlock.LockLost) as caught:
-        with runlock.lock("dev:broken", socket=agent.socket) as lease:
+        # The break frees the key once this block (the run) ends, or at the
+        # lease's deadline, TTL + grace: 2.5 s.
+        with runlock.lock("dev:broken", socket=agent.socket, ttl=2) as lease:
             assert runlock.break_lock("dev:broken", socket=agent.socket) == 1
             assert lease.wait_lost(BOUND_S) is not None
             with pytest.raises(runlock.LockLost):
@@ -284,9 +287,16 @@ def test_a_lease_broken_while_no_agent_ran_is_lost_at_reattach(
     key = "dev:broken-in-the-gap"
     try:
         with pytest.raises(runlock.LockLost) as caught:
-            with runlock.lock(key, socket=first.socket, ttl=30) as lease:
+            with runlock.lock(key, socket=first.socket, ttl=6) as lease:
                 first.stop(signal.SIGKILL)
-                assert runlock.break_lock(key, socket=watcher.socket) == 1
+                # The break takes the key at once and frees it once this run
+                # has stopped or its deadline passed: it runs aside meanwhile.
+                breaking = ThreadPoolExecutor(1)
+                broken = breaking.submit(runlock.break_lock, key, socket=watcher.socket)
+                deadline = time.monotonic() + BOUND_S
+                while runlock.inspect(key, socket=watcher.socket).token == lease.token:
+                    assert time.monotonic() < deadline, "the break never took the key"
+                    time.sleep(0.02)
                 second = Agent(runlockd, workdir, backend, name="second", socket=first.socket, env=env)
                 agents.append(second)
                 event = lease.wait_lost(BOUND_S)
@@ -294,6 +304,8 @@ def test_a_lease_broken_while_no_agent_ran_is_lost_at_reattach(
                 assert "not_owner" in event.message
                 assert lease.lock_fds == () and not lease.reattaching
         assert caught.value.event.reason == "reattach_refused"
+        assert broken.result(timeout=BOUND_S) == 1
+        breaking.shutdown()
         with runlock.lock(key, socket=watcher.socket) as after:
             assert after.token > lease.token
     finally:

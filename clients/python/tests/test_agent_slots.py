@@ -147,7 +147,9 @@ def test_a_released_slot_lets_a_waiter_in_with_a_newer_token(agent: Agent) -> No
 def test_breaking_one_slot_ends_only_its_lease(agent: Agent) -> None:
     events: "queue.Queue[runlock.LostEvent]" = queue.Queue()
     with ExitStack() as stack:
-        leases = hold_all(stack, agent, 2, on_lost=events.put)
+        # The break frees the slot once its run (here, this block) has
+        # stopped, or at its deadline: TTL + grace, 2.5 s.
+        leases = hold_all(stack, agent, 2, on_lost=events.put, ttl=2)
         target = next(lease for lease in leases if lease.slot == 1)
         assert runlock.break_lock(KEY, slot=1, socket=agent.socket) == 1
         event = events.get(timeout=BOUND_S)
@@ -158,7 +160,9 @@ def test_breaking_one_slot_ends_only_its_lease(agent: Agent) -> None:
         assert by_slot(list(record.holders)) == {0: others[0].token}
         assert runlock.break_lock(KEY, slot=1, socket=agent.socket) == 0  # already free
     broken = [e for e in runlock.history(KEY, socket=agent.socket) if e.kind == "broken"]
-    assert [(e.slot, e.token) for e in broken] == [(1, target.token)]
+    # The break took the slot over (a token of its own) and then freed it.
+    assert [(e.slot, e.from_token) for e in broken] == [(1, target.token)]
+    assert broken[0].token > target.token
 
 
 def test_force_takes_one_slot(agent: Agent) -> None:

@@ -266,24 +266,18 @@ impl Backend for PostgresBackend {
 
     async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
         let (key, token) = (lease.key.as_str(), stored_token(lease));
-        // The event as the statement writes it: its kind, who (when not the
-        // row's holder) and why.
-        let (kind, who, reason): (Option<&str>, Option<String>, &str) = match ending {
-            Ending::Released => (Some("released"), None, ""),
-            // invariant: a Holder always serializes (plain strings and numbers)
-            Ending::Broken(by) => (Some("broken"), serde_json::to_string(by).ok(), ""),
-            Ending::Lost(why) => (Some("lost"), None, why.as_str()),
-            Ending::AfterBreak => (None, None, ""),
+        // The event as the statement writes it: its kind and why.
+        let (kind, reason): (Option<&str>, &str) = match ending {
+            Ending::Released => (Some("released"), ""),
+            Ending::Lost(why) => (Some("lost"), why.as_str()),
+            Ending::AfterBreak => (None, ""),
         };
         // No row freed: the lease was already someone else's, or freed; nothing to do.
         self.session
-            .run(|link| {
-                let who = &who;
-                async move {
-                    let args: [&(dyn tokio_postgres::types::ToSql + Sync); 6] =
-                        [&key, &lease.lease_id, &token, &kind, who, &reason];
-                    link.client.query(&link.statements.release, &args).await
-                }
+            .run(|link| async move {
+                let args: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
+                    [&key, &lease.lease_id, &token, &kind, &reason];
+                link.client.query(&link.statements.release, &args).await
             })
             .await
             .map_err(BackendError::Unavailable)?;

@@ -54,8 +54,8 @@ pub struct Prepared {
     pub acquire: Statement,
     /// `$1 key, $2 lease_id, $3 token, $4 ttl_ms, $5 grace_ms` → rows affected.
     pub renew: Statement,
-    /// `$1 key, $2 lease_id, $3 token, $4 event kind (NULL: none), $5 who
-    /// (NULL: the holder), $6 reason` → one row if it freed the key.
+    /// `$1 key, $2 lease_id, $3 token, $4 event kind (NULL: none), $5 reason`
+    /// → one row if it freed the key.
     pub release: Statement,
     /// `$1 key` → `(state, token, holder, expired, expires_in_ms, history)`, or no row.
     pub inspect: Statement,
@@ -233,12 +233,7 @@ impl Sql {
                AND {EXPIRES} > now()"
         );
         // NOTIFY inside the release's own statement: waiters hear of it once it commits.
-        let ended = event(
-            "$4::text",
-            "coalesce($5::jsonb, l.holder)",
-            "l.token",
-            ", 'reason', $6::text",
-        );
+        let ended = event("$4::text", "l.holder", "l.token", ", 'reason', $5::text");
         let ended = kept(&format!("l.history || jsonb_build_array({ended})"));
         let release = format!(
             "WITH freed AS (
@@ -286,7 +281,7 @@ impl Sql {
                 T::BOOL,
             ],
             [T::TEXT, T::TEXT, T::INT8, T::INT8, T::INT8],
-            [T::TEXT, T::TEXT, T::INT8, T::TEXT, T::TEXT, T::TEXT],
+            [T::TEXT, T::TEXT, T::INT8, T::TEXT, T::TEXT],
             [T::TEXT],
             [T::TEXT, T::TEXT, T::INT8, T::TEXT, T::INT8],
         );

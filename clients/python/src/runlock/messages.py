@@ -500,8 +500,8 @@ class Forcing:
             whose = f"the run of {h.user}@{h.host} (pid {h.pid}, token {h.token})"
         seconds = -(-self.wait_ms // 1000)
         return (
-            f"{self.key!r} is taken over; waiting for {whose} to stop before"
-            f" answering: at most {seconds}s"
+            f"{self.key!r} is taken over; waiting for {whose} to stop:"
+            f" at most {seconds}s"
         )
 
 
