@@ -30,6 +30,11 @@ test_matrix!(
     a_break_through_another_agent_frees_the_key_once_the_run_has_stopped,
 );
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_down() -> Result<()> {
+    on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_gone().await
+}
+
 // Leases that outlive their agent: a dead host's run stops at its deadline.
 test_matrix!(
     [s3: S3, azure: Azure, gcs: Gcs, postgres: Postgres, etcd: Etcd];
@@ -66,7 +71,7 @@ fn ran_alone(forced: &Finished, displaced_token: u64) -> Result<()> {
             .stderr
             .contains("is taken over; waiting for the run of")
             && forced.stderr.contains(&format!("token {displaced_token})"))
-            && forced.stderr.contains("at most"),
+            && (forced.stderr.contains("at most") || forced.stderr.contains("no deadline")),
         "the forced run did not say what it waited for: {forced:?}"
     );
     Ok(())
@@ -179,6 +184,62 @@ async fn a_break_frees_the_key_once_the_run_has_stopped(
             .contains("is taken over; waiting for the run of")
             && broken.stderr.contains(&format!("token {token})")),
         "the break did not say what it waited for: {broken:?}"
+    );
+    Ok(())
+}
+
+/// `file://`, its agent down: the run holds its kernel lock, which has no
+/// deadline, so a force through another agent waits for that lock however
+/// long (past the TTL + grace a lease's run would be stopped by), and
+/// starts once the run's shim has reached the next agent and been stopped.
+async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_gone() -> Result<()> {
+    use crate::support::agent::FileBackendDir;
+    use crate::support::{AgentOptions, Deadline};
+    const TTL: Duration = Duration::from_secs(2);
+    let locks = FileBackendDir::new()?;
+    let options = |socket: Option<std::path::PathBuf>| {
+        let mut options = AgentOptions::new(locks.uri());
+        options.args = vec!["--ttl".into(), "2s".into()];
+        options.socket = socket;
+        options
+    };
+    let mut a = TestAgent::start_with(options(None)).await?;
+    let b = TestAgent::start_with(options(None)).await?;
+    let k = key("force-file-down");
+    let (_dir, witness) = witness("force-file-down")?;
+    let env = [("WITNESS", witness.as_str())];
+    let mut holder = a.run_with_env(&[&k], &[], HOLDER, &env)?;
+    let ready = holder.ready().await?;
+    a.wait_attached(ready.pid).await?;
+    a.kill().await?;
+
+    let mut forced = b.run_with_env(&[&k], &["--force"], FORCED, &env)?;
+    let told = Deadline::new(Duration::from_secs(15), "the forced run's notice");
+    while !forced.stderr_so_far().contains("is taken over; waiting") {
+        told.tick().await?;
+    }
+    // Past the deadline a lease's run would have been stopped by, the forced
+    // command has still not started: the run's lock is held.
+    let started = tokio::time::timeout(TTL * 2, forced.line()).await;
+    ensure!(
+        started.is_err(),
+        "the forced run started while the run it displaced held its lock: {started:?}"
+    );
+    // The run's own agent comes back: its shim reattaches, is refused (the
+    // key was taken), and stops the run; the forced run then starts alone.
+    let _back = TestAgent::start_with(options(Some(a.socket().to_path_buf()))).await?;
+    let stopped = holder.finish().await?;
+    stopped.expect_code(76)?;
+    let forced = forced.finish().await?;
+    forced.expect_code(0)?;
+    ensure!(
+        forced.stdout.starts_with("alone "),
+        "the forced run started beside the run it displaced: {forced:?}"
+    );
+    ensure!(
+        forced.stderr.contains(&format!("token {})", ready.token()))
+            && forced.stderr.contains("no deadline"),
+        "the forced run did not say what it waited for: {forced:?}"
     );
     Ok(())
 }

@@ -562,7 +562,10 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
             holder: Some(h),
             wait_ms,
             ..
-        }] => ensure!(h.token == old.token && *wait_ms > 0, "{h:?} {wait_ms}"),
+        }] => ensure!(
+            h.token == old.token && wait_ms.is_some_and(|ms| ms > 0),
+            "{h:?} {wait_ms:?}"
+        ),
         other => anyhow::bail!("expected one forcing event, got {other:?}"),
     }
 

@@ -649,7 +649,7 @@ fn event_message(event: Event) -> AgentMessage {
         Event::Forcing { key, holder, wait } => AgentMessage::Forcing {
             key: key.split_slot().0.to_string(),
             holder: holder.map(|h| *h),
-            wait_ms: wait.as_millis() as u64,
+            wait_ms: wait.map(|wait| wait.as_millis() as u64),
         },
         Event::Lost {
             lease_id,

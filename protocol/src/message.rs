@@ -229,17 +229,20 @@ pub enum AgentMessage {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         holder: Option<Holder>,
     },
-    /// Event: a forced `acquire` has taken `key` and waits, before it
-    /// answers, for the run it took the key from to stop (its agent says so
-    /// through the store) or for that run's deadline to pass.
+    /// Event: a forced `acquire` (or a break) has taken `key` and waits,
+    /// before it answers, for the run it took the key from to stop (its
+    /// agent says so through the store) or for that run's deadline to pass.
     Forcing {
         /// The key (a key with slots: its name, the slot is the holder's).
         key: String,
         /// The run's holder, as this peer may see it, where known.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         holder: Option<Holder>,
-        /// How long at most it waits, in milliseconds.
-        wait_ms: u64,
+        /// How long at most it waits, in milliseconds; absent where the run
+        /// holds a kernel lock of its own (`file://`), which has no
+        /// deadline: the wait lasts until that run has stopped.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        wait_ms: Option<u64>,
     },
     /// Event: a lease was renewed; sent only when leases survive the agent.
     Renewed {

@@ -288,20 +288,29 @@ impl Client {
 
     /// Like [`Client::reply`], for a reply that must come within `limit`: past
     /// it the agent is stopped or wedged, and is treated as unreachable.
-    /// A forced acquire that waits for the run it displaces says so
-    /// (`forcing`): the user is told, and the agent has that much longer.
+    /// A forced acquire (or a break) that waits for the run it displaces
+    /// says so (`forcing`): the user is told, and the agent has that much
+    /// longer, or as long as it takes where that run holds its own lock.
     pub async fn reply_within(
         &mut self,
         id: u64,
         limit: Duration,
     ) -> Result<AgentMessage, CallError> {
-        let mut deadline = tokio::time::Instant::now() + limit;
+        let mut deadline = Some(tokio::time::Instant::now() + limit);
         let mut allowed = limit;
         loop {
-            let longer = self.tell_forcing();
-            deadline += longer;
-            allowed += longer;
-            match tokio::time::timeout_at(deadline, self.read_one(id)).await {
+            match self.tell_forcing() {
+                Some(longer) => {
+                    deadline = deadline.map(|d| d + longer);
+                    allowed += longer;
+                }
+                None => deadline = None,
+            }
+            let reply = match deadline {
+                Some(deadline) => tokio::time::timeout_at(deadline, self.read_one(id)).await,
+                None => Ok(self.read_one(id).await),
+            };
+            match reply {
                 Err(_) => return Err(CallError::Gone(silent(&self.socket, allowed))),
                 Ok(Some(reply)) => {
                     self.tell_forcing();
@@ -313,9 +322,10 @@ impl Client {
     }
 
     /// Tells the user of every `forcing` event set aside, and takes them out;
-    /// returns how much longer they said the agent needs.
-    fn tell_forcing(&mut self) -> Duration {
-        let mut longer = Duration::ZERO;
+    /// returns how much longer they said the agent needs (`None`: until the
+    /// run it waits for has stopped, however long).
+    fn tell_forcing(&mut self) -> Option<Duration> {
+        let mut longer = Some(Duration::ZERO);
         self.events.retain(|event| match event {
             AgentMessage::Forcing {
                 key,
@@ -326,7 +336,9 @@ impl Client {
                     "runlock: {}",
                     forcing_notice(key, holder.as_ref(), *wait_ms)
                 );
-                longer += Duration::from_millis(*wait_ms);
+                longer = longer
+                    .zip(*wait_ms)
+                    .map(|(l, w)| l + Duration::from_millis(w));
                 false
             }
             _ => true,
@@ -359,7 +371,7 @@ pub fn describe(err: &ProtocolError) -> String {
 }
 
 /// What the shim says while a forced acquire waits for the run it displaces.
-pub fn forcing_notice(key: &str, holder: Option<&Holder>, wait_ms: u64) -> String {
+pub fn forcing_notice(key: &str, holder: Option<&Holder>, wait_ms: Option<u64>) -> String {
     let whose = match holder {
         Some(h) => format!(
             "the run of {}@{} (pid {}, token {})",
@@ -370,10 +382,16 @@ pub fn forcing_notice(key: &str, holder: Option<&Holder>, wait_ms: u64) -> Strin
         ),
         None => "the run it was held by".to_string(),
     };
+    let how_long = match wait_ms {
+        Some(ms) => format!("at most {}s", ms.div_ceil(1000)),
+        // file://: a kernel lock has no deadline, only an end.
+        None => "no deadline, as it holds its own lock (it is stopped once its shim \
+                 reaches an agent)"
+            .to_string(),
+    };
     format!(
-        "{:?} is taken over; waiting for {whose} to stop: at most {}s",
+        "{:?} is taken over; waiting for {whose} to stop: {how_long}",
         display::escape(key),
-        wait_ms.div_ceil(1000)
     )
 }
 

@@ -28,7 +28,10 @@ impl Registry {
     /// deadline ([`stopped_by`]); first tells the peer what it waits for and
     /// how long at most. Not cancelled when the peer goes: the forced lease
     /// is let go only after this, so that no waiter takes the key beside the
-    /// run still being stopped (the wait is bounded by that deadline).
+    /// run still being stopped. Where the run holds a kernel lock of its own
+    /// (`file://`) there is no deadline: that lock says exactly when the run
+    /// has stopped, and a run whose agent is gone holds it until its shim
+    /// reaches the next agent and is told, or until it ends.
     pub(super) async fn await_stopped(
         &self,
         conn: ConnId,
@@ -36,10 +39,11 @@ impl Registry {
         displaced: &Displaced,
         force_sent: Instant,
     ) {
-        let deadline = stopped_by(displaced, force_sent);
+        let deadline =
+            (!self.capabilities.run_holds_lock).then(|| stopped_by(displaced, force_sent));
         let viewer = self.viewer(conn);
         let shown = displaced.holder.as_ref().map(|h| self.show(h, viewer));
-        let wait = deadline.saturating_duration_since(Instant::now());
+        let wait = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         if let Some(c) = self.state().conns.get(&conn) {
             c.events.forcing(key.clone(), shown, wait);
         }
@@ -62,17 +66,21 @@ impl Registry {
                 }
             }
             let now = Instant::now();
-            if now >= deadline {
-                tracing::warn!(
-                    key = %key.logged(),
-                    token,
-                    "the run taken over was not said to have stopped; its deadline has passed"
-                );
-                return;
-            }
+            let pause = match deadline {
+                Some(deadline) if now >= deadline => {
+                    tracing::warn!(
+                        key = %key.logged(),
+                        token,
+                        "the run taken over was not said to have stopped; its deadline has passed"
+                    );
+                    return;
+                }
+                Some(deadline) => look.min(deadline - now),
+                None => look,
+            };
             tokio::select! {
                 _ = said_here => {}
-                _ = tokio::time::sleep(look.min(deadline - now)) => {}
+                _ = tokio::time::sleep(pause) => {}
             }
             look = (look * 2).min(LONGEST_LOOK);
         }
@@ -161,6 +169,7 @@ mod tests {
             Event::Forcing { holder, wait, .. } => {
                 assert_eq!(holder.expect("named").token, taken[0].token);
                 // The displaced lease's TTL and grace, from the force's write.
+                let wait = wait.expect("a lease that expires has a deadline");
                 assert!(
                     wait > Duration::from_secs(32) && wait <= Duration::from_secs(33),
                     "{wait:?}"

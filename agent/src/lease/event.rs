@@ -29,8 +29,8 @@ pub enum Event {
         key: Key,
         /// That run's holder, as the peer may see it, where known.
         holder: Option<Box<Holder>>,
-        /// How long at most.
-        wait: std::time::Duration,
+        /// How long at most; `None`: until the run has stopped.
+        wait: Option<std::time::Duration>,
     },
     /// A lease is gone.
     Lost {
@@ -81,7 +81,12 @@ impl EventSender {
     }
 
     /// Sends `forcing`.
-    pub(super) fn forcing(&self, key: Key, holder: Option<Holder>, wait: std::time::Duration) {
+    pub(super) fn forcing(
+        &self,
+        key: Key,
+        holder: Option<Holder>,
+        wait: Option<std::time::Duration>,
+    ) {
         let _ = self.events.send(Event::Forcing {
             key,
             holder: holder.map(Box::new),

@@ -181,6 +181,9 @@ def test_welcome_acquired_record_lost_renewed() -> None:
     assert isinstance(forcing, messages.Forcing) and forcing.wait_ms == 33000
     assert forcing.holder is not None and forcing.holder.token == 12
     assert "at most 33s" in forcing.describe() and "ann@runner-01" in forcing.describe()
+    unbounded = parse("agent-forcing-no-deadline.msgpack")
+    assert isinstance(unbounded, messages.Forcing) and unbounded.wait_ms is None
+    assert "no deadline" in unbounded.describe()
     renewed = parse("agent-renewed.msgpack")
     assert renewed == messages.Renewed(lease_id="lease-0001", valid_for_ms=25000)
     assert parse("decode-only/agent-pong-unknown-fields.msgpack") == messages.Empty("pong", 8)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import os
 import socket
 import threading
@@ -246,6 +247,8 @@ class Connection:
                 extended, pending.extended_s = pending.extended_s, 0.0
             if extended <= 0:
                 return False
+            if extended == math.inf:  # until the displaced run stops (file://)
+                return pending.done.wait()
             deadline += extended
         return True
 
@@ -315,11 +318,13 @@ class Connection:
             _log.debug("runlock: ignoring unknown event %r", message.type)
         elif isinstance(message, messages.Forcing):
             # A forced acquire waits for the run it displaces to stop: the
-            # agent answers that much later.
+            # agent answers that much later (with no bound, where the run
+            # holds a kernel lock of its own).
             _log.warning("runlock: %s", message.describe())
+            longer = math.inf if message.wait_ms is None else message.wait_ms / 1000
             with self._state_lock:
                 for waiting in self._pending.values():
-                    waiting.extended_s += message.wait_ms / 1000
+                    waiting.extended_s += longer
         else:
             with self._dispatch_lock:
                 if self._on_event is None:

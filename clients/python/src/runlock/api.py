@@ -654,7 +654,10 @@ def history(key: str, limit: Optional[int] = None, *, socket: SocketPath = None)
 
 def break_lock(key: str, *, slot: Optional[int] = None, socket: SocketPath = None) -> int:
     """Breaks whoever holds ``key`` (``runlock release KEY``; needs force rights);
-    for a key with slots, ``slot`` names the one slot to break.
+    for a key with slots, ``slot`` names the one slot to break. Like a force,
+    it returns only once the broken run has stopped or its deadline has
+    passed, so that no waiter starts beside it (the ``forcing`` event says
+    how long at most).
 
     Returns 1 if a lease was broken, 0 if the key (or slot) was free.
     """

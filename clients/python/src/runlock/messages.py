@@ -483,12 +483,13 @@ class Lost:
 
 @dataclass(frozen=True)
 class Forcing:
-    """The ``forcing`` event: a forced acquire has taken ``key`` and waits,
-    at most ``wait_ms``, for the run it took it from (``holder``, where
-    known) to stop before it answers."""
+    """The ``forcing`` event: a forced acquire (or a break) has taken ``key``
+    and waits, at most ``wait_ms`` (``None``: with no deadline, where that
+    run holds a kernel lock of its own, on ``file://``), for the run it took
+    it from (``holder``, where known) to stop before it answers."""
 
     key: str
-    wait_ms: int
+    wait_ms: Optional[int]
     holder: Optional[Holder] = None
     id: Optional[int] = None
 
@@ -498,11 +499,11 @@ class Forcing:
         if self.holder is not None:
             h = self.holder
             whose = f"the run of {h.user}@{h.host} (pid {h.pid}, token {h.token})"
-        seconds = -(-self.wait_ms // 1000)
-        return (
-            f"{self.key!r} is taken over; waiting for {whose} to stop:"
-            f" at most {seconds}s"
-        )
+        if self.wait_ms is None:
+            how_long = "no deadline, as it holds its own lock (it is stopped once its shim reaches an agent)"
+        else:
+            how_long = f"at most {-(-self.wait_ms // 1000)}s"
+        return f"{self.key!r} is taken over; waiting for {whose} to stop: {how_long}"
 
 
 @dataclass(frozen=True)
@@ -618,7 +619,7 @@ def parse_agent(body: Dict[str, Any]) -> AgentMessage:
     if kind == "forcing":
         return Forcing(
             key=_str(body, "key"),
-            wait_ms=_int(body, "wait_ms"),
+            wait_ms=_int(body, "wait_ms", required=False),
             holder=_holder(body),
             id=request_id,
         )
