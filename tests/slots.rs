@@ -666,8 +666,11 @@ async fn a_lost_host_s_slots_are_taken_over_after_the_ttl_and_not_before(
             "slot {} taken over {after:?} after the kill: before the TTL",
             h.slot
         );
+        // Late by at most the grace, the store clock's second, the waiters'
+        // polls, GCS's one write per object per second (two waiters, one
+        // after the other) and a loaded CI machine: bounded, not tight.
         ensure!(
-            *after <= TTL + Duration::from_millis(4500),
+            *after <= TTL * 2 + Duration::from_secs(2),
             "slot {} taken over only {after:?} after the kill",
             h.slot
         );
