@@ -12,6 +12,10 @@
 //! once the verdict is in: agents that start together on one store never
 //! write one object, so none breaks another's proof (invariant 9), and on a
 //! store that limits writes per object (GCS) the proof keeps to its pace.
+//! It is on every agent's start path, so it asks what it must and no more:
+//! six requests (create, read, create again, replace, stale replace, read),
+//! and the agent removes the probe afterwards, off that path
+//! ([`remove_probe`]).
 //!
 //! Only a definite answer condemns a store: an error or a timeout leaves the
 //! question open, and it is asked again at the next acquire.
@@ -42,23 +46,33 @@ pub enum Unproven {
 }
 
 /// Puts `store` through the checks on a probe object of this proof's own
-/// under `prefix`, and removes it again.
-pub async fn prove(store: &dyn CasStore, prefix: &str) -> Result<(), Unproven> {
+/// under `prefix`; returns the verdict and the probe's name, for
+/// [`remove_probe`].
+pub async fn prove(store: &dyn CasStore, prefix: &str) -> (Result<(), Unproven>, String) {
     let writer = uuid::Uuid::new_v4().simple().to_string();
     let name = format!("{prefix}{PROBE}{writer}");
     let verdict = checks(store, &name, &writer).await;
-    // A probe left behind costs a few bytes and misleads nobody: removing it
-    // is tidiness, never part of the verdict.
+    (verdict, name)
+}
+
+/// Removes the probe object `name` once the store allows another write of
+/// it. A probe left behind costs a few bytes and misleads nobody: removing
+/// it is tidiness, never part of the verdict.
+pub async fn remove_probe(store: &dyn CasStore, name: &str) {
     tokio::time::sleep(store.min_write_interval()).await;
-    if let Err(err) = store.delete(&name).await {
+    if let Err(err) = store.delete(name).await {
         tracing::debug!("could not remove the probe object {name}: {err}");
     }
-    verdict
 }
 
 async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Unproven> {
     let body = |step: &str| format!("{{\"runlock_probe\":\"{writer}\",\"step\":\"{step}\"}}\n");
-    existing(store, name, &body("create")).await?;
+    // The name is new, so the create comes first, without a read before it.
+    match store.put_if_absent(name, body("create").into()).await {
+        Ok(_) | Err(CasError::Conflict) => {}
+        Err(err) => return Err(unanswered(err)),
+    }
+    let mut read = Some(existing(store, name, &body("create")).await?);
 
     match store.put_if_absent(name, body("create again").into()).await {
         Err(CasError::Conflict) => {}
@@ -72,7 +86,11 @@ async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Un
     }
 
     for attempt in 0..ATTEMPTS {
-        let (before, date_before) = existing(store, name, &body("create")).await?;
+        // The read after the create, the first time; a fresh one after a retry.
+        let (before, date_before) = match read.take() {
+            Some(read) => read,
+            None => existing(store, name, &body("create")).await?,
+        };
         // The create (or the last update) was a write of this object too.
         tokio::time::sleep(store.min_write_interval()).await;
         let update = body(&format!("update {attempt}"));
@@ -258,7 +276,9 @@ mod tests {
     }
 
     async fn verdict(store: &dyn CasStore) -> Result<(), Unproven> {
-        prove(store, "locks/").await
+        let (verdict, probe) = prove(store, "locks/").await;
+        remove_probe(store, &probe).await;
+        verdict
     }
 
     #[tokio::test]
