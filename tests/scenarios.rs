@@ -587,7 +587,7 @@ async fn kinds_of(agent: &TestAgent, k: &str) -> Result<Vec<(String, u64)>> {
 /// is still one conditional write, however long the history.
 async fn the_history_costs_no_store_request(store: impl Store) -> Result<()> {
     use crate::support::client::RawClient;
-    use crate::support::rewriting_proxy::{authority, RewritingProxy};
+    use crate::support::rewriting_proxy::{authority, RequestHead, RewritingProxy};
     use crate::support::stores::{unique_name, Endpoint};
     use runlock_protocol::{AgentMessage, ClientMessage};
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -597,9 +597,13 @@ async fn the_history_costs_no_store_request(store: impl Store) -> Result<()> {
     let bucket = unique_name("counted");
     store.create(&at, &bucket).await?;
     let requests = Arc::new(AtomicUsize::new(0));
-    let counter = requests.clone();
-    let count = Arc::new(move |_: &mut _| {
+    let deletes = Arc::new(AtomicUsize::new(0));
+    let (counter, delete_counter) = (requests.clone(), deletes.clone());
+    let count = Arc::new(move |head: &mut RequestHead| {
         counter.fetch_add(1, Ordering::SeqCst);
+        if head.method == "DELETE" {
+            delete_counter.fetch_add(1, Ordering::SeqCst);
+        }
     });
     let proxy = RewritingProxy::start(authority(&at.url)?, count).await?;
     let upstream = authority(&at.url)?;
@@ -641,8 +645,13 @@ async fn the_history_costs_no_store_request(store: impl Store) -> Result<()> {
         let after = requests.load(Ordering::SeqCst);
         Ok((acquired - before, after - acquired))
     };
-    // The agent checked at its start that the store keeps its conditions:
-    // from the first acquire (of a key never seen) on, no proof and no history read.
+    // The agent checked at its start that the store keeps its conditions,
+    // and removes its probe object after that, in the background.
+    let tidied = Deadline::new(WAIT, "the agent to remove its probe object");
+    while deletes.load(Ordering::SeqCst) == 0 {
+        tidied.tick().await?;
+    }
+    // From the first acquire (of a key never seen) on, no proof and no history read.
     let first = pair(&mut conn).await?;
     let second = pair(&mut conn).await?;
     let third = pair(&mut conn).await?;
