@@ -33,5 +33,6 @@ mod secrets;
 mod shim_trust;
 mod slots;
 mod systemd;
+mod throttling;
 mod trust;
 mod untrusted_stores;

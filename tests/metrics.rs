@@ -18,16 +18,20 @@ async fn agent_with_metrics(ttl: &str) -> Result<(TestAgent, SocketAddr, FileBac
         .map(String::from)
         .to_vec();
     let agent = TestAgent::start_with(options).await?;
-    // The agent logs the address before it reports READY=1.
+    let addr = metrics_address(&agent)?;
+    Ok((agent, addr, locks))
+}
+
+/// Where an agent started with `--metrics 127.0.0.1:0` serves them: it logs
+/// the address before it reports READY=1.
+pub(crate) fn metrics_address(agent: &TestAgent) -> Result<SocketAddr> {
     let log = agent.log();
-    let addr = log
-        .lines()
+    log.lines()
         .find_map(|line| line.split("metrics listening on ").nth(1))
         .and_then(|rest| rest.split_whitespace().next())
         .with_context(|| format!("the agent did not log its metrics address:\n{log}"))?
         .parse()
-        .with_context(|| format!("a bad metrics address in the log:\n{log}"))?;
-    Ok((agent, addr, locks))
+        .with_context(|| format!("a bad metrics address in the log:\n{log}"))
 }
 
 /// `GET http://ADDR/PATH`: the status code and the body.
@@ -37,14 +41,14 @@ async fn get(addr: SocketAddr, path: &str) -> Result<(u16, String)> {
 }
 
 /// The exposition from `GET /metrics`.
-async fn scrape(addr: SocketAddr) -> Result<String> {
+pub(crate) async fn scrape(addr: SocketAddr) -> Result<String> {
     let (code, body) = get(addr, "/metrics").await?;
     ensure!(code == 200, "GET /metrics answered {code}: {body}");
     Ok(body)
 }
 
 /// The value of one series, written as it appears: `name{label="value",...}`.
-fn value(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn value(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())

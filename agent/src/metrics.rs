@@ -133,7 +133,12 @@ pub struct Metrics {
     backend: Family<Labels2, Histogram, fn() -> Histogram>,
     /// The `result="ok"` histogram of each operation, the common case.
     backend_ok: [Histogram; OPERATIONS.len()],
+    /// Answers of a store that throttles, by store (one of [`STORES`]).
+    throttled: Family<Labels, Counter>,
 }
+
+/// The stores that can throttle, as the `store` label names them.
+const STORES: [&str; 4] = ["s3", "gcs", "azure", "postgresql"];
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -208,8 +213,21 @@ impl Metrics {
             backend.clone(),
         );
 
+        let throttled = Family::<Labels, Counter>::default();
+        for store in STORES {
+            throttled.get_or_create_owned(&[("store", store)]);
+        }
+        registry.register(
+            "runlock_store_throttled",
+            "Store answers that said slow down (S3 503 SlowDown or 429, GCS 429 or 503, Azure \
+             503 ServerBusy or 429, PostgreSQL SQLSTATE class 53 such as too many clients), \
+             by store: each is retried with backoff within the caller's wait",
+            throttled.clone(),
+        );
+
         Metrics {
             registry,
+            throttled,
             leases_held,
             acquisitions,
             granted,
@@ -302,6 +320,13 @@ pub fn renewal(result: Renewal) {
 pub fn lost(reason: LostReason) {
     if let Some(metrics) = GLOBAL.get() {
         metrics.lost(reason);
+    }
+}
+
+/// Counts one answer of `store` (one of [`STORES`]) that said slow down.
+pub fn throttled(store: &'static str) {
+    if let Some(metrics) = GLOBAL.get() {
+        metrics.throttled.get_or_create(&[("store", store)]).inc();
     }
 }
 

@@ -1,6 +1,8 @@
 //! An HTTP/1.1 proxy in front of a store emulator that rewrites each request
 //! head on its way, answers untouched: to play a store that ignores the
-//! conditions on its writes, as some S3-compatible stores do.
+//! conditions on its writes, as some S3-compatible stores do. It may also
+//! answer a request itself instead of forwarding it: to play a store that
+//! throttles.
 
 use anyhow::{bail, Context, Result};
 use std::sync::Arc;
@@ -53,6 +55,31 @@ impl RequestHead {
 /// What the proxy does to each request head.
 pub type Rewrite = Arc<dyn Fn(&mut RequestHead) + Send + Sync>;
 
+/// An answer the proxy gives itself: its status line's code and reason,
+/// its headers and its body.
+#[derive(Debug, Clone)]
+pub struct Canned {
+    pub status: u16,
+    pub reason: &'static str,
+    pub headers: Vec<(&'static str, String)>,
+    pub body: String,
+}
+
+impl Canned {
+    fn encode(&self) -> Vec<u8> {
+        let mut text = format!("HTTP/1.1 {} {}\r\n", self.status, self.reason);
+        for (name, value) in &self.headers {
+            text.push_str(&format!("{name}: {value}\r\n"));
+        }
+        text.push_str(&format!("Content-Length: {}\r\n\r\n", self.body.len()));
+        text.push_str(&self.body);
+        text.into_bytes()
+    }
+}
+
+/// Whether the proxy answers a request itself (`Some`) or forwards it.
+pub type Answer = Arc<dyn Fn(&RequestHead) -> Option<Canned> + Send + Sync>;
+
 /// A running proxy; it stops when dropped.
 pub struct RewritingProxy {
     /// Where it listens on 127.0.0.1.
@@ -63,13 +90,24 @@ pub struct RewritingProxy {
 impl RewritingProxy {
     /// Listens on a free local port, forwarding to `upstream` (`host:port`).
     pub async fn start(upstream: String, rewrite: Rewrite) -> Result<RewritingProxy> {
+        RewritingProxy::start_answering(upstream, rewrite, Arc::new(|_| None)).await
+    }
+
+    /// Like [`RewritingProxy::start`], answering itself the requests
+    /// `answer` picks (after `rewrite`).
+    pub async fn start_answering(
+        upstream: String,
+        rewrite: Rewrite,
+        answer: Answer,
+    ) -> Result<RewritingProxy> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let (upstream, rewrite) = (upstream.clone(), rewrite.clone());
+                let (upstream, rewrite, answer) =
+                    (upstream.clone(), rewrite.clone(), answer.clone());
                 tokio::spawn(async move {
-                    if let Err(err) = relay(client, &upstream, rewrite).await {
+                    if let Err(err) = relay(client, &upstream, rewrite, answer).await {
                         eprintln!("rewriting proxy: {err:#}");
                     }
                 });
@@ -92,15 +130,24 @@ pub fn authority(url: &str) -> Result<String> {
 }
 
 /// One client connection: requests rewritten one after another (these
-/// clients never pipeline), answers copied back as they come.
-async fn relay(client: TcpStream, upstream: &str, rewrite: Rewrite) -> Result<()> {
+/// clients never pipeline), answers copied back as they come. An answer the
+/// proxy gives itself goes out between the server's: the client sent its
+/// request only after reading the whole previous answer.
+async fn relay(client: TcpStream, upstream: &str, rewrite: Rewrite, answer: Answer) -> Result<()> {
     let server = TcpStream::connect(upstream)
         .await
         .with_context(|| format!("connecting to {upstream}"))?;
-    let (mut from_client, mut to_client) = client.into_split();
+    let (mut from_client, to_client) = client.into_split();
+    let to_client = Arc::new(tokio::sync::Mutex::new(to_client));
     let (mut from_server, mut to_server) = server.into_split();
+    let copier = to_client.clone();
     let answers = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut from_server, &mut to_client).await;
+        let mut chunk = vec![0; 16 * 1024];
+        while let Ok(n) = from_server.read(&mut chunk).await {
+            if n == 0 || copier.lock().await.write_all(&chunk[..n]).await.is_err() {
+                break;
+            }
+        }
     });
     let mut buffer = Vec::new();
     let outcome = async {
@@ -128,6 +175,10 @@ async fn relay(client: TcpStream, upstream: &str, rewrite: Rewrite) -> Result<()
             }
             buffer = body.split_off(length);
             rewrite(&mut head);
+            if let Some(canned) = answer(&head) {
+                to_client.lock().await.write_all(&canned.encode()).await?;
+                continue;
+            }
             to_server.write_all(&head.encode()).await?;
             to_server.write_all(&body).await?;
         }

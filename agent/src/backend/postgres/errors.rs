@@ -55,6 +55,9 @@ pub fn classify(err: &tokio_postgres::Error, settings: &Settings) -> Failure {
             // Connection trouble, overload, shutdown or restart, a cancelled
             // statement, a serialization failure; or the table went away and
             // the next connection makes it again.
+            if class == "53" {
+                crate::metrics::throttled("postgresql");
+            }
             Failure::Transient(format!("PostgreSQL at {at}: {said}"))
         } else {
             Failure::Refused(format!(

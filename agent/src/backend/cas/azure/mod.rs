@@ -86,7 +86,7 @@ impl AzureStore {
             StorageCredentials::access_key(account.name.clone(), account.key.expose().to_string());
         let container = ClientBuilder::with_location(location, credentials)
             .retry(RetryOptions::exponential(retry))
-            .transport(TransportOptions::new(Arc::new(http)))
+            .transport(TransportOptions::new(Arc::new(CountsThrottling(http))))
             .container_client(container_name.clone());
         let records = super::records_under(&prefix);
         let plain = super::object_uri("azure", &container_name, &prefix);
@@ -225,5 +225,24 @@ impl CasStore for AzureStore {
             Ok(_) => Ok(()),
             Err(err) => self.failure(&err, name).expected().map(|_| ()),
         }
+    }
+}
+
+/// The HTTP client, counting each answer that said slow down (503
+/// ServerBusy, 429): the SDK retries them before an answer reaches us.
+#[derive(Debug)]
+struct CountsThrottling(reqwest::Client);
+
+#[async_trait::async_trait]
+impl azure_core::HttpClient for CountsThrottling {
+    async fn execute_request(
+        &self,
+        request: &azure_core::Request,
+    ) -> azure_core::Result<azure_core::Response> {
+        let response = self.0.execute_request(request).await?;
+        if matches!(u16::from(response.status()), 429 | 503) {
+            crate::metrics::throttled("azure");
+        }
+        Ok(response)
     }
 }

@@ -130,6 +130,11 @@ impl GcsStore {
                     TIMEOUTS.attempt.as_secs()
                 )),
             };
+            if let Ok(answer) = &outcome {
+                if matches!(answer.status.as_u16(), 429 | 503) {
+                    crate::metrics::throttled("gcs");
+                }
+            }
             let pause = match &outcome {
                 Ok(answer) if answer.status == StatusCode::TOO_MANY_REQUESTS => {
                     RETRY.pause(attempt).max(THROTTLED_PAUSE)

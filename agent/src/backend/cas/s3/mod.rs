@@ -126,7 +126,7 @@ impl S3Store {
                 .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
                 .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
         }
-        let client = Client::from_conf(config.build());
+        let client = Client::from_conf(config.interceptor(CountsThrottling).build());
         let records = super::records_under(&prefix);
         let plain = super::object_uri("s3", &bucket, &prefix);
         let (description, location) = match &endpoint {
@@ -296,5 +296,30 @@ impl CasStore for S3Store {
             Ok(_) => Ok(()),
             Err(err) => self.failure(err, name).expected().map(|_| ()),
         }
+    }
+}
+
+/// Counts each attempt S3 answered 503 (SlowDown) or 429: the SDK retries
+/// them before an operation's answer reaches us.
+#[derive(Debug)]
+struct CountsThrottling;
+
+impl aws_sdk_s3::config::Intercept for CountsThrottling {
+    fn name(&self) -> &'static str {
+        "runlock counts throttling"
+    }
+
+    fn read_after_attempt(
+        &self,
+        context: &aws_sdk_s3::config::interceptors::FinalizerInterceptorContextRef<'_>,
+        _: &aws_sdk_s3::config::RuntimeComponents,
+        _: &mut aws_sdk_s3::config::ConfigBag,
+    ) -> Result<(), aws_sdk_s3::error::BoxError> {
+        if let Some(response) = context.response() {
+            if matches!(response.status().as_u16(), 429 | 503) {
+                crate::metrics::throttled("s3");
+            }
+        }
+        Ok(())
     }
 }
