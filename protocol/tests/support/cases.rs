@@ -97,6 +97,27 @@ fn holder(pid: u32, token: u64) -> Holder {
     }
 }
 
+/// `forcing` of `dev:a`, taken from ann's run of token 12, waiting `wait_ms`.
+fn forcing(wait_ms: Option<u64>) -> AgentMessage {
+    AgentMessage::Forcing {
+        key: "dev:a".into(),
+        holder: Some(Holder {
+            slot: None,
+            slots: None,
+            host: "runner-01".into(),
+            agent_id: "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0".into(),
+            pid: 4242,
+            uid: 1000,
+            gid: 1000,
+            user: "ann".into(),
+            command: "meltano run tap target".into(),
+            acquired_at_ms: 1_700_000_000_000,
+            token: 12,
+        }),
+        wait_ms,
+    }
+}
+
 fn event(kind: EventKind, pid: u32, token: u64, user: &str) -> KeyEvent {
     KeyEvent {
         slot: None,
@@ -636,48 +657,14 @@ pub fn canonical() -> Vec<Vector> {
             name: "agent-forcing",
             meaning: "Event: a forced acquire has taken `dev:a` from the run of token 12 and waits, at most \
                       33 s, for that run to stop before it answers `acquired`.",
-            message: agent(
-                None,
-                AgentMessage::Forcing {
-                    key: "dev:a".into(),
-                    holder: Some(Holder { slot: None, slots: None,
-                        host: "runner-01".into(),
-                        agent_id: "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0".into(),
-                        pid: 4242,
-                        uid: 1000,
-                        gid: 1000,
-                        user: "ann".into(),
-                        command: "meltano run tap target".into(),
-                        acquired_at_ms: 1_700_000_000_000,
-                        token: 12,
-                    }),
-                    wait_ms: Some(33_000),
-                },
-            ),
+            message: agent(None, forcing(Some(33_000))),
         },
         Vector {
             name: "agent-forcing-no-deadline",
             meaning: "Event: a forced acquire has taken `dev:a` from the run of token 12, which holds a \
                       kernel lock of its own (`file://`), and waits until that run has stopped, however \
                       long, before it answers `acquired`.",
-            message: agent(
-                None,
-                AgentMessage::Forcing {
-                    key: "dev:a".into(),
-                    holder: Some(Holder { slot: None, slots: None,
-                        host: "runner-01".into(),
-                        agent_id: "0f1e2d3c-4b5a-4968-8776-a5b4c3d2e1f0".into(),
-                        pid: 4242,
-                        uid: 1000,
-                        gid: 1000,
-                        user: "ann".into(),
-                        command: "meltano run tap target".into(),
-                        acquired_at_ms: 1_700_000_000_000,
-                        token: 12,
-                    }),
-                    wait_ms: None,
-                },
-            ),
+            message: agent(None, forcing(None)),
         },
         Vector {
             name: "agent-renewed",
