@@ -149,9 +149,14 @@ async fn fleet(store: impl Store, n: usize) -> Result<Figures> {
                 }),
             )
             .await?;
-            // Agents reach the store through the proxy from here on.
+            // Agents reach the store through the proxy from here on; the
+            // URL keeps its path (Azurite's names the account).
+            let upstream = authority(&space.at.url)?;
             space.at = Endpoint {
-                url: format!("http://127.0.0.1:{}", proxy.port),
+                url: space
+                    .at
+                    .url
+                    .replacen(&upstream, &format!("127.0.0.1:{}", proxy.port), 1),
             };
             Counter::Proxy(count, proxy)
         }
