@@ -3,13 +3,13 @@
 //! runs once per shared store (`fleet::CASE::STORE`); BENCHMARKS.md has the
 //! larger herds.
 
-use crate::support::stores::{Azure, Etcd, Gcs, Space, Store, S3};
+use crate::support::stores::{Azure, Etcd, Gcs, PgBouncer, Postgres, Space, Store, S3};
 use crate::support::{key, TestAgent};
 use anyhow::{ensure, Result};
 use std::time::Duration;
 
 test_matrix!(
-    [s3: S3, azure: Azure, gcs: Gcs, etcd: Etcd];
+    [s3: S3, azure: Azure, gcs: Gcs, postgres: Postgres, pgbouncer: PgBouncer, etcd: Etcd];
     agents_started_together_are_each_granted_their_own_key,
 );
 

@@ -9,7 +9,7 @@
 use crate::support::agent::Backend;
 use crate::support::hosts::{Local, OnStore, Place};
 use crate::support::run::Finished;
-use crate::support::stores::{Azure, Etcd, Gcs, Postgres, Space, Store, S3};
+use crate::support::stores::{Azure, Etcd, Gcs, PgBouncer, Postgres, Space, Store, S3};
 use crate::support::{key, TestAgent};
 use anyhow::{ensure, Result};
 use std::time::{Duration, Instant};
@@ -23,6 +23,7 @@ test_matrix!(
         azure: OnStore(Azure),
         gcs: OnStore(Gcs),
         postgres: OnStore(Postgres),
+        pgbouncer: OnStore(PgBouncer),
         etcd: OnStore(Etcd),
     ];
     a_forced_run_starts_once_the_run_it_displaced_has_stopped,

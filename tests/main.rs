@@ -25,6 +25,7 @@ mod meltano;
 mod meltano_e2e;
 mod metrics;
 mod package;
+mod postgres_connections;
 mod reattach_trust;
 mod restart;
 mod run_holds_lock;

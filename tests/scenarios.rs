@@ -5,7 +5,7 @@
 //! started by `scripts/test`; without them these tests fail (they never skip).
 
 use crate::support::run::HOLD;
-use crate::support::stores::{Azure, Etcd, Gcs, Postgres, Space, Store, RECORDS, S3};
+use crate::support::stores::{Azure, Etcd, Gcs, PgBouncer, Postgres, Space, Store, RECORDS, S3};
 use crate::support::{host_name, key, AgentOptions, Deadline, TestAgent, WAIT};
 use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
@@ -23,6 +23,21 @@ test_matrix!(
     the_store_s_own_failures_make_runs_exit_69_with_a_clear_message,
     history_lists_every_grant_force_release_expiry_and_break_from_either_host,
 );
+
+/// Through PgBouncer's transaction pooling: no session state, no `LISTEN`.
+/// (The pauses and the store's own failures are PostgreSQL's, tested above.)
+mod through_pgbouncer {
+    use super::*;
+    test_matrix!(
+        [pgbouncer: PgBouncer];
+        a_conflict_names_the_holder_on_the_other_host,
+        a_killed_run_frees_its_key_for_the_other_host_at_once,
+        a_lost_host_s_lease_is_taken_over_after_its_ttl_and_not_before,
+        force_from_the_other_host_stops_the_first_run_at_its_next_renewal,
+        agents_whose_wall_clocks_are_hours_off_change_nothing,
+        history_lists_every_grant_force_release_expiry_and_break_from_either_host,
+    );
+}
 
 // The object stores' records sit beside Meltano's own state files.
 test_matrix!(

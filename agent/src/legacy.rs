@@ -15,7 +15,7 @@
 //! The check and the grant are not atomic: a legacy `meltano run` that starts
 //! between the two is not seen. That gap closes once every run is wrapped.
 
-use crate::backend::postgres::Settings;
+use crate::backend::postgres::{Kept, Settings};
 use crate::backend::{
     redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant,
     LeaseRef, LegacyRun, ProfiledBackend,
@@ -70,8 +70,9 @@ enum Target {
         /// Where and how to connect, as the backend reads a URI (`PG*`
         /// variables, TLS); holds the password, if any: never printed.
         settings: Box<Settings>,
-        /// One connection, reused across checks and remade after an error.
-        client: tokio::sync::Mutex<Option<tokio_postgres::Client>>,
+        /// One connection, reused across checks, closed once idle and
+        /// remade after an error.
+        link: Kept,
     },
 }
 
@@ -112,7 +113,7 @@ impl MeltanoSystemDb {
             return Ok(MeltanoSystemDb {
                 target: Target::Postgres {
                     settings: Box::new(settings),
-                    client: tokio::sync::Mutex::new(None),
+                    link: Kept::default(),
                 },
                 shown,
             });
@@ -161,13 +162,8 @@ impl MeltanoSystemDb {
                     .await
                     .map_err(|err| format!("the check failed: {err}"))?
             }
-            Target::Postgres { settings, client } => {
-                let mut slot = client.lock().await;
-                let result = find_postgres(settings, &mut slot, key.as_str()).await;
-                if result.is_err() {
-                    *slot = None; // reconnect next time
-                }
-                result
+            Target::Postgres { settings, link } => {
+                find_postgres(settings, link, key.as_str()).await
             }
         }
     }
@@ -194,19 +190,22 @@ fn find_sqlite(path: &std::path::Path, key: &str) -> Result<Option<LegacyRun>, S
 
 async fn find_postgres(
     settings: &Settings,
-    slot: &mut Option<tokio_postgres::Client>,
+    kept: &Kept,
     key: &str,
 ) -> Result<Option<LegacyRun>, String> {
-    if slot.as_ref().is_none_or(|c| c.is_closed()) {
-        *slot = Some(settings.connect_spawned().await?);
-    }
-    let Some(client) = slot.as_ref() else {
-        return Err("not connected".to_string());
+    let link = kept.get(|| settings.link()).await?;
+    // Unnamed (one round trip, nothing prepared): it works through a pooler too.
+    let rows = link
+        .client
+        .query_typed(POSTGRES_QUERY, &[(&key, tokio_postgres::types::Type::TEXT)])
+        .await;
+    let row = match rows {
+        Ok(rows) => rows.into_iter().next(),
+        Err(err) => {
+            kept.forget(&link).await; // reconnect next time
+            return Err(format!("reading the runs table: {err}"));
+        }
     };
-    let row = client
-        .query_opt(POSTGRES_QUERY, &[&key])
-        .await
-        .map_err(|err| format!("reading the runs table: {err}"))?;
     Ok(row.map(|row| {
         legacy_run(
             row.get::<_, Option<String>>(0).unwrap_or_default(),

@@ -4,7 +4,7 @@
 //! one space stand for two hosts' agents, and a third, opened once the first
 //! is dropped, for the next agent of the first host.
 
-use crate::support::stores::{Azure, Etcd, Gcs, Postgres, Space, Store, S3};
+use crate::support::stores::{Azure, Etcd, Gcs, PgBouncer, Postgres, Space, Store, S3};
 use anyhow::{bail, ensure, Context, Result};
 use runlock_agent::backend::cas::{AzureOptions, CasEngine, CasStore, S3Options};
 use runlock_agent::backend::testing::{adopter, gcs_on_emulator, lease, spec};
@@ -230,6 +230,11 @@ async fn gcs_keeps_the_contract() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_keeps_the_contract() -> Result<()> {
     store_keeps_the_contract(Postgres).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_through_pgbouncer_keeps_the_contract() -> Result<()> {
+    store_keeps_the_contract(PgBouncer).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

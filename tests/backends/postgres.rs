@@ -5,7 +5,7 @@
 //! agent/src, so that the agent's own tests need no store running.)
 
 use anyhow::{bail, ensure, Context, Result};
-use runlock_agent::backend::postgres::{Settings, DEFAULT_SCHEMA};
+use runlock_agent::backend::postgres::{Link, Settings, DEFAULT_SCHEMA};
 use runlock_agent::backend::testing::{adopter, lease, spec};
 use runlock_agent::backend::{
     AcquireSpec, Backend, BackendError, PostgresBackend, PostgresOptions,
@@ -36,10 +36,11 @@ fn uri_for(database: &str) -> Result<String> {
     Ok(format!("{server}/{database}"))
 }
 
-async fn admin(uri: &str) -> Result<tokio_postgres::Client> {
+/// A connection of the test's own, made as the backend makes its own.
+async fn admin(uri: &str) -> Result<Link> {
     Settings::from_uri(uri, None)
         .map_err(anyhow::Error::msg)?
-        .connect_spawned()
+        .link()
         .await
         .map_err(anyhow::Error::msg)
 }

@@ -92,9 +92,9 @@ pub struct PostgresOptions {
     /// The schema of the lock table (default `runlock`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<String>,
-    /// `LISTEN` for releases (default true). Off where the connection goes
-    /// through a transaction-pooling proxy, which cannot pass notifications on;
-    /// waiters then poll.
+    /// `LISTEN` for releases. When unset: on, unless the server refused the
+    /// startup parameter `options` (PgBouncer does), as a transaction-pooling
+    /// proxy cannot pass notifications on; waiters then poll.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen: Option<bool>,
 }

@@ -12,7 +12,7 @@ mod s3;
 pub use azure::Azure;
 pub use etcd::Etcd;
 pub use gcs::Gcs;
-pub use postgres::Postgres;
+pub use postgres::{PgBouncer, Postgres};
 pub use s3::{env_for as s3_env_for, S3};
 
 use super::agent::{AgentOptions, TestAgent};

@@ -268,3 +268,61 @@ impl Store for Postgres {
         Duration::ZERO // timestamptz: microseconds
     }
 }
+
+/// PostgreSQL through PgBouncer in transaction pooling mode
+/// (tests/scripts/pgbouncer.sh, `RUNLOCK_TEST_PGBOUNCER_URI`), in front of
+/// the cluster [`Postgres`] uses: every database name passes through, so a
+/// space is a database of that cluster, made and read through PgBouncer
+/// with psql's simple queries. Its own instance and its failures are
+/// [`Postgres`]'s business.
+#[derive(Debug, Clone, Copy)]
+pub struct PgBouncer;
+
+#[async_trait::async_trait]
+impl Store for PgBouncer {
+    fn name(&self) -> &'static str {
+        "pgbouncer"
+    }
+
+    fn shared(&self) -> Result<Endpoint> {
+        Ok(Endpoint {
+            url: test_var("RUNLOCK_TEST_PGBOUNCER_URI", "pgbouncer.sh")?,
+        })
+    }
+
+    async fn start_own(&self) -> Result<OwnServer> {
+        anyhow::bail!("the pause scenarios run on PostgreSQL itself")
+    }
+
+    async fn create(&self, at: &Endpoint, name: &str) -> Result<()> {
+        Postgres.create(at, name).await
+    }
+
+    fn uri(&self, at: &Endpoint, name: &str, prefix: &str) -> String {
+        Postgres.uri(at, name, prefix)
+    }
+
+    fn env(&self, at: &Endpoint) -> Vec<(String, String)> {
+        Postgres.env(at)
+    }
+
+    async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
+        Postgres.records(at, name, prefix).await
+    }
+
+    async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {
+        Postgres.put(at, name, object, body).await
+    }
+
+    async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>> {
+        Postgres.get(at, name, object).await
+    }
+
+    async fn failures(&self, _at: &Endpoint) -> Result<Vec<Failure>> {
+        anyhow::bail!("the failure scenarios run on PostgreSQL itself")
+    }
+
+    fn stamp_resolution(&self) -> Duration {
+        Postgres.stamp_resolution()
+    }
+}

@@ -56,7 +56,7 @@ impl PostgresBackend {
         let table = sql.table().to_string();
         let described = format!("{} (schema {schema})", redact_uri(uri));
         Ok(PostgresBackend {
-            session: Session::new(settings, sql, options.listen.unwrap_or(true)),
+            session: Session::new(settings, sql, options.listen),
             described,
             table,
         })
@@ -156,7 +156,7 @@ impl Backend for PostgresBackend {
         for _ in 0..2 {
             let (rows, sent) = self
                 .session
-                .run(|link| {
+                .run(|link, statements| {
                     let holder = &holder;
                     let lease_id = &spec.lease_id;
                     async move {
@@ -169,7 +169,7 @@ impl Backend for PostgresBackend {
                             &spec.force,
                             &spec.breaking,
                         ];
-                        link.client.query(&link.statements.acquire, &args).await
+                        statements.acquire.query(&link.client, &args).await
                     }
                 })
                 .await
@@ -212,9 +212,10 @@ impl Backend for PostgresBackend {
     async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
         let (key, token) = (lease.key.as_str(), stored_token(lease));
         self.session
-            .run(|link| async move {
-                link.client
-                    .execute(&link.statements.stopped, &[&key, &token])
+            .run(|link, statements| async move {
+                statements
+                    .stopped
+                    .query(&link.client, &[&key, &token])
                     .await
             })
             .await
@@ -233,14 +234,15 @@ impl Backend for PostgresBackend {
         );
         let (taken, _) = self
             .session
-            .run(|link| async move {
-                link.client
-                    .execute(&link.statements.take_stopped, &[&key, &token])
+            .run(|link, statements| async move {
+                statements
+                    .take_stopped
+                    .query(&link.client, &[&key, &token])
                     .await
             })
             .await
             .map_err(BackendError::Unavailable)?;
-        Ok(taken > 0)
+        Ok(!taken.is_empty())
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
@@ -248,17 +250,15 @@ impl Backend for PostgresBackend {
         let (ttl, grace) = (millis(ttl), millis(grace(ttl)));
         let (renewed, _) = self
             .session
-            .run(|link| async move {
-                link.client
-                    .execute(
-                        &link.statements.renew,
-                        &[&key, &lease.lease_id, &token, &ttl, &grace],
-                    )
+            .run(|link, statements| async move {
+                statements
+                    .renew
+                    .query(&link.client, &[&key, &lease.lease_id, &token, &ttl, &grace])
                     .await
             })
             .await
             .map_err(BackendError::Unavailable)?;
-        if renewed == 0 {
+        if renewed.is_empty() {
             return Err(BackendError::LeaseMismatch);
         }
         Ok(())
@@ -274,10 +274,10 @@ impl Backend for PostgresBackend {
         };
         // No row freed: the lease was already someone else's, or freed; nothing to do.
         self.session
-            .run(|link| async move {
+            .run(|link, statements| async move {
                 let args: [&(dyn tokio_postgres::types::ToSql + Sync); 5] =
                     [&key, &lease.lease_id, &token, &kind, &reason];
-                link.client.query(&link.statements.release, &args).await
+                statements.release.query(&link.client, &args).await
             })
             .await
             .map_err(BackendError::Unavailable)?;
@@ -288,10 +288,8 @@ impl Backend for PostgresBackend {
         let name = key.as_str();
         let (row, _) = self
             .session
-            .run(|link| async move {
-                link.client
-                    .query_opt(&link.statements.inspect, &[&name])
-                    .await
+            .run(|link, statements| async move {
+                statements.inspect.query_opt(&link.client, &[&name]).await
             })
             .await
             .map_err(BackendError::Unavailable)?;
@@ -337,10 +335,8 @@ impl Backend for PostgresBackend {
         let name = key.as_str();
         let (row, _) = self
             .session
-            .run(|link| async move {
-                link.client
-                    .query_opt(&link.statements.history, &[&name])
-                    .await
+            .run(|link, statements| async move {
+                statements.history.query_opt(&link.client, &[&name]).await
             })
             .await
             .map_err(BackendError::Unavailable)?;
@@ -355,10 +351,11 @@ impl Backend for PostgresBackend {
         let (agent_id, uid) = (by.agent_id.as_str(), i64::from(by.uid));
         let (row, sent) = self
             .session
-            .run(|link| async move {
-                link.client
+            .run(|link, statements| async move {
+                statements
+                    .adopt
                     .query_opt(
-                        &link.statements.adopt,
+                        &link.client,
                         &[&key, &lease.lease_id, &token, &agent_id, &uid],
                     )
                     .await

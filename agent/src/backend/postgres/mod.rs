@@ -12,6 +12,7 @@
 #[cfg(feature = "postgres")]
 mod backend;
 mod errors;
+mod link;
 #[cfg(feature = "postgres")]
 mod session;
 mod settings;
@@ -22,4 +23,5 @@ mod tls;
 pub use crate::backend::options::DEFAULT_SCHEMA;
 #[cfg(feature = "postgres")]
 pub use backend::PostgresBackend;
+pub use link::{Kept, Link};
 pub use settings::Settings;

@@ -1,12 +1,13 @@
-//! One connection to the server, kept up: made on first use (creating the
-//! schema and table if missing), its statements prepared, `LISTEN`ing for
-//! releases; remade after it drops. Every operation runs through
-//! [`Session::run`], which bounds it in time and retries transient failures on
-//! a fresh connection.
+//! The backend's connection: made on first use (creating the schema and
+//! table when a statement finds them missing), `LISTEN`ing for releases
+//! unless a pooler is in front, closed once idle (`link.rs`), remade after
+//! it drops. Every operation runs through [`Session::run`], which bounds it
+//! in time and retries transient failures on a fresh connection.
 
 use super::errors::{classify, denied, missing_table, Failure};
+use super::link::{InUse, Kept, Link};
 use super::settings::Settings;
-use super::sql::{Prepared, Sql};
+use super::sql::{Sql, Statements};
 use crate::backend::retry::{RetryBudget, TIMEOUTS};
 use futures::StreamExt;
 use runlock_protocol::Key;
@@ -17,7 +18,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::broadcast;
 use tokio::time::Instant;
-use tokio_postgres::{AsyncMessage, Client};
+use tokio_postgres::AsyncMessage;
 
 /// The server gives up on a statement after this long (a row lock held by a stuck session).
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
@@ -31,44 +32,36 @@ const RETRY: RetryBudget = RetryBudget {
 /// Release notices that may wait for a slow waiter before it misses some (and polls).
 const NOTICE_BACKLOG: usize = 256;
 
-/// A live connection and its prepared statements.
-pub struct Link {
-    /// The client.
-    pub client: Client,
-    /// The statements, prepared on this connection.
-    pub statements: Prepared,
-    /// The task that drives the connection: stopped with the link, so a
-    /// connection to a server that stopped answering does not linger.
-    driver: tokio::task::AbortHandle,
-}
-
-impl Drop for Link {
-    fn drop(&mut self) {
-        self.driver.abort();
-    }
-}
-
 /// The backend's connection, and what it needs to remake it.
 pub struct Session {
     settings: Settings,
     sql: Sql,
-    listen: bool,
-    link: tokio::sync::Mutex<Option<Arc<Link>>>,
+    statements: Arc<Statements>,
+    /// `LISTEN` for releases: as the options say, or, when they are silent,
+    /// unless a pooler is in front (its connections are not ours to keep).
+    listen: Option<bool>,
+    link: Kept,
     released: broadcast::Sender<Key>,
-    statements: AtomicU64,
+    sent: AtomicU64,
 }
 
 impl Session {
-    /// A session that connects on first use; with `listen`, it hears releases.
-    pub fn new(settings: Settings, sql: Sql, listen: bool) -> Session {
+    /// A session that connects on first use; `listen` as the options say.
+    pub fn new(settings: Settings, sql: Sql, listen: Option<bool>) -> Session {
         Session {
             settings,
+            statements: Arc::new(sql.statements()),
             sql,
             listen,
-            link: tokio::sync::Mutex::new(None),
+            link: Kept::default(),
             released: broadcast::channel(NOTICE_BACKLOG).0,
-            statements: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
         }
+    }
+
+    /// Whether connections `LISTEN` for releases (known once connected).
+    fn listens(&self) -> bool {
+        self.listen.unwrap_or(!self.settings.behind_pooler())
     }
 
     /// Keys released through any agent, as the server announces them; `None`
@@ -79,19 +72,21 @@ impl Session {
 
     /// Where [`Session::releases`] come from, for the backend's profile.
     pub fn release_sender(&self) -> Option<broadcast::Sender<Key>> {
-        self.listen.then(|| self.released.clone())
+        (self.listen != Some(false)).then(|| self.released.clone())
     }
 
     /// Statements sent by operations so far (not counting connection set-up).
     pub fn statements_sent(&self) -> u64 {
-        self.statements.load(Ordering::Relaxed)
+        self.sent.load(Ordering::Relaxed)
     }
 
-    /// Connects now if not connected: the start-up check.
+    /// Connects and checks the table (creating it if missing): the start-up check.
     pub async fn connect_now(&self) -> Result<(), String> {
-        match tokio::time::timeout(TIMEOUTS.operation, self.link()).await {
+        let check = self
+            .run(|link, statements| async move { statements.check.query(&link.client, &[]).await });
+        match tokio::time::timeout(TIMEOUTS.operation, check).await {
             Ok(Ok(_)) => Ok(()),
-            Ok(Err(failure)) => Err(failure.message()),
+            Ok(Err(message)) => Err(message),
             Err(_) => Err(format!(
                 "PostgreSQL at {} did not answer within {}s",
                 self.settings.shown(),
@@ -100,20 +95,27 @@ impl Session {
         }
     }
 
-    /// Runs `op` on a live connection: at most [`RETRY`]'s tries within
-    /// `TIMEOUTS.operation`, each on a fresh connection if the last one
-    /// failed. Returns the result and when the successful statement was sent.
+    /// Runs `op` on a live connection within `TIMEOUTS.operation`, each try on
+    /// a fresh connection if the last one failed: at most [`RETRY`]'s tries,
+    /// but a server that is only out of connections (SQLSTATE class 53) is
+    /// tried again until the time is up. A statement that finds the table
+    /// missing creates it and tries again. Returns the result and when the
+    /// successful statement was sent.
     pub async fn run<T, F, Fut>(&self, op: F) -> Result<(T, Instant), String>
     where
-        F: Fn(Arc<Link>) -> Fut,
+        F: Fn(InUse, Arc<Statements>) -> Fut,
         Fut: Future<Output = Result<T, tokio_postgres::Error>>,
     {
         let deadline = Instant::now() + TIMEOUTS.operation;
         let mut last = String::new();
-        for attempt in 0..RETRY.attempts {
+        let mut throttled = false;
+        let mut attempt = 0;
+        while attempt < RETRY.attempts || throttled {
             if attempt > 0 {
                 RETRY.wait(attempt).await;
             }
+            attempt += 1;
+            throttled = false;
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
                 break;
@@ -121,9 +123,10 @@ impl Session {
             let bound = left.min(TIMEOUTS.attempt);
             let link = match tokio::time::timeout(bound, self.link()).await {
                 Ok(Ok(link)) => link,
-                Ok(Err(Failure::Refused(message))) => return Err(message),
-                Ok(Err(Failure::Transient(message))) => {
-                    last = message;
+                Ok(Err((Failure::Refused(message), _))) => return Err(message),
+                Ok(Err((failure, overloaded))) => {
+                    throttled = overloaded;
+                    last = failure.message();
                     continue;
                 }
                 Err(_) => {
@@ -131,21 +134,30 @@ impl Session {
                     continue;
                 }
             };
-            self.statements.fetch_add(1, Ordering::Relaxed);
+            self.sent.fetch_add(1, Ordering::Relaxed);
             let sent = Instant::now();
-            match tokio::time::timeout(bound, op(link.clone())).await {
+            let used = Arc::clone(&link);
+            let answer = tokio::time::timeout(bound, op(link, self.statements.clone())).await;
+            match answer {
                 Ok(Ok(value)) => return Ok((value, sent)),
+                Ok(Err(err)) if missing_table(&err) => {
+                    if let Err(failure) = self.ensure().await {
+                        return Err(failure.message());
+                    }
+                    last = self.explain(&err).message();
+                }
                 Ok(Err(err)) => {
                     let failure = self.explain(&err);
                     if !failure.is_transient() {
                         return Err(failure.message());
                     }
+                    throttled = overloaded(&err);
                     last = failure.message();
-                    self.forget(&link).await;
+                    self.link.forget(&used).await;
                 }
                 Err(_) => {
                     last = self.no_answer(bound);
-                    self.forget(&link).await;
+                    self.link.forget(&used).await;
                 }
             }
         }
@@ -177,64 +189,42 @@ impl Session {
         ))
     }
 
-    /// Drops `link` if it is still the current one, so the next attempt reconnects.
-    async fn forget(&self, link: &Arc<Link>) {
-        let mut slot = self.link.lock().await;
-        if slot
-            .as_ref()
-            .is_some_and(|current| Arc::ptr_eq(current, link))
-        {
-            *slot = None;
-        }
+    /// The current connection, or a new one; a failure says whether the
+    /// server is out of connections.
+    async fn link(&self) -> Result<InUse, (Failure, bool)> {
+        self.link.get(|| self.connect()).await
     }
 
-    /// The current connection, or a new one.
-    async fn link(&self) -> Result<Arc<Link>, Failure> {
-        let mut slot = self.link.lock().await;
-        if let Some(link) = slot.as_ref().filter(|l| !l.client.is_closed()) {
-            return Ok(link.clone());
-        }
-        *slot = None;
-        let link = Arc::new(self.connect().await?);
-        *slot = Some(link.clone());
-        Ok(link)
-    }
-
-    async fn connect(&self) -> Result<Link, Failure> {
-        let (client, connection) = self
-            .settings
-            .connect()
-            .await
-            .map_err(|err| self.explain(&err))?;
+    async fn connect(&self) -> Result<Link, (Failure, bool)> {
+        let failed = |err: tokio_postgres::Error| (self.explain(&err), overloaded(&err));
+        let (client, connection) = self.settings.connect().await.map_err(failed)?;
         // Dropping the client on an error below ends the connection and its driver.
         let driver = tokio::spawn(drive(connection, self.released.clone())).abort_handle();
-        let statements = match self.sql.prepare(&client).await {
-            Ok(statements) => statements,
-            Err(err) if missing_table(&err) => {
-                client
-                    .batch_execute(&self.sql.ensure())
-                    .await
-                    .map_err(|err| self.explain(&err))?;
-                tracing::info!(table = %self.sql.table(), "created (or completed) the lock table");
-                self.sql
-                    .prepare(&client)
-                    .await
-                    .map_err(|err| self.explain(&err))?
-            }
-            Err(err) => return Err(self.explain(&err)),
-        };
-        if self.listen {
+        if self.listens() {
             client
                 .batch_execute(&self.sql.listen())
                 .await
-                .map_err(|err| self.explain(&err))?;
+                .map_err(failed)?;
         }
-        Ok(Link {
-            client,
-            statements,
-            driver,
-        })
+        Ok(Link::new(client, driver))
     }
+
+    /// Creates the schema and the table, or what they lack.
+    async fn ensure(&self) -> Result<(), Failure> {
+        let link = self.link().await.map_err(|(failure, _)| failure)?;
+        link.client
+            .batch_execute(&self.sql.ensure())
+            .await
+            .map_err(|err| self.explain(&err))?;
+        tracing::info!(table = %self.sql.table(), "created (or completed) the lock table");
+        Ok(())
+    }
+}
+
+/// Whether the server is out of connections or memory (SQLSTATE class 53):
+/// another try, once others have let theirs go, will do.
+fn overloaded(err: &tokio_postgres::Error) -> bool {
+    err.code().is_some_and(|code| code.code().starts_with("53"))
 }
 
 /// Drives a connection until it ends, passing on the keys `NOTIFY` names.

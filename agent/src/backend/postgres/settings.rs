@@ -4,11 +4,14 @@
 //! knows neither the variables nor `verify-ca`/`verify-full`/`sslrootcert`,
 //! which are read here.
 
+use super::link::Link;
 use super::tls::{self, SslMode};
 use std::error::Error as _;
 use std::fmt::Write as _;
 use std::path::Path;
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_postgres::tls::MakeTlsConnect;
 use tokio_postgres::{Client, Socket};
@@ -37,6 +40,18 @@ const OURS: [&str; 8] = [
     "options",
 ];
 
+/// A connection to drive, as [`Settings::connect`] opens it.
+pub type Connection =
+    tokio_postgres::Connection<Socket, <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream>;
+
+/// Whether `err` is a pooler's refusal of the `options` startup parameter
+/// (PgBouncer: "unsupported startup parameter: options").
+fn refuses_options(err: &tokio_postgres::Error) -> bool {
+    err.as_db_error().is_some_and(|db| {
+        db.message().contains("unsupported startup parameter") && db.message().contains("options")
+    })
+}
+
 /// A resolved connection target. It holds the password: it is never printed,
 /// and messages name it by [`Settings::shown`].
 #[derive(Clone)]
@@ -45,6 +60,12 @@ pub struct Settings {
     tls: MakeRustlsConnect,
     ssl_mode: SslMode,
     shown: String,
+    /// `config` without the statement timeout this module adds: for a pooler
+    /// such as PgBouncer, which refuses the `options` startup parameter.
+    pooled_config: Option<tokio_postgres::Config>,
+    /// Whether the server refused that parameter: a pooler is in front, and
+    /// every connection from then on is made with `pooled_config`.
+    behind_pooler: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -242,14 +263,8 @@ impl Settings {
             .or_else(|| env("PGSSLMODE"))
             .map_or(Ok(SslMode::Prefer), |m| m.parse())?;
         let root_cert = param("sslrootcert").or_else(|| env("PGSSLROOTCERT"));
-        let mut options = param("options").or_else(|| env("PGOPTIONS"));
-        if let Some(timeout) = statement_timeout {
-            let ours = format!("-c statement_timeout={}", timeout.as_millis());
-            options = Some(match options {
-                Some(theirs) => format!("{theirs} {ours}"),
-                None => ours,
-            });
-        }
+        let theirs = param("options").or_else(|| env("PGOPTIONS"));
+        let ours = statement_timeout.map(|t| format!("-c statement_timeout={}", t.as_millis()));
 
         let mut text = String::new();
         let mut add = |key: &str, value: &str| {
@@ -268,9 +283,6 @@ impl Settings {
         }
         add("dbname", &dbname);
         add("sslmode", ssl_mode.tokio_postgres_name());
-        if let Some(options) = &options {
-            add("options", options);
-        }
         let given = |name: &str| parts.params.iter().any(|(k, _)| k == name);
         if !given("application_name") {
             add(
@@ -290,30 +302,47 @@ impl Settings {
         {
             add(key, value);
         }
-        // tokio-postgres's cause names an unknown option, or which option has a bad value.
-        let mut config =
-            tokio_postgres::Config::from_str(&text).map_err(|err| match err.source() {
-                Some(cause) => format!("{err}: {cause}"),
-                None => err.to_string(),
-            })?;
-        if !given("keepalives_idle") {
-            config.keepalives_idle(KEEPALIVES_IDLE);
-        }
-        if !given("keepalives_interval") {
-            config.keepalives_interval(KEEPALIVES_INTERVAL);
-        }
-        if !given("keepalives_retries") {
-            config.keepalives_retries(KEEPALIVES_RETRIES);
-        }
-        if !given("tcp_user_timeout") {
-            config.tcp_user_timeout(TCP_USER_TIMEOUT);
-        }
+        let with_options = |options: Option<String>| {
+            let mut text = text.clone();
+            if let Some(options) = options {
+                let _ = write!(text, "options={} ", quote(&options));
+            }
+            // tokio-postgres's cause names an unknown option, or which option has a bad value.
+            let mut config =
+                tokio_postgres::Config::from_str(&text).map_err(|err| match err.source() {
+                    Some(cause) => format!("{err}: {cause}"),
+                    None => err.to_string(),
+                })?;
+            if !given("keepalives_idle") {
+                config.keepalives_idle(KEEPALIVES_IDLE);
+            }
+            if !given("keepalives_interval") {
+                config.keepalives_interval(KEEPALIVES_INTERVAL);
+            }
+            if !given("keepalives_retries") {
+                config.keepalives_retries(KEEPALIVES_RETRIES);
+            }
+            if !given("tcp_user_timeout") {
+                config.tcp_user_timeout(TCP_USER_TIMEOUT);
+            }
+            Ok::<_, String>(config)
+        };
+        let config = with_options(match (&theirs, &ours) {
+            (Some(theirs), Some(ours)) => Some(format!("{theirs} {ours}")),
+            (theirs, ours) => theirs.clone().or_else(|| ours.clone()),
+        })?;
+        let pooled_config = match ours {
+            Some(_) => Some(with_options(theirs)?),
+            None => None,
+        };
         let tls = tls::connector(ssl_mode, root_cert.as_deref(), home)?;
         Ok(Settings {
             config,
             tls,
             ssl_mode,
             shown: show(&hosts, default_port, &dbname, &user),
+            pooled_config,
+            behind_pooler: Arc::new(AtomicBool::new(false)),
         })
     }
 
@@ -337,35 +366,52 @@ impl Settings {
         self.ssl_mode
     }
 
-    /// Opens a connection; the caller drives the returned connection.
-    pub async fn connect(
-        &self,
-    ) -> Result<
-        (
-            Client,
-            tokio_postgres::Connection<
-                Socket,
-                <MakeRustlsConnect as MakeTlsConnect<Socket>>::Stream,
-            >,
-        ),
-        tokio_postgres::Error,
-    > {
-        self.config.connect(self.tls.clone()).await
+    /// Whether a connection pooler (PgBouncer) is known to be in front of
+    /// the server: it refused the statement timeout as a startup parameter.
+    /// Session state (`LISTEN`, `SET`) does not outlive a transaction there.
+    pub fn behind_pooler(&self) -> bool {
+        self.behind_pooler.load(Ordering::Relaxed)
+    }
+
+    /// Opens a connection; the caller drives the returned connection. A
+    /// pooler that refuses the statement timeout is connected to without it
+    /// (the server then keeps the role's own `statement_timeout`).
+    pub async fn connect(&self) -> Result<(Client, Connection), tokio_postgres::Error> {
+        let pooled = self.pooled_config.as_ref();
+        if let Some(pooled) = pooled.filter(|_| self.behind_pooler()) {
+            return pooled.connect(self.tls.clone()).await;
+        }
+        let err = match self.config.connect(self.tls.clone()).await {
+            Ok(connected) => return Ok(connected),
+            Err(err) => err,
+        };
+        let Some(pooled) = pooled.filter(|_| refuses_options(&err)) else {
+            return Err(err);
+        };
+        if !self.behind_pooler.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                server = %self.shown,
+                "the server refused the startup parameter `options` (a connection pooler \
+                 such as PgBouncer?): connecting without runlock's statement timeout; set \
+                 one on the role instead (ALTER ROLE … SET statement_timeout = '3s')"
+            );
+        }
+        pooled.connect(self.tls.clone()).await
     }
 
     /// Opens a connection driven by a task of its own, which ends when the
     /// connection does. Errors name the server and the cause, never the password.
-    pub async fn connect_spawned(&self) -> Result<Client, String> {
+    pub async fn link(&self) -> Result<Link, String> {
         let (client, connection) = self
             .connect()
             .await
             .map_err(|err| super::errors::classify(&err, self).message())?;
-        tokio::spawn(async move {
+        let driver = tokio::spawn(async move {
             if let Err(err) = connection.await {
                 tracing::debug!("PostgreSQL connection ended: {err}");
             }
         });
-        Ok(client)
+        Ok(Link::new(client, driver.abort_handle()))
     }
 }
 
@@ -485,6 +531,12 @@ mod tests {
             settings.config.get_options(),
             Some("-c search_path=x -c statement_timeout=4000")
         );
+        // Behind a pooler that refuses startup options, only the user's go.
+        let pooled = settings.pooled_config.as_ref().expect("a pooled form");
+        assert_eq!(pooled.get_options(), Some("-c search_path=x"));
+        assert_eq!(pooled.get_application_name(), Some("runlockd"));
+        let plain = Settings::resolve("postgresql://h/d?user=u", None, &|_| None, None);
+        assert!(plain.expect("parses").pooled_config.is_none());
     }
 
     #[test]

@@ -19,8 +19,9 @@
 //! `clock_timestamp()` and checks read `now()` (the statement's start): both
 //! err toward a later expiry.
 
+use tokio_postgres::types::ToSql;
 use tokio_postgres::types::Type as T;
-use tokio_postgres::{Client, Statement};
+use tokio_postgres::{Client, Row};
 
 /// The name of the table inside the schema.
 pub const TABLE: &str = "locks";
@@ -46,13 +47,51 @@ pub struct Sql {
     channel: String,
 }
 
-/// The statements, prepared on one connection.
-pub struct Prepared {
+/// One statement: its text and its parameters' types. It is sent unnamed
+/// with every use (`query_typed`, one round trip): nothing is prepared on a
+/// connection, so the backend works through a transaction pooler, where the
+/// next transaction may run on another server connection.
+pub struct Statement {
+    text: String,
+    types: &'static [T],
+}
+
+impl Statement {
+    fn new(text: String, types: &'static [T]) -> Statement {
+        Statement { text, types }
+    }
+
+    /// Runs it with `args` (one per parameter, in order); returns its rows.
+    pub async fn query(
+        &self,
+        client: &Client,
+        args: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, tokio_postgres::Error> {
+        let params: Vec<(&(dyn ToSql + Sync), T)> = args
+            .iter()
+            .zip(self.types)
+            .map(|(arg, ty)| (*arg, ty.clone()))
+            .collect();
+        client.query_typed(&self.text, &params).await
+    }
+
+    /// [`Statement::query`], for a statement with at most one row.
+    pub async fn query_opt(
+        &self,
+        client: &Client,
+        args: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, tokio_postgres::Error> {
+        Ok(self.query(client, args).await?.into_iter().next())
+    }
+}
+
+/// The statements of one schema.
+pub struct Statements {
     /// `$1 key, $2 lease_id, $3 holder json, $4 ttl_ms, $5 grace_ms, $6 force,
     /// $7 breaking` → `(taken bool, token bigint, holder text, history text)`:
     /// the taken row (no history), or the holder's row.
     pub acquire: Statement,
-    /// `$1 key, $2 lease_id, $3 token, $4 ttl_ms, $5 grace_ms` → rows affected.
+    /// `$1 key, $2 lease_id, $3 token, $4 ttl_ms, $5 grace_ms` → one row if renewed.
     pub renew: Statement,
     /// `$1 key, $2 lease_id, $3 token, $4 event kind (NULL: none), $5 reason`
     /// → one row if it freed the key.
@@ -68,6 +107,9 @@ pub struct Prepared {
     /// `$1 key, $2 token` → one row if its run was said to have stopped
     /// (the word is removed).
     pub take_stopped: Statement,
+    /// No parameter, no row: fails if a table or a column the others use is
+    /// missing, or this role may not read them.
+    pub check: Statement,
 }
 
 /// When a held row stops protecting its holder, by the database's clock.
@@ -163,8 +205,8 @@ impl Sql {
         format!("LISTEN {}", quote_ident(&self.channel))
     }
 
-    /// Prepares every statement on `client` (pipelined: one wait, not five).
-    pub async fn prepare(&self, client: &Client) -> Result<Prepared, tokio_postgres::Error> {
+    /// Every statement.
+    pub fn statements(&self) -> Statements {
         let table = &self.table;
         // Taken when the key is new, free, expired, forced, or already ours (an
         // earlier attempt of this same acquire landed but its answer was lost:
@@ -230,7 +272,8 @@ impl Sql {
         let renew = format!(
             "UPDATE {table} AS l SET written = clock_timestamp(), ttl_ms = $4, grace_ms = $5
              WHERE key = $1 AND lease_id = $2 AND token = $3 AND state = 'held'
-               AND {EXPIRES} > now()"
+               AND {EXPIRES} > now()
+             RETURNING 1"
         );
         // NOTIFY inside the release's own statement: waiters hear of it once it commits.
         let ended = event("$4::text", "l.holder", "l.token", ", 'reason', $5::text");
@@ -270,21 +313,6 @@ impl Sql {
                AND {EXPIRES} > now() AND l.holder -> 'uid' = to_jsonb($5::int8)
              RETURNING holder::text, ttl_ms"
         );
-        let types = (
-            [
-                T::TEXT,
-                T::TEXT,
-                T::TEXT,
-                T::INT8,
-                T::INT8,
-                T::BOOL,
-                T::BOOL,
-            ],
-            [T::TEXT, T::TEXT, T::INT8, T::INT8, T::INT8],
-            [T::TEXT, T::TEXT, T::INT8, T::TEXT, T::TEXT],
-            [T::TEXT],
-            [T::TEXT, T::TEXT, T::INT8, T::TEXT, T::INT8],
-        );
         // A word nobody read (its forcer gave up waiting) goes a day later.
         let stopped = format!(
             "WITH old AS (DELETE FROM {stopped} WHERE at < now() - interval '1 day')
@@ -295,26 +323,36 @@ impl Sql {
             "DELETE FROM {} WHERE key = $1 AND token = $2 RETURNING token",
             self.stopped
         );
-        let (acquire, renew, release, inspect, adopt, history, stopped, take_stopped) = futures::try_join!(
-            client.prepare_typed(&acquire, &types.0),
-            client.prepare_typed(&renew, &types.1),
-            client.prepare_typed(&release, &types.2),
-            client.prepare_typed(&inspect, &types.3),
-            client.prepare_typed(&adopt, &types.4),
-            client.prepare_typed(&history, &types.3),
-            client.prepare_typed(&stopped, &[T::TEXT, T::INT8]),
-            client.prepare_typed(&take_stopped, &[T::TEXT, T::INT8]),
-        )?;
-        Ok(Prepared {
-            acquire,
-            renew,
-            release,
-            inspect,
-            history,
-            adopt,
-            stopped,
-            take_stopped,
-        })
+        let check = format!(
+            "SELECT l.key, l.state, l.token, l.lease_id, l.holder, l.ttl_ms, l.grace_ms,
+                    l.written, l.forced_from, l.history, l.displaced, s.key, s.token, s.at
+             FROM {table} AS l, {stopped} AS s WHERE false",
+            stopped = self.stopped
+        );
+        const KEY: &[T] = &[T::TEXT];
+        const KEY_TOKEN: &[T] = &[T::TEXT, T::INT8];
+        Statements {
+            acquire: Statement::new(
+                acquire,
+                &[
+                    T::TEXT,
+                    T::TEXT,
+                    T::TEXT,
+                    T::INT8,
+                    T::INT8,
+                    T::BOOL,
+                    T::BOOL,
+                ],
+            ),
+            renew: Statement::new(renew, &[T::TEXT, T::TEXT, T::INT8, T::INT8, T::INT8]),
+            release: Statement::new(release, &[T::TEXT, T::TEXT, T::INT8, T::TEXT, T::TEXT]),
+            inspect: Statement::new(inspect, KEY),
+            history: Statement::new(history, KEY),
+            adopt: Statement::new(adopt, &[T::TEXT, T::TEXT, T::INT8, T::TEXT, T::INT8]),
+            stopped: Statement::new(stopped, KEY_TOKEN),
+            take_stopped: Statement::new(take_stopped, KEY_TOKEN),
+            check: Statement::new(check, &[]),
+        }
     }
 }
 
