@@ -35,7 +35,7 @@ async fn settings_come_from_the_file_then_the_environment_then_flags() -> Result
         dir.path(),
         "runlockd.toml",
         "socket = \"/tmp/from-file.sock\"\nbackend = \"memory://\"\nttl = \"10s\"\n\
-         on_unavailable = \"skip\"\n",
+         on_unavailable = \"skip\"\npoll_interval = \"2s\"\n",
     )?;
     let only_file = runlockd(&["check-config", "--config", &file], &[]).await?;
     only_file.expect_code(0)?;
@@ -43,6 +43,7 @@ async fn settings_come_from_the_file_then_the_environment_then_flags() -> Result
         "socket = \"/tmp/from-file.sock\"",
         "ttl = \"10s\"",
         "on_unavailable = \"skip\"",
+        "poll_interval = \"2s\"",
         "backend = \"memory://\"",
         "socket_mode = \"0660\"",
     ] {
@@ -51,15 +52,39 @@ async fn settings_come_from_the_file_then_the_environment_then_flags() -> Result
             "{want:?} missing: {only_file:?}"
         );
     }
-    let env = [("RUNLOCK_TTL", "45s"), ("RUNLOCK_ON_UNAVAILABLE", "warn")];
+    let env = [
+        ("RUNLOCK_TTL", "45s"),
+        ("RUNLOCK_ON_UNAVAILABLE", "warn"),
+        ("RUNLOCK_POLL_INTERVAL", "3s"),
+    ];
     let with_env = runlockd(&["check-config", "--config", &file], &env).await?;
     ensure!(with_env.stdout.contains("ttl = \"45s\""), "{with_env:?}");
+    ensure!(
+        with_env.stdout.contains("poll_interval = \"3s\""),
+        "{with_env:?}"
+    );
     ensure!(
         with_env.stdout.contains("on_unavailable = \"warn\""),
         "{with_env:?}"
     );
-    let with_flag = runlockd(&["check-config", "--config", &file, "--ttl", "50s"], &env).await?;
+    let with_flag = runlockd(
+        &[
+            "check-config",
+            "--config",
+            &file,
+            "--ttl",
+            "50s",
+            "--poll-interval",
+            "250ms",
+        ],
+        &env,
+    )
+    .await?;
     ensure!(with_flag.stdout.contains("ttl = \"50s\""), "{with_flag:?}");
+    ensure!(
+        with_flag.stdout.contains("poll_interval = \"250ms\""),
+        "{with_flag:?}"
+    );
     ensure!(
         with_flag
             .stdout

@@ -21,7 +21,7 @@
 use anyhow::{bail, Context, Result};
 use runlock_tests::rewriting_proxy::{authority, RewritingProxy};
 use runlock_tests::run::HOLD;
-use runlock_tests::stores::{Azure, Endpoint, Etcd, Gcs, Postgres, Space, Store, S3};
+use runlock_tests::stores::{Azure, Endpoint, Etcd, Gcs, PgBouncer, Postgres, Space, Store, S3};
 use runlock_tests::{http, AgentOptions, Run, TestAgent};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -37,6 +37,9 @@ const TURN: Duration = Duration::from_millis(200);
 const QUEUE_TIME: Duration = Duration::from_secs(90);
 /// The window store requests are counted over.
 const SAMPLE: Duration = Duration::from_secs(30);
+/// How long waiters poll before their requests are counted: past their
+/// first, quicker polls.
+const SETTLE: Duration = Duration::from_secs(3);
 /// Leases each agent holds in the busy sample.
 const LEASES_EACH: usize = 10;
 
@@ -50,7 +53,9 @@ fn main() -> Result<()> {
         .collect();
     let (store, n) = match args.as_slice() {
         [store, n] => (store.clone(), n.parse::<usize>().context("N: a number")?),
-        _ => bail!("usage: scripts/fleet STORE N   (STORE: s3, azure, gcs, postgres, etcd)"),
+        _ => bail!(
+            "usage: scripts/fleet STORE N   (STORE: s3, azure, gcs, postgres, pgbouncer, etcd)"
+        ),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -61,8 +66,9 @@ fn main() -> Result<()> {
             "azure" => fleet(Azure, n).await?,
             "gcs" => fleet(Gcs, n).await?,
             "postgres" => fleet(Postgres, n).await?,
+            "pgbouncer" => fleet(PgBouncer, n).await?,
             "etcd" => fleet(Etcd, n).await?,
-            other => bail!("no store {other:?}: s3, azure, gcs, postgres or etcd"),
+            other => bail!("no store {other:?}: s3, azure, gcs, postgres, pgbouncer or etcd"),
         };
         print_table(&store, n, &figures);
         Ok(())
@@ -79,6 +85,8 @@ struct Figures {
     handovers: Vec<Duration>,
     overlaps: usize,
     idle_per_second: f64,
+    waiting_per_second: f64,
+    waiters: usize,
     busy_per_second: f64,
     holding: usize,
     hold_errors: Vec<String>,
@@ -98,19 +106,26 @@ impl Counter {
         match self {
             Counter::Proxy(count, _) => Ok(count.load(Ordering::Relaxed)),
             Counter::Postgres(uri) => {
-                let out = tokio::process::Command::new("psql")
-                    .args(["-XAtw", uri, "-c"])
-                    .arg("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
-                    .output()
-                    .await
-                    .context("running psql")?;
-                let text = String::from_utf8_lossy(&out.stdout);
-                // psql's own query is one transaction: not the agents'.
-                Ok(text
-                    .trim()
-                    .parse::<u64>()
-                    .context("xact_commit")?
-                    .saturating_sub(1))
+                // The agents may hold every connection the server has for a
+                // moment (as they may: they wait theirs out): so may psql.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                loop {
+                    let out = tokio::process::Command::new("psql")
+                        .args(["-XAtw", uri, "-c"])
+                        .arg("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+                        .output()
+                        .await
+                        .context("running psql")?;
+                    let text = String::from_utf8_lossy(&out.stdout);
+                    // psql's own query is one transaction: not the agents'.
+                    if let Ok(count) = text.trim().parse::<u64>() {
+                        return Ok(count.saturating_sub(1));
+                    }
+                    if Instant::now() > deadline {
+                        bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
             }
             Counter::Etcd(url) => {
                 let metrics = http::get(&format!("{url}/metrics"))
@@ -137,7 +152,8 @@ async fn fleet(store: impl Store, n: usize) -> Result<Figures> {
     let name = store.name();
     let mut space = Space::create(store, "fleet").await?;
     let counter = match name {
-        "postgres" => Counter::Postgres(space.uri("")),
+        // Through PgBouncer too: psql's one simple query passes through it.
+        "postgres" | "pgbouncer" => Counter::Postgres(space.uri("")),
         "etcd" => Counter::Etcd(space.at.url.clone()),
         _ => {
             let count = Arc::new(AtomicU64::new(0));
@@ -231,6 +247,27 @@ async fn fleet(store: impl Store, n: usize) -> Result<Figures> {
         read_turns(&std::fs::read_to_string(&log).unwrap_or_default());
 
     let idle_per_second = counter.per_second_over(SAMPLE).await?;
+
+    // Waiting: every other agent waits for a key the first one holds.
+    let (waiting_per_second, waiters) = match agents.split_first() {
+        Some((holder, others)) if !others.is_empty() => {
+            let mut held = holder.run(&["contended"], &["--ttl", TTL], HOLD)?;
+            held.ready().await?;
+            let patience = format!("{}s", (SAMPLE + WAIT).as_secs());
+            let waiting: Vec<Run> = others
+                .iter()
+                .map(|agent| agent.run(&["contended"], &["--wait", &patience], "true"))
+                .collect::<Result<_>>()?;
+            // Past the first, quicker polls (20 ms doubling to the interval).
+            tokio::time::sleep(SETTLE).await;
+            let rate = counter.per_second_over(SAMPLE).await?;
+            drop(waiting); // killed: none of them takes a turn
+            held.end();
+            held.finish().await?;
+            (rate, others.len())
+        }
+        _ => (0.0, 0),
+    };
     let keys: Vec<String> = (0..LEASES_EACH).map(|k| format!("busy-{k}")).collect();
     let mut holders = Vec::new();
     for (i, agent) in agents.iter().enumerate() {
@@ -271,6 +308,8 @@ async fn fleet(store: impl Store, n: usize) -> Result<Figures> {
         handovers,
         overlaps,
         idle_per_second,
+        waiting_per_second,
+        waiters,
         busy_per_second,
         holding,
         hold_errors,
@@ -370,6 +409,15 @@ fn print_table(store: &str, n: usize, f: &Figures) {
         (
             "store requests/s, all idle",
             format!("{:.1}", f.idle_per_second),
+        ),
+        (
+            "store requests/s, the others waiting for one agent's key",
+            format!(
+                "{:.1} ({:.2} per waiting agent, {} waiting)",
+                f.waiting_per_second,
+                f.waiting_per_second / f.waiters.max(1) as f64,
+                f.waiters
+            ),
         ),
         (
             "store requests/s, 10 leases each",

@@ -6,6 +6,7 @@ use crate::access::Access;
 use crate::backend::{
     AzureOptions, BackendOptions, EtcdOptions, GcsOptions, PostgresOptions, S3Options, Secret,
 };
+use crate::lease::DEFAULT_POLL_INTERVAL;
 use crate::legacy::MeltanoSystemDb;
 use crate::limits::Limits;
 use crate::telemetry::LogFormat;
@@ -18,6 +19,11 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+
+/// The bounds of `poll_interval`: more often is a store's load for nothing;
+/// less often, a handover slower than a run's start.
+const MIN_POLL_INTERVAL: Duration = Duration::from_millis(50);
+const MAX_POLL_INTERVAL: Duration = Duration::from_secs(60);
 
 /// runlockd: the runlock agent. Holds locks for the runs on this host and
 /// serves `runlock` over a Unix socket.
@@ -55,6 +61,11 @@ pub struct Args {
     /// Lease time to live when a client gives none (1s to 24h, e.g. 30s, 10m) [default: 30s]
     #[arg(long, env = "RUNLOCK_TTL", value_name = "DUR", global = true, value_parser = parse_ttl)]
     pub ttl: Option<Duration>,
+    /// How often, at most, a waiting run re-checks the store for a holder on
+    /// another host (50ms to 60s) [default: 500ms]
+    #[arg(long, env = "RUNLOCK_POLL_INTERVAL", value_name = "DUR", global = true,
+          value_parser = parse_poll_interval)]
+    pub poll_interval: Option<Duration>,
     /// What runs do when the backend cannot be reached [default: fail]
     #[arg(long, env = "RUNLOCK_ON_UNAVAILABLE", value_name = "POLICY", global = true,
           value_parser = ["fail", "warn", "skip"])]
@@ -104,6 +115,17 @@ fn parse_ttl(text: &str) -> Result<Duration, String> {
     Ok(ttl)
 }
 
+fn parse_poll_interval(text: &str) -> Result<Duration, String> {
+    let interval = parse_duration(text)?;
+    if interval < MIN_POLL_INTERVAL || interval > MAX_POLL_INTERVAL {
+        return Err(format!(
+            "{} is outside 50ms..60s",
+            humantime::format_duration(interval)
+        ));
+    }
+    Ok(interval)
+}
+
 fn parse_mode(text: &str) -> Result<u32, String> {
     let digits = text.strip_prefix("0o").unwrap_or(text);
     match u32::from_str_radix(digits, 8) {
@@ -125,6 +147,8 @@ struct FileConfig {
     ttl: Option<Duration>,
     #[serde(default, deserialize_with = "on_unavailable")]
     on_unavailable: Option<OnUnavailable>,
+    #[serde(default, deserialize_with = "poll_interval")]
+    poll_interval: Option<Duration>,
     metrics: Option<SocketAddr>,
     log_format: Option<LogFormat>,
     legacy_meltano_systemdb: Option<Secret>,
@@ -205,6 +229,13 @@ fn ttl<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
     parse_ttl(&text).map(Some).map_err(serde::de::Error::custom)
 }
 
+fn poll_interval<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_poll_interval(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
 fn mode<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
     let text = String::deserialize(d)?;
     parse_mode(&text)
@@ -236,6 +267,8 @@ pub struct Config {
     pub ttl: Duration,
     /// What runs do when the backend cannot be reached.
     pub on_unavailable: OnUnavailable,
+    /// How often, at most, a waiter re-checks the store.
+    pub poll_interval: Duration,
     /// Who may force and break.
     pub access: Access,
     /// How much of the agent one peer may take.
@@ -309,6 +342,10 @@ impl Config {
             },
             ttl: args.ttl.or(settings.ttl).unwrap_or(Duration::from_secs(30)),
             on_unavailable,
+            poll_interval: args
+                .poll_interval
+                .or(settings.poll_interval)
+                .unwrap_or(DEFAULT_POLL_INTERVAL),
             access,
             limits: settings.limits.resolve()?,
             metrics: args.metrics.or(settings.metrics),
@@ -330,6 +367,7 @@ impl Config {
             backend: String,
             ttl: String,
             on_unavailable: OnUnavailable,
+            poll_interval: String,
             #[serde(skip_serializing_if = "Option::is_none")]
             metrics: Option<SocketAddr>,
             log_format: LogFormat,
@@ -361,6 +399,7 @@ impl Config {
             backend: crate::backend::redact_uri(self.backend.expose()),
             ttl: humantime::format_duration(self.ttl).to_string(),
             on_unavailable: self.on_unavailable,
+            poll_interval: humantime::format_duration(self.poll_interval).to_string(),
             metrics: self.metrics,
             log_format: self.log_format,
             legacy_meltano_systemdb: self
@@ -503,7 +542,7 @@ mod tests {
     fn a_full_file_parses() {
         let file = parse(
             "socket = \"/run/x.sock\"\nsocket_mode = \"0600\"\nbackend = \"s3://b/p\"\n\
-             ttl = \"10s\"\non_unavailable = \"warn\"\nmetrics = \"127.0.0.1:9464\"\n\
+             ttl = \"10s\"\non_unavailable = \"warn\"\npoll_interval = \"2s\"\nmetrics = \"127.0.0.1:9464\"\n\
              log_format = \"json\"\nlegacy_meltano_systemdb = \"/m/meltano.db\"\n[access]\nforce_users = [\"root\", 1000]\n\
              force_groups = [0]\n[limits]\nconnections = 50\nhandshake_timeout = \"2s\"\n[s3]\nregion = \"eu-west-1\"\n\
              [azure]\naccount_name = \"acct1\"\naccount_key = \"a2V5\"\n\
@@ -515,6 +554,7 @@ mod tests {
         assert_eq!(file.socket_mode, Some(0o600));
         assert_eq!(file.ttl, Some(Duration::from_secs(10)));
         assert_eq!(file.on_unavailable, Some(OnUnavailable::Warn));
+        assert_eq!(file.poll_interval, Some(Duration::from_secs(2)));
         assert_eq!(file.log_format, Some(LogFormat::Json));
         assert_eq!(
             file.legacy_meltano_systemdb.as_ref().map(Secret::expose),
@@ -583,6 +623,11 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("fail, warn, skip"), "{err}");
+        let err = parse("poll_interval = \"10ms\"\n").expect_err("too often");
+        assert!(
+            err.starts_with("/etc/r.toml:1: `poll_interval`: ") && err.contains("50ms..60s"),
+            "{err}"
+        );
         let err = parse("socket_mode = \"999\"\n").expect_err("bad mode");
         assert!(err.contains("octal"), "{err}");
     }

@@ -123,6 +123,7 @@ async fn run(config: Config) -> Result<(), Stop> {
         default_ttl: config.ttl,
         on_unavailable: config.on_unavailable,
         access: config.access.clone(),
+        poll_interval: config.poll_interval,
     };
     if let Some(db) = &config.legacy_meltano_systemdb {
         tracing::info!(

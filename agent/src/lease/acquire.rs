@@ -22,8 +22,8 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Waiters re-check the backend (for holders on other agents) this often at most.
-const POLL_CAP: Duration = Duration::from_millis(500);
+/// A waiter's first re-check of the backend (for holders on other agents);
+/// its pauses then double up to the policy's `poll_interval`.
 pub(super) const POLL_START: Duration = Duration::from_millis(20);
 
 /// An `acquire` request, decoded.
@@ -232,7 +232,8 @@ impl Registry {
         cancel: &CancellationToken,
     ) -> Result<Taken, LeaseError> {
         let place = self.enqueue(&key, req.slots);
-        let mut poll = POLL_START;
+        let cap = self.policy.poll_interval;
+        let mut poll = POLL_START.min(cap);
         loop {
             let at_head = req.force || self.may_try(&key, place.id);
             let mut refusal = Refusal::default();
@@ -310,7 +311,7 @@ impl Registry {
                     return Err(LeaseError::Cancelled);
                 }
             }
-            poll = (poll * 2).min(POLL_CAP);
+            poll = (poll * 2).min(cap);
         }
     }
 

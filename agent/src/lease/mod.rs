@@ -30,5 +30,5 @@ mod view;
 pub use acquire::{AcquireRequest, Granted};
 pub use error::LeaseError;
 pub use event::{Event, Events, Loss};
-pub use registry::{Identity, Policy, Registry};
+pub use registry::{Identity, Policy, Registry, DEFAULT_POLL_INTERVAL};
 pub use state::{ConnId, PeerCred};

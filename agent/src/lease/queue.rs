@@ -185,7 +185,7 @@ mod tests {
         let (ok, at) = granted.await.expect("the waiter ran");
         assert!(ok, "B was not granted the key");
         // Nothing on the woken path waits on a timer, so no (paused) time passes;
-        // polling alone would wait out what is left of a sleep of up to POLL_CAP.
+        // polling alone would wait out what is left of a sleep of up to the poll interval.
         assert!(
             at - released_at < Duration::from_millis(1),
             "B took the key {:?} after the release",

@@ -35,7 +35,14 @@ pub struct Policy {
     pub on_unavailable: OnUnavailable,
     /// Who may force and break.
     pub access: Access,
+    /// How often, at most, a waiter re-checks the store for a key held
+    /// through another agent (jittered ×0.5–1.5): the handover's delay
+    /// where the store cannot announce a release, and a waiting agent's cost.
+    pub poll_interval: Duration,
 }
+
+/// The default [`Policy::poll_interval`].
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_millis(500);
 
 impl Policy {
     /// The defaults, with this TTL.
@@ -44,6 +51,7 @@ impl Policy {
             default_ttl,
             on_unavailable: OnUnavailable::Fail,
             access: Access::default(),
+            poll_interval: DEFAULT_POLL_INTERVAL,
         }
     }
 }

@@ -10,7 +10,7 @@ use tokio::time::Instant;
 use tokio_postgres::Client;
 
 /// A connection unused this long is closed. Longer than a waiter's longest
-/// pause between tries (acquire.rs's `POLL_CAP`, jittered), so an agent
+/// pause between tries (the default `poll_interval`, jittered), so an agent
 /// with a waiter keeps its connection, and with it its `LISTEN`.
 pub const IDLE_CLOSE: Duration = Duration::from_secs(2);
 
