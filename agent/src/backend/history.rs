@@ -65,6 +65,10 @@ pub fn event(kind: EventKind, who: &Holder, token: u64, at: Stamp) -> KeyEvent {
 
 /// Appends `event`, dropping the oldest events beyond the bound.
 pub fn push(history: &mut Vec<KeyEvent>, event: KeyEvent) {
+    // One key's history is kept for as long as the agent runs, and most keys
+    // have a short one: room for exactly what is there, not for doubling
+    // (a first push would keep room for four events, ~1 KiB, per key).
+    history.reserve_exact(1);
     history.push(event);
     if history.len() > MAX_HISTORY_EVENTS {
         let excess = history.len() - MAX_HISTORY_EVENTS;

@@ -14,7 +14,9 @@ use std::time::Duration;
 #[derive(Default)]
 struct Record {
     token: u64,
-    held: Option<(String, Holder)>,
+    /// The lease id and holder, while held; boxed, as most of a large
+    /// agent's keys are free, and a free key's record is then small.
+    held: Option<Box<(String, Holder)>>,
     /// The holder's TTL.
     ttl: Duration,
     history: Vec<KeyEvent>,
@@ -63,7 +65,7 @@ impl Backend for MemoryBackend {
 
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         self.with_record(&spec.key, |record| {
-            if let (Some((_, holder)), false) = (&record.held, spec.force) {
+            if let (Some((_, holder)), false) = (record.held.as_deref(), spec.force) {
                 let incident = history::last_incident(&record.history);
                 return Err(BackendError::Held(Some(Box::new(holder.clone())), incident));
             }
@@ -71,12 +73,16 @@ impl Backend for MemoryBackend {
                 Some(_) => Before::Live(record.token),
                 None => Before::Free,
             };
-            let displaced = record.held.take().map(|(_, holder)| Displaced {
-                token: holder.token,
-                holder: Some(holder),
-                ttl: record.ttl,
-                lock: None,
-            });
+            let displaced = record
+                .held
+                .take()
+                .map(|held| (*held).1)
+                .map(|holder| Displaced {
+                    token: holder.token,
+                    holder: Some(holder),
+                    ttl: record.ttl,
+                    lock: None,
+                });
             record.token += 1;
             history::granted(
                 &mut record.history,
@@ -89,7 +95,7 @@ impl Backend for MemoryBackend {
                 token: record.token,
                 ..spec.holder.clone()
             };
-            record.held = Some((spec.lease_id.clone(), holder.clone()));
+            record.held = Some(Box::new((spec.lease_id.clone(), holder.clone())));
             record.ttl = spec.ttl;
             Ok(Grant {
                 holder,
@@ -101,7 +107,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn renew(&self, lease: &LeaseRef, _ttl: Duration) -> Result<(), BackendError> {
-        self.with_record(&lease.key, |record| match &record.held {
+        self.with_record(&lease.key, |record| match record.held.as_deref() {
             Some((id, _)) if *id == lease.lease_id => Ok(()),
             _ => Err(BackendError::LeaseMismatch),
         })
@@ -109,9 +115,10 @@ impl Backend for MemoryBackend {
 
     async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
         self.with_record(&lease.key, |record| {
-            let Some((_, holder)) = record.held.take_if(|(id, _)| *id == lease.lease_id) else {
+            let Some(held) = record.held.take_if(|held| held.0 == lease.lease_id) else {
                 return Ok(());
             };
+            let (_, holder) = *held;
             if let Some(event) = ending.event(&holder, Stamp::agent_now()) {
                 history::push(&mut record.history, event);
             }
@@ -148,7 +155,7 @@ impl Backend for MemoryBackend {
                     KeyState::Free
                 },
                 token: record.token,
-                holder: record.held.as_ref().map(|(_, h)| h.clone()),
+                holder: record.held.as_ref().map(|held| held.1.clone()),
                 expires_in_ms: None,
                 scope: Scope::Host,
                 incident: history::last_incident(&record.history),
