@@ -417,3 +417,57 @@ async fn a_wrong_password_and_a_missing_permission_are_named_without_the_passwor
 fn open_at(host: &str, prefix: &str) -> EtcdBackend {
     EtcdBackend::open(&format!("etcd://{host}/{prefix}"), &EtcdOptions::default()).expect("opens")
 }
+
+/// Raft proposals the etcd at `url` has committed (its `/metrics`).
+async fn proposals(url: &str) -> u64 {
+    let metrics = crate::support::http::get(&format!("{url}/metrics"))
+        .await
+        .expect("etcd's metrics")
+        .body;
+    metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("etcd_server_proposals_committed_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .expect("etcd_server_proposals_committed_total") as u64
+}
+
+#[tokio::test]
+async fn a_waiters_tries_at_a_held_key_are_reads_that_write_nothing_to_raft() {
+    use crate::support::stores::{Etcd, Store};
+    // An etcd of the test's own: nothing else proposes anything to it.
+    let own = Etcd.start_own().await.expect("an etcd of our own");
+    let host = own.endpoint.url.trim_start_matches("http://");
+    let uri = format!("etcd://{host}/{}", fresh_prefix("reads"));
+    let one = EtcdBackend::open(&uri, &EtcdOptions::default()).expect("opens");
+    let two = EtcdBackend::open(&uri, &EtcdOptions::default()).expect("opens");
+    let first = one
+        .acquire(&spec("k", "l1", false, TTL))
+        .await
+        .expect("free");
+    // The first try is a conditional create: a write, even refused.
+    assert!(matches!(
+        two.acquire(&spec("k", "l2", false, TTL)).await,
+        Err(BackendError::Held(Some(_), _))
+    ));
+    let before = proposals(&own.endpoint.url).await;
+    for _ in 0..5 {
+        match two.acquire(&spec("k", "l2", false, TTL)).await {
+            Err(BackendError::Held(Some(h), _)) => assert_eq!(h.token, first.holder.token),
+            other => panic!("expected held by l1, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        proposals(&own.endpoint.url).await,
+        before,
+        "a waiter's tries at a held key wrote to Raft"
+    );
+    // Once it is free, the next try takes it.
+    one.release(&lease("k", "l1", first.holder.token))
+        .await
+        .expect("released");
+    let second = two
+        .acquire(&spec("k", "l2", false, TTL))
+        .await
+        .expect("free again");
+    assert!(second.holder.token > first.holder.token);
+}

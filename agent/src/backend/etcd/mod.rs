@@ -50,7 +50,7 @@ use etcd_client::{
 use history::Kept;
 use record::EtcdRecord;
 use runlock_protocol::{timing, EventKind, Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -106,6 +106,8 @@ pub struct EtcdBackend {
     /// A lease granted for an acquire that found the key held, kept for the
     /// next attempt (a waiter polls): only while young enough, see `take_spare`.
     spare: Mutex<Option<EtcdLease>>,
+    /// Keys (by name) an acquire last found held: the next try reads first.
+    seen_held: Mutex<HashSet<String>>,
     watch: bool,
     released: OnceLock<broadcast::Sender<Key>>,
     /// Stops the watch when the backend goes.
@@ -145,6 +147,7 @@ impl EtcdBackend {
             description,
             held: Mutex::new(HashMap::new()),
             histories: Mutex::new(HashMap::new()),
+            seen_held: Mutex::new(HashSet::new()),
             spare: Mutex::new(None),
             watch: target.watch,
             released: OnceLock::new(),
@@ -325,12 +328,71 @@ impl EtcdBackend {
         }
     }
 
+    /// Whether an acquire last found the key `name` held (`held`), now.
+    fn seen_held(&self, name: &str, held: Option<bool>) -> bool {
+        let mut seen = self.seen_held.lock().unwrap_or_else(|e| e.into_inner());
+        match held {
+            Some(true) => !seen.insert(name.to_string()),
+            Some(false) => seen.remove(name),
+            None => seen.contains(name),
+        }
+    }
+
+    /// A waiter's next try at a key it found held: one read-only
+    /// transaction, which etcd answers without a Raft write (a conditional
+    /// create is one, even when its condition fails, and wants a lease).
+    /// `Ok(None)`: free now, or the key is this very acquire's own (an
+    /// earlier answer was lost): the create path decides.
+    async fn still_held(
+        &self,
+        spec: &AcquireSpec,
+        name: &str,
+        marker: &str,
+        history_key: &str,
+    ) -> Result<Option<BackendError>, BackendError> {
+        let read = Txn::new().and_then([
+            TxnOp::get(name, None),
+            TxnOp::get(history_key, None),
+            TxnOp::get(marker, None),
+        ]);
+        let answer = self.transact(read).await?;
+        let mut got = answer.op_responses().into_iter().map(|r| match r {
+            TxnOpResponse::Get(mut got) => got.take_kvs().into_iter().next(),
+            _ => None,
+        });
+        let (current, history_kv, forcing) = (
+            got.next().flatten(),
+            got.next().flatten(),
+            got.next().flatten(),
+        );
+        let now = self.read_history(history_key, history_kv.as_ref())?;
+        let incident = shared::last_incident(&now.events);
+        self.keep(history_key, now);
+        let holder = match current {
+            Some(current) if self.parse(name, &current)?.lease_id != spec.lease_id => {
+                Some(Box::new(self.holder_of(name, &current)?))
+            }
+            // Another agent is forcing it, and holds it meanwhile.
+            None if forcing.is_some() => None,
+            _ => {
+                self.seen_held(name, Some(false));
+                return Ok(None);
+            }
+        };
+        Ok(Some(BackendError::Held(holder, incident)))
+    }
+
     /// One acquire: create the key with a lease, or read who has it.
     async fn try_acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
         let name = self.name(&spec.key);
         let marker = self.force_marker(&spec.key);
         let body = EtcdRecord::new(spec).body();
         let history_key = self.history_name(&spec.key);
+        if !spec.force && self.seen_held(&name, None) {
+            if let Some(refused) = self.still_held(spec, &name, &marker, &history_key).await? {
+                return Err(refused);
+            }
+        }
         // Token 0: the grant's own revision (see `history`).
         let grant = shared::event(EventKind::Granted, &spec.holder, 0, Stamp::agent_now());
         for _ in 0..FORCE_ATTEMPTS {
@@ -370,6 +432,7 @@ impl EtcdBackend {
                 }
             };
             if answer.succeeded() {
+                self.seen_held(&name, Some(false));
                 let revision = answer.header().map(|h| h.revision()).unwrap_or(0);
                 let events = history::filled(events, revision as u64);
                 self.keep(&history_key, Kept { revision, events });
@@ -398,6 +461,7 @@ impl EtcdBackend {
                 // and holds it meanwhile.
                 self.keep_spare(lease);
                 if !spec.force {
+                    self.seen_held(&name, Some(true));
                     return Err(BackendError::Held(None, incident));
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -424,6 +488,7 @@ impl EtcdBackend {
             };
             if !spec.force {
                 self.keep_spare(lease);
+                self.seen_held(&name, Some(true));
                 return Err(BackendError::Held(Some(Box::new(holder)), incident));
             }
             let mut event = grant.clone();
