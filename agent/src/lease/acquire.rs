@@ -375,13 +375,7 @@ impl Registry {
             token: grant.holder.token,
         };
         if let Some(forced) = self.held_here_before(&spec.key, lease.token) {
-            let loss = Loss::ForcedHere {
-                user: grant.holder.user.clone(),
-                host: grant.holder.host.clone(),
-                pid: grant.holder.pid,
-            };
-            self.lose(&forced, loss, Some(grant.holder.clone()), Ending::Released)
-                .await;
+            self.forced_out_here(&forced, &grant.holder).await;
         }
         self.let_go_once_stopped(conn, lease, spec.ttl, &grant, &Ending::Released)
             .await;
@@ -532,13 +526,7 @@ impl Registry {
             self.renewals.start_lease(reference, spec.ttl, grant.sent);
         }
         if let Some(old) = displaced {
-            let loss = Loss::ForcedHere {
-                user: holder.user.clone(),
-                host: holder.host.clone(),
-                pid: holder.pid,
-            };
-            self.lose(&old, loss, Some(holder.clone()), Ending::Released)
-                .await;
+            self.forced_out_here(&old, &holder).await;
         }
         tracing::info!(key = %spec.key.logged(), token = holder.token, lease = %lease_id, force = spec.force, "acquired");
         let valid_until = (self.capabilities.survives_agent && self.capabilities.lease_expires)
@@ -550,6 +538,18 @@ impl Registry {
             slot: holder.slot,
         };
         Ok((lease, valid_until, lock))
+    }
+
+    /// The local lease `lease_id` was taken over through this agent by
+    /// `by`: its run is told so, and the key stays `by`'s.
+    async fn forced_out_here(&self, lease_id: &str, by: &Holder) {
+        let loss = Loss::ForcedHere {
+            user: by.user.clone(),
+            host: by.host.clone(),
+            pid: by.pid,
+        };
+        self.lose(lease_id, loss, Some(by.clone()), Ending::Released)
+            .await;
     }
 }
 
