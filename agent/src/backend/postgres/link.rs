@@ -118,12 +118,6 @@ impl Kept {
             *slot = None;
         }
     }
-
-    /// Whether a connection is open now (for tests).
-    #[cfg(test)]
-    pub async fn is_open(&self) -> bool {
-        self.slot.lock().await.is_some()
-    }
 }
 
 /// Closes `link` once no operation has used it for [`IDLE_CLOSE`]; ends
