@@ -18,7 +18,7 @@
 use crate::backend::postgres::{Kept, Settings};
 use crate::backend::{
     redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant,
-    LeaseRef, LegacyRun, ProfiledBackend,
+    LeaseRef, LegacyRun, ProfiledBackend, Renewed,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord};
@@ -287,7 +287,7 @@ impl Backend for MeltanoGuard {
         self.inner.acquire(spec).await
     }
 
-    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {
         self.inner.renew(lease, ttl).await
     }
 

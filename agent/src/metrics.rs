@@ -9,7 +9,7 @@
 
 use crate::backend::{
     AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant, LeaseRef,
-    ProfiledBackend,
+    ProfiledBackend, Renewed,
 };
 use anyhow::Context;
 use async_trait::async_trait;
@@ -376,7 +376,7 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {
         let started = Instant::now();
         let result = self.inner.renew(lease, ttl).await;
         self.metrics

@@ -6,7 +6,7 @@
 
 use etcd_client::{Client, ConnectOptions, Permission};
 use runlock_agent::backend::testing::{
-    adopter, etcd_force_marker, etcd_lease_seconds, lease, spec,
+    adopter, etcd_force_marker, etcd_lease_seconds, etcd_watching, lease, spec,
 };
 use runlock_agent::backend::{AcquireSpec, Backend, BackendError, EtcdBackend, EtcdOptions};
 use runlock_protocol::{Key, KeyState, Scope};
@@ -418,17 +418,226 @@ fn open_at(host: &str, prefix: &str) -> EtcdBackend {
     EtcdBackend::open(&format!("etcd://{host}/{prefix}"), &EtcdOptions::default()).expect("opens")
 }
 
-/// Raft proposals the etcd at `url` has committed (its `/metrics`).
-async fn proposals(url: &str) -> u64 {
+/// The sum of the samples of `series` in the etcd at `url`'s `/metrics`
+/// whose labels include `label` (`""`: all of them).
+async fn metric(url: &str, series: &str, label: &str) -> u64 {
     let metrics = crate::support::http::get(&format!("{url}/metrics"))
         .await
         .expect("etcd's metrics")
         .body;
-    metrics
+    let samples: Vec<f64> = metrics
         .lines()
-        .find_map(|l| l.strip_prefix("etcd_server_proposals_committed_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .expect("etcd_server_proposals_committed_total") as u64
+        .filter(|l| l.starts_with(&format!("{series} ")) || l.starts_with(&format!("{series}{{")))
+        .filter(|l| l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    assert!(
+        !samples.is_empty() || !label.is_empty(),
+        "etcd has no {series}"
+    );
+    samples.iter().sum::<f64>() as u64
+}
+
+/// Raft proposals the etcd at `url` has committed.
+async fn proposals(url: &str) -> u64 {
+    metric(url, "etcd_server_proposals_committed_total", "").await
+}
+
+/// Lease keep-alives sent to the etcd at `url` (the client opens a stream for each).
+async fn keep_alives(url: &str) -> u64 {
+    metric(
+        url,
+        "grpc_server_started_total",
+        "grpc_method=\"LeaseKeepAlive\"",
+    )
+    .await
+}
+
+/// Plain reads (`Range`) the etcd at `url` has answered.
+async fn ranges(url: &str) -> u64 {
+    metric(url, "grpc_server_started_total", "grpc_method=\"Range\"").await
+}
+
+/// Waits (bounded) for the backend's watch on its prefix to be established.
+async fn until_watching(backend: &EtcdBackend) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !etcd_watching(backend) {
+        assert!(
+            Instant::now() < deadline,
+            "the watch was not established in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Issue 28: one etcd lease per agent and TTL, kept alive once for all its
+/// keys, and no read per renewal while the watch vouches for the keys.
+#[tokio::test]
+async fn an_agents_keys_share_one_etcd_lease_and_renewing_them_all_costs_one_keep_alive() {
+    use crate::support::stores::{Etcd, Store};
+    const KEYS: usize = 20;
+    let ttl = Duration::from_secs(3);
+    let own = Etcd.start_own().await.expect("an etcd of our own");
+    let url = own.endpoint.url.clone();
+    let prefix = fresh_prefix("shared");
+    let uri = format!("etcd://{}/{prefix}", url.trim_start_matches("http://"));
+    let one = EtcdBackend::open(&uri, &EtcdOptions::default()).expect("opens");
+    let mut held = Vec::new();
+    for n in 0..KEYS {
+        let (name, id) = (format!("k{n}"), format!("l{n}"));
+        let granted = one
+            .acquire(&spec(&name, &id, false, ttl))
+            .await
+            .expect("free");
+        held.push(lease(&name, &id, granted.holder.token));
+    }
+    let mut etcd = Client::connect([url.as_str()], None)
+        .await
+        .expect("connects");
+    let listed = etcd
+        .get(
+            format!("{prefix}/k"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .expect("lists");
+    let leases: std::collections::HashSet<i64> = listed.kvs().iter().map(|kv| kv.lease()).collect();
+    assert_eq!(listed.kvs().len(), KEYS);
+    assert_eq!(
+        leases.len(),
+        1,
+        "each key on a lease of its own: {leases:?}"
+    );
+    assert!(!leases.contains(&0));
+
+    until_watching(&one).await;
+    // The first round reads each key once: some were granted before the
+    // watch was established. After that, the watch vouches for them.
+    for taken in &held {
+        one.renew(taken, ttl).await.expect("renews");
+    }
+    let (keep_alives_before, ranges_before) = (keep_alives(&url).await, ranges(&url).await);
+    const ROUNDS: u64 = 3;
+    for _ in 0..ROUNDS {
+        // A renewal's period (TTL/3) passes: the workload, not a synchronisation.
+        tokio::time::sleep(ttl / 3).await;
+        for taken in &held {
+            one.renew(taken, ttl).await.expect("renews");
+        }
+    }
+    let kept = keep_alives(&url).await - keep_alives_before;
+    assert!(
+        (1..=ROUNDS).contains(&kept),
+        "{kept} keep-alives for {KEYS} keys over {ROUNDS} renewals (one lease each would send {})",
+        KEYS as u64 * ROUNDS
+    );
+    assert_eq!(
+        ranges(&url).await - ranges_before,
+        0,
+        "renewals read their keys"
+    );
+    let record = one.inspect(&key("k0")).await.expect("inspect");
+    assert_eq!(record.state, KeyState::Held);
+}
+
+/// A `--force` takes one key and no other: the forced-out holder's lease is
+/// its agent's, shared by its other keys, so it is not revoked; the holder
+/// learns from its watch (no read) that its key went.
+#[tokio::test]
+async fn a_forced_key_is_lost_through_the_watch_and_the_holders_other_keys_stay() {
+    use crate::support::stores::{Etcd, Store};
+    let own = Etcd.start_own().await.expect("an etcd of our own");
+    let url = own.endpoint.url.clone();
+    let uri = format!(
+        "etcd://{}/{}",
+        url.trim_start_matches("http://"),
+        fresh_prefix("forced")
+    );
+    let one = EtcdBackend::open(&uri, &EtcdOptions::default()).expect("opens");
+    let two = EtcdBackend::open(&uri, &EtcdOptions::default()).expect("opens");
+    let a = one
+        .acquire(&spec("a", "la", false, TTL))
+        .await
+        .expect("free");
+    let b = one
+        .acquire(&spec("b", "lb", false, TTL))
+        .await
+        .expect("free");
+    let (a, b) = (
+        lease("a", "la", a.holder.token),
+        lease("b", "lb", b.holder.token),
+    );
+    until_watching(&one).await;
+    one.renew(&a, TTL).await.expect("renews");
+    one.renew(&b, TTL).await.expect("renews");
+    let ranges_before = ranges(&url).await;
+    let forced = two
+        .acquire(&spec("a", "l2", true, TTL))
+        .await
+        .expect("forced");
+    assert!(forced.holder.token > a.token);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match one.renew(&a, TTL).await {
+            Err(BackendError::LeaseMismatch) => break,
+            Ok(_) => assert!(
+                Instant::now() < deadline,
+                "the watch never reported the force"
+            ),
+            Err(other) => panic!("{other}"),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(
+        ranges(&url).await - ranges_before,
+        0,
+        "the holder read its key"
+    );
+    one.renew(&b, TTL)
+        .await
+        .expect("the holder's other key is untouched");
+    assert_eq!(
+        one.inspect(&key("b")).await.expect("inspect").state,
+        KeyState::Held
+    );
+}
+
+/// A new agent adopts a run's key onto its own lease; the stopped agent's
+/// other keys (runs that nobody adopted) go when its lease runs out.
+#[tokio::test]
+async fn an_adopted_key_moves_to_the_adopters_lease_and_the_unadopted_go_with_the_old_one() {
+    let prefix = fresh_prefix("adopt-move");
+    let ttl = Duration::from_secs(2);
+    let (old, new) = (open(&prefix), open(&prefix));
+    let kept = old
+        .acquire(&spec("kept", "l1", false, ttl))
+        .await
+        .expect("free");
+    let orphan = old
+        .acquire(&spec("orphan", "l2", false, ttl))
+        .await
+        .expect("free");
+    let kept = lease("kept", "l1", kept.holder.token);
+    new.adopt(&kept, &adopter("new")).await.expect("adopted");
+    drop(old); // stops: nothing keeps its lease alive any more
+    let deadline = Instant::now()
+        + Duration::from_secs(etcd_lease_seconds(ttl) as u64)
+        + Duration::from_secs(5);
+    loop {
+        // The adopter renews its key, as its agent does, every TTL/3.
+        new.renew(&kept, ttl).await.expect("the adopted key renews");
+        if new.inspect(&key("orphan")).await.expect("inspect").state == KeyState::Free {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the unadopted key outlived its agent's lease"
+        );
+        tokio::time::sleep(ttl / 3).await;
+    }
+    let record = new.inspect(&key("kept")).await.expect("inspect");
+    assert_eq!((record.state, record.token), (KeyState::Held, kept.token));
+    assert!(orphan.holder.token > 0);
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 use super::history::{self, Before, Stamp};
 use super::{
     AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced, Ending, Grant,
-    LeaseRef, Profile, Profiled,
+    LeaseRef, Profile, Profiled, Renewed,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
@@ -106,9 +106,9 @@ impl Backend for MemoryBackend {
         })
     }
 
-    async fn renew(&self, lease: &LeaseRef, _ttl: Duration) -> Result<(), BackendError> {
+    async fn renew(&self, lease: &LeaseRef, _ttl: Duration) -> Result<Renewed, BackendError> {
         self.with_record(&lease.key, |record| match record.held.as_deref() {
-            Some((id, _)) if *id == lease.lease_id => Ok(()),
+            Some((id, _)) if *id == lease.lease_id => Ok(Renewed::ByThisCall),
             _ => Err(BackendError::LeaseMismatch),
         })
     }

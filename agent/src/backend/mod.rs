@@ -141,6 +141,26 @@ pub struct Grant {
     pub displaced: Option<Displaced>,
 }
 
+/// Where a renewed lease's TTL now counts from, by the holder's clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewed {
+    /// From when this renewal was asked for: it wrote to the store itself.
+    ByThisCall,
+    /// From an earlier write, sent then: a store lease that many keys share
+    /// and that is kept alive for all of them (etcd's), not per key.
+    Since(tokio::time::Instant),
+}
+
+impl Renewed {
+    /// When the lease's clock started, for a renewal asked for at `called`.
+    pub fn since(self, called: tokio::time::Instant) -> tokio::time::Instant {
+        match self {
+            Renewed::ByThisCall => called,
+            Renewed::Since(sent) => sent,
+        }
+    }
+}
+
 /// A live lease taken over by a force (or a break): whose run it was, and
 /// what tells that the run has stopped.
 #[derive(Debug, Clone)]
@@ -307,8 +327,9 @@ impl<B: Backend + Profiled> From<Arc<B>> for ProfiledBackend {
 pub trait Backend: Send + Sync + 'static {
     /// Takes `spec.key` now, or reports its holder; never waits for a holder.
     async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError>;
-    /// Confirms the lease is still ours and extends it.
-    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError>;
+    /// Confirms the lease is still ours and extends it; says from when the
+    /// store now counts its TTL.
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError>;
     /// Ends the lease if it is still ours, recording `ending` in the key's
     /// history; a lease already lost is not an error.
     async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError>;

@@ -22,3 +22,9 @@ pub fn etcd_force_marker(backend: &super::EtcdBackend, key: &runlock_protocol::K
 pub fn etcd_lease_seconds(ttl: std::time::Duration) -> i64 {
     super::etcd::lease_seconds(ttl)
 }
+
+/// Whether an etcd backend's watch on its prefix is established.
+#[cfg(feature = "etcd")]
+pub fn etcd_watching(backend: &super::EtcdBackend) -> bool {
+    backend.watching()
+}

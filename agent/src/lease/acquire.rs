@@ -692,7 +692,11 @@ mod tests {
             }
             grant
         }
-        async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
+        async fn renew(
+            &self,
+            lease: &LeaseRef,
+            ttl: Duration,
+        ) -> Result<crate::backend::Renewed, BackendError> {
             self.store.renew(lease, ttl).await
         }
         async fn end(

@@ -117,7 +117,11 @@ mod tests {
         ) -> Result<crate::backend::Grant, BackendError> {
             self.store.acquire(spec).await
         }
-        async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
+        async fn renew(
+            &self,
+            lease: &LeaseRef,
+            ttl: Duration,
+        ) -> Result<crate::backend::Renewed, BackendError> {
             self.store.renew(lease, ttl).await
         }
         async fn end(

@@ -209,7 +209,7 @@ async fn run(
                         let _permit = limit.acquire_owned().await;
                         let sent = Instant::now();
                         lateness.record(sent - due);
-                        backend.renew(&lease, ttl).await.map(|()| sent)
+                        backend.renew(&lease, ttl).await.map(|renewed| renewed.since(sent))
                     };
                     // A store that hangs must not keep a lease past its deadline.
                     let renewed = match deadline {

@@ -16,7 +16,7 @@ use crate::backend::record::LockRecord;
 use crate::backend::retry::RetryBudget;
 use crate::backend::{
     key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
-    Ending, Grant, LeaseRef, Profile, Profiled,
+    Ending, Grant, LeaseRef, Profile, Profiled, Renewed,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -551,7 +551,7 @@ impl Backend for CasEngine {
         )))
     }
 
-    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {
         let mut record = self
             .record_of(&lease.lease_id)
             .ok_or(BackendError::LeaseMismatch)?;
@@ -566,7 +566,7 @@ impl Backend for CasEngine {
         {
             *held = Held { version, record };
         }
-        Ok(())
+        Ok(Renewed::ByThisCall)
     }
 
     async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {

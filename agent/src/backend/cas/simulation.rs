@@ -122,7 +122,7 @@ impl Agent {
                 return now;
             }
             match tokio::time::timeout_at(until, self.engine.renew(lease, ttl)).await {
-                Ok(Ok(())) => last_ok = now,
+                Ok(Ok(renewed)) => last_ok = renewed.since(now),
                 Ok(Err(BackendError::LeaseMismatch)) => return Instant::now().min(until),
                 Ok(Err(_)) => {}
                 Err(_) => return until,

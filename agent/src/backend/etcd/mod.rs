@@ -1,28 +1,28 @@
 //! `etcd://host:port[,host:port]/prefix`: each held key is an etcd key under
-//! `prefix/`, attached to an etcd lease of its own. Native semantics, not the
-//! object-store engine:
+//! `prefix/`, attached to the agent's etcd lease for its TTL (`session.rs`:
+//! one lease per agent and TTL, of TTL + grace by etcd's clock, however many
+//! keys are on it). Native semantics, not the object-store engine:
 //!
-//! - acquire: grant a lease of TTL + grace (by etcd's clock), then one
-//!   transaction: if the key does not exist, put it with that lease, else read
-//!   it (the holder). `--force` deletes the key if it is unchanged since that
-//!   read, revokes its lease, and creates the key again.
+//! - acquire: one transaction: if the key does not exist, put it with that
+//!   lease, else read it (the holder). `--force` deletes the key if it is
+//!   unchanged since that read and creates the key again.
 //! - the fencing token is the key's create revision: the store revision of the
 //!   transaction that granted it. etcd's revision is one counter for the whole
 //!   keyspace that only grows and is persisted, and every acquisition creates
 //!   the key anew, so each grant's token is larger than every earlier grant's
 //!   of that key, whichever agent made it, across agent and etcd restarts. Only
 //!   a new cluster, or a restore from an older backup, counts from the start.
-//! - renew: keep the lease alive, and read the key to see that it is still
-//!   attached to that lease with that create revision (a `--force` elsewhere
-//!   replaces it).
+//! - renew: the shared lease kept alive (at most once per TTL/6 for all its
+//!   keys), and the key still attached to it with its create revision (a
+//!   `--force` elsewhere replaces it): the watch on the prefix says so while
+//!   it is up (`watched.rs`), else the key is read.
 //! - release: one transaction deletes the key, if still attached to our lease
 //!   with our token, and records the release in the key's history
-//!   (`history.rs`); the etcd lease, holding nothing any more, is left to run
-//!   out. If the key is not as we wrote it, the lease is revoked instead, as
-//!   before history was kept: etcd deletes the key only if still attached.
+//!   (`history.rs`); if the history changed meanwhile, the key alone is
+//!   deleted, as before history was kept. No lease is revoked: it is shared.
 //! - a holder whose agent dies stops keeping its lease alive, and etcd deletes
-//!   the key when the lease runs out, by etcd's own clock.
-//! - waiters: one watch on the prefix reports deleted keys (`releases`).
+//!   its keys when the lease runs out, by etcd's own clock.
+//! - waiters: the same watch reports deleted keys (`releases`).
 //!
 //! No message built here carries the password: etcd's own messages never
 //! echo it, and the endpoints are kept without userinfo.
@@ -30,15 +30,17 @@
 mod errors;
 mod history;
 mod record;
+mod session;
 mod settings;
 #[cfg(test)]
 mod tests;
 mod tls;
 mod transport;
+mod watched;
 
 use super::{
     key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
-    Ending, EtcdOptions, Grant, LeaseRef, Profile, Profiled,
+    Ending, EtcdOptions, Grant, LeaseRef, Profile, Profiled, Renewed,
 };
 use crate::backend::history::{self as shared, Stamp};
 use crate::backend::retry::TIMEOUTS;
@@ -50,6 +52,7 @@ use etcd_client::{
 use history::Kept;
 use record::EtcdRecord;
 use runlock_protocol::{timing, EventKind, Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
+use session::Sessions;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -58,6 +61,7 @@ use tokio::sync::broadcast;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use transport::{watch_releases, Connection};
+use watched::{Watched, Word};
 
 /// How often a forced acquire may find the key taken again between its delete and its create.
 const FORCE_ATTEMPTS: usize = 4;
@@ -85,11 +89,11 @@ struct Forced<'a> {
     event: &'a KeyEvent,
 }
 
-/// A granted etcd lease and when its grant was sent: the lease's clock starts there.
+/// The etcd lease a key goes on, and when it was last kept alive: the
+/// key's clock starts there.
 #[derive(Debug, Clone, Copy)]
 struct EtcdLease {
     id: i64,
-    seconds: i64,
     sent: Instant,
 }
 
@@ -103,9 +107,10 @@ pub struct EtcdBackend {
     /// Each key's history as this agent last read or wrote it, by the
     /// history key's name: the condition its next write is made on.
     histories: Mutex<HashMap<String, Kept>>,
-    /// A lease granted for an acquire that found the key held, kept for the
-    /// next attempt (a waiter polls): only while young enough, see `take_spare`.
-    spare: Mutex<Option<EtcdLease>>,
+    /// The agent's etcd leases, one per TTL, that its keys are on.
+    sessions: Sessions,
+    /// What the watch says of the keys held here.
+    watched: Arc<Watched>,
     /// Keys (by name) an acquire last found held: the next try reads first.
     seen_held: Mutex<HashSet<String>>,
     watch: bool,
@@ -131,24 +136,26 @@ impl EtcdBackend {
             (None, None) => {}
         }
         let scheme = if tls.is_some() { "https" } else { "http" };
+        let connection = Arc::new(Connection {
+            endpoints: target
+                .hosts
+                .iter()
+                .map(|h| format!("{scheme}://{h}"))
+                .collect(),
+            user,
+            tls,
+            client: tokio::sync::Mutex::new(None),
+            place: format!("etcd at {hosts}"),
+            prefix: prefix.clone(),
+        });
         Ok(EtcdBackend {
-            connection: Arc::new(Connection {
-                endpoints: target
-                    .hosts
-                    .iter()
-                    .map(|h| format!("{scheme}://{h}"))
-                    .collect(),
-                user,
-                tls,
-                client: tokio::sync::Mutex::new(None),
-                place: format!("etcd at {hosts}"),
-                prefix: prefix.clone(),
-            }),
+            sessions: Sessions::new(connection.clone()),
+            watched: Arc::default(),
+            connection,
             description,
             held: Mutex::new(HashMap::new()),
             histories: Mutex::new(HashMap::new()),
             seen_held: Mutex::new(HashSet::new()),
-            spare: Mutex::new(None),
             watch: target.watch,
             released: OnceLock::new(),
             stop: CancellationToken::new(),
@@ -259,73 +266,72 @@ impl EtcdBackend {
         })
     }
 
-    /// A lease for one acquire attempt: the spare one if it is young, else a new grant.
+    /// The lease for one acquire attempt, and when its clock started.
     async fn lease_for(&self, ttl: Duration) -> Result<EtcdLease, BackendError> {
-        let seconds = lease_seconds(ttl);
-        if let Some(spare) = self.take_spare(seconds, ttl) {
-            return Ok(spare);
-        }
-        let sent = Instant::now();
-        let granted = self
-            .connection
-            .call(|mut c| async move { c.lease_grant(seconds, None).await })
-            .await
-            .map_err(|p| self.connection.unavailable(p))?;
-        Ok(EtcdLease {
-            id: granted.id(),
-            seconds,
-            sent,
-        })
+        let (id, sent) = self.sessions.for_grant(ttl).await?;
+        Ok(EtcdLease { id, sent })
     }
 
-    /// The spare lease, if it has these seconds and is at most TTL/6 old: a
-    /// grant counts from its own send time, so an older one would leave the
-    /// first renewal (at TTL/3) too close to the holder's deadline.
-    fn take_spare(&self, seconds: i64, ttl: Duration) -> Option<EtcdLease> {
-        let spare = self
-            .spare
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()?;
-        // One that does not fit is left to expire by itself.
-        (spare.seconds == seconds && spare.sent.elapsed() <= timing::margin(ttl)).then_some(spare)
-    }
-
-    fn keep_spare(&self, lease: EtcdLease) {
-        *self.spare.lock().unwrap_or_else(|e| e.into_inner()) = Some(lease);
-    }
-
-    /// Revokes a lease whose acquire failed in an unknown state, in the
-    /// background: if its key landed, nobody was told, so deleting it is right.
-    fn abandon(&self, lease: EtcdLease) {
+    /// Deletes, in the background, the key an acquire may have written
+    /// before its answer was lost: if it landed, nobody was told. Only that
+    /// very write is deleted (its body names the attempt's lease id).
+    /// A force's marker too (same body): the shared lease would keep it.
+    fn abandon(&self, names: [&str; 2], body: &[u8], lease: EtcdLease) {
+        let deletes = names.map(|name| {
+            Txn::new()
+                .when([
+                    Compare::value(name, CompareOp::Equal, body),
+                    Compare::lease(name, CompareOp::Equal, lease.id),
+                ])
+                .and_then([TxnOp::delete(name, None)])
+        });
         let connection = self.connection.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(TIMEOUTS.operation, connection.revoke(lease.id)).await;
+            for delete in deletes {
+                let _ = tokio::time::timeout(
+                    TIMEOUTS.operation,
+                    connection.call(|mut c| {
+                        let delete = delete.clone();
+                        async move { c.txn(delete).await }
+                    }),
+                )
+                .await;
+            }
         });
     }
 
+    /// Notes a key granted on `lease`, by requests sent in watch epoch `epoch`.
     fn granted(
         &self,
         spec: &AcquireSpec,
-        lease: i64,
+        lease: EtcdLease,
         token: u64,
-        sent: Instant,
+        epoch: u64,
         displaced: Option<Displaced>,
     ) -> Grant {
         let holder = Holder {
             token,
             ..spec.holder.clone()
         };
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(spec.lease_id.clone(), (lease, holder.clone()));
+        self.hold(&spec.key, &spec.lease_id, lease.id, &holder, epoch);
         Grant {
             holder,
-            sent,
+            sent: lease.sent,
             lock: None,
             displaced,
         }
+    }
+
+    /// Notes a key held here, and has the watch look after it.
+    fn hold(&self, key: &Key, lease_id: &str, etcd_lease: i64, holder: &Holder, epoch: u64) {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(lease_id.to_string(), (etcd_lease, holder.clone()));
+        self.watched
+            .hold(&self.name(key), holder.token as i64, epoch);
+        // Started by the first holder (or waiter), and kept.
+        let _ = self.release_sender();
     }
 
     /// Whether an acquire last found the key `name` held (`held`), now.
@@ -397,6 +403,7 @@ impl EtcdBackend {
         let grant = shared::event(EventKind::Granted, &spec.holder, 0, Stamp::agent_now());
         for _ in 0..FORCE_ATTEMPTS {
             let lease = self.lease_for(spec.ttl).await?;
+            let epoch = self.watched.epoch();
             let kept = self.kept(&history_key);
             let events = kept.after_grant(grant.clone());
             let create = Txn::new()
@@ -426,8 +433,14 @@ impl EtcdBackend {
                 .await
             {
                 Ok(answer) => answer,
+                Err(Problem::Expected(LeaseGone)) => {
+                    // Gone between its keep-alive and this write (revoked by
+                    // hand, say): the next attempt grants another.
+                    self.sessions.gone(lease.id).await;
+                    continue;
+                }
                 Err(problem) => {
-                    self.abandon(lease);
+                    self.abandon([&name, &marker], &body, lease);
                     return Err(self.connection.unavailable(problem));
                 }
             };
@@ -436,30 +449,22 @@ impl EtcdBackend {
                 let revision = answer.header().map(|h| h.revision()).unwrap_or(0);
                 let events = history::filled(events, revision as u64);
                 self.keep(&history_key, Kept { revision, events });
-                return Ok(self.granted(spec, lease.id, revision as u64, lease.sent, None));
+                return Ok(self.granted(spec, lease, revision as u64, epoch, None));
             }
             let mut read = answer.op_responses().into_iter().map(|r| match r {
                 TxnOpResponse::Get(mut got) => got.take_kvs().into_iter().next(),
                 _ => None,
             });
             let (current, history_kv) = (read.next().flatten(), read.next().flatten());
-            let now = match self.read_history(&history_key, history_kv.as_ref()) {
-                Ok(now) => now,
-                Err(err) => {
-                    self.keep_spare(lease);
-                    return Err(err);
-                }
-            };
+            let now = self.read_history(&history_key, history_kv.as_ref())?;
             let incident = shared::last_incident(&now.events);
             if self.keep(&history_key, now) && current.is_none() {
                 // Only the history had changed since this agent saw it: again.
-                self.keep_spare(lease);
                 continue;
             }
             let Some(current) = current else {
                 // No key, so the force marker: another agent is forcing it
                 // and holds it meanwhile.
-                self.keep_spare(lease);
                 if !spec.force {
                     self.seen_held(&name, Some(true));
                     return Err(BackendError::Held(None, incident));
@@ -467,27 +472,14 @@ impl EtcdBackend {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             };
-            let record = match self.parse(&name, &current) {
-                Ok(record) => record,
-                Err(err) => {
-                    self.keep_spare(lease);
-                    return Err(err);
-                }
-            };
+            let record = self.parse(&name, &current)?;
             // A retried create whose first answer was lost finds its own write.
             if record.lease_id == spec.lease_id && current.lease() == lease.id {
                 let token = current.create_revision() as u64;
-                return Ok(self.granted(spec, lease.id, token, lease.sent, None));
+                return Ok(self.granted(spec, lease, token, epoch, None));
             }
-            let holder = match self.holder_of(&name, &current) {
-                Ok(holder) => holder,
-                Err(err) => {
-                    self.keep_spare(lease);
-                    return Err(err);
-                }
-            };
+            let holder = self.holder_of(&name, &current)?;
             if !spec.force {
-                self.keep_spare(lease);
                 self.seen_held(&name, Some(true));
                 return Err(BackendError::Held(Some(Box::new(holder)), incident));
             }
@@ -514,12 +506,12 @@ impl EtcdBackend {
             };
             match self.take_over(&forced, &current).await {
                 Ok(Some(token)) => {
-                    let grant = self.granted(spec, lease.id, token, lease.sent, Some(displaced));
+                    let grant = self.granted(spec, lease, token, epoch, Some(displaced));
                     return Ok(grant);
                 }
-                Ok(None) => self.keep_spare(lease),
+                Ok(None) => {}
                 Err(err) => {
-                    self.abandon(lease);
+                    self.abandon([&name, &marker], &body, lease);
                     return Err(err);
                 }
             }
@@ -536,8 +528,9 @@ impl EtcdBackend {
     /// if the forcer dies), then the key is created and the marker deleted.
     /// Between the two, a waiter woken by the delete finds the marker and is
     /// told the key is held: only the forcer can take it. The old holder's
-    /// lease is revoked so its renewals fail at once. `Ok(None)`: the key
-    /// changed meanwhile; read it again.
+    /// lease is not revoked (it is its agent's, shared by its other keys):
+    /// its agent's watch sees the delete, or its next renewal reads the key.
+    /// `Ok(None)`: the key changed meanwhile; read it again.
     async fn take_over(
         &self,
         forced: &Forced<'_>,
@@ -575,11 +568,6 @@ impl EtcdBackend {
         let kept = self.read_history(history, history_kv.as_ref())?;
         let mut events = kept.events.clone();
         shared::push(&mut events, event.clone());
-        if current.lease() != 0 {
-            // The key is gone either way; this only makes the old holder's
-            // keep-alives fail too.
-            let _ = self.connection.revoke(current.lease()).await;
-        }
         let create = Txn::new()
             .when([
                 Compare::value(marker, CompareOp::Equal, body),
@@ -635,18 +623,6 @@ impl EtcdBackend {
             .map_err(|p| self.connection.unavailable(p))
     }
 
-    async fn keep_alive(&self, id: i64) -> Result<(), BackendError> {
-        match self
-            .connection
-            .call(|mut c| async move { c.lease_keep_alive(id).await.map(|_| ()) })
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(Problem::Expected(LeaseGone)) => Err(BackendError::LeaseMismatch),
-            Err(problem) => Err(self.connection.unavailable(problem)),
-        }
-    }
-
     /// A key and its history, in one request.
     async fn read_with_history(
         &self,
@@ -697,6 +673,11 @@ impl EtcdBackend {
         self.release_sender().map(|sender| sender.subscribe())
     }
 
+    /// Whether the watch on the prefix is established now.
+    pub(crate) fn watching(&self) -> bool {
+        self.watched.is_up()
+    }
+
     /// Where [`EtcdBackend::releases`] come from; the watch starts on first use.
     fn release_sender(&self) -> Option<broadcast::Sender<Key>> {
         if !self.watch {
@@ -707,6 +688,7 @@ impl EtcdBackend {
             tokio::spawn(watch_releases(
                 self.connection.clone(),
                 sender.clone(),
+                self.watched.clone(),
                 self.stop.clone(),
             ));
             sender
@@ -771,20 +753,38 @@ impl Backend for EtcdBackend {
         self.bounded(self.try_acquire(spec)).await
     }
 
-    /// Keeps the etcd lease alive (its TTL was set at the grant; `ttl` is the
-    /// same) and checks the key is still ours: both requests at once.
-    async fn renew(&self, lease: &LeaseRef, _ttl: Duration) -> Result<(), BackendError> {
+    /// Keeps the agent's etcd lease for `ttl` alive (one request for all its
+    /// keys, at most every TTL/6) and checks the key is still on it with its
+    /// token: by the watch's word, else by reading it, both at once.
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {
         let id = self
             .lease_of(&lease.lease_id)
             .ok_or(BackendError::LeaseMismatch)?;
         let name = self.name(&lease.key);
+        let token = lease.token as i64;
         self.bounded(async {
-            let (kept, read) = tokio::join!(self.keep_alive(id), self.read(&name));
-            kept?;
-            let ours = read?
-                .is_some_and(|kv| kv.lease() == id && kv.create_revision() as u64 == lease.token);
-            if ours {
-                Ok(())
+            let word = self.watched.word(&name, token);
+            if word == Word::Deleted {
+                return Err(BackendError::LeaseMismatch);
+            }
+            let epoch = self.watched.epoch();
+            let still_ours = async {
+                if word == Word::Kept {
+                    return Ok(true);
+                }
+                let ours = self
+                    .read(&name)
+                    .await?
+                    .is_some_and(|kv| kv.lease() == id && kv.create_revision() == token);
+                if ours {
+                    self.watched.hold(&name, token, epoch);
+                }
+                Ok(ours)
+            };
+            let (kept, ours) = tokio::join!(self.sessions.renew(id, ttl), still_ours);
+            let since = kept?;
+            if ours? {
+                Ok(Renewed::Since(since))
             } else {
                 Err(BackendError::LeaseMismatch)
             }
@@ -794,9 +794,8 @@ impl Backend for EtcdBackend {
 
     /// Deletes the key and records how its lease ended, in one transaction,
     /// if the key is still ours and its history as we last wrote it;
-    /// otherwise revokes the etcd lease as before, which deletes the key
-    /// only if it is still attached, and records nothing. The etcd lease
-    /// itself is left to run out: it holds nothing any more.
+    /// otherwise deletes the key alone if it is still ours, and records
+    /// nothing. The etcd lease is the agent's, and stays.
     async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
         let held = self
             .held
@@ -807,12 +806,14 @@ impl Backend for EtcdBackend {
             return Ok(()); // not ours (any more): nothing to let go of
         };
         let name = self.name(&lease.key);
+        self.watched.forget(&name, lease.token as i64);
         let history_key = self.history_name(&lease.key);
         let kept = self.kept(&history_key);
-        let mut when = vec![
+        let ours = [
             Compare::lease(name.clone(), CompareOp::Equal, id),
             Compare::create_revision(name.clone(), CompareOp::Equal, lease.token as i64),
         ];
+        let mut when = ours.to_vec();
         let mut then = vec![TxnOp::delete(name.clone(), None)];
         let mut events = kept.events.clone();
         let event = ending.event(&holder, Stamp::agent_now());
@@ -838,10 +839,10 @@ impl Backend for EtcdBackend {
                 }
                 return Ok(());
             }
-            self.connection
-                .revoke(id)
-                .await
-                .map_err(|p| self.connection.unavailable(p))
+            let delete = Txn::new()
+                .when(ours)
+                .and_then([TxnOp::delete(name.clone(), None)]);
+            self.transact(delete).await.map(|_| ())
         })
         .await
     }
@@ -931,13 +932,15 @@ impl Backend for EtcdBackend {
                     self.description
                 ))
             })?;
-            // Checked before the keep-alive, which would extend a stranger's
-            // lease; the rewrite below holds only if the record is unchanged.
+            // The rewrite below holds only if the record is unchanged.
             if !by.owns(&holder) {
                 return Err(BackendError::LeaseMismatch);
             }
-            let sent = Instant::now();
-            self.keep_alive(id).await?;
+            let ttl = Duration::from_millis(record.ttl_ms);
+            // The key moves to this agent's lease: the stopped agent's runs
+            // that no agent adopts go when its lease runs out.
+            let ours = self.lease_for(ttl).await?;
+            let epoch = self.watched.epoch();
             let mut events = kept.events.clone();
             let adopted =
                 shared::event(EventKind::Adopted, &holder, lease.token, Stamp::agent_now());
@@ -952,7 +955,7 @@ impl Backend for EtcdBackend {
                     TxnOp::put(
                         name.clone(),
                         record.body(),
-                        Some(PutOptions::new().with_lease(id)),
+                        Some(PutOptions::new().with_lease(ours.id)),
                     ),
                     TxnOp::put(history_key.clone(), history::body(&events), None),
                 ]);
@@ -969,18 +972,15 @@ impl Backend for EtcdBackend {
             }
             let revision = written.header().map(|h| h.revision()).unwrap_or(0);
             self.keep(&history_key, Kept { revision, events });
-            self.held
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .insert(lease.lease_id.clone(), (id, holder.clone()));
+            self.hold(&lease.key, &lease.lease_id, ours.id, &holder, epoch);
             Ok(Adopted {
                 grant: Grant {
                     holder,
-                    sent,
+                    sent: ours.sent,
                     lock: None,
                     displaced: None,
                 },
-                ttl: Duration::from_millis(record.ttl_ms),
+                ttl,
             })
         })
         .await

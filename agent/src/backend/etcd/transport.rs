@@ -4,6 +4,7 @@
 
 use super::errors::{LeaseGone, Problem};
 use super::record::EtcdRecord;
+use super::watched::Watched;
 use crate::backend::retry::{RetryBudget, TIMEOUTS};
 use crate::backend::Secret;
 use etcd_client::{Client, ConnectOptions, EventType, TlsOptions, WatchFilterType, WatchOptions};
@@ -103,35 +104,28 @@ impl Connection {
             }
         }
     }
-
-    pub(super) async fn revoke(&self, id: i64) -> Result<(), Problem> {
-        match self
-            .call(|mut c| async move { c.lease_revoke(id).await })
-            .await
-        {
-            Ok(_) | Err(Problem::Expected(LeaseGone)) => Ok(()),
-            Err(problem) => Err(problem),
-        }
-    }
 }
 
 /// Reports every key deleted under the prefix (released, expired or forced
-/// out) until `stop`, reconnecting with backoff; after a gap it resumes from
+/// out) until `stop`, to waiters (`released`) and to `watched` (the keys
+/// this agent holds), reconnecting with backoff; after a gap it resumes from
 /// the revision it last saw, so no release is missed unless etcd compacted it.
 pub(super) async fn watch_releases(
     connection: Arc<Connection>,
     released: broadcast::Sender<Key>,
+    watched: Arc<Watched>,
     stop: CancellationToken,
 ) {
     let mut next_revision = 0;
     let mut failures: u32 = 0;
     loop {
-        let watched = tokio::select! {
+        let watching = tokio::select! {
             _ = stop.cancelled() => return,
-            watched = watch_once(&connection, &released, &mut next_revision, &mut failures) =>
-                watched,
+            watching = watch_once(&connection, &released, &watched, &mut next_revision, &mut failures) =>
+                watching,
         };
-        match watched {
+        watched.down();
+        match watching {
             Ok(()) => {}
             Err(why) => {
                 if failures == 0 {
@@ -153,6 +147,7 @@ pub(super) async fn watch_releases(
 async fn watch_once(
     connection: &Connection,
     released: &broadcast::Sender<Key>,
+    watched: &Watched,
     next_revision: &mut i64,
     failures: &mut u32,
 ) -> Result<(), String> {
@@ -182,6 +177,9 @@ async fn watch_once(
             }
             return Err(format!("etcd ended the watch: {}", answer.cancel_reason()));
         }
+        if answer.created() {
+            watched.up();
+        }
         // Watching again: the next failure is news worth a warning.
         *failures = 0;
         for event in answer.events() {
@@ -190,6 +188,11 @@ async fn watch_once(
             }
             if let Some(kv) = event.kv() {
                 *next_revision = kv.mod_revision() + 1;
+            }
+            if let Some(prev) = event.prev_kv() {
+                if let Ok(name) = prev.key_str() {
+                    watched.deleted(name, prev.create_revision());
+                }
             }
             let key = event
                 .prev_kv()

@@ -47,7 +47,7 @@ mod transport;
 use super::history::{self, Stamp};
 use super::{
     AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced, Ending, Grant,
-    LeaseRef, Profile, Profiled,
+    LeaseRef, Profile, Profiled, Renewed,
 };
 use anyhow::Context as _;
 use async_trait::async_trait;
@@ -783,9 +783,11 @@ impl Backend for FileBackend {
         self.blocking(move |inner| inner.acquire(&spec)).await
     }
 
-    async fn renew(&self, lease: &LeaseRef, _ttl: Duration) -> Result<(), BackendError> {
+    async fn renew(&self, lease: &LeaseRef, _ttl: Duration) -> Result<Renewed, BackendError> {
         let lease = lease.clone();
-        self.blocking(move |inner| inner.renew(&lease)).await
+        self.blocking(move |inner| inner.renew(&lease))
+            .await
+            .map(|()| Renewed::ByThisCall)
     }
 
     async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {

@@ -7,7 +7,7 @@ use super::sql::Sql;
 use crate::backend::history;
 use crate::backend::{
     redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
-    Ending, Grant, LeaseRef, PostgresOptions, Profile, Profiled,
+    Ending, Grant, LeaseRef, PostgresOptions, Profile, Profiled, Renewed,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -245,7 +245,7 @@ impl Backend for PostgresBackend {
         Ok(!taken.is_empty())
     }
 
-    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<(), BackendError> {
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {
         let (key, token) = (lease.key.as_str(), stored_token(lease));
         let (ttl, grace) = (millis(ttl), millis(grace(ttl)));
         let (renewed, _) = self
@@ -261,7 +261,7 @@ impl Backend for PostgresBackend {
         if renewed.is_empty() {
             return Err(BackendError::LeaseMismatch);
         }
-        Ok(())
+        Ok(Renewed::ByThisCall)
     }
 
     async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
