@@ -1167,10 +1167,19 @@ async fn many_leases(_scratch: &Path) -> Result<Rows> {
             format!("{:.1} MiB", held_rss_kib as f64 / 1024.0),
         )]);
     }
+    // The first report made after every lease is held: on a store where
+    // taking them takes most of a minute (etcd), the one before counts only
+    // a part of a minute of renewals.
+    let reports = |log: &str| -> Vec<String> {
+        log.lines()
+            .filter(|l| l.contains("renewal lateness"))
+            .map(str::to_string)
+            .collect()
+    };
+    let earlier = reports(&agent.log()).len();
     let (cpu_before, started) = (cpu_seconds(pid)?, Instant::now());
     let report = loop {
-        let log = agent.log();
-        if let Some(line) = log.lines().find(|l| l.contains("renewal lateness")) {
+        if let Some(line) = reports(&agent.log()).get(earlier) {
             break serde_json::from_str::<serde_json::Value>(line)?;
         }
         if started.elapsed() > Duration::from_secs(120) {
@@ -1186,7 +1195,7 @@ async fn many_leases(_scratch: &Path) -> Result<Rows> {
     drop(conns);
     Ok(vec![
         (
-            format!("{count} leases on {store}, TTL 30 s: renewals in the agent's first minute"),
+            format!("{count} leases on {store}, TTL 30 s: renewals in a minute once all are held"),
             format!("{}", figure("renewals")),
         ),
         (

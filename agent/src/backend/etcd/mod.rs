@@ -436,7 +436,7 @@ impl EtcdBackend {
                 Err(Problem::Expected(LeaseGone)) => {
                     // Gone between its keep-alive and this write (revoked by
                     // hand, say): the next attempt grants another.
-                    self.sessions.gone(lease.id).await;
+                    self.sessions.gone(lease.id);
                     continue;
                 }
                 Err(problem) => {

@@ -17,15 +17,16 @@ use super::transport::Connection;
 use crate::backend::BackendError;
 use runlock_protocol::timing;
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::sync::Mutex;
 use tokio::time::Instant;
 
 /// The agent's shared etcd leases, one per TTL.
 pub(super) struct Sessions {
     connection: Arc<Connection>,
     by_ttl: Mutex<HashMap<Duration, Arc<Session>>>,
+    /// One grant at a time: acquires that start together share one lease.
+    granting: tokio::sync::Mutex<()>,
 }
 
 /// One shared etcd lease.
@@ -33,9 +34,36 @@ struct Session {
     id: i64,
     ttl: Duration,
     /// When the last grant or keep-alive that etcd answered was sent: etcd
-    /// keeps the lease at least `lease_seconds(ttl)` from there. Locked
-    /// across a keep-alive, so that renewals arriving meanwhile share it.
+    /// keeps the lease at least `lease_seconds(ttl)` from there.
     kept: Mutex<Instant>,
+    /// Held across a keep-alive, so that renewals arriving meanwhile share it.
+    keeping: tokio::sync::Mutex<()>,
+}
+
+impl Session {
+    fn new(id: i64, ttl: Duration, sent: Instant) -> Session {
+        Session {
+            id,
+            ttl,
+            kept: Mutex::new(sent),
+            keeping: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn kept(&self) -> Instant {
+        *self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The last keep-alive, if it is at most TTL/6 old.
+    fn fresh(&self) -> Option<Instant> {
+        let kept = self.kept();
+        (kept.elapsed() <= timing::margin(self.ttl)).then_some(kept)
+    }
+
+    /// Whether etcd has surely let it run out.
+    fn run_out(&self) -> bool {
+        self.kept().elapsed() >= Duration::from_secs(lease_seconds(self.ttl) as u64)
+    }
 }
 
 impl Sessions {
@@ -43,28 +71,36 @@ impl Sessions {
         Sessions {
             connection,
             by_ttl: Mutex::new(HashMap::new()),
+            granting: tokio::sync::Mutex::new(()),
         }
+    }
+
+    fn by_ttl(&self) -> MutexGuard<'_, HashMap<Duration, Arc<Session>>> {
+        self.by_ttl.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn session(&self, ttl: Duration) -> Option<Arc<Session>> {
+        self.by_ttl().get(&ttl).cloned()
     }
 
     /// The lease to put a new key on, and when it was last kept alive (the
     /// key's clock starts there): the agent's lease for `ttl`, kept alive
     /// first if that was more than TTL/6 ago, or a new one if it is gone.
     pub(super) async fn for_grant(&self, ttl: Duration) -> Result<(i64, Instant), BackendError> {
-        let mut by_ttl = self.by_ttl.lock().await;
-        if let Some(session) = by_ttl.get(&ttl).cloned() {
+        if let Some(session) = self.session(ttl) {
             match self.keep(&session).await {
                 Ok(sent) => return Ok((session.id, sent)),
                 Err(Problem::Expected(LeaseGone)) => {}
                 Err(problem) => return Err(self.connection.unavailable(problem)),
             }
         }
-        // Leases of TTLs no longer held go with their last key: drop the
-        // ones etcd has surely let run out, so that the map stays small.
-        by_ttl.retain(|_, s| {
-            s.kept.try_lock().map_or(true, |kept| {
-                kept.elapsed() < Duration::from_secs(lease_seconds(s.ttl) as u64)
-            })
-        });
+        let _one = self.granting.lock().await;
+        // Another acquire may have granted one meanwhile.
+        if let Some(session) = self.session(ttl) {
+            if let Some(sent) = session.fresh() {
+                return Ok((session.id, sent));
+            }
+        }
         let seconds = lease_seconds(ttl);
         let sent = Instant::now();
         let granted = self
@@ -72,20 +108,18 @@ impl Sessions {
             .call(|mut c| async move { c.lease_grant(seconds, None).await })
             .await
             .map_err(|p| self.connection.unavailable(p))?;
-        let session = Arc::new(Session {
-            id: granted.id(),
-            ttl,
-            kept: Mutex::new(sent),
-        });
-        by_ttl.insert(ttl, session);
+        let mut by_ttl = self.by_ttl();
+        // Leases of TTLs no longer held go with their last key: drop the
+        // ones etcd has surely let run out, so that the map stays small.
+        by_ttl.retain(|_, s| !s.run_out());
+        by_ttl.insert(ttl, Arc::new(Session::new(granted.id(), ttl, sent)));
         Ok((granted.id(), sent))
     }
 
     /// Renews a key on lease `id`: when etcd's clock for it last restarted.
     /// `LeaseMismatch` when that lease is gone (every key on it with it).
     pub(super) async fn renew(&self, id: i64, ttl: Duration) -> Result<Instant, BackendError> {
-        let session = self.by_ttl.lock().await.get(&ttl).cloned();
-        let Some(session) = session.filter(|s| s.id == id) else {
+        let Some(session) = self.session(ttl).filter(|s| s.id == id) else {
             // Replaced after etcd said it was gone: so are its keys.
             return Err(BackendError::LeaseMismatch);
         };
@@ -97,22 +131,25 @@ impl Sessions {
     }
 
     /// Lease `id` is gone (a write on it was refused): the next grant makes another.
-    pub(super) async fn gone(&self, id: i64) {
-        self.by_ttl.lock().await.retain(|_, s| s.id != id);
+    pub(super) fn gone(&self, id: i64) {
+        self.by_ttl().retain(|_, s| s.id != id);
     }
 
     /// The session's last keep-alive if it is at most TTL/6 old, else a new one.
     async fn keep(&self, session: &Session) -> Result<Instant, Problem> {
-        let mut kept = session.kept.lock().await;
-        if kept.elapsed() <= timing::margin(session.ttl) {
-            return Ok(*kept);
+        if let Some(sent) = session.fresh() {
+            return Ok(sent);
+        }
+        let _one = session.keeping.lock().await;
+        if let Some(sent) = session.fresh() {
+            return Ok(sent); // kept alive while this renewal waited
         }
         let sent = Instant::now();
         let id = session.id;
         self.connection
             .call(|mut c| async move { c.lease_keep_alive(id).await.map(|_| ()) })
             .await?;
-        *kept = sent;
+        *session.kept.lock().unwrap_or_else(|e| e.into_inner()) = sent;
         Ok(sent)
     }
 }

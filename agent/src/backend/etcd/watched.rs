@@ -23,12 +23,15 @@ pub(super) struct Watched {
     /// The current epoch, or `DOWN`.
     epoch: AtomicU64,
     last_epoch: AtomicU64,
-    /// Held keys by name and create revision (their token).
-    held: Mutex<HashMap<(String, i64), Stamp>>,
+    /// Held keys by name: one grant of a name at a time here (a force by
+    /// this agent of its own key replaces the stamp; the grant forced out
+    /// then finds another token, and reads).
+    held: Mutex<HashMap<String, Stamp>>,
 }
 
 #[derive(Clone, Copy)]
 struct Stamp {
+    token: i64,
     epoch: u64,
     deleted: bool,
 }
@@ -65,35 +68,44 @@ impl Watched {
         self.epoch.store(DOWN, Ordering::SeqCst);
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<(String, i64), Stamp>> {
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Stamp>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// A key granted (or adopted, or read as ours) by a request stamped `epoch`.
     pub(super) fn hold(&self, name: &str, token: i64, epoch: u64) {
         let mut held = self.held();
-        let stamp = held.entry((name.to_string(), token)).or_insert(Stamp {
-            epoch,
-            deleted: false,
-        });
-        stamp.epoch = epoch;
+        match held.get_mut(name) {
+            Some(stamp) if stamp.token == token => stamp.epoch = epoch,
+            _ => {
+                let stamp = Stamp {
+                    token,
+                    epoch,
+                    deleted: false,
+                };
+                held.insert(name.to_string(), stamp);
+            }
+        }
     }
 
     /// This agent lets the key go: its delete is no news.
     pub(super) fn forget(&self, name: &str, token: i64) {
-        self.held().remove(&(name.to_string(), token));
+        let mut held = self.held();
+        if held.get(name).is_some_and(|stamp| stamp.token == token) {
+            held.remove(name);
+        }
     }
 
     /// The watch saw `name`, created at `token`, deleted.
     pub(super) fn deleted(&self, name: &str, token: i64) {
-        if let Some(stamp) = self.held().get_mut(&(name.to_string(), token)) {
-            stamp.deleted = true;
+        if let Some(stamp) = self.held().get_mut(name) {
+            stamp.deleted |= stamp.token == token;
         }
     }
 
     pub(super) fn word(&self, name: &str, token: i64) -> Word {
         let epoch = self.epoch();
-        match self.held().get(&(name.to_string(), token)) {
+        match self.held().get(name).filter(|stamp| stamp.token == token) {
             Some(stamp) if stamp.deleted => Word::Deleted,
             Some(stamp) if epoch != DOWN && stamp.epoch == epoch => Word::Kept,
             _ => Word::Unknown,
