@@ -102,14 +102,32 @@ pub enum Ending {
 impl Ending {
     /// The event ending the lease of `holder` (with its token), if any.
     pub fn event(&self, holder: &Holder, at: history::Stamp) -> Option<KeyEvent> {
-        let (kind, who, reason) = match self {
-            Ending::Released => (EventKind::Released, holder, ""),
-            Ending::Lost(why) => (EventKind::Lost, holder, why.as_str()),
-            Ending::AfterBreak => return None,
-        };
-        let mut event = history::event(kind, who, holder.token, at);
+        let (kind, reason) = self.kind()?;
+        let mut event = history::event(kind, holder, holder.token, at);
         event.reason = reason.to_string();
         Some(event)
+    }
+
+    /// The event ending the lease that `grant` (the event that granted or
+    /// adopted it) began, by the same holder, if any.
+    pub fn event_after(&self, grant: &KeyEvent, at: history::Stamp) -> Option<KeyEvent> {
+        let (kind, reason) = self.kind()?;
+        Some(KeyEvent {
+            kind,
+            at_ms: at.at_ms,
+            clock: at.clock,
+            from_token: None,
+            reason: reason.to_string(),
+            ..grant.clone()
+        })
+    }
+
+    fn kind(&self) -> Option<(EventKind, &str)> {
+        match self {
+            Ending::Released => Some((EventKind::Released, "")),
+            Ending::Lost(why) => Some((EventKind::Lost, why.as_str())),
+            Ending::AfterBreak => None,
+        }
     }
 }
 

@@ -62,6 +62,22 @@ impl Kept {
     }
 }
 
+impl Kept {
+    /// The event that began the lease with `token` here (its grant, the
+    /// force or break that took the key, or its adoption): its holder, as
+    /// its end is recorded. Nobody else writes a key's history while it is
+    /// held, so it is there whenever this history is current.
+    pub(super) fn began(&self, token: u64) -> Option<&KeyEvent> {
+        self.events.iter().rev().find(|e| {
+            e.token == token
+                && matches!(
+                    e.kind,
+                    EventKind::Granted | EventKind::Forced | EventKind::Broken | EventKind::Adopted
+                )
+        })
+    }
+}
+
 /// `events` with the tokens a write left to its own revision filled in.
 pub(super) fn filled(mut events: Vec<KeyEvent>, revision: u64) -> Vec<KeyEvent> {
     for event in events.iter_mut().filter(|e| e.token == 0) {

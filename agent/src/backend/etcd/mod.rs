@@ -102,8 +102,9 @@ pub struct EtcdBackend {
     connection: Arc<Connection>,
     /// `etcd://hosts/prefix`, and the user if any: never the password.
     description: String,
-    /// runlock lease id → the etcd lease that holds its key, and its holder.
-    held: Mutex<HashMap<String, (i64, Holder)>>,
+    /// runlock lease id → the etcd lease that holds its key. (Its holder is
+    /// in the key's history as kept here: the event that granted it.)
+    held: Mutex<HashMap<String, i64>>,
     /// Each key's history as this agent last read or wrote it, by the
     /// history key's name: the condition its next write is made on.
     histories: Mutex<HashMap<String, Kept>>,
@@ -230,7 +231,7 @@ impl EtcdBackend {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(lease_id)
-            .map(|(id, _)| *id)
+            .copied()
     }
 
     /// Where a key's history lives: a name no escaped key can have (a
@@ -253,7 +254,14 @@ impl EtcdBackend {
     /// Notes what a read or a write showed of a history; whether it changed.
     fn keep(&self, name: &str, kept: Kept) -> bool {
         let mut histories = self.histories.lock().unwrap_or_else(|e| e.into_inner());
-        histories.insert(name.to_string(), kept.clone()) != Some(kept)
+        // An absent history is what an unknown one reads as: no entry for
+        // it (each plain key's slot-1 history, read at every acquire, is).
+        let before = if kept == Kept::default() {
+            histories.remove(name)
+        } else {
+            histories.insert(name.to_string(), kept.clone())
+        };
+        before.unwrap_or_default() != kept
     }
 
     /// The history in a read's answer; unreadable: the error that says so.
@@ -313,7 +321,7 @@ impl EtcdBackend {
             token,
             ..spec.holder.clone()
         };
-        self.hold(&spec.key, &spec.lease_id, lease.id, &holder, epoch);
+        self.hold(&spec.key, &spec.lease_id, lease.id, token, epoch);
         Grant {
             holder,
             sent: lease.sent,
@@ -323,13 +331,12 @@ impl EtcdBackend {
     }
 
     /// Notes a key held here, and has the watch look after it.
-    fn hold(&self, key: &Key, lease_id: &str, etcd_lease: i64, holder: &Holder, epoch: u64) {
+    fn hold(&self, key: &Key, lease_id: &str, etcd_lease: i64, token: u64, epoch: u64) {
         self.held
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(lease_id.to_string(), (etcd_lease, holder.clone()));
-        self.watched
-            .hold(&self.name(key), holder.token as i64, epoch);
+            .insert(lease_id.to_string(), etcd_lease);
+        self.watched.hold(&self.name(key), token as i64, epoch);
         // Started by the first holder (or waiter), and kept.
         let _ = self.release_sender();
     }
@@ -802,7 +809,7 @@ impl Backend for EtcdBackend {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&lease.lease_id);
-        let Some((id, holder)) = held else {
+        let Some(id) = held else {
             return Ok(()); // not ours (any more): nothing to let go of
         };
         let name = self.name(&lease.key);
@@ -816,7 +823,11 @@ impl Backend for EtcdBackend {
         let mut when = ours.to_vec();
         let mut then = vec![TxnOp::delete(name.clone(), None)];
         let mut events = kept.events.clone();
-        let event = ending.event(&holder, Stamp::agent_now());
+        // Without the event that began it (a history not current here), the
+        // key alone is deleted, as when the history changed meanwhile.
+        let event = kept
+            .began(lease.token)
+            .and_then(|began| ending.event_after(began, Stamp::agent_now()));
         if let Some(event) = event.clone() {
             shared::push(&mut events, event);
             when.push(Compare::mod_revision(
@@ -972,7 +983,7 @@ impl Backend for EtcdBackend {
             }
             let revision = written.header().map(|h| h.revision()).unwrap_or(0);
             self.keep(&history_key, Kept { revision, events });
-            self.hold(&lease.key, &lease.lease_id, ours.id, &holder, epoch);
+            self.hold(&lease.key, &lease.lease_id, ours.id, lease.token, epoch);
             Ok(Adopted {
                 grant: Grant {
                     holder,
