@@ -13,9 +13,10 @@
 //! write one object, so none breaks another's proof (invariant 9), and on a
 //! store that limits writes per object (GCS) the proof keeps to its pace.
 //! It is on every agent's start path, so it asks what it must and no more:
-//! six requests (create, read, create again, replace, stale replace, read),
-//! and the agent removes the probe afterwards, off that path
-//! ([`remove_probe`]).
+//! five requests (create, create again, replace, stale replace, read), and
+//! the agent removes the probe afterwards, off that path and at a random
+//! moment within 10 s, so that agents starting together do not remove theirs
+//! during their first grants ([`remove_probe_later`]).
 //!
 //! Only a definite answer condemns a store: an error or a timeout leaves the
 //! question open, and it is asked again at the next acquire.
@@ -55,9 +56,20 @@ pub async fn prove(store: &dyn CasStore, prefix: &str) -> (Result<(), Unproven>,
     (verdict, name)
 }
 
+/// How long after its proof an agent removes its probe object, at most: a
+/// random share of it keeps the removals of agents that started together out
+/// of their first grants (one request in nine on each agent's start path).
+pub const REMOVAL_SPREAD: Duration = Duration::from_secs(10);
+
+/// [`remove_probe`], at a random moment within [`REMOVAL_SPREAD`].
+pub async fn remove_probe_later(store: &dyn CasStore, name: &str) {
+    tokio::time::sleep(REMOVAL_SPREAD.mul_f64(fastrand::f64())).await;
+    remove_probe(store, name).await;
+}
+
 /// Removes the probe object `name` once the store allows another write of
-/// it. A probe left behind costs a few bytes and misleads nobody: removing
-/// it is tidiness, never part of the verdict.
+/// it. A probe left behind (its agent stopped first) costs a few bytes and
+/// misleads nobody: removing it is tidiness, never part of the verdict.
 pub async fn remove_probe(store: &dyn CasStore, name: &str) {
     tokio::time::sleep(store.min_write_interval()).await;
     if let Err(err) = store.delete(name).await {
@@ -67,12 +79,20 @@ pub async fn remove_probe(store: &dyn CasStore, name: &str) {
 
 async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Unproven> {
     let body = |step: &str| format!("{{\"runlock_probe\":\"{writer}\",\"step\":\"{step}\"}}\n");
-    // The name is new, so the create comes first, without a read before it.
-    match store.put_if_absent(name, body("create").into()).await {
-        Ok(_) | Err(CasError::Conflict) => {}
+    // The name is new, so the create comes first, without a read before it,
+    // and its answer names the version: the final read checks what a read
+    // would have.
+    let created = body("create");
+    let mut current = match store.put_if_absent(name, created.clone().into()).await {
+        Ok(version) => Some(Stored {
+            body: created.clone().into(),
+            version,
+            last_modified: None,
+        }),
+        // Only a retried create of this new name finds it: read what is there.
+        Err(CasError::Conflict) => None,
         Err(err) => return Err(unanswered(err)),
-    }
-    let mut read = Some(existing(store, name, &body("create")).await?);
+    };
 
     match store.put_if_absent(name, body("create again").into()).await {
         Err(CasError::Conflict) => {}
@@ -86,14 +106,14 @@ async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Un
     }
 
     for attempt in 0..ATTEMPTS {
-        // The read after the create, the first time; a fresh one after a retry.
-        let (before, date_before) = match read.take() {
-            Some(read) => read,
-            None => existing(store, name, &body("create")).await?,
+        let before = match current.take() {
+            Some(known) => known,
+            None => existing(store, name, &created).await?,
         };
         // The create (or the last update) was a write of this object too.
         tokio::time::sleep(store.min_write_interval()).await;
         let update = body(&format!("update {attempt}"));
+        let sent = std::time::Instant::now();
         let version = match store
             .put_if_match(name, update.clone().into(), &before.version)
             .await
@@ -124,7 +144,7 @@ async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Un
             }
             Err(err) => return Err(unanswered(err)),
         }
-        let Read { object, .. } = store.get(name).await.map_err(unanswered)?;
+        let Read { object, date } = store.get(name).await.map_err(unanswered)?;
         let Some(after) = object else {
             back_off().await;
             continue;
@@ -143,15 +163,21 @@ async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Un
                 "a read after a write returned another version than the write did",
             ));
         }
-        if let (Some(written), Some(date)) = (after.last_modified, date_before) {
-            // The store's own clock read `date` before the write: a stamp older
+        let sent_by_store_clock = date.and_then(|date| date.checked_sub(sent.elapsed()));
+        if let (Some(written), Some(sent_at_the_latest)) =
+            (after.last_modified, sent_by_store_clock)
+        {
+            // The store's clock read the read's date at most `sent.elapsed()`
+            // after the update was sent, so the update cannot have been
+            // written before that date less the elapsed time: a stamp older
             // than that would make a live holder look expired early.
-            if written + super::CLOCK_RESOLUTION < date {
+            if written + super::CLOCK_RESOLUTION < sent_at_the_latest {
                 return Err(lacks(&format!(
-                    "it stamped a write {}s before the time it gave just before that write \
-                     (a Last-Modified that does not move with each write), so a live \
-                     holder would look expired",
-                    date.duration_since(written)
+                    "it stamped a write {}s before the write was sent (a Last-Modified \
+                     that does not move with each write), so a live holder would look \
+                     expired",
+                    sent_at_the_latest
+                        .duration_since(written)
                         .unwrap_or(Duration::ZERO)
                         .as_secs()
                 )));
@@ -164,16 +190,11 @@ async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Un
     )))
 }
 
-/// The probe object as it is now, with the store's date, created if absent.
-async fn existing(
-    store: &dyn CasStore,
-    name: &str,
-    body: &str,
-) -> Result<(Stored, Option<std::time::SystemTime>), Unproven> {
+/// The probe object as it is now, created if absent.
+async fn existing(store: &dyn CasStore, name: &str, body: &str) -> Result<Stored, Unproven> {
     for _ in 0..ATTEMPTS {
-        let Read { object, date } = store.get(name).await.map_err(unanswered)?;
-        if let Some(object) = object {
-            return Ok((object, date));
+        if let Some(object) = store.get(name).await.map_err(unanswered)?.object {
+            return Ok(object);
         }
         match store.put_if_absent(name, body.into()).await {
             Ok(_) | Err(CasError::Conflict) => {}

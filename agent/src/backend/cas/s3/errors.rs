@@ -4,7 +4,7 @@
 //! text.
 
 use super::S3Store;
-use crate::backend::cas::{root_cause, CasError};
+use crate::backend::cas::root_cause;
 use crate::backend::failure;
 use crate::backend::retry::TIMEOUTS;
 use aws_sdk_s3::config::http::HttpResponse;
@@ -25,10 +25,6 @@ pub(super) enum Handled {
 pub(super) type Failure = failure::Failure<Handled>;
 
 impl S3Store {
-    pub(super) fn no_such_bucket(&self) -> CasError {
-        CasError::Refused(self.no_such_bucket_message())
-    }
-
     pub(super) fn no_such_bucket_message(&self) -> String {
         format!("bucket {} does not exist at {}", self.bucket, self.location)
     }
