@@ -17,6 +17,7 @@ Usage: python moto_serial.py -H HOST -p PORT
 
 import argparse
 import io
+import logging
 import threading
 
 from moto.moto_server.werkzeug_app import (
@@ -25,6 +26,19 @@ from moto.moto_server.werkzeug_app import (
     create_backend_app,
 )
 from werkzeug.serving import run_simple
+
+
+class S3Only(DomainDispatcherApplication):
+    """moto's dispatcher, which knows at once that a request is S3's."""
+
+    def __init__(self):
+        super().__init__(create_backend_app)
+        self.s3 = create_backend_app("s3")
+
+    def get_application(self, environ):
+        if environ.get("PATH_INFO", "").startswith("/moto-api"):
+            return super().get_application(environ)
+        return self.s3
 
 
 class OneWritePerObject:
@@ -78,10 +92,12 @@ def main():
     parser.add_argument("-H", "--host", default="127.0.0.1")
     parser.add_argument("-p", "--port", type=int, default=5000)
     args = parser.parse_args()
+    # One line per request, under a lock: errors are still logged.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     run_simple(
         args.host,
         args.port,
-        OneWritePerObject(DomainDispatcherApplication(create_backend_app)),
+        OneWritePerObject(S3Only()),
         threaded=True,
         request_handler=MotoRequestHandler,
     )
