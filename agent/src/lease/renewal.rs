@@ -1,5 +1,8 @@
 //! One scheduler renews every lease: a single `DelayQueue` (not a task per
-//! lease) firing at TTL/3 with jitter, with bounded concurrency toward the store.
+//! lease) firing at TTL/3 with jitter, with bounded concurrency toward the
+//! store. The renewals in flight are futures of the scheduler's own task, not
+//! tasks of their own: at 100,000 leases, spawning one per renewal (and
+//! waking a worker for it) cost more than the renewals themselves.
 //! Where a held lease cannot expire (a kernel lock), the same checks only
 //! look for a force: they have no deadline, and a late or failed one loses
 //! nothing. It knows nothing of the registry: it reports renewals and losses
@@ -7,13 +10,14 @@
 
 use crate::backend::{Backend, BackendError, LeaseRef};
 use crate::metrics;
+use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use runlock_protocol::timing;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::time::{delay_queue, DelayQueue};
 
@@ -133,7 +137,8 @@ impl Renewals {
 }
 
 struct Entry {
-    lease: LeaseRef,
+    /// Shared with its renewal in flight, if any.
+    lease: Arc<LeaseRef>,
     ttl: Duration,
     /// When the next renewal is meant to go out.
     due: Instant,
@@ -172,9 +177,8 @@ async fn run(
 ) {
     let mut queue: DelayQueue<String> = DelayQueue::new();
     let mut entries: HashMap<String, Entry> = HashMap::new();
-    let limit = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    let (done_tx, mut done) = mpsc::unbounded_channel::<(String, Outcome)>();
-    let lateness = Arc::new(Lateness::default());
+    let mut in_flight = FuturesUnordered::new();
+    let lateness = Lateness::default();
     let mut report = tokio::time::interval_at(Instant::now() + REPORT_EVERY, REPORT_EVERY);
     loop {
         tokio::select! {
@@ -185,6 +189,7 @@ async fn run(
                     let id = lease.lease_id.clone();
                     let due = Instant::now() + period(ttl);
                     let slot = Some(queue.insert_at(id.clone(), due));
+                    let lease = Arc::new(lease);
                     entries.insert(id, Entry { lease, ttl, due, last_ok: sent, failures: 0, slot });
                 }
                 Some(Command::Stop(id)) => {
@@ -197,35 +202,32 @@ async fn run(
                     queue.clear();
                 }
             },
-            Some(due) = queue.next(), if !queue.is_empty() => {
+            // Past MAX_IN_FLIGHT, due renewals wait in the queue (and count as late).
+            Some(due) = queue.next(), if !queue.is_empty() && in_flight.len() < MAX_IN_FLIGHT => {
                 let id = due.into_inner();
                 let Some(entry) = entries.get_mut(&id) else { continue };
                 entry.slot = None;
-                let (lease, ttl, deadline, due) = (entry.lease.clone(), entry.ttl, entry.deadline(expires), entry.due);
-                let (backend, limit, done_tx) = (backend.clone(), limit.clone(), done_tx.clone());
-                let lateness = lateness.clone();
-                tokio::spawn(async move {
-                    let renew = async {
-                        let _permit = limit.acquire_owned().await;
-                        let sent = Instant::now();
-                        lateness.record(sent - due);
-                        backend.renew(&lease, ttl).await.map(|renewed| renewed.since(sent))
-                    };
+                let sent = Instant::now();
+                lateness.record(sent.saturating_duration_since(entry.due));
+                let (lease, ttl, deadline) = (entry.lease.clone(), entry.ttl, entry.deadline(expires));
+                let backend = backend.clone();
+                in_flight.push(async move {
+                    let renew = backend.renew(&lease, ttl);
                     // A store that hangs must not keep a lease past its deadline.
                     let renewed = match deadline {
                         Some(deadline) => tokio::time::timeout_at(deadline, renew).await,
                         None => Ok(renew.await),
                     };
                     let outcome = match renewed {
-                        Ok(Ok(sent)) => Outcome::Renewed(sent),
+                        Ok(Ok(renewed)) => Outcome::Renewed(renewed.since(sent)),
                         Ok(Err(BackendError::LeaseMismatch)) => Outcome::Lost,
                         Ok(Err(err)) => Outcome::Failed(err.to_string()),
                         Err(_) => Outcome::Expired,
                     };
-                    let _ = done_tx.send((lease.lease_id, outcome));
+                    (id, outcome)
                 });
             }
-            Some((id, outcome)) = done.recv() => {
+            Some((id, outcome)) = in_flight.next(), if !in_flight.is_empty() => {
                 let Some(entry) = entries.get_mut(&id) else { continue };
                 let taken = match outcome {
                     Outcome::Renewed(sent) => {
@@ -236,7 +238,7 @@ async fn run(
                         }
                         entry.failures = 0;
                         entry.due = Instant::now() + period(entry.ttl);
-                        entry.slot = Some(queue.insert_at(id.clone(), entry.due));
+                        entry.slot = Some(queue.insert_at(id, entry.due));
                         continue;
                     }
                     Outcome::Lost => true,
@@ -251,13 +253,14 @@ async fn run(
                         // The retry is raced against the deadline like any renewal.
                         let retry_at = Instant::now() + retry;
                         entry.due = entry.deadline(expires).map_or(retry_at, |d| retry_at.min(d));
-                        entry.slot = Some(queue.insert_at(id.clone(), entry.due));
+                        entry.slot = Some(queue.insert_at(id, entry.due));
                         continue;
                     }
                 };
                 metrics::renewal(metrics::Renewal::Lost);
                 let Some(entry) = entries.remove(&id) else { continue };
-                let _ = reports.send(Report::Lost { lease: entry.lease, taken });
+                let lease = Arc::unwrap_or_clone(entry.lease);
+                let _ = reports.send(Report::Lost { lease, taken });
             }
         }
     }
