@@ -126,6 +126,9 @@ impl FrameTimer {
 /// so an idle connection holds little whatever it sent before.
 const KEEP_BUFFER: usize = 64 * 1024;
 
+/// At most this many events go out in one write (about 4 KiB of `renewed`).
+const EVENT_BATCH: usize = 64;
+
 fn shrink(buffer: &mut BytesMut) {
     if buffer.capacity() > KEEP_BUFFER && buffer.len() <= KEEP_BUFFER {
         *buffer = BytesMut::from(&buffer[..]);
@@ -134,19 +137,44 @@ fn shrink(buffer: &mut BytesMut) {
 
 impl Connection {
     async fn send(&mut self, id: Option<u64>, body: AgentMessage) -> Result<(), ProtocolError> {
-        let sent = match self.transport.send(Envelope { id, body }).await {
+        let sent = self.feed(id, body).await;
+        let flushed = self.transport.flush().await;
+        shrink(self.transport.write_buffer_mut());
+        sent.and(flushed)
+    }
+
+    /// Queues one frame for the next flush.
+    async fn feed(&mut self, id: Option<u64>, body: AgentMessage) -> Result<(), ProtocolError> {
+        match self.transport.feed(Envelope { id, body }).await {
             Err(ProtocolError::FrameTooLarge(n)) => {
                 // Replies are bounded to fit (SPEC 10), so this is a bug: say so
                 // rather than close.
                 tracing::error!(bytes = n, "a reply exceeded the frame limit");
                 let message = format!("the reply ({n} bytes) exceeds the 1 MiB frame limit");
                 let body = AgentMessage::Error(WireError::new(ErrorCode::Internal, message));
-                self.transport.send(Envelope { id, body }).await
+                self.transport.feed(Envelope { id, body }).await
             }
             other => other,
-        };
+        }
+    }
+
+    /// Sends `first` and the events already queued behind it, up to
+    /// [`EVENT_BATCH`], in one write: an agent holding many leases renews
+    /// thousands a second, and a write for each `renewed` cost more than the
+    /// renewal itself.
+    async fn send_events(
+        &mut self,
+        first: Event,
+        events: &mut Events,
+    ) -> Result<(), ProtocolError> {
+        self.feed(None, event_message(first)).await?;
+        for _ in 1..EVENT_BATCH {
+            let Ok(event) = events.try_recv() else { break };
+            self.feed(None, event_message(event)).await?;
+        }
+        let flushed = self.transport.flush().await;
         shrink(self.transport.write_buffer_mut());
-        sent
+        flushed
     }
 
     /// The next frame, or an error once a frame begun stays unfinished past
@@ -322,7 +350,7 @@ impl Connection {
                         self.send(None, AgentMessage::Restarting).await?;
                         return Ok(());
                     }
-                    Some(event) = events.recv() => self.send(None, event_message(event)).await?,
+                    Some(event) = events.recv() => self.send_events(event, &mut events).await?,
                     Some((id, result)) = acquire.done.recv() => {
                         acquire.task = None;
                         self.grant(conn, id, result).await?;
@@ -495,7 +523,7 @@ impl Connection {
                     loop {
                         tokio::select! {
                             biased;
-                            Some(event) = events.recv() => self.send(None, event_message(event)).await?,
+                            Some(event) = events.recv() => self.send_events(event, events).await?,
                             broken = &mut breaking => break match broken {
                                 Ok(broken) => broken.map_err(wire_error),
                                 Err(err) => Err(WireError::new(ErrorCode::Internal, format!("the break failed: {err}"))),
