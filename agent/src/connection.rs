@@ -138,9 +138,15 @@ fn shrink(buffer: &mut BytesMut) {
 impl Connection {
     async fn send(&mut self, id: Option<u64>, body: AgentMessage) -> Result<(), ProtocolError> {
         let sent = self.feed(id, body).await;
+        sent.and(self.flush().await)
+    }
+
+    /// Writes what [`feed`](Self::feed) queued, then gives back a buffer
+    /// grown past [`KEEP_BUFFER`].
+    async fn flush(&mut self) -> Result<(), ProtocolError> {
         let flushed = self.transport.flush().await;
         shrink(self.transport.write_buffer_mut());
-        sent.and(flushed)
+        flushed
     }
 
     /// Queues one frame for the next flush.
@@ -172,9 +178,7 @@ impl Connection {
             let Ok(event) = events.try_recv() else { break };
             self.feed(None, event_message(event)).await?;
         }
-        let flushed = self.transport.flush().await;
-        shrink(self.transport.write_buffer_mut());
-        flushed
+        self.flush().await
     }
 
     /// The next frame, or an error once a frame begun stays unfinished past

@@ -14,7 +14,6 @@ use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use runlock_protocol::timing;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -34,17 +33,16 @@ const REPORT_EVERY: Duration = Duration::from_secs(60);
 /// How late renewals go out, in power-of-two millisecond buckets.
 #[derive(Default)]
 struct Lateness {
-    buckets: [AtomicU64; 16],
-    max_us: AtomicU64,
+    buckets: [u64; 16],
+    max: Duration,
 }
 
 impl Lateness {
-    fn record(&self, late: Duration) {
+    fn record(&mut self, late: Duration) {
         let ms = late.as_millis() as u64;
         let bucket = (u64::BITS - ms.leading_zeros()) as usize; // 0 ms → 0, 1 → 1, 2..3 → 2, …
-        self.buckets[bucket.min(15)].fetch_add(1, Ordering::Relaxed);
-        self.max_us
-            .fetch_max(late.as_micros() as u64, Ordering::Relaxed);
+        self.buckets[bucket.min(15)] += 1;
+        self.max = self.max.max(late);
     }
 
     /// The bucket bound under which `q` of the samples fall, in milliseconds.
@@ -61,21 +59,19 @@ impl Lateness {
     }
 
     /// Logs the period's figures and starts a new period.
-    fn report(&self, leases: usize) {
-        let counts: Vec<u64> = self
-            .buckets
-            .iter()
-            .map(|b| b.swap(0, Ordering::Relaxed))
-            .collect();
+    fn report(&mut self, leases: usize) {
+        let Lateness {
+            buckets: counts,
+            max,
+        } = std::mem::take(self);
         let renewals: u64 = counts.iter().sum();
-        let max_ms = self.max_us.swap(0, Ordering::Relaxed) as f64 / 1000.0;
         if renewals > 0 {
             tracing::info!(
                 leases,
                 renewals,
                 late_p50_ms = Self::quantile(&counts, 0.5),
                 late_p99_ms = Self::quantile(&counts, 0.99),
-                late_max_ms = max_ms,
+                late_max_ms = max.as_secs_f64() * 1000.0,
                 "renewal lateness over the last minute (bucket bounds)"
             );
         }
@@ -178,7 +174,7 @@ async fn run(
     let mut queue: DelayQueue<String> = DelayQueue::new();
     let mut entries: HashMap<String, Entry> = HashMap::new();
     let mut in_flight = FuturesUnordered::new();
-    let lateness = Lateness::default();
+    let mut lateness = Lateness::default();
     let mut report = tokio::time::interval_at(Instant::now() + REPORT_EVERY, REPORT_EVERY);
     loop {
         tokio::select! {
