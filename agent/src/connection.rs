@@ -3,7 +3,7 @@
 //! errors and events become wire messages.
 
 use crate::lease::{
-    AcquireRequest, ConnId, Event, Events, Granted, LeaseError, PeerCred, Registry,
+    AcquireRequest, ConnId, Event, Events, Granted, KeysQuery, LeaseError, PeerCred, Registry,
 };
 use crate::limits::{Limits, HELLO_FRAME_LEN};
 use crate::process::Peer;
@@ -549,6 +549,27 @@ impl Connection {
             ClientMessage::List => {
                 let (leases, omitted) = self.registry.list_for(conn);
                 Ok(AgentMessage::Leases { leases, omitted })
+            }
+            ClientMessage::ListKeys {
+                prefix,
+                cursor,
+                free,
+                events_since_ms,
+            } => {
+                let query = KeysQuery {
+                    prefix,
+                    cursor,
+                    free,
+                    events_since_ms,
+                };
+                self.registry
+                    .list_keys_for(conn, query)
+                    .await
+                    .map(|page| AgentMessage::Keys {
+                        keys: page.keys,
+                        cursor: page.cursor,
+                    })
+                    .map_err(wire_error)
             }
             ClientMessage::Inspect { key } => self
                 .registry

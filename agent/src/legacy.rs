@@ -303,6 +303,15 @@ impl Backend for MeltanoGuard {
         self.inner.history(key).await
     }
 
+    async fn list(
+        &self,
+        prefix: &str,
+        from: &crate::backend::ListFrom,
+        limit: usize,
+    ) -> Result<crate::backend::ListPage, BackendError> {
+        self.inner.list(prefix, from, limit).await
+    }
+
     async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
         self.inner.adopt(lease, by).await
     }

@@ -9,7 +9,7 @@
 
 use crate::backend::{
     AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant, LeaseRef,
-    ProfiledBackend, Renewed,
+    ListFrom, ListPage, ProfiledBackend, Renewed,
 };
 use anyhow::Context;
 use async_trait::async_trait;
@@ -88,18 +88,21 @@ pub enum Operation {
     Adopt,
     /// `Backend::history`.
     History,
+    /// `Backend::list`: one page of a listing.
+    List,
     /// `Backend::confirm_stopped` and `Backend::displaced_stopped`: a
     /// forced run waiting for the run it took the key from.
     Displaced,
 }
 
-const OPERATIONS: [&str; 7] = [
+const OPERATIONS: [&str; 8] = [
     "acquire",
     "renew",
     "release",
     "inspect",
     "adopt",
     "history",
+    "list",
     "displaced",
 ];
 
@@ -405,6 +408,19 @@ impl Backend for TimedBackend {
         let result = self.inner.history(key).await;
         self.metrics
             .backend_request(Operation::History, started, &result);
+        result
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        from: &ListFrom,
+        limit: usize,
+    ) -> Result<ListPage, BackendError> {
+        let started = Instant::now();
+        let result = self.inner.list(prefix, from, limit).await;
+        self.metrics
+            .backend_request(Operation::List, started, &result);
         result
     }
 

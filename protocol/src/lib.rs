@@ -15,8 +15,8 @@ pub use codec::{AgentCodec, BodyError, MessageCodec, ShimCodec};
 pub use error::{ErrorCode, ProtocolError, WireError};
 pub use message::{AgentMessage, ClientMessage, Envelope};
 pub use types::{
-    Clock, EventKind, Holder, InvalidKey, Key, KeyEvent, KeyRecord, KeyState, Lease, LeaseInfo,
-    LostReason, OnLost, OnUnavailable, Scope, MAX_SLOTS,
+    Clock, EventKind, Holder, InvalidKey, Key, KeyEvent, KeyListing, KeyRecord, KeyState, Lease,
+    LeaseInfo, LostReason, OnLost, OnUnavailable, Scope, MAX_SLOTS,
 };
 
 /// The protocol version this build speaks; see SPEC.md for when it changes.
@@ -35,5 +35,7 @@ pub const MAX_KEYS_PER_REQUEST: usize = 1000;
 /// The most events a key's history keeps, and so the most `history` returns:
 /// the record carries them, so this bounds its size (SPEC 8.8).
 pub const MAX_HISTORY_EVENTS: usize = 32;
+/// The most keys one `keys` reply lists; fewer when their records fill the frame.
+pub const MAX_KEYS_PER_PAGE: usize = 1000;
 /// Lock descriptors passed with one `sendmsg` (SPEC 5.4; the kernel takes 253).
 pub const MAX_LOCKS_PER_MESSAGE: usize = 250;

@@ -3,7 +3,8 @@
 
 use crate::error::WireError;
 use crate::types::{
-    Holder, KeyEvent, KeyRecord, Lease, LeaseInfo, LostReason, OnLost, OnUnavailable, Scope,
+    Holder, KeyEvent, KeyListing, KeyRecord, Lease, LeaseInfo, LostReason, OnLost, OnUnavailable,
+    Scope,
 };
 use serde::{Deserialize, Serialize};
 
@@ -138,6 +139,22 @@ pub enum ClientMessage {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         limit: Option<u32>,
     },
+    /// Lists the keys recorded in the backend, from every host, a page at a
+    /// time: held ones, and with `free` the others too.
+    ListKeys {
+        /// Only keys that start with this.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        prefix: String,
+        /// Where the previous `keys` reply said to go on; absent: from the start.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cursor: Option<String>,
+        /// List free keys too (released, expired, never held since).
+        #[serde(default, skip_serializing_if = "is_false")]
+        free: bool,
+        /// Include each key's events at or after this time (ms since the epoch).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        events_since_ms: Option<u64>,
+    },
     /// Asks for a `pong`.
     Ping,
     /// A `type` this build does not know: answered with `unsupported`.
@@ -201,6 +218,14 @@ pub enum AgentMessage {
         /// How many more are held and were left out to fit.
         #[serde(default, skip_serializing_if = "is_zero_u32")]
         omitted: u32,
+    },
+    /// Answers `list_keys`: one page of keys, in the store's order.
+    Keys {
+        /// The keys of this page.
+        keys: Vec<KeyListing>,
+        /// Where the next page starts, for the next `list_keys`; absent on the last page.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cursor: Option<String>,
     },
     /// Answers `inspect`.
     Record(KeyRecord),

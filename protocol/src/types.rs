@@ -236,6 +236,48 @@ pub struct KeyRecord {
     pub holders: Vec<Holder>,
 }
 
+impl KeyRecord {
+    /// The record of a key nobody holds (never taken, as far as it says).
+    pub fn free(key: &Key, scope: Scope) -> KeyRecord {
+        KeyRecord {
+            key: key.to_string(),
+            state: KeyState::Free,
+            token: 0,
+            holder: None,
+            expires_in_ms: None,
+            scope,
+            incident: None,
+            slots: None,
+            holders: Vec::new(),
+        }
+    }
+}
+
+/// One key of a store's listing (`list_keys`): its record as `inspect`
+/// reports it, or why its record could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeyListing {
+    /// The key; for a record that could not be read, the store's name for it.
+    pub key: String,
+    /// The key's record (every slot's, for a key with slots); absent when unreadable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub record: Option<KeyRecord>,
+    /// Why the record could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreadable: Option<String>,
+    /// Its history's events at or after the request's `events_since_ms`,
+    /// oldest first (every slot's, for a key with slots).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<KeyEvent>,
+    /// How many acquires wait for the key through the answering agent.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub waiting_here: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// What happened to a key, as its history records it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -16,7 +16,36 @@ pub fn escaped(key: &Key) -> String {
     }
 }
 
+/// How every name of a key too long to spell starts.
+const HASHED: &str = "%sha256-";
+
+/// The names a listing of the keys that start with `prefix` reads: those
+/// that spell it, or with `hashed` those of keys named by their hash, whose
+/// record says their key. `None`: there are no such names to read (an
+/// empty prefix's spelled names already include the hashed ones).
+pub fn listed_names(prefix: &str, hashed: bool) -> Option<String> {
+    match (hashed, prefix.is_empty()) {
+        (false, _) => Some(spelled(prefix)),
+        (true, false) => Some(HASHED.to_string()),
+        (true, true) => None,
+    }
+}
+
 fn escaped_str(key: &str) -> String {
+    let mut name = spelled(key);
+    if name.len() > 200 {
+        name = Sha256::digest(key.as_bytes())
+            .iter()
+            .fold(String::from(HASHED), |mut s, b| {
+                let _ = write!(s, "{b:02x}");
+                s
+            });
+    }
+    name
+}
+
+/// `key` with every byte outside `[A-Za-z0-9._-]` (and a leading `.`) as `%XX`.
+fn spelled(key: &str) -> String {
     let mut name = String::new();
     for (i, b) in key.bytes().enumerate() {
         if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || (b == b'.' && i > 0) {
@@ -24,14 +53,6 @@ fn escaped_str(key: &str) -> String {
         } else {
             let _ = write!(name, "%{b:02X}");
         }
-    }
-    if name.len() > 200 {
-        name = Sha256::digest(key.as_bytes())
-            .iter()
-            .fold(String::from("%sha256-"), |mut s, b| {
-                let _ = write!(s, "{b:02x}");
-                s
-            });
     }
     name
 }

@@ -3,7 +3,7 @@
 use super::history::{self, Before, Stamp};
 use super::{
     AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced, Ending, Grant,
-    LeaseRef, Profile, Profiled, Renewed,
+    LeaseRef, ListFrom, ListPage, Listed, Profile, Profiled, Renewed,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
@@ -144,22 +144,65 @@ impl Backend for MemoryBackend {
     }
 
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
-        self.with_record(key, |record| {
-            Ok(KeyRecord {
-                slots: None,
-                holders: Vec::new(),
-                key: key.to_string(),
-                state: if record.held.is_some() {
-                    KeyState::Held
-                } else {
-                    KeyState::Free
-                },
-                token: record.token,
-                holder: record.held.as_ref().map(|held| held.1.clone()),
-                expires_in_ms: None,
-                scope: Scope::Host,
-                incident: history::last_incident(&record.history),
+        self.with_record(key, |record| Ok(record.to_key_record(key)))
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        from: &ListFrom,
+        limit: usize,
+    ) -> Result<ListPage, BackendError> {
+        // invariant: no code panics while holding this lock, so it is never poisoned
+        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        let after = from.after.as_deref().unwrap_or("");
+        let mut names: Vec<&Key> = keys
+            .iter()
+            // A key only ever inspected has a record here, but was never taken.
+            .filter(|(key, record)| record.token > 0 && key.split_slot().0.starts_with(prefix))
+            .filter(|(key, _)| from.after.is_none() || key.as_str() > after)
+            .map(|(key, _)| key)
+            .collect();
+        names.sort_unstable_by(|a, b| a.as_str().cmp(b.as_str()));
+        let more = names.len() > limit;
+        let records: Vec<Listed> = names
+            .into_iter()
+            .take(limit)
+            .map(|key| {
+                let record = &keys[key];
+                Listed {
+                    name: key.to_string(),
+                    read: Ok((record.to_key_record(key), record.history.clone())),
+                }
             })
-        })
+            .collect();
+        let next = match (more, records.last()) {
+            (true, Some(last)) => Some(ListFrom {
+                after: Some(last.name.clone()),
+                ..ListFrom::default()
+            }),
+            _ => None,
+        };
+        Ok(ListPage { records, next })
+    }
+}
+
+impl Record {
+    fn to_key_record(&self, key: &Key) -> KeyRecord {
+        KeyRecord {
+            slots: None,
+            holders: Vec::new(),
+            key: key.to_string(),
+            state: if self.held.is_some() {
+                KeyState::Held
+            } else {
+                KeyState::Free
+            },
+            token: self.token,
+            holder: self.held.as_ref().map(|held| held.1.clone()),
+            expires_in_ms: None,
+            scope: Scope::Host,
+            incident: history::last_incident(&self.history),
+        }
     }
 }

@@ -338,6 +338,61 @@ impl<B: Backend + Profiled> From<Arc<B>> for ProfiledBackend {
     }
 }
 
+/// Where a listing goes on ([`Backend::list`]): a page of the store, and
+/// the last record already listed from it. Opaque to peers, who hand back
+/// what a `keys` reply gave them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ListFrom {
+    /// The store's own token for the page (an object store's continuation);
+    /// none: the first page.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub page: Option<String>,
+    /// The store's name of the last record listed; it and the names before
+    /// it are skipped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub after: Option<String>,
+    /// A store that names keys by escaping them (`key_name`) has listed the
+    /// names that spell a prefix and now reads those of keys too long to
+    /// spell, named by their hash.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub hashed: bool,
+}
+
+/// One record of a listing: a key's, or one slot's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listed {
+    /// The store's name for the record: the listing's order, and where the
+    /// next page starts after it.
+    pub name: String,
+    /// The record as `inspect` reports it (its `key` is the record's: a
+    /// slot's names the slot, `Key::slot_record`) with its history; or, for
+    /// a record that could not be read, why.
+    pub read: Result<(KeyRecord, Vec<KeyEvent>), String>,
+}
+
+impl Listed {
+    /// Whether the record is of a key that starts with `prefix`: a name
+    /// read by its hash says nothing of its key. An unreadable record is
+    /// kept, to be shown rather than dropped.
+    pub fn belongs_under(&self, prefix: &str) -> bool {
+        match &self.read {
+            Ok((record, _)) => Key::parse_record(&record.key)
+                .map(|key| key.split_slot().0.starts_with(prefix))
+                .unwrap_or(true),
+            Err(_) => true,
+        }
+    }
+}
+
+/// One page of a listing, in the store's name order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ListPage {
+    /// The records.
+    pub records: Vec<Listed>,
+    /// Where the listing goes on; `None` after the last record.
+    pub next: Option<ListFrom>,
+}
+
 /// A lock store's operations. One instance serves every connection; state
 /// lives inside. What the store is travels beside it, as [`Profile`], so a
 /// decorator (`metrics::TimedBackend`) implements exactly these.
@@ -359,6 +414,16 @@ pub trait Backend: Send + Sync + 'static {
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError>;
     /// Reads the key's history, oldest first: the same read as `inspect`.
     async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError>;
+    /// Lists, in the store's name order, at most `limit` records whose key
+    /// (a slot's base key) starts with `prefix`, from `from` on: every
+    /// record the store keeps, held or free. A record that cannot be read is
+    /// listed with why, never left out; a failing store request fails the page.
+    async fn list(
+        &self,
+        prefix: &str,
+        from: &ListFrom,
+        limit: usize,
+    ) -> Result<ListPage, BackendError>;
     /// Takes over a lease granted through an agent that has stopped, if the
     /// store still holds it, unexpired, with this id and token, for the
     /// adopter's user (`LeaseMismatch` otherwise, so that a stranger learns

@@ -715,6 +715,14 @@ mod tests {
         ) -> Result<Vec<runlock_protocol::KeyEvent>, BackendError> {
             self.store.history(key).await
         }
+        async fn list(
+            &self,
+            prefix: &str,
+            from: &crate::backend::ListFrom,
+            limit: usize,
+        ) -> Result<crate::backend::ListPage, BackendError> {
+            self.store.list(prefix, from, limit).await
+        }
         async fn adopt(
             &self,
             lease: &LeaseRef,

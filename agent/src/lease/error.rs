@@ -139,6 +139,12 @@ pub enum LeaseError {
     /// The acquire's client went away while it waited.
     #[error("acquire cancelled")]
     Cancelled,
+    /// A `list_keys` cursor this agent did not give, or cannot read.
+    #[error("the listing cursor is not one this agent gave: {0}")]
+    BadCursor(String),
+    /// The store failed a page of a listing.
+    #[error("the store failed to list its keys: {0}")]
+    Listing(BackendError),
 }
 
 impl LeaseError {
@@ -157,7 +163,8 @@ impl LeaseError {
             NotHeldHere(_) | NoLongerHeld { .. } => ErrorCode::NotOwner,
             Held { waited, .. } if !waited.is_zero() => ErrorCode::Timeout,
             Held { .. } => ErrorCode::Held,
-            Backend { source, .. } => source.code(),
+            Backend { source, .. } | Listing(source) => source.code(),
+            BadCursor(_) => ErrorCode::BadRequest,
             Attach(refused) => refused.code(),
             ConnectionClosing | ClosedDuringAcquire | Cancelled => ErrorCode::Internal,
         }

@@ -5,7 +5,8 @@
 //! `acquire` (and reattach), `queue` (local waiters), `release` (and break),
 //! `displaced` (a force waits for the run it displaces), `loss` (a lease
 //! lost, and what `renewal` reports), `supervise` (the run a
-//! peer attached), `view` (list and inspect as a peer may see them). It
+//! peer attached), `view` (list and inspect as a peer may see them),
+//! `listing` (the store's keys, a page at a time, likewise). It
 //! speaks in `error::LeaseError` and `event::Event`; only the connection
 //! turns them into wire messages.
 
@@ -13,6 +14,7 @@ mod acquire;
 mod displaced;
 mod error;
 mod event;
+mod listing;
 mod loss;
 #[cfg(test)]
 mod model;
@@ -30,5 +32,6 @@ mod view;
 pub use acquire::{AcquireRequest, Granted};
 pub use error::LeaseError;
 pub use event::{Event, Events, Loss};
+pub use listing::{KeysPage, KeysQuery};
 pub use registry::{Identity, Policy, Registry, DEFAULT_POLL_INTERVAL};
 pub use state::{ConnId, PeerCred};

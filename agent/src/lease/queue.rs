@@ -79,7 +79,6 @@ impl Queues {
     }
 
     /// How many wait for `key`.
-    #[cfg(test)]
     pub(super) fn len(&self, key: &Key) -> usize {
         self.0.get(key).map_or(0, |q| q.len())
     }
@@ -141,6 +140,14 @@ mod tests {
             key: &Key,
         ) -> Result<Vec<runlock_protocol::KeyEvent>, BackendError> {
             self.store.history(key).await
+        }
+        async fn list(
+            &self,
+            prefix: &str,
+            from: &crate::backend::ListFrom,
+            limit: usize,
+        ) -> Result<crate::backend::ListPage, BackendError> {
+            self.store.list(prefix, from, limit).await
         }
         async fn adopt(
             &self,

@@ -73,14 +73,8 @@ impl Registry {
 
     /// The backend's record of a key, as the connection's peer may see it.
     pub async fn inspect_for(&self, conn: ConnId, key: &str) -> Result<KeyRecord, LeaseError> {
-        let mut record = self.inspect(key).await?;
-        let viewer = self.viewer(conn);
-        record.holder = record.holder.map(|h| self.show(&h, viewer));
-        for holder in record.holders.iter_mut() {
-            *holder = self.show(holder, viewer);
-        }
-        record.incident = record.incident.map(|e| Box::new(shown::event(&e)));
-        Ok(record)
+        let record = self.inspect(key).await?;
+        Ok(self.shown_record(record, self.viewer(conn)))
     }
 
     /// The latest `limit` events of a key's history (all it keeps for 0),

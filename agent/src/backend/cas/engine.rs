@@ -16,9 +16,10 @@ use crate::backend::record::LockRecord;
 use crate::backend::retry::RetryBudget;
 use crate::backend::{
     key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
-    Ending, Grant, LeaseRef, Profile, Profiled, Renewed,
+    Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, Profile, Profiled, Renewed,
 };
 use async_trait::async_trait;
+use futures::StreamExt;
 use runlock_protocol::timing::grace;
 use runlock_protocol::{EventKind, Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
 use serde::{Deserialize, Serialize};
@@ -43,6 +44,12 @@ const RETRY: RetryBudget = RetryBudget {
 /// record: renewals go out every TTL/3 less 10% jitter, so five intervals keep
 /// them 1.5 intervals apart, never slowed by [`Pacer`], with room for a retry.
 const MIN_TTL_IN_WRITE_INTERVALS: u32 = 5;
+/// How a record's object name ends, after its key's escaped name.
+const RECORD_SUFFIX: &str = ".json";
+/// The records a listing reads at once: a page of a thousand keys takes
+/// about as long as 32 reads one after another, and a store's client keeps
+/// this many connections open anyway.
+const LIST_READS_IN_FLIGHT: usize = 32;
 
 /// What an object store's record keeps beside the common fields.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -210,7 +217,7 @@ impl CasEngine {
     }
 
     fn name(&self, key: &Key) -> String {
-        format!("{}{}.json", self.prefix, key_name::escaped(key))
+        format!("{}{}{RECORD_SUFFIX}", self.prefix, key_name::escaped(key))
     }
 
     fn parse(&self, name: &str, stored: &Stored) -> Result<CasRecord, BackendError> {
@@ -698,37 +705,136 @@ impl Backend for CasEngine {
 
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
         let name = self.name(key);
-        let Read { object, date } = self.store.get(&name).await.map_err(unavailable)?;
-        let mut answer = KeyRecord {
-            slots: None,
-            holders: Vec::new(),
-            key: key.to_string(),
-            state: KeyState::Free,
-            token: 0,
-            holder: None,
-            expires_in_ms: None,
-            scope: Scope::Global,
-            incident: None,
+        let read = self.store.get(&name).await.map_err(unavailable)?;
+        Ok(self.shown(key, &name, read)?.0)
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        from: &ListFrom,
+        limit: usize,
+    ) -> Result<ListPage, BackendError> {
+        let Some(spelled) = key_name::listed_names(prefix, from.hashed) else {
+            return Ok(ListPage::default());
         };
-        if let Some(stored) = object {
-            let record = self.parse(&name, &stored)?;
-            answer.token = record.token;
-            answer.incident = history::last_incident(&record.history);
-            if record.state == KeyState::Held && !self.expired(&name, &record, &stored, date) {
-                answer.state = KeyState::Held;
-                answer.holder = record.holder;
-                if let (Some(written), Some(now)) = (stored.last_modified, date) {
-                    let expires = written + Duration::from_millis(record.store.ttl_ms);
-                    answer.expires_in_ms = Some(
-                        expires
-                            .duration_since(now)
-                            .map(|d| d.as_millis() as u64)
-                            .unwrap_or(0),
-                    );
-                }
+        let listed = format!("{}{spelled}", self.prefix);
+        let page = self
+            .store
+            .list(&listed, from.page.as_deref(), limit)
+            .await
+            .map_err(unavailable)?;
+        let after = from.after.as_deref();
+        // Only records: a probe, or a word that a run taken over has stopped, is no key's.
+        let names: Vec<String> = page
+            .names
+            .iter()
+            .filter_map(|name| name.strip_prefix(self.prefix.as_str()))
+            .filter(|name| name.ends_with(RECORD_SUFFIX))
+            .filter(|name| after.is_none_or(|after| *name > after))
+            .take(limit)
+            .map(str::to_string)
+            .collect();
+        let reads = names
+            .into_iter()
+            .map(|name| async move { self.listed(&name).await });
+        let records: Vec<Listed> = futures::stream::iter(reads)
+            .buffered(LIST_READS_IN_FLIGHT)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .flatten()
+            .filter(|listed| listed.belongs_under(prefix))
+            .collect();
+        let next = match (page.next, from.hashed || prefix.is_empty()) {
+            (Some(token), _) => Some(ListFrom {
+                page: Some(token),
+                after: None,
+                hashed: from.hashed,
+            }),
+            (None, false) => Some(ListFrom {
+                hashed: true,
+                ..ListFrom::default()
+            }),
+            (None, true) => None,
+        };
+        Ok(ListPage { records, next })
+    }
+}
+
+impl CasEngine {
+    /// The record in `read`, the record of `key` at `name`, as `inspect`
+    /// reports it, with its history.
+    fn shown(
+        &self,
+        key: &Key,
+        name: &str,
+        read: Read,
+    ) -> Result<(KeyRecord, Vec<KeyEvent>), BackendError> {
+        let Read { object, date } = read;
+        let mut answer = KeyRecord::free(key, Scope::Global);
+        let Some(stored) = object else {
+            return Ok((answer, Vec::new()));
+        };
+        let record = self.parse(name, &stored)?;
+        answer.token = record.token;
+        answer.incident = history::last_incident(&record.history);
+        if record.state == KeyState::Held && !self.expired(name, &record, &stored, date) {
+            answer.state = KeyState::Held;
+            answer.holder = record.holder;
+            if let (Some(written), Some(now)) = (stored.last_modified, date) {
+                let expires = written + Duration::from_millis(record.store.ttl_ms);
+                answer.expires_in_ms = Some(
+                    expires
+                        .duration_since(now)
+                        .map(|d| d.as_millis() as u64)
+                        .unwrap_or(0),
+                );
             }
         }
-        Ok(answer)
+        Ok((answer, record.history))
+    }
+
+    /// The record named `name` (below the records' prefix) for a listing;
+    /// `None` when it is gone. A store that fails the read fails the page.
+    async fn listed(&self, name: &str) -> Result<Option<Listed>, BackendError> {
+        let full = format!("{}{name}", self.prefix);
+        let read = self.store.get(&full).await.map_err(unavailable)?;
+        if read.object.is_none() {
+            return Ok(None);
+        }
+        let stem = name.strip_suffix(RECORD_SUFFIX).unwrap_or(name);
+        let result = match self.key_of(&full, &read) {
+            Ok(key) if key_name::escaped(&key) == stem => {
+                self.shown(&key, &full, read).map_err(|e| e.to_string())
+            }
+            Ok(key) => Err(format!(
+                "{full} in {} holds the record of another key, {:?}",
+                self.store.describe(),
+                key.logged()
+            )),
+            Err(why) => Err(why),
+        };
+        Ok(Some(Listed {
+            name: name.to_string(),
+            read: result,
+        }))
+    }
+
+    /// The key a stored record names, or why it names none.
+    fn key_of(&self, name: &str, read: &Read) -> Result<Key, String> {
+        let Some(stored) = &read.object else {
+            return Err(format!("{name} is gone"));
+        };
+        let record = self.parse(name, stored).map_err(|e| e.to_string())?;
+        Key::parse_record(&record.key).map_err(|e| {
+            format!(
+                "{name} in {} names no valid key: {e}",
+                self.store.describe()
+            )
+        })
     }
 }
 

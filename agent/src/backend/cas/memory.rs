@@ -2,7 +2,7 @@
 //! simulation. Its clock is tokio's, so paused-time tests control it, and like
 //! S3 it reports times in whole seconds.
 
-use super::{CasError, CasStore, Read, Stored};
+use super::{CasError, CasStore, Names, Read, Stored};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -111,6 +111,26 @@ impl CasStore for MemoryCasStore {
         version: &str,
     ) -> Result<String, CasError> {
         self.write(name, body, Some(version))
+    }
+
+    /// Its page token is the last name of the page before.
+    async fn list(
+        &self,
+        prefix: &str,
+        page: Option<&str>,
+        limit: usize,
+    ) -> Result<Names, CasError> {
+        let objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
+        let mut names: Vec<&String> = objects
+            .keys()
+            .filter(|name| name.starts_with(prefix))
+            .filter(|name| page.is_none_or(|after| name.as_str() > after))
+            .collect();
+        names.sort_unstable();
+        let more = names.len() > limit;
+        let names: Vec<String> = names.into_iter().take(limit).cloned().collect();
+        let next = more.then(|| names.last().cloned()).flatten();
+        Ok(Names { names, next })
     }
 
     async fn delete(&self, name: &str) -> Result<(), CasError> {

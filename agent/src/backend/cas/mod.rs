@@ -49,6 +49,15 @@ pub struct Read {
     pub date: Option<SystemTime>,
 }
 
+/// One page of object names, in name order.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Names {
+    /// The names.
+    pub names: Vec<String>,
+    /// The store's token for the next page; `None` after the last.
+    pub next: Option<String>,
+}
+
 /// Why a store operation failed.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CasError {
@@ -113,6 +122,11 @@ pub trait CasStore: Send + Sync + 'static {
         body: Vec<u8>,
         version: &str,
     ) -> Result<String, CasError>;
+    /// Lists, in name order, at most `limit` names of objects that start with
+    /// `prefix`, from the page `page` (the store's token from an earlier
+    /// page) or the first.
+    async fn list(&self, prefix: &str, page: Option<&str>, limit: usize)
+        -> Result<Names, CasError>;
     /// Removes an object whatever its version; an absent one is no error. Only
     /// ever asked of an object no other agent writes again (this agent's
     /// probe, a word that a run taken over has stopped, once read).

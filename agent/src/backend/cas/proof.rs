@@ -291,6 +291,14 @@ mod tests {
                 written
             })
         }
+        async fn list(
+            &self,
+            prefix: &str,
+            page: Option<&str>,
+            limit: usize,
+        ) -> Result<super::super::Names, CasError> {
+            self.inner.list(prefix, page, limit).await
+        }
         async fn delete(&self, name: &str) -> Result<(), CasError> {
             self.inner.delete(name).await
         }

@@ -2,7 +2,7 @@
 //! requests are delayed, fail without effect, or take effect but lose their
 //! answer (the case that makes a writer unsure whether it wrote).
 
-use super::{CasError, CasStore, MemoryCasStore, Read};
+use super::{CasError, CasStore, MemoryCasStore, Names, Read};
 use async_trait::async_trait;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -165,6 +165,16 @@ impl CasStore for FaultyStore {
             .await
     }
 
+    async fn list(
+        &self,
+        prefix: &str,
+        page: Option<&str>,
+        limit: usize,
+    ) -> Result<Names, CasError> {
+        self.around(false, self.inner.list(prefix, page, limit))
+            .await
+    }
+
     async fn delete(&self, name: &str) -> Result<(), CasError> {
         self.around(true, self.inner.delete(name)).await
     }
@@ -237,6 +247,14 @@ impl CasStore for Throttled {
     ) -> Result<String, CasError> {
         let result = self.inner.put_if_match(name, body, version).await;
         self.noted(name, result)
+    }
+    async fn list(
+        &self,
+        prefix: &str,
+        page: Option<&str>,
+        limit: usize,
+    ) -> Result<Names, CasError> {
+        self.inner.list(prefix, page, limit).await
     }
     async fn delete(&self, name: &str) -> Result<(), CasError> {
         let result = self.inner.delete(name).await;

@@ -858,6 +858,17 @@ impl Backend for EtcdBackend {
         .await
     }
 
+    async fn list(
+        &self,
+        _prefix: &str,
+        _from: &crate::backend::ListFrom,
+        _limit: usize,
+    ) -> Result<crate::backend::ListPage, BackendError> {
+        Err(BackendError::Unsupported(
+            "listing keys is not yet implemented for this store".to_string(),
+        ))
+    }
+
     async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
         let name = self.history_name(key);
         self.bounded(async {

@@ -331,6 +331,17 @@ impl Backend for PostgresBackend {
         Ok(record)
     }
 
+    async fn list(
+        &self,
+        _prefix: &str,
+        _from: &crate::backend::ListFrom,
+        _limit: usize,
+    ) -> Result<crate::backend::ListPage, BackendError> {
+        Err(BackendError::Unsupported(
+            "listing keys is not yet implemented for this store".to_string(),
+        ))
+    }
+
     async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
         let name = key.as_str();
         let (row, _) = self

@@ -17,7 +17,7 @@ mod settings;
 #[cfg(test)]
 mod tests;
 
-use super::{CasError, CasStore, Read, Stored};
+use super::{CasError, CasStore, Names, Read, Stored};
 use crate::backend::retry::TIMEOUTS;
 use crate::backend::{redact_uri, AzureOptions};
 use async_trait::async_trait;
@@ -217,6 +217,59 @@ impl CasStore for AzureStore {
         version: &str,
     ) -> Result<String, CasError> {
         self.put(name, body, Some(version)).await
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        page: Option<&str>,
+        limit: usize,
+    ) -> Result<Names, CasError> {
+        let mut request = self.container.list_blobs().prefix(prefix.to_string());
+        if let Some(most) = u32::try_from(limit)
+            .ok()
+            .and_then(std::num::NonZeroU32::new)
+        {
+            request = request.max_results(azure_core::request_options::MaxResults::new(most));
+        }
+        if let Some(page) = page {
+            request = request.marker(azure_core::request_options::NextMarker::new(page.into()));
+        }
+        let first = async { request.into_stream().next().await };
+        let answer = match self.bounded(prefix, first).await? {
+            Some(answer) => answer,
+            None => {
+                return Err(CasError::Unavailable(format!(
+                    "Azure Blob at {} answered a listing of {prefix} with nothing",
+                    self.location
+                )))
+            }
+        };
+        match answer {
+            Ok(listed) => Ok(Names {
+                names: listed
+                    .blobs
+                    .items
+                    .into_iter()
+                    .filter_map(|item| match item {
+                        azure_storage_blobs::container::operations::BlobItem::Blob(blob) => {
+                            Some(blob.name)
+                        }
+                        _ => None,
+                    })
+                    .collect(),
+                next: listed
+                    .next_marker
+                    .map(|m| m.as_str().to_string())
+                    .filter(|m| !m.is_empty()),
+            }),
+            Err(err) => self.failure(&err, prefix).expected().and_then(|_| {
+                Err(CasError::Unavailable(format!(
+                    "Azure Blob at {} did not list {prefix}",
+                    self.location
+                )))
+            }),
+        }
     }
 
     async fn delete(&self, name: &str) -> Result<(), CasError> {

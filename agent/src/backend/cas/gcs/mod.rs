@@ -24,7 +24,7 @@ mod transport;
 
 pub use settings::EMULATOR_ENV;
 
-use super::{CasError, CasStore, Read, Stored};
+use super::{CasError, CasStore, Names, Read, Stored};
 use crate::backend::{redact_uri, GcsOptions};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -280,6 +280,62 @@ impl CasStore for GcsStore {
         version: &str,
     ) -> Result<String, CasError> {
         self.upload(name, body, version).await
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        page: Option<&str>,
+        limit: usize,
+    ) -> Result<Names, CasError> {
+        let mut url = format!(
+            "{}/storage/v1/b/{}/o?prefix={}&maxResults={limit}&fields=items(name),nextPageToken",
+            self.api,
+            encode(&self.bucket),
+            encode(prefix)
+        );
+        if let Some(page) = page {
+            url.push_str(&format!("&pageToken={}", encode(page)));
+        }
+        let what = format!("the objects of bucket {} under {prefix:?}", self.bucket);
+        let answer = self
+            .exchange(&what, || Request::get(url.as_str()), Bytes::new(), None)
+            .await?;
+        match self
+            .sort(&answer, &what)
+            .map(Failure::expected)
+            .transpose()?
+        {
+            None => {}
+            Some(Handled::NotFound) => return Err(self.no_such_bucket()),
+            Some(Handled::PreconditionFailed) => {
+                return Err(CasError::Unavailable(format!(
+                    "GCS at {} answered a listing of {what} with 412",
+                    self.location
+                )))
+            }
+        }
+        #[derive(serde::Deserialize)]
+        #[serde(rename_all = "camelCase")]
+        struct Listing {
+            #[serde(default)]
+            items: Vec<Item>,
+            next_page_token: Option<String>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Item {
+            name: String,
+        }
+        let listing: Listing = serde_json::from_slice(&answer.body).map_err(|e| {
+            CasError::Unavailable(format!(
+                "GCS at {} answered a listing of {what} with what is not a listing: {e}",
+                self.location
+            ))
+        })?;
+        Ok(Names {
+            names: listing.items.into_iter().map(|item| item.name).collect(),
+            next: listing.next_page_token.filter(|t| !t.is_empty()),
+        })
     }
 
     async fn delete(&self, name: &str) -> Result<(), CasError> {

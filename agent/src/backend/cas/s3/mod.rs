@@ -16,7 +16,7 @@ mod settings;
 mod tests;
 mod transport;
 
-use super::{CasError, CasStore, Read, Stored};
+use super::{CasError, CasStore, Names, Read, Stored};
 use crate::backend::retry::{RetryBudget, TIMEOUTS};
 use crate::backend::{redact_uri, S3Options};
 use async_trait::async_trait;
@@ -276,6 +276,40 @@ impl CasStore for S3Store {
         version: &str,
     ) -> Result<String, CasError> {
         self.put(name, body, Some(version)).await
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        page: Option<&str>,
+        limit: usize,
+    ) -> Result<Names, CasError> {
+        let sent = self
+            .client
+            .list_objects_v2()
+            .bucket(&self.bucket)
+            .prefix(prefix)
+            .set_continuation_token(page.map(str::to_string))
+            .max_keys(i32::try_from(limit).unwrap_or(i32::MAX))
+            .send()
+            .await;
+        match sent {
+            Ok(output) => Ok(Names {
+                names: output
+                    .contents()
+                    .iter()
+                    .filter_map(|object| object.key().map(str::to_string))
+                    .collect(),
+                next: output.next_continuation_token().map(str::to_string),
+            }),
+            Err(err) => match self.failure(err, prefix).expected()? {
+                // A listing names no object, so no answer but a list is expected.
+                _ => Err(CasError::Unavailable(format!(
+                    "S3 at {} did not list {prefix}",
+                    self.location
+                ))),
+            },
+        }
     }
 
     async fn delete(&self, name: &str) -> Result<(), CasError> {
