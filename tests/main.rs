@@ -21,6 +21,7 @@ mod force;
 mod gcs;
 mod legacy;
 mod lifecycle;
+mod listing;
 mod meltano;
 mod meltano_e2e;
 mod metrics;

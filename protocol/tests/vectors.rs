@@ -53,6 +53,7 @@ fn client_type(message: &ClientMessage) -> &'static str {
         ClientMessage::Attach { .. } => "attach",
         ClientMessage::Reattach { .. } => "reattach",
         ClientMessage::List => "list",
+        ClientMessage::ListKeys { .. } => "list_keys",
         ClientMessage::Inspect { .. } => "inspect",
         ClientMessage::History { .. } => "history",
         ClientMessage::Ping => "ping",
@@ -68,6 +69,7 @@ fn agent_type(message: &AgentMessage) -> &'static str {
         AgentMessage::Released { .. } => "released",
         AgentMessage::Attached => "attached",
         AgentMessage::Leases { .. } => "leases",
+        AgentMessage::Keys { .. } => "keys",
         AgentMessage::Record(_) => "record",
         AgentMessage::Events { .. } => "events",
         AgentMessage::Pong => "pong",
@@ -81,7 +83,16 @@ fn agent_type(message: &AgentMessage) -> &'static str {
 }
 
 const CLIENT_TYPES: &[&str] = &[
-    "hello", "acquire", "release", "attach", "reattach", "list", "inspect", "history", "ping",
+    "hello",
+    "acquire",
+    "release",
+    "attach",
+    "reattach",
+    "list",
+    "list_keys",
+    "inspect",
+    "history",
+    "ping",
 ];
 const AGENT_TYPES: &[&str] = &[
     "welcome",
@@ -89,6 +100,7 @@ const AGENT_TYPES: &[&str] = &[
     "released",
     "attached",
     "leases",
+    "keys",
     "record",
     "events",
     "pong",

@@ -27,6 +27,18 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// List the keys held in the store, from every host that shares it
+    List {
+        /// Only keys that start with this
+        #[arg(value_name = "PREFIX", default_value = "")]
+        prefix: String,
+        /// Free keys too (released, expired), with their last incident
+        #[arg(long)]
+        all: bool,
+        /// Print JSON
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a key's record in the backend: free or held, holder, token, expiry
     Inspect {
         /// The key

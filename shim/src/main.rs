@@ -44,6 +44,9 @@ fn main() -> ExitCode {
         match cli.command {
             cli::Command::Run(args) => commands::run::run(&socket, &host, args).await,
             cli::Command::Status { json } => commands::status::run(&socket, json).await,
+            cli::Command::List { prefix, all, json } => {
+                commands::list::run(&socket, &prefix, all, json).await
+            }
             cli::Command::Inspect { key, json } => {
                 commands::inspect::run(&socket, &key, json).await
             }

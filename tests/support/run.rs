@@ -232,7 +232,22 @@ impl Run {
 
     /// Like [`Run::finish`], for a shim that may take up to `limit` to exit.
     pub async fn finish_within(mut self, limit: Duration) -> anyhow::Result<Finished> {
-        let status = match within(limit, "runlock to exit", self.child.wait()).await {
+        // Stdout is read meanwhile: a shim that prints more than a pipe holds
+        // would otherwise wait for its reader forever.
+        let (child, stdout, seen) = (&mut self.child, &mut self.stdout, &mut self.seen);
+        let exited = async {
+            let mut open = true;
+            loop {
+                tokio::select! {
+                    status = child.wait() => break status,
+                    line = stdout.next_line(), if open => match line {
+                        Ok(Some(line)) => seen.push(line),
+                        _ => open = false,
+                    },
+                }
+            }
+        };
+        let status = match within(limit, "runlock to exit", exited).await {
             Ok(status) => status.context("waiting for runlock")?,
             Err(err) => bail!(
                 "{err:#}; stdout so far {:?}; stderr:\n{}",

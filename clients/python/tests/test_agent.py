@@ -205,6 +205,25 @@ def test_status_and_inspect(agent: Agent) -> None:
     assert runlock.inspect("dev:never", socket=agent.socket).state == "free"
 
 
+def test_list_keys_pages_through_every_key_held_and_free(agent: Agent) -> None:
+    keys = [f"list:{i:04}" for i in range(600)]
+    with runlock.lock(keys, socket=agent.socket, ttl=20) as lease:
+        runlock.lock("list:free", socket=agent.socket).release()
+        held = list(runlock.list_keys("list:", socket=agent.socket))
+        assert [k.key for k in held] == keys
+        first = held[0]
+        assert first.record is not None and first.record.state == "held"
+        assert first.record.holder is not None and first.record.holder.pid == os.getpid()
+        assert first.record.token == lease.tokens["list:0000"]
+        every = {k.key: k for k in runlock.list_keys("list:", free=True, socket=agent.socket)}
+        assert len(every) == 601
+        free = every["list:free"].record
+        assert free is not None and free.state == "free" and free.token > 0
+    assert list(runlock.list_keys("list:", socket=agent.socket)) == []
+    with pytest.raises(runlock.InvalidKey):
+        list(runlock.list_keys("bad\x01", socket=agent.socket))
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
 def test_agent_stopping_is_a_loss_where_locks_die_with_it(memory_agent: Agent, sig: int) -> None:
     events: "queue.Queue[runlock.LostEvent]" = queue.Queue()

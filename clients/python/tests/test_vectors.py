@@ -91,6 +91,9 @@ BUILT = {
     "client-inspect.msgpack": lambda: messages.inspect(7, "dev:a"),
     "client-ping.msgpack": lambda: messages.simple(8, "ping"),
     "client-history.msgpack": lambda: messages.history(10, "dev:a", limit=3),
+    "client-list_keys.msgpack": lambda: messages.list_keys(
+        11, "dev:", '{"page":"token-2"}', free=True, events_since_ms=1700000000000
+    ),
 }
 
 

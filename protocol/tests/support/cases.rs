@@ -8,7 +8,8 @@
 use runlock_protocol::codec::encode_body;
 use runlock_protocol::{
     AgentMessage, ClientMessage, Clock, Envelope, ErrorCode, EventKind, Holder, KeyEvent,
-    KeyRecord, KeyState, Lease, LeaseInfo, LostReason, OnLost, OnUnavailable, Scope, WireError,
+    KeyListing, KeyRecord, KeyState, Lease, LeaseInfo, LostReason, OnLost, OnUnavailable, Scope,
+    WireError,
 };
 
 /// A message of either direction.
@@ -276,6 +277,21 @@ pub fn canonical() -> Vec<Vector> {
             message: client(Some(10), ClientMessage::History { key: "dev:a".into(), limit: Some(3) }),
         },
         Vector {
+            name: "client-list_keys",
+            meaning: "Request 11: list the store's keys that start with `dev:`, free ones too, each \
+                      with its events since 2023-11-14T22:13:20Z (ms 1700000000000), going on from the cursor a \
+                      `keys` reply gave.",
+            message: client(
+                Some(11),
+                ClientMessage::ListKeys {
+                    prefix: "dev:".into(),
+                    cursor: Some(r#"{"page":"token-2"}"#.into()),
+                    free: true,
+                    events_since_ms: Some(1_700_000_000_000),
+                },
+            ),
+        },
+        Vector {
             name: "client-ping",
             meaning: "Request 8: ask for a pong.",
             message: client(Some(8), ClientMessage::Ping),
@@ -433,6 +449,42 @@ pub fn canonical() -> Vec<Vector> {
                     scope: Scope::Global,
                     incident: None,
                 }),
+            ),
+        },
+        Vector {
+            name: "agent-keys",
+            meaning: "Answers request 11: one page of keys. `dev:a` is held with token 12 (its \
+                      grant among its events), and a run waits for it through this agent; \
+                      `dev:b`'s record could not be read. `cursor` is where the next page starts.",
+            message: agent(
+                Some(11),
+                AgentMessage::Keys {
+                    keys: vec![
+                        KeyListing {
+                            key: "dev:a".into(),
+                            record: Some(KeyRecord { slots: None, holders: Vec::new(),
+                                key: "dev:a".into(),
+                                state: KeyState::Held,
+                                token: 12,
+                                holder: Some(holder(4242, 12)),
+                                expires_in_ms: Some(21_500),
+                                scope: Scope::Global,
+                                incident: None,
+                            }),
+                            unreadable: None,
+                            events: vec![event(EventKind::Granted, 4242, 12, "etl")],
+                            waiting_here: 1,
+                        },
+                        KeyListing {
+                            key: "dev%3Ab.json".into(),
+                            record: None,
+                            unreadable: Some("dev%3Ab.json is not a runlock record".into()),
+                            events: Vec::new(),
+                            waiting_here: 0,
+                        },
+                    ],
+                    cursor: Some(r#"{"page":"token-3"}"#.into()),
+                },
             ),
         },
         Vector {

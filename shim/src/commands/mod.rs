@@ -2,6 +2,7 @@
 
 pub mod history;
 pub mod inspect;
+pub mod list;
 pub mod release;
 pub mod run;
 pub mod status;

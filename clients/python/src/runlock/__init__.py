@@ -12,7 +12,7 @@ See README.md for lock-loss semantics; protocol/SPEC.md for the wire protocol.
 """
 
 from ._connection import __version__
-from .api import Lease, break_lock, history, inspect, lock, status
+from .api import Lease, break_lock, history, inspect, list_keys, lock, status
 from .errors import (
     BadRequest,
     ConfigError,
@@ -29,7 +29,16 @@ from .errors import (
     Unavailable,
     Unsupported,
 )
-from .messages import Grant, Holder, KeyEvent, KeyRecord, LeaseInfo, LostEvent, Welcome
+from .messages import (
+    Grant,
+    Holder,
+    KeyEvent,
+    KeyListing,
+    KeyRecord,
+    LeaseInfo,
+    LostEvent,
+    Welcome,
+)
 
 __all__ = [
     "__version__",
@@ -37,11 +46,13 @@ __all__ = [
     "status",
     "inspect",
     "history",
+    "list_keys",
     "break_lock",
     "Lease",
     "Grant",
     "Holder",
     "KeyEvent",
+    "KeyListing",
     "KeyRecord",
     "LeaseInfo",
     "LostEvent",

@@ -12,20 +12,32 @@ import shlex
 import sys
 import threading
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import messages
 from ._connection import HANDSHAKE_TIMEOUT_S, Connection
 from ._socket_path import resolve
 from ._wire import close_fds
 from .errors import LockLost, ProtocolError, RunlockError
-from .messages import AgentMessage, Grant, KeyEvent, KeyRecord, LeaseInfo, LostEvent, Welcome
+from .messages import (
+    AgentMessage,
+    Grant,
+    KeyEvent,
+    KeyListing,
+    KeyRecord,
+    LeaseInfo,
+    LostEvent,
+    Welcome,
+)
 
 _log = logging.getLogger("runlock")
 
 #: How long past the requested ``wait`` an answer may take before the agent is
 #: deemed hung (backend requests time out after a few seconds on the agent).
 REPLY_SLACK_S = 30.0
+#: How long one page of ``list_keys`` may take: the agent reads up to a
+#: thousand records for it, each bounded at 5 s, many at once.
+LIST_PAGE_TIMEOUT_S = 60.0
 
 #: Pause between reattach attempts while no agent answers: 50 ms, doubling
 #: to 500 ms (as the shim does), so a restarted agent is found within half a second.
@@ -640,6 +652,36 @@ def inspect(key: str, *, socket: SocketPath = None) -> KeyRecord:
     if not isinstance(reply, messages.Record):
         raise ProtocolError(f"unexpected answer to inspect: {reply!r}")
     return reply.record
+
+
+def list_keys(
+    prefix: str = "",
+    *,
+    free: bool = False,
+    events_since_ms: Optional[int] = None,
+    socket: SocketPath = None,
+) -> Iterator[KeyListing]:
+    """Every key the store records, from every host that shares it
+    (``runlock list``), read a page at a time as they are iterated: held
+    keys, and with ``free`` the others too; those that start with ``prefix``.
+    A page the store fails raises where the iteration reached it, after the
+    keys of the pages before."""
+    conn = Connection(resolve(socket))
+    try:
+        cursor: Optional[str] = None
+        while True:
+            request = messages.list_keys(
+                conn.next_id(), prefix, cursor, free=free, events_since_ms=events_since_ms
+            )
+            reply = conn.request(request, timeout=LIST_PAGE_TIMEOUT_S)
+            if not isinstance(reply, messages.Keys):
+                raise ProtocolError(f"unexpected answer to list_keys: {reply!r}")
+            yield from reply.keys
+            if reply.cursor is None:
+                return
+            cursor = reply.cursor
+    finally:
+        conn.close()
 
 
 def history(key: str, limit: Optional[int] = None, *, socket: SocketPath = None) -> List[KeyEvent]:

@@ -141,6 +141,26 @@ def history(request_id: int, key: str, limit: Optional[int] = None) -> Dict[str,
     return message
 
 
+def list_keys(
+    request_id: int,
+    prefix: str = "",
+    cursor: Optional[str] = None,
+    free: bool = False,
+    events_since_ms: Optional[int] = None,
+) -> Dict[str, Any]:
+    """``list_keys``: one page of the keys the store records, from every host."""
+    message = _with_id(request_id, "list_keys")
+    if prefix:
+        message["prefix"] = prefix
+    if cursor is not None:
+        message["cursor"] = cursor
+    if free:
+        message["free"] = True
+    if events_since_ms is not None:
+        message["events_since_ms"] = events_since_ms
+    return message
+
+
 # --------------------------------------------------------------------------- field readers
 
 
@@ -361,6 +381,49 @@ class KeyRecord:
     holders: Tuple[Holder, ...] = ()
 
 
+def _record(body: Dict[str, Any]) -> KeyRecord:
+    return KeyRecord(
+        key=_str(body, "key"),
+        state=_str(body, "state"),
+        token=_int(body, "token"),
+        scope=_str(body, "scope"),
+        holder=_holder(body),
+        expires_in_ms=_int(body, "expires_in_ms", required=False),
+        incident=_incident(body),
+        slots=_int(body, "slots", required=False, limit=_U32),
+        holders=_holders(body),
+    )
+
+
+@dataclass(frozen=True)
+class KeyListing:
+    """One key of a ``list_keys()`` listing (SPEC 7.7): its record as
+    ``inspect()`` reports it, or why it could not be read (``record`` is then
+    None and ``key`` is the store's name for it)."""
+
+    key: str
+    record: Optional[KeyRecord] = None
+    unreadable: Optional[str] = None
+    #: Its events since the ``events_since_ms`` asked for, oldest first.
+    events: Tuple[KeyEvent, ...] = ()
+    #: How many acquires wait for it through the answering agent.
+    waiting_here: int = 0
+
+    @classmethod
+    def from_wire(cls, value: Any) -> "KeyListing":
+        body = _map(value, "a key listing")
+        record = body.get("record")
+        return cls(
+            key=_str(body, "key"),
+            record=None if record is None else _record(_map(record, "a key's record")),
+            unreadable=_str(body, "unreadable", required=False),
+            events=()
+            if _field(body, "events", False) is None
+            else tuple(KeyEvent.from_wire(v) for v in _list(body, "events")),
+            waiting_here=_int(body, "waiting_here", required=False, limit=_U32) or 0,
+        )
+
+
 # --------------------------------------------------------------------------- agent messages
 
 
@@ -417,6 +480,16 @@ class Record:
     """Answer to ``inspect``."""
 
     record: KeyRecord
+    id: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Answer to ``list_keys``: one page of keys; ``cursor`` asks for the
+    next, None after the last."""
+
+    keys: Tuple[KeyListing, ...]
+    cursor: Optional[str] = None
     id: Optional[int] = None
 
 
@@ -532,8 +605,8 @@ class Unknown:
 
 
 AgentMessage = Union[
-    Welcome, Acquired, Released, Leases, Record, Events, Empty, Error, Lost, Forcing, Renewed,
-    Restarting, Unknown,
+    Welcome, Acquired, Released, Leases, Record, Keys, Events, Empty, Error, Lost, Forcing,
+    Renewed, Restarting, Unknown,
 ]
 
 
@@ -578,18 +651,13 @@ def parse_agent(body: Dict[str, Any]) -> AgentMessage:
             omitted=_int(body, "omitted", limit=_U32, required=False) or 0,
         )
     if kind == "record":
-        record = KeyRecord(
-            key=_str(body, "key"),
-            state=_str(body, "state"),
-            token=_int(body, "token"),
-            scope=_str(body, "scope"),
-            holder=_holder(body),
-            expires_in_ms=_int(body, "expires_in_ms", required=False),
-            incident=_incident(body),
-            slots=_int(body, "slots", required=False, limit=_U32),
-            holders=_holders(body),
+        return Record(record=_record(body), id=request_id)
+    if kind == "keys":
+        return Keys(
+            keys=tuple(KeyListing.from_wire(v) for v in _list(body, "keys")),
+            cursor=_str(body, "cursor", required=False),
+            id=request_id,
         )
-        return Record(record=record, id=request_id)
     if kind == "events":
         return Events(
             key=_str(body, "key"),

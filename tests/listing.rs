@@ -1,0 +1,344 @@
+//! `runlock list`: the keys held in the store, from every host, read through
+//! one agent a page at a time (issue 29). Two agents on one space play two
+//! hosts, on every shared store and on `file://`.
+
+use crate::support::agent::Backend;
+use crate::support::client::acquire;
+use crate::support::rewriting_proxy::{authority, Canned, RequestHead, RewritingProxy};
+use crate::support::run::HOLD;
+use crate::support::stores::{unique_name, Azure, Endpoint, Gcs, Space, Store, RECORDS, S3};
+use crate::support::{host_name, AgentOptions, TestAgent};
+use anyhow::{ensure, Context, Result};
+use runlock_protocol::{AgentMessage, ClientMessage, ErrorCode};
+use serde_json::Value;
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+test_matrix!(
+    [s3: S3, azure: Azure, gcs: Gcs];
+    every_host_s_keys_are_listed_as_this_user_may_see_them,
+    a_listing_pages_through_more_keys_than_one_reply_holds,
+);
+
+test_matrix!(
+    [s3: S3, azure: Azure, gcs: Gcs];
+    an_unreadable_record_is_listed_with_its_name_not_dropped,
+    a_page_that_fails_says_which_and_the_pages_before_it_are_shown,
+);
+
+/// `runlock list ARGS --json` through `agent`, parsed; it must succeed.
+async fn list_json(agent: &TestAgent, args: &[&str]) -> Result<Value> {
+    let mut all = vec!["list", "--json"];
+    all.extend_from_slice(args);
+    let out = agent.runlock_output(&all).await?;
+    out.expect_code(0)?;
+    serde_json::from_str(out.stdout.trim())
+        .with_context(|| format!("list --json printed non-JSON: {out:?}"))
+}
+
+/// The listed key called `name`.
+fn listed<'a>(listing: &'a Value, name: &str) -> Option<&'a Value> {
+    listing["keys"]
+        .as_array()?
+        .iter()
+        .find(|k| k["key"] == name)
+}
+
+/// The names of every listed key.
+fn names(listing: &Value) -> Vec<String> {
+    listing["keys"]
+        .as_array()
+        .map(|keys| {
+            keys.iter()
+                .filter_map(|k| k["key"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Two hosts' runs, a key with slots shared by both, a key released, a key
+/// too long for its name to be spelled, and a key under another prefix.
+async fn keys_on_two_hosts(a: &TestAgent, b: &TestAgent, ttl_ms: u64) -> Result<Vec<String>> {
+    let long = format!("list/{}", "x".repeat(300));
+    let mut runs = Vec::new();
+    for (agent, key, extra) in [
+        (a, "list/a", vec![]),
+        (b, "list/b", vec![]),
+        (a, "list/slots", vec!["--slots", "3"]),
+        (b, "list/slots", vec!["--slots", "3"]),
+        (a, long.as_str(), vec![]),
+        (b, "other/c", vec![]),
+    ] {
+        let mut run = agent.run(&[key], &extra, &format!("{HOLD} # secret-argument"))?;
+        run.ready().await?;
+        runs.push(run);
+    }
+    a.run(&["list/done"], &[], "true")?
+        .finish()
+        .await?
+        .expect_code(0)?;
+
+    // Through B: every host's keys, held ones only.
+    let listing = list_json(b, &[]).await?;
+    ensure!(listing["complete"] == true, "{listing}");
+    let mut got = names(&listing);
+    got.sort();
+    let mut want = vec!["list/a", "list/b", "list/slots", long.as_str(), "other/c"];
+    want.sort();
+    ensure!(got == want, "listed {got:?}, not {want:?}");
+    let (a_id, b_id) = (a.agent_id().await?, b.agent_id().await?);
+    let one = listed(&listing, "list/a").context("list/a")?;
+    ensure!(
+        one["state"] == "held"
+            && one["slots"] == 1
+            && one["slots_held"] == 1
+            && one["holders"][0]["agent_id"] == a_id.as_str()
+            && one["holders"][0]["host"] == host_name()?.as_str()
+            && one["token"].as_u64().is_some_and(|t| t > 0),
+        "{one}"
+    );
+    if ttl_ms > 0 {
+        ensure!(
+            one["expires_in_ms"].as_u64().is_some_and(|ms| ms <= ttl_ms),
+            "a held key says when it expires: {one}"
+        );
+    }
+    let slots = listed(&listing, "list/slots").context("list/slots")?;
+    let holders: BTreeSet<&str> = slots["holders"]
+        .as_array()
+        .context("holders")?
+        .iter()
+        .filter_map(|h| h["agent_id"].as_str())
+        .collect();
+    ensure!(
+        slots["slots"] == 3 && slots["slots_held"] == 2 && holders.len() == 2,
+        "{slots}"
+    );
+    ensure!(
+        holders.contains(a_id.as_str()) && holders.contains(b_id.as_str()),
+        "{slots}"
+    );
+
+    // A prefix, and free keys with `--all`.
+    let under = list_json(b, &["list/"]).await?;
+    ensure!(
+        names(&under).len() == 4 && listed(&under, "other/c").is_none(),
+        "{under}"
+    );
+    let all = list_json(a, &["--all", "list/"]).await?;
+    let done = listed(&all, "list/done").context("--all lists a released key")?;
+    ensure!(
+        done["state"] == "free" && done["slots_held"] == 0 && done["token"].as_u64() > Some(0),
+        "{done}"
+    );
+
+    // The table fits a terminal and names what a person looks for.
+    let table = b.runlock_output(&["list"]).await?;
+    table.expect_code(0)?;
+    for want in ["list/a", "list/b", "2/3 held", "other/c", "5 held (1 page)"] {
+        ensure!(table.stdout.contains(want), "{want:?} not in {table:?}");
+    }
+    ensure!(
+        table.stdout.lines().all(|line| line.chars().count() <= 120),
+        "wider than the terminal's 120 columns: {table:?}"
+    );
+    for mut run in runs {
+        run.end();
+        run.finish().await?.expect_code(0)?;
+    }
+    Ok(names(&all))
+}
+
+async fn every_host_s_keys_are_listed_as_this_user_may_see_them(store: impl Store) -> Result<()> {
+    let space = Space::create(store, "list").await?;
+    let a = space.agent("", &["--ttl", "20s"]).await?;
+    let b = space.agent("", &["--ttl", "20s"]).await?;
+    keys_on_two_hosts(&a, &b, 20_000).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn on_file_every_run_s_key_is_listed_too() -> Result<()> {
+    let a = TestAgent::start_on(Backend::File).await?;
+    let mut options = AgentOptions::new(a.backend().to_string());
+    options.args = vec![];
+    let b = TestAgent::start_with(options).await?;
+    keys_on_two_hosts(&a, &b, 0).await?;
+    Ok(())
+}
+
+/// More keys than one `keys` reply lists, taken in one acquire: every one
+/// is listed once, over several pages, and once half are released,
+/// `--all` still lists every one.
+async fn a_listing_pages_through_more_keys_than_one_reply_holds(store: impl Store) -> Result<()> {
+    const KEYS: usize = 600;
+    let space = Space::create(store, "list-pages").await?;
+    let agent = space.agent("", &[]).await?;
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("page/{i:04}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut client = agent.client().await?;
+    let leases = match client.call(acquire(&refs)).await? {
+        AgentMessage::Acquired { leases, .. } => leases,
+        other => anyhow::bail!("acquire: {other:?}"),
+    };
+    let listing = list_json(&agent, &[]).await?;
+    ensure!(
+        listing["pages"].as_u64() >= Some(3),
+        "pages: {}",
+        listing["pages"]
+    );
+    let got = names(&listing);
+    let unique: BTreeSet<&String> = got.iter().collect();
+    ensure!(
+        got.len() == KEYS && unique.len() == KEYS,
+        "{} listed, {} distinct",
+        got.len(),
+        unique.len()
+    );
+
+    let half: Vec<String> = leases[..KEYS / 2]
+        .iter()
+        .map(|l| l.lease_id.clone())
+        .collect();
+    let released = client
+        .call(ClientMessage::Release {
+            lease_ids: half,
+            key: None,
+            slot: None,
+        })
+        .await?;
+    ensure!(
+        matches!(released, AgentMessage::Released { count } if count as usize == KEYS / 2),
+        "{released:?}"
+    );
+    let held = list_json(&agent, &[]).await?;
+    ensure!(
+        names(&held).len() == KEYS / 2,
+        "{} held",
+        names(&held).len()
+    );
+    let all = list_json(&agent, &["--all"]).await?;
+    ensure!(names(&all).len() == KEYS, "{} in all", names(&all).len());
+
+    // A cursor the agent did not give is refused, not followed.
+    let refused = client
+        .call(ClientMessage::ListKeys {
+            prefix: String::new(),
+            cursor: Some("{\"page\":".to_string()),
+            free: false,
+            events_since_ms: None,
+        })
+        .await?;
+    ensure!(
+        matches!(&refused, AgentMessage::Error(e) if e.code == ErrorCode::BadRequest),
+        "{refused:?}"
+    );
+    Ok(())
+}
+
+async fn an_unreadable_record_is_listed_with_its_name_not_dropped(store: impl Store) -> Result<()> {
+    let space = Space::create(store, "list-unreadable").await?;
+    let agent = space.agent("", &[]).await?;
+    agent
+        .run(&["fine"], &[], "true")?
+        .finish()
+        .await?
+        .expect_code(0)?;
+    space
+        .put(&format!("{RECORDS}broken.json"), b"{ not a record")
+        .await?;
+    let all = list_json(&agent, &["--all"]).await?;
+    let broken = listed(&all, "broken.json").with_context(|| format!("{all}"))?;
+    ensure!(
+        broken["state"] == "unreadable"
+            && broken["unreadable"]
+                .as_str()
+                .is_some_and(|why| why.contains("not a runlock record")),
+        "{broken}"
+    );
+    ensure!(listed(&all, "fine").is_some(), "{all}");
+    let table = agent.runlock_output(&["list", "--all"]).await?;
+    ensure!(
+        table.stdout.contains("unreadable") && table.stdout.contains("1 unreadable"),
+        "{table:?}"
+    );
+    Ok(())
+}
+
+/// Whether `head` asks the store for a listing of object names.
+fn is_listing(head: &RequestHead) -> bool {
+    head.method == "GET"
+        && (head.target.contains("list-type=2")
+            || head.target.contains("comp=list")
+            || head.target.contains("/o?prefix="))
+}
+
+/// A store that fails every listing after the first: the first page is
+/// shown, and the failure names page 2 and the last key shown before it.
+async fn a_page_that_fails_says_which_and_the_pages_before_it_are_shown(
+    store: impl Store,
+) -> Result<()> {
+    const KEYS: usize = 300;
+    let at = store.shared()?;
+    let name = unique_name("list-fails");
+    store.create(&at, &name).await?;
+    let listings = Arc::new(AtomicUsize::new(0));
+    let answer = {
+        let listings = listings.clone();
+        Arc::new(move |head: &RequestHead| {
+            if !is_listing(head) || listings.fetch_add(1, Ordering::SeqCst) == 0 {
+                return None;
+            }
+            Some(Canned {
+                status: 500,
+                reason: "Internal Server Error",
+                headers: vec![("Content-Type", "text/plain".into())],
+                body: "the listing broke".into(),
+            })
+        })
+    };
+    let upstream = authority(&at.url)?;
+    let proxy = RewritingProxy::start_answering(upstream.clone(), Arc::new(|_| {}), answer).await?;
+    let proxied = Endpoint {
+        url: at
+            .url
+            .replacen(&upstream, &format!("127.0.0.1:{}", proxy.port), 1),
+    };
+    // The keys are taken past the proxy, by another host: only the listing goes through it.
+    let holder = TestAgent::start_with_env(
+        AgentOptions::new(store.uri(&at, &name, "")),
+        &store.env(&at),
+    )
+    .await?;
+    let options = AgentOptions::new(store.uri(&at, &name, ""));
+    let agent = TestAgent::start_with_env(options, &store.env(&proxied)).await?;
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("fails/{i:04}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut client = holder.client().await?;
+    ensure!(
+        matches!(
+            client.call(acquire(&refs)).await?,
+            AgentMessage::Acquired { .. }
+        ),
+        "the keys were not taken"
+    );
+    listings.store(0, Ordering::SeqCst);
+    let out = agent.runlock_output(&["list"]).await?;
+    ensure!(out.code() == Some(69), "{out:?}");
+    ensure!(
+        out.stderr
+            .contains("page 2 of the listing (after key \"fails/0249\") failed"),
+        "{out:?}"
+    );
+    ensure!(
+        out.stdout.contains("fails/0000")
+            && out.stdout.contains("fails/0249")
+            && !out.stdout.contains("fails/0250")
+            && out
+                .stdout
+                .contains("page 2 failed, the listing is incomplete"),
+        "{out:?}"
+    );
+    Ok(())
+}
