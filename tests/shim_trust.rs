@@ -135,6 +135,21 @@ async fn what_another_user_holds_reaches_roots_terminal_escaped() -> Result<()> 
         "the history shows a command line: {text}"
     );
 
+    // The fleet's list reads the store, and prints what it holds as safely.
+    let list = output(&agent, &["list"]).await?;
+    ensure!(list.status.success(), "{list:?}");
+    let text = terminal_safe("list", &list.stdout)?;
+    let row = text.lines().nth(1).unwrap_or_default();
+    ensure!(row.split_whitespace().next() == Some(escaped_key), "{text}");
+    ensure!(row.contains(&shim_pid), "{text}");
+    let json = output(&agent, &["list", "--json"]).await?;
+    ensure!(!json.stdout.contains(&0x1b), "{json:?}");
+    let listing: serde_json::Value = serde_json::from_slice(&json.stdout)?;
+    let command = listing["keys"][0]["holders"][0]["command"]
+        .as_str()
+        .unwrap_or_default();
+    ensure!(command.contains(HOSTILE_PROGRAM), "{listing}");
+
     theirs.end();
     theirs.finish().await?.expect_code(0)
 }

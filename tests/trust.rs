@@ -202,6 +202,7 @@ async fn another_users_command_line_shows_only_its_program() -> Result<()> {
         runlock_as(&agent, OTHER, &["status", "--json"]).await?,
         runlock_as(&agent, OTHER, &["inspect", &k]).await?,
         runlock_as(&agent, OTHER, &["run", "--key", &k, "--", "true"]).await?,
+        runlock_as(&agent, OTHER, &["list", "--json"]).await?,
     ];
     for out in &outsiders {
         ensure!(
@@ -217,6 +218,8 @@ async fn another_users_command_line_shows_only_its_program() -> Result<()> {
     outsiders[3].expect_code(75)?;
     // Its owner sees all of it, and so does root (who may force).
     let own = runlock_as(&agent, NOBODY, &["status"]).await?;
+    ensure!(own.stdout.contains("hunter2"), "{own:?}");
+    let own = runlock_as(&agent, NOBODY, &["list", "--json"]).await?;
     ensure!(own.stdout.contains("hunter2"), "{own:?}");
     let root = agent.runlock_output(&["inspect", &k]).await?;
     ensure!(root.stdout.contains("hunter2"), "{root:?}");
