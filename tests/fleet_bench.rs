@@ -19,12 +19,10 @@
 //! (`pg_stat_database`); etcd's handled gRPC calls (its `/metrics`).
 
 use anyhow::{bail, Context, Result};
-use runlock_tests::rewriting_proxy::{authority, RewritingProxy};
 use runlock_tests::run::HOLD;
-use runlock_tests::stores::{Azure, Endpoint, Etcd, Gcs, PgBouncer, Postgres, Space, Store, S3};
-use runlock_tests::{http, AgentOptions, Run, TestAgent};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use runlock_tests::store_requests::StoreRequests;
+use runlock_tests::stores::{Azure, Etcd, Gcs, PgBouncer, Postgres, Space, Store, S3};
+use runlock_tests::{AgentOptions, Run, TestAgent};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The first runs' `--wait`, and the shared key's queue's.
@@ -93,90 +91,9 @@ struct Figures {
     rss_mib: f64,
 }
 
-/// Counts the store's requests, however the store lets them be counted.
-enum Counter {
-    /// The count, and the proxy that keeps it (stopped when dropped).
-    Proxy(Arc<AtomicU64>, #[allow(dead_code)] RewritingProxy),
-    Postgres(String),
-    Etcd(String),
-}
-
-impl Counter {
-    async fn read(&self) -> Result<u64> {
-        match self {
-            Counter::Proxy(count, _) => Ok(count.load(Ordering::Relaxed)),
-            Counter::Postgres(uri) => {
-                // The agents may hold every connection the server has for a
-                // moment (as they may: they wait theirs out): so may psql.
-                let deadline = Instant::now() + Duration::from_secs(30);
-                loop {
-                    let out = tokio::process::Command::new("psql")
-                        .args(["-XAtw", uri, "-c"])
-                        .arg("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
-                        .output()
-                        .await
-                        .context("running psql")?;
-                    let text = String::from_utf8_lossy(&out.stdout);
-                    // psql's own query is one transaction: not the agents'.
-                    if let Ok(count) = text.trim().parse::<u64>() {
-                        return Ok(count.saturating_sub(1));
-                    }
-                    if Instant::now() > deadline {
-                        bail!("psql: {}", String::from_utf8_lossy(&out.stderr).trim());
-                    }
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-            Counter::Etcd(url) => {
-                let metrics = http::get(&format!("{url}/metrics"))
-                    .await?
-                    .success("etcd's metrics")?;
-                Ok(metrics
-                    .lines()
-                    .filter(|l| l.starts_with("grpc_server_handled_total{"))
-                    .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                    .sum::<f64>() as u64)
-            }
-        }
-    }
-
-    async fn per_second_over(&self, window: Duration) -> Result<f64> {
-        let before = self.read().await?;
-        tokio::time::sleep(window).await;
-        let after = self.read().await?;
-        Ok(after.saturating_sub(before) as f64 / window.as_secs_f64())
-    }
-}
-
 async fn fleet(store: impl Store, n: usize) -> Result<Figures> {
-    let name = store.name();
     let mut space = Space::create(store, "fleet").await?;
-    let counter = match name {
-        // Through PgBouncer too: psql's one simple query passes through it.
-        "postgres" | "pgbouncer" => Counter::Postgres(space.uri("")),
-        "etcd" => Counter::Etcd(space.at.url.clone()),
-        _ => {
-            let count = Arc::new(AtomicU64::new(0));
-            let counted = count.clone();
-            let proxy = RewritingProxy::start(
-                authority(&space.at.url)?,
-                Arc::new(move |_| {
-                    counted.fetch_add(1, Ordering::Relaxed);
-                }),
-            )
-            .await?;
-            // Agents reach the store through the proxy from here on; the
-            // URL keeps its path (Azurite's names the account).
-            let upstream = authority(&space.at.url)?;
-            space.at = Endpoint {
-                url: space
-                    .at
-                    .url
-                    .replacen(&upstream, &format!("127.0.0.1:{}", proxy.port), 1),
-            };
-            Counter::Proxy(count, proxy)
-        }
-    };
+    let counter = StoreRequests::count(&mut space).await?;
 
     let scratch = tempfile::Builder::new()
         .prefix("runlock-fleet")

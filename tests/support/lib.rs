@@ -38,6 +38,7 @@ pub mod run;
 /// checked against the rules the shim applies (128 + N for a signal).
 #[path = "../../shim/src/exit.rs"]
 pub mod shim_exit;
+pub mod store_requests;
 pub mod stores;
 
 pub use agent::{AgentOptions, TestAgent};

@@ -227,6 +227,11 @@ impl Space {
         })
     }
 
+    /// Which store it is on ("s3", "postgres", …).
+    pub fn store_name(&self) -> &'static str {
+        self.store.name()
+    }
+
     /// The backend URI with records under `prefix`.
     pub fn uri(&self, prefix: &str) -> String {
         self.store.uri(&self.at, &self.name, prefix)
