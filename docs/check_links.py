@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Checks the links of README.md and the book (docs/src/**/*.md), offline.
+"""Checks the links of README.md, the book (docs/src/**/*.md) and the
+repository's other Markdown files, offline.
 
 Every Markdown link and image (inline `[t](x)`, reference `[t][r]` with its
 `[r]: x` definition, `<a href>` and `<img src>`) outside code is resolved:
@@ -15,6 +16,11 @@ Every Markdown link and image (inline `[t](x)`, reference `[t][r]` with its
   book page must also be an `id` in that page's HTML, so a difference between
   the rule here and mdBook's own shows up as a failure rather than a dead link;
 - http(s) and mailto links are listed, not fetched (CI has no network).
+
+With --html, links in the built pages that leave the book for a repository
+Markdown file first get back the `.md` that mdBook turned into `.html`
+(mdBook rewrites every relative `.md` link, even one outside src/), and then
+every relative href and src of the built pages must name an existing file.
 
 Paths given with --allow-missing may be absent (each is reported as such).
 Exit status 1 on any broken link, naming file, line, link and why.
@@ -39,6 +45,7 @@ REF_DEF = re.compile(r"^ {0,3}\[([^\]]+)\]:[ \t]*<?([^\s>]+)>?")
 EXPLICIT_ID = re.compile(r"[ \t]*\{#([^}\s]+)[^}]*\}[ \t]*$")
 HTML_ATTR = re.compile(r"<(?:a|img)\b[^>]*?\b(?:href|src)=\"([^\"]*)\"", re.I)
 HTML_ID = re.compile(r"\bid=\"([^\"]+)\"")
+INCLUDE = re.compile(r"\{\{#(?:include|rustdoc_include|playground)\s+([^}:\s]+)(?::([^}\s]+))?\s*\}\}")
 
 
 @dataclass
@@ -130,6 +137,11 @@ def links_of(path: Path) -> List[Link]:
             found.append(Link(path, number, m.group(1)))
         for m in re.finditer(r"\]\[([^\]]*)\]", line):
             used.append((number, m.group(1)))
+    # mdBook's {{#include FILE[:ANCHOR]}} (code blocks too, where they are
+    # usual): the file must exist and a named anchor be marked in it.
+    for number, line in enumerate(text.splitlines(), 1):
+        for m in INCLUDE.finditer(line):
+            found.append(Link(path, number, f"{{{{#include}}}}{m.group(1)}" + (f":{m.group(2)}" if m.group(2) else "")))
     for number, name in used:
         key = name.lower()
         if key in refs:
@@ -232,6 +244,18 @@ class Anchors:
         return self.cache[page]
 
 
+def check_include(link: Link, source: Path, root: Path, where: str, report: Report) -> None:
+    path_part, _, anchor = link.target[len("{{#include}}"):].partition(":")
+    target = (source.parent / path_part).resolve()
+    if not target.is_file():
+        report.broken.append(f"{where}: no such file to include")
+    elif anchor and not re.fullmatch(r"[0-9]*(:[0-9]*)?", anchor):
+        text = target.read_text(encoding="utf-8")
+        if not (re.search(rf"ANCHOR:\s*{re.escape(anchor)}\b", text)
+                and re.search(rf"ANCHOR_END:\s*{re.escape(anchor)}\b", text)):
+            report.broken.append(f"{where}: no ANCHOR/ANCHOR_END `{anchor}` in {target.relative_to(root)}")
+
+
 def check(files: List[Path], root: Path, anchors: Anchors, allow_missing: Set[Path]) -> Report:
     report = Report()
     root = root.resolve()
@@ -241,6 +265,9 @@ def check(files: List[Path], root: Path, anchors: Anchors, allow_missing: Set[Pa
             where = f"{source.resolve().relative_to(root)}:{link.line}: {link.target}"
             if link.target.startswith("[undefined reference"):
                 report.broken.append(f"{where}: no such reference definition")
+                continue
+            if link.target.startswith("{{#include}}"):
+                check_include(link, source, root, where, report)
                 continue
             if EXTERNAL.match(link.target):
                 report.external.append(where)
@@ -276,6 +303,58 @@ def check(files: List[Path], root: Path, anchors: Anchors, allow_missing: Set[Pa
     return report
 
 
+HREF = re.compile(r"\b(href|src)=\"([^\"#?]+)([^\"]*)\"")
+
+
+def repoint_html(book: Path, root: Path) -> int:
+    """In the built pages, a link that leaves the book for X.html where the
+    repository has X.md (and no X.html) goes back to X.md. Returns how many."""
+    book, root, changed = book.resolve(), root.resolve(), 0
+    for page in book.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+
+        def fix(m: "re.Match[str]") -> str:
+            nonlocal changed
+            target = (page.parent / m.group(2)).resolve()
+            if (m.group(1) == "href" and target.suffix == ".html" and book not in target.parents
+                    and not target.exists() and target.with_suffix(".md").is_file()):
+                changed += 1
+                return f'{m.group(1)}="{m.group(2)[:-5]}.md{m.group(3)}"'
+            return m.group(0)
+
+        new = HREF.sub(fix, text)
+        if new != text:
+            page.write_text(new, encoding="utf-8")
+    return changed
+
+
+def check_html(book: Path, root: Path) -> List[str]:
+    """Relative hrefs and srcs of the built pages that name nothing."""
+    broken = []
+    for page in sorted(book.resolve().rglob("*.html")):
+        for m in HREF.finditer(page.read_text(encoding="utf-8")):
+            url = m.group(2)
+            if re.match(r"^[a-z][a-z0-9+.-]*:|^//", url, re.I) or not url:
+                continue
+            if not (page.parent / url).resolve().exists():
+                broken.append(f"{page.relative_to(root.resolve())}: {m.group(1)}={url}: no such file")
+    return broken
+
+
+SKIP_DIRS = {".git", "target", "book", "node_modules", ".venv", "venv", "dist", "build"}
+
+
+def markdown_files(root: Path) -> List[Path]:
+    """README.md, the book's chapters, and every other Markdown file of the
+    repository (they link into the book too), built output left out."""
+    found = []
+    for path in sorted(root.rglob("*.md")):
+        parts = path.relative_to(root).parts[:-1]
+        if not any(p in SKIP_DIRS or p.startswith(".") for p in parts):
+            found.append(path)
+    return found
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parent.parent)
@@ -283,14 +362,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--allow-missing", action="append", default=[], metavar="PATH",
                         help="a path, relative to --root, that may be absent for now")
     parser.add_argument("files", nargs="*", type=Path,
-                        help="Markdown files (default: README.md and docs/src/**/*.md)")
+                        help="Markdown files (default: every one in the repository but built output)")
     args = parser.parse_args(argv)
     root = args.root.resolve()
     book_src = root / "docs" / "src"
-    files = args.files or [root / "README.md", *sorted(book_src.rglob("*.md"))]
+    files = args.files or markdown_files(root)
     anchors = Anchors(book_src, args.html)
     allow = {(root / p).resolve() for p in args.allow_missing}
     report = check(files, root, anchors, allow)
+    if args.html is not None:
+        repointed = repoint_html(args.html, root)
+        print(f"built book: {repointed} links to repository Markdown files given back their .md")
+        report.broken += check_html(args.html, root)
     for line in report.external:
         print(f"external (not fetched): {line}")
     for line in report.allowed_missing:

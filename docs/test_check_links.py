@@ -114,6 +114,24 @@ class Links(unittest.TestCase):
         broken = check_links.check([page], root, anchors, set()).broken
         self.assertEqual(len(broken), 1)
 
+    def test_built_pages_get_their_repository_links_back_and_are_checked(self) -> None:
+        root = repo({**BOOK, "docs/book/agent.html": (
+            '<a href="../../DESIGN.html#lease-timing">d</a> <a href="backends/index.html">b</a>'
+            ' <a href="https://example.com/x.html">e</a> <img src="images/ui.png">')})
+        (root / "docs/book/backends").mkdir()
+        (root / "docs/book/backends/index.html").write_text("")
+        self.assertEqual(check_links.repoint_html(root / "docs/book", root), 1)
+        self.assertIn('href="../../DESIGN.md#lease-timing"', (root / "docs/book/agent.html").read_text())
+        broken = check_links.check_html(root / "docs/book", root)
+        self.assertEqual(broken, ["docs/book/agent.html: src=images/ui.png: no such file"])
+
+    def test_include_needs_its_file_and_anchor(self) -> None:
+        root = repo({**BOOK, "README.md": "# r\n<!-- ANCHOR: exit -->\n|a|\n<!-- ANCHOR_END: exit -->\n"})
+        self.assertEqual(run(root, "docs/src/agent.md", "{{#include ../../README.md:exit}}"), [])
+        broken = run(root, "docs/src/agent.md", "{{#include ../../README.md:exits}}", "{{#include ../README.md}}")
+        self.assertEqual(len(broken), 2)
+        self.assertIn("no ANCHOR/ANCHOR_END `exits`", broken[0])
+
     def test_allowed_missing_is_reported_not_broken(self) -> None:
         root = repo({**BOOK, "README.md": "# runlock\n\n![page](docs/src/images/ui.png)\n"})
         out, err = io.StringIO(), io.StringIO()
