@@ -1571,7 +1571,7 @@ async fn beside_flock(
     Ok((runs, flocks))
 }
 
-/// The shim linked statically (README, "Build and install"), built beside
+/// The shim linked statically (docs/src/install.md, "Building and installing"), built beside
 /// `shim` in a target directory of its own so that neither build undoes the
 /// other: most of a dynamically linked shim's extra start-up is the loader's.
 fn static_shim(shim: &Path) -> Result<PathBuf> {

@@ -8,8 +8,8 @@
 - Every exit 76 is explained by a fault that could cost that lease, shortly
   before it: a --force on its key; and, on a backend whose leases live in a
   store, a fault of its own agent (kill, SIGTERM, network) or a backend pause.
-  (On file:// the run holds the kernel lock itself, so README says no agent
-  restart may stop it: only a force explains a 76 there.)
+  (On file:// the run holds the kernel lock itself, so the book says no agent
+  restart may stop it (docs/src/restarts.md): only a force explains a 76 there.)
 
 A forced-out run is the run of the token just below a forced run's, still
 inside when that force began; they are counted, with their exits, for the

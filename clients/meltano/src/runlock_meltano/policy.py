@@ -1,5 +1,5 @@
 """What to do when the agent cannot be reached: the host's ``on_unavailable``,
-found as the shim finds it (README "The agent unavailable"):
+found as the shim finds it (docs/src/agent.md "When the backend cannot be reached"):
 ``RUNLOCK_ON_UNAVAILABLE``, else the ``on_unavailable`` of the agent's
 configuration file (``$RUNLOCK_CONFIG``, else /etc/runlock/runlockd.toml),
 else ``fail``.

@@ -1,5 +1,5 @@
 """Where the agent's socket is: the same rule as the shim and the agent
-(README "The socket rule", SPEC 1), so a Python program finds the host's agent
+(docs/src/agent.md "The socket rule", SPEC 1), so a Python program finds the host's agent
 wherever ``runlock`` would.
 """
 

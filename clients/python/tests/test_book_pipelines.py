@@ -1,6 +1,6 @@
-"""README's "Running pipelines" snippets, as printed, against a real runlockd.
+"""The book's "Running pipelines" snippets, as printed, against a real runlockd.
 
-The Python blocks are taken from README.md and run as they stand, with one
+The Python blocks are taken from docs/src/pipelines.md and run as they stand, with one
 substitution: the project directory `/srv/meltano/project` becomes a scratch
 project. `meltano` is a stand-in on PATH that records what it was given (the
 shim and the client are real). Airflow, Dagster and Prefect are not installed:
@@ -29,7 +29,8 @@ from conftest import REPO, Agent
 
 #: Every command the test runs must end within this.
 BOUND_S = 30.0
-README_PROJECT = "/srv/meltano/project"
+BOOK_PROJECT = "/srv/meltano/project"
+PIPELINES = REPO / "docs" / "src" / "pipelines.md"
 KEY = "prod:tap-gitlab-to-target-postgres"
 
 FAKE_MELTANO = """#!/usr/bin/env python3
@@ -56,10 +57,8 @@ plugins:
 
 
 def pipeline_blocks() -> List[str]:
-    """The ```python blocks of README's "Running pipelines" section, in order."""
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("\n## Running pipelines\n", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    """The ```python blocks of the book's "Running pipelines" chapter, in order."""
+    return re.findall(r"```python\n(.*?)```", PIPELINES.read_text(), flags=re.S)
 
 
 @pytest.fixture
@@ -82,14 +81,14 @@ def project(agent: Agent, runlockd: Path, monkeypatch: pytest.MonkeyPatch) -> It
 
 
 def run_block(source: str, project: Path, modules: Dict[str, types.ModuleType]) -> Dict[str, Any]:
-    """Executes one README block in a fresh namespace, with `modules`
+    """Executes one block of the chapter in a fresh namespace, with `modules`
     importable for the duration, and returns its namespace."""
-    source = source.replace(README_PROJECT, str(project))
+    source = source.replace(BOOK_PROJECT, str(project))
     saved = {name: sys.modules.get(name) for name in modules}
     sys.modules.update(modules)
     try:
-        namespace: Dict[str, Any] = {"__name__": "readme_snippet"}
-        exec(compile(source, "README.md", "exec"), namespace)
+        namespace: Dict[str, Any] = {"__name__": "pipeline_snippet"}
+        exec(compile(source, str(PIPELINES.relative_to(REPO)), "exec"), namespace)
         return namespace
     finally:
         for name, module in saved.items():
@@ -120,7 +119,7 @@ def ran(project: Path) -> Dict[str, Any]:
     return loaded
 
 
-def test_readme_has_the_four_pipeline_blocks() -> None:
+def test_book_has_the_four_pipeline_blocks() -> None:
     blocks = pipeline_blocks()
     assert len(blocks) == 3, blocks  # Airflow; meltano_run; Dagster and Prefect
     assert "BashOperator(" in blocks[0]
