@@ -37,5 +37,8 @@ pub const MAX_KEYS_PER_REQUEST: usize = 1000;
 pub const MAX_HISTORY_EVENTS: usize = 32;
 /// The most keys one `keys` reply lists; fewer when their records fill the frame.
 pub const MAX_KEYS_PER_PAGE: usize = 1000;
+/// The `reason` of a `released` event whose lease's client went away
+/// without releasing it (killed, or crashed), as its agent saw it (SPEC 7.6).
+pub const REASON_CLIENT_GONE: &str = "client gone";
 /// Lock descriptors passed with one `sendmsg` (SPEC 5.4; the kernel takes 253).
 pub const MAX_LOCKS_PER_MESSAGE: usize = 250;

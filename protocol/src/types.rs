@@ -302,6 +302,20 @@ pub enum EventKind {
 }
 
 impl EventKind {
+    /// The kind as the wire names it (`granted`, `released`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::Granted => "granted",
+            EventKind::Released => "released",
+            EventKind::Forced => "forced",
+            EventKind::Broken => "broken",
+            EventKind::Expired => "expired",
+            EventKind::Lost => "lost",
+            EventKind::Adopted => "adopted",
+            EventKind::Unknown => "unknown",
+        }
+    }
+
     /// Whether a person looking at a held key should hear of it: the key
     /// changed hands, or a lease ended, other than by a grant or release.
     pub fn is_incident(self) -> bool {

@@ -92,6 +92,9 @@ pub struct AcquireSpec {
 pub enum Ending {
     /// Its holder let it go, or its run ended.
     Released,
+    /// Its client went away still holding it (killed, or crashed): released,
+    /// with [`runlock_protocol::REASON_CLIENT_GONE`] as the reason.
+    ClientGone,
     /// Its agent gave it up, unable to renew it in time: why.
     Lost(String),
     /// The lease a break (`release{key}`) took the key over with: the
@@ -122,9 +125,12 @@ impl Ending {
         })
     }
 
-    fn kind(&self) -> Option<(EventKind, &str)> {
+    /// The kind of event ending the lease this way, and its reason; `None`:
+    /// none is written.
+    pub fn kind(&self) -> Option<(EventKind, &str)> {
         match self {
             Ending::Released => Some((EventKind::Released, "")),
+            Ending::ClientGone => Some((EventKind::Released, runlock_protocol::REASON_CLIENT_GONE)),
             Ending::Lost(why) => Some((EventKind::Lost, why.as_str())),
             Ending::AfterBreak => None,
         }

@@ -138,7 +138,7 @@ impl Registry {
                 Ok(taken) => granted.add(taken),
                 Err(err) => {
                     for lease in granted.leases {
-                        self.release_lease(&lease.lease_id).await;
+                        self.release_lease(&lease.lease_id, &Ending::Released).await;
                     }
                     return Err(err);
                 }

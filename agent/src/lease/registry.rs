@@ -6,7 +6,7 @@ use super::event::{self, Events};
 use super::renewal::Renewals;
 use super::state::{Conn, ConnId, PeerCred, State};
 use crate::access::Access;
-use crate::backend::{Backend, Capabilities, ProfiledBackend};
+use crate::backend::{Backend, Capabilities, Ending, ProfiledBackend};
 use crate::process::Peer;
 use crate::shown::{self, Viewer};
 use runlock_protocol::{Holder, Key, OnLost, OnUnavailable};
@@ -207,8 +207,10 @@ impl Registry {
             return;
         }
         self.confirm_stopped(stopped).await;
+        // Still held when its connection closed: its client went away
+        // without letting go (killed, or crashed), which the history says.
         for lease_id in leases {
-            self.release_lease(&lease_id).await;
+            self.release_lease(&lease_id, &Ending::ClientGone).await;
         }
     }
 

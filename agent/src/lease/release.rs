@@ -24,18 +24,19 @@ impl Registry {
         }
         let mut count = 0;
         for id in lease_ids {
-            count += u32::from(self.release_lease(id).await);
+            count += u32::from(self.release_lease(id, &Ending::Released).await);
         }
         Ok(count)
     }
 
-    /// Lets go of one lease, in the backend too, and wakes the next local waiter.
-    pub(super) async fn release_lease(&self, lease_id: &str) -> bool {
+    /// Lets go of one lease, in the backend too (its history says how it
+    /// ended), and wakes the next local waiter.
+    pub(super) async fn release_lease(&self, lease_id: &str, ending: &Ending) -> bool {
         let Some(lease) = self.state().remove_lease(lease_id) else {
             return false;
         };
         self.renewals.stop(lease_id);
-        if let Err(err) = self.backend.release(&lease.reference(lease_id)).await {
+        if let Err(err) = self.backend.end(&lease.reference(lease_id), ending).await {
             tracing::warn!(key = %lease.key.logged(), error = %err, "release failed");
         }
         tracing::info!(key = %lease.key.logged(), token = lease.holder.token, lease = %lease_id, "released");

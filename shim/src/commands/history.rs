@@ -9,19 +9,6 @@ use runlock_protocol::{AgentMessage, ClientMessage, Clock, EventKind, KeyEvent};
 use std::path::Path;
 use std::process::ExitCode;
 
-fn kind_name(kind: EventKind) -> &'static str {
-    match kind {
-        EventKind::Granted => "granted",
-        EventKind::Released => "released",
-        EventKind::Forced => "forced",
-        EventKind::Broken => "broken",
-        EventKind::Expired => "expired",
-        EventKind::Lost => "lost",
-        EventKind::Adopted => "adopted",
-        EventKind::Unknown => "unknown",
-    }
-}
-
 fn clock_name(clock: Clock) -> &'static str {
     match clock {
         Clock::Store => "store",
@@ -33,7 +20,7 @@ fn clock_name(clock: Clock) -> &'static str {
 /// An event as the JSON outputs print it: the instant as RFC 3339.
 pub fn event_json(e: &KeyEvent) -> serde_json::Value {
     serde_json::json!({
-        "kind": kind_name(e.kind),
+        "kind": e.kind.name(),
         "at": format::rfc3339(e.at_ms),
         "at_ms": e.at_ms,
         "clock": clock_name(e.clock),
@@ -78,7 +65,7 @@ fn what_happened(e: &KeyEvent) -> String {
         (EventKind::Expired, _) => format!("expired: token {token} of {who}{pid}"),
         (EventKind::Lost, _) => format!("lost: token {token} of {who}{pid}"),
         (EventKind::Adopted, _) => format!("adopted: token {token} by {who}'s new agent"),
-        (kind, _) => format!("{}: token {token} by {who}{pid}", kind_name(kind)),
+        (kind, _) => format!("{}: token {token} by {who}{pid}", kind.name()),
     };
     if !e.reason.is_empty() {
         line.push_str(&format!(": {}", escape(&e.reason)));

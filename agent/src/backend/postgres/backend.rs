@@ -267,10 +267,9 @@ impl Backend for PostgresBackend {
     async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
         let (key, token) = (lease.key.as_str(), stored_token(lease));
         // The event as the statement writes it: its kind and why.
-        let (kind, reason): (Option<&str>, &str) = match ending {
-            Ending::Released => (Some("released"), ""),
-            Ending::Lost(why) => (Some("lost"), why.as_str()),
-            Ending::AfterBreak => (None, ""),
+        let (kind, reason) = match ending.kind() {
+            Some((kind, why)) => (Some(kind.name()), why),
+            None => (None, ""),
         };
         // No row freed: the lease was already someone else's, or freed; nothing to do.
         self.session
