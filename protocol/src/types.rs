@@ -272,6 +272,31 @@ pub struct KeyListing {
     /// How many acquires wait for the key through the answering agent.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub waiting_here: u32,
+    /// The acquires the answering agent refused because the key was held,
+    /// at or after the request's `events_since_ms`, oldest first (the store
+    /// records no refusal: other agents' are not here).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused_here: Vec<Refusal>,
+}
+
+/// An acquire refused because its key was held: at once, or after its wait.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refusal {
+    /// When, by the answering agent's clock (ms since the epoch).
+    pub at_ms: u64,
+    /// The uid of the client refused.
+    pub uid: u32,
+    /// Its user name.
+    pub user: String,
+    /// Its pid.
+    pub pid: u32,
+    /// How long it had waited, in ms (0: it did not).
+    #[serde(default, skip_serializing_if = "is_zero_u64")]
+    pub waited_ms: u64,
+}
+
+fn is_zero_u64(n: &u64) -> bool {
+    *n == 0
 }
 
 fn is_zero(n: &u32) -> bool {

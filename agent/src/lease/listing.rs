@@ -158,6 +158,7 @@ impl Registry {
             unreadable: None,
             events,
             waiting_here,
+            refused_here: Vec::new(),
         }))
     }
 
@@ -179,6 +180,7 @@ fn unreadable(name: &impl std::fmt::Display, why: &str) -> KeyListing {
         unreadable: Some(shown::cut(why, shown::MAX_NAME_LEN * 4)),
         events: Vec::<KeyEvent>::new(),
         waiting_here: 0,
+        refused_here: Vec::new(),
     }
 }
 

@@ -8,8 +8,8 @@
 use runlock_protocol::codec::encode_body;
 use runlock_protocol::{
     AgentMessage, ClientMessage, Clock, Envelope, ErrorCode, EventKind, Holder, KeyEvent,
-    KeyListing, KeyRecord, KeyState, Lease, LeaseInfo, LostReason, OnLost, OnUnavailable, Scope,
-    WireError,
+    KeyListing, KeyRecord, KeyState, Lease, LeaseInfo, LostReason, OnLost, OnUnavailable, Refusal,
+    Scope, WireError,
 };
 
 /// A message of either direction.
@@ -454,7 +454,8 @@ pub fn canonical() -> Vec<Vector> {
         Vector {
             name: "agent-keys",
             meaning: "Answers request 11: one page of keys. `dev:a` is held with token 12 (its \
-                      grant among its events), and a run waits for it through this agent; \
+                      grant among its events), a run waits for it through this agent, and \
+                      this agent refused etl's run 4300 at once 10 s after the grant; \
                       `dev:b`'s record could not be read. `cursor` is where the next page starts.",
             message: agent(
                 Some(11),
@@ -474,6 +475,13 @@ pub fn canonical() -> Vec<Vector> {
                             unreadable: None,
                             events: vec![event(EventKind::Granted, 4242, 12, "etl")],
                             waiting_here: 1,
+                            refused_here: vec![Refusal {
+                                at_ms: 1_700_000_070_000,
+                                uid: 1000,
+                                user: "etl".into(),
+                                pid: 4300,
+                                waited_ms: 0,
+                            }],
                         },
                         KeyListing {
                             key: "dev%3Ab.json".into(),
@@ -481,6 +489,7 @@ pub fn canonical() -> Vec<Vector> {
                             unreadable: Some("dev%3Ab.json is not a runlock record".into()),
                             events: Vec::new(),
                             waiting_here: 0,
+                            refused_here: Vec::new(),
                         },
                     ],
                     cursor: Some(r#"{"page":"token-3"}"#.into()),

@@ -396,6 +396,28 @@ def _record(body: Dict[str, Any]) -> KeyRecord:
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """An acquire the answering agent refused because its key was held (SPEC 7.8)."""
+
+    at_ms: int
+    uid: int
+    user: str
+    pid: int
+    waited_ms: int = 0
+
+    @classmethod
+    def from_wire(cls, value: Any) -> "Refusal":
+        body = _map(value, "a refusal")
+        return cls(
+            at_ms=_int(body, "at_ms"),
+            uid=_int(body, "uid", limit=_U32),
+            user=_str(body, "user"),
+            pid=_int(body, "pid", limit=_U32),
+            waited_ms=_int(body, "waited_ms", required=False) or 0,
+        )
+
+
+@dataclass(frozen=True)
 class KeyListing:
     """One key of a ``list_keys()`` listing (SPEC 7.7): its record as
     ``inspect()`` reports it, or why it could not be read (``record`` is then
@@ -408,6 +430,8 @@ class KeyListing:
     events: Tuple[KeyEvent, ...] = ()
     #: How many acquires wait for it through the answering agent.
     waiting_here: int = 0
+    #: The acquires of it the answering agent refused since ``events_since_ms``.
+    refused_here: Tuple[Refusal, ...] = ()
 
     @classmethod
     def from_wire(cls, value: Any) -> "KeyListing":
@@ -421,6 +445,9 @@ class KeyListing:
             if _field(body, "events", False) is None
             else tuple(KeyEvent.from_wire(v) for v in _list(body, "events")),
             waiting_here=_int(body, "waiting_here", required=False, limit=_U32) or 0,
+            refused_here=()
+            if _field(body, "refused_here", False) is None
+            else tuple(Refusal.from_wire(v) for v in _list(body, "refused_here")),
         )
 
 
