@@ -3,7 +3,7 @@
 //! hosts, on every shared store and on `file://`.
 
 use crate::support::agent::Backend;
-use crate::support::client::acquire;
+use crate::support::client::{acquire, RawClient};
 use crate::support::rewriting_proxy::{authority, Canned, RequestHead, RewritingProxy};
 use crate::support::run::HOLD;
 use crate::support::stores::{unique_name, Azure, Endpoint, Gcs, Space, Store, RECORDS, S3};
@@ -119,6 +119,39 @@ async fn keys_on_two_hosts(a: &TestAgent, b: &TestAgent, ttl_ms: u64) -> Result<
         holders.contains(a_id.as_str()) && holders.contains(b_id.as_str()),
         "{slots}"
     );
+
+    // A refusal is the refusing agent's to tell: the store records none.
+    b.run(&["list/a"], &[], "true")?
+        .finish()
+        .await?
+        .expect_code(75)?;
+    let refused = |agent: &TestAgent| {
+        let socket = agent.socket().to_path_buf();
+        async move {
+            let mut client = RawClient::connect(&socket).await?;
+            client.hello().await?;
+            let request = ClientMessage::ListKeys {
+                prefix: "list/a".into(),
+                cursor: None,
+                free: false,
+                events_since_ms: Some(0),
+            };
+            match client.call(request).await? {
+                AgentMessage::Keys { keys, .. } => Ok::<_, anyhow::Error>(
+                    keys.into_iter()
+                        .flat_map(|k| k.refused_here)
+                        .collect::<Vec<_>>(),
+                ),
+                other => anyhow::bail!("list_keys: {other:?}"),
+            }
+        }
+    };
+    let through_b = refused(b).await?;
+    ensure!(
+        through_b.len() == 1 && through_b[0].user == "root" && through_b[0].waited_ms == 0,
+        "{through_b:?}"
+    );
+    ensure!(refused(a).await?.is_empty(), "A refused nothing");
 
     // A prefix, and free keys with `--all`.
     let under = list_json(b, &["list/"]).await?;

@@ -7,8 +7,8 @@ use super::event::Loss;
 use super::registry::Registry;
 use super::renewal::deadline;
 use super::slots::{count_of, SlotRefusal};
-use super::state::{ConnId, LocalLease};
-use crate::backend::{AcquireSpec, Adopter, BackendError, Ending, Grant, LeaseRef};
+use super::state::{ConnId, LocalLease, PeerCred};
+use crate::backend::{history, AcquireSpec, Adopter, BackendError, Ending, Grant, LeaseRef};
 use crate::shown;
 use runlock_protocol::timing;
 use runlock_protocol::{
@@ -140,6 +140,9 @@ impl Registry {
                     for lease in granted.leases {
                         self.release_lease(&lease.lease_id, &Ending::Released).await;
                     }
+                    if let LeaseError::Held { key, waited, .. } = &err {
+                        self.note_refusal(key, peer, &holder.user, *waited);
+                    }
                     return Err(err);
                 }
             }
@@ -148,6 +151,19 @@ impl Registry {
             c.on_lost = req.on_lost;
         }
         Ok(granted)
+    }
+
+    /// Notes a refused acquire of `key`, for the fleet page (`list_keys`).
+    fn note_refusal(&self, key: &Key, peer: PeerCred, user: &str, waited: Duration) {
+        let refusal = runlock_protocol::Refusal {
+            at_ms: history::Stamp::agent_now().at_ms,
+            uid: peer.uid,
+            user: user.to_string(),
+            pid: peer.pid,
+            waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+        };
+        let base = Key::new(key.split_slot().0).unwrap_or_else(|_| key.clone());
+        self.state().refusals.note(base, refusal);
     }
 
     /// Adopts leases taken through an agent that has stopped, once the backend

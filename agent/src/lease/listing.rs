@@ -151,14 +151,24 @@ impl Registry {
                 .collect(),
             None => Vec::new(),
         };
-        let waiting_here = u32::try_from(self.state().queues.len(&key)).unwrap_or(u32::MAX);
+        let (waiting_here, refused_here) = {
+            let state = self.state();
+            let refused = match query.events_since_ms {
+                Some(since) => state.refusals.of(&key, since),
+                None => Vec::new(),
+            };
+            (
+                u32::try_from(state.queues.len(&key)).unwrap_or(u32::MAX),
+                refused,
+            )
+        };
         Ok(Some(KeyListing {
             key: key.to_string(),
             record: Some(self.shown_record(record, viewer)),
             unreadable: None,
             events,
             waiting_here,
-            refused_here: Vec::new(),
+            refused_here,
         }))
     }
 

@@ -19,6 +19,7 @@ mod loss;
 #[cfg(test)]
 mod model;
 mod queue;
+mod refusals;
 mod registry;
 mod release;
 pub mod renewal;

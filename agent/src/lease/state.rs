@@ -3,6 +3,7 @@
 
 use super::event::EventSender;
 use super::queue::Queues;
+use super::refusals::Refusals;
 use crate::backend::LeaseRef;
 use crate::process::{Peer, Run};
 use runlock_protocol::{Holder, Key, OnLost};
@@ -70,6 +71,8 @@ pub(super) struct State {
     pub(super) by_key: HashMap<Key, String>,
     pub(super) conns: HashMap<ConnId, Conn>,
     pub(super) queues: Queues,
+    /// The acquires refused lately because their key was held.
+    pub(super) refusals: Refusals,
     /// For a key with slots: the slot this agent last let go and the count
     /// it was held with, taken (and so forgotten) by the next acquire, which
     /// tries it first (one write where the store remembers the slot free).
