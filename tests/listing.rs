@@ -23,6 +23,7 @@ test_matrix!(
 
 test_matrix!(
     [s3: S3, azure: Azure, gcs: Gcs];
+    a_listing_reads_again_only_the_records_that_changed,
     an_unreadable_record_is_listed_with_its_name_not_dropped,
     a_page_that_fails_says_which_and_the_pages_before_it_are_shown,
 );
@@ -372,6 +373,79 @@ async fn a_page_that_fails_says_which_and_the_pages_before_it_are_shown(
                 .stdout
                 .contains("page 2 failed, the listing is incomplete"),
         "{out:?}"
+    );
+    Ok(())
+}
+
+/// The fleet page lists every few seconds: on an object store, whose listing
+/// gives each object's version, a record unchanged since the last listing
+/// costs no read.
+async fn a_listing_reads_again_only_the_records_that_changed(store: impl Store) -> Result<()> {
+    const KEYS: usize = 20;
+    let at = store.shared()?;
+    let name = unique_name("list-reads");
+    store.create(&at, &name).await?;
+    let reads = Arc::new(AtomicUsize::new(0));
+    let rewrite = {
+        let reads = reads.clone();
+        Arc::new(move |head: &mut RequestHead| {
+            if head.method == "GET" && !is_listing(head) {
+                reads.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    let upstream = authority(&at.url)?;
+    let proxy = RewritingProxy::start(upstream.clone(), rewrite).await?;
+    let proxied = Endpoint {
+        url: at
+            .url
+            .replacen(&upstream, &format!("127.0.0.1:{}", proxy.port), 1),
+    };
+    // A TTL long enough that no renewal rewrites a record meanwhile.
+    let mut options = AgentOptions::new(store.uri(&at, &name, ""));
+    options.args = vec!["--ttl".into(), "1h".into()];
+    let agent = TestAgent::start_with_env(options, &store.env(&proxied)).await?;
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("reads/{i:02}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut client = agent.client().await?;
+    let leases = match client.call(acquire(&refs)).await? {
+        AgentMessage::Acquired { leases, .. } => leases,
+        other => anyhow::bail!("acquire: {other:?}"),
+    };
+    let listing_reads = || {
+        let reads = reads.clone();
+        let agent = &agent;
+        async move {
+            let before = reads.load(Ordering::SeqCst);
+            let listing = list_json(agent, &["--all"]).await?;
+            Ok::<_, anyhow::Error>((names(&listing).len(), reads.load(Ordering::SeqCst) - before))
+        }
+    };
+    let (listed, first) = listing_reads().await?;
+    ensure!(
+        listed == KEYS && first >= KEYS,
+        "{listed} listed with {first} reads"
+    );
+    let (listed, second) = listing_reads().await?;
+    ensure!(
+        listed == KEYS && second == 0,
+        "{listed} listed with {second} reads"
+    );
+    let released = client
+        .call(ClientMessage::Release {
+            lease_ids: vec![leases[0].lease_id.clone()],
+            key: None,
+            slot: None,
+        })
+        .await?;
+    ensure!(
+        matches!(released, AgentMessage::Released { count: 1 }),
+        "{released:?}"
+    );
+    let (listed, third) = listing_reads().await?;
+    ensure!(
+        listed == KEYS && third == 1,
+        "{listed} listed with {third} reads"
     );
     Ok(())
 }

@@ -10,6 +10,7 @@
 //! compares its wall clock with another's.
 
 use super::proof::{self, Unproven};
+use super::read_cache::ReadCache;
 use super::{CasError, CasStore, Read, Stored};
 use crate::backend::history::{self, Before, Stamp};
 use crate::backend::record::LockRecord;
@@ -136,6 +137,8 @@ pub struct CasEngine {
     known_free: Mutex<HashMap<String, (String, CasRecord)>>,
     /// Records this agent has seen at all; one never seen is first tried as absent.
     known: Mutex<std::collections::HashSet<String>>,
+    /// What listings read, so that the next reads only what changed.
+    listed_reads: ReadCache,
     pacer: Pacer,
     /// The store's verdict once it has given one (`proof`): `None`, it can
     /// lock; `Some`, the guarantee it lacks. Never trusted before, or after
@@ -171,6 +174,7 @@ impl CasEngine {
             seen: Mutex::new(HashMap::new()),
             known_free: Mutex::new(HashMap::new()),
             known: Mutex::new(std::collections::HashSet::new()),
+            listed_reads: ReadCache::default(),
             verdict: tokio::sync::OnceCell::new(),
         }
     }
@@ -726,18 +730,20 @@ impl Backend for CasEngine {
             .map_err(unavailable)?;
         let after = from.after.as_deref();
         // Only records: a probe, or a word that a run taken over has stopped, is no key's.
-        let names: Vec<String> = page
+        let names: Vec<(String, Option<String>)> = page
             .names
-            .iter()
-            .filter_map(|name| name.strip_prefix(self.prefix.as_str()))
-            .filter(|name| name.ends_with(RECORD_SUFFIX))
-            .filter(|name| after.is_none_or(|after| *name > after))
+            .into_iter()
+            .filter_map(|(name, version)| {
+                let name = name.strip_prefix(self.prefix.as_str())?.to_string();
+                Some((name, version))
+            })
+            .filter(|(name, _)| name.ends_with(RECORD_SUFFIX))
+            .filter(|(name, _)| after.is_none_or(|after| name.as_str() > after))
             .take(limit)
-            .map(str::to_string)
             .collect();
         let reads = names
             .into_iter()
-            .map(|name| async move { self.listed(&name).await });
+            .map(|(name, version)| async move { self.listed(&name, version.as_deref()).await });
         let records: Vec<Listed> = futures::stream::iter(reads)
             .buffered(LIST_READS_IN_FLIGHT)
             .collect::<Vec<_>>()
@@ -797,11 +803,24 @@ impl CasEngine {
         Ok((answer, record.history))
     }
 
-    /// The record named `name` (below the records' prefix) for a listing;
-    /// `None` when it is gone. A store that fails the read fails the page.
-    async fn listed(&self, name: &str) -> Result<Option<Listed>, BackendError> {
+    /// The record named `name` (below the records' prefix) for a listing,
+    /// read again only if the listing's `version` says it changed; `None`
+    /// when it is gone. A store that fails the read fails the page.
+    async fn listed(
+        &self,
+        name: &str,
+        version: Option<&str>,
+    ) -> Result<Option<Listed>, BackendError> {
         let full = format!("{}{name}", self.prefix);
-        let read = self.store.get(&full).await.map_err(unavailable)?;
+        let cached = version.and_then(|version| self.listed_reads.get(&full, version));
+        let read = match cached {
+            Some(read) => read,
+            None => {
+                let read = self.store.get(&full).await.map_err(unavailable)?;
+                self.listed_reads.put(&full, &read);
+                read
+            }
+        };
         if read.object.is_none() {
             return Ok(None);
         }

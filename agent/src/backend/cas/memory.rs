@@ -121,15 +121,21 @@ impl CasStore for MemoryCasStore {
         limit: usize,
     ) -> Result<Names, CasError> {
         let objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
-        let mut names: Vec<&String> = objects
-            .keys()
-            .filter(|name| name.starts_with(prefix))
-            .filter(|name| page.is_none_or(|after| name.as_str() > after))
+        let mut names: Vec<(&String, &Stored)> = objects
+            .iter()
+            .filter(|(name, _)| name.starts_with(prefix))
+            .filter(|(name, _)| page.is_none_or(|after| name.as_str() > after))
             .collect();
-        names.sort_unstable();
+        names.sort_unstable_by_key(|(name, _)| *name);
         let more = names.len() > limit;
-        let names: Vec<String> = names.into_iter().take(limit).cloned().collect();
-        let next = more.then(|| names.last().cloned()).flatten();
+        let names: Vec<(String, Option<String>)> = names
+            .into_iter()
+            .take(limit)
+            .map(|(name, stored)| (name.clone(), Some(stored.version.clone())))
+            .collect();
+        let next = more
+            .then(|| names.last().map(|(name, _)| name.clone()))
+            .flatten();
         Ok(Names { names, next })
     }
 

@@ -8,6 +8,7 @@ mod engine;
 mod gcs;
 mod memory;
 mod proof;
+mod read_cache;
 #[cfg(feature = "s3")]
 mod s3;
 #[cfg(test)]
@@ -52,8 +53,9 @@ pub struct Read {
 /// One page of object names, in name order.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Names {
-    /// The names.
-    pub names: Vec<String>,
+    /// The names, each with its version where the listing gives it (the
+    /// same tag a read returns), so that an unchanged object need not be read again.
+    pub names: Vec<(String, Option<String>)>,
     /// The store's token for the next page; `None` after the last.
     pub next: Option<String>,
 }

@@ -253,7 +253,7 @@ impl CasStore for AzureStore {
                     .into_iter()
                     .filter_map(|item| match item {
                         azure_storage_blobs::container::operations::BlobItem::Blob(blob) => {
-                            Some(blob.name)
+                            Some((blob.name, Some(blob.properties.etag.to_string())))
                         }
                         _ => None,
                     })

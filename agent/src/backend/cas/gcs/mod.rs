@@ -289,7 +289,7 @@ impl CasStore for GcsStore {
         limit: usize,
     ) -> Result<Names, CasError> {
         let mut url = format!(
-            "{}/storage/v1/b/{}/o?prefix={}&maxResults={limit}&fields=items(name),nextPageToken",
+            "{}/storage/v1/b/{}/o?prefix={}&maxResults={limit}&fields=items(name,generation),nextPageToken",
             self.api,
             encode(&self.bucket),
             encode(prefix)
@@ -325,6 +325,7 @@ impl CasStore for GcsStore {
         #[derive(serde::Deserialize)]
         struct Item {
             name: String,
+            generation: Option<String>,
         }
         let listing: Listing = serde_json::from_slice(&answer.body).map_err(|e| {
             CasError::Unavailable(format!(
@@ -333,7 +334,11 @@ impl CasStore for GcsStore {
             ))
         })?;
         Ok(Names {
-            names: listing.items.into_iter().map(|item| item.name).collect(),
+            names: listing
+                .items
+                .into_iter()
+                .map(|item| (item.name, item.generation))
+                .collect(),
             next: listing.next_page_token.filter(|t| !t.is_empty()),
         })
     }

@@ -298,7 +298,10 @@ impl CasStore for S3Store {
                 names: output
                     .contents()
                     .iter()
-                    .filter_map(|object| object.key().map(str::to_string))
+                    .filter_map(|object| {
+                        let name = object.key()?.to_string();
+                        Some((name, object.e_tag().map(str::to_string)))
+                    })
                     .collect(),
                 next: output.next_continuation_token().map(str::to_string),
             }),
