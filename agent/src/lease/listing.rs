@@ -92,6 +92,8 @@ impl Registry {
                 Some(next) => from = next,
                 None => return Ok(KeysPage { keys, cursor: None }),
             }
+            // A store page's worth is a reply: a client sees progress, and a
+            // reply never waits on more than one page of reads.
             if keys.len() >= STORE_PAGE {
                 break;
             }
