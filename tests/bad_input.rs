@@ -377,6 +377,16 @@ async fn shim_usage_errors_exit_64() -> Result<()> {
     agent_still_serves(&agent, "after-usage-errors").await
 }
 
+/// A `list_keys` that goes on from `cursor`.
+fn list_from(cursor: &str) -> ClientMessage {
+    ClientMessage::ListKeys {
+        prefix: String::new(),
+        cursor: Some(cursor.to_string()),
+        free: true,
+        events_since_ms: None,
+    }
+}
+
 #[tokio::test]
 async fn malformed_requests_get_bad_request_and_the_connection_stays() -> Result<()> {
     let agent = TestAgent::start_on(Backend::File).await?;
@@ -404,6 +414,11 @@ async fn malformed_requests_get_bad_request_and_the_connection_stays() -> Result
             lease_ids: vec!["x".into()],
             key: Some("k".into()),
         },
+        // A listing cursor the agent never gave: malformed, oversized, or
+        // of another shape.
+        list_from(r#"{"page": 3"#),
+        list_from(&"x".repeat(100_000)),
+        list_from(r#"{"after": ["not", "a", "name"]}"#),
     ] {
         let reply = client.call(request.clone()).await?;
         ensure!(
@@ -411,6 +426,19 @@ async fn malformed_requests_get_bad_request_and_the_connection_stays() -> Result
             "{request:?}: {reply:?}"
         );
     }
+    // A prefix no key can start with is refused as a key would be.
+    let reply = client
+        .call(ClientMessage::ListKeys {
+            prefix: "bad\u{1}prefix".into(),
+            cursor: None,
+            free: false,
+            events_since_ms: None,
+        })
+        .await?;
+    ensure!(
+        matches!(&reply, AgentMessage::Error(e) if e.code == ErrorCode::InvalidKey),
+        "{reply:?}"
+    );
     // An on_lost the agent does not know makes the body undecodable; its id is echoed.
     let odd = json!({"id": 77, "type": "acquire", "keys": ["k"], "on_lost": "shrug"});
     client.write_raw(&frame(&encode(&odd)?)).await?;
