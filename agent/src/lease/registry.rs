@@ -7,6 +7,7 @@ use super::renewal::Renewals;
 use super::state::{Conn, ConnId, PeerCred, State};
 use crate::access::Access;
 use crate::backend::{Backend, Capabilities, ProfiledBackend};
+use crate::metrics::Ended;
 use crate::process::Peer;
 use crate::shown::{self, Viewer};
 use runlock_protocol::{Holder, Key, OnLost, OnUnavailable};
@@ -196,6 +197,8 @@ impl Registry {
                 }
                 None => return,
             };
+            // No hold ends here: the next agent, reattached, times the run's
+            // hold from its grant (the holder's `acquired_at_ms`).
             if state.handing_over {
                 for lease_id in &leases {
                     state.remove_lease(lease_id);
@@ -208,7 +211,7 @@ impl Registry {
         }
         self.confirm_stopped(stopped).await;
         for lease_id in leases {
-            self.release_lease(&lease_id).await;
+            self.release_lease(&lease_id, Ended::Closed).await;
         }
     }
 

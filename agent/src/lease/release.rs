@@ -7,6 +7,7 @@ use super::event::Loss;
 use super::registry::Registry;
 use super::state::ConnId;
 use crate::backend::{AcquireSpec, Ending, LeaseRef};
+use crate::metrics::{self, Ended, Takeover};
 use runlock_protocol::{Holder, Key};
 
 impl Registry {
@@ -24,16 +25,18 @@ impl Registry {
         }
         let mut count = 0;
         for id in lease_ids {
-            count += u32::from(self.release_lease(id).await);
+            count += u32::from(self.release_lease(id, Ended::Released).await);
         }
         Ok(count)
     }
 
-    /// Lets go of one lease, in the backend too, and wakes the next local waiter.
-    pub(super) async fn release_lease(&self, lease_id: &str) -> bool {
+    /// Lets go of one lease, in the backend too, and wakes the next local
+    /// waiter; `ended` says why, for the hold time's metric.
+    pub(super) async fn release_lease(&self, lease_id: &str, ended: Ended) -> bool {
         let Some(lease) = self.state().remove_lease(lease_id) else {
             return false;
         };
+        metrics::hold_ended(lease.holder.acquired_at_ms, ended);
         self.renewals.stop(lease_id);
         if let Err(err) = self.backend.release(&lease.reference(lease_id)).await {
             tracing::warn!(key = %lease.key.logged(), error = %err, "release failed");
@@ -101,6 +104,9 @@ impl Registry {
             lease_id: spec.lease_id,
             token: grant.holder.token,
         };
+        if grant.displaced.is_some() {
+            metrics::takeover(Takeover::Break);
+        }
         if let Some(broken) = self.held_here_before(&key, lease.token) {
             let loss = Loss::BrokenHere {
                 uid: peer.uid,
