@@ -1,14 +1,17 @@
 //! `runlockd --metrics ADDR`: the Prometheus endpoint, scraped over HTTP while
 //! runs take a key, wait for it, are refused it, lose it to `--force` or a
-//! break, or are killed holding it.
+//! break, or are killed holding it; and the exposition checked by promtool.
 
 use crate::agent_process::runlockd_refusing;
 use crate::support::agent::{temp_dir, FileBackendDir};
 use crate::support::run::HOLD;
 use crate::support::{http, key, AgentOptions, Deadline, TestAgent, WAIT};
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use nix::sys::signal::Signal;
+use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 
 /// An agent on a fresh `file://` backend (which renews its leases) serving
 /// metrics on a port of the kernel's choosing, that port, and the lock
@@ -59,6 +62,19 @@ pub(crate) fn value(text: &str, series: &str) -> Option<f64> {
 /// [`value`], or an error that shows the exposition.
 fn value_in(text: &str, series: &str) -> Result<f64> {
     value(text, series).with_context(|| format!("no {series} in:\n{text}"))
+}
+
+/// Debian's promtool (package `prometheus`), which scripts/test installs: its
+/// absence fails the test that needs it rather than skipping it.
+pub(crate) fn promtool() -> Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("promtool"))
+        .find(|candidate| candidate.is_file())
+        .context(
+            "promtool is not installed: `apt-get install prometheus` (Debian) provides it; \
+             scripts/test installs it",
+        )
 }
 
 /// Scrapes until `series` has `want`, within [`WAIT`]; the last exposition
@@ -273,6 +289,65 @@ async fn a_break_and_a_killed_run_end_their_holds_as_broken_and_closed() -> Resu
             "{series} is not {want}:\n{text}"
         );
     }
+    Ok(())
+}
+
+/// `promtool check metrics` on `exposition`: its findings, if any, as the error.
+pub(crate) fn promtool_check_metrics(exposition: &str) -> Result<()> {
+    let mut check = Command::new(promtool()?)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting promtool check metrics")?;
+    check
+        .stdin
+        .take()
+        .context("promtool's stdin")?
+        .write_all(exposition.as_bytes())?;
+    let out = check.wait_with_output()?;
+    let findings = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() || !findings.trim().is_empty() {
+        bail!("promtool check metrics ({}):\n{findings}", out.status);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exposition_passes_promtool_check_metrics() -> Result<()> {
+    let (agent, addr, _locks) = agent_with_metrics("30s").await?;
+    // Series made the first time something happens are in it too.
+    let k = key("metrics-promtool");
+    let mut holder = agent.run(&[&k], &[], HOLD)?;
+    holder.ready().await?;
+    agent
+        .run(&[&k], &[], "exit 0")?
+        .finish()
+        .await?
+        .expect_code(75)?;
+    holder.end();
+    holder.finish().await?.expect_code(0)?;
+    let text = scrape(addr).await?;
+    ensure!(
+        text.contains(r#"operation="acquire",result="held""#),
+        "the refusal made no series:\n{text}"
+    );
+    promtool_check_metrics(&text)
+}
+
+#[test]
+fn promtool_check_metrics_finds_a_badly_named_counter() -> Result<()> {
+    // So that the check above is known to look: a counter without `_total`.
+    let bad = "# HELP runlock_oops Oops.\n# TYPE runlock_oops counter\nrunlock_oops 1\n";
+    let Err(err) = promtool_check_metrics(bad) else {
+        bail!("promtool accepted a counter named without _total");
+    };
+    ensure!(format!("{err:#}").contains("_total"), "{err:#}");
     Ok(())
 }
 
