@@ -1,8 +1,10 @@
 //! The deployment examples, checked against the real binaries:
-//! `deploy/kubernetes/`'s CronJob (its socket, flags and environment), and the
+//! `deploy/kubernetes/`'s CronJob (its socket, flags and environment), the
 //! stand-in Meltano project that runs an example's command line through a
-//! real agent (also used by tests/systemd.rs for `systemd/examples/`).
+//! real agent (also used by tests/systemd.rs for `systemd/examples/`), and
+//! the alert rules in `deploy/prometheus/`, checked and tested by promtool.
 
+use crate::metrics::promtool;
 use crate::support::agent::{temp_dir, AgentOptions};
 use crate::support::bins::bins;
 use crate::support::run::Finished;
@@ -285,5 +287,58 @@ async fn the_pipeline_container_runs_locked_through_the_sidecar() -> Result<()> 
         "{out:?}\n{}",
         agent.log()
     );
+    Ok(())
+}
+
+/// `promtool ARGS...` in `dir`: its output, or an error with it.
+fn run_promtool(dir: &Path, args: &[&str]) -> Result<String> {
+    let out = std::process::Command::new(promtool()?)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .with_context(|| format!("running promtool {args:?}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(out.status.success(), "promtool {args:?} failed:\n{text}");
+    Ok(text)
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_check_rules_and_their_unit_tests() -> Result<()> {
+    let dir = repo_path("deploy/prometheus")?;
+    let checked = run_promtool(&dir, &["check", "rules", "runlock-alerts.yml"])?;
+    ensure!(checked.contains("SUCCESS: 4 rules found"), "{checked}");
+    let tested = run_promtool(&dir, &["test", "rules", "runlock-alerts.test.yml"])?;
+    ensure!(tested.contains("SUCCESS"), "{tested}");
+    // Each alert is shown both firing and quiet by its unit tests.
+    let rules = std::fs::read_to_string(dir.join("runlock-alerts.yml"))?;
+    let rules: Value = yaml_serde::from_str(&rules).context("parsing the alert rules")?;
+    let tests = std::fs::read_to_string(dir.join("runlock-alerts.test.yml"))?;
+    let tests: Value = yaml_serde::from_str(&tests).context("parsing the rule tests")?;
+    let cases: Vec<&Value> = seq(&tests["tests"])
+        .flat_map(|test| seq(&test["alert_rule_test"]))
+        .collect();
+    let alerts = seq(&rules["groups"])
+        .flat_map(|group| seq(&group["rules"]))
+        .filter_map(|rule| rule["alert"].as_str());
+    for alert in alerts {
+        let of_alert = || {
+            cases
+                .iter()
+                .filter(|c| c["alertname"].as_str() == Some(alert))
+        };
+        let firing = |c: &&&Value| seq(&c["exp_alerts"]).next().is_some();
+        ensure!(
+            of_alert().any(|c| firing(&c)),
+            "no test shows {alert} firing"
+        );
+        ensure!(
+            of_alert().any(|c| !firing(&c)),
+            "no test shows {alert} quiet"
+        );
+    }
     Ok(())
 }
