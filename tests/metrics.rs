@@ -16,7 +16,9 @@ use std::process::{Command, Stdio};
 /// An agent on a fresh `file://` backend (which renews its leases) serving
 /// metrics on a port of the kernel's choosing, that port, and the lock
 /// directory (to keep while the agent runs).
-async fn agent_with_metrics(ttl: &str) -> Result<(TestAgent, SocketAddr, FileBackendDir)> {
+pub(crate) async fn agent_with_metrics(
+    ttl: &str,
+) -> Result<(TestAgent, SocketAddr, FileBackendDir)> {
     let locks = FileBackendDir::new()?;
     let mut options = AgentOptions::new(locks.uri());
     options.args = ["--metrics", "127.0.0.1:0", "--ttl", ttl]
