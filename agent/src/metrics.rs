@@ -2,6 +2,7 @@
 //! histograms the lease layer, the connection (acquisitions, by wire code)
 //! and the renewal scheduler record where outcomes are decided, a timing
 //! decorator around the backend, and a tiny HTTP server for `GET /metrics`.
+//! deploy/METRICS.md describes each series for the people who chart them.
 //!
 //! The metrics live in one process-wide instance, set by [`start`], so that
 //! each hook is a one-line call that needs no handle threaded through the
@@ -97,8 +98,9 @@ pub enum Renewal {
 pub enum Ended {
     /// Its client released it (or its acquire failed on a later key).
     Released,
-    /// Its client's connection closed while it was held: the shim was
-    /// killed, or a reattached run's last process exited.
+    /// Its client's connection closed without a release: the shim was
+    /// killed, a client closed its connection, or a reattached run's last
+    /// process exited.
     Closed,
     /// It was lost while held.
     Lost(LostReason),
@@ -276,7 +278,7 @@ impl Metrics {
         registry.register(
             "runlock_hold_duration_seconds",
             "Time from a grant to the lease's end on this agent, in seconds, by how it ended: \
-             released, closed (the client's connection closed while holding it), or lost as \
+             released, closed (the client's connection closed without a release), or lost as \
              forced, broken or expired",
             held.clone(),
         );
