@@ -1,13 +1,18 @@
 //! The deployment examples, checked against the real binaries:
-//! `deploy/kubernetes/`'s CronJob (its socket, flags and environment), and the
+//! `deploy/kubernetes/`'s CronJob (its socket, flags and environment), the
 //! stand-in Meltano project that runs an example's command line through a
-//! real agent (also used by tests/systemd.rs for `systemd/examples/`).
+//! real agent (also used by tests/systemd.rs for `systemd/examples/`), and
+//! the monitoring in `deploy/prometheus/` and `deploy/grafana/`: promtool on
+//! the alert rules and their tests, and every metric and label their queries
+//! name checked against what a real agent exports.
 
+use crate::metrics::{agent_with_metrics, promtool, scrape};
 use crate::support::agent::{temp_dir, AgentOptions};
 use crate::support::bins::bins;
 use crate::support::run::Finished;
 use crate::support::{closed_port, Run, TestAgent};
 use anyhow::{bail, ensure, Context, Result};
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use tokio::process::Command;
@@ -285,5 +290,330 @@ async fn the_pipeline_container_runs_locked_through_the_sidecar() -> Result<()> 
         "{out:?}\n{}",
         agent.log()
     );
+    Ok(())
+}
+
+/// `promtool ARGS...` in `dir`: its output, or an error with it.
+fn run_promtool(dir: &Path, args: &[&str]) -> Result<String> {
+    let out = std::process::Command::new(promtool()?)
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .with_context(|| format!("running promtool {args:?}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(out.status.success(), "promtool {args:?} failed:\n{text}");
+    Ok(text)
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_check_rules_and_their_unit_tests() -> Result<()> {
+    let dir = repo_path("deploy/prometheus")?;
+    let checked = run_promtool(&dir, &["check", "rules", "runlock-alerts.yml"])?;
+    ensure!(checked.contains("SUCCESS: 4 rules found"), "{checked}");
+    let tested = run_promtool(&dir, &["test", "rules", "runlock-alerts.test.yml"])?;
+    ensure!(tested.contains("SUCCESS"), "{tested}");
+    // Each alert is shown both firing and quiet by its unit tests.
+    let rules = std::fs::read_to_string(dir.join("runlock-alerts.yml"))?;
+    let rules: Value = yaml_serde::from_str(&rules).context("parsing the alert rules")?;
+    let tests = std::fs::read_to_string(dir.join("runlock-alerts.test.yml"))?;
+    let tests: Value = yaml_serde::from_str(&tests).context("parsing the rule tests")?;
+    let cases: Vec<&Value> = seq(&tests["tests"])
+        .flat_map(|test| seq(&test["alert_rule_test"]))
+        .collect();
+    let alerts = seq(&rules["groups"])
+        .flat_map(|group| seq(&group["rules"]))
+        .filter_map(|rule| rule["alert"].as_str());
+    for alert in alerts {
+        let of_alert = || {
+            cases
+                .iter()
+                .filter(|c| c["alertname"].as_str() == Some(alert))
+        };
+        let firing = |c: &&&Value| seq(&c["exp_alerts"]).next().is_some();
+        ensure!(
+            of_alert().any(|c| firing(&c)),
+            "no test shows {alert} firing"
+        );
+        ensure!(
+            of_alert().any(|c| !firing(&c)),
+            "no test shows {alert} quiet"
+        );
+    }
+    Ok(())
+}
+
+/// What a PromQL expression names: metrics, each selector's matcher labels,
+/// and the labels of `by (...)` and `without (...)`.
+#[derive(Debug, Default)]
+struct Query {
+    /// Each metric with the labels its selector matches on.
+    selectors: Vec<(String, Vec<String>)>,
+    grouped_by: Vec<String>,
+}
+
+impl Query {
+    /// A small PromQL scanner: enough for the names and labels of our queries.
+    fn parse(expr: &str) -> Query {
+        let chars: Vec<char> = expr.chars().collect();
+        let mut query = Query::default();
+        let mut at = 0;
+        let ident_start = |c: char| c.is_ascii_alphabetic() || c == '_';
+        let ident_char = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == ':';
+        let skip_string = |at: &mut usize| {
+            let quote = chars[*at];
+            *at += 1;
+            while *at < chars.len() && chars[*at] != quote {
+                *at += if chars[*at] == '\\' { 2 } else { 1 };
+            }
+            *at += 1;
+        };
+        let ident = |at: &mut usize| {
+            let start = *at;
+            while *at < chars.len() && ident_char(chars[*at]) {
+                *at += 1;
+            }
+            chars[start..*at].iter().collect::<String>()
+        };
+        let skip_spaces = |at: &mut usize| {
+            while *at < chars.len() && chars[*at].is_whitespace() {
+                *at += 1;
+            }
+        };
+        while at < chars.len() {
+            let c = chars[at];
+            if c == '"' || c == '\'' {
+                skip_string(&mut at);
+            } else if c == '$' || c == '[' {
+                // A Grafana variable or a range: `[$__rate_interval]`, `[5m]`.
+                while at < chars.len() && !matches!(chars[at], ']' | ')' | '}' | ',') {
+                    at += 1;
+                }
+            } else if ident_start(c) {
+                let name = ident(&mut at);
+                skip_spaces(&mut at);
+                let next = chars.get(at).copied();
+                if (name == "by" || name == "without") && next == Some('(') {
+                    at += 1;
+                    while at < chars.len() && chars[at] != ')' {
+                        if ident_start(chars[at]) {
+                            query.grouped_by.push(ident(&mut at));
+                        } else {
+                            at += 1;
+                        }
+                    }
+                } else if next == Some('{') {
+                    let mut labels = Vec::new();
+                    at += 1;
+                    while at < chars.len() && chars[at] != '}' {
+                        match chars[at] {
+                            '"' | '\'' => skip_string(&mut at),
+                            c if ident_start(c) => labels.push(ident(&mut at)),
+                            _ => at += 1,
+                        }
+                    }
+                    query.selectors.push((name, labels));
+                } else if name.starts_with("runlock_") {
+                    query.selectors.push((name, Vec::new()));
+                }
+            } else {
+                at += 1;
+            }
+        }
+        query
+    }
+}
+
+/// Each sample name in an exposition with the labels it carries.
+fn exported(exposition: &str) -> BTreeMap<String, BTreeSet<String>> {
+    let mut names: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for line in exposition.lines().filter(|l| !l.starts_with('#')) {
+        let Some(end) = line.find(['{', ' ']) else {
+            continue;
+        };
+        let labels = names.entry(line[..end].to_string()).or_default();
+        if let Some(inside) = line[end..]
+            .strip_prefix('{')
+            .and_then(|l| l.split('}').next())
+        {
+            for pair in inside.split(',') {
+                labels.extend(pair.split('=').next().map(String::from));
+            }
+        }
+    }
+    names
+}
+
+/// Where `expr` names a runlock metric, or a label of one, that `names`
+/// does not have; labels Prometheus adds (`job`, `instance`) and `le` pass.
+fn unknown_names(expr: &str, names: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let query = Query::parse(expr);
+    let added = ["job", "instance", "le"];
+    let mut unknown = Vec::new();
+    let mut used_labels: BTreeSet<&str> = added.into_iter().collect();
+    for (metric, labels) in query
+        .selectors
+        .iter()
+        .filter(|(m, _)| m.starts_with("runlock_"))
+    {
+        let Some(known) = names.get(metric) else {
+            unknown.push(format!("metric {metric}"));
+            continue;
+        };
+        used_labels.extend(known.iter().map(String::as_str));
+        for label in labels.iter().filter(|l| !added.contains(&l.as_str())) {
+            if !known.contains(label) {
+                unknown.push(format!("label {label} of {metric}"));
+            }
+        }
+    }
+    let names_runlock = query
+        .selectors
+        .iter()
+        .any(|(m, _)| m.starts_with("runlock_"));
+    for label in &query.grouped_by {
+        if names_runlock && !used_labels.contains(label.as_str()) {
+            unknown.push(format!("label {label} in by/without"));
+        }
+    }
+    unknown
+}
+
+#[test]
+fn the_query_scanner_finds_metrics_matchers_and_groupings() {
+    let query = Query::parse(
+        r#"histogram_quantile(0.99, sum by (instance, le) (rate(runlock_x_bucket{result="o,k}", instance=~"$instance"}[$__rate_interval]))) / on(job) runlock_y"#,
+    );
+    assert_eq!(
+        query.selectors,
+        [
+            (
+                "runlock_x_bucket".to_string(),
+                vec!["result".to_string(), "instance".to_string()]
+            ),
+            ("runlock_y".to_string(), vec![]),
+        ]
+    );
+    assert_eq!(query.grouped_by, ["instance", "le"]);
+}
+
+/// The dashboard's panels, rows' nested panels included.
+fn dashboard_panels(dashboard: &serde_json::Value) -> Vec<&serde_json::Value> {
+    let mut panels = Vec::new();
+    let mut todo: Vec<&serde_json::Value> = dashboard["panels"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .collect();
+    while let Some(panel) = todo.pop() {
+        todo.extend(panel["panels"].as_array().into_iter().flatten());
+        panels.push(panel);
+    }
+    panels
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_dashboard_and_the_alerts_query_only_what_a_real_agent_exports() -> Result<()> {
+    let (_agent, addr, _locks) = agent_with_metrics("30s").await?;
+    let exposition = scrape(addr).await?;
+    let names = exported(&exposition);
+    ensure!(names.contains_key("runlock_leases_held"), "{exposition}");
+
+    let path = repo_path("deploy/grafana/runlock.json")?;
+    let dashboard: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path)?)
+        .with_context(|| format!("{} is not JSON", path.display()))?;
+    let variables = dashboard["templating"]["list"]
+        .as_array()
+        .context("no variables")?;
+    ensure!(
+        variables.iter().any(|v| v["type"] == "datasource"
+            && v["name"] == "datasource"
+            && v["query"] == "prometheus"),
+        "no Prometheus data source variable named datasource"
+    );
+
+    let mut queries: Vec<(String, String)> = Vec::new();
+    for variable in variables.iter().filter(|v| v["type"] == "query") {
+        let expr = variable["definition"]
+            .as_str()
+            .context("a query variable without a definition")?;
+        queries.push((format!("variable {}", variable["name"]), expr.to_string()));
+    }
+    let panels: Vec<_> = dashboard_panels(&dashboard)
+        .into_iter()
+        .filter(|p| p["type"] != "row")
+        .collect();
+    ensure!(panels.len() >= 10, "only {} panels", panels.len());
+    for panel in &panels {
+        let title = panel["title"].as_str().unwrap_or("?");
+        ensure!(
+            panel["datasource"]["uid"] == "${datasource}",
+            "{title}: not on the datasource variable"
+        );
+        let targets = panel["targets"].as_array().filter(|t| !t.is_empty());
+        for target in targets.with_context(|| format!("{title}: no queries"))? {
+            ensure!(
+                target["datasource"]["uid"] == "${datasource}",
+                "{title}: a query not on the datasource variable"
+            );
+            let expr = target["expr"]
+                .as_str()
+                .with_context(|| format!("{title}: a query without expr"))?;
+            // Per host: every series a panel reads follows the host picker.
+            for (metric, labels) in Query::parse(expr).selectors {
+                ensure!(
+                    labels.contains(&"instance".to_string()),
+                    "{title}: {metric} is not filtered by $instance in {expr}"
+                );
+            }
+            queries.push((format!("panel {title:?}"), expr.to_string()));
+        }
+    }
+    let rules: Value = yaml_serde::from_str(&std::fs::read_to_string(repo_path(
+        "deploy/prometheus/runlock-alerts.yml",
+    )?)?)?;
+    for rule in seq(&rules["groups"]).flat_map(|group| seq(&group["rules"])) {
+        let expr = rule["expr"].as_str().context("a rule without expr")?;
+        queries.push((
+            format!("alert {}", rule["alert"].as_str().unwrap_or("?")),
+            expr.to_string(),
+        ));
+    }
+
+    let mut unknown = Vec::new();
+    for (place, expr) in &queries {
+        for name in unknown_names(expr, &names) {
+            unknown.push(format!("{place}: {name}"));
+        }
+    }
+    ensure!(
+        unknown.is_empty(),
+        "not exported by the agent:\n{}\nexported: {:?}",
+        unknown.join("\n"),
+        names.keys()
+    );
+
+    // The panels' PromQL parses: promtool checks it as recording rules, with
+    // Grafana's variables given values.
+    let mut recorded = String::from("groups:\n  - name: dashboard\n    rules:\n");
+    for (at, (_, expr)) in queries
+        .iter()
+        .filter(|(place, _)| place.starts_with("panel"))
+        .enumerate()
+    {
+        let expr = expr
+            .replace("$__rate_interval", "5m")
+            .replace("$instance", ".*");
+        recorded.push_str(&format!(
+            "      - record: dashboard_query_{at}\n        expr: {}\n",
+            serde_json::to_string(&expr)?
+        ));
+    }
+    let dir = temp_dir()?;
+    std::fs::write(dir.path().join("dashboard.yml"), recorded)?;
+    run_promtool(dir.path(), &["check", "rules", "dashboard.yml"])?;
     Ok(())
 }

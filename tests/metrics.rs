@@ -1,17 +1,24 @@
 //! `runlockd --metrics ADDR`: the Prometheus endpoint, scraped over HTTP while
-//! runs take a key, are refused it and lose it to `--force`.
+//! runs take a key, wait for it, are refused it, lose it to `--force` or a
+//! break, or are killed holding it; and the exposition checked by promtool.
 
 use crate::agent_process::runlockd_refusing;
 use crate::support::agent::{temp_dir, FileBackendDir};
 use crate::support::run::HOLD;
 use crate::support::{http, key, AgentOptions, Deadline, TestAgent, WAIT};
-use anyhow::{ensure, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
+use nix::sys::signal::Signal;
+use std::io::Write;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
 
 /// An agent on a fresh `file://` backend (which renews its leases) serving
 /// metrics on a port of the kernel's choosing, that port, and the lock
 /// directory (to keep while the agent runs).
-async fn agent_with_metrics(ttl: &str) -> Result<(TestAgent, SocketAddr, FileBackendDir)> {
+pub(crate) async fn agent_with_metrics(
+    ttl: &str,
+) -> Result<(TestAgent, SocketAddr, FileBackendDir)> {
     let locks = FileBackendDir::new()?;
     let mut options = AgentOptions::new(locks.uri());
     options.args = ["--metrics", "127.0.0.1:0", "--ttl", ttl]
@@ -52,6 +59,24 @@ pub(crate) fn value(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// [`value`], or an error that shows the exposition.
+fn value_in(text: &str, series: &str) -> Result<f64> {
+    value(text, series).with_context(|| format!("no {series} in:\n{text}"))
+}
+
+/// Debian's promtool (package `prometheus`), which scripts/test installs: its
+/// absence fails the test that needs it rather than skipping it.
+pub(crate) fn promtool() -> Result<PathBuf> {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("promtool"))
+        .find(|candidate| candidate.is_file())
+        .context(
+            "promtool is not installed: `apt-get install prometheus` (Debian) provides it; \
+             scripts/test installs it",
+        )
 }
 
 /// Scrapes until `series` has `want`, within [`WAIT`]; the last exposition
@@ -100,13 +125,42 @@ async fn counters_follow_runs_conflicts_and_forced_losses() -> Result<()> {
         .expect_code(0)?;
     holder.finish().await?.expect_code(76)?;
 
+    // A force on a free key is a forced acquire, not a takeover.
+    agent
+        .run(&[&k], &["--force"], "exit 0")?
+        .finish()
+        .await?
+        .expect_code(0)?;
+
     let text = wait_for(addr, "runlock_leases_held", |v| v == 0.0).await?;
     for (series, want) in [
         (r#"runlock_acquisitions_total{result="granted"}"#, 2.0),
         (r#"runlock_acquisitions_total{result="held"}"#, 1.0),
-        (r#"runlock_acquisitions_total{result="forced"}"#, 1.0),
+        (r#"runlock_acquisitions_total{result="forced"}"#, 2.0),
+        (r#"runlock_takeovers_total{how="force"}"#, 1.0),
+        (r#"runlock_takeovers_total{how="break"}"#, 0.0),
         (r#"runlock_losses_total{reason="forced"}"#, 1.0),
         (r#"runlock_losses_total{reason="expired"}"#, 0.0),
+        // Every grant is timed; the refusal is not.
+        ("runlock_wait_duration_seconds_count", 4.0),
+        (
+            r#"runlock_hold_duration_seconds_count{ended="released"}"#,
+            3.0,
+        ),
+        (
+            r#"runlock_hold_duration_seconds_count{ended="forced"}"#,
+            1.0,
+        ),
+        (
+            r#"runlock_hold_duration_seconds_count{ended="closed"}"#,
+            0.0,
+        ),
+        // It was held across a renewal, TTL/3 = 1 s give or take 10%.
+        (
+            r#"runlock_hold_duration_seconds_bucket{ended="forced",le="0.1"}"#,
+            0.0,
+        ),
+        ("runlock_waiters", 0.0),
     ] {
         ensure!(
             value(&text, series) == Some(want),
@@ -127,6 +181,175 @@ async fn counters_follow_runs_conflicts_and_forced_losses() -> Result<()> {
         text.contains(r#"runlock_backend_request_duration_seconds_bucket{operation="acquire",result="ok",le="0.0001"}"#),
         "the histogram's buckets do not start at 0.1 ms:\n{text}"
     );
+    // Every renewal's lateness is recorded, retries included.
+    let renewed = value_in(&text, r#"runlock_renewals_total{result="ok"}"#)?;
+    let timed = value_in(&text, "runlock_renewal_lateness_seconds_count")?;
+    ensure!(
+        timed >= renewed,
+        "{timed} lateness samples for {renewed} renewals:\n{text}"
+    );
+    let build = format!(
+        r#"runlock_build_info{{version="{}"}}"#,
+        env!("CARGO_PKG_VERSION")
+    );
+    ensure!(value(&text, &build) == Some(1.0), "no {build} 1:\n{text}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_a_held_key_shows_in_the_waiters_gauge_and_the_wait_before_its_grant(
+) -> Result<()> {
+    let (agent, addr, _locks) = agent_with_metrics("30s").await?;
+    let k = key("metrics-wait");
+    let mut holder = agent.run(&[&k], &[], HOLD)?;
+    holder.ready().await?;
+    let waiter = agent.run(&[&k], &["--wait", "60s"], "exit 0")?;
+    wait_for(addr, "runlock_waiters", |v| v == 1.0).await?;
+    // Its tries 2 to 4 follow pauses of at least 10, 20 and 40 ms (half of
+    // the first polls, 20 ms doubling): by then it has waited 70 ms or more.
+    let polled =
+        r#"runlock_backend_request_duration_seconds_count{operation="acquire",result="held"}"#;
+    let before = wait_for(addr, polled, |v| v >= 4.0).await?;
+    let quick = r#"runlock_wait_duration_seconds_bucket{le="0.05"}"#;
+    let (quick_before, count_before) = (
+        value_in(&before, quick)?,
+        value_in(&before, "runlock_wait_duration_seconds_count")?,
+    );
+    ensure!(
+        count_before == 1.0,
+        "only the holder was granted yet:\n{before}"
+    );
+
+    holder.end();
+    holder.finish().await?.expect_code(0)?;
+    waiter.finish().await?.expect_code(0)?;
+    let text = wait_for(addr, "runlock_waiters", |v| v == 0.0).await?;
+    ensure!(
+        value_in(&text, "runlock_wait_duration_seconds_count")? == count_before + 1.0,
+        "the waiter's grant was not timed:\n{text}"
+    );
+    ensure!(
+        value_in(&text, quick)? == quick_before,
+        "the waiter's grant was timed as under 50 ms:\n{text}"
+    );
+    ensure!(
+        value_in(&text, r#"runlock_acquisitions_total{result="granted"}"#)? == 2.0,
+        "{text}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_break_and_a_killed_run_end_their_holds_as_broken_and_closed() -> Result<()> {
+    let (agent, addr, _locks) = agent_with_metrics("30s").await?;
+    let broken = key("metrics-broken");
+    let mut holder = agent.run(&[&broken], &[], HOLD)?;
+    holder.ready().await?;
+    agent
+        .runlock_output(&["release", &broken])
+        .await?
+        .expect_code(0)?;
+    holder.finish().await?.expect_code(76)?;
+    let text = wait_for(
+        addr,
+        r#"runlock_hold_duration_seconds_count{ended="broken"}"#,
+        |v| v == 1.0,
+    )
+    .await?;
+    for (series, want) in [
+        (r#"runlock_losses_total{reason="broken"}"#, 1.0),
+        (r#"runlock_takeovers_total{how="break"}"#, 1.0),
+        (r#"runlock_takeovers_total{how="force"}"#, 0.0),
+    ] {
+        ensure!(
+            value(&text, series) == Some(want),
+            "{series} is not {want}:\n{text}"
+        );
+    }
+
+    // The shim and then its command killed: the connection closes holding the key.
+    let killed = key("metrics-killed");
+    let mut run = agent.run(&[&killed], &[], HOLD)?;
+    run.ready().await?;
+    run.signal(Signal::SIGKILL)?;
+    run.kill_group()?;
+    let text = wait_for(
+        addr,
+        r#"runlock_hold_duration_seconds_count{ended="closed"}"#,
+        |v| v == 1.0,
+    )
+    .await?;
+    for (series, want) in [
+        (
+            r#"runlock_hold_duration_seconds_count{ended="released"}"#,
+            0.0,
+        ),
+        ("runlock_leases_held", 0.0),
+    ] {
+        ensure!(
+            value(&text, series) == Some(want),
+            "{series} is not {want}:\n{text}"
+        );
+    }
+    Ok(())
+}
+
+/// `promtool check metrics` on `exposition`: its findings, if any, as the error.
+pub(crate) fn promtool_check_metrics(exposition: &str) -> Result<()> {
+    let mut check = Command::new(promtool()?)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting promtool check metrics")?;
+    check
+        .stdin
+        .take()
+        .context("promtool's stdin")?
+        .write_all(exposition.as_bytes())?;
+    let out = check.wait_with_output()?;
+    let findings = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() || !findings.trim().is_empty() {
+        bail!("promtool check metrics ({}):\n{findings}", out.status);
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_exposition_passes_promtool_check_metrics() -> Result<()> {
+    let (agent, addr, _locks) = agent_with_metrics("30s").await?;
+    // Series made the first time something happens are in it too.
+    let k = key("metrics-promtool");
+    let mut holder = agent.run(&[&k], &[], HOLD)?;
+    holder.ready().await?;
+    agent
+        .run(&[&k], &[], "exit 0")?
+        .finish()
+        .await?
+        .expect_code(75)?;
+    holder.end();
+    holder.finish().await?.expect_code(0)?;
+    let text = scrape(addr).await?;
+    ensure!(
+        text.contains(r#"operation="acquire",result="held""#),
+        "the refusal made no series:\n{text}"
+    );
+    promtool_check_metrics(&text)
+}
+
+#[test]
+fn promtool_check_metrics_finds_a_badly_named_counter() -> Result<()> {
+    // So that the check above is known to look: a counter without `_total`.
+    let bad = "# HELP runlock_oops Oops.\n# TYPE runlock_oops counter\nrunlock_oops 1\n";
+    let Err(err) = promtool_check_metrics(bad) else {
+        bail!("promtool accepted a counter named without _total");
+    };
+    ensure!(format!("{err:#}").contains("_total"), "{err:#}");
     Ok(())
 }
 

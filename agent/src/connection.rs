@@ -650,12 +650,12 @@ async fn take(
     req: AcquireRequest,
     cancel: &CancellationToken,
 ) -> AcquireResult {
-    let force = req.force;
+    let (force, started) = (req.force, std::time::Instant::now());
     let result = registry
         .acquire(conn, req, cancel)
         .await
         .map_err(wire_error);
-    crate::metrics::acquisition(force, &result, cancel.is_cancelled());
+    crate::metrics::acquisition(force, &result, cancel.is_cancelled(), started);
     result
 }
 

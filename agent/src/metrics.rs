@@ -1,7 +1,8 @@
-//! Prometheus metrics on `--metrics ADDR`: the counters the lease layer, the
-//! connection (acquisitions, by wire code) and the renewal scheduler bump
-//! where outcomes are decided, a timing decorator around the backend, and a
-//! tiny HTTP server for `GET /metrics`.
+//! Prometheus metrics on `--metrics ADDR`: the counters, gauges and
+//! histograms the lease layer, the connection (acquisitions, by wire code)
+//! and the renewal scheduler record where outcomes are decided, a timing
+//! decorator around the backend, and a tiny HTTP server for `GET /metrics`.
+//! deploy/METRICS.md describes each series for the people who chart them.
 //!
 //! The metrics live in one process-wide instance, set by [`start`], so that
 //! each hook is a one-line call that needs no handle threaded through the
@@ -24,11 +25,12 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::metrics::info::Info;
 use runlock_protocol::{ErrorCode, Key, KeyEvent, KeyRecord, LostReason, WireError};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +40,23 @@ use tokio_util::sync::CancellationToken;
 const BUCKETS_S: [f64; 16] = [
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
     5.0, 10.0,
+];
+/// Upper bounds of the wait before a grant in seconds: an uncontended grant
+/// (a store request or two) to an hour in line behind other runs.
+const WAIT_BUCKETS_S: [f64; 14] = [
+    0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+/// Upper bounds of a lease's hold time in seconds: a command that exits at
+/// once to a day-long run (a run may hold longer than any TTL, by renewing).
+const HOLD_BUCKETS_S: [f64; 14] = [
+    0.1, 1.0, 10.0, 30.0, 60.0, 300.0, 600.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, 43200.0,
+    86400.0,
+];
+/// Upper bounds of a renewal's lateness in seconds: 1 ms (a busy scheduler) to
+/// 10 s (the whole renewal period at the default 30 s TTL; 5/6 of the TTL
+/// late, a lease is lost).
+const LATENESS_BUCKETS_S: [f64; 13] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
 /// Scrapes served at once; more connections are closed unanswered.
 const MAX_CONNECTIONS: usize = 16;
@@ -71,6 +90,57 @@ pub enum Renewal {
     Retry,
     /// The lease is gone: taken, or not renewed before its deadline.
     Lost,
+}
+
+/// How a lease held on this agent ended, as the hold histogram's `ended`
+/// label names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ended {
+    /// Its client released it (or its acquire failed on a later key).
+    Released,
+    /// Its client's connection closed without a release: the shim was
+    /// killed, a client closed its connection, or a reattached run's last
+    /// process exited.
+    Closed,
+    /// It was lost while held.
+    Lost(LostReason),
+}
+
+impl Ended {
+    /// Each label value, the ones [`Metrics::new`] creates up front.
+    const KNOWN: [Ended; 5] = [
+        Ended::Released,
+        Ended::Closed,
+        Ended::Lost(LostReason::Forced),
+        Ended::Lost(LostReason::Broken),
+        Ended::Lost(LostReason::Expired),
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Ended::Released => "released",
+            Ended::Closed => "closed",
+            Ended::Lost(reason) => lost_reason(reason),
+        }
+    }
+}
+
+fn lost_reason(reason: LostReason) -> &'static str {
+    match reason {
+        LostReason::Forced => "forced",
+        LostReason::Broken => "broken",
+        LostReason::Expired => "expired",
+        LostReason::Unknown => "unknown",
+    }
+}
+
+/// How this agent took a key from a live holder.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takeover {
+    /// An acquire with `--force`.
+    Force,
+    /// `runlock release --key`.
+    Break,
 }
 
 /// A backend operation, as the histogram's `operation` label names it.
@@ -126,11 +196,19 @@ fn backend_result<T>(result: &Result<T, BackendError>) -> &'static str {
 pub struct Metrics {
     registry: prometheus_client::registry::Registry,
     leases_held: Gauge,
+    waiters: Gauge,
     acquisitions: Family<Labels, Counter>,
     granted: Counter,
     forced: Counter,
     cancelled: Counter,
+    /// From an acquire request to its grant.
+    wait: Histogram,
+    /// From a grant to the lease's end, by how it ended ([`Ended::KNOWN`] kept here).
+    held: Family<Labels, Histogram, fn() -> Histogram>,
+    held_known: [Histogram; Ended::KNOWN.len()],
+    takeovers: [Counter; 2],
     renewals: [Counter; 3],
+    renewal_lateness: Histogram,
     losses: Family<Labels, Counter>,
     refused: Counter,
     backend: Family<Labels2, Histogram, fn() -> Histogram>,
@@ -159,6 +237,18 @@ impl Metrics {
             "Leases this agent holds now",
             leases_held.clone(),
         );
+        let waiters = Gauge::default();
+        registry.register(
+            "runlock_waiters",
+            "Acquires on this agent waiting now for a key held by another run (here or on \
+             another host), or in line behind another waiter here",
+            waiters.clone(),
+        );
+        registry.register(
+            "runlock_build",
+            "This agent's version",
+            Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]),
+        );
 
         let acquisitions = Family::<Labels, Counter>::default();
         let result = |value| acquisitions.get_or_create_owned(&[("result", value)]);
@@ -169,9 +259,41 @@ impl Metrics {
         }
         registry.register(
             "runlock_acquisitions",
-            "Acquire requests by outcome: granted, forced (granted by taking the key over), \
-             cancelled (the client left while waiting), or the error code",
+            "Acquire requests by outcome: granted, forced (granted to a request with --force, \
+             whether or not the key was held), cancelled (the client left while waiting), or the \
+             error code (held: refused because another run held a key until the wait ran out)",
             acquisitions.clone(),
+        );
+
+        let wait = Histogram::new(WAIT_BUCKETS_S);
+        registry.register(
+            "runlock_wait_duration_seconds",
+            "Time from an acquire request to its grant, in seconds: the store's requests, any \
+             wait for holders, and for a force the wait for the displaced run to stop",
+            wait.clone(),
+        );
+
+        let held = Family::<Labels, Histogram, fn() -> Histogram>::new_with_constructor(|| {
+            Histogram::new(HOLD_BUCKETS_S)
+        });
+        let held_known =
+            Ended::KNOWN.map(|ended| held.get_or_create_owned(&[("ended", ended.label())]));
+        registry.register(
+            "runlock_hold_duration_seconds",
+            "Time from a grant to the lease's end on this agent, in seconds, by how it ended: \
+             released, closed (the client's connection closed without a release), or lost as \
+             forced, broken or expired",
+            held.clone(),
+        );
+
+        let takeover_family = Family::<Labels, Counter>::default();
+        let takeovers =
+            ["force", "break"].map(|how| takeover_family.get_or_create_owned(&[("how", how)]));
+        registry.register(
+            "runlock_takeovers",
+            "Keys this agent took from a live holder: force (runlock run --force) or break \
+             (runlock release --key)",
+            takeover_family,
         );
 
         let renewal_family = Family::<Labels, Counter>::default();
@@ -181,6 +303,12 @@ impl Metrics {
             "runlock_renewals",
             "Lease renewals by outcome: ok, retry (failed, retried until the lease's deadline) or lost",
             renewal_family,
+        );
+        let renewal_lateness = Histogram::new(LATENESS_BUCKETS_S);
+        registry.register(
+            "runlock_renewal_lateness_seconds",
+            "How long after it was due each renewal (or retry) went out, in seconds",
+            renewal_lateness.clone(),
         );
 
         let losses = Family::<Labels, Counter>::default();
@@ -232,11 +360,17 @@ impl Metrics {
             registry,
             throttled,
             leases_held,
+            waiters,
             acquisitions,
             granted,
             forced,
             cancelled,
+            wait,
+            held,
+            held_known,
+            takeovers,
             renewals,
+            renewal_lateness,
             losses,
             refused,
             backend,
@@ -252,7 +386,16 @@ impl Metrics {
         text
     }
 
-    fn acquisition<T>(&self, force: bool, result: &Result<T, WireError>, cancelled: bool) {
+    fn acquisition<T>(
+        &self,
+        force: bool,
+        result: &Result<T, WireError>,
+        cancelled: bool,
+        started: Instant,
+    ) {
+        if result.is_ok() {
+            self.wait.observe(started.elapsed().as_secs_f64());
+        }
         match result {
             Ok(_) if force => self.forced.inc(),
             Ok(_) => self.granted.inc(),
@@ -265,13 +408,31 @@ impl Metrics {
     }
 
     fn lost(&self, reason: LostReason) {
-        let reason = match reason {
-            LostReason::Forced => "forced",
-            LostReason::Broken => "broken",
-            LostReason::Expired => "expired",
-            LostReason::Unknown => "unknown",
-        };
-        self.losses.get_or_create(&[("reason", reason)]).inc();
+        self.losses
+            .get_or_create(&[("reason", lost_reason(reason))])
+            .inc();
+    }
+
+    fn waiting(&self) -> Waiting {
+        self.waiters.inc();
+        Waiting(Some(self.waiters.clone()))
+    }
+
+    /// A lease granted at `acquired_at_ms` ended at `now_ms` (both wall clock,
+    /// so that a run reattached after an agent restart counts from its grant).
+    fn hold_ended(&self, acquired_at_ms: u64, now_ms: u64, ended: Ended) {
+        // 0: a holder that does not say when it was granted.
+        if acquired_at_ms == 0 {
+            return;
+        }
+        let seconds = now_ms.saturating_sub(acquired_at_ms) as f64 / 1000.0;
+        match Ended::KNOWN.iter().position(|known| *known == ended) {
+            Some(at) => self.held_known[at].observe(seconds),
+            None => self
+                .held
+                .get_or_create(&[("ended", ended.label())])
+                .observe(seconds),
+        }
     }
 
     fn backend_request<T>(
@@ -296,10 +457,60 @@ impl Metrics {
 
 static GLOBAL: OnceLock<Arc<Metrics>> = OnceLock::new();
 
-/// Counts one acquire request by how it ended; `cancelled` when its client left.
-pub fn acquisition<T>(force: bool, result: &Result<T, WireError>, cancelled: bool) {
+/// Counts one acquire request, made at `started`, by how it ended (`cancelled`
+/// when its client left), and times it if it was granted.
+pub fn acquisition<T>(
+    force: bool,
+    result: &Result<T, WireError>,
+    cancelled: bool,
+    started: Instant,
+) {
     if let Some(metrics) = GLOBAL.get() {
-        metrics.acquisition(force, result, cancelled);
+        metrics.acquisition(force, result, cancelled, started);
+    }
+}
+
+/// Counts one acquire as waiting, for as long as it is kept ([`waiting`]).
+#[must_use = "the acquire counts as waiting only while this is kept"]
+pub struct Waiting(Option<Gauge>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        if let Some(waiters) = &self.0 {
+            waiters.dec();
+        }
+    }
+}
+
+/// An acquire starts waiting for a held key; it stops when the guard is dropped.
+pub fn waiting() -> Waiting {
+    GLOBAL
+        .get()
+        .map_or(Waiting(None), |metrics| metrics.waiting())
+}
+
+/// Records how long a lease granted at `acquired_at_ms` (its holder's wall
+/// clock) was held, by how it ended.
+pub fn hold_ended(acquired_at_ms: u64, ended: Ended) {
+    if let Some(metrics) = GLOBAL.get() {
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64);
+        metrics.hold_ended(acquired_at_ms, now_ms, ended);
+    }
+}
+
+/// Counts one key taken from a live holder.
+pub fn takeover(how: Takeover) {
+    if let Some(metrics) = GLOBAL.get() {
+        metrics.takeovers[how as usize].inc();
+    }
+}
+
+/// Records how late a renewal went out.
+pub fn renewal_lateness(late: Duration) {
+    if let Some(metrics) = GLOBAL.get() {
+        metrics.renewal_lateness.observe(late.as_secs_f64());
     }
 }
 
@@ -563,9 +774,24 @@ mod tests {
             r#"runlock_losses_total{reason="broken"}"#,
             r#"runlock_losses_total{reason="expired"}"#,
             r#"runlock_backend_request_duration_seconds_count{operation="renew",result="ok"}"#,
+            "runlock_waiters",
+            "runlock_wait_duration_seconds_count",
+            r#"runlock_hold_duration_seconds_count{ended="released"}"#,
+            r#"runlock_hold_duration_seconds_count{ended="closed"}"#,
+            r#"runlock_hold_duration_seconds_count{ended="forced"}"#,
+            r#"runlock_hold_duration_seconds_count{ended="broken"}"#,
+            r#"runlock_hold_duration_seconds_count{ended="expired"}"#,
+            r#"runlock_takeovers_total{how="force"}"#,
+            r#"runlock_takeovers_total{how="break"}"#,
+            "runlock_renewal_lateness_seconds_count",
         ] {
             assert_eq!(value(&text, series), Some(0.0), "{series} in\n{text}");
         }
+        let build = format!(
+            r#"runlock_build_info{{version="{}"}}"#,
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(value(&text, &build), Some(1.0), "{text}");
         assert!(text.contains("# TYPE runlock_backend_request_duration_seconds histogram"));
         assert!(
             text.contains(r#"le="0.0001""#) && text.contains(r#"le="10""#),
@@ -578,10 +804,11 @@ mod tests {
         let metrics = Metrics::new();
         let granted: Result<(), WireError> = Ok(());
         let held: Result<(), WireError> = Err(WireError::new(ErrorCode::Held, "held"));
-        metrics.acquisition(false, &granted, false);
-        metrics.acquisition(true, &granted, false);
-        metrics.acquisition(false, &held, false);
-        metrics.acquisition(false, &held, true);
+        let started = Instant::now();
+        metrics.acquisition(false, &granted, false, started);
+        metrics.acquisition(true, &granted, false, started);
+        metrics.acquisition(false, &held, false, started);
+        metrics.acquisition(false, &held, true, started);
         metrics.lost(LostReason::Forced);
         metrics.renewals[Renewal::Retry as usize].inc();
         metrics.leases_held.set(3);
@@ -595,6 +822,68 @@ mod tests {
             (r#"runlock_renewals_total{result="retry"}"#, 1.0),
             (r#"runlock_renewals_total{result="ok"}"#, 0.0),
             ("runlock_leases_held", 3.0),
+            // Only grants are timed.
+            ("runlock_wait_duration_seconds_count", 2.0),
+        ] {
+            assert_eq!(value(&text, series), Some(want), "{series} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn a_hold_is_timed_from_its_grant_by_how_it_ended() {
+        let metrics = Metrics::new();
+        metrics.hold_ended(1_000, 91_000, Ended::Lost(LostReason::Forced));
+        metrics.hold_ended(1_000, 1_050, Ended::Released);
+        // A holder that does not say when it was granted is not timed.
+        metrics.hold_ended(0, 91_000, Ended::Closed);
+        metrics.hold_ended(1_000, 2_000, Ended::Lost(LostReason::Unknown));
+        let text = metrics.render();
+        for (series, want) in [
+            (r#"runlock_hold_duration_seconds_sum{ended="forced"}"#, 90.0),
+            (
+                r#"runlock_hold_duration_seconds_bucket{ended="forced",le="60"}"#,
+                0.0,
+            ),
+            (
+                r#"runlock_hold_duration_seconds_bucket{ended="forced",le="300"}"#,
+                1.0,
+            ),
+            (
+                r#"runlock_hold_duration_seconds_bucket{ended="released",le="0.1"}"#,
+                1.0,
+            ),
+            (
+                r#"runlock_hold_duration_seconds_count{ended="closed"}"#,
+                0.0,
+            ),
+            (
+                r#"runlock_hold_duration_seconds_count{ended="unknown"}"#,
+                1.0,
+            ),
+        ] {
+            assert_eq!(value(&text, series), Some(want), "{series} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn waiters_takeovers_and_lateness_land_in_their_series() {
+        let metrics = Metrics::new();
+        let (first, second) = (metrics.waiting(), metrics.waiting());
+        assert_eq!(value(&metrics.render(), "runlock_waiters"), Some(2.0));
+        drop(first);
+        assert_eq!(value(&metrics.render(), "runlock_waiters"), Some(1.0));
+        drop(second);
+        metrics.takeovers[Takeover::Break as usize].inc();
+        metrics
+            .renewal_lateness
+            .observe(Duration::from_millis(1500).as_secs_f64());
+        let text = metrics.render();
+        for (series, want) in [
+            ("runlock_waiters", 0.0),
+            (r#"runlock_takeovers_total{how="force"}"#, 0.0),
+            (r#"runlock_takeovers_total{how="break"}"#, 1.0),
+            (r#"runlock_renewal_lateness_seconds_bucket{le="1"}"#, 0.0),
+            (r#"runlock_renewal_lateness_seconds_bucket{le="2.5"}"#, 1.0),
         ] {
             assert_eq!(value(&text, series), Some(want), "{series} in\n{text}");
         }

@@ -9,6 +9,7 @@ use super::renewal::deadline;
 use super::slots::{count_of, SlotRefusal};
 use super::state::{ConnId, LocalLease, PeerCred};
 use crate::backend::{history, AcquireSpec, Adopter, BackendError, Ending, Grant, LeaseRef};
+use crate::metrics;
 use crate::shown;
 use runlock_protocol::timing;
 use runlock_protocol::{
@@ -250,6 +251,8 @@ impl Registry {
         let place = self.enqueue(&key, req.slots);
         let cap = self.policy.poll_interval;
         let mut poll = POLL_START.min(cap);
+        // Set at the first wait, dropped with the answer: the waiters gauge.
+        let mut waiting = None;
         loop {
             let at_head = req.force || self.may_try(&key, place.id);
             let mut refusal = Refusal::default();
@@ -272,6 +275,7 @@ impl Registry {
                         let Some(displaced) = displaced else {
                             return Ok(taken);
                         };
+                        metrics::takeover(metrics::Takeover::Force);
                         // Invariant 10: answered once the displaced run has stopped.
                         self.await_stopped(conn, &key, &displaced, sent).await;
                         return Ok(taken);
@@ -317,6 +321,7 @@ impl Registry {
                     incident: refusal.incident.map(|e| Box::new(shown::event(&e))),
                 });
             }
+            waiting.get_or_insert_with(metrics::waiting);
             // A local release wakes us at once; polling finds holders on other agents.
             let jittered = poll.mul_f64(0.5 + fastrand::f64());
             tokio::select! {
@@ -508,7 +513,7 @@ impl Registry {
                     c.leases.insert(lease_id.clone());
                     let displaced = state.by_key.insert(spec.key.clone(), lease_id.clone());
                     state.leases.insert(lease_id.clone(), lease);
-                    crate::metrics::leases_held(state.leases.len());
+                    metrics::leases_held(state.leases.len());
                     Ok(displaced)
                 }
                 (None, None) => Err(None),

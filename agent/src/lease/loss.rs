@@ -5,6 +5,7 @@ use super::event::Loss;
 use super::registry::Registry;
 use super::renewal::Report;
 use crate::backend::{Ending, LeaseRef};
+use crate::metrics::{self, Ended};
 use crate::shown::Viewer;
 use runlock_protocol::timing;
 use runlock_protocol::{Holder, KeyRecord, LostReason};
@@ -99,7 +100,8 @@ impl Registry {
         };
         self.renewals.stop(lease_id);
         tracing::warn!(key = %lease.key.logged(), token = lease.holder.token, ?reason, "lease lost");
-        crate::metrics::lost(reason);
+        metrics::lost(reason);
+        metrics::hold_ended(lease.holder.acquired_at_ms, Ended::Lost(reason));
         let grace = timing::kill_grace(lease.ttl);
         if let Some((events, viewer, orphan, on_lost)) = notice {
             let holder = holder.map(|h| self.show(&h, viewer));

@@ -196,6 +196,8 @@ impl Registry {
                 }
                 None => return,
             };
+            // No hold ends here: the next agent, reattached, times the run's
+            // hold from its grant (the holder's `acquired_at_ms`).
             if state.handing_over {
                 for lease_id in &leases {
                     state.remove_lease(lease_id);

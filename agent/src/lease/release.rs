@@ -7,6 +7,7 @@ use super::event::Loss;
 use super::registry::Registry;
 use super::state::ConnId;
 use crate::backend::{AcquireSpec, Ending, LeaseRef};
+use crate::metrics::{self, Ended, Takeover};
 use runlock_protocol::{Holder, Key};
 
 impl Registry {
@@ -35,6 +36,11 @@ impl Registry {
         let Some(lease) = self.state().remove_lease(lease_id) else {
             return false;
         };
+        let ended = match ending {
+            Ending::ClientGone => Ended::Closed,
+            _ => Ended::Released,
+        };
+        metrics::hold_ended(lease.holder.acquired_at_ms, ended);
         self.renewals.stop(lease_id);
         if let Err(err) = self.backend.end(&lease.reference(lease_id), ending).await {
             tracing::warn!(key = %lease.key.logged(), error = %err, "release failed");
@@ -102,6 +108,9 @@ impl Registry {
             lease_id: spec.lease_id,
             token: grant.holder.token,
         };
+        if grant.displaced.is_some() {
+            metrics::takeover(Takeover::Break);
+        }
         if let Some(broken) = self.held_here_before(&key, lease.token) {
             let loss = Loss::BrokenHere {
                 uid: peer.uid,

@@ -204,7 +204,9 @@ async fn run(
                 let Some(entry) = entries.get_mut(&id) else { continue };
                 entry.slot = None;
                 let sent = Instant::now();
-                lateness.record(sent.saturating_duration_since(entry.due));
+                let late = sent.saturating_duration_since(entry.due);
+                lateness.record(late);
+                metrics::renewal_lateness(late);
                 let (lease, ttl, deadline) = (entry.lease.clone(), entry.ttl, entry.deadline(expires));
                 let backend = backend.clone();
                 in_flight.push(async move {
