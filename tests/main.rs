@@ -37,4 +37,5 @@ mod slots;
 mod systemd;
 mod throttling;
 mod trust;
+mod ui;
 mod untrusted_stores;
