@@ -38,4 +38,5 @@ mod systemd;
 mod throttling;
 mod trust;
 mod ui;
+mod ui_screenshot;
 mod untrusted_stores;

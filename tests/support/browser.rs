@@ -152,20 +152,31 @@ impl Browser {
                 return Ok(value);
             }
             if let Err(err) = deadline.tick().await {
-                let page = self
-                    .evaluate("document.body.innerText")
-                    .await
-                    .unwrap_or_default();
-                bail!("{err:#}; the page reads:\n{}", page.as_str().unwrap_or(""));
+                let page = match self.evaluate("document.body.innerText").await {
+                    Ok(Value::String(text)) => text,
+                    Ok(other) => format!("(no text: {other})"),
+                    Err(why) => format!("(cannot read it: {why:#})"),
+                };
+                bail!("{err:#}; the page reads:\n{page}");
             }
         }
     }
 
-    /// Saves a PNG of the page as the window shows it.
+    /// Saves a PNG of the page, the window's width by the content's height
+    /// (at most the window's).
     pub async fn screenshot(&mut self, path: &Path) -> Result<()> {
         use base64::Engine as _;
+        let height = self
+            .evaluate("Math.ceil(document.documentElement.getBoundingClientRect().height)")
+            .await?
+            .as_u64()
+            .map_or(WINDOW.1, |h| (h as u32).min(WINDOW.1));
+        let clip = json!({ "x": 0, "y": 0, "width": WINDOW.0, "height": height, "scale": 1 });
         let shot = self
-            .call("Page.captureScreenshot", json!({ "format": "png" }))
+            .call(
+                "Page.captureScreenshot",
+                json!({ "format": "png", "clip": clip }),
+            )
             .await?;
         let png = base64::engine::general_purpose::STANDARD
             .decode(shot["data"].as_str().context("no screenshot data")?)
