@@ -37,4 +37,6 @@ mod slots;
 mod systemd;
 mod throttling;
 mod trust;
+mod ui;
+mod ui_screenshot;
 mod untrusted_stores;

@@ -58,6 +58,19 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Serve a live page of the fleet on 127.0.0.1: keys held now, with their
+    /// holders and waiters, and each key's runs over the last 24 hours
+    ///
+    /// The page reads the store through this host's agent, with your rights,
+    /// as `runlock list` does, and updates itself every few seconds. Its
+    /// address carries a secret token (other users on this host can reach a
+    /// loopback port): open the address printed, as it is. When the agent or
+    /// this server stops answering, the page says since when its data is stale.
+    Ui {
+        /// Where to serve: a loopback address only (127.0.0.1:PORT or [::1]:PORT)
+        #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+        listen: std::net::SocketAddr,
+    },
     /// Break the lease on KEY, whoever holds it (root and the agent's user only)
     Release {
         /// The key

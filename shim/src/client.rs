@@ -27,6 +27,9 @@ pub struct Client {
     pub on_unavailable: OnUnavailable,
     /// Whether leases outlive the agent (so a run may wait for the next one).
     pub leases_survive_agent: bool,
+    /// The agent's id and its backend (secrets removed), from its welcome.
+    pub agent_id: String,
+    pub backend: String,
 }
 
 /// What a request can come back with, besides its reply.
@@ -136,6 +139,8 @@ impl Client {
             events: VecDeque::new(),
             on_unavailable: OnUnavailable::Fail,
             leases_survive_agent: false,
+            agent_id: String::new(),
+            backend: String::new(),
         };
         let hello = ClientMessage::Hello {
             version: PROTOCOL_VERSION,
@@ -163,12 +168,16 @@ impl Client {
                         AgentMessage::Welcome {
                             on_unavailable,
                             leases_survive_agent,
+                            agent_id,
+                            backend,
                             ..
                         },
                     ..
                 }))) => {
                     client.on_unavailable = on_unavailable;
                     client.leases_survive_agent = leases_survive_agent;
+                    client.agent_id = agent_id;
+                    client.backend = backend;
                     return Ok((client, first_id));
                 }
                 // Whether or not it carries hello's id, nothing but hello can be answered yet.

@@ -53,6 +53,7 @@ fn main() -> ExitCode {
             cli::Command::History { key, limit, json } => {
                 commands::history::run(&socket, &key, limit, json).await
             }
+            cli::Command::Ui { listen } => commands::ui::run(&socket, listen).await,
             cli::Command::Release { key, slot } => {
                 commands::release::run(&socket, &key, slot).await
             }

@@ -28,6 +28,7 @@ macro_rules! test_matrix {
 
 pub mod agent;
 pub mod bins;
+pub mod browser;
 pub mod client;
 pub mod hosts;
 pub mod http;

@@ -17,11 +17,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 const PAGE_ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The listing, and how it ended: whole, or cut short by a failed page.
-struct Listing {
-    keys: Vec<KeyListing>,
-    pages: u32,
+pub struct Listing {
+    pub keys: Vec<KeyListing>,
+    pub pages: u32,
     /// The page that failed (counted from 1) and why.
-    failed: Option<(u32, Failure)>,
+    pub failed: Option<(u32, Failure)>,
 }
 
 pub async fn run(socket: &Path, prefix: &str, all: bool, json: bool) -> Result<ExitCode, Failure> {
@@ -29,7 +29,7 @@ pub async fn run(socket: &Path, prefix: &str, all: bool, json: bool) -> Result<E
         super::valid_key(prefix)?;
     }
     let mut client = Client::connect(socket).await?;
-    let mut listing = read_all(&mut client, prefix, all).await?;
+    let mut listing = read_all(&mut client, prefix, all, None).await?;
     // The store's order puts keys named by their hash first; people read by key.
     listing.keys.sort_by(|a, b| a.key.cmp(&b.key));
     let text = match json {
@@ -45,8 +45,14 @@ pub async fn run(socket: &Path, prefix: &str, all: bool, json: bool) -> Result<E
 }
 
 /// Every page, until the last or the first that fails; a failure on the
-/// first page (nothing to show) is the command's failure.
-async fn read_all(client: &mut Client, prefix: &str, all: bool) -> Result<Listing, Failure> {
+/// first page (nothing to show) is the command's failure. `free` lists free
+/// keys too; `events_since_ms` asks for each key's events and refusals since then.
+pub async fn read_all(
+    client: &mut Client,
+    prefix: &str,
+    free: bool,
+    events_since_ms: Option<u64>,
+) -> Result<Listing, Failure> {
     let mut listing = Listing {
         keys: Vec::new(),
         pages: 0,
@@ -57,8 +63,8 @@ async fn read_all(client: &mut Client, prefix: &str, all: bool) -> Result<Listin
         let request = ClientMessage::ListKeys {
             prefix: prefix.to_string(),
             cursor: cursor.take(),
-            free: all,
-            events_since_ms: None,
+            free,
+            events_since_ms,
         };
         let page = listing.pages + 1;
         match client.call_within(PAGE_ANSWER_TIMEOUT, request).await {
@@ -99,14 +105,14 @@ fn page_failure(err: CallError, page: u32, after: &str) -> Failure {
 }
 
 /// Milliseconds since the epoch, now.
-fn now_ms() -> u64 {
+pub fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
 }
 
 /// The held slots of a key (its one holder for a plain key).
-fn holders(key: &KeyListing) -> Vec<&Holder> {
+pub fn holders(key: &KeyListing) -> Vec<&Holder> {
     let Some(record) = &key.record else {
         return Vec::new();
     };

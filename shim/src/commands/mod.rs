@@ -6,6 +6,7 @@ pub mod list;
 pub mod release;
 pub mod run;
 pub mod status;
+pub mod ui;
 
 use crate::exit::{Failure, EXIT_USAGE};
 use runlock_protocol::Key;
