@@ -2,7 +2,7 @@
 //! histograms the lease layer, the connection (acquisitions, by wire code)
 //! and the renewal scheduler record where outcomes are decided, a timing
 //! decorator around the backend, and a tiny HTTP server for `GET /metrics`.
-//! deploy/METRICS.md describes each series for the people who chart them.
+//! docs/src/metrics.md (the book) describes each series for the people who chart them.
 //!
 //! The metrics live in one process-wide instance, set by [`start`], so that
 //! each hook is a one-line call that needs no handle threaded through the
