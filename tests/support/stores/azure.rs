@@ -140,7 +140,10 @@ if action == "create":
 elif action == "list":
     out = []
     for item in blobs.list_blobs(name_starts_with=arg):
-        got = blobs.download_blob(item.name)
+        try:
+            got = blobs.download_blob(item.name)
+        except ResourceNotFoundError:
+            continue  # removed between the listing and the read (a probe)
         out.append({"name": item.name, "last_modified": got.properties.last_modified.timestamp(),
                     "body": got.readall().decode()})
     print(json.dumps(out))

@@ -45,7 +45,10 @@ if action == "list":
     out = []
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=arg):
         for o in page.get("Contents", []):
-            got = s3.get_object(Bucket=bucket, Key=o["Key"])
+            try:
+                got = s3.get_object(Bucket=bucket, Key=o["Key"])
+            except s3.exceptions.NoSuchKey:
+                continue  # removed between the listing and the read (a probe)
             out.append({"key": o["Key"], "last_modified": got["LastModified"].timestamp(),
                         "body": got["Body"].read().decode()})
     print(json.dumps(out))
