@@ -302,13 +302,14 @@ impl CasStore for S3Store {
                     .collect(),
                 next: output.next_continuation_token().map(str::to_string),
             }),
-            Err(err) => match self.failure(err, prefix).expected()? {
+            Err(err) => {
+                self.failure(err, prefix).expected()?;
                 // A listing names no object, so no answer but a list is expected.
-                _ => Err(CasError::Unavailable(format!(
+                Err(CasError::Unavailable(format!(
                     "S3 at {} did not list {prefix}",
                     self.location
-                ))),
-            },
+                )))
+            }
         }
     }
 
