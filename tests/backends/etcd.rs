@@ -680,3 +680,90 @@ async fn a_waiters_tries_at_a_held_key_are_reads_that_write_nothing_to_raft() {
         .expect("free again");
     assert!(second.holder.token > first.holder.token);
 }
+
+#[tokio::test]
+async fn list_pages_through_held_released_slot_and_unreadable_records() -> anyhow::Result<()> {
+    let prefix = fresh_prefix("list");
+    let (one, two) = (open(&prefix), open(&prefix));
+    let at = format!("http://{}", endpoint("RUNLOCK_TEST_ETCD_ENDPOINT"));
+    super::listing::lists_every_record(&one, &two, || async {
+        let mut etcd = Client::connect([at], None).await?;
+        etcd.put(format!("{prefix}/app%2Fbad"), "not a record", None)
+            .await?;
+        Ok(())
+    })
+    .await
+}
+
+/// A page is one transaction, and one request per etcd lease its held keys
+/// are on, whatever its number of keys; what lives beside the records
+/// (histories, force markers, `stopped` words) is not listed, and a name
+/// that is no key's is listed as unreadable.
+#[tokio::test]
+async fn a_page_of_list_is_one_transaction_and_skips_what_is_not_a_record() -> anyhow::Result<()> {
+    use crate::support::stores::{Etcd, Store};
+    use runlock_agent::backend::ListFrom;
+    let own = Etcd.start_own().await?;
+    let url = own.endpoint.url.clone();
+    let prefix = fresh_prefix("list-cost");
+    let one = open_at(url.trim_start_matches("http://"), &prefix);
+    for n in 1..=7 {
+        let name = format!("app/k{n}");
+        one.acquire(&spec(&name, &format!("l{n}"), false, TTL))
+            .await?;
+    }
+    // Escaped, far longer than a name may be: named by its hash.
+    let long = format!("app/{}", "é".repeat(150));
+    one.acquire(&spec(&long, "long", false, TTL)).await?;
+    let mut etcd = Client::connect([url.as_str()], None).await?;
+    for beside in [
+        format!("{prefix}/.force/app%2Fk1"),
+        format!("{prefix}/.stopped/app%2Fk1/3"),
+    ] {
+        etcd.put(beside, "{}", None).await?;
+    }
+    etcd.put(format!("{prefix}/.history/app%2F%ZZ"), "[]", None)
+        .await?;
+
+    let requests = |method: &'static str| {
+        let url = url.clone();
+        async move {
+            metric(
+                &url,
+                "grpc_server_started_total",
+                &format!("grpc_method=\"{method}\""),
+            )
+            .await
+        }
+    };
+    let before = (
+        requests("Txn").await,
+        requests("LeaseTimeToLive").await,
+        ranges(&url).await,
+    );
+    let spelled = one.list("app/", &ListFrom::default(), 250).await?;
+    let after = (
+        requests("Txn").await,
+        requests("LeaseTimeToLive").await,
+        ranges(&url).await,
+    );
+    assert_eq!(
+        (after.0 - before.0, after.1 - before.1, after.2 - before.2),
+        (1, 1, 0),
+        "a page of 8 names: one transaction, one lease asked, no plain read"
+    );
+    let keys = super::listing::keys_of(&spelled.records);
+    let mut expected: Vec<String> = (1..=7).map(|n| format!("app/k{n}")).collect();
+    expected.insert(0, "!app%2F%ZZ".to_string());
+    assert_eq!(keys, expected);
+
+    // Then the names of keys too long to spell, which their records name.
+    let hashed = spelled.next.expect("the hashed names follow");
+    assert!(hashed.hashed, "{hashed:?}");
+    let page = one.list("app/", &hashed, 250).await?;
+    assert_eq!(super::listing::keys_of(&page.records), [long]);
+    assert_eq!(page.next, None);
+    let elsewhere = one.list("zzz/", &hashed, 250).await?;
+    assert!(elsewhere.records.is_empty(), "{elsewhere:?}");
+    Ok(())
+}

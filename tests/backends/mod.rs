@@ -6,4 +6,5 @@
 mod conformance;
 mod etcd;
 mod gcs;
+mod listing;
 mod postgres;

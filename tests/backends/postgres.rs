@@ -619,3 +619,53 @@ async fn a_table_made_before_the_history_gains_one_and_keeps_its_rows() -> Resul
     ensure!(backend.history(&Key::new("old")?).await?.is_empty());
     Ok(())
 }
+
+#[tokio::test]
+async fn list_pages_through_held_released_slot_and_unreadable_rows() -> Result<()> {
+    let one = fresh("t_list").await?;
+    let two = on(&var("RUNLOCK_TEST_PG_URI")?, "t_list")?;
+    super::listing::lists_every_record(&one, &two, || async {
+        admin(&var("RUNLOCK_TEST_PG_URI")?)
+            .await?
+            .batch_execute(&format!(
+                "UPDATE t_list.locks SET holder = '{{\"not\": \"a holder\"}}' WHERE key = '{}'",
+                super::listing::UNREADABLE
+            ))
+            .await?;
+        Ok(())
+    })
+    .await
+}
+
+/// `%`, `_` and `!` in a prefix are themselves; pages go in byte order,
+/// whatever the database's collation, one statement each.
+#[tokio::test]
+async fn list_matches_a_prefix_literally_in_byte_order_one_statement_a_page() -> Result<()> {
+    let one = fresh("t_list_prefix").await?;
+    let keys = ["a_b", "aXb", "a!c", "B", "50%off", "50Xoff"];
+    for (n, key) in keys.iter().enumerate() {
+        one.acquire(&spec(key, &format!("l{n}"), false, TTL))
+            .await?;
+    }
+    let listed = |prefix: &'static str| {
+        let one = &one;
+        async move {
+            let (listed, _) = super::listing::list_all(one, prefix, 10).await?;
+            anyhow::Ok(super::listing::keys_of(&listed))
+        }
+    };
+    ensure!(listed("50%").await? == ["50%off"]);
+    ensure!(listed("a_").await? == ["a_b"]);
+    ensure!(listed("a!").await? == ["a!c"]);
+    let before = one.statements_sent();
+    let (all, pages) = super::listing::list_all(&one, "", 2).await?;
+    ensure!(
+        one.statements_sent() - before == pages as u64 && pages == 3,
+        "{pages} pages in {} statements",
+        one.statements_sent() - before
+    );
+    let mut in_byte_order = keys.map(String::from).to_vec();
+    in_byte_order.sort();
+    ensure!(super::listing::keys_of(&all) == in_byte_order);
+    Ok(())
+}

@@ -31,6 +31,44 @@ pub fn listed_names(prefix: &str, hashed: bool) -> Option<String> {
     }
 }
 
+/// Whether `name` is that of a key too long to spell, named by its hash.
+#[cfg(feature = "etcd")]
+pub fn is_hashed(name: &str) -> bool {
+    name.starts_with(HASHED)
+}
+
+/// The key that [`escaped`] names `name`, where the name spells it (a
+/// hashed name does not); `None` for a name `escaped` never gives. For a
+/// store that keeps a key's name without its record: etcd keeps only a
+/// released key's history.
+#[cfg(feature = "etcd")]
+pub fn unescaped(name: &str) -> Option<Key> {
+    let (base, slot) = match name.rsplit_once('#') {
+        Some((base, slot)) => (base, slot.parse::<u32>().ok()?),
+        None => (name, 0),
+    };
+    if is_hashed(base) {
+        return None;
+    }
+    let mut bytes = Vec::with_capacity(base.len());
+    let mut rest = base.as_bytes();
+    while let Some((&b, tail)) = rest.split_first() {
+        rest = tail;
+        if b == b'%' {
+            let hex = std::str::from_utf8(rest.get(..2)?).ok()?;
+            bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            rest = &rest[2..];
+        } else {
+            bytes.push(b);
+        }
+    }
+    let key = Key::new(String::from_utf8(bytes).ok()?)
+        .ok()?
+        .slot_record(slot);
+    // Only the one spelling `escaped` gives: `%3a`, `#0` or a long key spelled out are not names.
+    (escaped(&key) == name).then_some(key)
+}
+
 fn escaped_str(key: &str) -> String {
     let mut name = spelled(key);
     if name.len() > 200 {
@@ -75,5 +113,24 @@ mod tests {
         assert_eq!(slot("a", 1), "a#1");
         assert_ne!(slot("a", 1), slot("a#1", 0));
         assert!(slot(&"é".repeat(200), 3).ends_with("#3"));
+    }
+
+    #[test]
+    #[cfg(feature = "etcd")]
+    fn spelled_names_give_their_key_back_and_no_other_name_gives_one() {
+        let key = |s: &str| Key::new(s).expect("valid");
+        for name in ["dev:tap/a b", "a#1", "é", "-x", "a.b"] {
+            assert_eq!(unescaped(&escaped(&key(name))), Some(key(name)), "{name}");
+            let slot = key(name).slot_record(4);
+            assert_eq!(unescaped(&escaped(&slot)), Some(slot), "{name}");
+        }
+        let long = key(&"é".repeat(200));
+        assert!(is_hashed(&escaped(&long)));
+        assert_eq!(unescaped(&escaped(&long)), None);
+        for not_a_name in [
+            "", "%3a", "%3", "%ZZ", "a#0", "a#x", "a b", "%FF", ".x", "a#1#2",
+        ] {
+            assert_eq!(unescaped(not_a_name), None, "{not_a_name:?}");
+        }
     }
 }

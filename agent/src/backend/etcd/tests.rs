@@ -128,3 +128,72 @@ async fn an_unreachable_etcd_is_named_within_the_bound() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_listing_reads_the_records_around_the_dot_names_and_their_histories() {
+    let range = |start: &[u8], end: &[u8]| (start.to_vec(), end.to_vec());
+    let names = listing::Names::new("", None, None);
+    assert_eq!(
+        names.record_ranges("p/"),
+        [range(b"p/", b"p/."), range(b"p//", b"p0")]
+    );
+    assert_eq!(
+        names.range("p/.history/"),
+        range(b"p/.history/", b"p/.history0")
+    );
+
+    // A prefix's names never start with `.`: one range.
+    let names = listing::Names::new("app%2F", Some("app%2Fk1"), None);
+    assert_eq!(
+        names.record_ranges("p/"),
+        [range(b"p/app%2Fk1\0", b"p/app%2G")]
+    );
+    assert_eq!(
+        names.range("p/.history/"),
+        range(b"p/.history/app%2Fk1\0", b"p/.history/app%2G")
+    );
+
+    // Resumed past the `.` names: only the range above them is left; the
+    // later of two bounds counts.
+    let names = listing::Names::new("", Some("0a"), Some(b"-"));
+    assert_eq!(names.record_ranges("p/"), [range(b"p/0a\0", b"p0")]);
+    let names = listing::Names::new("", Some("-"), Some(b"0a"));
+    assert_eq!(names.record_ranges("p/"), [range(b"p/0a\0", b"p0")]);
+}
+
+#[test]
+fn a_page_merges_records_and_histories_by_name_and_ends_where_the_next_starts() {
+    let named = |names: &[&str]| -> Vec<(Vec<u8>, char)> {
+        names
+            .iter()
+            .map(|n| (n.as_bytes().to_vec(), n.chars().next().unwrap_or(' ')))
+            .collect()
+    };
+    let found = |record: Option<char>, history: Option<char>| listing::Found { record, history };
+    let page = listing::page(named(&["a", "c"]), named(&["a", "b", "d"]), 3);
+    assert_eq!(
+        page.names,
+        [
+            ("a".to_string(), found(Some('a'), Some('a'))),
+            ("b".to_string(), found(None, Some('b'))),
+            ("c".to_string(), found(Some('c'), None)),
+        ]
+    );
+    assert_eq!(page.last, Some(b"c".to_vec()), "d follows");
+    let page = listing::page(named(&["a", "c"]), named(&["a", "b", "d"]), 4);
+    assert_eq!((page.names.len(), page.last), (4, None));
+    // A name that is not UTF-8 is no record, but the next page starts after it.
+    let odd = vec![(vec![b'a', 0xff], 'x')];
+    let page = listing::page(odd, named(&["b"]), 1);
+    let last = page.last.clone().unwrap_or_default();
+    assert_eq!(
+        (page.names, last.as_slice()),
+        (Vec::new(), &[b'a', 0xff][..])
+    );
+    let cursor = listing::to_hex(&last);
+    assert_eq!(cursor, "61ff");
+    assert_eq!(listing::from_hex(&cursor), Some(vec![b'a', 0xff]));
+    for not_hex in ["6", "6g", "é"] {
+        assert_eq!(listing::from_hex(not_hex), None, "{not_hex}");
+    }
+}

@@ -3,11 +3,12 @@
 
 use super::session::{self, Session};
 use super::settings::Settings;
-use super::sql::Sql;
+use super::sql::{self, Sql};
 use crate::backend::history;
 use crate::backend::{
     redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
-    Ending, Grant, LeaseRef, PostgresOptions, Profile, Profiled, Renewed,
+    Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, PostgresOptions, Profile, Profiled,
+    Renewed,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -113,6 +114,40 @@ impl PostgresBackend {
 }
 
 impl PostgresBackend {
+    /// The row of `key` as `inspect` reports it, with its history: its first
+    /// columns are `Statements::inspect`'s (`list` reads them too).
+    fn shown(
+        &self,
+        key: &Key,
+        row: &tokio_postgres::Row,
+    ) -> Result<(KeyRecord, Vec<KeyEvent>), BackendError> {
+        let (state, token_value, holder, expired, expires_in_ms, events): (
+            String,
+            i64,
+            Option<String>,
+            bool,
+            i64,
+            Option<String>,
+        ) = (
+            column(row, 0)?,
+            column(row, 1)?,
+            column(row, 2)?,
+            column(row, 3)?,
+            column(row, 4)?,
+            column(row, 5)?,
+        );
+        let mut record = KeyRecord::free(key, Scope::Global);
+        record.token = token(token_value, key)?;
+        let events = self.history_of(key, events)?;
+        record.incident = history::last_incident(&events);
+        if state == "held" && !expired {
+            record.state = KeyState::Held;
+            record.holder = self.holder(key, holder)?;
+            record.expires_in_ms = Some(u64::try_from(expires_in_ms).unwrap_or(0));
+        }
+        Ok((record, events))
+    }
+
     /// A row's history column, read.
     fn history_of(&self, key: &Key, text: Option<String>) -> Result<Vec<KeyEvent>, BackendError> {
         let Some(text) = text else {
@@ -292,53 +327,56 @@ impl Backend for PostgresBackend {
             })
             .await
             .map_err(BackendError::Unavailable)?;
-        let mut record = KeyRecord {
-            slots: None,
-            holders: Vec::new(),
-            key: key.to_string(),
-            state: KeyState::Free,
-            token: 0,
-            holder: None,
-            expires_in_ms: None,
-            scope: Scope::Global,
-            incident: None,
-        };
-        if let Some(row) = row {
-            let (state, token_value, holder, expired, expires_in_ms, history): (
-                String,
-                i64,
-                Option<String>,
-                bool,
-                i64,
-                Option<String>,
-            ) = (
-                column(&row, 0)?,
-                column(&row, 1)?,
-                column(&row, 2)?,
-                column(&row, 3)?,
-                column(&row, 4)?,
-                column(&row, 5)?,
-            );
-            record.token = token(token_value, key)?;
-            record.incident = history::last_incident(&self.history_of(key, history)?);
-            if state == "held" && !expired {
-                record.state = KeyState::Held;
-                record.holder = self.holder(key, holder)?;
-                record.expires_in_ms = Some(u64::try_from(expires_in_ms).unwrap_or(0));
-            }
+        match row {
+            Some(row) => Ok(self.shown(key, &row)?.0),
+            None => Ok(KeyRecord::free(key, Scope::Global)),
         }
-        Ok(record)
     }
 
+    /// One statement a page: the rows whose key starts with `prefix`, after
+    /// `from.after`, in byte order.
     async fn list(
         &self,
-        _prefix: &str,
-        _from: &crate::backend::ListFrom,
-        _limit: usize,
-    ) -> Result<crate::backend::ListPage, BackendError> {
-        Err(BackendError::Unsupported(
-            "listing keys is not yet implemented for this store".to_string(),
-        ))
+        prefix: &str,
+        from: &ListFrom,
+        limit: usize,
+    ) -> Result<ListPage, BackendError> {
+        let pattern = sql::like_prefix(prefix);
+        let after = from.after.as_deref();
+        // One more than the page, to tell whether another follows.
+        let asked = i64::try_from(limit).unwrap_or(i64::MAX).saturating_add(1);
+        let (rows, _) = self
+            .session
+            .run(|link, statements| {
+                let pattern = &pattern;
+                async move {
+                    statements
+                        .list
+                        .query(&link.client, &[pattern, &after, &asked])
+                        .await
+                }
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        let more = rows.len() > limit;
+        let mut records = Vec::with_capacity(rows.len().min(limit));
+        for row in rows.iter().take(limit) {
+            let name: String = column(row, 6)?;
+            let read = Key::parse_record(&name)
+                .map_err(|e| {
+                    format!(
+                        "the row of {name:?} in {} names no valid key: {e}",
+                        self.table
+                    )
+                })
+                .and_then(|key| self.shown(&key, row).map_err(|e| e.to_string()));
+            records.push(Listed { name, read });
+        }
+        let next = more.then(|| ListFrom {
+            after: records.last().map(|listed| listed.name.clone()),
+            ..ListFrom::default()
+        });
+        Ok(ListPage { records, next })
     }
 
     async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {

@@ -38,6 +38,19 @@ pub fn quote_literal(text: &str) -> String {
     format!("'{}'", text.replace('\'', "''"))
 }
 
+/// A `LIKE` pattern (escape `!`) for the text that starts with `prefix`.
+pub fn like_prefix(prefix: &str) -> String {
+    let mut pattern = String::with_capacity(prefix.len() + 1);
+    for c in prefix.chars() {
+        if matches!(c, '!' | '%' | '_') {
+            pattern.push('!');
+        }
+        pattern.push(c);
+    }
+    pattern.push('%');
+    pattern
+}
+
 /// The statements of one schema.
 #[derive(Debug, Clone)]
 pub struct Sql {
@@ -98,6 +111,10 @@ pub struct Statements {
     pub release: Statement,
     /// `$1 key` → `(state, token, holder, expired, expires_in_ms, history)`, or no row.
     pub inspect: Statement,
+    /// `$1` a [`like_prefix`] pattern, `$2` the key the page starts after
+    /// (NULL: the first), `$3` how many rows at most → inspect's columns
+    /// and `key`, in byte order of the key.
+    pub list: Statement,
     /// `$1 key` → `(history)`, or no row.
     pub history: Statement,
     /// `$1 key, $2 lease_id, $3 token, $4 agent_id` → `(holder, ttl_ms)` if adopted.
@@ -289,12 +306,22 @@ impl Sql {
              SELECT pg_notify({channel}, key) FROM freed",
             channel = quote_literal(&self.channel),
         );
-        let inspect = format!(
-            "SELECT state, token, holder::text, {EXPIRES} <= now(),
-                    (extract(epoch FROM l.written + l.ttl_ms * interval '1 millisecond' - now())
-                     * 1000)::bigint,
-                    history::text
-             FROM {table} AS l WHERE key = $1"
+        // A row as `inspect` reports it; `list` reads the same columns first.
+        let shown = format!(
+            "state, token, holder::text, {EXPIRES} <= now(),
+             (extract(epoch FROM l.written + l.ttl_ms * interval '1 millisecond' - now())
+              * 1000)::bigint,
+             history::text"
+        );
+        let inspect = format!("SELECT {shown} FROM {table} AS l WHERE key = $1");
+        // Byte order (collation "C"), whatever the database's: the order in
+        // which a page starts after `$2`, and the agent's own. The escape is
+        // `!`, not `\`, so that the pattern reads the same whatever
+        // `standard_conforming_strings` says.
+        let list = format!(
+            "SELECT {shown}, key FROM {table} AS l
+             WHERE key LIKE $1 ESCAPE '!' AND ($2 IS NULL OR key COLLATE \"C\" > $2)
+             ORDER BY key COLLATE \"C\" LIMIT $3"
         );
         let history = format!("SELECT history::text FROM {table} WHERE key = $1");
         let adopted = event(
@@ -347,6 +374,7 @@ impl Sql {
             renew: Statement::new(renew, &[T::TEXT, T::TEXT, T::INT8, T::INT8, T::INT8]),
             release: Statement::new(release, &[T::TEXT, T::TEXT, T::INT8, T::TEXT, T::TEXT]),
             inspect: Statement::new(inspect, KEY),
+            list: Statement::new(list, &[T::TEXT, T::TEXT, T::INT8]),
             history: Statement::new(history, KEY),
             adopt: Statement::new(adopt, &[T::TEXT, T::TEXT, T::INT8, T::TEXT, T::INT8]),
             stopped: Statement::new(stopped, KEY_TOKEN),
@@ -365,5 +393,13 @@ mod tests {
         assert_eq!(quote_ident("run\"lock"), "\"run\"\"lock\"");
         assert_eq!(quote_literal("it's"), "'it''s'");
         assert_eq!(Sql::new("runlock", "c").table(), "\"runlock\".\"locks\"");
+    }
+
+    #[test]
+    fn a_prefix_pattern_escapes_wildcards_and_the_escape() {
+        assert_eq!(like_prefix(""), "%");
+        assert_eq!(like_prefix("dev:tap-a"), "dev:tap-a%");
+        assert_eq!(like_prefix("50%_off!"), "50!%!_off!!%");
+        assert_eq!(like_prefix("a\\b"), "a\\b%");
     }
 }
