@@ -6,7 +6,9 @@ use crate::support::agent::Backend;
 use crate::support::client::{acquire, RawClient};
 use crate::support::rewriting_proxy::{authority, Canned, RequestHead, RewritingProxy};
 use crate::support::run::HOLD;
-use crate::support::stores::{unique_name, Azure, Endpoint, Gcs, Space, Store, RECORDS, S3};
+use crate::support::stores::{
+    unique_name, Azure, Endpoint, Etcd, Gcs, Postgres, Space, Store, RECORDS, S3,
+};
 use crate::support::{host_name, AgentOptions, TestAgent};
 use anyhow::{ensure, Context, Result};
 use runlock_protocol::{AgentMessage, ClientMessage, ErrorCode};
@@ -16,7 +18,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 test_matrix!(
-    [s3: S3, azure: Azure, gcs: Gcs];
+    [s3: S3, azure: Azure, gcs: Gcs, postgres: Postgres, etcd: Etcd];
     every_host_s_keys_are_listed_as_this_user_may_see_them,
     a_listing_pages_through_more_keys_than_one_reply_holds,
 );
@@ -217,8 +219,9 @@ async fn a_listing_pages_through_more_keys_than_one_reply_holds(store: impl Stor
         other => anyhow::bail!("acquire: {other:?}"),
     };
     let listing = list_json(&agent, &[]).await?;
+    // A reply holds about 250 keys (300 on etcd, whose store pages are 100).
     ensure!(
-        listing["pages"].as_u64() >= Some(3),
+        listing["pages"].as_u64() >= Some(2),
         "pages: {}",
         listing["pages"]
     );
