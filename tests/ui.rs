@@ -98,7 +98,7 @@ async fn the_page_shows_a_run_held_growing_then_how_it_ended() -> Result<()> {
     ensure!(tick.starts_with("refused "), "the tick reads {tick:?}");
 
     // A copy that waits is counted in the key's "held now" row.
-    let mut waiter = agent.run(&[&nightly], &["--wait", "5m"], "true")?;
+    let waiter = agent.run(&[&nightly], &["--wait", "5m"], "true")?;
     let waiting = format!(
         "[...document.querySelectorAll('#held tbody tr')]
            .find(r => r.dataset.key === {k})?.querySelector('td.waiting')?.innerText === '1'",
