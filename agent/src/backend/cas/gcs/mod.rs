@@ -35,7 +35,7 @@ use settings::{emulator_url, parse_uri, Credentials, GOOGLE_API};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::OnceCell;
-use transport::{encode, generation_of, header_time, http_client, HttpClient};
+use transport::{encode, generation_of, header_time, http_client, Answer, HttpClient};
 
 /// GCS sustains about one write per second to one object name.
 const MIN_WRITE_INTERVAL: Duration = Duration::from_secs(1);
@@ -56,6 +56,31 @@ pub struct GcsStore {
 }
 
 impl GcsStore {
+    /// The answer to a listing of the bucket's objects with `query`, `what`
+    /// naming it in errors: a missing bucket is a bare 404 here.
+    async fn listing(&self, query: &str, what: &str) -> Result<Answer, CasError> {
+        let url = format!(
+            "{}/storage/v1/b/{}/o?{query}",
+            self.api,
+            encode(&self.bucket)
+        );
+        let answer = self
+            .exchange(what, || Request::get(url.as_str()), Bytes::new(), None)
+            .await?;
+        match self
+            .sort(&answer, what)
+            .map(Failure::expected)
+            .transpose()?
+        {
+            None => Ok(answer),
+            Some(Handled::NotFound) => Err(self.no_such_bucket()),
+            Some(Handled::PreconditionFailed) => Err(CasError::Unavailable(format!(
+                "GCS at {} answered a listing of {what} with 412",
+                self.location
+            ))),
+        }
+    }
+
     /// Opens `gs://bucket/prefix`: an emulator if `STORAGE_EMULATOR_HOST` is
     /// set, else GCS with `options`' credentials or Application Default
     /// Credentials. Makes no request; see [`GcsStore::probe`].
@@ -190,29 +215,9 @@ impl CasStore for GcsStore {
     /// Checks that the bucket answers and lets us list the records' prefix;
     /// the error names the cause.
     async fn probe(&self) -> Result<(), CasError> {
-        let url = format!(
-            "{}/storage/v1/b/{}/o?maxResults=1&fields=kind&prefix={}",
-            self.api,
-            encode(&self.bucket),
-            encode(&self.records)
-        );
+        let query = format!("maxResults=1&fields=kind&prefix={}", encode(&self.records));
         let what = format!("bucket {}", self.bucket);
-        let answer = self
-            .exchange(&what, || Request::get(url.as_str()), Bytes::new(), None)
-            .await?;
-        match self
-            .sort(&answer, &what)
-            .map(Failure::expected)
-            .transpose()?
-        {
-            None => Ok(()),
-            // Listing a missing bucket is a bare 404.
-            Some(Handled::NotFound) => Err(self.no_such_bucket()),
-            Some(Handled::PreconditionFailed) => Err(CasError::Unavailable(format!(
-                "GCS at {} answered a listing of {what} with 412",
-                self.location
-            ))),
-        }
+        self.listing(&query, &what).await.map(|_| ())
     }
 
     fn min_write_interval(&self) -> Duration {
@@ -288,33 +293,15 @@ impl CasStore for GcsStore {
         page: Option<&str>,
         limit: usize,
     ) -> Result<Names, CasError> {
-        let mut url = format!(
-            "{}/storage/v1/b/{}/o?prefix={}&maxResults={limit}&fields=items(name,generation),nextPageToken",
-            self.api,
-            encode(&self.bucket),
+        let mut query = format!(
+            "prefix={}&maxResults={limit}&fields=items(name,generation),nextPageToken",
             encode(prefix)
         );
         if let Some(page) = page {
-            url.push_str(&format!("&pageToken={}", encode(page)));
+            query.push_str(&format!("&pageToken={}", encode(page)));
         }
         let what = format!("the objects of bucket {} under {prefix:?}", self.bucket);
-        let answer = self
-            .exchange(&what, || Request::get(url.as_str()), Bytes::new(), None)
-            .await?;
-        match self
-            .sort(&answer, &what)
-            .map(Failure::expected)
-            .transpose()?
-        {
-            None => {}
-            Some(Handled::NotFound) => return Err(self.no_such_bucket()),
-            Some(Handled::PreconditionFailed) => {
-                return Err(CasError::Unavailable(format!(
-                    "GCS at {} answered a listing of {what} with 412",
-                    self.location
-                )))
-            }
-        }
+        let answer = self.listing(&query, &what).await?;
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Listing {
