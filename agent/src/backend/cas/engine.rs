@@ -11,7 +11,7 @@
 
 use super::proof::{self, Unproven};
 use super::read_cache::ReadCache;
-use super::{CasError, CasStore, Read, Stored};
+use super::{CasError, CasStore, Precondition, Read, Stored};
 use crate::backend::history::{self, Before, Stamp};
 use crate::backend::record::LockRecord;
 use crate::backend::retry::RetryBudget;
@@ -361,10 +361,10 @@ impl CasEngine {
         let body = record.to_json();
         let booking = self.pacer.book(name).await;
         let sent = Instant::now();
-        let written = match &version {
-            None => self.store.put_if_absent(name, body).await,
-            Some(version) => self.store.put_if_match(name, body, version).await,
-        };
+        let written = self
+            .store
+            .put(name, body, Precondition::replacing(version.as_deref()))
+            .await;
         if written == Err(CasError::Conflict) {
             self.pacer.cancel(name, booking);
         }
@@ -463,7 +463,7 @@ impl CasEngine {
             let booking = self.pacer.book(&name).await;
             match self
                 .store
-                .put_if_match(&name, record.to_json(), &version)
+                .put(&name, record.to_json(), Precondition::Matches(&version))
                 .await
             {
                 Ok(new) => return Ok(new),
@@ -675,7 +675,7 @@ impl Backend for CasEngine {
         let body = serde_json::json!({ "key": lease.key.as_str(), "stopped": lease.token });
         match self
             .store
-            .put_if_absent(&name, body.to_string().into_bytes())
+            .put(&name, body.to_string().into_bytes(), Precondition::Absent)
             .await
         {
             Ok(_) | Err(CasError::Conflict) => Ok(()),
@@ -1224,7 +1224,11 @@ mod tests {
         let store = Arc::new(MemoryCasStore::new());
         let old = r#"{"key":"k","state":"free","token":7,"ttl_ms":10000,"renewed_at_ms":1}"#;
         store
-            .put_if_absent("locks/k.json", old.as_bytes().to_vec())
+            .put(
+                "locks/k.json",
+                old.as_bytes().to_vec(),
+                Precondition::Absent,
+            )
             .await
             .expect("seeded");
         let engine = proven(store.clone()).await;
@@ -1309,7 +1313,11 @@ mod tests {
     async fn a_record_that_is_not_ours_to_read_is_reported_not_overwritten() {
         let store = Arc::new(MemoryCasStore::new());
         store
-            .put_if_absent("locks/k.json", b"{\"not\": \"a record\"}".to_vec())
+            .put(
+                "locks/k.json",
+                b"{\"not\": \"a record\"}".to_vec(),
+                Precondition::Absent,
+            )
             .await
             .expect("put");
         let engine = CasEngine::new(store.clone(), "locks/");

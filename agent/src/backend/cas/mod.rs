@@ -96,6 +96,30 @@ impl<A> crate::backend::failure::Failure<A> {
     }
 }
 
+/// What a write asks of the object it would replace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precondition<'a> {
+    /// That there is none (`If-None-Match: *`).
+    Absent,
+    /// That it is at this version (`If-Match`).
+    Matches(&'a str),
+}
+
+impl<'a> Precondition<'a> {
+    /// The write that replaces `version`, or creates when there is none.
+    pub fn replacing(version: Option<&'a str>) -> Precondition<'a> {
+        version.map_or(Precondition::Absent, Precondition::Matches)
+    }
+
+    /// The version the object must be at; `None`: there must be none.
+    pub fn version(self) -> Option<&'a str> {
+        match self {
+            Precondition::Absent => None,
+            Precondition::Matches(version) => Some(version),
+        }
+    }
+}
+
 /// The compare-and-swap operations a lock needs from an object store.
 #[async_trait]
 pub trait CasStore: Send + Sync + 'static {
@@ -103,10 +127,9 @@ pub trait CasStore: Send + Sync + 'static {
     fn describe(&self) -> String;
     /// How far apart the store wants writes of one object (GCS sustains about
     /// one per second); the engine spaces its own writes of a record by this,
-    /// and refuses TTLs too short to renew at that pace. Zero: no limit.
-    fn min_write_interval(&self) -> Duration {
-        Duration::ZERO
-    }
+    /// and refuses TTLs too short to renew at that pace. Zero: no limit. No
+    /// default: a decorator that forgot to forward it would pace wrongly.
+    fn min_write_interval(&self) -> Duration;
     /// The object name prefix the lock records live under: `prefix/.runlock/locks/`
     /// for `SCHEME://PLACE/prefix`, so that they stay apart from Meltano's objects.
     fn records_prefix(&self) -> &str;
@@ -115,14 +138,13 @@ pub trait CasStore: Send + Sync + 'static {
     async fn probe(&self) -> Result<(), CasError>;
     /// Reads an object.
     async fn get(&self, name: &str) -> Result<Read, CasError>;
-    /// Creates an object only if none exists (`If-None-Match: *`); returns its version.
-    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError>;
-    /// Replaces an object only if its version is `version` (`If-Match`); returns the new version.
-    async fn put_if_match(
+    /// Writes an object only if `only_if` holds ([`CasError::Conflict`]
+    /// otherwise); returns its new version.
+    async fn put(
         &self,
         name: &str,
         body: Vec<u8>,
-        version: &str,
+        only_if: Precondition<'_>,
     ) -> Result<String, CasError>;
     /// Lists, in name order, at most `limit` names of objects that start with
     /// `prefix`, from the page `page` (the store's token from an earlier

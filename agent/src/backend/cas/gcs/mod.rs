@@ -24,7 +24,7 @@ mod transport;
 
 pub use settings::EMULATOR_ENV;
 
-use super::{CasError, CasStore, Names, Read, Stored};
+use super::{CasError, CasStore, Names, Precondition, Read, Stored};
 use crate::backend::{redact_uri, GcsOptions};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -274,17 +274,15 @@ impl CasStore for GcsStore {
         })
     }
 
-    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
-        self.upload(name, body, "0").await
-    }
-
-    async fn put_if_match(
+    async fn put(
         &self,
         name: &str,
         body: Vec<u8>,
-        version: &str,
+        only_if: Precondition<'_>,
     ) -> Result<String, CasError> {
-        self.upload(name, body, version).await
+        // Generation 0: only if there is none.
+        self.upload(name, body, only_if.version().unwrap_or("0"))
+            .await
     }
 
     async fn list(
