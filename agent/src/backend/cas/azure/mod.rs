@@ -162,7 +162,7 @@ impl CasStore for AzureStore {
         let (blob, date, body) = match self.bounded(name, read).await? {
             Ok(read) => read,
             Err(err) => {
-                return match self.failure(&err, name).expected()? {
+                return match self.classify(&err, name).expected()? {
                     Handled::NoSuchBlob => Ok(Read {
                         object: None,
                         date: None,
@@ -206,7 +206,7 @@ impl CasStore for AzureStore {
             Ok(written) => Ok(written.etag),
             // If-Match on a missing blob: someone removed it; the engine re-reads.
             Err(err) => self
-                .failure(&err, name)
+                .classify(&err, name)
                 .expected()
                 .and(Err(CasError::Conflict)),
         }
@@ -256,7 +256,7 @@ impl CasStore for AzureStore {
                     .map(|m| m.as_str().to_string())
                     .filter(|m| !m.is_empty()),
             }),
-            Err(err) => self.failure(&err, prefix).expected().and_then(|_| {
+            Err(err) => self.classify(&err, prefix).expected().and_then(|_| {
                 Err(CasError::Unavailable(format!(
                     "Azure Blob at {} did not list {prefix}",
                     self.location
@@ -269,7 +269,7 @@ impl CasStore for AzureStore {
         let request = self.container.blob_client(name).delete().into_future();
         match self.bounded(name, request).await? {
             Ok(_) => Ok(()),
-            Err(err) => self.failure(&err, name).expected().map(|_| ()),
+            Err(err) => self.classify(&err, name).expected().map(|_| ()),
         }
     }
 }

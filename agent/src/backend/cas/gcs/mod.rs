@@ -68,7 +68,7 @@ impl GcsStore {
             .exchange(what, || Request::get(url.as_str()), Bytes::new(), None)
             .await?;
         match self
-            .sort(&answer, what)
+            .classify(&answer, what)
             .map(Failure::expected)
             .transpose()?
         {
@@ -184,7 +184,7 @@ impl GcsStore {
             )
             .await?;
         match self
-            .sort(&answer, &what)
+            .classify(&answer, &what)
             .map(Failure::expected)
             .transpose()?
         {
@@ -237,7 +237,7 @@ impl CasStore for GcsStore {
             .await?;
         let date = header_time(&answer.headers, DATE);
         match self
-            .sort(&answer, &what)
+            .classify(&answer, &what)
             .map(Failure::expected)
             .transpose()?
         {
@@ -339,7 +339,7 @@ impl CasStore for GcsStore {
         let answer = self
             .exchange(&what, || Request::delete(url.as_str()), Bytes::new(), None)
             .await?;
-        match self.sort(&answer, &what).map(Failure::expected) {
+        match self.classify(&answer, &what).map(Failure::expected) {
             None | Some(Ok(_)) => Ok(()),
             Some(Err(err)) => Err(err),
         }

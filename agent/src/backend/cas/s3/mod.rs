@@ -187,7 +187,7 @@ impl CasStore for S3Store {
         let output = match sent {
             Ok(output) => output,
             Err(err) => {
-                return match self.failure(err, key).expected()? {
+                return match self.classify(err, key).expected()? {
                     Handled::NoSuchKey => Ok(Read {
                         object: None,
                         date: date.take(),
@@ -258,7 +258,7 @@ impl CasStore for S3Store {
                         ))
                     })
                 }
-                Err(err) => self.failure(err, key),
+                Err(err) => self.classify(err, key),
             };
             match failure.expected()? {
                 // If-Match on a missing object: someone removed it; the engine re-reads.
@@ -300,7 +300,7 @@ impl CasStore for S3Store {
             }),
             Err(err) => {
                 // A listing names no object: no answer but a list is expected.
-                let answer = self.failure(err, prefix).expected()?;
+                let answer = self.classify(err, prefix).expected()?;
                 Err(CasError::Unavailable(format!(
                     "S3 at {} answered a listing of {prefix} with {answer:?}",
                     self.location
@@ -319,7 +319,7 @@ impl CasStore for S3Store {
             .await;
         match sent {
             Ok(_) => Ok(()),
-            Err(err) => self.failure(err, name).expected().map(|_| ()),
+            Err(err) => self.classify(err, name).expected().map(|_| ()),
         }
     }
 }
