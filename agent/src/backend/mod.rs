@@ -6,7 +6,8 @@ pub mod cas;
 mod etcd;
 mod failure;
 mod file;
-mod fixtures;
+#[cfg(any(test, feature = "test-support"))]
+pub(crate) mod fixtures;
 pub mod history;
 mod key_name;
 mod memory;
@@ -16,6 +17,7 @@ pub mod postgres;
 mod record;
 mod retry;
 mod secret;
+#[cfg(feature = "test-support")]
 #[doc(hidden)]
 pub mod testing;
 mod uri;

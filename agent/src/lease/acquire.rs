@@ -703,7 +703,7 @@ mod tests {
             let grant = self.store.acquire(spec).await;
             if self.slot_joins_force && spec.force {
                 let mut other =
-                    crate::backend::testing::spec("k", "other", false, Duration::from_secs(30));
+                    crate::backend::fixtures::spec("k", "other", false, Duration::from_secs(30));
                 other.key = spec.key.slot_record(1);
                 (other.holder.slot, other.holder.slots) = (Some(1), Some(2));
                 self.store.acquire(&other).await.expect("slot 1 is free");

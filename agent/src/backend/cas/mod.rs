@@ -6,6 +6,7 @@ mod azure;
 mod engine;
 #[cfg(feature = "gcs")]
 mod gcs;
+#[cfg(any(test, feature = "test-support"))]
 mod memory;
 mod proof;
 mod read_cache;
@@ -22,6 +23,7 @@ pub use azure::AzureStore;
 pub use engine::{CasEngine, CasRecord, Lapse, CLOCK_RESOLUTION};
 #[cfg(feature = "gcs")]
 pub use gcs::GcsStore;
+#[cfg(any(test, feature = "test-support"))]
 pub use memory::MemoryCasStore;
 pub use proof::Unproven;
 #[cfg(feature = "s3")]
@@ -84,7 +86,7 @@ const HTTP_RETRY: crate::backend::retry::RetryBudget = crate::backend::retry::Re
     longest_pause: Duration::from_millis(500),
 };
 
-#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
+#[cfg(object_store)]
 impl<A> crate::backend::failure::Failure<A> {
     /// The answer the operation handles, or the store error the failure is.
     fn expected(self) -> Result<A, CasError> {
@@ -157,12 +159,12 @@ pub trait CasStore: Send + Sync + 'static {
     async fn delete(&self, name: &str) -> Result<(), CasError>;
 }
 
-#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
+#[cfg(object_store)]
 /// Where the lock records live, below the URI's prefix: apart from Meltano's
 /// `prefix/<state_id>/` objects, so one URI serves both.
 const RECORDS: &str = ".runlock/locks/";
 
-#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
+#[cfg(object_store)]
 /// The object name prefix of the records of a store whose URI has `prefix`.
 fn records_under(prefix: &str) -> String {
     if prefix.is_empty() {
@@ -172,7 +174,7 @@ fn records_under(prefix: &str) -> String {
     }
 }
 
-#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
+#[cfg(object_store)]
 /// `SCHEME://PLACE[/prefix]`, for descriptions.
 fn object_uri(scheme: &str, place: &str, prefix: &str) -> String {
     if prefix.is_empty() {
@@ -182,7 +184,7 @@ fn object_uri(scheme: &str, place: &str, prefix: &str) -> String {
     }
 }
 
-#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
+#[cfg(object_store)]
 /// `SCHEME://PLACE/prefix` → (PLACE, the prefix without surrounding slashes):
 /// every object store's URI. `place` is what the store calls it ("bucket",
 /// "container"); `settings` says where credentials and endpoints come from
@@ -218,7 +220,7 @@ fn place_and_prefix(
     Ok((name.to_string(), prefix.trim_matches('/').to_string()))
 }
 
-#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
+#[cfg(object_store)]
 /// The last error in `err`'s source chain, on one line: the root cause,
 /// without a client library's wrapping (which may repeat the URL).
 fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {

@@ -95,6 +95,7 @@ impl GcsStore {
     }
 
     /// [`GcsStore::open`] on the emulator at `endpoint`, whatever the environment says.
+    #[cfg(feature = "test-support")]
     pub(crate) fn on_emulator(uri: &str, endpoint: &str) -> anyhow::Result<GcsStore> {
         GcsStore::with(uri, &GcsOptions::default(), Some(endpoint), None)
     }
