@@ -133,7 +133,7 @@ async fn run(config: Config) -> Result<(), Stop> {
         // Outermost, so that a legacy run's refusal is not timed as a store request.
         store = MeltanoGuard::wrap(store, db.clone());
     }
-    let registry = Registry::new(store, identity.clone(), policy);
+    let registry = Registry::observed(store, identity.clone(), policy, metrics::observer());
     let descriptors = limits::raise_descriptor_limit();
     let admission = limits::Admission::new(config.limits, descriptors, identity.uid);
     if let Some(bound) = admission.descriptor_bound() {

@@ -5,7 +5,6 @@ use super::event::Loss;
 use super::registry::Registry;
 use super::renewal::Report;
 use crate::backend::{Ending, LeaseRef};
-use crate::metrics::{self, Ended};
 use crate::shown::Viewer;
 use runlock_protocol::timing;
 use runlock_protocol::{Holder, KeyRecord, LostReason};
@@ -69,7 +68,7 @@ impl Registry {
         let reason = loss.reason();
         let (lease, notice) = {
             let mut state = self.state();
-            let Some(lease) = state.remove_lease(lease_id) else {
+            let Some(lease) = state.remove_lease(lease_id, &*self.observer) else {
                 return;
             };
             // Its forcer or breaker waits for the run to stop (invariant 10).
@@ -100,8 +99,7 @@ impl Registry {
         };
         self.renewals.stop(lease_id);
         tracing::warn!(key = %lease.key.logged(), token = lease.holder.token, ?reason, "lease lost");
-        metrics::lost(reason);
-        metrics::hold_ended(lease.holder.acquired_at_ms, Ended::Lost(reason));
+        self.observer.lost(lease.holder.acquired_at_ms, reason);
         let grace = timing::kill_grace(lease.ttl);
         if let Some((events, viewer, orphan, on_lost)) = notice {
             let holder = holder.map(|h| self.show(&h, viewer));

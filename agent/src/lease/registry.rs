@@ -3,6 +3,7 @@
 
 use super::error::LeaseError;
 use super::event::{self, Events};
+use super::observer::{Observer, Unobserved};
 use super::renewal::Renewals;
 use super::state::{Conn, ConnId, PeerCred, State};
 use crate::access::Access;
@@ -71,6 +72,8 @@ pub struct Registry {
     /// Told when this agent said that runs taken over have stopped, so that
     /// forcers waiting here look again at once.
     pub(super) stopped_here: tokio::sync::Notify,
+    /// Told what happens to leases (the agent's metrics).
+    pub(super) observer: Arc<dyn Observer>,
 }
 
 /// Wakes the first local waiter for each key the backend says another agent
@@ -102,16 +105,28 @@ fn user_name(uid: u32) -> String {
 }
 
 impl Registry {
-    /// A registry over `store`; starts the renewal scheduler on the current runtime.
+    /// A registry over `store` that no one watches; starts the renewal
+    /// scheduler on the current runtime.
     pub fn new(
         store: impl Into<ProfiledBackend>,
         identity: Identity,
         policy: Policy,
     ) -> Arc<Registry> {
+        Registry::observed(store, identity, policy, Arc::new(Unobserved))
+    }
+
+    /// A registry over `store` that tells `observer` what happens to its
+    /// leases; starts the renewal scheduler on the current runtime.
+    pub fn observed(
+        store: impl Into<ProfiledBackend>,
+        identity: Identity,
+        policy: Policy,
+        observer: Arc<dyn Observer>,
+    ) -> Arc<Registry> {
         let ProfiledBackend { backend, profile } = store.into();
         let releases = profile.releases.map(|sender| sender.subscribe());
         let lease_expires = profile.capabilities.lease_expires;
-        let (renewals, reports) = Renewals::start(backend.clone(), lease_expires);
+        let (renewals, reports) = Renewals::start(backend.clone(), lease_expires, observer.clone());
         let registry = Arc::new(Registry {
             capabilities: profile.capabilities,
             min_ttl: profile.min_ttl,
@@ -123,6 +138,7 @@ impl Registry {
             state: Mutex::new(State::default()),
             next_id: AtomicU64::new(1),
             stopped_here: tokio::sync::Notify::new(),
+            observer,
         });
         tokio::spawn(Registry::take_reports(Arc::downgrade(&registry), reports));
         if let Some(releases) = releases {
@@ -200,7 +216,7 @@ impl Registry {
             // hold from its grant (the holder's `acquired_at_ms`).
             if state.handing_over {
                 for lease_id in &leases {
-                    state.remove_lease(lease_id);
+                    state.remove_lease(lease_id, &*self.observer);
                 }
             }
             (leases, state.handing_over, stopped)
