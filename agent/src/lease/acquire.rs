@@ -316,7 +316,6 @@ impl Registry {
                         .or_else(|| holders.first().cloned().map(Box::new)),
                     holders,
                     slots: req.slots,
-                    legacy: refusal.legacy,
                     unrecorded: refusal.unrecorded,
                     incident: refusal.incident.map(|e| Box::new(shown::event(&e))),
                 });
@@ -439,9 +438,9 @@ impl Registry {
                 unrecorded: Some(why),
                 ..Refusal::default()
             })),
-            Err(BackendError::HeldByLegacyRun(run)) => Err(Attempt::Held(Refusal {
-                holder: Some(Box::new(run.holder.clone())),
-                legacy: Some(run),
+            Err(BackendError::HeldOutside(outsider)) => Err(Attempt::Held(Refusal {
+                holder: Some(Box::new(outsider.holder)),
+                unrecorded: Some(outsider.explanation),
                 ..Refusal::default()
             })),
             Err(err) => Err(Attempt::from_backend(key, err)),
@@ -537,7 +536,6 @@ impl Registry {
                     key: spec.key,
                     waited: Duration::ZERO,
                     holder: Some(Box::new(self.show(&newer, viewer))),
-                    legacy: None,
                     unrecorded: None,
                     incident: None,
                 });
@@ -600,8 +598,7 @@ struct Refusal {
     /// For a key with slots: every slot's holder.
     holders: Vec<Holder>,
     incident: Option<Box<runlock_protocol::KeyEvent>>,
-    legacy: Option<Box<crate::backend::LegacyRun>>,
-    /// What the backend knows of a holder no record names.
+    /// What the backend knows of a holder that is no lease.
     unrecorded: Option<String>,
     unreachable: Option<BackendError>,
 }

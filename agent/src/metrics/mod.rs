@@ -146,9 +146,7 @@ fn backend_result<T>(result: &Result<T, BackendError>) -> &'static str {
     match result {
         Ok(_) => "ok",
         Err(
-            BackendError::Held(..)
-            | BackendError::HeldUnrecorded(_)
-            | BackendError::HeldByLegacyRun(_),
+            BackendError::Held(..) | BackendError::HeldUnrecorded(_) | BackendError::HeldOutside(_),
         ) => "held",
         Err(BackendError::LeaseMismatch) => "lease_mismatch",
         Err(BackendError::Unavailable(_)) => "unavailable",
