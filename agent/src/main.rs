@@ -172,7 +172,14 @@ async fn run(config: Config) -> Result<(), Stop> {
         "runlockd ready"
     );
     let notifier = notify::Notifier::start(&listener, registry.clone(), shutdown.clone());
-    serve(listener, registry.clone(), admission, shutdown).await;
+    serve(
+        listener,
+        registry.clone(),
+        admission,
+        config.drain_timeout,
+        shutdown,
+    )
+    .await;
     notifier.finish().await;
     Ok(())
 }

@@ -522,7 +522,7 @@ impl Connection {
                     // break once begun ends the key it took, peer or no peer.
                     let registry = self.registry.clone();
                     let slot = slot.unwrap_or(0);
-                    let mut breaking = tokio::spawn(
+                    let mut breaking = self.registry.tasks().spawn(
                         async move { registry.break_key(conn, &key, slot).await }.in_current_span(),
                     );
                     loop {
@@ -636,11 +636,12 @@ impl AcquireSlot {
         req: AcquireRequest,
     ) {
         let (cancel, done) = (self.cancel.clone(), self.done_tx.clone());
+        let tasks = registry.tasks().clone();
         let task = async move {
             let result = take(&registry, conn, req, &cancel).await;
             let _ = done.send((id, result));
         };
-        self.task = Some(tokio::spawn(task.in_current_span()));
+        self.task = Some(tasks.spawn(task.in_current_span()));
     }
 }
 

@@ -18,6 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tokio_util::time::{delay_queue, DelayQueue};
 
 /// How many renewals may be in flight toward the backend at once.
@@ -103,18 +105,20 @@ pub struct Renewals {
 }
 
 impl Renewals {
-    /// Starts the scheduler task, which reports on the receiver returned; it
-    /// ends when this handle is dropped. `expires`: whether `backend`'s leases
-    /// lapse unless renewed (`Capabilities::lease_expires`); `observer` is
-    /// told of each renewal.
+    /// Starts the scheduler task on `tasks`, which reports on the receiver
+    /// returned; it ends when this handle is dropped or `closing` is
+    /// cancelled. `expires`: whether `backend`'s leases lapse unless renewed
+    /// (`Capabilities::lease_expires`); `observer` is told of each renewal.
     pub fn start(
         backend: Arc<dyn Backend>,
         expires: bool,
         observer: Arc<dyn Observer>,
+        tasks: &TaskTracker,
+        closing: CancellationToken,
     ) -> (Renewals, mpsc::UnboundedReceiver<Report>) {
         let (commands, rx) = mpsc::unbounded_channel();
         let (reports, reported) = mpsc::unbounded_channel();
-        tokio::spawn(run(backend, reports, rx, expires, observer));
+        tasks.spawn(run(backend, reports, rx, expires, observer, closing));
         (Renewals { commands }, reported)
     }
 
@@ -173,6 +177,7 @@ async fn run(
     mut commands: mpsc::UnboundedReceiver<Command>,
     expires: bool,
     observer: Arc<dyn Observer>,
+    closing: CancellationToken,
 ) {
     let mut queue: DelayQueue<String> = DelayQueue::new();
     let mut entries: HashMap<String, Entry> = HashMap::new();
@@ -181,6 +186,7 @@ async fn run(
     let mut report = tokio::time::interval_at(Instant::now() + REPORT_EVERY, REPORT_EVERY);
     loop {
         tokio::select! {
+            _ = closing.cancelled() => return,
             _ = report.tick() => lateness.report(entries.len()),
             command = commands.recv() => match command {
                 None => return,
