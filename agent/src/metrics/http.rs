@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Scrapes served at once; more connections are closed unanswered.
 const MAX_CONNECTIONS: usize = 16;
@@ -27,8 +28,13 @@ const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Turns metrics on for this process and serves them on `addr` until
-/// `shutdown`; returns the address bound (the port is chosen when `addr`'s is 0).
-pub async fn start(addr: SocketAddr, shutdown: CancellationToken) -> anyhow::Result<SocketAddr> {
+/// `shutdown`, in a task of `tasks`; returns the address bound (the port is
+/// chosen when `addr`'s is 0).
+pub async fn start(
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    tasks: &TaskTracker,
+) -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind(addr)
         .await
         .with_context(|| format!("cannot serve metrics on {addr}"))?;
@@ -37,15 +43,18 @@ pub async fn start(addr: SocketAddr, shutdown: CancellationToken) -> anyhow::Res
         .with_context(|| format!("reading the address of the metrics listener on {addr}"))?;
     let metrics = GLOBAL.get_or_init(|| Arc::new(Metrics::new())).clone();
     tracing::info!(addr = %bound, "metrics listening on {bound}");
-    tokio::spawn(serve(listener, metrics, shutdown));
+    tasks.spawn(serve(listener, metrics, shutdown));
     Ok(bound)
 }
 
+/// Serves scrapes until `shutdown`, then waits for those begun (each ends
+/// at `shutdown` too).
 async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let scrapes = TaskTracker::new();
     loop {
         let stream = tokio::select! {
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(err) => {
@@ -60,7 +69,7 @@ async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: Cancellat
             continue;
         };
         let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
-        tokio::spawn(async move {
+        scrapes.spawn(async move {
             let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
                 let metrics = metrics.clone();
@@ -78,6 +87,8 @@ async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: Cancellat
             }
         });
     }
+    scrapes.close();
+    scrapes.wait().await;
 }
 
 fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
