@@ -15,7 +15,7 @@ mod open;
 mod options;
 pub mod postgres;
 mod record;
-mod retry;
+pub(crate) mod retry;
 mod secret;
 #[cfg(feature = "test-support")]
 #[doc(hidden)]

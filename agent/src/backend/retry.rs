@@ -23,6 +23,17 @@ pub const TIMEOUTS: Timeouts = Timeouts {
     operation: Duration::from_secs(5),
 };
 
+/// The retries of a network store's transient failure (unreachable, 5xx,
+/// throttled, a reset connection) within one operation, each try within
+/// [`TIMEOUTS`]`.attempt` and all within its `.operation`: every store's
+/// client retries by it, through its own SDK's settings where it has one.
+#[cfg(network_store)]
+pub const TRANSIENT: RetryBudget = RetryBudget {
+    attempts: 3,
+    first_pause: Duration::from_millis(100),
+    longest_pause: Duration::from_millis(800),
+};
+
 /// How many times an operation is tried, and how long it pauses between tries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryBudget {
@@ -45,20 +56,26 @@ impl RetryBudget {
     }
 
     /// The pause after `tried` failed tries: `first_pause` doubling, capped at
-    /// `longest_pause`, then scaled by a random 0.5 to 1.5.
+    /// `longest_pause`, then [`jittered`].
     pub fn pause(&self, tried: u32) -> Duration {
         let doublings = tried.saturating_sub(1).min(16);
         let base = self
             .first_pause
             .saturating_mul(1 << doublings)
             .min(self.longest_pause);
-        base.mul_f64(0.5 + fastrand::f64())
+        jittered(base)
     }
 
     /// Sleeps for [`RetryBudget::pause`].
     pub async fn wait(&self, tried: u32) {
         tokio::time::sleep(self.pause(tried)).await;
     }
+}
+
+/// `base` scaled by a random 0.5 to 1.5: agents that wait alike (retrying
+/// one store, polling one held key) spread out instead of coming back together.
+pub fn jittered(base: Duration) -> Duration {
+    base.mul_f64(0.5 + fastrand::f64())
 }
 
 #[cfg(test)]

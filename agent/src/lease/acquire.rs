@@ -9,6 +9,7 @@ use super::registry::Registry;
 use super::renewal::deadline;
 use super::slots::{count_of, SlotRefusal};
 use super::state::{ConnId, LocalLease, PeerCred};
+use crate::backend::retry::jittered;
 use crate::backend::{history, AcquireSpec, Adopter, BackendError, Ending, Grant, LeaseRef};
 use crate::shown;
 use runlock_protocol::timing;
@@ -322,10 +323,9 @@ impl Registry {
             }
             waiting.get_or_insert_with(|| Waiting::begin(&*self.observer));
             // A local release wakes us at once; polling finds holders on other agents.
-            let jittered = poll.mul_f64(0.5 + fastrand::f64());
             tokio::select! {
                 _ = place.notify.notified() => {}
-                _ = tokio::time::sleep(jittered) => {}
+                _ = tokio::time::sleep(jittered(poll)) => {}
                 _ = tokio::time::sleep_until(deadline) => {}
                 _ = cancel.cancelled() => {
                     return Err(LeaseError::Cancelled);

@@ -9,6 +9,7 @@
 //! on a channel its owner drains ([`Report`]).
 
 use super::observer::{Observer, Renewal};
+use crate::backend::retry::RetryBudget;
 use crate::backend::{Backend, BackendError, LeaseRef};
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
@@ -252,10 +253,14 @@ async fn run(
                     Outcome::Expired => false,
                     Outcome::Failed(error) => {
                         observer.renewal_ended(Renewal::Retry);
-                        // 250 ms doubling, jittered, never past a third of the TTL.
+                        // 250 ms doubling up to 32 s, never past a third of the TTL.
                         entry.failures += 1;
-                        let backoff = Duration::from_millis(250) * 2u32.pow(entry.failures.min(8) - 1);
-                        let retry = backoff.min(timing::renewal_period(entry.ttl)).mul_f64(0.5 + fastrand::f64());
+                        let retry = RetryBudget {
+                            attempts: u32::MAX, // until the lease's deadline
+                            first_pause: Duration::from_millis(250),
+                            longest_pause: Duration::from_secs(32).min(timing::renewal_period(entry.ttl)),
+                        }
+                        .pause(entry.failures);
                         tracing::warn!(key = %entry.lease.key.logged(), %error, "renewal failed, retrying until the lease's deadline (if it has one)");
                         // The retry is raced against the deadline like any renewal.
                         let retry_at = Instant::now() + retry;

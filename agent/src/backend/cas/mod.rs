@@ -77,15 +77,6 @@ pub enum CasError {
     Refused(String),
 }
 
-#[cfg(any(feature = "s3", feature = "azure"))]
-/// The retries of a transient HTTP failure (5xx, throttling, a reset
-/// connection) within one operation, as the S3 and Azure SDKs make them.
-const HTTP_RETRY: crate::backend::retry::RetryBudget = crate::backend::retry::RetryBudget {
-    attempts: 3,
-    first_pause: Duration::from_millis(50),
-    longest_pause: Duration::from_millis(500),
-};
-
 #[cfg(object_store)]
 impl<A> crate::backend::failure::Failure<A> {
     /// The answer the operation handles, or the store error the failure is.

@@ -5,7 +5,7 @@
 use super::errors::{LeaseGone, Problem};
 use super::record::EtcdRecord;
 use super::watched::Watched;
-use crate::backend::retry::{RetryBudget, TIMEOUTS};
+use crate::backend::retry::{RetryBudget, TIMEOUTS, TRANSIENT};
 use crate::backend::Secret;
 use etcd_client::{Client, ConnectOptions, EventType, TlsOptions, WatchFilterType, WatchOptions};
 use runlock_protocol::Key;
@@ -15,13 +15,6 @@ use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 
-/// Requests per operation when etcd cannot be reached (each within the
-/// operation's bound), and the pauses between them.
-const RETRY: RetryBudget = RetryBudget {
-    attempts: 3,
-    first_pause: Duration::from_millis(100),
-    longest_pause: Duration::from_millis(400),
-};
 /// The pauses between attempts to watch again after a failure.
 const REWATCH: RetryBudget = RetryBudget {
     attempts: u32::MAX,
@@ -99,7 +92,9 @@ impl Connection {
             };
             attempt += 1;
             match problem {
-                Problem::Transient(_) if RETRY.allows_another(attempt) => RETRY.wait(attempt).await,
+                Problem::Transient(_) if TRANSIENT.allows_another(attempt) => {
+                    TRANSIENT.wait(attempt).await
+                }
                 problem => return Err(problem),
             }
         }

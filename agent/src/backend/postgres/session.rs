@@ -8,7 +8,7 @@ use super::errors::{classify, denied, missing_table, Failure};
 use super::link::{InUse, Kept, Link};
 use super::settings::Settings;
 use super::sql::{Sql, Statements};
-use crate::backend::retry::{RetryBudget, TIMEOUTS};
+use crate::backend::retry::{TIMEOUTS, TRANSIENT};
 use futures::StreamExt;
 use runlock_protocol::Key;
 use std::future::Future;
@@ -22,13 +22,6 @@ use tokio_postgres::AsyncMessage;
 
 /// The server gives up on a statement after this long (a row lock held by a stuck session).
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Attempts per operation (connecting, or one statement, each within
-/// `TIMEOUTS.attempt`), and the pauses between them.
-const RETRY: RetryBudget = RetryBudget {
-    attempts: 4,
-    first_pause: Duration::from_millis(50),
-    longest_pause: Duration::from_millis(800),
-};
 /// Release notices that may wait for a slow waiter before it misses some (and polls).
 const NOTICE_BACKLOG: usize = 256;
 
@@ -96,7 +89,7 @@ impl Session {
     }
 
     /// Runs `op` on a live connection within `TIMEOUTS.operation`, each try on
-    /// a fresh connection if the last one failed: at most [`RETRY`]'s tries,
+    /// a fresh connection if the last one failed: at most [`TRANSIENT`]'s tries,
     /// but a server that is only out of connections (SQLSTATE class 53) is
     /// tried again until the time is up. A statement that finds the table
     /// missing creates it and tries again. Returns the result and when the
@@ -110,9 +103,9 @@ impl Session {
         let mut last = String::new();
         let mut throttled = false;
         let mut attempt = 0;
-        while attempt < RETRY.attempts || throttled {
+        while attempt < TRANSIENT.attempts || throttled {
             if attempt > 0 {
-                RETRY.wait(attempt).await;
+                TRANSIENT.wait(attempt).await;
             }
             attempt += 1;
             throttled = false;

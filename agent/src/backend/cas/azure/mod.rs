@@ -18,7 +18,7 @@ mod settings;
 mod tests;
 
 use super::{CasError, CasStore, Names, Precondition, Read, Stored};
-use crate::backend::retry::TIMEOUTS;
+use crate::backend::retry::{TIMEOUTS, TRANSIENT};
 use crate::backend::{redact_uri, AzureOptions};
 use async_trait::async_trait;
 use azure_core::error::ErrorKind;
@@ -74,9 +74,9 @@ impl AzureStore {
             })?;
         // The SDK retries I/O errors, 408, 429 and 5xx.
         let retry = ExponentialRetryOptions::default()
-            .max_retries(super::HTTP_RETRY.attempts - 1)
-            .initial_delay(super::HTTP_RETRY.first_pause)
-            .max_delay(super::HTTP_RETRY.longest_pause)
+            .max_retries(TRANSIENT.attempts - 1)
+            .initial_delay(TRANSIENT.first_pause)
+            .max_delay(TRANSIENT.longest_pause)
             .max_total_elapsed(TIMEOUTS.operation);
         let location = CloudLocation::Custom {
             account: account.name.clone(),

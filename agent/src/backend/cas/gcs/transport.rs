@@ -6,7 +6,7 @@ use super::errors::retryable;
 use super::settings::Credentials;
 use super::GcsStore;
 use crate::backend::cas::{root_cause, CasError};
-use crate::backend::retry::{RetryBudget, TIMEOUTS};
+use crate::backend::retry::{TIMEOUTS, TRANSIENT};
 use bytes::Bytes;
 use gcp_auth::{CustomServiceAccount, TokenProvider};
 use http_body_util::{BodyExt, Full, Limited};
@@ -23,13 +23,6 @@ use tokio::time::Instant;
 
 /// The OAuth scope for reading and writing objects.
 const SCOPE: &str = "https://www.googleapis.com/auth/devstorage.read_write";
-/// HTTP attempts per operation for transient failures (5xx, 429, resets),
-/// and the pauses between them.
-const RETRY: RetryBudget = RetryBudget {
-    attempts: 3,
-    first_pause: Duration::from_millis(200),
-    longest_pause: Duration::from_millis(800),
-};
 /// Google asks clients to back off at least a second after a 429.
 const THROTTLED_PAUSE: Duration = Duration::from_secs(1);
 /// Answers larger than this are not lock records; reading stops there.
@@ -137,13 +130,13 @@ impl GcsStore {
             }
             let pause = match &outcome {
                 Ok(answer) if answer.status == StatusCode::TOO_MANY_REQUESTS => {
-                    RETRY.pause(attempt).max(THROTTLED_PAUSE)
+                    TRANSIENT.pause(attempt).max(THROTTLED_PAUSE)
                 }
-                Ok(answer) if retryable(answer.status) => RETRY.pause(attempt),
+                Ok(answer) if retryable(answer.status) => TRANSIENT.pause(attempt),
                 Ok(_) => return outcome.map_err(CasError::Unavailable),
-                Err(_) => RETRY.pause(attempt),
+                Err(_) => TRANSIENT.pause(attempt),
             };
-            if !RETRY.allows_another(attempt) || Instant::now() + pause >= deadline {
+            if !TRANSIENT.allows_another(attempt) || Instant::now() + pause >= deadline {
                 return outcome.map_err(CasError::Unavailable);
             }
             tokio::time::sleep(pause).await;

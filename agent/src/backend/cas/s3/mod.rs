@@ -17,7 +17,7 @@ mod tests;
 mod transport;
 
 use super::{CasError, CasStore, Names, Precondition, Read, Stored};
-use crate::backend::retry::{RetryBudget, TIMEOUTS};
+use crate::backend::retry::{RetryBudget, TIMEOUTS, TRANSIENT};
 use crate::backend::{redact_uri, S3Options};
 use async_trait::async_trait;
 use aws_config::BehaviorVersion;
@@ -114,9 +114,9 @@ impl S3Store {
             )
             .retry_config(
                 RetryConfig::standard()
-                    .with_max_attempts(super::HTTP_RETRY.attempts)
-                    .with_initial_backoff(super::HTTP_RETRY.first_pause)
-                    .with_max_backoff(super::HTTP_RETRY.longest_pause),
+                    .with_max_attempts(TRANSIENT.attempts)
+                    .with_initial_backoff(TRANSIENT.first_pause)
+                    .with_max_backoff(TRANSIENT.longest_pause),
             );
         if let Some(url) = &endpoint {
             // Emulators and S3-compatible stores: path-style addressing, and no
