@@ -9,6 +9,9 @@
 //! unchanged for TTL + grace on its own monotonic clock. No agent ever
 //! compares its wall clock with another's.
 
+mod listing;
+mod pacer;
+
 use super::proof::{self, Unproven};
 use super::read_cache::ReadCache;
 use super::{CasError, CasStore, Precondition, Read, Stored};
@@ -17,12 +20,12 @@ use crate::backend::record::LockRecord;
 use crate::backend::retry::RetryBudget;
 use crate::backend::{
     key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
-    Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, Profile, Profiled, Renewed,
+    Ending, Grant, LeaseRef, ListFrom, ListPage, Profile, Profiled, Renewed,
 };
 use async_trait::async_trait;
-use futures::StreamExt;
+use pacer::Pacer;
 use runlock_protocol::timing::grace;
-use runlock_protocol::{EventKind, Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
+use runlock_protocol::{EventKind, Holder, Key, KeyEvent, KeyRecord, KeyState};
 use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -71,56 +74,6 @@ pub type CasRecord = LockRecord<Lapse>;
 struct Held {
     version: String,
     record: CasRecord,
-}
-
-/// Spaces this agent's writes of one record by the store's minimum write
-/// interval (GCS: about one per object per second), so that a release right
-/// after an acquire, or an acquire right after a release, does not meet the
-/// store's throttling. Other agents' writes are not known here: a write that
-/// is throttled anyway is retried by the store adapter.
-struct Pacer {
-    interval: Duration,
-    /// When each record's last write that may have landed was (or will be) sent.
-    booked: Mutex<HashMap<String, Instant>>,
-}
-
-/// One write's slot, for [`Pacer::cancel`].
-struct Booking {
-    at: Instant,
-    previous: Option<Instant>,
-}
-
-impl Pacer {
-    /// Waits until `name` may be written again and books that moment for the
-    /// write about to be sent.
-    async fn book(&self, name: &str) -> Option<Booking> {
-        if self.interval.is_zero() {
-            return None;
-        }
-        let now = Instant::now();
-        let booking = {
-            let mut booked = self.booked.lock().unwrap_or_else(|e| e.into_inner());
-            booked.retain(|_, last| *last + self.interval > now);
-            let previous = booked.get(name).copied();
-            let at = previous.map_or(now, |last| (last + self.interval).max(now));
-            booked.insert(name.to_string(), at);
-            Booking { at, previous }
-        };
-        tokio::time::sleep_until(booking.at).await;
-        Some(booking)
-    }
-
-    /// The booked write changed nothing (its precondition failed): it does not count.
-    fn cancel(&self, name: &str, booking: Option<Booking>) {
-        let Some(booking) = booking else { return };
-        let mut booked = self.booked.lock().unwrap_or_else(|e| e.into_inner());
-        if booked.get(name) == Some(&booking.at) {
-            match booking.previous {
-                Some(previous) => booked.insert(name.to_string(), previous),
-                None => booked.remove(name),
-            };
-        }
-    }
 }
 
 /// The lease engine over one compare-and-swap store.
@@ -719,150 +672,7 @@ impl Backend for CasEngine {
         from: &ListFrom,
         limit: usize,
     ) -> Result<ListPage, BackendError> {
-        let Some(spelled) = key_name::listed_names(prefix, from.hashed) else {
-            return Ok(ListPage::default());
-        };
-        let listed = format!("{}{spelled}", self.prefix);
-        let page = self
-            .store
-            .list(&listed, from.page.as_deref(), limit)
-            .await
-            .map_err(unavailable)?;
-        let after = from.after.as_deref();
-        // Only records: a probe, or a word that a run taken over has stopped, is no key's.
-        let names: Vec<(String, Option<String>)> = page
-            .names
-            .into_iter()
-            .filter_map(|(name, version)| {
-                let name = name.strip_prefix(self.prefix.as_str())?.to_string();
-                Some((name, version))
-            })
-            .filter(|(name, _)| name.ends_with(RECORD_SUFFIX))
-            .filter(|(name, _)| after.is_none_or(|after| name.as_str() > after))
-            .take(limit)
-            .collect();
-        let reads = names
-            .into_iter()
-            .map(|(name, version)| async move { self.listed(&name, version.as_deref()).await });
-        let records: Vec<Listed> = futures::stream::iter(reads)
-            .buffered(LIST_READS_IN_FLIGHT)
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
-            .flatten()
-            .filter(|listed| listed.belongs_under(prefix))
-            .collect();
-        let next = match (page.next, from.hashed || prefix.is_empty()) {
-            (Some(token), _) => Some(ListFrom {
-                page: Some(token),
-                after: None,
-                hashed: from.hashed,
-            }),
-            (None, false) => Some(ListFrom {
-                hashed: true,
-                ..ListFrom::default()
-            }),
-            (None, true) => None,
-        };
-        Ok(ListPage { records, next })
-    }
-}
-
-impl CasEngine {
-    /// The record in `read`, the record of `key` at `name`, as `inspect`
-    /// reports it, with its history.
-    fn shown(
-        &self,
-        key: &Key,
-        name: &str,
-        read: Read,
-    ) -> Result<(KeyRecord, Vec<KeyEvent>), BackendError> {
-        let Some(stored) = &read.object else {
-            return Ok((KeyRecord::free(key, Scope::Global), Vec::new()));
-        };
-        let record = self.parse(name, stored)?;
-        Ok(self.shown_parsed(key, name, record, stored, read.date))
-    }
-
-    /// [`Self::shown`] of a record already parsed.
-    fn shown_parsed(
-        &self,
-        key: &Key,
-        name: &str,
-        record: CasRecord,
-        stored: &Stored,
-        date: Option<SystemTime>,
-    ) -> (KeyRecord, Vec<KeyEvent>) {
-        let mut answer = KeyRecord::free(key, Scope::Global);
-        answer.token = record.token;
-        answer.incident = history::last_incident(&record.history);
-        if record.state == KeyState::Held && !self.expired(name, &record, stored, date) {
-            answer.state = KeyState::Held;
-            answer.holder = record.holder;
-            if let (Some(written), Some(now)) = (stored.last_modified, date) {
-                let expires = written + Duration::from_millis(record.store.ttl_ms);
-                answer.expires_in_ms = Some(
-                    expires
-                        .duration_since(now)
-                        .map(|d| d.as_millis() as u64)
-                        .unwrap_or(0),
-                );
-            }
-        }
-        (answer, record.history)
-    }
-
-    /// The record named `name` (below the records' prefix) for a listing,
-    /// read again only if the listing's `version` says it changed; `None`
-    /// when it is gone. A store that fails the read fails the page.
-    async fn listed(
-        &self,
-        name: &str,
-        version: Option<&str>,
-    ) -> Result<Option<Listed>, BackendError> {
-        let full = format!("{}{name}", self.prefix);
-        let cached = version.and_then(|version| self.listed_reads.get(&full, version));
-        let read = match cached {
-            Some(read) => read,
-            None => {
-                let read = self.store.get(&full).await.map_err(unavailable)?;
-                self.listed_reads.put(&full, &read);
-                read
-            }
-        };
-        let Some(stored) = &read.object else {
-            return Ok(None);
-        };
-        let stem = name.strip_suffix(RECORD_SUFFIX).unwrap_or(name);
-        Ok(Some(Listed {
-            name: name.to_string(),
-            read: self.listed_record(&full, stem, stored, read.date),
-        }))
-    }
-
-    /// What a listing shows of `stored`, the object `name` whose name spells
-    /// `stem`: parsed once, and only if it is the record of the key it spells.
-    fn listed_record(
-        &self,
-        name: &str,
-        stem: &str,
-        stored: &Stored,
-        date: Option<SystemTime>,
-    ) -> Result<(KeyRecord, Vec<KeyEvent>), String> {
-        let record = self.parse(name, stored).map_err(|e| e.to_string())?;
-        let described = || self.store.describe();
-        let key = Key::parse_record(&record.key)
-            .map_err(|e| format!("{name} in {} names no valid key: {e}", described()))?;
-        if key_name::escaped(&key) != stem {
-            return Err(format!(
-                "{name} in {} holds the record of another key, {:?}",
-                described(),
-                key.logged()
-            ));
-        }
-        Ok(self.shown_parsed(&key, name, record, stored, date))
+        self.list_page(prefix, from, limit).await
     }
 }
 
