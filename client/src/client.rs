@@ -63,6 +63,8 @@ pub struct Client {
 }
 
 /// What one read brought, while a reply is awaited.
+// Returned once per message and matched at once: boxing the reply buys nothing.
+#[allow(clippy::large_enum_variant)]
 enum Read {
     /// The reply, or why there is none.
     Reply(Result<AgentMessage, CallError>),
