@@ -20,6 +20,9 @@ use tokio::net::UnixStream;
 /// forced acquire on `file://` waits for the displaced run with no deadline.
 const REPLY_WAIT: Duration = Duration::from_secs(60);
 
+/// What the tests' connections call themselves in `hello`.
+const CLIENT_NAME: &str = "runlock-tests";
+
 /// One connection to an agent.
 pub struct RawClient {
     client: Client,
@@ -43,7 +46,7 @@ pub fn encode(value: &impl Serialize) -> anyhow::Result<Vec<u8>> {
 pub fn hello() -> ClientMessage {
     ClientMessage::Hello {
         version: PROTOCOL_VERSION,
-        client: "runlock-tests".to_string(),
+        client: CLIENT_NAME.to_string(),
         pid: std::process::id(),
         takes_locks: false,
     }
@@ -115,7 +118,7 @@ impl RawClient {
     /// Says hello; returns the `welcome`.
     pub async fn hello(&mut self) -> anyhow::Result<AgentMessage> {
         let info = ClientInfo {
-            name: "runlock-tests".to_string(),
+            name: CLIENT_NAME.to_string(),
             takes_locks: false,
         };
         Ok(within(WAIT, "the agent's welcome", self.client.hello(&info)).await??)
