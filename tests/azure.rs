@@ -7,7 +7,9 @@
 
 use crate::support::stores::{azure, unique_name, Azure, Endpoint, Space, Store};
 use anyhow::{bail, ensure, Context, Result};
-use runlock_agent::backend::cas::{AzureOptions, AzureStore, CasEngine, CasError, CasStore};
+use runlock_agent::backend::cas::{
+    AzureOptions, AzureStore, CasEngine, CasError, CasStore, Precondition,
+};
 use runlock_agent::backend::{AcquireSpec, Backend, BackendError, LeaseRef};
 use runlock_protocol::{Holder, Key};
 use std::sync::Arc;
@@ -103,25 +105,34 @@ async fn conditional_writes_keep_their_meaning_on_azurite() -> Result<()> {
     ensure!(absent.object.is_none(), "{absent:?}");
     ensure!(
         store
-            .put_if_match(&name, b"{}".to_vec(), "\"0x8D000000000000\"")
+            .put(
+                &name,
+                b"{}".to_vec(),
+                Precondition::Matches("\"0x8D000000000000\"")
+            )
             .await
             == Err(CasError::Conflict),
         "If-Match on a missing blob must fail as a conflict (Azure: 412)"
     );
 
-    let first = store.put_if_absent(&name, b"{\"n\":1}".to_vec()).await?;
+    let first = store
+        .put(&name, b"{\"n\":1}".to_vec(), Precondition::Absent)
+        .await?;
     // Azure answers 409 BlobAlreadyExists here, not 412.
     ensure!(
-        store.put_if_absent(&name, b"{\"n\":9}".to_vec()).await == Err(CasError::Conflict),
+        store
+            .put(&name, b"{\"n\":9}".to_vec(), Precondition::Absent)
+            .await
+            == Err(CasError::Conflict),
         "create-only over an existing blob must be a conflict"
     );
     let second = store
-        .put_if_match(&name, b"{\"n\":2}".to_vec(), &first)
+        .put(&name, b"{\"n\":2}".to_vec(), Precondition::Matches(&first))
         .await?;
     ensure!(second != first, "a write must change the ETag");
     ensure!(
         store
-            .put_if_match(&name, b"{\"n\":9}".to_vec(), &first)
+            .put(&name, b"{\"n\":9}".to_vec(), Precondition::Matches(&first))
             .await
             == Err(CasError::Conflict),
         "a stale ETag must be a conflict (Azure: 412 ConditionNotMet)"

@@ -368,7 +368,7 @@ async fn azure_rows(_scratch: &Path) -> Result<Rows> {
     // The agent's own Azure client (the adapter it wraps its engine around), a
     // body of a record's size, If-Match on the ETag it wrote last: what one
     // uncontended acquire costs the store.
-    use runlock_agent::backend::cas::{AzureOptions, AzureStore, CasStore};
+    use runlock_agent::backend::cas::{AzureOptions, AzureStore, CasStore, Precondition};
     let options = AzureOptions {
         connection_string: Some(direct.clone().into()),
         ..AzureOptions::default()
@@ -376,10 +376,10 @@ async fn azure_rows(_scratch: &Path) -> Result<Rows> {
     let client = AzureStore::open(&format!("azure://{container}/raw"), &options)?;
     let name = "raw/record.json";
     let body = vec![b'x'; 480];
-    let first = client.put_if_absent(name, body.clone()).await?;
+    let first = client.put(name, body.clone(), Precondition::Absent).await?;
     let raw = time_raw(first, |etag| {
         let (client, body) = (&client, body.clone());
-        async move { Ok(client.put_if_match(name, body, &etag).await?) }
+        async move { Ok(client.put(name, body, Precondition::Matches(&etag)).await?) }
     })
     .await?;
     rows.extend(beside_raw(

@@ -4,11 +4,9 @@
 
 use crate::support::agent::Backend;
 use crate::support::client::{acquire, RawClient};
-use crate::support::rewriting_proxy::{authority, Canned, RequestHead, RewritingProxy};
+use crate::support::rewriting_proxy::{Canned, RequestHead, RewritingProxy};
 use crate::support::run::HOLD;
-use crate::support::stores::{
-    unique_name, Azure, Endpoint, Etcd, Gcs, Postgres, Space, Store, RECORDS, S3,
-};
+use crate::support::stores::{unique_name, Azure, Etcd, Gcs, Postgres, Space, Store, RECORDS, S3};
 use crate::support::{host_name, AgentOptions, TestAgent};
 use anyhow::{ensure, Context, Result};
 use runlock_protocol::{AgentMessage, ClientMessage, ErrorCode};
@@ -335,13 +333,8 @@ async fn a_page_that_fails_says_which_and_the_pages_before_it_are_shown(
             })
         })
     };
-    let upstream = authority(&at.url)?;
-    let proxy = RewritingProxy::start_answering(upstream.clone(), Arc::new(|_| {}), answer).await?;
-    let proxied = Endpoint {
-        url: at
-            .url
-            .replacen(&upstream, &format!("127.0.0.1:{}", proxy.port), 1),
-    };
+    let proxy = RewritingProxy::start_answering(&at, Arc::new(|_| {}), answer).await?;
+    let proxied = proxy.endpoint.clone();
     // The keys are taken past the proxy, by another host: only the listing goes through it.
     let holder = TestAgent::start_with_env(
         AgentOptions::new(store.uri(&at, &name, "")),
@@ -397,13 +390,8 @@ async fn a_listing_reads_again_only_the_records_that_changed(store: impl Store) 
             }
         })
     };
-    let upstream = authority(&at.url)?;
-    let proxy = RewritingProxy::start(upstream.clone(), rewrite).await?;
-    let proxied = Endpoint {
-        url: at
-            .url
-            .replacen(&upstream, &format!("127.0.0.1:{}", proxy.port), 1),
-    };
+    let proxy = RewritingProxy::start(&at, rewrite).await?;
+    let proxied = proxy.endpoint.clone();
     // A TTL long enough that no renewal rewrites a record meanwhile.
     let mut options = AgentOptions::new(store.uri(&at, &name, ""));
     options.args = vec!["--ttl".into(), "1h".into()];

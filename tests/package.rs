@@ -242,6 +242,34 @@ async fn package_holds_its_files_and_control_fields() -> Result<()> {
     Ok(())
 }
 
+/// A release is built as scripts/package builds it, the agent and the shim
+/// alone: the features cargo resolves for that build must not include the
+/// tests' `test-support` (memory-cas://, the agent's insides), which the
+/// tests' own dependency adds only when they are built with it.
+#[tokio::test]
+async fn a_release_build_has_no_test_support() -> Result<()> {
+    let mut command = Command::new(env!("CARGO"));
+    command
+        .current_dir(workspace()?)
+        .args(["tree", "-p", "runlock-agent", "-p", "runlock-shim"])
+        .args(["-e", "features", "-i", "runlock-agent", "--prefix", "none"]);
+    for name in test_package_env() {
+        command.env_remove(name);
+    }
+    let out = within(WAIT, "cargo tree", command.output()).await??;
+    ensure!(out.status.success(), "cargo tree: {}", text(&out));
+    let tree = stdout(&out);
+    ensure!(
+        tree.contains("runlock-agent feature \"s3\""),
+        "cargo tree shows no agent features:\n{tree}"
+    );
+    ensure!(
+        !tree.contains("test-support"),
+        "a release build would carry test-support:\n{tree}"
+    );
+    Ok(())
+}
+
 #[tokio::test]
 async fn lintian_reports_only_explained_tags() -> Result<()> {
     let deb = package().await?.display().to_string();

@@ -602,8 +602,8 @@ async fn kinds_of(agent: &TestAgent, k: &str) -> Result<Vec<(String, u64)>> {
 /// is still one conditional write, however long the history.
 async fn the_history_costs_no_store_request(store: impl Store) -> Result<()> {
     use crate::support::client::RawClient;
-    use crate::support::rewriting_proxy::{authority, RequestHead, RewritingProxy};
-    use crate::support::stores::{unique_name, Endpoint};
+    use crate::support::rewriting_proxy::{RequestHead, RewritingProxy};
+    use crate::support::stores::unique_name;
     use runlock_protocol::{AgentMessage, ClientMessage};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
@@ -623,13 +623,8 @@ async fn the_history_costs_no_store_request(store: impl Store) -> Result<()> {
             delete_counter.fetch_add(1, Ordering::SeqCst);
         }
     });
-    let proxy = RewritingProxy::start(authority(&at.url)?, count).await?;
-    let upstream = authority(&at.url)?;
-    let proxied = Endpoint {
-        url: at
-            .url
-            .replacen(&upstream, &format!("127.0.0.1:{}", proxy.port), 1),
-    };
+    let proxy = RewritingProxy::start(&at, count).await?;
+    let proxied = proxy.endpoint.clone();
     let uri = store.uri(&at, &bucket, "p");
     let agent = TestAgent::start_with_env(AgentOptions::new(&uri), &store.env(&proxied)).await?;
     let mut conn: RawClient = agent.client().await?;

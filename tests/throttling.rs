@@ -6,8 +6,8 @@
 //! the emulator that answers some requests itself, as a throttling store would.
 
 use crate::metrics::{metrics_address, scrape, value};
-use crate::support::rewriting_proxy::{authority, Canned, RequestHead, RewritingProxy};
-use crate::support::stores::{unique_name, Azure, Endpoint, Gcs, Store, S3};
+use crate::support::rewriting_proxy::{Canned, RequestHead, RewritingProxy};
+use crate::support::stores::{unique_name, Azure, Gcs, Store, S3};
 use crate::support::{key, AgentOptions, TestAgent};
 use anyhow::{ensure, Result};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -76,13 +76,8 @@ async fn a_throttling_store_is_waited_out_counted_and_named(store: impl Store) -
             (all.load(Ordering::SeqCst) || n % 2 == 0).then(|| canned.clone())
         })
     };
-    let upstream = authority(&at.url)?;
-    let proxy = RewritingProxy::start_answering(upstream.clone(), Arc::new(|_| {}), answer).await?;
-    let proxied = Endpoint {
-        url: at
-            .url
-            .replacen(&upstream, &format!("127.0.0.1:{}", proxy.port), 1),
-    };
+    let proxy = RewritingProxy::start_answering(&at, Arc::new(|_| {}), answer).await?;
+    let proxied = proxy.endpoint.clone();
     let mut options = AgentOptions::new(store.uri(&at, &bucket, "p"));
     options.args = ["--metrics", "127.0.0.1:0"].map(String::from).to_vec();
     let agent = TestAgent::start_with_env(options, &store.env(&proxied)).await?;

@@ -80,9 +80,38 @@ async fn the_page_shows_a_run_held_growing_then_how_it_ended() -> Result<()> {
     let grown = format!("{width} > {first} && {width}");
     page.wait_for(&grown, "the job's bar to grow").await?;
 
-    // The job ends: it leaves "held now" and its bar ends released.
+    // A second copy is refused: a tick marks it on the key's timeline.
+    agent
+        .run(&[&nightly], &[], "true")?
+        .finish()
+        .await?
+        .expect_code(75)?;
+    let tick = format!(
+        "([...document.querySelectorAll('#timeline .tl-row')].find(r => r.dataset.key === {k})
+           ?.querySelector('.tick')?.title ?? null)",
+        k = js(&nightly)
+    );
+    let tick = page
+        .wait_for(&tick, "a refusal tick on the key's row")
+        .await?;
+    let tick = tick.as_str().unwrap_or("");
+    ensure!(tick.starts_with("refused "), "the tick reads {tick:?}");
+
+    // A copy that waits is counted in the key's "held now" row.
+    let waiter = agent.run(&[&nightly], &["--wait", "5m"], "true")?;
+    let waiting = format!(
+        "[...document.querySelectorAll('#held tbody tr')]
+           .find(r => r.dataset.key === {k})?.querySelector('td.waiting')?.innerText === '1'",
+        k = js(&nightly)
+    );
+    page.wait_for(&waiting, "one waiter in the key's row")
+        .await?;
+
+    // The job ends: the waiter runs and ends, the key leaves "held now", and
+    // the job's bar ends released.
     job.end();
     job.finish().await?.expect_code(0)?;
+    waiter.finish().await?.expect_code(0)?;
     let released = format!(
         "{held} === null && {ending} === 'released'",
         held = held_row_text(&nightly)

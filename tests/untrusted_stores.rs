@@ -8,8 +8,8 @@
 //! so it is the missing condition that the agent caught.
 
 use crate::config::runlockd;
-use crate::support::rewriting_proxy::{authority, RequestHead, Rewrite, RewritingProxy};
-use crate::support::stores::{azure, unique_name, Azure, Endpoint, Gcs, Store, S3};
+use crate::support::rewriting_proxy::{RequestHead, Rewrite, RewritingProxy};
+use crate::support::stores::{azure, unique_name, Azure, Gcs, Store, S3};
 use crate::support::{key, AgentOptions, TestAgent};
 use anyhow::{ensure, Context, Result};
 use std::sync::Arc;
@@ -70,14 +70,6 @@ fn drop_generation_match(head: &mut RequestHead, condition: Condition) {
     head.target = format!("{path}?{}", kept.join("&"));
 }
 
-/// `url` with its host and port replaced by the proxy's.
-fn through(proxy: &RewritingProxy, url: &str) -> Result<Endpoint> {
-    let upstream = authority(url)?;
-    Ok(Endpoint {
-        url: url.replacen(&upstream, &format!("127.0.0.1:{}", proxy.port), 1),
-    })
-}
-
 async fn refused_on_a_store_that_ignores(store: impl Store) -> Result<()> {
     let at = store.shared()?;
     let bucket = unique_name("untrusted");
@@ -85,9 +77,8 @@ async fn refused_on_a_store_that_ignores(store: impl Store) -> Result<()> {
     let uri = store.uri(&at, &bucket, "p");
     for condition in [None, Some(Condition::Absent), Some(Condition::Matches)] {
         let what = format!("{} ignoring {condition:?}", store.name());
-        let proxy =
-            RewritingProxy::start(authority(&at.url)?, dropping(store.name(), condition)).await?;
-        let env = store.env(&through(&proxy, &at.url)?);
+        let proxy = RewritingProxy::start(&at, dropping(store.name(), condition)).await?;
+        let env = store.env(&proxy.endpoint);
         let agent = TestAgent::start_with_env(AgentOptions::new(&uri), &env)
             .await
             .with_context(|| format!("starting an agent on {what}"))?;

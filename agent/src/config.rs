@@ -24,6 +24,11 @@ use std::time::Duration;
 /// less often, a handover slower than a run's start.
 const MIN_POLL_INTERVAL: Duration = Duration::from_millis(50);
 const MAX_POLL_INTERVAL: Duration = Duration::from_secs(60);
+/// How long shutdown waits for connections and lease tasks by default.
+pub const DEFAULT_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest `drain_timeout`: past it a stop takes longer than any
+/// service manager should wait.
+const MAX_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// runlockd: the runlock agent. Holds locks for the runs on this host and
 /// serves `runlock` over a Unix socket.
@@ -66,6 +71,12 @@ pub struct Args {
     #[arg(long, env = "RUNLOCK_POLL_INTERVAL", value_name = "DUR", global = true,
           value_parser = parse_poll_interval)]
     pub poll_interval: Option<Duration>,
+    /// How long a stopping agent waits for its connections, then its lease
+    /// tasks, to finish (0s to 10m; keep it under the service manager's stop
+    /// timeout) [default: 5s]
+    #[arg(long, env = "RUNLOCK_DRAIN_TIMEOUT", value_name = "DUR", global = true,
+          value_parser = parse_drain_timeout)]
+    pub drain_timeout: Option<Duration>,
     /// What runs do when the backend cannot be reached [default: fail]
     #[arg(long, env = "RUNLOCK_ON_UNAVAILABLE", value_name = "POLICY", global = true,
           value_parser = ["fail", "warn", "skip"])]
@@ -126,6 +137,17 @@ fn parse_poll_interval(text: &str) -> Result<Duration, String> {
     Ok(interval)
 }
 
+fn parse_drain_timeout(text: &str) -> Result<Duration, String> {
+    let drain = parse_duration(text)?;
+    if drain > MAX_DRAIN_TIMEOUT {
+        return Err(format!(
+            "{} is outside 0s..10m",
+            humantime::format_duration(drain)
+        ));
+    }
+    Ok(drain)
+}
+
 fn parse_mode(text: &str) -> Result<u32, String> {
     let digits = text.strip_prefix("0o").unwrap_or(text);
     match u32::from_str_radix(digits, 8) {
@@ -149,6 +171,8 @@ struct FileConfig {
     on_unavailable: Option<OnUnavailable>,
     #[serde(default, deserialize_with = "poll_interval")]
     poll_interval: Option<Duration>,
+    #[serde(default, deserialize_with = "drain_timeout")]
+    drain_timeout: Option<Duration>,
     metrics: Option<SocketAddr>,
     log_format: Option<LogFormat>,
     legacy_meltano_systemdb: Option<Secret>,
@@ -236,6 +260,13 @@ fn poll_interval<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D:
         .map_err(serde::de::Error::custom)
 }
 
+fn drain_timeout<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+    let text = String::deserialize(d)?;
+    parse_drain_timeout(&text)
+        .map(Some)
+        .map_err(serde::de::Error::custom)
+}
+
 fn mode<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u32>, D::Error> {
     let text = String::deserialize(d)?;
     parse_mode(&text)
@@ -269,6 +300,8 @@ pub struct Config {
     pub on_unavailable: OnUnavailable,
     /// How often, at most, a waiter re-checks the store.
     pub poll_interval: Duration,
+    /// How long a stopping agent waits for its connections and lease tasks.
+    pub drain_timeout: Duration,
     /// Who may force and break.
     pub access: Access,
     /// How much of the agent one peer may take.
@@ -346,6 +379,10 @@ impl Config {
                 .poll_interval
                 .or(settings.poll_interval)
                 .unwrap_or(DEFAULT_POLL_INTERVAL),
+            drain_timeout: args
+                .drain_timeout
+                .or(settings.drain_timeout)
+                .unwrap_or(DEFAULT_DRAIN_TIMEOUT),
             access,
             limits: settings.limits.resolve()?,
             metrics: args.metrics.or(settings.metrics),
@@ -368,6 +405,7 @@ impl Config {
             ttl: String,
             on_unavailable: OnUnavailable,
             poll_interval: String,
+            drain_timeout: String,
             #[serde(skip_serializing_if = "Option::is_none")]
             metrics: Option<SocketAddr>,
             log_format: LogFormat,
@@ -400,6 +438,7 @@ impl Config {
             ttl: humantime::format_duration(self.ttl).to_string(),
             on_unavailable: self.on_unavailable,
             poll_interval: humantime::format_duration(self.poll_interval).to_string(),
+            drain_timeout: humantime::format_duration(self.drain_timeout).to_string(),
             metrics: self.metrics,
             log_format: self.log_format,
             legacy_meltano_systemdb: self
@@ -630,5 +669,18 @@ mod tests {
         );
         let err = parse("socket_mode = \"999\"\n").expect_err("bad mode");
         assert!(err.contains("octal"), "{err}");
+    }
+
+    #[test]
+    fn the_drain_timeout_is_read_within_its_bounds() {
+        let file = parse("drain_timeout = \"0s\"\n").expect("no drain at all");
+        assert_eq!(file.drain_timeout, Some(Duration::ZERO));
+        let file = parse("drain_timeout = \"10m\"\n").expect("the longest");
+        assert_eq!(file.drain_timeout, Some(Duration::from_secs(600)));
+        let err = parse("drain_timeout = \"11m\"\n").expect_err("too long");
+        assert!(
+            err.starts_with("/etc/r.toml:1: `drain_timeout`: ") && err.contains("0s..10m"),
+            "{err}"
+        );
     }
 }

@@ -9,8 +9,8 @@
 //! comparison uses the database's clock, not the agent's.
 //!
 //! The check is a backend decorator, [`MeltanoGuard`], around the lease
-//! store: it refuses an acquire with [`BackendError::HeldByLegacyRun`], which
-//! carries the run as data.
+//! store: it refuses an acquire with [`BackendError::HeldOutside`], which
+//! carries the run as the peer is shown it, in this guard's words.
 //!
 //! The check and the grant are not atomic: a legacy `meltano run` that starts
 //! between the two is not seen. That gap closes once every run is wrapped.
@@ -18,7 +18,7 @@
 use crate::backend::postgres::{Kept, Settings};
 use crate::backend::{
     redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant,
-    LeaseRef, LegacyRun, ProfiledBackend, Renewed,
+    LeaseRef, Outsider, ProfiledBackend, Renewed,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord};
@@ -56,6 +56,29 @@ WHERE job_name = $1 AND state::text = 'RUNNING'
            ELSE started_at > (now() AT TIME ZONE 'utc') - interval '24 hours' END
 ORDER BY started_at DESC
 LIMIT 1";
+
+/// A `RUNNING` row of Meltano's system database that Meltano would not call
+/// stale: a run that holds its state ID without a lease.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LegacyRun {
+    /// Meltano's id of the run.
+    pub run_id: String,
+    /// When it started, if recorded.
+    pub started_at_ms: Option<i64>,
+    /// The run as a holder is shown to peers.
+    pub holder: Holder,
+}
+
+impl LegacyRun {
+    /// The run as the lease layer hands it to a refused peer.
+    pub fn outsider(self) -> Outsider {
+        Outsider {
+            what: "a legacy Meltano run",
+            explanation: explain(&self),
+            holder: self.holder,
+        }
+    }
+}
 
 /// Meltano's system database, as `legacy_meltano_systemdb` names it.
 pub struct MeltanoSystemDb {
@@ -134,7 +157,7 @@ impl MeltanoSystemDb {
         &self.shown
     }
 
-    /// `HeldByLegacyRun` if Meltano records `key` as running, `Unavailable`
+    /// `HeldOutside` if Meltano records `key` as running, `Unavailable`
     /// if the database cannot be read.
     pub async fn check(&self, key: &Key) -> Result<(), BackendError> {
         let found = match tokio::time::timeout(CHECK_TIMEOUT, self.find(key)).await {
@@ -143,7 +166,7 @@ impl MeltanoSystemDb {
         };
         match found {
             Ok(None) => Ok(()),
-            Ok(Some(run)) => Err(BackendError::HeldByLegacyRun(Box::new(run))),
+            Ok(Some(run)) => Err(BackendError::HeldOutside(Box::new(run.outsider()))),
             Err(problem) => {
                 tracing::warn!(systemdb = %self.shown, key = %key, "cannot read Meltano's system database: {problem}");
                 Err(BackendError::Unavailable(format!(
@@ -240,7 +263,7 @@ fn legacy_run(run_id: String, started_at_ms: Option<i64>) -> LegacyRun {
 
 /// What a peer refused for `run` is told after "key … is held": who holds
 /// it, and what to do.
-pub fn explain(run: &LegacyRun) -> String {
+fn explain(run: &LegacyRun) -> String {
     let since = match run.holder.acquired_at_ms {
         0 => "an unknown time".to_string(),
         ms => {
@@ -362,5 +385,37 @@ mod tests {
         assert!(explained.contains("1970-01-01T00:00:01Z"), "{explained}");
         let unknown = explain(&legacy_run("0b1c".to_string(), None));
         assert!(unknown.contains("since an unknown time"), "{unknown}");
+    }
+
+    #[test]
+    fn a_legacy_run_is_named_after_the_held_text() {
+        let outsider = legacy_run("0b1c".to_string(), Some(1_000)).outsider();
+        assert_eq!(outsider.holder.host, HOLDER_HOST);
+        assert_eq!(
+            outsider.holder.command,
+            "meltano run 0b1c (legacy, not wrapped by runlock)"
+        );
+        assert_eq!(outsider.holder.acquired_at_ms, 1_000);
+        // As the lease layer words a refusal by a holder that is no lease.
+        let held = crate::lease::LeaseError::Held {
+            holders: Vec::new(),
+            slots: 1,
+            key: Key::new("k").expect("valid"),
+            waited: Duration::ZERO,
+            holder: Some(Box::new(outsider.holder)),
+            unrecorded: Some(outsider.explanation),
+            incident: None,
+        };
+        assert_eq!(
+            held.to_string(),
+            "key \"k\" is held: by a Meltano run recorded as RUNNING in the system database \
+             since 1970-01-01T00:00:01Z (run id 0b1c), not wrapped by runlock; wait for it \
+             to end, or pass --force if it is gone"
+        );
+        assert_eq!(
+            BackendError::HeldOutside(Box::new(legacy_run("0b1c".to_string(), None).outsider()))
+                .to_string(),
+            "held by a legacy Meltano run"
+        );
     }
 }

@@ -10,6 +10,7 @@ use runlock_agent::{backend, limits, listener, metrics, notify, serve, telemetry
 use std::process::ExitCode;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -93,13 +94,16 @@ impl From<anyhow::Error> for Stop {
 
 async fn run(config: Config) -> Result<(), Stop> {
     let shutdown = CancellationToken::new();
+    // The agent's own tasks beside the server's and the registry's: the
+    // signal handler and the metrics server, waited for before the exit.
+    let tasks = TaskTracker::new();
     // Opening a backend fails only on what it was given (a malformed URI, an
     // unreadable key or certificate file); an unreachable store is a warning.
     let mut store = backend::from_uri(config.backend.expose(), &config.backend_options)
         .await
         .map_err(Stop::Config)?;
     if let Some(addr) = config.metrics {
-        metrics::start(addr, shutdown.child_token()).await?;
+        metrics::start(addr, shutdown.child_token(), &tasks).await?;
         store = metrics::instrument(store);
     }
     let identity = Identity {
@@ -133,7 +137,7 @@ async fn run(config: Config) -> Result<(), Stop> {
         // Outermost, so that a legacy run's refusal is not timed as a store request.
         store = MeltanoGuard::wrap(store, db.clone());
     }
-    let registry = Registry::new(store, identity.clone(), policy);
+    let registry = Registry::observed(store, identity.clone(), policy, metrics::observer());
     let descriptors = limits::raise_descriptor_limit();
     let admission = limits::Admission::new(config.limits, descriptors, identity.uid);
     if let Some(bound) = admission.descriptor_bound() {
@@ -154,7 +158,7 @@ async fn run(config: Config) -> Result<(), Stop> {
         signal(SignalKind::terminate()).context("installing the SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing the SIGINT handler")?;
     let on_signal = shutdown.clone();
-    tokio::spawn(async move {
+    tasks.spawn(async move {
         let name = tokio::select! {
             _ = terminate.recv() => "SIGTERM",
             _ = interrupt.recv() => "SIGINT",
@@ -172,7 +176,16 @@ async fn run(config: Config) -> Result<(), Stop> {
         "runlockd ready"
     );
     let notifier = notify::Notifier::start(&listener, registry.clone(), shutdown.clone());
-    serve(listener, registry.clone(), admission, shutdown).await;
+    serve(
+        listener,
+        registry.clone(),
+        admission,
+        config.drain_timeout,
+        shutdown,
+    )
+    .await;
     notifier.finish().await;
+    tasks.close();
+    tasks.wait().await;
     Ok(())
 }

@@ -10,6 +10,7 @@ use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 use std::time::Duration;
+use tokio_util::task::TaskTracker;
 
 /// How often a group is scanned again for members forked while it was being
 /// signalled (killpg is one step in the kernel; a scan of /proc is not).
@@ -423,8 +424,8 @@ impl Run {
     }
 
     /// Applies `on_lost` to the run, whose client is gone: SIGTERM now and
-    /// SIGKILL after `grace`, SIGKILL now, or nothing.
-    pub fn stop(self, on_lost: OnLost, grace: Duration) {
+    /// SIGKILL after `grace` (a task of `tasks`), SIGKILL now, or nothing.
+    pub fn stop(self, on_lost: OnLost, grace: Duration, tasks: &TaskTracker) {
         match on_lost {
             OnLost::Ignore => {}
             OnLost::Kill => {
@@ -432,7 +433,7 @@ impl Run {
             }
             OnLost::Term => {
                 self.signal(Signal::SIGTERM);
-                tokio::spawn(async move {
+                tasks.spawn(async move {
                     tokio::time::sleep(grace).await;
                     self.signal(Signal::SIGKILL);
                 });

@@ -1,6 +1,7 @@
 //! The accept loop: one task per admitted connection, tracked so that shutdown
-//! can tell each peer and wait (bounded) for them to finish; a connection over
-//! the limits is told the agent is busy and closed.
+//! can tell each peer and wait (bounded by the drain time) for them, then for
+//! the lease layer's own tasks, to finish; a connection over the limits is
+//! told the agent is busy and closed.
 
 use crate::connection::serve_connection;
 use crate::lease::{PeerCred, Registry};
@@ -16,19 +17,19 @@ use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-/// How long shutdown waits for connections to finish.
-const DRAIN: Duration = Duration::from_secs(5);
 /// Refusals in progress at once; past this a connection is closed unanswered,
 /// so a flood of connects cannot turn refusals into a cost of their own.
 const MAX_REFUSING: usize = 64;
 /// How long a refused peer has to read its answer before the close.
 const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 
-/// Serves `listener` until `shutdown` is cancelled.
+/// Serves `listener` until `shutdown` is cancelled, then waits at most
+/// `drain` for its connections and the registry's tasks to finish.
 pub async fn serve(
     listener: UnixListener,
     registry: Arc<Registry>,
     admission: Arc<Admission>,
+    drain: Duration,
     shutdown: CancellationToken,
 ) {
     let tracker = TaskTracker::new();
@@ -72,7 +73,7 @@ pub async fn serve(
                 refusals.note(peer, &limit);
                 if refusing.fetch_add(1, Ordering::Relaxed) < MAX_REFUSING {
                     let refusing = refusing.clone();
-                    tokio::spawn(async move {
+                    tracker.spawn(async move {
                         refuse(stream, limit).await;
                         refusing.fetch_sub(1, Ordering::Relaxed);
                     });
@@ -86,10 +87,22 @@ pub async fn serve(
     registry.hand_over();
     stopping.cancel();
     tracker.close();
-    if tokio::time::timeout(DRAIN, tracker.wait()).await.is_err() {
+    let deadline = tokio::time::Instant::now() + drain;
+    if tokio::time::timeout_at(deadline, tracker.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!(
             connections = tracker.len(),
             "connections still open after the drain period"
+        );
+    }
+    // Only once the connections are gone: until then their leases are renewed.
+    let left = registry.close(deadline).await;
+    if left > 0 {
+        tracing::warn!(
+            tasks = left,
+            "lease tasks still running after the drain period"
         );
     }
 }

@@ -6,7 +6,7 @@
 //! tests need no store running.)
 
 use crate::support::stores::{Gcs, Space, RECORDS};
-use runlock_agent::backend::cas::{CasEngine, CasError, CasStore, GcsStore};
+use runlock_agent::backend::cas::{CasEngine, CasError, CasStore, GcsStore, Precondition};
 use runlock_agent::backend::testing::{gcs_on_emulator, lease, spec, TIMEOUTS};
 use runlock_agent::backend::{Backend, BackendError};
 use runlock_protocol::{Key, KeyState};
@@ -42,11 +42,13 @@ async fn creates_and_replaces_only_on_the_generation_read_with_the_body() {
     );
 
     let first = store
-        .put_if_absent(name, b"{\"n\":1}".to_vec())
+        .put(name, b"{\"n\":1}".to_vec(), Precondition::Absent)
         .await
         .expect("created");
     assert_eq!(
-        store.put_if_absent(name, b"{\"n\":2}".to_vec()).await,
+        store
+            .put(name, b"{\"n\":2}".to_vec(), Precondition::Absent)
+            .await,
         Err(CasError::Conflict)
     );
     let read = store.get(name).await.expect("read");
@@ -65,20 +67,24 @@ async fn creates_and_replaces_only_on_the_generation_read_with_the_body() {
     );
 
     let second = store
-        .put_if_match(name, b"{\"n\":3}".to_vec(), &first)
+        .put(name, b"{\"n\":3}".to_vec(), Precondition::Matches(&first))
         .await
         .expect("replaced");
     assert_ne!(first, second);
     assert_eq!(
         store
-            .put_if_match(name, b"{\"n\":4}".to_vec(), &first)
+            .put(name, b"{\"n\":4}".to_vec(), Precondition::Matches(&first))
             .await,
         Err(CasError::Conflict),
         "a stale generation"
     );
     assert_eq!(
         store
-            .put_if_match("p/.runlock/locks/none.json", b"{}".to_vec(), &first)
+            .put(
+                "p/.runlock/locks/none.json",
+                b"{}".to_vec(),
+                Precondition::Matches(&first)
+            )
             .await,
         Err(CasError::Conflict),
         "a generation of an object that does not exist"
@@ -99,7 +105,11 @@ async fn of_racing_creates_exactly_one_wins() {
             let store = store.clone();
             tokio::spawn(async move {
                 store
-                    .put_if_absent("p/.runlock/locks/r.json", format!("{{\"w\":{i}}}").into())
+                    .put(
+                        "p/.runlock/locks/r.json",
+                        format!("{{\"w\":{i}}}").into(),
+                        Precondition::Absent,
+                    )
                     .await
             })
         })

@@ -34,7 +34,9 @@ fn build() -> anyhow::Result<Bins> {
     cargo
         .current_dir(workspace)
         .args(["build", "--message-format=json-render-diagnostics"])
-        .args(["-p", "runlock-agent", "-p", "runlock-shim"]);
+        .args(["-p", "runlock-agent", "-p", "runlock-shim"])
+        // memory-cas://, which tests and benches run agents on; no release has it.
+        .args(["--features", "runlock-agent/test-support"]);
     for name in test_package_env() {
         cargo.env_remove(name);
     }

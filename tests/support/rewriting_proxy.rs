@@ -4,6 +4,7 @@
 //! answer a request itself instead of forwarding it: to play a store that
 //! throttles.
 
+use crate::stores::Endpoint;
 use anyhow::{bail, Context, Result};
 use std::sync::Arc;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -84,24 +85,33 @@ pub type Answer = Arc<dyn Fn(&RequestHead) -> Option<Canned> + Send + Sync>;
 pub struct RewritingProxy {
     /// Where it listens on 127.0.0.1.
     pub port: u16,
+    /// The store it stands in front of, reached through it: the same URL with
+    /// the proxy's host and port (the path is kept: Azurite's names the account).
+    pub endpoint: Endpoint,
     task: tokio::task::JoinHandle<()>,
 }
 
 impl RewritingProxy {
-    /// Listens on a free local port, forwarding to `upstream` (`host:port`).
-    pub async fn start(upstream: String, rewrite: Rewrite) -> Result<RewritingProxy> {
-        RewritingProxy::start_answering(upstream, rewrite, Arc::new(|_| None)).await
+    /// Listens on a free local port, forwarding to the store at `store`.
+    pub async fn start(store: &Endpoint, rewrite: Rewrite) -> Result<RewritingProxy> {
+        RewritingProxy::start_answering(store, rewrite, Arc::new(|_| None)).await
     }
 
     /// Like [`RewritingProxy::start`], answering itself the requests
     /// `answer` picks (after `rewrite`).
     pub async fn start_answering(
-        upstream: String,
+        store: &Endpoint,
         rewrite: Rewrite,
         answer: Answer,
     ) -> Result<RewritingProxy> {
+        let upstream = authority(&store.url)?;
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
+        let endpoint = Endpoint {
+            url: store
+                .url
+                .replacen(&upstream, &format!("127.0.0.1:{port}"), 1),
+        };
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let (upstream, rewrite, answer) =
@@ -113,7 +123,11 @@ impl RewritingProxy {
                 });
             }
         });
-        Ok(RewritingProxy { port, task })
+        Ok(RewritingProxy {
+            port,
+            endpoint,
+            task,
+        })
     }
 }
 
@@ -124,7 +138,7 @@ impl Drop for RewritingProxy {
 }
 
 /// The upstream of `url` (`http://host:port/…` → `host:port`).
-pub fn authority(url: &str) -> Result<String> {
+fn authority(url: &str) -> Result<String> {
     let rest = url.strip_prefix("http://").context("an http:// URL")?;
     Ok(rest.split('/').next().unwrap_or(rest).to_string())
 }

@@ -4,8 +4,8 @@
 //! gRPC calls (its `/metrics`). For the benches.
 
 use crate::http;
-use crate::rewriting_proxy::{authority, RewritingProxy};
-use crate::stores::{Endpoint, Space};
+use crate::rewriting_proxy::RewritingProxy;
+use crate::stores::Space;
 use anyhow::{bail, Context, Result};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -80,21 +80,14 @@ impl StoreRequests {
                 let count = Arc::new(AtomicU64::new(0));
                 let counted = count.clone();
                 let proxy = RewritingProxy::start(
-                    authority(&space.at.url)?,
+                    &space.at,
                     Arc::new(move |_| {
                         counted.fetch_add(1, Ordering::Relaxed);
                     }),
                 )
                 .await?;
-                // Agents reach the store through the proxy from here on; the
-                // URL keeps its path (Azurite's names the account).
-                let upstream = authority(&space.at.url)?;
-                space.at = Endpoint {
-                    url: space
-                        .at
-                        .url
-                        .replacen(&upstream, &format!("127.0.0.1:{}", proxy.port), 1),
-                };
+                // Agents reach the store through the proxy from here on.
+                space.at = proxy.endpoint.clone();
                 StoreRequests::Proxy(count, proxy)
             }
         })

@@ -1,8 +1,9 @@
 //! One shape for what a failed request to a store means, before an operation
 //! decides what to do with it: an answer the operation expects and handles
 //! (a missing object, a failed precondition, a lease gone), a failure worth
-//! another try, or a refusal no retry mends. Each store sorts its client's
-//! errors into it (`errors.rs` in each backend's folder); messages name the
+//! another try, or a refusal no retry mends. Each store classifies its
+//! client's errors into it (`classify` in the `errors.rs` of each backend's
+//! folder); messages name the
 //! store and what to check, never a secret.
 
 /// A sorted failure; `A` is what the store's operations expect and handle.

@@ -189,20 +189,13 @@ impl Backend for MemoryBackend {
 
 impl Record {
     fn to_key_record(&self, key: &Key) -> KeyRecord {
-        KeyRecord {
-            slots: None,
-            holders: Vec::new(),
-            key: key.to_string(),
-            state: if self.held.is_some() {
-                KeyState::Held
-            } else {
-                KeyState::Free
-            },
-            token: self.token,
-            holder: self.held.as_ref().map(|held| held.1.clone()),
-            expires_in_ms: None,
-            scope: Scope::Host,
-            incident: history::last_incident(&self.history),
+        let mut record = KeyRecord::free(key, Scope::Host);
+        record.token = self.token;
+        record.incident = history::last_incident(&self.history);
+        if let Some(held) = &self.held {
+            record.state = KeyState::Held;
+            record.holder = Some(held.1.clone());
         }
+        record
     }
 }

@@ -6,7 +6,8 @@ pub mod cas;
 mod etcd;
 mod failure;
 mod file;
-mod fixtures;
+#[cfg(any(test, feature = "test-support"))]
+pub(crate) mod fixtures;
 pub mod history;
 mod key_name;
 mod memory;
@@ -16,6 +17,7 @@ pub mod postgres;
 mod record;
 mod retry;
 mod secret;
+#[cfg(feature = "test-support")]
 #[doc(hidden)]
 pub mod testing;
 mod uri;
@@ -35,7 +37,7 @@ pub use uri::redact_uri;
 pub(crate) use uri::split_userinfo;
 
 use async_trait::async_trait;
-use runlock_protocol::{ErrorCode, EventKind, Holder, Key, KeyEvent, KeyRecord, Scope, WireError};
+use runlock_protocol::{ErrorCode, EventKind, Holder, Key, KeyEvent, KeyRecord, Scope};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -240,10 +242,10 @@ pub enum BackendError {
     /// run any agent granted); what is known of it, for the peer.
     #[error("{0}")]
     HeldUnrecorded(String),
-    /// Meltano's system database records a live run of the key's state ID,
-    /// a run runlock does not wrap (`legacy::MeltanoGuard`).
-    #[error("held by a legacy Meltano run")]
-    HeldByLegacyRun(Box<LegacyRun>),
+    /// A guard around the store found the key held by a run no lease
+    /// names (`legacy::MeltanoGuard`: a Meltano run runlock does not wrap).
+    #[error("held by {}", .0.what)]
+    HeldOutside(Box<Outsider>),
     /// The lease is no longer ours: taken over, broken or expired.
     #[error("the lease is no longer held")]
     LeaseMismatch,
@@ -264,42 +266,26 @@ impl BackendError {
         match self {
             BackendError::Held(..)
             | BackendError::HeldUnrecorded(_)
-            | BackendError::HeldByLegacyRun(_) => ErrorCode::Held,
+            | BackendError::HeldOutside(_) => ErrorCode::Held,
             BackendError::LeaseMismatch => ErrorCode::NotOwner,
             BackendError::Unavailable(_) => ErrorCode::Unavailable,
             BackendError::Corrupt(_) => ErrorCode::Internal,
             BackendError::Unsupported(_) => ErrorCode::Unsupported,
         }
     }
-
-    /// The error as the peer sees it, about `key`.
-    pub fn to_wire(&self, key: &Key) -> WireError {
-        let mut wire = WireError::new(self.code(), self.to_string());
-        wire.key = Some(key.to_string());
-        match self {
-            BackendError::Held(holder, _) => wire.holder = holder.clone(),
-            BackendError::HeldByLegacyRun(run) => wire.holder = Some(Box::new(run.holder.clone())),
-            BackendError::HeldUnrecorded(why) => {
-                wire.message = format!("key {key:?} is held: {why}");
-                return wire;
-            }
-            _ => return wire,
-        }
-        wire.message = format!("key {key:?} is held");
-        wire
-    }
 }
 
-/// A `RUNNING` row of Meltano's system database that Meltano would not call
-/// stale: a run that holds its state ID without a lease.
+/// Who holds a key outside any lease, as a guard around the store found
+/// it: the guard's own words, carried as data to the peer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LegacyRun {
-    /// Meltano's id of the run.
-    pub run_id: String,
-    /// When it started, if recorded.
-    pub started_at_ms: Option<i64>,
-    /// The run as a holder is shown to peers.
+pub struct Outsider {
+    /// What it is, in a few words ("a legacy Meltano run"): the error's text.
+    pub what: &'static str,
+    /// The holder peers are shown for it.
     pub holder: Holder,
+    /// What a refused peer is told after "key … is held": who holds it,
+    /// and what to do.
+    pub explanation: String,
 }
 
 /// What a backend is, fixed when it opens: data the agent reads once, never

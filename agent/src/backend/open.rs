@@ -2,6 +2,7 @@
 //! checked once as the agent does at start, and one place that says what the
 //! check found.
 
+#[cfg(any(object_store, feature = "test-support"))]
 use super::cas::{self, CasStore};
 use super::{
     redact_uri, Backend, BackendOptions, FileBackend, MemoryBackend, Profiled, ProfiledBackend,
@@ -10,9 +11,11 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
+#[cfg(any(network_store, feature = "test-support"))]
 use std::time::Duration;
 
 /// How long the start-up check of a network store may take.
+#[cfg(any(network_store, feature = "test-support"))]
 const PROBE_TIMEOUT: Duration = Duration::from_secs(6);
 
 /// Whether a backend just opened can serve runs.
@@ -138,14 +141,19 @@ const SCHEMES: &[Scheme] = &[
         feature: None,
         open: Some(|_, _, _| Box::pin(async { ready(MemoryBackend::default()) })),
     },
-    // The object-store engine over an in-process store: for benchmarks and tests.
-    Scheme {
-        names: &["memory-cas"],
-        example: "memory-cas://",
-        feature: None,
-        open: Some(|_, _, _| Box::pin(on_object_store(cas::MemoryCasStore::new()))),
-    },
 ];
+
+/// Schemes for benchmarks and tests, never in a release build: the
+/// object-store engine over an in-process store.
+#[cfg(feature = "test-support")]
+const TEST_SCHEMES: &[Scheme] = &[Scheme {
+    names: &["memory-cas"],
+    example: "memory-cas://",
+    feature: Some("test-support"),
+    open: Some(|_, _, _| Box::pin(on_object_store(cas::MemoryCasStore::new()))),
+}];
+#[cfg(not(feature = "test-support"))]
+const TEST_SCHEMES: &[Scheme] = &[];
 
 /// Builds the backend a URI names and checks it once, as the agent does at
 /// start: a network store must answer, and an object store must show that
@@ -155,7 +163,7 @@ pub async fn open(uri: &str, options: &BackendOptions) -> anyhow::Result<Opened>
     let supported = || {
         SCHEMES
             .iter()
-            .filter(|scheme| scheme.open.is_some() && scheme.names[0] != "memory-cas")
+            .filter(|scheme| scheme.open.is_some())
             .map(|scheme| scheme.example)
             .collect::<Vec<_>>()
             .join(", ")
@@ -167,7 +175,8 @@ pub async fn open(uri: &str, options: &BackendOptions) -> anyhow::Result<Opened>
             supported()
         );
     };
-    match SCHEMES.iter().find(|scheme| scheme.names.contains(&name)) {
+    let mut every = SCHEMES.iter().chain(TEST_SCHEMES);
+    match every.find(|scheme| scheme.names.contains(&name)) {
         Some(Scheme {
             open: Some(open), ..
         }) => open(uri, rest, options).await,
@@ -220,6 +229,7 @@ fn ready(backend: impl Backend + Profiled) -> anyhow::Result<Opened> {
 
 /// The object-store lease engine over `store`: once the store's own check
 /// passed, the engine's proof that it refuses conflicting writes.
+#[cfg(any(object_store, feature = "test-support"))]
 async fn on_object_store(store: impl CasStore) -> anyhow::Result<Opened> {
     let probed = within_probe_timeout(async { store.probe().await.map_err(|e| e.to_string()) });
     let probed = probed.await;
@@ -241,6 +251,7 @@ async fn on_object_store(store: impl CasStore) -> anyhow::Result<Opened> {
 }
 
 /// A backend's own check, bounded by [`PROBE_TIMEOUT`].
+#[cfg(any(network_store, feature = "test-support"))]
 async fn within_probe_timeout(
     probe: impl std::future::Future<Output = Result<(), String>>,
 ) -> Readiness {
@@ -251,6 +262,7 @@ async fn within_probe_timeout(
     }
 }
 
+#[cfg(any(network_store, feature = "test-support"))]
 fn no_answer() -> Readiness {
     Readiness::Unreachable(format!("no answer within {}s", PROBE_TIMEOUT.as_secs()))
 }

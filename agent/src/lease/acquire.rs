@@ -4,12 +4,12 @@
 
 use super::error::{backend_on, valid_key, valid_slot, LeaseError};
 use super::event::Loss;
+use super::observer::{Takeover, Waiting};
 use super::registry::Registry;
 use super::renewal::deadline;
 use super::slots::{count_of, SlotRefusal};
 use super::state::{ConnId, LocalLease, PeerCred};
 use crate::backend::{history, AcquireSpec, Adopter, BackendError, Ending, Grant, LeaseRef};
-use crate::metrics;
 use crate::shown;
 use runlock_protocol::timing;
 use runlock_protocol::{
@@ -275,7 +275,7 @@ impl Registry {
                         let Some(displaced) = displaced else {
                             return Ok(taken);
                         };
-                        metrics::takeover(metrics::Takeover::Force);
+                        self.observer.taken_over(Takeover::Force);
                         // Invariant 10: answered once the displaced run has stopped.
                         self.await_stopped(conn, &key, &displaced, sent).await;
                         return Ok(taken);
@@ -316,12 +316,11 @@ impl Registry {
                         .or_else(|| holders.first().cloned().map(Box::new)),
                     holders,
                     slots: req.slots,
-                    legacy: refusal.legacy,
                     unrecorded: refusal.unrecorded,
                     incident: refusal.incident.map(|e| Box::new(shown::event(&e))),
                 });
             }
-            waiting.get_or_insert_with(metrics::waiting);
+            waiting.get_or_insert_with(|| Waiting::begin(&*self.observer));
             // A local release wakes us at once; polling finds holders on other agents.
             let jittered = poll.mul_f64(0.5 + fastrand::f64());
             tokio::select! {
@@ -439,9 +438,9 @@ impl Registry {
                 unrecorded: Some(why),
                 ..Refusal::default()
             })),
-            Err(BackendError::HeldByLegacyRun(run)) => Err(Attempt::Held(Refusal {
-                holder: Some(Box::new(run.holder.clone())),
-                legacy: Some(run),
+            Err(BackendError::HeldOutside(outsider)) => Err(Attempt::Held(Refusal {
+                holder: Some(Box::new(outsider.holder)),
+                unrecorded: Some(outsider.explanation),
                 ..Refusal::default()
             })),
             Err(err) => Err(Attempt::from_backend(key, err)),
@@ -513,7 +512,7 @@ impl Registry {
                     c.leases.insert(lease_id.clone());
                     let displaced = state.by_key.insert(spec.key.clone(), lease_id.clone());
                     state.leases.insert(lease_id.clone(), lease);
-                    metrics::leases_held(state.leases.len());
+                    self.observer.leases_held(state.leases.len());
                     Ok(displaced)
                 }
                 (None, None) => Err(None),
@@ -537,7 +536,6 @@ impl Registry {
                     key: spec.key,
                     waited: Duration::ZERO,
                     holder: Some(Box::new(self.show(&newer, viewer))),
-                    legacy: None,
                     unrecorded: None,
                     incident: None,
                 });
@@ -600,8 +598,7 @@ struct Refusal {
     /// For a key with slots: every slot's holder.
     holders: Vec<Holder>,
     incident: Option<Box<runlock_protocol::KeyEvent>>,
-    legacy: Option<Box<crate::backend::LegacyRun>>,
-    /// What the backend knows of a holder no record names.
+    /// What the backend knows of a holder that is no lease.
     unrecorded: Option<String>,
     unreachable: Option<BackendError>,
 }
@@ -703,7 +700,7 @@ mod tests {
             let grant = self.store.acquire(spec).await;
             if self.slot_joins_force && spec.force {
                 let mut other =
-                    crate::backend::testing::spec("k", "other", false, Duration::from_secs(30));
+                    crate::backend::fixtures::spec("k", "other", false, Duration::from_secs(30));
                 other.key = spec.key.slot_record(1);
                 (other.holder.slot, other.holder.slots) = (Some(1), Some(2));
                 self.store.acquire(&other).await.expect("slot 1 is free");

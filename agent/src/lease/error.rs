@@ -1,8 +1,7 @@
 //! What the lease layer refuses, and why, as data. connection.rs turns each
 //! into the wire error a peer reads: `code()`, this text, `key()`, `holder()`.
 
-use crate::backend::{BackendError, LegacyRun};
-use crate::legacy;
+use crate::backend::BackendError;
 use crate::process::AttachRefused;
 use crate::shown;
 use runlock_protocol::timing;
@@ -100,7 +99,7 @@ pub enum LeaseError {
         holders: Vec<Holder>,
     },
     /// The key is held: at once, or still after waiting `waited`.
-    #[error("{}", HeldText { key, waited: *waited, legacy: legacy.as_deref(), unrecorded: unrecorded.as_deref(), incident: incident.as_deref(), slots: *slots })]
+    #[error("{}", HeldText { key, waited: *waited, unrecorded: unrecorded.as_deref(), incident: incident.as_deref(), slots: *slots })]
     Held {
         /// The key.
         key: Key,
@@ -114,9 +113,8 @@ pub enum LeaseError {
         slots: u32,
         /// The key's last force, break, expiry or loss, as the peer may see it.
         incident: Option<Box<KeyEvent>>,
-        /// The holder is a legacy Meltano run, not a lease.
-        legacy: Option<Box<LegacyRun>>,
-        /// The holder is a process no record names: what the backend knows of it.
+        /// The holder is no lease (a process on a kernel lock, a run a
+        /// guard around the store found): what the backend says of it.
         unrecorded: Option<String>,
     },
     /// The backend failed on `key`.
@@ -254,7 +252,6 @@ impl fmt::Display for Named<'_> {
 struct HeldText<'a> {
     key: &'a Key,
     waited: Duration,
-    legacy: Option<&'a LegacyRun>,
     unrecorded: Option<&'a str>,
     incident: Option<&'a KeyEvent>,
     slots: u32,
@@ -272,9 +269,6 @@ impl fmt::Display for HeldText<'_> {
                 f,
                 "{key} still has all {n} slots held after waiting {waited}"
             )?,
-        }
-        if let Some(run) = self.legacy {
-            write!(f, ": {}", legacy::explain(run))?;
         }
         if let Some(why) = self.unrecorded {
             write!(f, ": {why}")?;
@@ -376,20 +370,18 @@ impl fmt::Display for Incident<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::LegacyRun;
 
     fn key() -> Key {
         Key::new("k").expect("valid")
     }
 
-    fn held(waited: Duration, legacy: Option<LegacyRun>) -> LeaseError {
+    fn held(waited: Duration) -> LeaseError {
         LeaseError::Held {
             holders: Vec::new(),
             slots: 1,
             key: key(),
             waited,
             holder: None,
-            legacy: legacy.map(Box::new),
             unrecorded: None,
             incident: None,
         }
@@ -417,7 +409,6 @@ mod tests {
             key: key(),
             waited: Duration::ZERO,
             holder: None,
-            legacy: None,
             unrecorded: None,
             incident: Some(Box::new(event.clone())),
         };
@@ -435,44 +426,16 @@ mod tests {
 
     #[test]
     fn held_reads_as_it_did_on_the_wire() {
-        let now = held(Duration::ZERO, None);
+        let now = held(Duration::ZERO);
         assert_eq!(now.to_string(), "key \"k\" is held");
         assert_eq!(now.code(), ErrorCode::Held);
-        let waited = held(Duration::from_secs(5), None);
+        let waited = held(Duration::from_secs(5));
         assert_eq!(
             waited.to_string(),
             "key \"k\" is still held after waiting 5s"
         );
         assert_eq!(waited.code(), ErrorCode::Timeout);
         assert_eq!(waited.key().as_deref(), Some("k"));
-    }
-
-    #[test]
-    fn a_legacy_run_is_named_after_the_held_text() {
-        let holder = Holder {
-            slot: None,
-            slots: None,
-            host: legacy::HOLDER_HOST.to_string(),
-            agent_id: String::new(),
-            pid: 0,
-            uid: 0,
-            gid: 0,
-            user: String::new(),
-            command: "meltano run 0b1c (legacy, not wrapped by runlock)".to_string(),
-            acquired_at_ms: 1_000,
-            token: 0,
-        };
-        let run = LegacyRun {
-            run_id: "0b1c".to_string(),
-            started_at_ms: Some(1_000),
-            holder,
-        };
-        assert_eq!(
-            held(Duration::ZERO, Some(run)).to_string(),
-            "key \"k\" is held: by a Meltano run recorded as RUNNING in the system database \
-             since 1970-01-01T00:00:01Z (run id 0b1c), not wrapped by runlock; wait for it \
-             to end, or pass --force if it is gone"
-        );
     }
 
     #[test]

@@ -5,7 +5,6 @@ use super::event::Loss;
 use super::registry::Registry;
 use super::renewal::Report;
 use crate::backend::{Ending, LeaseRef};
-use crate::metrics::{self, Ended};
 use crate::shown::Viewer;
 use runlock_protocol::timing;
 use runlock_protocol::{Holder, KeyRecord, LostReason};
@@ -34,7 +33,8 @@ impl Registry {
                 } => registry.renewed(&lease_id, valid_until),
                 // Its own task: finding out who took the lease may wait on the store.
                 Report::Lost { lease, taken } => {
-                    tokio::spawn(async move { registry.renewal_lost(&lease, taken).await });
+                    let tasks = registry.tasks.clone();
+                    tasks.spawn(async move { registry.renewal_lost(&lease, taken).await });
                 }
             }
         }
@@ -69,7 +69,7 @@ impl Registry {
         let reason = loss.reason();
         let (lease, notice) = {
             let mut state = self.state();
-            let Some(lease) = state.remove_lease(lease_id) else {
+            let Some(lease) = state.remove_lease(lease_id, &*self.observer) else {
                 return;
             };
             // Its forcer or breaker waits for the run to stop (invariant 10).
@@ -100,15 +100,14 @@ impl Registry {
         };
         self.renewals.stop(lease_id);
         tracing::warn!(key = %lease.key.logged(), token = lease.holder.token, ?reason, "lease lost");
-        metrics::lost(reason);
-        metrics::hold_ended(lease.holder.acquired_at_ms, Ended::Lost(reason));
+        self.observer.lost(lease.holder.acquired_at_ms, reason);
         let grace = timing::kill_grace(lease.ttl);
         if let Some((events, viewer, orphan, on_lost)) = notice {
             let holder = holder.map(|h| self.show(&h, viewer));
             events.lost(lease_id, lease.key.clone(), loss, holder);
             // The shim acts on `lost` itself; only when it is gone does the agent act for it.
             if let Some(run) = orphan {
-                run.stop(on_lost, grace);
+                run.stop(on_lost, grace, &self.tasks);
             }
         }
         let reference = lease.reference(lease_id);
@@ -116,7 +115,7 @@ impl Registry {
             // The record may still name us: freeing it now would let another run
             // start while ours is still being stopped. Free it once ours is gone.
             let backend = self.backend.clone();
-            tokio::spawn(async move {
+            self.tasks.spawn(async move {
                 tokio::time::sleep(grace).await;
                 let _ = backend.end(&reference, &ending).await;
             });

@@ -8,7 +8,8 @@
 //! peer attached), `view` (list and inspect as a peer may see them),
 //! `listing` (the store's keys, a page at a time, likewise). It
 //! speaks in `error::LeaseError` and `event::Event`; only the connection
-//! turns them into wire messages.
+//! turns them into wire messages. What happens to leases it tells an
+//! `observer::Observer` (the agent's metrics), whom it does not know.
 
 mod acquire;
 mod displaced;
@@ -18,6 +19,7 @@ mod listing;
 mod loss;
 #[cfg(test)]
 mod model;
+mod observer;
 mod queue;
 mod refusals;
 mod registry;
@@ -34,5 +36,6 @@ pub use acquire::{AcquireRequest, Granted};
 pub use error::LeaseError;
 pub use event::{Event, Events, Loss};
 pub use listing::{KeysPage, KeysQuery};
+pub use observer::{Observer, Renewal, Takeover, Unobserved};
 pub use registry::{Identity, Policy, Registry, DEFAULT_POLL_INTERVAL};
 pub use state::{ConnId, PeerCred};

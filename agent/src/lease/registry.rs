@@ -3,6 +3,7 @@
 
 use super::error::LeaseError;
 use super::event::{self, Events};
+use super::observer::{Observer, Unobserved};
 use super::renewal::Renewals;
 use super::state::{Conn, ConnId, PeerCred, State};
 use crate::access::Access;
@@ -14,6 +15,9 @@ use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// Who this agent is, as recorded in every holder.
 #[derive(Debug, Clone)]
@@ -71,6 +75,12 @@ pub struct Registry {
     /// Told when this agent said that runs taken over have stopped, so that
     /// forcers waiting here look again at once.
     pub(super) stopped_here: tokio::sync::Notify,
+    /// Told what happens to leases (the agent's metrics).
+    pub(super) observer: Arc<dyn Observer>,
+    /// Every task the lease layer starts, so that shutdown can wait for them.
+    pub(super) tasks: TaskTracker,
+    /// Cancelled at shutdown: the scheduler and the store's listeners stop.
+    closing: CancellationToken,
 }
 
 /// Wakes the first local waiter for each key the backend says another agent
@@ -78,10 +88,14 @@ pub struct Registry {
 async fn wake_on_releases(
     registry: Weak<Registry>,
     mut releases: tokio::sync::broadcast::Receiver<Key>,
+    closing: CancellationToken,
 ) {
     use tokio::sync::broadcast::error::RecvError;
     loop {
-        let released = releases.recv().await;
+        let released = tokio::select! {
+            _ = closing.cancelled() => return,
+            released = releases.recv() => released,
+        };
         let Some(registry) = registry.upgrade() else {
             return;
         };
@@ -102,16 +116,35 @@ fn user_name(uid: u32) -> String {
 }
 
 impl Registry {
-    /// A registry over `store`; starts the renewal scheduler on the current runtime.
+    /// A registry over `store` that no one watches; starts the renewal
+    /// scheduler on the current runtime.
     pub fn new(
         store: impl Into<ProfiledBackend>,
         identity: Identity,
         policy: Policy,
     ) -> Arc<Registry> {
+        Registry::observed(store, identity, policy, Arc::new(Unobserved))
+    }
+
+    /// A registry over `store` that tells `observer` what happens to its
+    /// leases; starts the renewal scheduler on the current runtime.
+    pub fn observed(
+        store: impl Into<ProfiledBackend>,
+        identity: Identity,
+        policy: Policy,
+        observer: Arc<dyn Observer>,
+    ) -> Arc<Registry> {
         let ProfiledBackend { backend, profile } = store.into();
         let releases = profile.releases.map(|sender| sender.subscribe());
         let lease_expires = profile.capabilities.lease_expires;
-        let (renewals, reports) = Renewals::start(backend.clone(), lease_expires);
+        let (tasks, closing) = (TaskTracker::new(), CancellationToken::new());
+        let (renewals, reports) = Renewals::start(
+            backend.clone(),
+            lease_expires,
+            observer.clone(),
+            &tasks,
+            closing.clone(),
+        );
         let registry = Arc::new(Registry {
             capabilities: profile.capabilities,
             min_ttl: profile.min_ttl,
@@ -123,12 +156,41 @@ impl Registry {
             state: Mutex::new(State::default()),
             next_id: AtomicU64::new(1),
             stopped_here: tokio::sync::Notify::new(),
+            observer,
+            tasks,
+            closing,
         });
-        tokio::spawn(Registry::take_reports(Arc::downgrade(&registry), reports));
+        let reported = Registry::take_reports(Arc::downgrade(&registry), reports);
+        registry.tasks.spawn(reported);
         if let Some(releases) = releases {
-            tokio::spawn(wake_on_releases(Arc::downgrade(&registry), releases));
+            let woken = wake_on_releases(
+                Arc::downgrade(&registry),
+                releases,
+                registry.closing.clone(),
+            );
+            registry.tasks.spawn(woken);
         }
         registry
+    }
+
+    /// The tracker that owns every task the lease layer starts: a task of
+    /// the agent's that outlives its caller (an acquire's store write once
+    /// begun, say) belongs here too, so that shutdown waits for it.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
+    }
+
+    /// The agent is stopping and its connections are gone: stops the
+    /// renewal scheduler and the store's listeners, then waits until
+    /// `deadline` for the tasks still at work (a lost lease let go, a
+    /// run's SIGKILL after its grace). Returns how many it left running.
+    pub async fn close(&self, deadline: Instant) -> usize {
+        self.closing.cancel();
+        self.tasks.close();
+        match tokio::time::timeout_at(deadline, self.tasks.wait()).await {
+            Ok(()) => 0,
+            Err(_) => self.tasks.len(),
+        }
     }
 
     pub(super) fn state(&self) -> MutexGuard<'_, State> {
@@ -200,7 +262,7 @@ impl Registry {
             // hold from its grant (the holder's `acquired_at_ms`).
             if state.handing_over {
                 for lease_id in &leases {
-                    state.remove_lease(lease_id);
+                    state.remove_lease(lease_id, &*self.observer);
                 }
             }
             (leases, state.handing_over, stopped)

@@ -4,10 +4,10 @@
 use super::acquire::now_ms;
 use super::error::{backend_on, valid_key, valid_slot, LeaseError};
 use super::event::Loss;
+use super::observer::Takeover;
 use super::registry::Registry;
 use super::state::ConnId;
 use crate::backend::{AcquireSpec, Ending, LeaseRef};
-use crate::metrics::{self, Ended, Takeover};
 use runlock_protocol::{Holder, Key};
 
 impl Registry {
@@ -33,14 +33,10 @@ impl Registry {
     /// Lets go of one lease, in the backend too (its history says how it
     /// ended), and wakes the next local waiter.
     pub(super) async fn release_lease(&self, lease_id: &str, ending: &Ending) -> bool {
-        let Some(lease) = self.state().remove_lease(lease_id) else {
+        let Some(lease) = self.state().remove_lease(lease_id, &*self.observer) else {
             return false;
         };
-        let ended = match ending {
-            Ending::ClientGone => Ended::Closed,
-            _ => Ended::Released,
-        };
-        metrics::hold_ended(lease.holder.acquired_at_ms, ended);
+        self.observer.released(lease.holder.acquired_at_ms, ending);
         self.renewals.stop(lease_id);
         if let Err(err) = self.backend.end(&lease.reference(lease_id), ending).await {
             tracing::warn!(key = %lease.key.logged(), error = %err, "release failed");
@@ -109,7 +105,7 @@ impl Registry {
             token: grant.holder.token,
         };
         if grant.displaced.is_some() {
-            metrics::takeover(Takeover::Break);
+            self.observer.taken_over(Takeover::Break);
         }
         if let Some(broken) = self.held_here_before(&key, lease.token) {
             let loss = Loss::BrokenHere {

@@ -8,8 +8,8 @@
 //! nothing. It knows nothing of the registry: it reports renewals and losses
 //! on a channel its owner drains ([`Report`]).
 
+use super::observer::{Observer, Renewal};
 use crate::backend::{Backend, BackendError, LeaseRef};
-use crate::metrics;
 use futures::stream::FuturesUnordered;
 use futures::StreamExt;
 use runlock_protocol::timing;
@@ -18,6 +18,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tokio_util::time::{delay_queue, DelayQueue};
 
 /// How many renewals may be in flight toward the backend at once.
@@ -103,16 +105,20 @@ pub struct Renewals {
 }
 
 impl Renewals {
-    /// Starts the scheduler task, which reports on the receiver returned; it
-    /// ends when this handle is dropped. `expires`: whether `backend`'s leases
-    /// lapse unless renewed (`Capabilities::lease_expires`).
+    /// Starts the scheduler task on `tasks`, which reports on the receiver
+    /// returned; it ends when this handle is dropped or `closing` is
+    /// cancelled. `expires`: whether `backend`'s leases lapse unless renewed
+    /// (`Capabilities::lease_expires`); `observer` is told of each renewal.
     pub fn start(
         backend: Arc<dyn Backend>,
         expires: bool,
+        observer: Arc<dyn Observer>,
+        tasks: &TaskTracker,
+        closing: CancellationToken,
     ) -> (Renewals, mpsc::UnboundedReceiver<Report>) {
         let (commands, rx) = mpsc::unbounded_channel();
         let (reports, reported) = mpsc::unbounded_channel();
-        tokio::spawn(run(backend, reports, rx, expires));
+        tasks.spawn(run(backend, reports, rx, expires, observer, closing));
         (Renewals { commands }, reported)
     }
 
@@ -170,6 +176,8 @@ async fn run(
     reports: mpsc::UnboundedSender<Report>,
     mut commands: mpsc::UnboundedReceiver<Command>,
     expires: bool,
+    observer: Arc<dyn Observer>,
+    closing: CancellationToken,
 ) {
     let mut queue: DelayQueue<String> = DelayQueue::new();
     let mut entries: HashMap<String, Entry> = HashMap::new();
@@ -178,6 +186,7 @@ async fn run(
     let mut report = tokio::time::interval_at(Instant::now() + REPORT_EVERY, REPORT_EVERY);
     loop {
         tokio::select! {
+            _ = closing.cancelled() => return,
             _ = report.tick() => lateness.report(entries.len()),
             command = commands.recv() => match command {
                 None => return,
@@ -206,7 +215,7 @@ async fn run(
                 let sent = Instant::now();
                 let late = sent.saturating_duration_since(entry.due);
                 lateness.record(late);
-                metrics::renewal_lateness(late);
+                observer.renewal_sent(late);
                 let (lease, ttl, deadline) = (entry.lease.clone(), entry.ttl, entry.deadline(expires));
                 let backend = backend.clone();
                 in_flight.push(async move {
@@ -229,7 +238,7 @@ async fn run(
                 let Some(entry) = entries.get_mut(&id) else { continue };
                 let taken = match outcome {
                     Outcome::Renewed(sent) => {
-                        metrics::renewal(metrics::Renewal::Ok);
+                        observer.renewal_ended(Renewal::Ok);
                         entry.last_ok = sent;
                         if let Some(valid_until) = entry.deadline(expires) {
                             let _ = reports.send(Report::Renewed { lease_id: id.clone(), valid_until });
@@ -242,7 +251,7 @@ async fn run(
                     Outcome::Lost => true,
                     Outcome::Expired => false,
                     Outcome::Failed(error) => {
-                        metrics::renewal(metrics::Renewal::Retry);
+                        observer.renewal_ended(Renewal::Retry);
                         // 250 ms doubling, jittered, never past a third of the TTL.
                         entry.failures += 1;
                         let backoff = Duration::from_millis(250) * 2u32.pow(entry.failures.min(8) - 1);
@@ -255,7 +264,7 @@ async fn run(
                         continue;
                     }
                 };
-                metrics::renewal(metrics::Renewal::Lost);
+                observer.renewal_ended(Renewal::Lost);
                 let Some(entry) = entries.remove(&id) else { continue };
                 let lease = Arc::unwrap_or_clone(entry.lease);
                 let _ = reports.send(Report::Lost { lease, taken });

@@ -2,6 +2,7 @@
 //! connections, and the waiter queues.
 
 use super::event::EventSender;
+use super::observer::Observer;
 use super::queue::Queues;
 use super::refusals::Refusals;
 use crate::backend::LeaseRef;
@@ -93,10 +94,14 @@ impl State {
             .map(|l| l.holder.clone())
     }
 
-    /// Forgets a lease; returns it with its connection's means to be told.
-    pub(super) fn remove_lease(&mut self, lease_id: &str) -> Option<LocalLease> {
+    /// Forgets a lease, telling `observer` how many are left; returns it.
+    pub(super) fn remove_lease(
+        &mut self,
+        lease_id: &str,
+        observer: &dyn Observer,
+    ) -> Option<LocalLease> {
         let lease = self.leases.remove(lease_id)?;
-        crate::metrics::leases_held(self.leases.len());
+        observer.leases_held(self.leases.len());
         if self.by_key.get(&lease.key).is_some_and(|id| id == lease_id) {
             self.by_key.remove(&lease.key);
         }

@@ -11,7 +11,7 @@
 
 use super::proof::{self, Unproven};
 use super::read_cache::ReadCache;
-use super::{CasError, CasStore, Read, Stored};
+use super::{CasError, CasStore, Precondition, Read, Stored};
 use crate::backend::history::{self, Before, Stamp};
 use crate::backend::record::LockRecord;
 use crate::backend::retry::RetryBudget;
@@ -361,10 +361,10 @@ impl CasEngine {
         let body = record.to_json();
         let booking = self.pacer.book(name).await;
         let sent = Instant::now();
-        let written = match &version {
-            None => self.store.put_if_absent(name, body).await,
-            Some(version) => self.store.put_if_match(name, body, version).await,
-        };
+        let written = self
+            .store
+            .put(name, body, Precondition::replacing(version.as_deref()))
+            .await;
         if written == Err(CasError::Conflict) {
             self.pacer.cancel(name, booking);
         }
@@ -463,7 +463,7 @@ impl CasEngine {
             let booking = self.pacer.book(&name).await;
             match self
                 .store
-                .put_if_match(&name, record.to_json(), &version)
+                .put(&name, record.to_json(), Precondition::Matches(&version))
                 .await
             {
                 Ok(new) => return Ok(new),
@@ -675,7 +675,7 @@ impl Backend for CasEngine {
         let body = serde_json::json!({ "key": lease.key.as_str(), "stopped": lease.token });
         match self
             .store
-            .put_if_absent(&name, body.to_string().into_bytes())
+            .put(&name, body.to_string().into_bytes(), Precondition::Absent)
             .await
         {
             Ok(_) | Err(CasError::Conflict) => Ok(()),
@@ -779,15 +779,26 @@ impl CasEngine {
         name: &str,
         read: Read,
     ) -> Result<(KeyRecord, Vec<KeyEvent>), BackendError> {
-        let Read { object, date } = read;
-        let mut answer = KeyRecord::free(key, Scope::Global);
-        let Some(stored) = object else {
-            return Ok((answer, Vec::new()));
+        let Some(stored) = &read.object else {
+            return Ok((KeyRecord::free(key, Scope::Global), Vec::new()));
         };
-        let record = self.parse(name, &stored)?;
+        let record = self.parse(name, stored)?;
+        Ok(self.shown_parsed(key, name, record, stored, read.date))
+    }
+
+    /// [`Self::shown`] of a record already parsed.
+    fn shown_parsed(
+        &self,
+        key: &Key,
+        name: &str,
+        record: CasRecord,
+        stored: &Stored,
+        date: Option<SystemTime>,
+    ) -> (KeyRecord, Vec<KeyEvent>) {
+        let mut answer = KeyRecord::free(key, Scope::Global);
         answer.token = record.token;
         answer.incident = history::last_incident(&record.history);
-        if record.state == KeyState::Held && !self.expired(name, &record, &stored, date) {
+        if record.state == KeyState::Held && !self.expired(name, &record, stored, date) {
             answer.state = KeyState::Held;
             answer.holder = record.holder;
             if let (Some(written), Some(now)) = (stored.last_modified, date) {
@@ -800,7 +811,7 @@ impl CasEngine {
                 );
             }
         }
-        Ok((answer, record.history))
+        (answer, record.history)
     }
 
     /// The record named `name` (below the records' prefix) for a listing,
@@ -821,39 +832,37 @@ impl CasEngine {
                 read
             }
         };
-        if read.object.is_none() {
+        let Some(stored) = &read.object else {
             return Ok(None);
-        }
-        let stem = name.strip_suffix(RECORD_SUFFIX).unwrap_or(name);
-        let result = match self.key_of(&full, &read) {
-            Ok(key) if key_name::escaped(&key) == stem => {
-                self.shown(&key, &full, read).map_err(|e| e.to_string())
-            }
-            Ok(key) => Err(format!(
-                "{full} in {} holds the record of another key, {:?}",
-                self.store.describe(),
-                key.logged()
-            )),
-            Err(why) => Err(why),
         };
+        let stem = name.strip_suffix(RECORD_SUFFIX).unwrap_or(name);
         Ok(Some(Listed {
             name: name.to_string(),
-            read: result,
+            read: self.listed_record(&full, stem, stored, read.date),
         }))
     }
 
-    /// The key a stored record names, or why it names none.
-    fn key_of(&self, name: &str, read: &Read) -> Result<Key, String> {
-        let Some(stored) = &read.object else {
-            return Err(format!("{name} is gone"));
-        };
+    /// What a listing shows of `stored`, the object `name` whose name spells
+    /// `stem`: parsed once, and only if it is the record of the key it spells.
+    fn listed_record(
+        &self,
+        name: &str,
+        stem: &str,
+        stored: &Stored,
+        date: Option<SystemTime>,
+    ) -> Result<(KeyRecord, Vec<KeyEvent>), String> {
         let record = self.parse(name, stored).map_err(|e| e.to_string())?;
-        Key::parse_record(&record.key).map_err(|e| {
-            format!(
-                "{name} in {} names no valid key: {e}",
-                self.store.describe()
-            )
-        })
+        let described = || self.store.describe();
+        let key = Key::parse_record(&record.key)
+            .map_err(|e| format!("{name} in {} names no valid key: {e}", described()))?;
+        if key_name::escaped(&key) != stem {
+            return Err(format!(
+                "{name} in {} holds the record of another key, {:?}",
+                described(),
+                key.logged()
+            ));
+        }
+        Ok(self.shown_parsed(&key, name, record, stored, date))
     }
 }
 
@@ -1215,7 +1224,11 @@ mod tests {
         let store = Arc::new(MemoryCasStore::new());
         let old = r#"{"key":"k","state":"free","token":7,"ttl_ms":10000,"renewed_at_ms":1}"#;
         store
-            .put_if_absent("locks/k.json", old.as_bytes().to_vec())
+            .put(
+                "locks/k.json",
+                old.as_bytes().to_vec(),
+                Precondition::Absent,
+            )
             .await
             .expect("seeded");
         let engine = proven(store.clone()).await;
@@ -1300,7 +1313,11 @@ mod tests {
     async fn a_record_that_is_not_ours_to_read_is_reported_not_overwritten() {
         let store = Arc::new(MemoryCasStore::new());
         store
-            .put_if_absent("locks/k.json", b"{\"not\": \"a record\"}".to_vec())
+            .put(
+                "locks/k.json",
+                b"{\"not\": \"a record\"}".to_vec(),
+                Precondition::Absent,
+            )
             .await
             .expect("put");
         let engine = CasEngine::new(store.clone(), "locks/");

@@ -2,7 +2,7 @@
 //! simulation. Its clock is tokio's, so paused-time tests control it, and like
 //! S3 it reports times in whole seconds.
 
-use super::{CasError, CasStore, Names, Read, Stored};
+use super::{CasError, CasStore, Names, Precondition, Read, Stored};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -100,20 +100,19 @@ impl CasStore for MemoryCasStore {
         })
     }
 
-    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
-        self.write(name, body, None)
+    fn min_write_interval(&self) -> Duration {
+        Duration::ZERO
     }
 
-    async fn put_if_match(
+    async fn put(
         &self,
         name: &str,
         body: Vec<u8>,
-        version: &str,
+        only_if: Precondition<'_>,
     ) -> Result<String, CasError> {
-        self.write(name, body, Some(version))
+        self.write(name, body, only_if.version())
     }
 
-    /// Its page token is the last name of the page before.
     async fn list(
         &self,
         prefix: &str,

@@ -6,6 +6,7 @@ mod azure;
 mod engine;
 #[cfg(feature = "gcs")]
 mod gcs;
+#[cfg(any(test, feature = "test-support"))]
 mod memory;
 mod proof;
 mod read_cache;
@@ -22,6 +23,7 @@ pub use azure::AzureStore;
 pub use engine::{CasEngine, CasRecord, Lapse, CLOCK_RESOLUTION};
 #[cfg(feature = "gcs")]
 pub use gcs::GcsStore;
+#[cfg(any(test, feature = "test-support"))]
 pub use memory::MemoryCasStore;
 pub use proof::Unproven;
 #[cfg(feature = "s3")]
@@ -84,7 +86,7 @@ const HTTP_RETRY: crate::backend::retry::RetryBudget = crate::backend::retry::Re
     longest_pause: Duration::from_millis(500),
 };
 
-#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
+#[cfg(object_store)]
 impl<A> crate::backend::failure::Failure<A> {
     /// The answer the operation handles, or the store error the failure is.
     fn expected(self) -> Result<A, CasError> {
@@ -96,6 +98,30 @@ impl<A> crate::backend::failure::Failure<A> {
     }
 }
 
+/// What a write asks of the object it would replace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Precondition<'a> {
+    /// That there is none (`If-None-Match: *`).
+    Absent,
+    /// That it is at this version (`If-Match`).
+    Matches(&'a str),
+}
+
+impl<'a> Precondition<'a> {
+    /// The write that replaces `version`, or creates when there is none.
+    pub fn replacing(version: Option<&'a str>) -> Precondition<'a> {
+        version.map_or(Precondition::Absent, Precondition::Matches)
+    }
+
+    /// The version the object must be at; `None`: there must be none.
+    pub fn version(self) -> Option<&'a str> {
+        match self {
+            Precondition::Absent => None,
+            Precondition::Matches(version) => Some(version),
+        }
+    }
+}
+
 /// The compare-and-swap operations a lock needs from an object store.
 #[async_trait]
 pub trait CasStore: Send + Sync + 'static {
@@ -103,10 +129,9 @@ pub trait CasStore: Send + Sync + 'static {
     fn describe(&self) -> String;
     /// How far apart the store wants writes of one object (GCS sustains about
     /// one per second); the engine spaces its own writes of a record by this,
-    /// and refuses TTLs too short to renew at that pace. Zero: no limit.
-    fn min_write_interval(&self) -> Duration {
-        Duration::ZERO
-    }
+    /// and refuses TTLs too short to renew at that pace. Zero: no limit. No
+    /// default: a decorator that forgot to forward it would pace wrongly.
+    fn min_write_interval(&self) -> Duration;
     /// The object name prefix the lock records live under: `prefix/.runlock/locks/`
     /// for `SCHEME://PLACE/prefix`, so that they stay apart from Meltano's objects.
     fn records_prefix(&self) -> &str;
@@ -115,14 +140,13 @@ pub trait CasStore: Send + Sync + 'static {
     async fn probe(&self) -> Result<(), CasError>;
     /// Reads an object.
     async fn get(&self, name: &str) -> Result<Read, CasError>;
-    /// Creates an object only if none exists (`If-None-Match: *`); returns its version.
-    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError>;
-    /// Replaces an object only if its version is `version` (`If-Match`); returns the new version.
-    async fn put_if_match(
+    /// Writes an object only if `only_if` holds ([`CasError::Conflict`]
+    /// otherwise); returns its new version.
+    async fn put(
         &self,
         name: &str,
         body: Vec<u8>,
-        version: &str,
+        only_if: Precondition<'_>,
     ) -> Result<String, CasError>;
     /// Lists, in name order, at most `limit` names of objects that start with
     /// `prefix`, from the page `page` (the store's token from an earlier
@@ -135,12 +159,12 @@ pub trait CasStore: Send + Sync + 'static {
     async fn delete(&self, name: &str) -> Result<(), CasError>;
 }
 
-#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
+#[cfg(object_store)]
 /// Where the lock records live, below the URI's prefix: apart from Meltano's
 /// `prefix/<state_id>/` objects, so one URI serves both.
 const RECORDS: &str = ".runlock/locks/";
 
-#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
+#[cfg(object_store)]
 /// The object name prefix of the records of a store whose URI has `prefix`.
 fn records_under(prefix: &str) -> String {
     if prefix.is_empty() {
@@ -150,7 +174,7 @@ fn records_under(prefix: &str) -> String {
     }
 }
 
-#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
+#[cfg(object_store)]
 /// `SCHEME://PLACE[/prefix]`, for descriptions.
 fn object_uri(scheme: &str, place: &str, prefix: &str) -> String {
     if prefix.is_empty() {
@@ -160,7 +184,7 @@ fn object_uri(scheme: &str, place: &str, prefix: &str) -> String {
     }
 }
 
-#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
+#[cfg(object_store)]
 /// `SCHEME://PLACE/prefix` → (PLACE, the prefix without surrounding slashes):
 /// every object store's URI. `place` is what the store calls it ("bucket",
 /// "container"); `settings` says where credentials and endpoints come from
@@ -196,7 +220,7 @@ fn place_and_prefix(
     Ok((name.to_string(), prefix.trim_matches('/').to_string()))
 }
 
-#[cfg(any(feature = "s3", feature = "azure", feature = "gcs"))]
+#[cfg(object_store)]
 /// The last error in `err`'s source chain, on one line: the root cause,
 /// without a client library's wrapping (which may repeat the URL).
 fn root_cause(err: &(dyn std::error::Error + 'static)) -> String {

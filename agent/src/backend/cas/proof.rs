@@ -21,7 +21,7 @@
 //! Only a definite answer condemns a store: an error or a timeout leaves the
 //! question open, and it is asked again at the next acquire.
 
-use super::{CasError, CasStore, Read, Stored};
+use super::{CasError, CasStore, Precondition, Read, Stored};
 use std::time::Duration;
 
 /// The start of a probe object's name under the records' prefix: never a
@@ -83,7 +83,10 @@ async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Un
     // and its answer names the version: the final read checks what a read
     // would have.
     let created = body("create");
-    let mut current = match store.put_if_absent(name, created.clone().into()).await {
+    let mut current = match store
+        .put(name, created.clone().into(), Precondition::Absent)
+        .await
+    {
         Ok(version) => Some(Stored {
             body: created.clone().into(),
             version,
@@ -94,7 +97,10 @@ async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Un
         Err(err) => return Err(unanswered(err)),
     };
 
-    match store.put_if_absent(name, body("create again").into()).await {
+    match store
+        .put(name, body("create again").into(), Precondition::Absent)
+        .await
+    {
         Err(CasError::Conflict) => {}
         Ok(_) => {
             return Err(lacks(
@@ -115,7 +121,11 @@ async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Un
         let update = body(&format!("update {attempt}"));
         let sent = std::time::Instant::now();
         let version = match store
-            .put_if_match(name, update.clone().into(), &before.version)
+            .put(
+                name,
+                update.clone().into(),
+                Precondition::Matches(&before.version),
+            )
             .await
         {
             Ok(version) => version,
@@ -132,7 +142,11 @@ async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Un
             ));
         }
         match store
-            .put_if_match(name, body("stale").into(), &before.version)
+            .put(
+                name,
+                body("stale").into(),
+                Precondition::Matches(&before.version),
+            )
             .await
         {
             Err(CasError::Conflict) => {}
@@ -196,7 +210,7 @@ async fn existing(store: &dyn CasStore, name: &str, body: &str) -> Result<Stored
         if let Some(object) = store.get(name).await.map_err(unanswered)?.object {
             return Ok(object);
         }
-        match store.put_if_absent(name, body.into()).await {
+        match store.put(name, body.into(), Precondition::Absent).await {
             Ok(_) | Err(CasError::Conflict) => {}
             Err(err) => return Err(unanswered(err)),
         }
@@ -262,26 +276,33 @@ mod tests {
             }
             Ok(read)
         }
-        async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
-            if self.ignores_if_none_match {
-                if let Some(current) = self.inner.get(name).await?.object {
-                    return self.inner.put_if_match(name, body, &current.version).await;
-                }
-            }
-            self.inner.put_if_absent(name, body).await
+        fn min_write_interval(&self) -> Duration {
+            self.inner.min_write_interval()
         }
-        async fn put_if_match(
+        async fn put(
             &self,
             name: &str,
             body: Vec<u8>,
-            version: &str,
+            only_if: Precondition<'_>,
         ) -> Result<String, CasError> {
+            let Precondition::Matches(version) = only_if else {
+                if self.ignores_if_none_match {
+                    if let Some(current) = self.inner.get(name).await?.object {
+                        let ignored = Precondition::Matches(&current.version);
+                        return self.inner.put(name, body, ignored).await;
+                    }
+                }
+                return self.inner.put(name, body, only_if).await;
+            };
             let before = self.inner.get(name).await?.object;
             let expect = match (&before, self.ignores_if_match) {
                 (Some(current), true) => current.version.clone(),
                 _ => version.to_string(),
             };
-            let written = self.inner.put_if_match(name, body, &expect).await?;
+            let written = self
+                .inner
+                .put(name, body, Precondition::Matches(&expect))
+                .await?;
             if self.reads_stale {
                 *self.previous.lock().expect("lock") = before;
             }

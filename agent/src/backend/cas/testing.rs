@@ -2,7 +2,7 @@
 //! requests are delayed, fail without effect, or take effect but lose their
 //! answer (the case that makes a writer unsure whether it wrote).
 
-use super::{CasError, CasStore, MemoryCasStore, Names, Read};
+use super::{CasError, CasStore, MemoryCasStore, Names, Precondition, Read};
 use async_trait::async_trait;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -146,23 +146,21 @@ impl CasStore for FaultyStore {
         Ok(())
     }
 
+    fn min_write_interval(&self) -> Duration {
+        self.inner.min_write_interval()
+    }
+
     async fn get(&self, name: &str) -> Result<Read, CasError> {
         self.around(false, self.inner.get(name)).await
     }
 
-    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
-        self.around(true, self.inner.put_if_absent(name, body))
-            .await
-    }
-
-    async fn put_if_match(
+    async fn put(
         &self,
         name: &str,
         body: Vec<u8>,
-        version: &str,
+        only_if: Precondition<'_>,
     ) -> Result<String, CasError> {
-        self.around(true, self.inner.put_if_match(name, body, version))
-            .await
+        self.around(true, self.inner.put(name, body, only_if)).await
     }
 
     async fn list(
@@ -235,17 +233,13 @@ impl CasStore for Throttled {
     async fn get(&self, name: &str) -> Result<Read, CasError> {
         self.inner.get(name).await
     }
-    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
-        let result = self.inner.put_if_absent(name, body).await;
-        self.noted(name, result)
-    }
-    async fn put_if_match(
+    async fn put(
         &self,
         name: &str,
         body: Vec<u8>,
-        version: &str,
+        only_if: Precondition<'_>,
     ) -> Result<String, CasError> {
-        let result = self.inner.put_if_match(name, body, version).await;
+        let result = self.inner.put(name, body, only_if).await;
         self.noted(name, result)
     }
     async fn list(

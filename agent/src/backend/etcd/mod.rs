@@ -795,6 +795,7 @@ impl EtcdBackend {
     }
 
     /// Whether the watch on the prefix is established now.
+    #[cfg(feature = "test-support")]
     pub(crate) fn watching(&self) -> bool {
         self.watched.is_up()
     }

@@ -53,6 +53,7 @@ impl Watched {
         self.epoch.load(Ordering::SeqCst)
     }
 
+    #[cfg(feature = "test-support")]
     pub(super) fn is_up(&self) -> bool {
         self.epoch() != DOWN
     }

@@ -20,7 +20,7 @@ pub(super) type Failure = failure::Failure<Handled>;
 
 impl AzureStore {
     /// Sorts an SDK error; `name` is the blob the request was about.
-    pub(super) fn failure(&self, err: &azure_core::Error, name: &str) -> Failure {
+    pub(super) fn classify(&self, err: &azure_core::Error, name: &str) -> Failure {
         let what = format!("azure://{}/{name}", self.container_name);
         match err.kind() {
             ErrorKind::HttpResponse { status, error_code } => {

@@ -17,7 +17,7 @@ mod settings;
 #[cfg(test)]
 mod tests;
 
-use super::{CasError, CasStore, Names, Read, Stored};
+use super::{CasError, CasStore, Names, Precondition, Read, Stored};
 use crate::backend::retry::TIMEOUTS;
 use crate::backend::{redact_uri, AzureOptions};
 use async_trait::async_trait;
@@ -101,33 +101,6 @@ impl AzureStore {
         })
     }
 
-    async fn put(
-        &self,
-        name: &str,
-        body: Vec<u8>,
-        version: Option<&str>,
-    ) -> Result<String, CasError> {
-        let condition = match version {
-            None => IfMatchCondition::NotMatch("*".into()),
-            Some(etag) => IfMatchCondition::Match(etag.into()),
-        };
-        let request = self
-            .container
-            .blob_client(name)
-            .put_block_blob(body)
-            .content_type("application/json")
-            .if_match(condition)
-            .into_future();
-        match self.bounded(name, request).await? {
-            Ok(written) => Ok(written.etag),
-            // If-Match on a missing blob: someone removed it; the engine re-reads.
-            Err(err) => self
-                .failure(&err, name)
-                .expected()
-                .and(Err(CasError::Conflict)),
-        }
-    }
-
     /// Runs one operation within the operation's time bound.
     async fn bounded<T>(
         &self,
@@ -165,6 +138,11 @@ impl CasStore for AzureStore {
         self.get(&name).await.map(|_| ())
     }
 
+    /// No pace of its own: it takes a write of an object as soon as asked.
+    fn min_write_interval(&self) -> Duration {
+        Duration::ZERO
+    }
+
     async fn get(&self, name: &str) -> Result<Read, CasError> {
         let read = async {
             let mut pages = self.container.blob_client(name).get().into_stream();
@@ -184,7 +162,7 @@ impl CasStore for AzureStore {
         let (blob, date, body) = match self.bounded(name, read).await? {
             Ok(read) => read,
             Err(err) => {
-                return match self.failure(&err, name).expected()? {
+                return match self.classify(&err, name).expected()? {
                     Handled::NoSuchBlob => Ok(Read {
                         object: None,
                         date: None,
@@ -206,17 +184,32 @@ impl CasStore for AzureStore {
         })
     }
 
-    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
-        self.put(name, body, None).await
-    }
-
-    async fn put_if_match(
+    async fn put(
         &self,
         name: &str,
         body: Vec<u8>,
-        version: &str,
+        only_if: Precondition<'_>,
     ) -> Result<String, CasError> {
-        self.put(name, body, Some(version)).await
+        let version = only_if.version();
+        let condition = match version {
+            None => IfMatchCondition::NotMatch("*".into()),
+            Some(etag) => IfMatchCondition::Match(etag.into()),
+        };
+        let request = self
+            .container
+            .blob_client(name)
+            .put_block_blob(body)
+            .content_type("application/json")
+            .if_match(condition)
+            .into_future();
+        match self.bounded(name, request).await? {
+            Ok(written) => Ok(written.etag),
+            // If-Match on a missing blob: someone removed it; the engine re-reads.
+            Err(err) => self
+                .classify(&err, name)
+                .expected()
+                .and(Err(CasError::Conflict)),
+        }
     }
 
     async fn list(
@@ -263,7 +256,7 @@ impl CasStore for AzureStore {
                     .map(|m| m.as_str().to_string())
                     .filter(|m| !m.is_empty()),
             }),
-            Err(err) => self.failure(&err, prefix).expected().and_then(|_| {
+            Err(err) => self.classify(&err, prefix).expected().and_then(|_| {
                 Err(CasError::Unavailable(format!(
                     "Azure Blob at {} did not list {prefix}",
                     self.location
@@ -276,7 +269,7 @@ impl CasStore for AzureStore {
         let request = self.container.blob_client(name).delete().into_future();
         match self.bounded(name, request).await? {
             Ok(_) => Ok(()),
-            Err(err) => self.failure(&err, name).expected().map(|_| ()),
+            Err(err) => self.classify(&err, name).expected().map(|_| ()),
         }
     }
 }

@@ -148,7 +148,7 @@ fn answer(status: u16, code: &str) -> Failure {
         ErrorKind::http_response(status, code),
         format!("signature 0123abcd key {KEY}"),
     );
-    store().failure(&err, "p/.runlock/locks/k.json")
+    store().classify(&err, "p/.runlock/locks/k.json")
 }
 
 fn message(failure: Failure) -> (bool, String) {
@@ -219,7 +219,7 @@ fn transport_failures_are_unavailable_and_name_the_endpoint() {
         refused,
         "failed to execute `reqwest` request",
     );
-    let (refused, text) = message(store().failure(&err, "k"));
+    let (refused, text) = message(store().classify(&err, "k"));
     assert!(!refused);
     assert!(
         text.starts_with("cannot reach Azure Blob at http://azure.test/devstoreaccount1: "),

@@ -30,7 +30,7 @@ impl GcsStore {
     }
 
     /// What an answer means; `None` for success.
-    pub(super) fn sort(&self, answer: &Answer, what: &str) -> Option<Failure> {
+    pub(super) fn classify(&self, answer: &Answer, what: &str) -> Option<Failure> {
         let status = answer.status;
         if status.is_success() {
             return None;

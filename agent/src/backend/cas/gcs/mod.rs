@@ -24,7 +24,7 @@ mod transport;
 
 pub use settings::EMULATOR_ENV;
 
-use super::{CasError, CasStore, Names, Read, Stored};
+use super::{CasError, CasStore, Names, Precondition, Read, Stored};
 use crate::backend::{redact_uri, GcsOptions};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -35,7 +35,7 @@ use settings::{emulator_url, parse_uri, Credentials, GOOGLE_API};
 use std::path::PathBuf;
 use std::time::Duration;
 use tokio::sync::OnceCell;
-use transport::{encode, generation_of, header_time, http_client, HttpClient};
+use transport::{encode, generation_of, header_time, http_client, Answer, HttpClient};
 
 /// GCS sustains about one write per second to one object name.
 const MIN_WRITE_INTERVAL: Duration = Duration::from_secs(1);
@@ -56,6 +56,31 @@ pub struct GcsStore {
 }
 
 impl GcsStore {
+    /// The answer to a listing of the bucket's objects with `query`, `what`
+    /// naming it in errors: a missing bucket is a bare 404 here.
+    async fn listing(&self, query: &str, what: &str) -> Result<Answer, CasError> {
+        let url = format!(
+            "{}/storage/v1/b/{}/o?{query}",
+            self.api,
+            encode(&self.bucket)
+        );
+        let answer = self
+            .exchange(what, || Request::get(url.as_str()), Bytes::new(), None)
+            .await?;
+        match self
+            .classify(&answer, what)
+            .map(Failure::expected)
+            .transpose()?
+        {
+            None => Ok(answer),
+            Some(Handled::NotFound) => Err(self.no_such_bucket()),
+            Some(Handled::PreconditionFailed) => Err(CasError::Unavailable(format!(
+                "GCS at {} answered a listing of {what} with 412",
+                self.location
+            ))),
+        }
+    }
+
     /// Opens `gs://bucket/prefix`: an emulator if `STORAGE_EMULATOR_HOST` is
     /// set, else GCS with `options`' credentials or Application Default
     /// Credentials. Makes no request; see [`GcsStore::probe`].
@@ -70,6 +95,7 @@ impl GcsStore {
     }
 
     /// [`GcsStore::open`] on the emulator at `endpoint`, whatever the environment says.
+    #[cfg(feature = "test-support")]
     pub(crate) fn on_emulator(uri: &str, endpoint: &str) -> anyhow::Result<GcsStore> {
         GcsStore::with(uri, &GcsOptions::default(), Some(endpoint), None)
     }
@@ -159,7 +185,7 @@ impl GcsStore {
             )
             .await?;
         match self
-            .sort(&answer, &what)
+            .classify(&answer, &what)
             .map(Failure::expected)
             .transpose()?
         {
@@ -190,29 +216,9 @@ impl CasStore for GcsStore {
     /// Checks that the bucket answers and lets us list the records' prefix;
     /// the error names the cause.
     async fn probe(&self) -> Result<(), CasError> {
-        let url = format!(
-            "{}/storage/v1/b/{}/o?maxResults=1&fields=kind&prefix={}",
-            self.api,
-            encode(&self.bucket),
-            encode(&self.records)
-        );
+        let query = format!("maxResults=1&fields=kind&prefix={}", encode(&self.records));
         let what = format!("bucket {}", self.bucket);
-        let answer = self
-            .exchange(&what, || Request::get(url.as_str()), Bytes::new(), None)
-            .await?;
-        match self
-            .sort(&answer, &what)
-            .map(Failure::expected)
-            .transpose()?
-        {
-            None => Ok(()),
-            // Listing a missing bucket is a bare 404.
-            Some(Handled::NotFound) => Err(self.no_such_bucket()),
-            Some(Handled::PreconditionFailed) => Err(CasError::Unavailable(format!(
-                "GCS at {} answered a listing of {what} with 412",
-                self.location
-            ))),
-        }
+        self.listing(&query, &what).await.map(|_| ())
     }
 
     fn min_write_interval(&self) -> Duration {
@@ -232,7 +238,7 @@ impl CasStore for GcsStore {
             .await?;
         let date = header_time(&answer.headers, DATE);
         match self
-            .sort(&answer, &what)
+            .classify(&answer, &what)
             .map(Failure::expected)
             .transpose()?
         {
@@ -269,17 +275,15 @@ impl CasStore for GcsStore {
         })
     }
 
-    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
-        self.upload(name, body, "0").await
-    }
-
-    async fn put_if_match(
+    async fn put(
         &self,
         name: &str,
         body: Vec<u8>,
-        version: &str,
+        only_if: Precondition<'_>,
     ) -> Result<String, CasError> {
-        self.upload(name, body, version).await
+        // Generation 0: only if there is none.
+        self.upload(name, body, only_if.version().unwrap_or("0"))
+            .await
     }
 
     async fn list(
@@ -288,33 +292,15 @@ impl CasStore for GcsStore {
         page: Option<&str>,
         limit: usize,
     ) -> Result<Names, CasError> {
-        let mut url = format!(
-            "{}/storage/v1/b/{}/o?prefix={}&maxResults={limit}&fields=items(name,generation),nextPageToken",
-            self.api,
-            encode(&self.bucket),
+        let mut query = format!(
+            "prefix={}&maxResults={limit}&fields=items(name,generation),nextPageToken",
             encode(prefix)
         );
         if let Some(page) = page {
-            url.push_str(&format!("&pageToken={}", encode(page)));
+            query.push_str(&format!("&pageToken={}", encode(page)));
         }
         let what = format!("the objects of bucket {} under {prefix:?}", self.bucket);
-        let answer = self
-            .exchange(&what, || Request::get(url.as_str()), Bytes::new(), None)
-            .await?;
-        match self
-            .sort(&answer, &what)
-            .map(Failure::expected)
-            .transpose()?
-        {
-            None => {}
-            Some(Handled::NotFound) => return Err(self.no_such_bucket()),
-            Some(Handled::PreconditionFailed) => {
-                return Err(CasError::Unavailable(format!(
-                    "GCS at {} answered a listing of {what} with 412",
-                    self.location
-                )))
-            }
-        }
+        let answer = self.listing(&query, &what).await?;
         #[derive(serde::Deserialize)]
         #[serde(rename_all = "camelCase")]
         struct Listing {
@@ -354,7 +340,7 @@ impl CasStore for GcsStore {
         let answer = self
             .exchange(&what, || Request::delete(url.as_str()), Bytes::new(), None)
             .await?;
-        match self.sort(&answer, &what).map(Failure::expected) {
+        match self.classify(&answer, &what).map(Failure::expected) {
             None | Some(Ok(_)) => Ok(()),
             Some(Err(err)) => Err(err),
         }

@@ -77,7 +77,7 @@ fn answer(status: u16, message: &str, reason: &str) -> Option<Failure> {
         body: Bytes::from(body.to_string()),
     };
     store_with(Credentials::Default(OnceCell::new()))
-        .sort(&answer, "gs://my-bucket/p/.runlock/locks/k.json")
+        .classify(&answer, "gs://my-bucket/p/.runlock/locks/k.json")
 }
 
 fn message(failure: Option<Failure>) -> (bool, String) {

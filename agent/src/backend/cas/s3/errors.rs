@@ -30,7 +30,7 @@ impl S3Store {
     }
 
     /// Sorts an SDK error; `name` is the object the request was about.
-    pub(super) fn failure<E>(&self, err: SdkError<E, HttpResponse>, name: &str) -> Failure
+    pub(super) fn classify<E>(&self, err: SdkError<E, HttpResponse>, name: &str) -> Failure
     where
         E: ProvideErrorMetadata + StdError + Send + Sync + 'static,
     {

@@ -16,7 +16,7 @@ mod settings;
 mod tests;
 mod transport;
 
-use super::{CasError, CasStore, Names, Read, Stored};
+use super::{CasError, CasStore, Names, Precondition, Read, Stored};
 use crate::backend::retry::{RetryBudget, TIMEOUTS};
 use crate::backend::{redact_uri, S3Options};
 use async_trait::async_trait;
@@ -145,49 +145,6 @@ impl S3Store {
             location,
         })
     }
-
-    async fn put(
-        &self,
-        name: &str,
-        body: Vec<u8>,
-        version: Option<&str>,
-    ) -> Result<String, CasError> {
-        let key = name;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let request = self
-                .client
-                .put_object()
-                .bucket(&self.bucket)
-                .key(key)
-                .content_type("application/json")
-                .body(ByteStream::from(body.clone()));
-            let request = match version {
-                None => request.if_none_match("*"),
-                Some(etag) => request.if_match(etag),
-            };
-            let failure = match request.send().await {
-                Ok(output) => {
-                    return output.e_tag().map(str::to_string).ok_or_else(|| {
-                        CasError::Unavailable(format!(
-                            "S3 at {} answered a write of {key} without an ETag",
-                            self.location
-                        ))
-                    })
-                }
-                Err(err) => self.failure(err, key),
-            };
-            match failure.expected()? {
-                // If-Match on a missing object: someone removed it; the engine re-reads.
-                Handled::PreconditionFailed | Handled::NoSuchKey => return Err(CasError::Conflict),
-                Handled::Busy if CONFLICT_RETRY.allows_another(attempt) => {
-                    CONFLICT_RETRY.wait(attempt).await;
-                }
-                Handled::Busy => return Err(CasError::Conflict),
-            }
-        }
-    }
 }
 
 #[async_trait]
@@ -210,6 +167,11 @@ impl CasStore for S3Store {
         Ok(())
     }
 
+    /// No pace of its own: it takes a write of an object as soon as asked.
+    fn min_write_interval(&self) -> Duration {
+        Duration::ZERO
+    }
+
     async fn get(&self, name: &str) -> Result<Read, CasError> {
         let key = name;
         let date = CaptureDate::default();
@@ -225,7 +187,7 @@ impl CasStore for S3Store {
         let output = match sent {
             Ok(output) => output,
             Err(err) => {
-                return match self.failure(err, key).expected()? {
+                return match self.classify(err, key).expected()? {
                     Handled::NoSuchKey => Ok(Read {
                         object: None,
                         date: date.take(),
@@ -265,17 +227,48 @@ impl CasStore for S3Store {
         })
     }
 
-    async fn put_if_absent(&self, name: &str, body: Vec<u8>) -> Result<String, CasError> {
-        self.put(name, body, None).await
-    }
-
-    async fn put_if_match(
+    async fn put(
         &self,
         name: &str,
         body: Vec<u8>,
-        version: &str,
+        only_if: Precondition<'_>,
     ) -> Result<String, CasError> {
-        self.put(name, body, Some(version)).await
+        let version = only_if.version();
+        let key = name;
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let request = self
+                .client
+                .put_object()
+                .bucket(&self.bucket)
+                .key(key)
+                .content_type("application/json")
+                .body(ByteStream::from(body.clone()));
+            let request = match version {
+                None => request.if_none_match("*"),
+                Some(etag) => request.if_match(etag),
+            };
+            let failure = match request.send().await {
+                Ok(output) => {
+                    return output.e_tag().map(str::to_string).ok_or_else(|| {
+                        CasError::Unavailable(format!(
+                            "S3 at {} answered a write of {key} without an ETag",
+                            self.location
+                        ))
+                    })
+                }
+                Err(err) => self.classify(err, key),
+            };
+            match failure.expected()? {
+                // If-Match on a missing object: someone removed it; the engine re-reads.
+                Handled::PreconditionFailed | Handled::NoSuchKey => return Err(CasError::Conflict),
+                Handled::Busy if CONFLICT_RETRY.allows_another(attempt) => {
+                    CONFLICT_RETRY.wait(attempt).await;
+                }
+                Handled::Busy => return Err(CasError::Conflict),
+            }
+        }
     }
 
     async fn list(
@@ -307,7 +300,7 @@ impl CasStore for S3Store {
             }),
             Err(err) => {
                 // A listing names no object: no answer but a list is expected.
-                let answer = self.failure(err, prefix).expected()?;
+                let answer = self.classify(err, prefix).expected()?;
                 Err(CasError::Unavailable(format!(
                     "S3 at {} answered a listing of {prefix} with {answer:?}",
                     self.location
@@ -326,7 +319,7 @@ impl CasStore for S3Store {
             .await;
         match sent {
             Ok(_) => Ok(()),
-            Err(err) => self.failure(err, name).expected().map(|_| ()),
+            Err(err) => self.classify(err, name).expected().map(|_| ()),
         }
     }
 }

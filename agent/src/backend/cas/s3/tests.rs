@@ -46,7 +46,7 @@ fn answer(status: u16, code: &str) -> Failure {
         .message("AKIASECRETKEY signature 0123abcd")
         .build();
     let raw = HttpResponse::new(status.try_into().expect("a status"), SdkBody::empty());
-    store().failure(
+    store().classify(
         SdkError::service_error(PutObjectError::generic(meta), raw),
         "p/.runlock/locks/k.json",
     )
@@ -107,13 +107,13 @@ fn transport_failures_are_unavailable_and_name_the_endpoint() {
     let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
     let err: SdkError<PutObjectError, HttpResponse> =
         SdkError::dispatch_failure(ConnectorError::io(refused.into()));
-    let (refused, text) = message(store().failure(err, "k"));
+    let (refused, text) = message(store().classify(err, "k"));
     assert!(!refused);
     assert!(
         text.starts_with("cannot reach S3 at http://s3.test: "),
         "{text}"
     );
     let err: SdkError<PutObjectError, HttpResponse> = SdkError::timeout_error("slow");
-    let (refused, text) = message(store().failure(err, "k"));
+    let (refused, text) = message(store().classify(err, "k"));
     assert!(!refused && text.contains("did not answer"), "{text}");
 }

@@ -1,10 +1,10 @@
 //! One peer: the handshake, its requests, its events, and at its end (EOF)
 //! the release of every lease it held. The one place where the lease layer's
-//! errors and events become wire messages.
+//! errors and events become wire messages (`wire.rs`).
 
-use crate::lease::{
-    AcquireRequest, ConnId, Event, Events, Granted, KeysQuery, LeaseError, PeerCred, Registry,
-};
+mod wire;
+
+use crate::lease::{AcquireRequest, ConnId, Event, Events, Granted, KeysQuery, PeerCred, Registry};
 use crate::limits::{Limits, HELLO_FRAME_LEN};
 use crate::process::Peer;
 use bytes::BytesMut;
@@ -24,6 +24,7 @@ use tokio::task::JoinHandle;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
+use wire::{acquired, event_message, wire_error};
 
 type Transport = Framed<UnixStream, AgentCodec>;
 type AcquireResult = Result<Granted, WireError>;
@@ -521,7 +522,7 @@ impl Connection {
                     // break once begun ends the key it took, peer or no peer.
                     let registry = self.registry.clone();
                     let slot = slot.unwrap_or(0);
-                    let mut breaking = tokio::spawn(
+                    let mut breaking = self.registry.tasks().spawn(
                         async move { registry.break_key(conn, &key, slot).await }.in_current_span(),
                     );
                     loop {
@@ -635,11 +636,12 @@ impl AcquireSlot {
         req: AcquireRequest,
     ) {
         let (cancel, done) = (self.cancel.clone(), self.done_tx.clone());
+        let tasks = registry.tasks().clone();
         let task = async move {
             let result = take(&registry, conn, req, &cancel).await;
             let _ = done.send((id, result));
         };
-        self.task = Some(tokio::spawn(task.in_current_span()));
+        self.task = Some(tasks.spawn(task.in_current_span()));
     }
 }
 
@@ -657,64 +659,4 @@ async fn take(
         .map_err(wire_error);
     crate::metrics::acquisition(force, &result, cancel.is_cancelled(), started);
     result
-}
-
-fn acquired(granted: Granted, locks: usize) -> AgentMessage {
-    AgentMessage::Acquired {
-        locks: locks as u32,
-        leases: granted.leases,
-        ttl_ms: granted.ttl.as_millis() as u64,
-        valid_for_ms: granted.valid_until.map(millis_left),
-    }
-}
-
-/// How long from now until `at`, in whole milliseconds.
-fn millis_left(at: tokio::time::Instant) -> u64 {
-    at.saturating_duration_since(tokio::time::Instant::now())
-        .as_millis() as u64
-}
-
-/// The error as the peer reads it.
-fn wire_error(err: LeaseError) -> WireError {
-    match err {
-        // The backend's own wording, about the key.
-        LeaseError::Backend { key, source } => source.to_wire(&key.base()),
-        err => WireError {
-            code: err.code(),
-            message: err.to_string(),
-            key: err.key(),
-            holder: err.holder().cloned().map(Box::new),
-            holders: err.holders().to_vec(),
-        },
-    }
-}
-
-/// The event as the peer reads it.
-fn event_message(event: Event) -> AgentMessage {
-    match event {
-        Event::Renewed {
-            lease_id,
-            valid_until,
-        } => AgentMessage::Renewed {
-            lease_id,
-            valid_for_ms: millis_left(valid_until),
-        },
-        Event::Forcing { key, holder, wait } => AgentMessage::Forcing {
-            key: key.split_slot().0.to_string(),
-            holder: holder.map(|h| *h),
-            wait_ms: wait.map(|wait| wait.as_millis() as u64),
-        },
-        Event::Lost {
-            lease_id,
-            key,
-            loss,
-            holder,
-        } => AgentMessage::Lost {
-            lease_id,
-            key: key.split_slot().0.to_string(),
-            reason: loss.reason(),
-            message: loss.to_string(),
-            holder: holder.map(|h| *h),
-        },
-    }
 }

@@ -1,39 +1,32 @@
 //! Prometheus metrics on `--metrics ADDR`: the counters, gauges and
-//! histograms the lease layer, the connection (acquisitions, by wire code)
-//! and the renewal scheduler record where outcomes are decided, a timing
-//! decorator around the backend, and a tiny HTTP server for `GET /metrics`.
-//! docs/src/metrics.md (the book) describes each series for the people who chart them.
+//! histograms (here), filled from what the lease layer reports to its
+//! [`Observer`] (this file maps it to series), from the connection
+//! (acquisitions, by wire code) and the stores (throttling); a timing
+//! decorator around the backend (`timed.rs`); and a tiny HTTP server for
+//! `GET /metrics` (`http.rs`). docs/src/metrics.md (the book) describes each
+//! series for the people who chart them.
 //!
 //! The metrics live in one process-wide instance, set by [`start`], so that
-//! each hook is a one-line call that needs no handle threaded through the
-//! registry; without `--metrics` every hook is a single atomic load.
+//! the connection's and the stores' hooks are one-line calls; without
+//! `--metrics` each is a single atomic load, and [`observer`] watches nothing.
 
-use crate::backend::{
-    AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant, LeaseRef,
-    ListFrom, ListPage, ProfiledBackend, Renewed,
-};
-use anyhow::Context;
-use async_trait::async_trait;
-use bytes::Bytes;
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
-use hyper::{Method, Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+mod http;
+mod timed;
+
+pub use http::start;
+pub use timed::{instrument, TimedBackend};
+
+use crate::backend::{BackendError, Ending};
+use crate::lease::{Observer, Renewal, Takeover, Unobserved};
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
-use runlock_protocol::{ErrorCode, Key, KeyEvent, KeyRecord, LostReason, WireError};
-use std::convert::Infallible;
-use std::net::SocketAddr;
+use runlock_protocol::{ErrorCode, LostReason, WireError};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
-use tokio_util::sync::CancellationToken;
 
 /// Upper bounds of the backend request histogram in seconds: 0.1 ms (an
 /// in-memory store) to 10 s (a store past its 5 s request timeout), in 1-2.5-5 steps.
@@ -58,13 +51,6 @@ const HOLD_BUCKETS_S: [f64; 14] = [
 const LATENESS_BUCKETS_S: [f64; 13] = [
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 ];
-/// Scrapes served at once; more connections are closed unanswered.
-const MAX_CONNECTIONS: usize = 16;
-/// A scrape (headers in, exposition out) may take this long before it is cut off.
-const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
-const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// After a failed accept (out of descriptors, say), wait before the next.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// The error codes an acquire ends with, so each series exists from the start
 /// (any other code still gets its series the first time it happens).
@@ -81,21 +67,10 @@ const ACQUIRE_ERRORS: [ErrorCode; 7] = [
 type Labels = [(&'static str, &'static str); 1];
 type Labels2 = [(&'static str, &'static str); 2];
 
-/// How a renewal attempt ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Renewal {
-    /// The store extended the lease.
-    Ok,
-    /// It failed in a way worth retrying before the lease's deadline.
-    Retry,
-    /// The lease is gone: taken, or not renewed before its deadline.
-    Lost,
-}
-
 /// How a lease held on this agent ended, as the hold histogram's `ended`
 /// label names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ended {
+enum Ended {
     /// Its client released it (or its acquire failed on a later key).
     Released,
     /// Its client's connection closed without a release: the shim was
@@ -132,15 +107,6 @@ fn lost_reason(reason: LostReason) -> &'static str {
         LostReason::Expired => "expired",
         LostReason::Unknown => "unknown",
     }
-}
-
-/// How this agent took a key from a live holder.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Takeover {
-    /// An acquire with `--force`.
-    Force,
-    /// `runlock release --key`.
-    Break,
 }
 
 /// A backend operation, as the histogram's `operation` label names it.
@@ -180,9 +146,7 @@ fn backend_result<T>(result: &Result<T, BackendError>) -> &'static str {
     match result {
         Ok(_) => "ok",
         Err(
-            BackendError::Held(..)
-            | BackendError::HeldUnrecorded(_)
-            | BackendError::HeldByLegacyRun(_),
+            BackendError::Held(..) | BackendError::HeldUnrecorded(_) | BackendError::HeldOutside(_),
         ) => "held",
         Err(BackendError::LeaseMismatch) => "lease_mismatch",
         Err(BackendError::Unavailable(_)) => "unavailable",
@@ -407,17 +371,6 @@ impl Metrics {
         };
     }
 
-    fn lost(&self, reason: LostReason) {
-        self.losses
-            .get_or_create(&[("reason", lost_reason(reason))])
-            .inc();
-    }
-
-    fn waiting(&self) -> Waiting {
-        self.waiters.inc();
-        Waiting(Some(self.waiters.clone()))
-    }
-
     /// A lease granted at `acquired_at_ms` ended at `now_ms` (both wall clock,
     /// so that a run reattached after an agent restart counts from its grant).
     fn hold_ended(&self, acquired_at_ms: u64, now_ms: u64, ended: Ended) {
@@ -435,7 +388,7 @@ impl Metrics {
         }
     }
 
-    fn backend_request<T>(
+    pub(super) fn backend_request<T>(
         &self,
         operation: Operation,
         started: Instant,
@@ -470,70 +423,12 @@ pub fn acquisition<T>(
     }
 }
 
-/// Counts one acquire as waiting, for as long as it is kept ([`waiting`]).
-#[must_use = "the acquire counts as waiting only while this is kept"]
-pub struct Waiting(Option<Gauge>);
-
-impl Drop for Waiting {
-    fn drop(&mut self) {
-        if let Some(waiters) = &self.0 {
-            waiters.dec();
-        }
-    }
-}
-
-/// An acquire starts waiting for a held key; it stops when the guard is dropped.
-pub fn waiting() -> Waiting {
-    GLOBAL
-        .get()
-        .map_or(Waiting(None), |metrics| metrics.waiting())
-}
-
-/// Records how long a lease granted at `acquired_at_ms` (its holder's wall
-/// clock) was held, by how it ended.
-pub fn hold_ended(acquired_at_ms: u64, ended: Ended) {
-    if let Some(metrics) = GLOBAL.get() {
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        metrics.hold_ended(acquired_at_ms, now_ms, ended);
-    }
-}
-
-/// Counts one key taken from a live holder.
-pub fn takeover(how: Takeover) {
-    if let Some(metrics) = GLOBAL.get() {
-        metrics.takeovers[how as usize].inc();
-    }
-}
-
-/// Records how late a renewal went out.
-pub fn renewal_lateness(late: Duration) {
-    if let Some(metrics) = GLOBAL.get() {
-        metrics.renewal_lateness.observe(late.as_secs_f64());
-    }
-}
-
-/// Sets how many leases the agent holds.
-pub fn leases_held(count: usize) {
-    if let Some(metrics) = GLOBAL.get() {
-        metrics
-            .leases_held
-            .set(i64::try_from(count).unwrap_or(i64::MAX));
-    }
-}
-
-/// Counts one renewal attempt.
-pub fn renewal(result: Renewal) {
-    if let Some(metrics) = GLOBAL.get() {
-        metrics.renewals[result as usize].inc();
-    }
-}
-
-/// Counts one lease lost while held.
-pub fn lost(reason: LostReason) {
-    if let Some(metrics) = GLOBAL.get() {
-        metrics.lost(reason);
+/// What the lease layer reports, turned into series once [`start`] has run;
+/// otherwise an observer that records nothing.
+pub fn observer() -> Arc<dyn Observer> {
+    match GLOBAL.get() {
+        Some(metrics) => metrics.clone(),
+        None => Arc::new(Unobserved),
     }
 }
 
@@ -551,208 +446,71 @@ pub fn refused() {
     }
 }
 
-/// Wraps `store`'s backend so every request is timed, once [`start`] has run;
-/// otherwise returns it as it is. What the store is stays as it was.
-pub fn instrument(store: ProfiledBackend) -> ProfiledBackend {
-    match GLOBAL.get() {
-        Some(metrics) => ProfiledBackend {
-            backend: Arc::new(TimedBackend {
-                inner: store.backend,
-                metrics: metrics.clone(),
-            }),
-            profile: store.profile,
-        },
-        None => store,
-    }
-}
-
-/// A backend that times each request of the one inside it: every `Backend`
-/// method is an operation, so the compiler sees that each is passed on.
-pub struct TimedBackend {
-    inner: Arc<dyn Backend>,
-    metrics: Arc<Metrics>,
-}
-
-impl TimedBackend {
-    /// Times `inner`'s requests into `metrics`.
-    pub fn new(inner: Arc<dyn Backend>, metrics: Arc<Metrics>) -> TimedBackend {
-        TimedBackend { inner, metrics }
-    }
-}
-
-#[async_trait]
-impl Backend for TimedBackend {
-    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
-        let started = Instant::now();
-        let result = self.inner.acquire(spec).await;
-        self.metrics
-            .backend_request(Operation::Acquire, started, &result);
-        result
+/// What happened to leases, as series.
+impl Observer for Metrics {
+    fn leases_held(&self, count: usize) {
+        self.leases_held
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
     }
 
-    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {
-        let started = Instant::now();
-        let result = self.inner.renew(lease, ttl).await;
-        self.metrics
-            .backend_request(Operation::Renew, started, &result);
-        result
+    fn waiting(&self, began: bool) {
+        if began {
+            self.waiters.inc();
+        } else {
+            self.waiters.dec();
+        }
     }
 
-    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
-        let started = Instant::now();
-        let result = self.inner.end(lease, ending).await;
-        self.metrics
-            .backend_request(Operation::Release, started, &result);
-        result
-    }
-
-    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
-        let started = Instant::now();
-        let result = self.inner.inspect(key).await;
-        self.metrics
-            .backend_request(Operation::Inspect, started, &result);
-        result
-    }
-
-    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
-        let started = Instant::now();
-        let result = self.inner.history(key).await;
-        self.metrics
-            .backend_request(Operation::History, started, &result);
-        result
-    }
-
-    async fn list(
-        &self,
-        prefix: &str,
-        from: &ListFrom,
-        limit: usize,
-    ) -> Result<ListPage, BackendError> {
-        let started = Instant::now();
-        let result = self.inner.list(prefix, from, limit).await;
-        self.metrics
-            .backend_request(Operation::List, started, &result);
-        result
-    }
-
-    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
-        let started = Instant::now();
-        let result = self.inner.adopt(lease, by).await;
-        self.metrics
-            .backend_request(Operation::Adopt, started, &result);
-        result
-    }
-
-    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
-        let started = Instant::now();
-        let result = self.inner.confirm_stopped(lease).await;
-        self.metrics
-            .backend_request(Operation::Displaced, started, &result);
-        result
-    }
-
-    async fn displaced_stopped(
-        &self,
-        key: &Key,
-        displaced: &Displaced,
-    ) -> Result<bool, BackendError> {
-        let started = Instant::now();
-        let result = self.inner.displaced_stopped(key, displaced).await;
-        self.metrics
-            .backend_request(Operation::Displaced, started, &result);
-        result
-    }
-}
-
-/// Turns metrics on for this process and serves them on `addr` until
-/// `shutdown`; returns the address bound (the port is chosen when `addr`'s is 0).
-pub async fn start(addr: SocketAddr, shutdown: CancellationToken) -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot serve metrics on {addr}"))?;
-    let bound = listener
-        .local_addr()
-        .with_context(|| format!("reading the address of the metrics listener on {addr}"))?;
-    let metrics = GLOBAL.get_or_init(|| Arc::new(Metrics::new())).clone();
-    tracing::info!(addr = %bound, "metrics listening on {bound}");
-    tokio::spawn(serve(listener, metrics, shutdown));
-    Ok(bound)
-}
-
-async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let stream = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot accept a metrics connection");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            },
+    fn taken_over(&self, how: Takeover) {
+        let at = match how {
+            Takeover::Force => 0,
+            Takeover::Break => 1,
         };
-        // Too many scrapes at once: closing the extra ones keeps this bounded.
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            continue;
+        self.takeovers[at].inc();
+    }
+
+    fn renewal_sent(&self, late: Duration) {
+        self.renewal_lateness.observe(late.as_secs_f64());
+    }
+
+    fn renewal_ended(&self, outcome: Renewal) {
+        let at = match outcome {
+            Renewal::Ok => 0,
+            Renewal::Retry => 1,
+            Renewal::Lost => 2,
         };
-        let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
-        tokio::spawn(async move {
-            let _slot = slot;
-            let service = hyper::service::service_fn(move |req| {
-                let metrics = metrics.clone();
-                async move { Ok::<_, Infallible>(respond(&req, &metrics)) }
-            });
-            // One request per connection: no idle keep-alive can hold a slot.
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .keep_alive(false)
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection) => {}
-                _ = shutdown.cancelled() => {}
-            }
-        });
+        self.renewals[at].inc();
+    }
+
+    fn released(&self, acquired_at_ms: u64, ending: &Ending) {
+        let ended = match ending {
+            Ending::ClientGone => Ended::Closed,
+            _ => Ended::Released,
+        };
+        self.hold_ended(acquired_at_ms, now_ms(), ended);
+    }
+
+    fn lost(&self, acquired_at_ms: u64, reason: LostReason) {
+        self.losses
+            .get_or_create(&[("reason", lost_reason(reason))])
+            .inc();
+        self.hold_ended(acquired_at_ms, now_ms(), Ended::Lost(reason));
     }
 }
 
-fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
-    let (status, body) = match (req.method(), req.uri().path()) {
-        (&Method::GET, "/metrics") => (StatusCode::OK, metrics.render()),
-        (_, "/metrics") => (
-            StatusCode::METHOD_NOT_ALLOWED,
-            "only GET is served\n".to_string(),
-        ),
-        _ => (
-            StatusCode::NOT_FOUND,
-            "not found: metrics are at /metrics\n".to_string(),
-        ),
-    };
-    let mut response = Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    let content_type = if status == StatusCode::OK {
-        prometheus_text::CONTENT_TYPE
-    } else {
-        "text/plain; charset=utf-8"
-    };
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    if status == StatusCode::METHOD_NOT_ALLOWED {
-        headers.insert(ALLOW, HeaderValue::from_static("GET"));
-    }
-    response
+/// The wall clock in milliseconds, as holders record their grant.
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::MemoryBackend;
-    use runlock_protocol::Holder;
 
     /// The value of one series in an exposition, e.g. `runlock_leases_held`.
-    fn value(text: &str, series: &str) -> Option<f64> {
+    pub(super) fn value(text: &str, series: &str) -> Option<f64> {
         text.lines()
             .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
             .and_then(|v| v.trim().parse().ok())
@@ -809,9 +567,9 @@ mod tests {
         metrics.acquisition(true, &granted, false, started);
         metrics.acquisition(false, &held, false, started);
         metrics.acquisition(false, &held, true, started);
-        metrics.lost(LostReason::Forced);
-        metrics.renewals[Renewal::Retry as usize].inc();
-        metrics.leases_held.set(3);
+        Observer::lost(&metrics, 0, LostReason::Forced);
+        metrics.renewal_ended(Renewal::Retry);
+        Observer::leases_held(&metrics, 3);
         let text = metrics.render();
         for (series, want) in [
             (r#"runlock_acquisitions_total{result="granted"}"#, 1.0),
@@ -868,15 +626,14 @@ mod tests {
     #[test]
     fn waiters_takeovers_and_lateness_land_in_their_series() {
         let metrics = Metrics::new();
-        let (first, second) = (metrics.waiting(), metrics.waiting());
+        Observer::waiting(&metrics, true);
+        Observer::waiting(&metrics, true);
         assert_eq!(value(&metrics.render(), "runlock_waiters"), Some(2.0));
-        drop(first);
+        Observer::waiting(&metrics, false);
         assert_eq!(value(&metrics.render(), "runlock_waiters"), Some(1.0));
-        drop(second);
-        metrics.takeovers[Takeover::Break as usize].inc();
-        metrics
-            .renewal_lateness
-            .observe(Duration::from_millis(1500).as_secs_f64());
+        Observer::waiting(&metrics, false);
+        metrics.taken_over(Takeover::Break);
+        metrics.renewal_sent(Duration::from_millis(1500));
         let text = metrics.render();
         for (series, want) in [
             ("runlock_waiters", 0.0),
@@ -887,62 +644,5 @@ mod tests {
         ] {
             assert_eq!(value(&text, series), Some(want), "{series} in\n{text}");
         }
-    }
-
-    #[tokio::test]
-    async fn the_decorator_times_each_backend_request_by_result() {
-        let metrics = Arc::new(Metrics::new());
-        let backend = TimedBackend::new(Arc::new(MemoryBackend::default()), metrics.clone());
-        let key = Key::new("k").expect("valid");
-        let spec = AcquireSpec {
-            key: key.clone(),
-            lease_id: "l1".into(),
-            holder: Holder {
-                slot: None,
-                slots: None,
-                host: "h".into(),
-                agent_id: "a".into(),
-                pid: 1,
-                uid: 0,
-                gid: 0,
-                user: "root".into(),
-                command: "test".into(),
-                acquired_at_ms: 0,
-                token: 0,
-            },
-            ttl: Duration::from_secs(30),
-            force: false,
-            breaking: false,
-        };
-        let grant = backend.acquire(&spec).await.expect("free");
-        let again = AcquireSpec {
-            lease_id: "l2".into(),
-            ..spec
-        };
-        assert!(matches!(
-            backend.acquire(&again).await,
-            Err(BackendError::Held(..))
-        ));
-        backend.inspect(&key).await.expect("inspect");
-        let lease = LeaseRef {
-            key,
-            lease_id: "l1".into(),
-            token: grant.holder.token,
-        };
-        backend.release(&lease).await.expect("release");
-        let text = metrics.render();
-        let count = |op: &str, result: &str| {
-            value(
-                &text,
-                &format!(
-                    r#"runlock_backend_request_duration_seconds_count{{operation="{op}",result="{result}"}}"#
-                ),
-            )
-        };
-        assert_eq!(count("acquire", "ok"), Some(1.0), "{text}");
-        assert_eq!(count("acquire", "held"), Some(1.0), "{text}");
-        assert_eq!(count("inspect", "ok"), Some(1.0), "{text}");
-        assert_eq!(count("release", "ok"), Some(1.0), "{text}");
-        assert_eq!(count("renew", "ok"), Some(0.0), "{text}");
     }
 }

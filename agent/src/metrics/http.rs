@@ -1,0 +1,119 @@
+//! The tiny HTTP server for `GET /metrics`: bounded connections, one
+//! request each, cut off after a while.
+
+use super::{Metrics, GLOBAL};
+use anyhow::Context;
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use prometheus_client::encoding::prometheus_text;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+/// Scrapes served at once; more connections are closed unanswered.
+const MAX_CONNECTIONS: usize = 16;
+/// A scrape (headers in, exposition out) may take this long before it is cut off.
+const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// After a failed accept (out of descriptors, say), wait before the next.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Turns metrics on for this process and serves them on `addr` until
+/// `shutdown`, in a task of `tasks`; returns the address bound (the port is
+/// chosen when `addr`'s is 0).
+pub async fn start(
+    addr: SocketAddr,
+    shutdown: CancellationToken,
+    tasks: &TaskTracker,
+) -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot serve metrics on {addr}"))?;
+    let bound = listener
+        .local_addr()
+        .with_context(|| format!("reading the address of the metrics listener on {addr}"))?;
+    let metrics = GLOBAL.get_or_init(|| Arc::new(Metrics::new())).clone();
+    tracing::info!(addr = %bound, "metrics listening on {bound}");
+    tasks.spawn(serve(listener, metrics, shutdown));
+    Ok(bound)
+}
+
+/// Serves scrapes until `shutdown`, then waits for those begun (each ends
+/// at `shutdown` too).
+async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let scrapes = TaskTracker::new();
+    loop {
+        let stream = tokio::select! {
+            _ = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot accept a metrics connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        // Too many scrapes at once: closing the extra ones keeps this bounded.
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue;
+        };
+        let (metrics, shutdown) = (metrics.clone(), shutdown.clone());
+        scrapes.spawn(async move {
+            let _slot = slot;
+            let service = hyper::service::service_fn(move |req| {
+                let metrics = metrics.clone();
+                async move { Ok::<_, Infallible>(respond(&req, &metrics)) }
+            });
+            // One request per connection: no idle keep-alive can hold a slot.
+            let connection = hyper::server::conn::http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .keep_alive(false)
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = tokio::time::timeout(CONNECTION_TIMEOUT, connection) => {}
+                _ = shutdown.cancelled() => {}
+            }
+        });
+    }
+    scrapes.close();
+    scrapes.wait().await;
+}
+
+fn respond(req: &Request<Incoming>, metrics: &Metrics) -> Response<Full<Bytes>> {
+    let (status, body) = match (req.method(), req.uri().path()) {
+        (&Method::GET, "/metrics") => (StatusCode::OK, metrics.render()),
+        (_, "/metrics") => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            "only GET is served\n".to_string(),
+        ),
+        _ => (
+            StatusCode::NOT_FOUND,
+            "not found: metrics are at /metrics\n".to_string(),
+        ),
+    };
+    let mut response = Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    let content_type = if status == StatusCode::OK {
+        prometheus_text::CONTENT_TYPE
+    } else {
+        "text/plain; charset=utf-8"
+    };
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    if status == StatusCode::METHOD_NOT_ALLOWED {
+        headers.insert(ALLOW, HeaderValue::from_static("GET"));
+    }
+    response
+}
