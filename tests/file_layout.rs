@@ -10,10 +10,10 @@
 use crate::access::{as_nobody, NOBODY};
 use crate::support::agent::{temp_dir, FileBackendDir};
 use crate::support::run::{Finished, HOLD};
-use crate::support::shim_exit::EXIT_HELD;
 use crate::support::{setpriv, within, AgentOptions, Run, TestAgent, WAIT};
 use crate::systemd::{text, tool};
 use anyhow::{ensure, Context, Result};
+use runlock_shim::exit::EXIT_HELD;
 use std::fs::File;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -4,10 +4,10 @@
 use crate::support::agent::Backend;
 use crate::support::journal::Journal;
 use crate::support::run::HOLD;
-use crate::support::shim_exit;
 use crate::support::{host_name, key, user_name, Deadline, Run, TestAgent};
 use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
+use runlock_shim::exit as shim_exit;
 use std::time::Duration;
 
 test_matrix!(

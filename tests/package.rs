@@ -9,10 +9,10 @@
 use crate::support::agent::temp_dir;
 use crate::support::bins::{bins, test_package_env};
 use crate::support::run::Run;
-use crate::support::shim_exit::EXIT_HELD;
 use crate::support::{within, AgentOptions, TestAgent, WAIT};
 use crate::systemd::{text, tool, verify};
 use anyhow::{bail, ensure, Context, Result};
+use runlock_shim::exit::EXIT_HELD;
 use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};

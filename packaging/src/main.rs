@@ -11,14 +11,6 @@ use clap_mangen::roff::{bold, roman, Roff};
 use clap_mangen::Man;
 use std::path::{Path, PathBuf};
 
-// The shim is a binary crate; its command line is compiled here again, from
-// the same file, rather than described a second time.
-#[allow(dead_code)]
-#[path = "../../shim/src/cli.rs"]
-mod shim_cli;
-
-/// The shim's description, which its `--help` shows, is its package's.
-const SHIM_MANIFEST: &str = include_str!("../../shim/Cargo.toml");
 /// The commented example configuration: the conffile and runlockd.toml(5).
 const EXAMPLE_CONFIG: &str = include_str!("../../systemd/runlockd.toml");
 const CONFIG_PATH: &str = "/etc/runlock/runlockd.toml";
@@ -36,7 +28,7 @@ fn main() -> anyhow::Result<()> {
     }
 
     let date = page_date()?;
-    let shim = shim_command()?;
+    let shim = shim_command();
     let agent = agent_command();
     write_pages(&man, shim.clone(), "1", &date, &shim_see_also())?;
     write_pages(&man, agent.clone(), "8", &date, &agent_see_also())?;
@@ -78,36 +70,27 @@ fn version() -> &'static str {
     env!("CARGO_PKG_VERSION")
 }
 
-/// The shim's `Cli` is compiled into this crate (`#[path]`), so its derived
-/// description would be this crate's: it is read from the shim's manifest.
 /// The names are the ones the binaries are installed as, and the
 /// descriptions those their `--help` prints.
-fn shim_command() -> anyhow::Result<clap::Command> {
-    let manifest: toml::Table = toml::from_str(SHIM_MANIFEST).context("parsing shim/Cargo.toml")?;
-    let description = manifest
-        .get("package")
-        .and_then(|package| package.get("description"))
-        .and_then(|description| description.as_str())
-        .context("shim/Cargo.toml has no package.description")?;
-    Ok(named(shim_cli::Cli::command(), "runlock", description))
+fn shim_command() -> clap::Command {
+    named(runlock_shim::cli::Cli::command(), "runlock")
 }
 
 fn agent_command() -> clap::Command {
-    let command = runlock_agent::config::Args::command();
-    let description = command
-        .get_about()
-        .map(|about| about.to_string())
-        .unwrap_or_default();
-    named(command, "runlockd", &description)
+    named(runlock_agent::config::Args::command(), "runlockd")
 }
 
 /// A page's NAME line reads "runlockd - the per-host lock agent": the
 /// description without the "runlockd: " it starts with in `--help`.
-fn named(command: clap::Command, name: &'static str, description: &str) -> clap::Command {
+fn named(command: clap::Command, name: &'static str) -> clap::Command {
+    let description = command
+        .get_about()
+        .map(|about| about.to_string())
+        .unwrap_or_default();
     let about = description
         .strip_prefix(name)
         .and_then(|rest| rest.strip_prefix(": "))
-        .unwrap_or(description)
+        .unwrap_or(&description)
         .to_owned();
     command
         .name(name)

@@ -1,17 +1,14 @@
 //! runlock, the shim: wraps a command in a lock held by this host's runlockd.
 
-mod cli;
-mod client;
+mod agent;
 mod commands;
-mod display;
-mod exit;
-mod fd_stream;
 mod format;
 mod host_config;
 mod meltano;
 mod signals;
 
 use clap::Parser;
+use runlock_shim::{cli, exit};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {

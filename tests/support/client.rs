@@ -1,25 +1,31 @@
-//! `RawClient`: the protocol spoken by hand, for tests that need to see
-//! replies and events themselves, or to send bytes no real client would.
+//! `RawClient`: runlock-client's connection, for tests that need to see what
+//! the agent says as it is (its errors as replies, any message), or to send
+//! bytes no real client would.
 
 use super::{within, WAIT};
 use anyhow::{bail, ensure, Context};
 use futures::{SinkExt, StreamExt};
-use runlock_protocol::{AgentMessage, ClientMessage, Envelope, ShimCodec, PROTOCOL_VERSION};
+use runlock_client::{CallError, Client, ClientInfo};
+use runlock_protocol::{AgentMessage, ClientMessage, Envelope, PROTOCOL_VERSION};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::Path;
 use std::process::Stdio;
+use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
-use tokio_util::codec::Framed;
+
+/// The bound on waiting for a reply, whatever `forcing` events promise: a
+/// forced acquire on `file://` waits for the displaced run with no deadline.
+const REPLY_WAIT: Duration = Duration::from_secs(60);
+
+/// What the tests' connections call themselves in `hello`.
+const CLIENT_NAME: &str = "runlock-tests";
 
 /// One connection to an agent.
 pub struct RawClient {
-    framed: Framed<UnixStream, ShimCodec>,
-    next_id: u64,
-    /// Events (messages without `id`) that arrived while a reply was awaited.
-    pub events: VecDeque<AgentMessage>,
+    client: Client,
     /// The `forcing` events its forced acquires were sent, in order.
     pub forcing: Vec<AgentMessage>,
 }
@@ -40,7 +46,7 @@ pub fn encode(value: &impl Serialize) -> anyhow::Result<Vec<u8>> {
 pub fn hello() -> ClientMessage {
     ClientMessage::Hello {
         version: PROTOCOL_VERSION,
-        client: "runlock-tests".to_string(),
+        client: CLIENT_NAME.to_string(),
         pid: std::process::id(),
         takes_locks: false,
     }
@@ -65,12 +71,14 @@ impl RawClient {
         let stream = within(WAIT, "connecting to the agent", UnixStream::connect(socket))
             .await?
             .with_context(|| format!("connecting to {}", socket.display()))?;
-        Ok(RawClient {
-            framed: Framed::new(stream, ShimCodec::new()),
-            next_id: 1,
-            events: VecDeque::new(),
+        Ok(RawClient::new(stream))
+    }
+
+    fn new(stream: UnixStream) -> RawClient {
+        RawClient {
+            client: Client::new(stream),
             forcing: Vec::new(),
-        })
+        }
     }
 
     /// Connects as `uid`:`gid` with the supplementary `groups`, through a
@@ -104,24 +112,16 @@ impl RawClient {
         );
         let stream = std::os::unix::net::UnixStream::from(receive_fd(&ours)?);
         stream.set_nonblocking(true)?;
-        Ok(RawClient {
-            framed: Framed::new(UnixStream::from_std(stream)?, ShimCodec::new()),
-            next_id: 1,
-            events: VecDeque::new(),
-            forcing: Vec::new(),
-        })
+        Ok(RawClient::new(UnixStream::from_std(stream)?))
     }
 
     /// Says hello; returns the `welcome`.
     pub async fn hello(&mut self) -> anyhow::Result<AgentMessage> {
-        self.send_envelope(Envelope::event(hello())).await?;
-        match self.recv().await? {
-            Envelope {
-                id: None,
-                body: body @ AgentMessage::Welcome { .. },
-            } => Ok(body),
-            other => bail!("expected welcome, got {other:?}"),
-        }
+        let info = ClientInfo {
+            name: CLIENT_NAME.to_string(),
+            takes_locks: false,
+        };
+        Ok(within(WAIT, "the agent's welcome", self.client.hello(&info)).await??)
     }
 
     /// The `agent_id` of a `welcome`.
@@ -134,23 +134,24 @@ impl RawClient {
 
     /// Sends one message as it is.
     pub async fn send_envelope(&mut self, message: Envelope<ClientMessage>) -> anyhow::Result<()> {
-        within(WAIT, "sending a message", self.framed.send(message))
-            .await?
-            .context("sending a message")
+        within(
+            WAIT,
+            "sending a message",
+            self.client.framed().send(message),
+        )
+        .await?
+        .context("sending a message")
     }
 
     /// Sends a request with a fresh id; returns the id.
     pub async fn send(&mut self, body: ClientMessage) -> anyhow::Result<u64> {
-        let id = self.next_id;
-        self.next_id += 1;
-        self.send_envelope(Envelope::request(id, body)).await?;
-        Ok(id)
+        Ok(within(WAIT, "sending a request", self.client.send(body)).await??)
     }
 
     /// Writes raw bytes to the socket, bypassing the codec.
     pub async fn write_raw(&mut self, bytes: &[u8]) -> anyhow::Result<()> {
-        within(WAIT, "flushing", self.framed.flush()).await??;
-        let stream = self.framed.get_mut();
+        within(WAIT, "flushing", self.client.framed().flush()).await??;
+        let stream = self.client.framed().get_mut();
         within(WAIT, "writing raw bytes", stream.write_all(bytes))
             .await?
             .context("writing raw bytes")
@@ -162,26 +163,31 @@ impl RawClient {
         bytes: &[u8],
         fds: &[std::os::fd::RawFd],
     ) -> anyhow::Result<()> {
+        use nix::errno::Errno;
         use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
-        within(WAIT, "flushing", self.framed.flush()).await??;
-        let stream = self.framed.get_ref();
-        within(WAIT, "the socket to take bytes", stream.writable()).await??;
+        within(WAIT, "flushing", self.client.framed().flush()).await??;
+        let socket = self.client.as_raw_fd();
         let iov = [std::io::IoSlice::new(bytes)];
-        let sent = sendmsg::<()>(
-            stream.as_raw_fd(),
-            &iov,
-            &[ControlMessage::ScmRights(fds)],
-            MsgFlags::empty(),
-            None,
-        )
-        .context("sendmsg")?;
+        let rights = [ControlMessage::ScmRights(fds)];
+        let send = async {
+            loop {
+                match sendmsg::<()>(socket, &iov, &rights, MsgFlags::MSG_DONTWAIT, None) {
+                    Err(Errno::EAGAIN) => tokio::time::sleep(Duration::from_millis(10)).await,
+                    sent => return sent,
+                }
+            }
+        };
+        let sent = within(WAIT, "the socket to take bytes", send)
+            .await?
+            .context("sendmsg")?;
         ensure!(sent == bytes.len(), "sent {sent} of {} bytes", bytes.len());
         Ok(())
     }
 
     /// The next message, whatever it is; an error if the connection ends.
     pub async fn recv(&mut self) -> anyhow::Result<Envelope<AgentMessage>> {
-        match within(WAIT, "a message from the agent", self.framed.next()).await? {
+        let next = self.client.framed().next();
+        match within(WAIT, "a message from the agent", next).await? {
             Some(Ok(Ok(message))) => Ok(message),
             Some(Ok(Err(bad))) => bail!("undecodable message from the agent: {bad:?}"),
             Some(Err(err)) => Err(err).context("reading from the agent"),
@@ -189,24 +195,22 @@ impl RawClient {
         }
     }
 
-    /// Reads until the reply to `id`, setting events aside.
+    /// Reads until the reply to `id` (an error as `AgentMessage::Error`),
+    /// setting events aside: `forcing` ones in [`RawClient::forcing`], what
+    /// a forced acquire waits for, apart from the events a holder is told.
     pub async fn reply(&mut self, id: u64) -> anyhow::Result<AgentMessage> {
-        loop {
-            match self.recv().await? {
-                Envelope {
-                    id: Some(got),
-                    body,
-                } if got == id => return Ok(body),
-                // What a forced acquire waits for, kept apart from the events
-                // a holder is told (`lost`, `renewed`).
-                Envelope {
-                    id: None,
-                    body: body @ AgentMessage::Forcing { .. },
-                } => self.forcing.push(body),
-                Envelope { id: None, body } => self.events.push_back(body),
-                other => bail!("a reply to a request never sent: {other:?}"),
-            }
-        }
+        let reply = self.client.reply_within(id, WAIT);
+        let reply = match within(REPLY_WAIT, "the agent's reply", reply).await? {
+            Ok(body) => body,
+            Err(CallError::Agent(err)) => AgentMessage::Error(err),
+            Err(gone @ CallError::Gone(_)) => return Err(gone.into()),
+        };
+        let (forcing, events): (VecDeque<_>, _) = std::mem::take(&mut self.client.events)
+            .into_iter()
+            .partition(|event| matches!(event, AgentMessage::Forcing { .. }));
+        self.client.events = events;
+        self.forcing.extend(forcing);
+        Ok(reply)
     }
 
     /// Sends a request and waits for its reply.
@@ -228,7 +232,7 @@ impl RawClient {
 
     /// The next event (a message without `id`).
     pub async fn next_event(&mut self) -> anyhow::Result<AgentMessage> {
-        if let Some(event) = self.events.pop_front() {
+        if let Some(event) = self.client.events.pop_front() {
             return Ok(event);
         }
         match self.recv().await? {
@@ -240,13 +244,8 @@ impl RawClient {
     /// Succeeds once the agent has closed the connection (end of file, or a
     /// reset when the agent left bytes of ours unread); fails on any message.
     pub async fn expect_closed(&mut self) -> anyhow::Result<()> {
-        match within(
-            WAIT,
-            "the agent to close the connection",
-            self.framed.next(),
-        )
-        .await?
-        {
+        let next = self.client.framed().next();
+        match within(WAIT, "the agent to close the connection", next).await? {
             None => Ok(()),
             Some(Err(runlock_protocol::ProtocolError::Io(err)))
                 if err.kind() == std::io::ErrorKind::ConnectionReset =>

@@ -1,7 +1,9 @@
 //! The harness the integration tests (`tests/main.rs`) and the bench
 //! (`tests/bench.rs`) share: the real binaries (built once), agents on
-//! temporary sockets, shim runs with their output, and a raw protocol
-//! client. Every wait in here is bounded.
+//! temporary sockets, shim runs with their output, and a protocol client
+//! (runlock-client's) that shows what the agent says as it is. A run's exit
+//! is checked against the shim's own exit codes (`runlock_shim::exit`).
+//! Every wait in here is bounded.
 
 /// The test matrix: `test_matrix!([name: VALUE, ...]; case, ...)` runs each
 /// `async fn case(value) -> anyhow::Result<()>` once per value, as the test
@@ -35,10 +37,6 @@ pub mod http;
 pub mod journal;
 pub mod rewriting_proxy;
 pub mod run;
-/// The shim's exit codes, compiled from its own source: a run's exit is
-/// checked against the rules the shim applies (128 + N for a signal).
-#[path = "../../shim/src/exit.rs"]
-pub mod shim_exit;
 pub mod store_requests;
 pub mod stores;
 

@@ -1,10 +1,11 @@
 //! `runlock history KEY [--limit N] [--json]`: the latest events of a key,
 //! as its record in the backend keeps them, from whichever host asks.
 
-use crate::client::{unexpected, Client, BACKEND_ANSWER_TIMEOUT};
-use crate::display::escape;
+use crate::agent::{self, unexpected};
 use crate::exit::Failure;
 use crate::format;
+use runlock_client::escape;
+use runlock_client::BACKEND_ANSWER_TIMEOUT;
 use runlock_protocol::{AgentMessage, ClientMessage, Clock, EventKind, KeyEvent};
 use std::path::Path;
 use std::process::ExitCode;
@@ -75,7 +76,7 @@ fn what_happened(e: &KeyEvent) -> String {
 
 pub async fn run(socket: &Path, key: &str, limit: u32, json: bool) -> Result<ExitCode, Failure> {
     super::valid_key(key)?;
-    let mut client = Client::connect(socket).await?;
+    let mut client = agent::connect(socket).await?;
     let request = ClientMessage::History {
         key: key.to_string(),
         limit: Some(limit),
@@ -83,7 +84,7 @@ pub async fn run(socket: &Path, key: &str, limit: u32, json: bool) -> Result<Exi
     let events = match client.call_within(BACKEND_ANSWER_TIMEOUT, request).await {
         Ok(AgentMessage::Events { events, .. }) => events,
         Ok(other) => return Err(unexpected("history", &other)),
-        Err(err) => return Err(err.into_failure("reading the history")),
+        Err(err) => return Err(agent::call_failure(err, "reading the history")),
     };
     if json {
         let rows: Vec<_> = events.iter().map(event_json).collect();

@@ -1,9 +1,10 @@
 //! `runlock inspect KEY [--json]`: the backend's record of one key.
 
-use crate::client::{unexpected, Client, BACKEND_ANSWER_TIMEOUT};
-use crate::display::escape;
+use crate::agent::{self, unexpected};
 use crate::exit::Failure;
 use crate::format;
+use runlock_client::escape;
+use runlock_client::BACKEND_ANSWER_TIMEOUT;
 use runlock_protocol::{AgentMessage, ClientMessage, Holder, KeyState, Scope};
 use std::path::Path;
 use std::process::ExitCode;
@@ -50,14 +51,14 @@ fn state_name(state: KeyState) -> &'static str {
 
 pub async fn run(socket: &Path, key: &str, json: bool) -> Result<ExitCode, Failure> {
     super::valid_key(key)?;
-    let mut client = Client::connect(socket).await?;
+    let mut client = agent::connect(socket).await?;
     let request = ClientMessage::Inspect {
         key: key.to_string(),
     };
     let record = match client.call_within(BACKEND_ANSWER_TIMEOUT, request).await {
         Ok(AgentMessage::Record(record)) => record,
         Ok(other) => return Err(unexpected("inspect", &other)),
-        Err(err) => return Err(err.into_failure("inspecting")),
+        Err(err) => return Err(agent::call_failure(err, "inspecting")),
     };
     let scope = match record.scope {
         Scope::Host => "host",

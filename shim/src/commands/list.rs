@@ -2,11 +2,12 @@
 //! from every host that shares it, read page by page through this host's
 //! agent, as this user may see them.
 
-use crate::client::{unexpected, CallError, Client};
-use crate::display::escape;
+use crate::agent::{self, unexpected};
 use crate::exit::Failure;
 #[cfg(test)]
 use crate::exit::EXIT_UNAVAILABLE;
+use runlock_client::escape;
+use runlock_client::{CallError, Client};
 use runlock_protocol::{AgentMessage, ClientMessage, Holder, KeyListing, KeyState};
 use std::path::Path;
 use std::process::ExitCode;
@@ -28,7 +29,7 @@ pub async fn run(socket: &Path, prefix: &str, all: bool, json: bool) -> Result<E
     if !prefix.is_empty() {
         super::valid_key(prefix)?;
     }
-    let mut client = Client::connect(socket).await?;
+    let mut client = agent::connect(socket).await?;
     let mut listing = read_all(&mut client, prefix, all, None).await?;
     // The store's order puts keys named by their hash first; people read by key.
     listing.keys.sort_by(|a, b| a.key.cmp(&b.key));
@@ -77,7 +78,7 @@ pub async fn read_all(
                 }
             }
             Ok(other) => return Err(unexpected("list_keys", &other)),
-            Err(err) if page == 1 => return Err(err.into_failure("listing keys")),
+            Err(err) if page == 1 => return Err(agent::call_failure(err, "listing keys")),
             Err(err) => {
                 let after = listing
                     .keys
@@ -93,7 +94,7 @@ pub async fn read_all(
 }
 
 fn page_failure(err: CallError, page: u32, after: &str) -> Failure {
-    let failure = err.into_failure("listing keys");
+    let failure = agent::call_failure(err, "listing keys");
     Failure::new(
         failure.code,
         format!(

@@ -4,18 +4,17 @@
 //! the run through an agent restart by reattaching before the leases'
 //! deadline, release when the command exits, and exit with its status.
 
+use crate::agent::{self, describe_wire_error, unexpected};
 use crate::cli::{self, OnLostArg, RunArgs};
-use crate::client::{
-    describe_wire_error, unexpected, CallError, Client, ConnectError, ANSWER_TIMEOUT,
-    BACKEND_ANSWER_TIMEOUT,
-};
-use crate::display::escape;
 use crate::exit::{self, Failure};
 use crate::host_config::HostConfig;
 use crate::signals::Signals;
 use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
+use runlock_client::{
+    escape, CallError, Client, ConnectError, ANSWER_TIMEOUT, BACKEND_ANSWER_TIMEOUT,
+};
 use runlock_protocol::{
     timing::kill_grace, AgentMessage, ClientMessage, Envelope, ErrorCode, Lease, OnUnavailable,
 };
@@ -59,12 +58,13 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
         )
     })?;
     // The acquire goes right behind hello: one round trip less before the run starts.
-    let (mut client, asked) = match Client::connect_asking(socket, request(&args)).await {
+    let (mut client, asked) = match agent::connect_asking(socket, request(&args)).await {
         Ok(connected) => connected,
-        Err(ConnectError::Unreachable(failure)) => {
+        Err(err @ ConnectError::Unreachable(_)) => {
+            let failure = agent::connect_failure(err);
             return unlocked(host.on_unavailable, failure, &args, &mut signals).await;
         }
-        Err(refused) => return Err(refused.into()),
+        Err(refused) => return Err(agent::connect_failure(refused)),
     };
 
     // The agent answers by the end of the wait, or sooner; past that plus
@@ -82,7 +82,7 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
         Err(failure) => return Err(failure),
     };
 
-    let fd = client.transport.get_ref().as_raw_fd();
+    let fd = client.as_raw_fd();
     let mut child = spawn(Some(fd), &locks, &args.command, &args.keys, &leases)?;
     // invariant: a spawned child has a pid until it is waited for
     let pid = child.id().unwrap_or_default();
@@ -130,7 +130,7 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
             signal = signals.next() => {
                 let _ = killpg(group, signal);
             }
-            frame = client.transport.next(), if watch.agent_open => match frame {
+            frame = client.framed().next(), if watch.agent_open => match frame {
                 Some(Ok(Ok(Envelope { id: None, body }))) => watch.event(body),
                 Some(Ok(Ok(Envelope { id, body }))) if id.is_some() && id == attaching => {
                     attaching = None;
@@ -293,14 +293,16 @@ async fn acquire(
             leases,
             Duration::from_millis(ttl_ms),
             valid_for_ms.map(Duration::from_millis),
-            client.take_locks(locks)?,
+            client
+                .take_locks(locks)
+                .map_err(|missing| Failure::new(exit::EXIT_SOFTWARE, missing.to_string()))?,
         ))),
         Ok(other) => Err(unexpected("acquire", &other)),
         Err(CallError::Agent(err)) => Err(Failure::new(
             exit::for_error(err.code),
             describe_wire_error(&err),
         )),
-        Err(gone) => Err(gone.into_failure("asking for the lock")),
+        Err(gone) => Err(agent::call_failure(gone, "asking for the lock")),
     }
 }
 
@@ -423,7 +425,7 @@ async fn reattach(
 ) -> Result<Client, String> {
     let mut pause = Duration::from_millis(50);
     loop {
-        if let Ok(mut client) = Client::connect(&socket).await {
+        if let Ok(mut client) = agent::connect(&socket).await {
             let request = ClientMessage::Reattach {
                 leases: leases.clone(),
                 on_lost,

@@ -1,15 +1,16 @@
 //! `runlock status [--json]`: the leases held through this host's agent.
 
-use crate::client::{unexpected, Client, ANSWER_TIMEOUT};
-use crate::display::escape;
+use crate::agent::{self, unexpected};
 use crate::exit::Failure;
 use crate::format;
+use runlock_client::escape;
+use runlock_client::ANSWER_TIMEOUT;
 use runlock_protocol::{AgentMessage, ClientMessage};
 use std::path::Path;
 use std::process::ExitCode;
 
 pub async fn run(socket: &Path, json: bool) -> Result<ExitCode, Failure> {
-    let mut client = Client::connect(socket).await?;
+    let mut client = agent::connect(socket).await?;
     let leases = match client
         .call_within(ANSWER_TIMEOUT, ClientMessage::List)
         .await
@@ -21,7 +22,7 @@ pub async fn run(socket: &Path, json: bool) -> Result<ExitCode, Failure> {
             leases
         }
         Ok(other) => return Err(unexpected("list", &other)),
-        Err(err) => return Err(err.into_failure("listing leases")),
+        Err(err) => return Err(agent::call_failure(err, "listing leases")),
     };
     if json {
         let rows: Vec<_> = leases

@@ -3,8 +3,8 @@
 //! [`FRESH_FOR`] however many tabs poll, and never twice at once.
 
 use super::runs::{self, Run};
-use crate::client::Client;
 use crate::commands::list;
+use runlock_client::Client;
 use runlock_protocol::{Holder, KeyListing, KeyState};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -73,9 +73,9 @@ impl StateSource {
         };
         let mut client = match inner.client.take() {
             Some(client) => client,
-            None => match Client::connect(&self.socket).await {
+            None => match crate::agent::connect(&self.socket).await {
                 Ok(client) => client,
-                Err(err) => return failed(crate::exit::Failure::from(err).message),
+                Err(err) => return failed(err.message),
             },
         };
         let listing = match list::read_all(&mut client, "", true, Some(since_ms)).await {

@@ -11,14 +11,15 @@ use std::task::{ready, Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::UnixStream;
 
+/// A Unix stream to the agent that keeps the descriptors passed with its bytes.
 pub struct FdStream {
     stream: UnixStream,
     /// Descriptors in the order they arrived, for whoever expects them.
-    pub received: VecDeque<OwnedFd>,
+    pub(crate) received: VecDeque<OwnedFd>,
 }
 
 impl FdStream {
-    pub fn new(stream: UnixStream) -> FdStream {
+    pub(crate) fn new(stream: UnixStream) -> FdStream {
         FdStream {
             stream,
             received: VecDeque::new(),

@@ -1,7 +1,7 @@
 //! Text that a peer of the agent supplied (a holder's command, user, host,
 //! key, agent id, and the agent's messages that quote them), made safe to
-//! print: the shim runs as root or other users, whose terminals must not take
-//! orders from whoever holds a lock.
+//! print: a client may run as root or other users, whose terminals must not
+//! take orders from whoever holds a lock.
 
 use std::borrow::Cow;
 use std::fmt::Write;
