@@ -22,21 +22,28 @@
 //!   deleted, as before history was kept. No lease is revoked: it is shared.
 //! - a holder whose agent dies stops keeping its lease alive, and etcd deletes
 //!   its keys when the lease runs out, by etcd's own clock.
-//! - waiters: the same watch reports deleted keys (`releases`).
+//! - waiters: the same watch reports deleted keys (`releases.rs`).
+//!
+//! `acquire.rs` takes a key (and forces one), `view.rs` is what `inspect`
+//! and `list` show; this file holds the backend's state and the rest of
+//! the [`Backend`] operations.
 //!
 //! No message built here carries the password: etcd's own messages never
 //! echo it, and the endpoints are kept without userinfo.
 
+mod acquire;
 mod errors;
 mod history;
 mod listing;
 mod record;
+mod releases;
 mod session;
 mod settings;
 #[cfg(test)]
 mod tests;
 mod tls;
 mod transport;
+mod view;
 mod watched;
 
 use super::{
@@ -65,37 +72,14 @@ use tokio_util::sync::CancellationToken;
 use transport::{watch_releases, Connection};
 use watched::{Watched, Word};
 
-/// How often a forced acquire may find the key taken again between its delete and its create.
-const FORCE_ATTEMPTS: usize = 4;
 /// How long a word that a taken-over run has stopped is kept for its forcer.
 const STOPPED_WORD_SECONDS: i64 = 3600;
-/// Released keys queued for a slow waiter before it is told it missed some.
-const RELEASED_BACKLOG: usize = 256;
-/// The most names a page of `list` reads. Its answer holds up to twice as
-/// many records (two ranges, each read one past the page), each with a
-/// command line of up to 4 KiB, and as many histories of 32 events: it must
-/// stay well within the client's 4 MiB message limit.
-const MOST_NAMES_PER_PAGE: usize = 100;
-/// The etcd leases a page of `list` asks the time left of at once.
-const LEASES_ASKED_AT_ONCE: usize = 8;
 
 /// The etcd lease TTL for a runlock TTL: others may take the key only after
 /// TTL + grace by etcd's clock, the same margin the object stores give (see
 /// `renewal::deadline`). etcd counts whole seconds.
 pub(crate) fn lease_seconds(ttl: Duration) -> i64 {
     (ttl + timing::grace(ttl)).as_secs_f64().ceil() as i64
-}
-
-/// What a force writes: the key's name, its marker's, the record, the
-/// lease, and the event that goes into the key's history.
-#[derive(Clone, Copy)]
-struct Forced<'a> {
-    name: &'a str,
-    marker: &'a str,
-    body: &'a [u8],
-    lease: i64,
-    history: &'a str,
-    event: &'a KeyEvent,
 }
 
 /// The etcd lease a key goes on, and when it was last kept alive: the
@@ -290,67 +274,6 @@ impl EtcdBackend {
         Ok(EtcdLease { id, sent })
     }
 
-    /// Deletes, in the background, the key an acquire may have written
-    /// before its answer was lost: if it landed, nobody was told. Only that
-    /// very write is deleted (its body names the attempt's lease id).
-    /// A force's marker too (same body): the shared lease would keep it.
-    fn abandon(&self, names: [&str; 2], body: &[u8], lease: EtcdLease) {
-        let deletes = names.map(|name| {
-            Txn::new()
-                .when([
-                    Compare::value(name, CompareOp::Equal, body),
-                    Compare::lease(name, CompareOp::Equal, lease.id),
-                ])
-                .and_then([TxnOp::delete(name, None)])
-        });
-        let connection = self.connection.clone();
-        tokio::spawn(async move {
-            for delete in deletes {
-                let _ = tokio::time::timeout(
-                    TIMEOUTS.operation,
-                    connection.call(|mut c| {
-                        let delete = delete.clone();
-                        async move { c.txn(delete).await }
-                    }),
-                )
-                .await;
-            }
-        });
-    }
-
-    /// Notes a key granted on `lease`, by requests sent in watch epoch `epoch`.
-    fn granted(
-        &self,
-        spec: &AcquireSpec,
-        lease: EtcdLease,
-        token: u64,
-        epoch: u64,
-        displaced: Option<Displaced>,
-    ) -> Grant {
-        let holder = Holder {
-            token,
-            ..spec.holder.clone()
-        };
-        self.hold(&spec.key, &spec.lease_id, lease.id, token, epoch);
-        Grant {
-            holder,
-            sent: lease.sent,
-            lock: None,
-            displaced,
-        }
-    }
-
-    /// Notes a key held here, and has the watch look after it.
-    fn hold(&self, key: &Key, lease_id: &str, etcd_lease: i64, token: u64, epoch: u64) {
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(lease_id.to_string(), etcd_lease);
-        self.watched.hold(&self.name(key), token as i64, epoch);
-        // Started by the first holder (or waiter), and kept.
-        let _ = self.release_sender();
-    }
-
     /// Whether an acquire last found the key `name` held (`held`), now.
     fn seen_held(&self, name: &str, held: Option<bool>) -> bool {
         let mut seen = self.seen_held.lock().unwrap_or_else(|e| e.into_inner());
@@ -405,211 +328,6 @@ impl EtcdBackend {
         Ok(Some(BackendError::Held(holder, incident)))
     }
 
-    /// One acquire: create the key with a lease, or read who has it.
-    async fn try_acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
-        let name = self.name(&spec.key);
-        let marker = self.force_marker(&spec.key);
-        let body = EtcdRecord::new(spec).body();
-        let history_key = self.history_name(&spec.key);
-        if !spec.force && self.seen_held(&name, None) {
-            if let Some(refused) = self.still_held(spec, &name, &marker, &history_key).await? {
-                return Err(refused);
-            }
-        }
-        // Token 0: the grant's own revision (see `history`).
-        let grant = shared::event(EventKind::Granted, &spec.holder, 0, Stamp::agent_now());
-        for _ in 0..FORCE_ATTEMPTS {
-            let lease = self.lease_for(spec.ttl).await?;
-            let epoch = self.watched.epoch();
-            let kept = self.kept(&history_key);
-            let events = kept.after_grant(grant.clone());
-            let create = Txn::new()
-                .when([
-                    Compare::create_revision(name.clone(), CompareOp::Equal, 0),
-                    Compare::create_revision(marker.clone(), CompareOp::Equal, 0),
-                    Compare::mod_revision(history_key.clone(), CompareOp::Equal, kept.revision),
-                ])
-                .and_then([
-                    TxnOp::put(
-                        name.clone(),
-                        body.clone(),
-                        Some(PutOptions::new().with_lease(lease.id)),
-                    ),
-                    TxnOp::put(history_key.clone(), history::body(&events), None),
-                ])
-                .or_else([
-                    TxnOp::get(name.clone(), None),
-                    TxnOp::get(history_key.clone(), None),
-                ]);
-            let answer = match self
-                .connection
-                .call(|mut c| {
-                    let create = create.clone();
-                    async move { c.txn(create).await }
-                })
-                .await
-            {
-                Ok(answer) => answer,
-                Err(Problem::Expected(LeaseGone)) => {
-                    // Gone between its keep-alive and this write (revoked by
-                    // hand, say): the next attempt grants another.
-                    self.sessions.gone(lease.id);
-                    continue;
-                }
-                Err(problem) => {
-                    self.abandon([&name, &marker], &body, lease);
-                    return Err(self.connection.unavailable(problem));
-                }
-            };
-            if answer.succeeded() {
-                self.seen_held(&name, Some(false));
-                let revision = answer.header().map(|h| h.revision()).unwrap_or(0);
-                let events = history::filled(events, revision as u64);
-                self.keep(&history_key, Kept { revision, events });
-                return Ok(self.granted(spec, lease, revision as u64, epoch, None));
-            }
-            let mut read = answer.op_responses().into_iter().map(|r| match r {
-                TxnOpResponse::Get(mut got) => got.take_kvs().into_iter().next(),
-                _ => None,
-            });
-            let (current, history_kv) = (read.next().flatten(), read.next().flatten());
-            let now = self.read_history(&history_key, history_kv.as_ref())?;
-            let incident = shared::last_incident(&now.events);
-            if self.keep(&history_key, now) && current.is_none() {
-                // Only the history had changed since this agent saw it: again.
-                continue;
-            }
-            let Some(current) = current else {
-                // No key, so the force marker: another agent is forcing it
-                // and holds it meanwhile.
-                if !spec.force {
-                    self.seen_held(&name, Some(true));
-                    return Err(BackendError::Held(None, incident));
-                }
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            };
-            let record = self.parse(&name, &current)?;
-            // A retried create whose first answer was lost finds its own write.
-            if record.lease_id == spec.lease_id && current.lease() == lease.id {
-                let token = current.create_revision() as u64;
-                return Ok(self.granted(spec, lease, token, epoch, None));
-            }
-            let holder = self.holder_of(&name, &current)?;
-            if !spec.force {
-                self.seen_held(&name, Some(true));
-                return Err(BackendError::Held(Some(Box::new(holder)), incident));
-            }
-            let mut event = grant.clone();
-            event.kind = if spec.breaking {
-                EventKind::Broken
-            } else {
-                EventKind::Forced
-            };
-            event.from_token = Some(current.create_revision() as u64);
-            let forced = Forced {
-                name: &name,
-                marker: &marker,
-                body: &body,
-                lease: lease.id,
-                history: &history_key,
-                event: &event,
-            };
-            let displaced = Displaced {
-                token: holder.token,
-                ttl: Duration::from_millis(record.ttl_ms),
-                holder: Some(holder),
-                lock: None,
-            };
-            match self.take_over(&forced, &current).await {
-                Ok(Some(token)) => {
-                    let grant = self.granted(spec, lease, token, epoch, Some(displaced));
-                    return Ok(grant);
-                }
-                Ok(None) => {}
-                Err(err) => {
-                    self.abandon([&name, &marker], &body, lease);
-                    return Err(err);
-                }
-            }
-        }
-        Err(BackendError::Unavailable(format!(
-            "{name} in {}: taken again {FORCE_ATTEMPTS} times while forcing it; try again",
-            self.description
-        )))
-    }
-
-    /// `--force`, in two transactions, as etcd allows no put and delete of
-    /// one key in one: the key, if still as read, is deleted and the force
-    /// marker put in its place (on the forcer's lease, so that it expires
-    /// if the forcer dies), then the key is created and the marker deleted.
-    /// Between the two, a waiter woken by the delete finds the marker and is
-    /// told the key is held: only the forcer can take it. The old holder's
-    /// lease is not revoked (it is its agent's, shared by its other keys):
-    /// its agent's watch sees the delete, or its next renewal reads the key.
-    /// `Ok(None)`: the key changed meanwhile; read it again.
-    async fn take_over(
-        &self,
-        forced: &Forced<'_>,
-        current: &KeyValue,
-    ) -> Result<Option<u64>, BackendError> {
-        let Forced {
-            name,
-            marker,
-            body,
-            lease,
-            history,
-            event,
-        } = *forced;
-        let with_lease = || Some(PutOptions::new().with_lease(lease));
-        let delete = Txn::new()
-            .when([
-                Compare::mod_revision(name, CompareOp::Equal, current.mod_revision()),
-                Compare::create_revision(marker, CompareOp::Equal, 0),
-            ])
-            .and_then([
-                TxnOp::delete(name, None),
-                TxnOp::put(marker, body, with_lease()),
-                TxnOp::get(history, None),
-            ]);
-        let deleted = self.transact(delete).await?;
-        if !deleted.succeeded() {
-            return Ok(None);
-        }
-        // The history as the delete saw it: only the forcer, holding the
-        // marker, writes it before the key is created again.
-        let history_kv = deleted.op_responses().into_iter().find_map(|r| match r {
-            TxnOpResponse::Get(mut got) => got.take_kvs().into_iter().next(),
-            _ => None,
-        });
-        let kept = self.read_history(history, history_kv.as_ref())?;
-        let mut events = kept.events.clone();
-        shared::push(&mut events, event.clone());
-        let create = Txn::new()
-            .when([
-                Compare::value(marker, CompareOp::Equal, body),
-                Compare::create_revision(name, CompareOp::Equal, 0),
-                Compare::mod_revision(history, CompareOp::Equal, kept.revision),
-            ])
-            .and_then([
-                TxnOp::put(name, body, with_lease()),
-                TxnOp::delete(marker, None),
-                TxnOp::put(history, history::body(&events), None),
-            ])
-            // Only an agent of an older version, which knows no marker, can
-            // have created the key (or written no history) meanwhile: give
-            // the marker up, read again.
-            .or_else([TxnOp::delete(marker, None)]);
-        let created = self.transact(create).await?;
-        if !created.succeeded() {
-            return Ok(None);
-        }
-        let revision = created.header().map(|h| h.revision()).unwrap_or(0);
-        let events = history::filled(events, revision as u64);
-        self.keep(history, Kept { revision, events });
-        Ok(Some(revision as u64))
-    }
-
     /// Where the agent of a lease taken over says its run has stopped, for
     /// the forcer waiting on it: a name no escaped key can have, as below.
     fn stopped_name(&self, key: &Key, token: u64) -> String {
@@ -620,7 +338,7 @@ impl EtcdBackend {
         )
     }
 
-    /// Where a force in progress marks its key (see `take_over`): a name no
+    /// Where a force in progress marks its key (see `acquire::take_over`): a name no
     /// escaped key can have, since escaping turns a leading `.` into `%2E`.
     pub(crate) fn force_marker(&self, key: &Key) -> String {
         format!(
@@ -628,110 +346,6 @@ impl EtcdBackend {
             self.connection.prefix,
             key_name::escaped(key)
         )
-    }
-
-    /// `kv`, the key of `key` named `name` (absent: free), with its history,
-    /// as `inspect` reports it; `left`: the seconds its etcd lease has left,
-    /// if etcd said.
-    fn shown(
-        &self,
-        key: &Key,
-        name: &str,
-        kv: Option<&KeyValue>,
-        kept: &Kept,
-        left: Option<u64>,
-    ) -> Result<KeyRecord, BackendError> {
-        let mut answer = KeyRecord::free(key, Scope::Global);
-        answer.incident = shared::last_incident(&kept.events);
-        let Some(kv) = kv else {
-            // A key once held says so by its history's last token: a
-            // reader looking for the slot records ever written (SPEC 13)
-            // must not take a released slot for one never taken.
-            answer.token = kept.events.iter().map(|e| e.token).max().unwrap_or(0);
-            return Ok(answer);
-        };
-        let record = self.parse(name, kv)?;
-        let holder = self.holder_of(name, kv)?;
-        answer.state = KeyState::Held;
-        answer.token = holder.token;
-        answer.holder = Some(holder);
-        // Whole seconds by etcd's clock, less the grace the lease was given
-        // (as the object stores report it).
-        if let Some(left) = left {
-            let ttl = Duration::from_millis(record.ttl_ms);
-            let grace = lease_seconds(ttl) as u64 * 1000 - record.ttl_ms;
-            answer.expires_in_ms = Some((left * 1000).saturating_sub(grace));
-        }
-        Ok(answer)
-    }
-
-    /// The seconds the etcd lease `id` has left by etcd's clock; unknown,
-    /// rather than an error, if etcd cannot say (or the key is on none).
-    async fn lease_left(&self, id: i64) -> Option<u64> {
-        if id == 0 {
-            return None;
-        }
-        let left = self
-            .connection
-            .call(|mut c| async move { c.lease_time_to_live(id, None).await })
-            .await;
-        left.ok().map(|l| l.ttl().max(0) as u64)
-    }
-
-    /// The record and history a listing read of `name` (below the prefix),
-    /// as `inspect` and `history` report them; `Ok(None)`: a released key
-    /// too long to spell, which no key read says whose it was; `Err`: why it
-    /// cannot be read. `left`: what each etcd lease has left.
-    fn read_listed(
-        &self,
-        name: &str,
-        found: &listing::Found<KeyValue>,
-        left: &HashMap<i64, Option<u64>>,
-    ) -> Result<Option<(KeyRecord, Vec<KeyEvent>)>, String> {
-        let (record_key, history_key) = (
-            format!("{}{name}", self.connection.prefix),
-            format!("{}{name}", self.histories()),
-        );
-        let kept = self
-            .read_history(&history_key, found.history.as_ref())
-            .map_err(|e| e.to_string())?;
-        let key = match &found.record {
-            Some(kv) => self.key_of(&record_key, name, kv)?,
-            None if key_name::is_hashed(name) => return Ok(None),
-            None => key_name::unescaped(name).ok_or_else(|| {
-                format!(
-                    "{history_key} in {} is no key's history: runlock names no key so",
-                    self.description
-                )
-            })?,
-        };
-        let left = found
-            .record
-            .as_ref()
-            .and_then(|kv| left.get(&kv.lease()).copied().flatten());
-        let shown = self
-            .shown(&key, &record_key, found.record.as_ref(), &kept, left)
-            .map_err(|e| e.to_string())?;
-        Ok(Some((shown, kept.events)))
-    }
-
-    /// The key whose record `kv` (at `record_key`, listed as `name`) is.
-    fn key_of(&self, record_key: &str, name: &str, kv: &KeyValue) -> Result<Key, String> {
-        let record = self.parse(record_key, kv).map_err(|e| e.to_string())?;
-        let key = Key::parse_record(&record.key).map_err(|e| {
-            format!(
-                "{record_key} in {} names no valid key: {e}",
-                self.description
-            )
-        })?;
-        if key_name::escaped(&key) != name {
-            return Err(format!(
-                "{record_key} in {} holds the record of another key, {:?}",
-                self.description,
-                key.logged()
-            ));
-        }
-        Ok(key)
     }
 
     async fn transact(&self, txn: Txn) -> Result<etcd_client::TxnResponse, BackendError> {
@@ -786,36 +400,6 @@ impl EtcdBackend {
     /// The backend's URI with the password removed.
     pub fn describe(&self) -> String {
         self.description.clone()
-    }
-
-    /// Keys deleted under the prefix through any agent (released, expired or
-    /// forced out), as one watch reports them; `None` with `?watch=false`.
-    pub fn releases(&self) -> Option<broadcast::Receiver<Key>> {
-        self.release_sender().map(|sender| sender.subscribe())
-    }
-
-    /// Whether the watch on the prefix is established now.
-    #[cfg(feature = "test-support")]
-    pub(crate) fn watching(&self) -> bool {
-        self.watched.is_up()
-    }
-
-    /// Where [`EtcdBackend::releases`] come from; the watch starts on first use.
-    fn release_sender(&self) -> Option<broadcast::Sender<Key>> {
-        if !self.watch {
-            return None;
-        }
-        let sender = self.released.get_or_init(|| {
-            let (sender, _) = broadcast::channel(RELEASED_BACKLOG);
-            tokio::spawn(watch_releases(
-                self.connection.clone(),
-                sender.clone(),
-                self.watched.clone(),
-                self.stop.clone(),
-            ));
-            sender
-        });
-        Some(sender.clone())
     }
 }
 
@@ -987,91 +571,7 @@ impl Backend for EtcdBackend {
         from: &ListFrom,
         limit: usize,
     ) -> Result<ListPage, BackendError> {
-        let Some(spelled) = key_name::listed_names(prefix, from.hashed) else {
-            return Ok(ListPage::default());
-        };
-        let limit = limit.min(MOST_NAMES_PER_PAGE);
-        let past = match from.page.as_deref().map(listing::from_hex) {
-            Some(None) => {
-                return Err(BackendError::Unsupported(
-                    "the listing's cursor was not made by an etcd backend".to_string(),
-                ))
-            }
-            past => past.flatten(),
-        };
-        let names = listing::Names::new(&spelled, from.after.as_deref(), past.as_deref());
-        let (records_under, histories_under) = (self.connection.prefix.as_str(), self.histories());
-        let ranges: Vec<listing::Range> = names
-            .record_ranges(records_under)
-            .into_iter()
-            .chain([names.range(&histories_under)])
-            .collect();
-        // One more than the page, to tell whether another follows.
-        let within = |(start, end): &listing::Range| {
-            let options = GetOptions::new()
-                .with_range(end.clone())
-                .with_limit(limit as i64 + 1);
-            TxnOp::get(start.clone(), Some(options))
-        };
-        let read = Txn::new().and_then(ranges.iter().map(within).collect::<Vec<_>>());
-        self.bounded(async {
-            let answer = self.transact(read).await?;
-            let mut got: Vec<Vec<KeyValue>> = answer
-                .op_responses()
-                .into_iter()
-                .map(|r| match r {
-                    TxnOpResponse::Get(mut got) => got.take_kvs(),
-                    _ => Vec::new(),
-                })
-                .collect();
-            // The histories read are not kept (`keep`) as the condition of
-            // this agent's next write: that would hold every key's here.
-            let histories = got.pop().unwrap_or_default();
-            let named = |under: &str, kvs: Vec<KeyValue>| {
-                let under = under.as_bytes().to_vec();
-                kvs.into_iter().filter_map(move |kv| {
-                    Some((kv.key().strip_prefix(under.as_slice())?.to_vec(), kv))
-                })
-            };
-            let listing::Page { names: page, last } = listing::page(
-                got.into_iter().flat_map(|kvs| named(records_under, kvs)),
-                named(&histories_under, histories),
-                limit,
-            );
-            let leases: HashSet<i64> = page
-                .iter()
-                .filter_map(|(_, found)| Some(found.record.as_ref()?.lease()))
-                .filter(|&id| id != 0)
-                .collect();
-            let left: HashMap<i64, Option<u64>> = futures::stream::iter(leases)
-                .map(|id| async move { (id, self.lease_left(id).await) })
-                .buffer_unordered(LEASES_ASKED_AT_ONCE)
-                .collect()
-                .await;
-            let records = page
-                .into_iter()
-                .filter_map(|(name, found)| {
-                    let read = self.read_listed(&name, &found, &left).transpose()?;
-                    Some(Listed { name, read })
-                })
-                .filter(|listed| listed.belongs_under(prefix))
-                .collect();
-            let next = if let Some(last) = last {
-                // After the page's last name, as bytes: it may be no record's.
-                Some(ListFrom {
-                    page: Some(listing::to_hex(&last)),
-                    after: None,
-                    hashed: from.hashed,
-                })
-            } else {
-                (!from.hashed && !prefix.is_empty()).then(|| ListFrom {
-                    hashed: true,
-                    ..ListFrom::default()
-                })
-            };
-            Ok(ListPage { records, next })
-        })
-        .await
+        self.list_page(prefix, from, limit).await
     }
 
     async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {

@@ -1,0 +1,287 @@
+//! Taking a key: one transaction that creates it on the agent's etcd lease
+//! or reads who has it, and `--force`'s delete-and-create over a holder.
+
+use super::*;
+
+/// How often a forced acquire may find the key taken again between its delete and its create.
+const FORCE_ATTEMPTS: usize = 4;
+
+/// What a force writes: the key's name, its marker's, the record, the
+/// lease, and the event that goes into the key's history.
+#[derive(Clone, Copy)]
+struct Forced<'a> {
+    name: &'a str,
+    marker: &'a str,
+    body: &'a [u8],
+    lease: i64,
+    history: &'a str,
+    event: &'a KeyEvent,
+}
+
+impl EtcdBackend {
+    /// Notes a key granted on `lease`, by requests sent in watch epoch `epoch`.
+    fn granted(
+        &self,
+        spec: &AcquireSpec,
+        lease: EtcdLease,
+        token: u64,
+        epoch: u64,
+        displaced: Option<Displaced>,
+    ) -> Grant {
+        let holder = Holder {
+            token,
+            ..spec.holder.clone()
+        };
+        self.hold(&spec.key, &spec.lease_id, lease.id, token, epoch);
+        Grant {
+            holder,
+            sent: lease.sent,
+            lock: None,
+            displaced,
+        }
+    }
+
+    /// Notes a key held here, and has the watch look after it.
+    pub(super) fn hold(&self, key: &Key, lease_id: &str, etcd_lease: i64, token: u64, epoch: u64) {
+        self.held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(lease_id.to_string(), etcd_lease);
+        self.watched.hold(&self.name(key), token as i64, epoch);
+        // Started by the first holder (or waiter), and kept.
+        let _ = self.release_sender();
+    }
+
+    /// One acquire: create the key with a lease, or read who has it.
+    pub(super) async fn try_acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+        let name = self.name(&spec.key);
+        let marker = self.force_marker(&spec.key);
+        let body = EtcdRecord::new(spec).body();
+        let history_key = self.history_name(&spec.key);
+        if !spec.force && self.seen_held(&name, None) {
+            if let Some(refused) = self.still_held(spec, &name, &marker, &history_key).await? {
+                return Err(refused);
+            }
+        }
+        // Token 0: the grant's own revision (see `history`).
+        let grant = shared::event(EventKind::Granted, &spec.holder, 0, Stamp::agent_now());
+        for _ in 0..FORCE_ATTEMPTS {
+            let lease = self.lease_for(spec.ttl).await?;
+            let epoch = self.watched.epoch();
+            let kept = self.kept(&history_key);
+            let events = kept.after_grant(grant.clone());
+            let create = Txn::new()
+                .when([
+                    Compare::create_revision(name.clone(), CompareOp::Equal, 0),
+                    Compare::create_revision(marker.clone(), CompareOp::Equal, 0),
+                    Compare::mod_revision(history_key.clone(), CompareOp::Equal, kept.revision),
+                ])
+                .and_then([
+                    TxnOp::put(
+                        name.clone(),
+                        body.clone(),
+                        Some(PutOptions::new().with_lease(lease.id)),
+                    ),
+                    TxnOp::put(history_key.clone(), history::body(&events), None),
+                ])
+                .or_else([
+                    TxnOp::get(name.clone(), None),
+                    TxnOp::get(history_key.clone(), None),
+                ]);
+            let answer = match self
+                .connection
+                .call(|mut c| {
+                    let create = create.clone();
+                    async move { c.txn(create).await }
+                })
+                .await
+            {
+                Ok(answer) => answer,
+                Err(Problem::Expected(LeaseGone)) => {
+                    // Gone between its keep-alive and this write (revoked by
+                    // hand, say): the next attempt grants another.
+                    self.sessions.gone(lease.id);
+                    continue;
+                }
+                Err(problem) => {
+                    self.abandon([&name, &marker], &body, lease);
+                    return Err(self.connection.unavailable(problem));
+                }
+            };
+            if answer.succeeded() {
+                self.seen_held(&name, Some(false));
+                let revision = answer.header().map(|h| h.revision()).unwrap_or(0);
+                let events = history::filled(events, revision as u64);
+                self.keep(&history_key, Kept { revision, events });
+                return Ok(self.granted(spec, lease, revision as u64, epoch, None));
+            }
+            let mut read = answer.op_responses().into_iter().map(|r| match r {
+                TxnOpResponse::Get(mut got) => got.take_kvs().into_iter().next(),
+                _ => None,
+            });
+            let (current, history_kv) = (read.next().flatten(), read.next().flatten());
+            let now = self.read_history(&history_key, history_kv.as_ref())?;
+            let incident = shared::last_incident(&now.events);
+            if self.keep(&history_key, now) && current.is_none() {
+                // Only the history had changed since this agent saw it: again.
+                continue;
+            }
+            let Some(current) = current else {
+                // No key, so the force marker: another agent is forcing it
+                // and holds it meanwhile.
+                if !spec.force {
+                    self.seen_held(&name, Some(true));
+                    return Err(BackendError::Held(None, incident));
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            };
+            let record = self.parse(&name, &current)?;
+            // A retried create whose first answer was lost finds its own write.
+            if record.lease_id == spec.lease_id && current.lease() == lease.id {
+                let token = current.create_revision() as u64;
+                return Ok(self.granted(spec, lease, token, epoch, None));
+            }
+            let holder = self.holder_of(&name, &current)?;
+            if !spec.force {
+                self.seen_held(&name, Some(true));
+                return Err(BackendError::Held(Some(Box::new(holder)), incident));
+            }
+            let mut event = grant.clone();
+            event.kind = if spec.breaking {
+                EventKind::Broken
+            } else {
+                EventKind::Forced
+            };
+            event.from_token = Some(current.create_revision() as u64);
+            let forced = Forced {
+                name: &name,
+                marker: &marker,
+                body: &body,
+                lease: lease.id,
+                history: &history_key,
+                event: &event,
+            };
+            let displaced = Displaced {
+                token: holder.token,
+                ttl: Duration::from_millis(record.ttl_ms),
+                holder: Some(holder),
+                lock: None,
+            };
+            match self.take_over(&forced, &current).await {
+                Ok(Some(token)) => {
+                    let grant = self.granted(spec, lease, token, epoch, Some(displaced));
+                    return Ok(grant);
+                }
+                Ok(None) => {}
+                Err(err) => {
+                    self.abandon([&name, &marker], &body, lease);
+                    return Err(err);
+                }
+            }
+        }
+        Err(BackendError::Unavailable(format!(
+            "{name} in {}: taken again {FORCE_ATTEMPTS} times while forcing it; try again",
+            self.description
+        )))
+    }
+
+    /// `--force`, in two transactions, as etcd allows no put and delete of
+    /// one key in one: the key, if still as read, is deleted and the force
+    /// marker put in its place (on the forcer's lease, so that it expires
+    /// if the forcer dies), then the key is created and the marker deleted.
+    /// Between the two, a waiter woken by the delete finds the marker and is
+    /// told the key is held: only the forcer can take it. The old holder's
+    /// lease is not revoked (it is its agent's, shared by its other keys):
+    /// its agent's watch sees the delete, or its next renewal reads the key.
+    /// `Ok(None)`: the key changed meanwhile; read it again.
+    async fn take_over(
+        &self,
+        forced: &Forced<'_>,
+        current: &KeyValue,
+    ) -> Result<Option<u64>, BackendError> {
+        let Forced {
+            name,
+            marker,
+            body,
+            lease,
+            history,
+            event,
+        } = *forced;
+        let with_lease = || Some(PutOptions::new().with_lease(lease));
+        let delete = Txn::new()
+            .when([
+                Compare::mod_revision(name, CompareOp::Equal, current.mod_revision()),
+                Compare::create_revision(marker, CompareOp::Equal, 0),
+            ])
+            .and_then([
+                TxnOp::delete(name, None),
+                TxnOp::put(marker, body, with_lease()),
+                TxnOp::get(history, None),
+            ]);
+        let deleted = self.transact(delete).await?;
+        if !deleted.succeeded() {
+            return Ok(None);
+        }
+        // The history as the delete saw it: only the forcer, holding the
+        // marker, writes it before the key is created again.
+        let history_kv = deleted.op_responses().into_iter().find_map(|r| match r {
+            TxnOpResponse::Get(mut got) => got.take_kvs().into_iter().next(),
+            _ => None,
+        });
+        let kept = self.read_history(history, history_kv.as_ref())?;
+        let mut events = kept.events.clone();
+        shared::push(&mut events, event.clone());
+        let create = Txn::new()
+            .when([
+                Compare::value(marker, CompareOp::Equal, body),
+                Compare::create_revision(name, CompareOp::Equal, 0),
+                Compare::mod_revision(history, CompareOp::Equal, kept.revision),
+            ])
+            .and_then([
+                TxnOp::put(name, body, with_lease()),
+                TxnOp::delete(marker, None),
+                TxnOp::put(history, history::body(&events), None),
+            ])
+            // Only an agent of an older version, which knows no marker, can
+            // have created the key (or written no history) meanwhile: give
+            // the marker up, read again.
+            .or_else([TxnOp::delete(marker, None)]);
+        let created = self.transact(create).await?;
+        if !created.succeeded() {
+            return Ok(None);
+        }
+        let revision = created.header().map(|h| h.revision()).unwrap_or(0);
+        let events = history::filled(events, revision as u64);
+        self.keep(history, Kept { revision, events });
+        Ok(Some(revision as u64))
+    }
+
+    /// Deletes, in the background, the key an acquire may have written
+    /// before its answer was lost: if it landed, nobody was told. Only that
+    /// very write is deleted (its body names the attempt's lease id).
+    /// A force's marker too (same body): the shared lease would keep it.
+    fn abandon(&self, names: [&str; 2], body: &[u8], lease: EtcdLease) {
+        let deletes = names.map(|name| {
+            Txn::new()
+                .when([
+                    Compare::value(name, CompareOp::Equal, body),
+                    Compare::lease(name, CompareOp::Equal, lease.id),
+                ])
+                .and_then([TxnOp::delete(name, None)])
+        });
+        let connection = self.connection.clone();
+        tokio::spawn(async move {
+            for delete in deletes {
+                let _ = tokio::time::timeout(
+                    TIMEOUTS.operation,
+                    connection.call(|mut c| {
+                        let delete = delete.clone();
+                        async move { c.txn(delete).await }
+                    }),
+                )
+                .await;
+            }
+        });
+    }
+}
