@@ -71,16 +71,20 @@ pub(super) fn flock_blocker(file: &File) -> Blocker {
     let Ok(meta) = file.metadata() else {
         return Blocker::default();
     };
-    let Ok(table) = std::fs::read_to_string("/proc/locks") else {
-        return Blocker::default();
-    };
     let device = format!(
         "{:02x}:{:02x}:{}",
         libc::major(meta.dev()),
         libc::minor(meta.dev()),
         meta.ino()
     );
-    match holder_in(&table, &device) {
+    // The kernel hands the table out a page at a time, and a lock taken or
+    // dropped meanwhile shifts the rest: on a busy host one read can skip
+    // the very line asked for. A few reads find it.
+    let holder = (0..3).find_map(|_| {
+        let table = std::fs::read_to_string("/proc/locks").ok()?;
+        holder_in(&table, &device)
+    });
+    match holder {
         // The kernel shows 0 once the process that took the lock is gone.
         Some(0) => Blocker {
             exited: true,
