@@ -25,8 +25,9 @@
 //! The directory is opened once and every name is looked up relative to it
 //! (`openat`, `renameat`, `fstatat`) with `O_NOFOLLOW`: the agent runs as root
 //! for every user of its socket, so a link planted where a lock file belongs
-//! is refused, never followed out of the directory. A directory that anyone
-//! but root and the agent's user could change is refused at start.
+//! is refused, never followed out of the directory (`dir.rs`). A directory
+//! that anyone but root and the agent's user could change is refused at start.
+//! `view.rs` is what `history`, `inspect` and `list` show.
 //!
 //! Nothing here is for the socket's members: the directory is 0700 and its
 //! files 0600 (a run is handed its lock as a descriptor, and never opens a
@@ -37,12 +38,14 @@
 //! process in the way where the kernel tells.
 
 mod blocker;
+mod dir;
 mod errors;
 mod record;
 mod settings;
 #[cfg(test)]
 mod tests;
 mod transport;
+mod view;
 
 use super::history::{self, Stamp};
 use super::key_name;
@@ -193,122 +196,6 @@ enum Refused {
 }
 
 impl Inner {
-    /// A name in the lock directory, for messages.
-    fn path(&self, name: &str) -> PathBuf {
-        self.dir.join(name)
-    }
-
-    /// The open lock directory; reopened (and checked again) from its path if
-    /// it was deleted, so that runs go on once it is back.
-    fn dir(&self) -> Result<Arc<File>, BackendError> {
-        // invariant: nothing panics while holding this lock
-        let mut dir = self.dir_fd.lock().unwrap_or_else(|e| e.into_inner());
-        let gone = dir
-            .metadata()
-            .map_err(|e| self.io_error("checking", "", e))?
-            .nlink()
-            == 0;
-        if gone {
-            let reopened =
-                open_dir(&self.dir).map_err(|e| BackendError::Unavailable(format!("{e:#}")))?;
-            *dir = Arc::new(reopened);
-        }
-        Ok(dir.clone())
-    }
-
-    /// Opens `name` in `dir`, which must exist (see [`Inner::try_open`]).
-    fn open(&self, dir: &File, name: &str, flags: OFlag) -> Result<File, BackendError> {
-        self.try_open(dir, name, flags)?
-            .ok_or_else(|| self.io_error("opening", name, nix::errno::Errno::ENOENT))
-    }
-
-    /// Opens `name` in `dir` (created 0600 with `O_CREAT`), never through a
-    /// link; `Ok(None)` when it does not exist. A link, or anything but a
-    /// plain file with one name, is `Corrupt`: that key stays unusable until
-    /// a person removes it, and nothing outside the directory is touched. A
-    /// file wider than 0600 (an earlier layout's 0640) is tightened.
-    fn try_open(&self, dir: &File, name: &str, flags: OFlag) -> Result<Option<File>, BackendError> {
-        let fd = nix::fcntl::openat(
-            Some(dir.as_raw_fd()),
-            name,
-            flags | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(FILE_MODE),
-        );
-        let fd = match fd {
-            Ok(fd) => fd,
-            Err(nix::errno::Errno::ENOENT) => return Ok(None),
-            Err(nix::errno::Errno::ELOOP) => {
-                return Err(BackendError::Corrupt(format!(
-                    "{} is a symbolic link, which runlock never follows; remove it",
-                    self.path(name).display()
-                )))
-            }
-            Err(err) => return Err(self.io_error("opening", name, err)),
-        };
-        // SAFETY: openat just returned this descriptor and nothing else owns it.
-        let file = unsafe { File::from_raw_fd(fd) };
-        let meta = file
-            .metadata()
-            .map_err(|e| self.io_error("checking", name, e))?;
-        if !meta.file_type().is_file() || meta.nlink() != 1 {
-            return Err(BackendError::Corrupt(format!(
-                "{} is not a plain file with one name (a hard link, a directory or a device); \
-                 remove it",
-                self.path(name).display()
-            )));
-        }
-        let mode = meta.mode() & 0o7777;
-        if mode & !FILE_MODE != 0 {
-            nix::sys::stat::fchmod(file.as_raw_fd(), Mode::from_bits_truncate(mode & FILE_MODE))
-                .map_err(|e| self.io_error("restricting the mode of", name, e))?;
-        }
-        Ok(Some(file))
-    }
-
-    /// Whether `name` in `dir` is still `file` (not replaced by a force, or removed).
-    fn same_inode(&self, dir: &File, file: &File, name: &str) -> Result<bool, BackendError> {
-        let ours = file
-            .metadata()
-            .map_err(|e| self.io_error("checking", name, e))?;
-        match nix::sys::stat::fstatat(Some(dir.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-            Ok(theirs) => Ok(ours.ino() == theirs.st_ino && ours.dev() == theirs.st_dev),
-            Err(nix::errno::Errno::ENOENT) => Ok(false),
-            Err(err) => Err(self.io_error("checking", name, err)),
-        }
-    }
-
-    /// The gate, locked shared (plain acquisitions) or exclusive (force).
-    /// `None` when `.force.lock` is not a plain file (a planted link): a
-    /// force is refused, and a plain acquisition goes ahead without it, as
-    /// no agent can force through that gate, so none needs ordering against.
-    fn open_gate(&self, dir: &File, exclusive: bool) -> Result<Option<File>, BackendError> {
-        let gate = match self.open(dir, GATE_FILE, OFlag::O_RDWR | OFlag::O_CREAT) {
-            Ok(gate) => gate,
-            Err(BackendError::Corrupt(why)) if !exclusive => {
-                tracing::warn!("{why}; every --force is refused until it is removed");
-                return Ok(None);
-            }
-            Err(err) => return Err(err),
-        };
-        let kind = if exclusive {
-            libc::F_WRLCK
-        } else {
-            libc::F_RDLCK
-        };
-        let locked = ofd_lock_within(&gate, kind, GATE_WAIT)
-            .map_err(|e| self.io_error("locking", GATE_FILE, e))?;
-        if !locked {
-            return Err(BackendError::Unavailable(format!(
-                "the force gate {} has been locked by another process for {} ({}); \
-                 runlock's agents hold it for milliseconds",
-                self.path(GATE_FILE).display(),
-                humantime::format_duration(GATE_WAIT),
-                blocker::range_blocker(&gate, kind),
-            )));
-        }
-        Ok(Some(gate))
-    }
-
     fn remember(&self, lease_id: &str, lock: File, agent_id: &str) {
         let held = Held {
             lock,
@@ -700,175 +587,6 @@ impl Inner {
             },
             ttl,
         })
-    }
-
-    fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
-        let name = file_name(key);
-        let dir = self.dir()?;
-        let Some(file) = self.try_open(&dir, &name, OFlag::O_RDONLY)? else {
-            return Ok(Vec::new());
-        };
-        let record =
-            read_record_settled(&file, |_| true).map_err(|e| self.io_error("reading", &name, e))?;
-        Ok(record.map(|r| r.history).unwrap_or_default())
-    }
-
-    fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
-        let name = file_name(key);
-        let dir = self.dir()?;
-        let Some(file) = self.try_open(&dir, &name, OFlag::O_RDONLY)? else {
-            return Ok(KeyRecord::free(key, Scope::Host));
-        };
-        match read_record_settled(&file, |_| true)
-            .map_err(|e| self.io_error("reading", &name, e))?
-        {
-            Some(record) => self.shown(&dir, key, record),
-            None => Ok(KeyRecord::free(key, Scope::Host)),
-        }
-    }
-
-    /// `record`, the record of `key`, as `inspect` reports it.
-    fn shown(&self, dir: &File, key: &Key, record: FileRecord) -> Result<KeyRecord, BackendError> {
-        let mut answer = KeyRecord::free(key, Scope::Host);
-        answer.token = record.token;
-        answer.incident = history::last_incident(&record.history);
-        if record.state != KeyState::Held {
-            return Ok(answer);
-        }
-        // A record left held by a run that ended with no agent to tell: the
-        // lock says whether anyone still holds the key. Shared, and only for
-        // an instant, so it never stands in a holder's way for long.
-        let lock_name = lock_name(key);
-        let locked = match self.try_open(dir, &lock_name, OFlag::O_RDONLY)? {
-            Some(lock) => {
-                let free = flock(&lock, libc::LOCK_SH | libc::LOCK_NB)
-                    .map_err(|e| self.io_error("checking", &lock_name, e))?;
-                !free
-            }
-            None => false,
-        };
-        if locked {
-            answer.state = KeyState::Held;
-            answer.holder = record.holder;
-        }
-        Ok(answer)
-    }
-
-    /// A page of the records whose names `from` lists, in name order (a
-    /// key's name without `.lock`, so that its slots follow it).
-    fn list(&self, prefix: &str, from: &ListFrom, limit: usize) -> Result<ListPage, BackendError> {
-        let Some(wanted) = key_name::listed_names(prefix, from.hashed) else {
-            return Ok(ListPage::default());
-        };
-        let dir = self.dir()?;
-        let mut names = self.record_names(&dir, &wanted, from.after.as_deref())?;
-        names.sort_unstable();
-        let mut records = Vec::new();
-        let mut last = None;
-        for name in names {
-            if records.len() == limit {
-                let next = ListFrom {
-                    after: last,
-                    ..from.clone()
-                };
-                return Ok(ListPage {
-                    records,
-                    next: Some(next),
-                });
-            }
-            let read = self.read_listed(&dir, &name);
-            last = Some(name.clone());
-            let listed = match read {
-                Ok(None) => continue, // removed since the directory was read
-                Ok(Some(view)) => Listed {
-                    name,
-                    read: Ok(view),
-                },
-                Err(why) => Listed {
-                    name,
-                    read: Err(why),
-                },
-            };
-            if listed.belongs_under(prefix) {
-                records.push(listed);
-            }
-        }
-        let next = (!from.hashed && !prefix.is_empty()).then(|| ListFrom {
-            hashed: true,
-            ..ListFrom::default()
-        });
-        Ok(ListPage { records, next })
-    }
-
-    /// The names (without `.lock`) of the records that start with `wanted`,
-    /// after `after`, unsorted.
-    fn record_names(
-        &self,
-        dir: &File,
-        wanted: &str,
-        after: Option<&str>,
-    ) -> Result<Vec<String>, BackendError> {
-        let mut listing = nix::dir::Dir::openat(
-            Some(dir.as_raw_fd()),
-            ".",
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| self.io_error("listing", "", e))?;
-        let mut names = Vec::new();
-        for entry in listing.iter() {
-            let entry = entry.map_err(|e| self.io_error("listing", "", e))?;
-            let Ok(name) = entry.file_name().to_str() else {
-                continue; // not a name this backend writes
-            };
-            let Some(stem) = name.strip_suffix(".lock") else {
-                continue;
-            };
-            // Our own dot files (the force gate) are no key's.
-            if stem.starts_with('.') || !stem.starts_with(wanted) {
-                continue;
-            }
-            if after.is_some_and(|after| stem <= after) {
-                continue;
-            }
-            names.push(stem.to_string());
-        }
-        Ok(names)
-    }
-
-    /// The record named `name` as `inspect` reports it, with its history;
-    /// `Ok(None)` when it is gone; `Err` says why it cannot be read.
-    fn read_listed(
-        &self,
-        dir: &File,
-        name: &str,
-    ) -> Result<Option<(KeyRecord, Vec<KeyEvent>)>, String> {
-        let file_name = format!("{name}.lock");
-        let Some(file) = self
-            .try_open(dir, &file_name, OFlag::O_RDONLY)
-            .map_err(|e| e.to_string())?
-        else {
-            return Ok(None);
-        };
-        let record = read_record_settled(&file, |_| true)
-            .map_err(|e| self.io_error("reading", &file_name, e).to_string())?
-            .ok_or_else(|| format!("{} is not a lock record", self.path(&file_name).display()))?;
-        let key = Key::parse_record(&record.key).map_err(|e| {
-            format!(
-                "{} names no valid key: {e}",
-                self.path(&file_name).display()
-            )
-        })?;
-        if transport::file_name(&key) != file_name {
-            return Err(format!(
-                "{} holds the record of another key, {:?}",
-                self.path(&file_name).display(),
-                key.logged()
-            ));
-        }
-        let history = record.history.clone();
-        let shown = self.shown(dir, &key, record).map_err(|e| e.to_string())?;
-        Ok(Some((shown, history)))
     }
 }
 
