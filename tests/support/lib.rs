@@ -1,5 +1,5 @@
 //! The harness the integration tests (`tests/main.rs`) and the bench
-//! (`tests/bench.rs`) share: the real binaries (built once), agents on
+//! (`tests/bench/`) share: the real binaries (built once), agents on
 //! temporary sockets, shim runs with their output, and a protocol client
 //! (runlock-client's) that shows what the agent says as it is. A run's exit
 //! is checked against the shim's own exit codes (`runlock_shim::exit`).
