@@ -231,7 +231,9 @@ async fn a_members_orphaned_run_is_stopped_when_its_lease_is_broken_or_forced() 
 /// process on the machine forks in between, so this tries a few times.
 fn roots_sleeper_with_pid(want: u32) -> Result<Child> {
     const LAST_PID: &str = "/proc/sys/kernel/ns_last_pid";
-    for _ in 0..50 {
+    // Every process the suite starts meanwhile competes for the pid: with
+    // the whole suite running, 50 tries once all lost (CI at 17aed35).
+    for _ in 0..1000 {
         let last = std::fs::read_to_string(LAST_PID).context("reading ns_last_pid")?;
         std::fs::write(LAST_PID, (want - 1).to_string()).context("writing ns_last_pid")?;
         let child = roots_sleeper(None);
@@ -243,7 +245,7 @@ fn roots_sleeper_with_pid(want: u32) -> Result<Child> {
             return Ok(child);
         }
     }
-    bail!("pid {want} was taken by other processes 50 times in a row")
+    bail!("pid {want} was taken by other processes 1000 times in a row")
 }
 
 /// Root's new process has nobody's old pid, group and session: only its
