@@ -7,7 +7,7 @@ use crate::support::client::{acquire, RawClient};
 use crate::support::rewriting_proxy::{Canned, RequestHead, RewritingProxy};
 use crate::support::run::HOLD;
 use crate::support::stores::{unique_name, Azure, Etcd, Gcs, Postgres, Space, Store, RECORDS, S3};
-use crate::support::{host_name, AgentOptions, TestAgent};
+use crate::support::{host_name, AgentOptions, Deadline, TestAgent, WAIT};
 use anyhow::{ensure, Context, Result};
 use runlock_protocol::{AgentMessage, ClientMessage, ErrorCode};
 use serde_json::Value;
@@ -121,7 +121,7 @@ async fn keys_on_two_hosts(a: &TestAgent, b: &TestAgent, ttl_ms: u64) -> Result<
         "{slots}"
     );
 
-    // A refusal is the refusing agent's to tell: the store records none.
+    // A refusal is the refusing agent's to tell: its report tells the fleet.
     b.run(&["list/a"], &[], "true")?
         .finish()
         .await?
@@ -139,20 +139,60 @@ async fn keys_on_two_hosts(a: &TestAgent, b: &TestAgent, ttl_ms: u64) -> Result<
             };
             match client.call(request).await? {
                 AgentMessage::Keys { keys, .. } => Ok::<_, anyhow::Error>(
-                    keys.into_iter()
-                        .flat_map(|k| k.refused_here)
-                        .collect::<Vec<_>>(),
+                    keys.into_iter().flat_map(|k| k.refused).collect::<Vec<_>>(),
                 ),
                 other => anyhow::bail!("list_keys: {other:?}"),
             }
         }
     };
     let through_b = refused(b).await?;
+    let host = host_name()?;
     ensure!(
-        through_b.len() == 1 && through_b[0].user == "root" && through_b[0].waited_ms == 0,
+        through_b.len() == 1
+            && through_b[0].user == "root"
+            && through_b[0].waited_ms == 0
+            && through_b[0].host == host,
         "{through_b:?}"
     );
-    ensure!(refused(a).await?.is_empty(), "A refused nothing");
+    // A has nothing to report, and learns of B's refusal from B's report.
+    let deadline = Deadline::new(WAIT, "B's refusal listed through A");
+    while refused(a).await? != through_b {
+        deadline.tick().await?;
+    }
+
+    // So with a run waiting through B, while it waits and no longer.
+    let mut waiter = b.run(&["list/a"], &["--wait", "5m"], "true")?;
+    let waiters_through_a = || async {
+        let listing = list_json(a, &["list/a"]).await?;
+        let key = listed(&listing, "list/a").context("list/a")?;
+        Ok::<_, anyhow::Error>(key["waiters"].as_array().cloned().unwrap_or_default())
+    };
+    let deadline = Deadline::new(WAIT, "B's waiter listed through A");
+    let waiters = loop {
+        let waiters = waiters_through_a().await?;
+        if !waiters.is_empty() {
+            break waiters;
+        }
+        deadline.tick().await?;
+    };
+    ensure!(
+        waiters.len() == 1
+            && waiters[0]["host"] == host.as_str()
+            && waiters[0]["user"] == "root"
+            && waiters[0]["pid"].as_u64() == Some(u64::from(waiter.pid()?)),
+        "{waiters:?}"
+    );
+    let table = a.runlock_output(&["list", "list/a"]).await?;
+    ensure!(
+        table.stdout.contains("held +1"),
+        "the waiter counted: {table:?}"
+    );
+    waiter.signal(nix::sys::signal::Signal::SIGTERM)?;
+    waiter.finish().await?;
+    let deadline = Deadline::new(WAIT, "B's waiter gone from the listing through A");
+    while !waiters_through_a().await?.is_empty() {
+        deadline.tick().await?;
+    }
 
     // A prefix, and free keys with `--all`.
     let under = list_json(b, &["list/"]).await?;
@@ -301,6 +341,11 @@ async fn an_unreadable_record_is_listed_with_its_name_not_dropped(store: impl St
     Ok(())
 }
 
+/// Whether `head` lists lock records (not the agents' reports beside them).
+fn lists_records(head: &RequestHead) -> bool {
+    is_listing(head) && head.target.contains("locks")
+}
+
 /// Whether `head` asks the store for a listing of object names.
 fn is_listing(head: &RequestHead) -> bool {
     head.method == "GET"
@@ -322,7 +367,7 @@ async fn a_page_that_fails_says_which_and_the_pages_before_it_are_shown(
     let answer = {
         let listings = listings.clone();
         Arc::new(move |head: &RequestHead| {
-            if !is_listing(head) || listings.fetch_add(1, Ordering::SeqCst) == 0 {
+            if !lists_records(head) || listings.fetch_add(1, Ordering::SeqCst) == 0 {
                 return None;
             }
             Some(Canned {

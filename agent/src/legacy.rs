@@ -18,7 +18,7 @@
 use crate::backend::postgres::{Kept, Settings};
 use crate::backend::{
     redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant,
-    LeaseRef, Outsider, ProfiledBackend, Renewed,
+    LeaseRef, Outsider, ProfiledBackend, Renewed, ReportName, StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord};
@@ -349,6 +349,18 @@ impl Backend for MeltanoGuard {
         displaced: &Displaced,
     ) -> Result<bool, BackendError> {
         self.inner.displaced_stopped(key, displaced).await
+    }
+
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+        self.inner.put_report(agent, body).await
+    }
+
+    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+        self.inner.reports().await
+    }
+
+    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+        self.inner.remove_report(agent).await
     }
 }
 

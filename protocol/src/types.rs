@@ -272,18 +272,46 @@ pub struct KeyListing {
     /// How many acquires wait for the key through the answering agent.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub waiting_here: u32,
-    /// The acquires the answering agent refused because the key was held,
-    /// at or after the request's `events_since_ms`, oldest first (the store
-    /// records no refusal: other agents' are not here).
+    /// The acquires waiting for the key through any agent, as the agents'
+    /// reports in the store last said (the answering agent's: as they are
+    /// now), longest waiting first, at most [`MAX_LISTED_WAITERS`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub refused_here: Vec<Refusal>,
+    pub waiters: Vec<Waiter>,
+    /// The acquires any agent refused because the key was held, at or after
+    /// the request's `events_since_ms`, as the agents' reports say, oldest
+    /// first, at most [`MAX_LISTED_REFUSALS`] (the newest).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub refused: Vec<Refusal>,
+}
+
+/// A listing names at most this many waiters of one key.
+pub const MAX_LISTED_WAITERS: usize = 64;
+/// And at most this many of its refusals.
+pub const MAX_LISTED_REFUSALS: usize = 256;
+
+/// An acquire waiting for a key held elsewhere.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Waiter {
+    /// The host of the agent it waits through.
+    pub host: String,
+    /// The uid of the waiting client.
+    pub uid: u32,
+    /// Its user name.
+    pub user: String,
+    /// Its pid.
+    pub pid: u32,
+    /// Since when it waits, by its agent's clock (ms since the epoch).
+    pub since_ms: u64,
 }
 
 /// An acquire refused because its key was held: at once, or after its wait.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refusal {
-    /// When, by the answering agent's clock (ms since the epoch).
+    /// When, by the refusing agent's clock (ms since the epoch).
     pub at_ms: u64,
+    /// The host of the agent that refused it.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub host: String,
     /// The uid of the client refused.
     pub uid: u32,
     /// Its user name.

@@ -3,11 +3,11 @@
 use super::history::{self, Before, Stamp};
 use super::{
     AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced, Ending, Grant,
-    LeaseRef, ListFrom, ListPage, Listed, Profile, Profiled, Renewed,
+    LeaseRef, ListFrom, ListPage, Listed, Profile, Profiled, Renewed, ReportName, StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -28,6 +28,7 @@ struct Record {
 #[derive(Default)]
 pub struct MemoryBackend {
     keys: Mutex<HashMap<Key, Record>>,
+    reports: Mutex<BTreeMap<ReportName, Vec<u8>>>,
 }
 
 impl MemoryBackend {
@@ -35,6 +36,11 @@ impl MemoryBackend {
         // invariant: no code panics while holding this lock, so it is never poisoned
         let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         f(keys.entry(key.clone()).or_default())
+    }
+
+    fn reports(&self) -> std::sync::MutexGuard<'_, BTreeMap<ReportName, Vec<u8>>> {
+        // invariant: no code panics while holding this lock, so it is never poisoned
+        self.reports.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -184,6 +190,24 @@ impl Backend for MemoryBackend {
             _ => None,
         };
         Ok(ListPage { records, next })
+    }
+
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+        self.reports().insert(agent.clone(), body);
+        Ok(())
+    }
+
+    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+        let reports = MemoryBackend::reports(self);
+        Ok(reports
+            .iter()
+            .map(|(agent, body)| StoredReport::read(agent.clone(), body.clone()))
+            .collect())
+    }
+
+    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+        self.reports().remove(agent);
+        Ok(())
     }
 }
 

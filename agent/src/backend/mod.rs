@@ -15,6 +15,7 @@ mod open;
 mod options;
 pub mod postgres;
 mod record;
+mod report;
 pub(crate) mod retry;
 mod secret;
 #[cfg(feature = "test-support")]
@@ -32,6 +33,7 @@ pub use options::{
 };
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresBackend;
+pub use report::{ReportName, StoredReport, MAX_REPORT_LEN};
 pub use secret::Secret;
 pub use uri::redact_uri;
 pub(crate) use uri::split_userinfo;
@@ -434,4 +436,12 @@ pub trait Backend: Send + Sync + 'static {
         key: &Key,
         displaced: &Displaced,
     ) -> Result<bool, BackendError>;
+    /// Writes this agent's report (what it alone knows: its waiters and
+    /// refusals) over the one it wrote before, whatever that was.
+    async fn put_report(&self, agent_id: &ReportName, body: Vec<u8>) -> Result<(), BackendError>;
+    /// Every agent's report the store keeps, as written. A report that
+    /// cannot be read is listed with why; a failing store request fails all.
+    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError>;
+    /// Removes an agent's report: one that has said nothing for a day.
+    async fn remove_report(&self, agent_id: &ReportName) -> Result<(), BackendError>;
 }

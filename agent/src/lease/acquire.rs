@@ -159,13 +159,16 @@ impl Registry {
     fn note_refusal(&self, key: &Key, peer: PeerCred, user: &str, waited: Duration) {
         let refusal = runlock_protocol::Refusal {
             at_ms: history::Stamp::agent_now().at_ms,
+            host: self.identity.host.clone(),
             uid: peer.uid,
             user: user.to_string(),
             pid: peer.pid,
             waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
         };
         let base = Key::new(key.split_slot().0).unwrap_or_else(|_| key.clone());
-        self.state().refusals.note(base, refusal);
+        let mut state = self.state();
+        state.refusals.note(base, refusal);
+        state.report_changed();
     }
 
     /// Adopts leases taken through an agent that has stopped, once the backend
@@ -249,7 +252,7 @@ impl Registry {
         deadline: Instant,
         cancel: &CancellationToken,
     ) -> Result<Taken, LeaseError> {
-        let place = self.enqueue(&key, req.slots);
+        let mut place = self.enqueue(&key, req.slots, holder);
         let cap = self.policy.poll_interval;
         let mut poll = POLL_START.min(cap);
         // Set at the first wait, dropped with the answer: the waiters gauge.
@@ -322,6 +325,7 @@ impl Registry {
                 });
             }
             waiting.get_or_insert_with(|| Waiting::begin(&*self.observer));
+            place.waits();
             // A local release wakes us at once; polling finds holders on other agents.
             tokio::select! {
                 _ = place.notify.notified() => {}
@@ -462,15 +466,25 @@ impl Registry {
         }
     }
 
-    fn enqueue(&self, key: &Key, slots: u32) -> Place<'_> {
+    fn enqueue(&self, key: &Key, slots: u32, holder: &Holder) -> Place<'_> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let notify = Arc::new(Notify::new());
-        self.state().queues.join(key, id, notify.clone(), slots);
+        let who = runlock_protocol::Waiter {
+            host: self.identity.host.clone(),
+            uid: holder.uid,
+            user: holder.user.clone(),
+            pid: holder.pid,
+            since_ms: history::Stamp::agent_now().at_ms,
+        };
+        self.state()
+            .queues
+            .join(key, id, notify.clone(), slots, who);
         Place {
             registry: self,
             key: key.clone(),
             id,
             notify,
+            reported: false,
         }
     }
 
@@ -609,11 +623,29 @@ struct Place<'a> {
     key: Key,
     id: u64,
     notify: Arc<Notify>,
+    /// It has waited: the agent's report lists it, until it leaves.
+    reported: bool,
+}
+
+impl Place<'_> {
+    /// The acquire waits for a holder: the agent's report says so.
+    fn waits(&mut self) {
+        if !self.reported {
+            let mut state = self.registry.state();
+            state.queues.waits(&self.key, self.id);
+            state.report_changed();
+            self.reported = true;
+        }
+    }
 }
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
-        self.registry.state().queues.leave(&self.key, self.id);
+        let mut state = self.registry.state();
+        state.queues.leave(&self.key, self.id);
+        if self.reported {
+            state.report_changed();
+        }
     }
 }
 
@@ -757,6 +789,22 @@ mod tests {
             displaced: &crate::backend::Displaced,
         ) -> Result<bool, BackendError> {
             self.store.displaced_stopped(key, displaced).await
+        }
+        async fn put_report(
+            &self,
+            agent: &crate::backend::ReportName,
+            body: Vec<u8>,
+        ) -> Result<(), BackendError> {
+            self.store.put_report(agent, body).await
+        }
+        async fn reports(&self) -> Result<Vec<crate::backend::StoredReport>, BackendError> {
+            self.store.reports().await
+        }
+        async fn remove_report(
+            &self,
+            agent: &crate::backend::ReportName,
+        ) -> Result<(), BackendError> {
+            self.store.remove_report(agent).await
         }
     }
 

@@ -4,6 +4,7 @@
 //! back as `inspect` reads them.
 
 use super::error::LeaseError;
+use super::fleet::Fleet;
 use super::registry::Registry;
 use super::state::ConnId;
 use crate::backend::{ListFrom, Listed};
@@ -59,6 +60,7 @@ impl Registry {
             None => ListFrom::default(),
         };
         let viewer = self.viewer(conn);
+        let fleet = self.fleet().await;
         let mut room = MAX_FRAME_LEN - REPLY_HEADROOM;
         let mut keys = Vec::new();
         for _ in 0..STORE_PAGES_PER_REPLY {
@@ -70,7 +72,7 @@ impl Registry {
             let mut consumed = from.after.clone();
             for listed in page.records {
                 let name = listed.name.clone();
-                if let Some(listing) = self.listing(listed, &query, viewer).await? {
+                if let Some(listing) = self.listing(listed, &query, viewer, &fleet).await? {
                     let size = encoded_len(&listing);
                     if size > room || keys.len() == MAX_KEYS_PER_PAGE {
                         // This page of the store goes on after the last key sent.
@@ -111,6 +113,7 @@ impl Registry {
         listed: Listed,
         query: &KeysQuery,
         viewer: Viewer,
+        fleet: &Fleet,
     ) -> Result<Option<KeyListing>, LeaseError> {
         let (record, history) = match listed.read {
             Ok(read) => read,
@@ -153,24 +156,16 @@ impl Registry {
                 .collect(),
             None => Vec::new(),
         };
-        let (waiting_here, refused_here) = {
-            let state = self.state();
-            let refused = match query.events_since_ms {
-                Some(since) => state.refusals.of(&key, since),
-                None => Vec::new(),
-            };
-            (
-                u32::try_from(state.queues.len(&key)).unwrap_or(u32::MAX),
-                refused,
-            )
-        };
+        let waiting_here = u32::try_from(self.state().queues.len(&key)).unwrap_or(u32::MAX);
+        let (waiters, refused) = self.fleet_of(fleet, &key, query.events_since_ms);
         Ok(Some(KeyListing {
             key: key.to_string(),
             record: Some(self.shown_record(record, viewer)),
             unreadable: None,
             events,
             waiting_here,
-            refused_here,
+            waiters,
+            refused,
         }))
     }
 
@@ -192,7 +187,8 @@ fn unreadable(name: &impl std::fmt::Display, why: &str) -> KeyListing {
         unreadable: Some(shown::cut(why, shown::MAX_NAME_LEN * 4)),
         events: Vec::<KeyEvent>::new(),
         waiting_here: 0,
-        refused_here: Vec::new(),
+        waiters: Vec::new(),
+        refused: Vec::new(),
     }
 }
 

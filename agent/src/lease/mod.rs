@@ -12,9 +12,11 @@
 //! `observer::Observer` (the agent's metrics), whom it does not know.
 
 mod acquire;
+mod agent_report;
 mod displaced;
 mod error;
 mod event;
+mod fleet;
 mod listing;
 mod loss;
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! For a key with N slots the first N in line may try at once (each may find
 //! a slot of its own); a plain key's head tries alone.
 
-use runlock_protocol::Key;
+use runlock_protocol::{Key, Waiter as Who};
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use tokio::sync::Notify;
@@ -13,6 +13,10 @@ struct Waiter {
     notify: Arc<Notify>,
     /// The slots its request asked: how near the front it must be to try.
     slots: u32,
+    /// Who waits, since when: for listings across the fleet…
+    who: Who,
+    /// …once it waits for a holder (until then, it is only trying).
+    waits: bool,
 }
 
 /// Every key's queue of local waiters, head first.
@@ -20,13 +24,24 @@ struct Waiter {
 pub(super) struct Queues(HashMap<Key, VecDeque<Waiter>>);
 
 impl Queues {
-    /// Puts waiter `id`, asking `slots`, at the back of `key`'s queue;
-    /// `notify` wakes it.
-    pub(super) fn join(&mut self, key: &Key, id: u64, notify: Arc<Notify>, slots: u32) {
-        self.0
-            .entry(key.clone())
-            .or_default()
-            .push_back(Waiter { id, notify, slots });
+    /// Puts waiter `id`, `who` asking `slots`, at the back of `key`'s
+    /// queue; `notify` wakes it.
+    pub(super) fn join(&mut self, key: &Key, id: u64, notify: Arc<Notify>, slots: u32, who: Who) {
+        self.0.entry(key.clone()).or_default().push_back(Waiter {
+            id,
+            notify,
+            slots,
+            who,
+            waits: false,
+        });
+    }
+
+    /// Waiter `id` waits for a holder of `key`.
+    pub(super) fn waits(&mut self, key: &Key, id: u64) {
+        let queue = self.0.get_mut(key).into_iter().flatten();
+        for waiter in queue.filter(|w| w.id == id) {
+            waiter.waits = true;
+        }
     }
 
     /// Whether waiter `id` is near enough the front of `key`'s queue to try:
@@ -81,6 +96,19 @@ impl Queues {
     /// How many wait for `key`.
     pub(super) fn len(&self, key: &Key) -> usize {
         self.0.get(key).map_or(0, |q| q.len())
+    }
+
+    /// Who waits for a holder of `key`, first in line first.
+    pub(super) fn waiting_for(&self, key: &Key) -> impl Iterator<Item = &Who> {
+        (self.0.get(key).into_iter().flatten())
+            .filter(|w| w.waits)
+            .map(|w| &w.who)
+    }
+
+    /// Every key waited for, with who waits for its holder.
+    pub(super) fn every_waiter(&self) -> impl Iterator<Item = (&Key, &Who)> {
+        (self.0.iter())
+            .flat_map(|(key, queue)| (queue.iter().filter(|w| w.waits)).map(move |w| (key, &w.who)))
     }
 }
 
@@ -165,6 +193,22 @@ mod tests {
             displaced: &crate::backend::Displaced,
         ) -> Result<bool, BackendError> {
             self.store.displaced_stopped(key, displaced).await
+        }
+        async fn put_report(
+            &self,
+            agent: &crate::backend::ReportName,
+            body: Vec<u8>,
+        ) -> Result<(), BackendError> {
+            self.store.put_report(agent, body).await
+        }
+        async fn reports(&self) -> Result<Vec<crate::backend::StoredReport>, BackendError> {
+            self.store.reports().await
+        }
+        async fn remove_report(
+            &self,
+            agent: &crate::backend::ReportName,
+        ) -> Result<(), BackendError> {
+            self.store.remove_report(agent).await
         }
     }
 

@@ -44,6 +44,16 @@ impl Refusals {
             .unwrap_or_default()
     }
 
+    /// The newest `most` refusals of every key, with their keys, oldest first.
+    pub(super) fn newest(&self, most: usize) -> Vec<(Key, Refusal)> {
+        let mut all: Vec<(Key, Refusal)> = (self.by_key.iter())
+            .flat_map(|(key, kept)| kept.iter().map(move |r| (key.clone(), r.clone())))
+            .collect();
+        all.sort_by_key(|(_, r)| r.at_ms);
+        let skip = all.len().saturating_sub(most);
+        all.split_off(skip)
+    }
+
     fn oldest_at(&self) -> Option<u64> {
         let key = self.order.front()?;
         self.by_key.get(key)?.front().map(|r| r.at_ms)
@@ -69,6 +79,7 @@ mod tests {
     fn refusal(at_ms: u64) -> Refusal {
         Refusal {
             at_ms,
+            host: "h".into(),
             uid: 1000,
             user: "etl".into(),
             pid: 42,

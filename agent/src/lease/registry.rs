@@ -162,6 +162,7 @@ impl Registry {
         });
         let reported = Registry::take_reports(Arc::downgrade(&registry), reports);
         registry.tasks.spawn(reported);
+        super::agent_report::start(&registry, registry.closing.clone());
         if let Some(releases) = releases {
             let woken = wake_on_releases(
                 Arc::downgrade(&registry),

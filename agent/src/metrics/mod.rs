@@ -129,9 +129,12 @@ pub enum Operation {
     /// `Backend::confirm_stopped` and `Backend::displaced_stopped`: a
     /// forced run waiting for the run it took the key from.
     Displaced,
+    /// `Backend::put_report`, `reports` and `remove_report`: the agents'
+    /// reports of their waiters and refusals.
+    Report,
 }
 
-const OPERATIONS: [&str; 8] = [
+const OPERATIONS: [&str; 9] = [
     "acquire",
     "renew",
     "release",
@@ -140,6 +143,7 @@ const OPERATIONS: [&str; 8] = [
     "history",
     "list",
     "displaced",
+    "report",
 ];
 
 fn backend_result<T>(result: &Result<T, BackendError>) -> &'static str {

@@ -4,7 +4,7 @@
 use super::{Metrics, Operation, GLOBAL};
 use crate::backend::{
     AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant, LeaseRef,
-    ListFrom, ListPage, ProfiledBackend, Renewed,
+    ListFrom, ListPage, ProfiledBackend, Renewed, ReportName, StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Key, KeyEvent, KeyRecord};
@@ -120,6 +120,30 @@ impl Backend for TimedBackend {
         let result = self.inner.displaced_stopped(key, displaced).await;
         self.metrics
             .backend_request(Operation::Displaced, started, &result);
+        result
+    }
+
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+        let started = Instant::now();
+        let result = self.inner.put_report(agent, body).await;
+        self.metrics
+            .backend_request(Operation::Report, started, &result);
+        result
+    }
+
+    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+        let started = Instant::now();
+        let result = self.inner.reports().await;
+        self.metrics
+            .backend_request(Operation::Report, started, &result);
+        result
+    }
+
+    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+        let started = Instant::now();
+        let result = self.inner.remove_report(agent).await;
+        self.metrics
+            .backend_request(Operation::Report, started, &result);
         result
     }
 }

@@ -9,7 +9,7 @@ use runlock_protocol::codec::encode_body;
 use runlock_protocol::{
     AgentMessage, ClientMessage, Clock, Envelope, ErrorCode, EventKind, Holder, KeyEvent,
     KeyListing, KeyRecord, KeyState, Lease, LeaseInfo, LostReason, OnLost, OnUnavailable, Refusal,
-    Scope, WireError,
+    Scope, Waiter, WireError,
 };
 
 /// A message of either direction.
@@ -475,8 +475,16 @@ pub fn canonical() -> Vec<Vector> {
                             unreadable: None,
                             events: vec![event(EventKind::Granted, 4242, 12, "etl")],
                             waiting_here: 1,
-                            refused_here: vec![Refusal {
+                            waiters: vec![Waiter {
+                                host: "runner-02".into(),
+                                uid: 1000,
+                                user: "etl".into(),
+                                pid: 4310,
+                                since_ms: 1_700_000_065_000,
+                            }],
+                            refused: vec![Refusal {
                                 at_ms: 1_700_000_070_000,
+                                host: "runner-01".into(),
                                 uid: 1000,
                                 user: "etl".into(),
                                 pid: 4300,
@@ -489,7 +497,8 @@ pub fn canonical() -> Vec<Vector> {
                             unreadable: Some("dev%3Ab.json is not a runlock record".into()),
                             events: Vec::new(),
                             waiting_here: 0,
-                            refused_here: Vec::new(),
+                            waiters: Vec::new(),
+                            refused: Vec::new(),
                         },
                     ],
                     cursor: Some(r#"{"page":"token-3"}"#.into()),

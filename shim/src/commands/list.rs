@@ -158,6 +158,13 @@ fn key_json(key: &KeyListing) -> serde_json::Value {
         "expires_in_ms": record.expires_in_ms,
         "incident": record.incident.as_deref().map(super::history::event_json),
         "waiting_here": key.waiting_here,
+        "waiters": key.waiters.iter().map(|w| serde_json::json!({
+            "host": w.host,
+            "user": w.user,
+            "uid": w.uid,
+            "pid": w.pid,
+            "since_ms": w.since_ms,
+        })).collect::<Vec<_>>(),
     })
 }
 
@@ -226,7 +233,7 @@ fn table_text(listing: &Listing, all: bool) -> String {
             continue;
         };
         let holders = holders(key);
-        let state = state_cell(record.state, record.slots, holders.len(), key.waiting_here);
+        let state = state_cell(record.state, record.slots, holders.len(), waiting(key));
         let expires = record
             .expires_in_ms
             .map_or_else(|| "-".to_string(), |ms| format!("in {}", short(ms)));
@@ -283,6 +290,14 @@ fn table_text(listing: &Listing, all: bool) -> String {
 
 /// "held", "free", or for a key with slots "2/4 held"; "+N waiting" when
 /// runs wait for it through this host's agent.
+/// How many runs wait for the key through any agent, as far as known: the
+/// agents' reports, or this agent's own count where its list was cut short.
+fn waiting(key: &KeyListing) -> u32 {
+    u32::try_from(key.waiters.len())
+        .unwrap_or(u32::MAX)
+        .max(key.waiting_here)
+}
+
 fn state_cell(state: KeyState, slots: Option<u32>, held: usize, waiting: u32) -> String {
     let mut cell = match (state, slots) {
         (_, Some(n)) => format!("{held}/{n} held"),

@@ -11,6 +11,7 @@
 
 mod listing;
 mod pacer;
+mod reports;
 
 use super::proof::{self, Unproven};
 use super::read_cache::ReadCache;
@@ -20,7 +21,8 @@ use crate::backend::record::LockRecord;
 use crate::backend::retry::RetryBudget;
 use crate::backend::{
     key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
-    Ending, Grant, LeaseRef, ListFrom, ListPage, Profile, Profiled, Renewed,
+    Ending, Grant, LeaseRef, ListFrom, ListPage, Profile, Profiled, Renewed, ReportName,
+    StoredReport,
 };
 use async_trait::async_trait;
 use pacer::Pacer;
@@ -92,6 +94,10 @@ pub struct CasEngine {
     known: Mutex<std::collections::HashSet<String>>,
     /// What listings read, so that the next reads only what changed.
     listed_reads: ReadCache,
+    /// Where agents' reports live, and the version of this agent's as it
+    /// last wrote it (held across the write: one write at a time).
+    reports: String,
+    report_version: tokio::sync::Mutex<Option<String>>,
     pacer: Pacer,
     /// The store's verdict once it has given one (`proof`): `None`, it can
     /// lock; `Some`, the guarantee it lacks. Never trusted before, or after
@@ -116,13 +122,16 @@ fn unavailable(err: CasError) -> BackendError {
 impl CasEngine {
     /// An engine keeping records under `prefix` (which ends with `/` or is empty).
     pub fn new(store: Arc<dyn CasStore>, prefix: impl Into<String>) -> CasEngine {
+        let prefix = prefix.into();
         CasEngine {
+            reports: reports::reports_under(&prefix),
+            report_version: tokio::sync::Mutex::new(None),
             pacer: Pacer {
                 interval: store.min_write_interval(),
                 booked: Mutex::new(HashMap::new()),
             },
             store,
-            prefix: prefix.into(),
+            prefix,
             held: Mutex::new(HashMap::new()),
             seen: Mutex::new(HashMap::new()),
             known_free: Mutex::new(HashMap::new()),
@@ -673,6 +682,18 @@ impl Backend for CasEngine {
         limit: usize,
     ) -> Result<ListPage, BackendError> {
         self.list_page(prefix, from, limit).await
+    }
+
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+        self.put_report_object(agent, body).await
+    }
+
+    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+        self.report_objects().await
+    }
+
+    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+        self.remove_report_object(agent).await
     }
 }
 

@@ -72,7 +72,7 @@ fn under(prefix: &str, name: &[u8]) -> Vec<u8> {
 
 /// The first byte string after every one that starts with `bytes`; `None`
 /// when there is none (empty, or all `0xff`).
-fn successor(bytes: &[u8]) -> Option<Vec<u8>> {
+pub(super) fn successor(bytes: &[u8]) -> Option<Vec<u8>> {
     let last = bytes.iter().rposition(|&b| b < 0xff)?;
     let mut end = bytes[..=last].to_vec();
     end[last] += 1;

@@ -37,6 +37,7 @@ mod history;
 mod listing;
 mod record;
 mod releases;
+mod reports;
 mod session;
 mod settings;
 #[cfg(test)]
@@ -49,6 +50,7 @@ mod watched;
 use super::{
     key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
     Ending, EtcdOptions, Grant, LeaseRef, ListFrom, ListPage, Listed, Profile, Profiled, Renewed,
+    ReportName, StoredReport,
 };
 use crate::backend::history::{self as shared, Stamp};
 use crate::backend::retry::TIMEOUTS;
@@ -572,6 +574,18 @@ impl Backend for EtcdBackend {
         limit: usize,
     ) -> Result<ListPage, BackendError> {
         self.list_page(prefix, from, limit).await
+    }
+
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+        self.put_report_kv(agent, body).await
+    }
+
+    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+        self.report_kvs().await
+    }
+
+    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+        self.remove_report_kv(agent).await
     }
 
     async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {

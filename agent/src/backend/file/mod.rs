@@ -41,6 +41,7 @@ mod blocker;
 mod dir;
 mod errors;
 mod record;
+mod reports;
 mod settings;
 #[cfg(test)]
 mod tests;
@@ -51,7 +52,7 @@ use super::history::{self, Stamp};
 use super::key_name;
 use super::{
     AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced, Ending, Grant,
-    LeaseRef, ListFrom, ListPage, Listed, Profile, Profiled, Renewed,
+    LeaseRef, ListFrom, ListPage, Listed, Profile, Profiled, Renewed, ReportName, StoredReport,
 };
 use anyhow::Context as _;
 use async_trait::async_trait;
@@ -674,5 +675,21 @@ impl Backend for FileBackend {
             let _ = flock(old.as_ref(), libc::LOCK_UN);
         }
         Ok(free)
+    }
+
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+        let agent = agent.clone();
+        self.blocking(move |inner| inner.put_report(&agent, &body))
+            .await
+    }
+
+    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+        self.blocking(|inner| inner.reports()).await
+    }
+
+    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+        let agent = agent.clone();
+        self.blocking(move |inner| inner.remove_report(&agent))
+            .await
     }
 }

@@ -8,7 +8,7 @@ use crate::backend::history;
 use crate::backend::{
     redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
     Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, PostgresOptions, Profile, Profiled,
-    Renewed,
+    Renewed, ReportName, StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -278,6 +278,57 @@ impl Backend for PostgresBackend {
             .await
             .map_err(BackendError::Unavailable)?;
         Ok(!taken.is_empty())
+    }
+
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+        let agent = agent.as_str();
+        let report = String::from_utf8(body)
+            .map_err(|_| BackendError::Corrupt("a report must be UTF-8 JSON".to_string()))?;
+        let report = &report;
+        self.session
+            .run(|link, statements| async move {
+                statements
+                    .put_report
+                    .query(&link.client, &[&agent, report])
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        Ok(())
+    }
+
+    /// One statement for every report.
+    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+        let (rows, _) = self
+            .session
+            .run(
+                |link, statements| async move { statements.reports.query(&link.client, &[]).await },
+            )
+            .await
+            .map_err(BackendError::Unavailable)?;
+        let mut reports = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let (agent, report): (String, String) = (column(row, 0)?, column(row, 1)?);
+            // A row no agent wrote (its id is no agent's) is none of ours to show.
+            if let Some(agent) = ReportName::new(&agent) {
+                reports.push(StoredReport::read(agent, report.into_bytes()));
+            }
+        }
+        Ok(reports)
+    }
+
+    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+        let agent = agent.as_str();
+        self.session
+            .run(|link, statements| async move {
+                statements
+                    .remove_report
+                    .query(&link.client, &[&agent])
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        Ok(())
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {

@@ -27,6 +27,8 @@ use tokio_postgres::{Client, Row};
 pub const TABLE: &str = "locks";
 /// The table where the agent of a run taken over says the run has stopped.
 pub const STOPPED: &str = "stopped";
+/// The table of agents' reports: their waiters and refusals.
+pub const AGENTS: &str = "agents";
 
 /// `ident` as a quoted SQL identifier.
 pub fn quote_ident(ident: &str) -> String {
@@ -56,6 +58,7 @@ pub fn like_prefix(prefix: &str) -> String {
 pub struct Sql {
     table: String,
     stopped: String,
+    agents: String,
     schema: String,
     channel: String,
 }
@@ -125,8 +128,15 @@ pub struct Statements {
     /// (the word is removed).
     pub take_stopped: Statement,
     /// No parameter, no row: fails if a table or a column the others use is
-    /// missing, or this role may not read them.
+    /// missing, or this role may not read them. (Not the reports' table: a
+    /// role without it still locks, and says why its reports fail.)
     pub check: Statement,
+    /// `$1 agent_id, $2 report`: writes the agent's report over its last.
+    pub put_report: Statement,
+    /// → `(agent_id, report)` of every agent.
+    pub reports: Statement,
+    /// `$1 agent_id`: removes the agent's report.
+    pub remove_report: Statement,
 }
 
 /// When a held row stops protecting its holder, by the database's clock.
@@ -160,6 +170,7 @@ impl Sql {
         Sql {
             table: format!("{}.{}", quote_ident(schema), quote_ident(TABLE)),
             stopped: format!("{}.{}", quote_ident(schema), quote_ident(STOPPED)),
+            agents: format!("{}.{}", quote_ident(schema), quote_ident(AGENTS)),
             schema: schema.to_string(),
             channel: channel.to_string(),
         }
@@ -209,11 +220,19 @@ impl Sql {
              COMMENT ON TABLE {stopped} IS
                  'runlock: runs taken over with --force that have stopped, until their forcer reads it';
              COMMENT ON TABLE {table} IS
-                 'runlock lock records, one row per key: written by runlockd, read them freely';",
+                 'runlock lock records, one row per key: written by runlockd, read them freely';
+             CREATE TABLE IF NOT EXISTS {agents} (
+                 agent_id text PRIMARY KEY,
+                 report   text NOT NULL,
+                 written  timestamptz NOT NULL DEFAULT now()
+             );
+             COMMENT ON TABLE {agents} IS
+                 'runlock: each agent''s waiters and refusals, for listings across the fleet';",
             turn = quote_literal(&format!("runlock schema {}", self.schema)),
             schema = quote_ident(&self.schema),
             table = self.table,
             stopped = self.stopped,
+            agents = self.agents,
         )
     }
 
@@ -356,6 +375,13 @@ impl Sql {
              FROM {table} AS l, {stopped} AS s WHERE false",
             stopped = self.stopped
         );
+        let agents = &self.agents;
+        let put_report = format!(
+            "INSERT INTO {agents} (agent_id, report) VALUES ($1, $2)
+             ON CONFLICT (agent_id) DO UPDATE SET report = EXCLUDED.report, written = now()"
+        );
+        let reports = format!("SELECT agent_id, report FROM {agents} ORDER BY agent_id");
+        let remove_report = format!("DELETE FROM {agents} WHERE agent_id = $1");
         const KEY: &[T] = &[T::TEXT];
         const KEY_TOKEN: &[T] = &[T::TEXT, T::INT8];
         Statements {
@@ -380,6 +406,9 @@ impl Sql {
             stopped: Statement::new(stopped, KEY_TOKEN),
             take_stopped: Statement::new(take_stopped, KEY_TOKEN),
             check: Statement::new(check, &[]),
+            put_report: Statement::new(put_report, &[T::TEXT, T::TEXT]),
+            reports: Statement::new(reports, &[]),
+            remove_report: Statement::new(remove_report, KEY),
         }
     }
 }

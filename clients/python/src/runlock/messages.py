@@ -397,13 +397,15 @@ def _record(body: Dict[str, Any]) -> KeyRecord:
 
 @dataclass(frozen=True)
 class Refusal:
-    """An acquire the answering agent refused because its key was held (SPEC 7.8)."""
+    """An acquire an agent refused because its key was held (SPEC 7.8)."""
 
     at_ms: int
     uid: int
     user: str
     pid: int
     waited_ms: int = 0
+    #: The host of the agent that refused it.
+    host: str = ""
 
     @classmethod
     def from_wire(cls, value: Any) -> "Refusal":
@@ -414,6 +416,29 @@ class Refusal:
             user=_str(body, "user"),
             pid=_int(body, "pid", limit=_U32),
             waited_ms=_int(body, "waited_ms", required=False) or 0,
+            host=_str(body, "host", required=False) or "",
+        )
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """An acquire waiting for a key, through any agent (SPEC 7.8)."""
+
+    host: str
+    uid: int
+    user: str
+    pid: int
+    since_ms: int
+
+    @classmethod
+    def from_wire(cls, value: Any) -> "Waiter":
+        body = _map(value, "a waiter")
+        return cls(
+            host=_str(body, "host"),
+            uid=_int(body, "uid", limit=_U32),
+            user=_str(body, "user"),
+            pid=_int(body, "pid", limit=_U32),
+            since_ms=_int(body, "since_ms"),
         )
 
 
@@ -430,8 +455,10 @@ class KeyListing:
     events: Tuple[KeyEvent, ...] = ()
     #: How many acquires wait for it through the answering agent.
     waiting_here: int = 0
-    #: The acquires of it the answering agent refused since ``events_since_ms``.
-    refused_here: Tuple[Refusal, ...] = ()
+    #: The acquires waiting for it through any agent, longest waiting first.
+    waiters: Tuple[Waiter, ...] = ()
+    #: The acquires of it any agent refused since ``events_since_ms``, oldest first.
+    refused: Tuple[Refusal, ...] = ()
 
     @classmethod
     def from_wire(cls, value: Any) -> "KeyListing":
@@ -445,9 +472,12 @@ class KeyListing:
             if _field(body, "events", False) is None
             else tuple(KeyEvent.from_wire(v) for v in _list(body, "events")),
             waiting_here=_int(body, "waiting_here", required=False, limit=_U32) or 0,
-            refused_here=()
-            if _field(body, "refused_here", False) is None
-            else tuple(Refusal.from_wire(v) for v in _list(body, "refused_here")),
+            waiters=()
+            if _field(body, "waiters", False) is None
+            else tuple(Waiter.from_wire(v) for v in _list(body, "waiters")),
+            refused=()
+            if _field(body, "refused", False) is None
+            else tuple(Refusal.from_wire(v) for v in _list(body, "refused")),
         )
 
 

@@ -134,7 +134,8 @@ struct KeyView {
     slots: Option<u32>,
     holders: Vec<HolderView>,
     expires_in_ms: Option<u64>,
-    waiting_here: u32,
+    /// The runs waiting for it through any agent, longest waiting first.
+    waiters: Vec<WaiterView>,
     runs: Vec<Run>,
     refusals: Vec<RefusalView>,
 }
@@ -154,6 +155,7 @@ struct HolderView {
 #[derive(Serialize)]
 struct RefusalView {
     at_ms: u64,
+    host: String,
     user: String,
     pid: u32,
     waited_ms: u64,
@@ -180,10 +182,11 @@ impl State {
 /// The key as the page shows it; `None` for a free key with nothing in the window.
 fn key_state(key: &KeyListing) -> Option<KeyView> {
     let refusals = key
-        .refused_here
+        .refused
         .iter()
         .map(|r| RefusalView {
             at_ms: r.at_ms,
+            host: r.host.clone(),
             user: r.user.clone(),
             pid: r.pid,
             waited_ms: r.waited_ms,
@@ -197,14 +200,14 @@ fn key_state(key: &KeyListing) -> Option<KeyView> {
             slots: None,
             holders: Vec::new(),
             expires_in_ms: None,
-            waiting_here: key.waiting_here,
+            waiters: waiter_views(key),
             runs: Vec::new(),
             refusals,
         });
     };
     let holders: Vec<&Holder> = list::holders(key);
     let held = record.state == KeyState::Held || !holders.is_empty();
-    if !held && key.events.is_empty() && refusals.is_empty() && key.waiting_here == 0 {
+    if !held && key.events.is_empty() && refusals.is_empty() && key.waiters.is_empty() {
         return None;
     }
     Some(KeyView {
@@ -214,10 +217,29 @@ fn key_state(key: &KeyListing) -> Option<KeyView> {
         slots: record.slots,
         holders: holders.iter().map(|h| holder_view(h)).collect(),
         expires_in_ms: record.expires_in_ms,
-        waiting_here: key.waiting_here,
+        waiters: waiter_views(key),
         runs: runs::pair(&key.events, &holders),
         refusals,
     })
+}
+
+#[derive(Serialize)]
+struct WaiterView {
+    host: String,
+    user: String,
+    pid: u32,
+    since_ms: u64,
+}
+
+fn waiter_views(key: &KeyListing) -> Vec<WaiterView> {
+    (key.waiters.iter())
+        .map(|w| WaiterView {
+            host: w.host.clone(),
+            user: w.user.clone(),
+            pid: w.pid,
+            since_ms: w.since_ms,
+        })
+        .collect()
 }
 
 fn holder_view(holder: &Holder) -> HolderView {

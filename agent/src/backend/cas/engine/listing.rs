@@ -34,7 +34,8 @@ impl CasEngine {
                 let name = name.strip_prefix(self.prefix.as_str())?.to_string();
                 Some((name, version))
             })
-            .filter(|(name, _)| name.ends_with(RECORD_SUFFIX))
+            // A dot name is ours, never a key's (`key_name`): agents' reports.
+            .filter(|(name, _)| name.ends_with(RECORD_SUFFIX) && !name.starts_with('.'))
             .filter(|(name, _)| after.is_none_or(|after| name.as_str() > after))
             .take(limit)
             .collect();

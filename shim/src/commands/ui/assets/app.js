@@ -51,7 +51,7 @@ function drawLegend() {
     legend.append(item);
   }
   const refusal = el("li");
-  refusal.append(el("span", "swatch refusal"), el("span", null, "refused here (held)"));
+  refusal.append(el("span", "swatch refusal"), el("span", null, "refused (held)"));
   legend.append(refusal);
 }
 
@@ -74,9 +74,14 @@ function drawHeld(state) {
         [clock(h.acquired_at_ms) + " (" + span(state.now_ms - h.acquired_at_ms) + " ago)"],
         [i === 0 ? (key.expires_in_ms == null ? "-" : span(key.expires_in_ms)) : ""],
         [h.command, "command"],
-        [i === 0 && key.waiting_here > 0 ? key.waiting_here : "", "num waiting"],
+        [i === 0 && key.waiters.length > 0 ? key.waiters.length : "", "num waiting"],
       ];
       for (const [text, cls] of cells) row.append(el("td", cls, text));
+      if (i === 0 && key.waiters.length > 0) {
+        row.lastChild.title = key.waiters
+          .map((w) => w.user + "@" + w.host + " (pid " + w.pid + ") for " + span(state.now_ms - w.since_ms))
+          .join("\n");
+      }
       rows.push(row);
     });
   }
@@ -153,7 +158,8 @@ function drawTimeline(state) {
       tick.dataset.atMs = refusal.at_ms;
       tick.style.left = percent(refusal.at_ms, state).toFixed(5) + "%";
       const waited = refusal.waited_ms > 0 ? " after waiting " + span(refusal.waited_ms) : "";
-      tick.title = "refused " + refusal.user + " (pid " + refusal.pid + ") at " + clock(refusal.at_ms) + waited;
+      tick.title =
+        "refused " + refusal.user + "@" + refusal.host + " (pid " + refusal.pid + ") at " + clock(refusal.at_ms) + waited;
       track.append(tick);
     }
     row.append(label, track);

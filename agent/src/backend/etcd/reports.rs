@@ -1,0 +1,92 @@
+//! Agents' reports on etcd: one key per agent (`{prefix}.agents/<agent
+//! id>.json`), a dot name no escaped key spells, so that no listing of keys
+//! reads one and the watch for releases never takes one for a record.
+
+use super::*;
+
+/// Reports read in one request.
+const REPORTS_PAGE: i64 = 1000;
+
+impl EtcdBackend {
+    fn reports_under(&self) -> String {
+        format!("{}.agents/", self.connection.prefix)
+    }
+
+    /// [`Backend::put_report`]: a plain put; only its agent writes it.
+    pub(super) async fn put_report_kv(
+        &self,
+        agent: &ReportName,
+        body: Vec<u8>,
+    ) -> Result<(), BackendError> {
+        let name = format!("{}{}", self.reports_under(), agent.file_name());
+        self.bounded(async {
+            self.connection
+                .call(|mut c| {
+                    let (name, body) = (name.clone(), body.clone());
+                    async move { c.put(name, body, None).await }
+                })
+                .await
+                .map_err(|p| self.connection.unavailable(p))?;
+            Ok(())
+        })
+        .await
+    }
+
+    /// [`Backend::reports`]: a request per thousand reports.
+    pub(super) async fn report_kvs(&self) -> Result<Vec<StoredReport>, BackendError> {
+        let under = self.reports_under();
+        // invariant: the prefix ends with `/`, which has a successor
+        let end = listing::successor(under.as_bytes()).unwrap_or_default();
+        let mut start = under.as_bytes().to_vec();
+        let mut reports = Vec::new();
+        self.bounded(async {
+            loop {
+                let options = GetOptions::new()
+                    .with_range(end.clone())
+                    .with_limit(REPORTS_PAGE);
+                let mut answer = self
+                    .connection
+                    .call(|mut c| {
+                        let (start, options) = (start.clone(), options.clone());
+                        async move { c.get(start, Some(options)).await }
+                    })
+                    .await
+                    .map_err(|p| self.connection.unavailable(p))?;
+                let more = answer.more();
+                let kvs = answer.take_kvs();
+                for kv in &kvs {
+                    let agent = kv
+                        .key_str()
+                        .ok()
+                        .and_then(|name| name.strip_prefix(under.as_str()))
+                        .and_then(ReportName::from_file_name);
+                    if let Some(agent) = agent {
+                        reports.push(StoredReport::read(agent, kv.value().to_vec()));
+                    }
+                }
+                match kvs.last() {
+                    Some(last) if more => start = [last.key(), &[0]].concat(),
+                    _ => return Ok(()),
+                }
+            }
+        })
+        .await?;
+        Ok(reports)
+    }
+
+    /// [`Backend::remove_report`].
+    pub(super) async fn remove_report_kv(&self, agent: &ReportName) -> Result<(), BackendError> {
+        let name = format!("{}{}", self.reports_under(), agent.file_name());
+        self.bounded(async {
+            self.connection
+                .call(|mut c| {
+                    let name = name.clone();
+                    async move { c.delete(name, None).await }
+                })
+                .await
+                .map_err(|p| self.connection.unavailable(p))?;
+            Ok(())
+        })
+        .await
+    }
+}

@@ -1,0 +1,199 @@
+//! The fleet's waiters and refusals as a listing shows them: every other
+//! agent's report as the store keeps it, and this agent's own as they are
+//! now. Reports are written by agents anyone may run, so each is bounded,
+//! its strings cut, and a report that cannot be read is left out.
+
+use super::agent_report::{AgentReport, MOST_REFUSALS, MOST_WAITERS, SILENT_FOR};
+use super::registry::Registry;
+use crate::backend::history::Stamp;
+use crate::backend::ReportName;
+use crate::shown;
+use runlock_protocol::{Key, Refusal, Waiter, MAX_LISTED_REFUSALS, MAX_LISTED_WAITERS};
+use std::collections::HashMap;
+
+/// The other agents' waiters and refusals, by key.
+#[derive(Default)]
+pub(super) struct Fleet {
+    waiters: HashMap<Key, Vec<Waiter>>,
+    refused: HashMap<Key, Vec<Refusal>>,
+}
+
+impl Registry {
+    /// What the other agents' reports say. A store that cannot list them
+    /// leaves them out (said in a warning): the keys are still listed.
+    pub(super) async fn fleet(&self) -> Fleet {
+        let mut fleet = Fleet::default();
+        let reports = match self.backend.reports().await {
+            Ok(reports) => reports,
+            Err(err) => {
+                tracing::warn!(
+                    error = %err,
+                    "could not read the agents' reports: listings show this agent's waiters \
+                     and refusals only"
+                );
+                return fleet;
+            }
+        };
+        let own = ReportName::new(&self.identity.agent_id);
+        let now = Stamp::agent_now().at_ms;
+        for stored in reports {
+            if Some(&stored.agent) == own.as_ref() {
+                continue; // this agent's own, as they are now, are added per key
+            }
+            let Some(report) = stored
+                .body
+                .ok()
+                .and_then(|body| serde_json::from_slice::<AgentReport>(&body).ok())
+            else {
+                continue;
+            };
+            // Agents' clocks differ by seconds at most where this matters:
+            // a day of silence, two minutes of waiting.
+            if report.written_at_ms + SILENT_FOR.as_millis() as u64 <= now {
+                self.remove_silent(stored.agent);
+                continue;
+            }
+            fleet.add(report, now);
+        }
+        fleet
+    }
+
+    /// Removes a report silent for a day, without holding up the listing.
+    fn remove_silent(&self, agent: ReportName) {
+        let backend = self.backend.clone();
+        self.tasks().spawn(async move {
+            if let Err(err) = backend.remove_report(&agent).await {
+                tracing::debug!(%agent, error = %err, "could not remove a silent agent's report");
+            }
+        });
+    }
+
+    /// `key`'s waiters and refusals since `since_ms` (none without it),
+    /// through every agent: as the listing shows them, bounded.
+    pub(super) fn fleet_of(
+        &self,
+        fleet: &Fleet,
+        key: &Key,
+        since_ms: Option<u64>,
+    ) -> (Vec<Waiter>, Vec<Refusal>) {
+        let state = self.state();
+        let mut waiters: Vec<Waiter> = (state.queues.waiting_for(key).cloned())
+            .chain(fleet.waiters.get(key).into_iter().flatten().cloned())
+            .collect();
+        waiters.sort_by_key(|w| w.since_ms);
+        waiters.truncate(MAX_LISTED_WAITERS);
+        let mut refused = match since_ms {
+            Some(since) => (state.refusals.of(key, since).into_iter())
+                .chain(
+                    (fleet.refused.get(key).into_iter().flatten())
+                        .filter(|r| r.at_ms >= since)
+                        .cloned(),
+                )
+                .collect(),
+            None => Vec::new(),
+        };
+        refused.sort_by_key(|r| r.at_ms);
+        let skip = refused.len().saturating_sub(MAX_LISTED_REFUSALS);
+        (waiters, refused.split_off(skip))
+    }
+}
+
+impl Fleet {
+    /// Adds what `report` says, its strings cut; its waiters only while
+    /// they stand.
+    fn add(&mut self, report: AgentReport, now_ms: u64) {
+        let host = shown::cut(&report.host, shown::MAX_NAME_LEN);
+        let keyed = |key: &str| Key::new(key).ok();
+        if now_ms <= report.waiters_until_ms {
+            for waiter in report.waiters.into_iter().take(MOST_WAITERS) {
+                let Some(key) = keyed(&waiter.key) else {
+                    continue;
+                };
+                let waiter = Waiter {
+                    host: host.clone(),
+                    user: shown::cut(&waiter.of.user, shown::MAX_NAME_LEN),
+                    ..waiter.of
+                };
+                self.waiters.entry(key).or_default().push(waiter);
+            }
+        }
+        for refusal in report.refusals.into_iter().take(MOST_REFUSALS) {
+            let Some(key) = keyed(&refusal.key) else {
+                continue;
+            };
+            let refusal = Refusal {
+                host: host.clone(),
+                user: shown::cut(&refusal.of.user, shown::MAX_NAME_LEN),
+                ..refusal.of
+            };
+            self.refused.entry(key).or_default().push(refusal);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::agent_report::Keyed;
+    use super::*;
+
+    fn report(written_at_ms: u64, waiters_until_ms: u64) -> AgentReport {
+        AgentReport {
+            host: "h".repeat(1000),
+            written_at_ms,
+            waiters_until_ms,
+            waiters: vec![Keyed {
+                key: "k".into(),
+                of: Waiter {
+                    host: "forged".into(),
+                    uid: 7,
+                    user: "u".into(),
+                    pid: 9,
+                    since_ms: 1,
+                },
+            }],
+            refusals: vec![
+                Keyed {
+                    key: "k".into(),
+                    of: Refusal {
+                        at_ms: 5,
+                        host: "forged".into(),
+                        uid: 7,
+                        user: "u".into(),
+                        pid: 9,
+                        waited_ms: 0,
+                    },
+                },
+                Keyed {
+                    key: "not a key\n".into(),
+                    of: Refusal {
+                        at_ms: 5,
+                        host: String::new(),
+                        uid: 7,
+                        user: "u".into(),
+                        pid: 9,
+                        waited_ms: 0,
+                    },
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn a_reports_waiters_stand_only_until_it_says_and_its_host_is_the_reports() {
+        let key = Key::new("k").expect("valid");
+        let mut fleet = Fleet::default();
+        fleet.add(report(0, 100), 50);
+        let waiter = &fleet.waiters[&key][0];
+        assert!(waiter.host.len() <= shown::MAX_NAME_LEN, "cut");
+        assert!(
+            waiter.host.starts_with('h'),
+            "the report's host, not the entry's"
+        );
+        assert_eq!(fleet.refused[&key].len(), 1, "the invalid key is left out");
+
+        let mut late = Fleet::default();
+        late.add(report(0, 100), 101);
+        assert!(late.waiters.is_empty(), "its agent is gone");
+        assert_eq!(late.refused[&key].len(), 1, "refusals stay for the day");
+    }
+}
