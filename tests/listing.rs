@@ -161,7 +161,7 @@ async fn keys_on_two_hosts(a: &TestAgent, b: &TestAgent, ttl_ms: u64) -> Result<
     }
 
     // So with a run waiting through B, while it waits and no longer.
-    let mut waiter = b.run(&["list/a"], &["--wait", "5m"], "true")?;
+    let waiter = b.run(&["list/a"], &["--wait", "5m"], "true")?;
     let waiters_through_a = || async {
         let listing = list_json(a, &["list/a"]).await?;
         let key = listed(&listing, "list/a").context("list/a")?;
