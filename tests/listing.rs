@@ -28,6 +28,10 @@ test_matrix!(
     a_page_that_fails_says_which_and_the_pages_before_it_are_shown,
 );
 
+/// How long an acquire of hundreds of keys may take: one store write each,
+/// in turn, on an emulator the rest of the suite is busy with too.
+const MANY_KEYS_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// `runlock list ARGS --json` through `agent`, parsed; it must succeed.
 async fn list_json(agent: &TestAgent, args: &[&str]) -> Result<Value> {
     let mut all = vec!["list", "--json"];
@@ -252,7 +256,7 @@ async fn a_listing_pages_through_more_keys_than_one_reply_holds(store: impl Stor
     let keys: Vec<String> = (0..KEYS).map(|i| format!("page/{i:04}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let mut client = agent.client().await?;
-    let leases = match client.call(acquire(&refs)).await? {
+    let leases = match client.call_within(MANY_KEYS_WAIT, acquire(&refs)).await? {
         AgentMessage::Acquired { leases, .. } => leases,
         other => anyhow::bail!("acquire: {other:?}"),
     };
@@ -393,7 +397,7 @@ async fn a_page_that_fails_says_which_and_the_pages_before_it_are_shown(
     let mut client = holder.client().await?;
     ensure!(
         matches!(
-            client.call(acquire(&refs)).await?,
+            client.call_within(MANY_KEYS_WAIT, acquire(&refs)).await?,
             AgentMessage::Acquired { .. }
         ),
         "the keys were not taken"
@@ -444,7 +448,7 @@ async fn a_listing_reads_again_only_the_records_that_changed(store: impl Store) 
     let keys: Vec<String> = (0..KEYS).map(|i| format!("reads/{i:02}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let mut client = agent.client().await?;
-    let leases = match client.call(acquire(&refs)).await? {
+    let leases = match client.call_within(MANY_KEYS_WAIT, acquire(&refs)).await? {
         AgentMessage::Acquired { leases, .. } => leases,
         other => anyhow::bail!("acquire: {other:?}"),
     };

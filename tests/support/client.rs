@@ -199,8 +199,14 @@ impl RawClient {
     /// setting events aside: `forcing` ones in [`RawClient::forcing`], what
     /// a forced acquire waits for, apart from the events a holder is told.
     pub async fn reply(&mut self, id: u64) -> anyhow::Result<AgentMessage> {
-        let reply = self.client.reply_within(id, WAIT);
-        let reply = match within(REPLY_WAIT, "the agent's reply", reply).await? {
+        self.reply_within(id, WAIT).await
+    }
+
+    /// [`RawClient::reply`], for a request the agent may take up to `limit`
+    /// to answer (an acquire of hundreds of keys writes each in turn).
+    pub async fn reply_within(&mut self, id: u64, limit: Duration) -> anyhow::Result<AgentMessage> {
+        let reply = self.client.reply_within(id, limit);
+        let reply = match within(limit.max(REPLY_WAIT), "the agent's reply", reply).await? {
             Ok(body) => body,
             Err(CallError::Agent(err)) => AgentMessage::Error(err),
             Err(gone @ CallError::Gone(_)) => return Err(gone.into()),
@@ -217,6 +223,16 @@ impl RawClient {
     pub async fn call(&mut self, body: ClientMessage) -> anyhow::Result<AgentMessage> {
         let id = self.send(body).await?;
         self.reply(id).await
+    }
+
+    /// Sends a request and waits up to `limit` for its reply.
+    pub async fn call_within(
+        &mut self,
+        limit: Duration,
+        body: ClientMessage,
+    ) -> anyhow::Result<AgentMessage> {
+        let id = self.send(body).await?;
+        self.reply_within(id, limit).await
     }
 
     /// Whether the agent's backend records `key` as held.

@@ -10,6 +10,14 @@ use crate::backend::ReportName;
 use crate::shown;
 use runlock_protocol::{Key, Refusal, Waiter, MAX_LISTED_REFUSALS, MAX_LISTED_WAITERS};
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+/// How long one reading of the reports serves listings: the pages of one
+/// listing, and the tabs of the page, cost the store one reading, while a
+/// report changes at most once per `agent_report::SPACING` anyway.
+const FRESH_FOR: Duration = Duration::from_secs(2);
 
 /// The other agents' waiters and refusals, by key.
 #[derive(Default)]
@@ -18,10 +26,30 @@ pub(super) struct Fleet {
     refused: HashMap<Key, Vec<Refusal>>,
 }
 
+/// The latest reading of the reports, and when it was read; held while a
+/// reading runs, so that listings at once wait for one instead of each
+/// starting their own.
+#[derive(Default)]
+pub(super) struct LastReading(tokio::sync::Mutex<Option<(Instant, Arc<Fleet>)>>);
+
 impl Registry {
-    /// What the other agents' reports say. A store that cannot list them
-    /// leaves them out (said in a warning): the keys are still listed.
-    pub(super) async fn fleet(&self) -> Fleet {
+    /// What the other agents' reports say, read again once [`FRESH_FOR`]
+    /// old.
+    pub(super) async fn fleet(&self) -> Arc<Fleet> {
+        let mut last = self.fleet_read.0.lock().await;
+        if let Some((at, fleet)) = last.as_ref() {
+            if at.elapsed() < FRESH_FOR {
+                return fleet.clone();
+            }
+        }
+        let fleet = Arc::new(self.read_fleet().await);
+        *last = Some((Instant::now(), fleet.clone()));
+        fleet
+    }
+
+    /// Reads every report. A store that cannot list them leaves them out
+    /// (said in a warning): the keys are still listed.
+    async fn read_fleet(&self) -> Fleet {
         let mut fleet = Fleet::default();
         let reports = match self.backend.reports().await {
             Ok(reports) => reports,

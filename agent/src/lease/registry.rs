@@ -81,6 +81,8 @@ pub struct Registry {
     pub(super) tasks: TaskTracker,
     /// Cancelled at shutdown: the scheduler and the store's listeners stop.
     closing: CancellationToken,
+    /// What the agents' reports last said, for listings.
+    pub(super) fleet_read: super::fleet::LastReading,
 }
 
 /// Wakes the first local waiter for each key the backend says another agent
@@ -159,6 +161,7 @@ impl Registry {
             observer,
             tasks,
             closing,
+            fleet_read: Default::default(),
         });
         let reported = Registry::take_reports(Arc::downgrade(&registry), reports);
         registry.tasks.spawn(reported);
