@@ -29,6 +29,26 @@ impl Inner {
         Ok(dir.clone())
     }
 
+    /// The names in `dir` (those that are UTF-8: every name this backend
+    /// writes), unsorted.
+    pub(super) fn names_in(&self, dir: &File) -> Result<Vec<String>, BackendError> {
+        let mut listing = nix::dir::Dir::openat(
+            Some(dir.as_raw_fd()),
+            ".",
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| self.io_error("listing", "", e))?;
+        let mut names = Vec::new();
+        for entry in listing.iter() {
+            let entry = entry.map_err(|e| self.io_error("listing", "", e))?;
+            if let Ok(name) = entry.file_name().to_str() {
+                names.push(name.to_string());
+            }
+        }
+        Ok(names)
+    }
+
     /// Opens `name` in `dir`, which must exist (see [`Inner::try_open`]).
     pub(super) fn open(&self, dir: &File, name: &str, flags: OFlag) -> Result<File, BackendError> {
         self.try_open(dir, name, flags)?

@@ -46,24 +46,9 @@ impl Inner {
     /// [`Backend::reports`]: a report that cannot be read is listed with why.
     pub(super) fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
         let dir = self.dir()?;
-        let mut listing = nix::dir::Dir::openat(
-            Some(dir.as_raw_fd()),
-            ".",
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| self.io_error("listing", "", e))?;
-        let mut names = Vec::new();
-        for entry in listing.iter() {
-            let entry = entry.map_err(|e| self.io_error("listing", "", e))?;
-            let agent = entry
-                .file_name()
-                .to_str()
-                .ok()
-                .and_then(|name| name.strip_prefix(REPORT_PREFIX))
-                .and_then(ReportName::from_file_name);
-            names.extend(agent);
-        }
+        let names: Vec<ReportName> = (self.names_in(&dir)?.iter())
+            .filter_map(|name| ReportName::from_file_name(name.strip_prefix(REPORT_PREFIX)?))
+            .collect();
         let mut reports = Vec::with_capacity(names.len());
         for agent in names {
             let name = report_file(&agent);

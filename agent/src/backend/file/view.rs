@@ -120,32 +120,15 @@ impl Inner {
         wanted: &str,
         after: Option<&str>,
     ) -> Result<Vec<String>, BackendError> {
-        let mut listing = nix::dir::Dir::openat(
-            Some(dir.as_raw_fd()),
-            ".",
-            OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| self.io_error("listing", "", e))?;
-        let mut names = Vec::new();
-        for entry in listing.iter() {
-            let entry = entry.map_err(|e| self.io_error("listing", "", e))?;
-            let Ok(name) = entry.file_name().to_str() else {
-                continue; // not a name this backend writes
-            };
-            let Some(stem) = name.strip_suffix(".lock") else {
-                continue;
-            };
+        let names = self.names_in(dir)?.into_iter().filter_map(|name| {
+            let stem = name.strip_suffix(".lock")?;
             // Our own dot files (the force gate) are no key's.
-            if stem.starts_with('.') || !stem.starts_with(wanted) {
-                continue;
-            }
-            if after.is_some_and(|after| stem <= after) {
-                continue;
-            }
-            names.push(stem.to_string());
-        }
-        Ok(names)
+            let record = !stem.starts_with('.')
+                && stem.starts_with(wanted)
+                && after.is_none_or(|after| stem > after);
+            record.then(|| stem.to_string())
+        });
+        Ok(names.collect())
     }
 
     /// The record named `name` as `inspect` reports it, with its history;

@@ -110,6 +110,21 @@ impl CasEngine {
         (answer, record.history)
     }
 
+    /// The object `full` as a listing last read it, if the listing's
+    /// `version` says it has not changed since; else read again (and kept).
+    pub(super) async fn read_unless_unchanged(
+        &self,
+        full: &str,
+        version: Option<&str>,
+    ) -> Result<Read, BackendError> {
+        if let Some(read) = version.and_then(|version| self.listed_reads.get(full, version)) {
+            return Ok(read);
+        }
+        let read = self.store.get(full).await.map_err(unavailable)?;
+        self.listed_reads.put(full, &read);
+        Ok(read)
+    }
+
     /// The record named `name` (below the records' prefix) for a listing,
     /// read again only if the listing's `version` says it changed; `None`
     /// when it is gone. A store that fails the read fails the page.
@@ -119,15 +134,7 @@ impl CasEngine {
         version: Option<&str>,
     ) -> Result<Option<Listed>, BackendError> {
         let full = format!("{}{name}", self.prefix);
-        let cached = version.and_then(|version| self.listed_reads.get(&full, version));
-        let read = match cached {
-            Some(read) => read,
-            None => {
-                let read = self.store.get(&full).await.map_err(unavailable)?;
-                self.listed_reads.put(&full, &read);
-                read
-            }
-        };
+        let read = self.read_unless_unchanged(&full, version).await?;
         let Some(stored) = &read.object else {
             return Ok(None);
         };

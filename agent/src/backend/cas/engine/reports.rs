@@ -80,15 +80,9 @@ impl CasEngine {
             }
         }
         let reads = names.into_iter().map(|(agent, name, version)| async move {
-            let cached = version.and_then(|v| self.listed_reads.get(&name, &v));
-            let read = match cached {
-                Some(read) => read,
-                None => {
-                    let read = self.store.get(&name).await.map_err(unavailable)?;
-                    self.listed_reads.put(&name, &read);
-                    read
-                }
-            };
+            let read = self
+                .read_unless_unchanged(&name, version.as_deref())
+                .await?;
             // Removed between the listing and the read: nothing to report.
             Ok(read.object.map(|o| StoredReport::read(agent, o.body)))
         });
