@@ -83,7 +83,10 @@ async fn listing(store: impl Store, n: usize) -> Result<Vec<Round>> {
         let takes = batches.chunks(BATCH).map(|batch| async {
             let mut client = agent.client().await?;
             let refs: Vec<&str> = batch.iter().map(String::as_str).collect();
-            match client.call(acquire(&refs)).await? {
+            match client
+                .call_within(Duration::from_secs(120), acquire(&refs))
+                .await?
+            {
                 AgentMessage::Acquired { .. } => Ok::<RawClient, anyhow::Error>(client),
                 other => bail!("taking {} keys: {other:?}", batch.len()),
             }
