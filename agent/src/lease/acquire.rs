@@ -620,7 +620,7 @@ impl Drop for Place<'_> {
 #[cfg(test)]
 mod tests {
     use super::super::testing::*;
-    use crate::backend::{AcquireSpec, Backend, BackendError, Grant, LeaseRef};
+    use crate::backend::{AcquireSpec, Backend, BackendError, Grant};
     use runlock_protocol::{ErrorCode, LostReason};
     use std::sync::atomic::Ordering;
     use tokio::time::Instant;
@@ -681,90 +681,42 @@ mod tests {
     /// force lands, another agent takes slot 1 of the key with a count of 2.
     #[derive(Default)]
     struct Staged {
-        store: Arc<MemoryBackend>,
         answers_first_last: bool,
         slot_joins_force: bool,
         calls: std::sync::atomic::AtomicUsize,
         let_first_answer: tokio::sync::Notify,
     }
 
-    impl crate::backend::Profiled for Staged {
-        fn profile(&self) -> crate::backend::Profile {
-            self.store.profile()
-        }
-    }
-
     #[async_trait::async_trait]
-    impl Backend for Staged {
-        async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
-            let grant = self.store.acquire(spec).await;
+    impl Hooks for Staged {
+        async fn acquire(
+            &self,
+            store: &MemoryBackend,
+            spec: &AcquireSpec,
+        ) -> Result<Grant, BackendError> {
+            let grant = store.acquire(spec).await;
             if self.slot_joins_force && spec.force {
                 let mut other =
                     crate::backend::fixtures::spec("k", "other", false, Duration::from_secs(30));
                 other.key = spec.key.slot_record(1);
                 (other.holder.slot, other.holder.slots) = (Some(1), Some(2));
-                self.store.acquire(&other).await.expect("slot 1 is free");
+                store.acquire(&other).await.expect("slot 1 is free");
             }
             if self.answers_first_last && self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
                 self.let_first_answer.notified().await;
             }
             grant
         }
-        async fn renew(
-            &self,
-            lease: &LeaseRef,
-            ttl: Duration,
-        ) -> Result<crate::backend::Renewed, BackendError> {
-            self.store.renew(lease, ttl).await
-        }
-        async fn end(
-            &self,
-            lease: &LeaseRef,
-            ending: &crate::backend::Ending,
-        ) -> Result<(), BackendError> {
-            self.store.end(lease, ending).await
-        }
-        async fn inspect(&self, key: &Key) -> Result<runlock_protocol::KeyRecord, BackendError> {
-            self.store.inspect(key).await
-        }
-        async fn history(
-            &self,
-            key: &Key,
-        ) -> Result<Vec<runlock_protocol::KeyEvent>, BackendError> {
-            self.store.history(key).await
-        }
-        async fn list(
-            &self,
-            prefix: &str,
-            from: &crate::backend::ListFrom,
-            limit: usize,
-        ) -> Result<crate::backend::ListPage, BackendError> {
-            self.store.list(prefix, from, limit).await
-        }
-        async fn adopt(
-            &self,
-            lease: &LeaseRef,
-            by: &crate::backend::Adopter,
-        ) -> Result<crate::backend::Adopted, BackendError> {
-            self.store.adopt(lease, by).await
-        }
-        async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
-            self.store.confirm_stopped(lease).await
-        }
-        async fn displaced_stopped(
-            &self,
-            key: &Key,
-            displaced: &crate::backend::Displaced,
-        ) -> Result<bool, BackendError> {
-            self.store.displaced_stopped(key, displaced).await
-        }
     }
 
     #[tokio::test]
     async fn a_force_answered_after_a_later_one_is_refused_and_frees_nothing() {
-        let backend = Arc::new(Staged {
-            answers_first_last: true,
-            ..Staged::default()
+        let backend = Arc::new(Hooked {
+            hooks: Staged {
+                answers_first_last: true,
+                ..Staged::default()
+            },
+            ..Hooked::default()
         });
         let registry = agent(backend.clone(), "agent-1");
         let (first, _first_events) = connect(&registry, ROOT);
@@ -798,7 +750,7 @@ mod tests {
             }
         });
         registered.await.expect("the second force registered");
-        backend.let_first_answer.notify_one();
+        backend.hooks.let_first_answer.notify_one();
         let err = first_force
             .await
             .expect("the first force ran")
@@ -827,9 +779,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_force_given_back_for_its_slot_count_keeps_the_key_until_the_run_it_displaced_has_stopped(
     ) {
-        let backend = Arc::new(Staged {
-            slot_joins_force: true,
-            ..Staged::default()
+        let backend = Arc::new(Hooked {
+            hooks: Staged {
+                slot_joins_force: true,
+                ..Staged::default()
+            },
+            ..Hooked::default()
         });
         let registry = agent(backend.clone(), "agent-1");
         let (old, mut old_events) = connect(&registry, ROOT);
