@@ -114,6 +114,25 @@ impl PostgresBackend {
 }
 
 impl PostgresBackend {
+    /// The row `statement` (one that takes only the key) reads for `key`, if any.
+    async fn row_of(
+        &self,
+        key: &Key,
+        statement: fn(&sql::Statements) -> &sql::Statement,
+    ) -> Result<Option<tokio_postgres::Row>, BackendError> {
+        let name = key.as_str();
+        let (row, _) = self
+            .session
+            .run(|link, statements| async move {
+                statement(&statements)
+                    .query_opt(&link.client, &[&name])
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        Ok(row)
+    }
+
     /// The row of `key` as `inspect` reports it, with its history: its first
     /// columns are `Statements::inspect`'s (`list` reads them too).
     fn shown(
@@ -319,15 +338,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
-        let name = key.as_str();
-        let (row, _) = self
-            .session
-            .run(|link, statements| async move {
-                statements.inspect.query_opt(&link.client, &[&name]).await
-            })
-            .await
-            .map_err(BackendError::Unavailable)?;
-        match row {
+        match self.row_of(key, |statements| &statements.inspect).await? {
             Some(row) => Ok(self.shown(key, &row)?.0),
             None => Ok(KeyRecord::free(key, Scope::Global)),
         }
@@ -380,15 +391,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
-        let name = key.as_str();
-        let (row, _) = self
-            .session
-            .run(|link, statements| async move {
-                statements.history.query_opt(&link.client, &[&name]).await
-            })
-            .await
-            .map_err(BackendError::Unavailable)?;
-        match row {
+        match self.row_of(key, |statements| &statements.history).await? {
             Some(row) => self.history_of(key, column(&row, 0)?),
             None => Ok(Vec::new()),
         }
