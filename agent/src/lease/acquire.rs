@@ -691,7 +691,7 @@ mod tests {
     impl Hooks for Staged {
         async fn acquire(
             &self,
-            store: &MemoryBackend,
+            store: &dyn Backend,
             spec: &AcquireSpec,
         ) -> Result<Grant, BackendError> {
             let grant = store.acquire(spec).await;
@@ -711,12 +711,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_force_answered_after_a_later_one_is_refused_and_frees_nothing() {
-        let backend = Arc::new(Hooked {
-            hooks: Staged {
-                answers_first_last: true,
-                ..Staged::default()
-            },
-            ..Hooked::default()
+        let backend = hooked(Staged {
+            answers_first_last: true,
+            ..Staged::default()
         });
         let registry = agent(backend.clone(), "agent-1");
         let (first, _first_events) = connect(&registry, ROOT);
@@ -731,7 +728,15 @@ mod tests {
         // The first force has reached the store once its record is there.
         let key = Key::new("k").expect("valid");
         let waited = tokio::time::timeout(Duration::from_secs(10), async {
-            while backend.store.inspect(&key).await.expect("inspect").token == 0 {
+            while backend
+                .inner
+                .backend
+                .inspect(&key)
+                .await
+                .expect("inspect")
+                .token
+                == 0
+            {
                 tokio::task::yield_now().await;
             }
         });
@@ -772,19 +777,16 @@ mod tests {
             );
         }
         assert_eq!(registry.list().len(), 1);
-        let record = backend.store.inspect(&key).await.expect("inspect");
+        let record = backend.inner.backend.inspect(&key).await.expect("inspect");
         assert_eq!(record.holder.expect("held").token, later[0].token);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_force_given_back_for_its_slot_count_keeps_the_key_until_the_run_it_displaced_has_stopped(
     ) {
-        let backend = Arc::new(Hooked {
-            hooks: Staged {
-                slot_joins_force: true,
-                ..Staged::default()
-            },
-            ..Hooked::default()
+        let backend = hooked(Staged {
+            slot_joins_force: true,
+            ..Staged::default()
         });
         let registry = agent(backend.clone(), "agent-1");
         let (old, mut old_events) = connect(&registry, ROOT);
@@ -803,7 +805,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(!force.is_finished(), "given back before the run stopped");
         let key = Key::new("k").expect("valid");
-        let record = backend.store.inspect(&key).await.expect("inspect");
+        let record = backend.inner.backend.inspect(&key).await.expect("inspect");
         assert!(
             record.holder.is_some(),
             "slot 0 freed beside the displaced run"
@@ -815,7 +817,7 @@ mod tests {
             .expect("ran")
             .expect_err("its slot count does not match");
         assert_eq!(refused.code(), ErrorCode::SlotsMismatch);
-        let record = backend.store.inspect(&key).await.expect("inspect");
+        let record = backend.inner.backend.inspect(&key).await.expect("inspect");
         assert!(record.holder.is_none(), "{record:?}");
     }
 

@@ -87,7 +87,7 @@ impl Queues {
 #[cfg(test)]
 mod tests {
     use super::super::testing::*;
-    use crate::backend::{Backend, BackendError, LeaseRef, Profiled};
+    use crate::backend::{Backend, BackendError, LeaseRef};
     use crate::lease::acquire::POLL_START;
     use tokio::time::Instant;
 
@@ -101,7 +101,7 @@ mod tests {
     impl Hooks for Announcing {
         async fn end(
             &self,
-            store: &MemoryBackend,
+            store: &dyn Backend,
             lease: &LeaseRef,
             ending: &crate::backend::Ending,
         ) -> Result<(), BackendError> {
@@ -110,11 +110,11 @@ mod tests {
             Ok(())
         }
 
-        fn profile(&self, store: &MemoryBackend) -> crate::backend::Profile {
+        fn profile(&self, store: crate::backend::Profile) -> crate::backend::Profile {
             crate::backend::Profile {
                 description: "announcing".into(),
                 releases: Some(self.released.clone()),
-                ..store.profile()
+                ..store
             }
         }
     }
@@ -122,10 +122,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_release_the_backend_announces_wakes_a_waiter_on_another_agent_at_once() {
         let (released, _) = tokio::sync::broadcast::channel(16);
-        let backend = Arc::new(Hooked {
-            store: Arc::new(MemoryBackend::default()),
-            hooks: Announcing { released },
-        });
+        let backend = hooked(Announcing { released });
         let agent = |id: &str| agent(backend.clone(), id);
         let (a, b) = (agent("agent-a"), agent("agent-b"));
         let (holder, _a_events) = connect(&a, ROOT);
