@@ -133,6 +133,25 @@ impl PostgresBackend {
         Ok(row)
     }
 
+    /// The rows `statement` (one that takes a key and a token) answers.
+    async fn rows_of_token(
+        &self,
+        key: &str,
+        token: i64,
+        statement: fn(&sql::Statements) -> &sql::Statement,
+    ) -> Result<Vec<tokio_postgres::Row>, BackendError> {
+        let (rows, _) = self
+            .session
+            .run(|link, statements| async move {
+                statement(&statements)
+                    .query(&link.client, &[&key, &token])
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        Ok(rows)
+    }
+
     /// The row of `key` as `inspect` reports it, with its history: its first
     /// columns are `Statements::inspect`'s (`list` reads them too).
     fn shown(
@@ -265,15 +284,8 @@ impl Backend for PostgresBackend {
 
     async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
         let (key, token) = (lease.key.as_str(), stored_token(lease));
-        self.session
-            .run(|link, statements| async move {
-                statements
-                    .stopped
-                    .query(&link.client, &[&key, &token])
-                    .await
-            })
-            .await
-            .map_err(BackendError::Unavailable)?;
+        self.rows_of_token(key, token, |statements| &statements.stopped)
+            .await?;
         Ok(())
     }
 
@@ -286,16 +298,9 @@ impl Backend for PostgresBackend {
             key.as_str(),
             i64::try_from(displaced.token).unwrap_or(i64::MAX),
         );
-        let (taken, _) = self
-            .session
-            .run(|link, statements| async move {
-                statements
-                    .take_stopped
-                    .query(&link.client, &[&key, &token])
-                    .await
-            })
-            .await
-            .map_err(BackendError::Unavailable)?;
+        let taken = self
+            .rows_of_token(key, token, |statements| &statements.take_stopped)
+            .await?;
         Ok(!taken.is_empty())
     }
 
