@@ -5,7 +5,7 @@
 //! never silent).
 
 use crate::support::agent::Backend;
-use crate::support::run::{HOLD, HOLD_IGNORING_TERM};
+use crate::support::run::{Finished, HOLD, HOLD_IGNORING_TERM};
 use crate::support::{key, TestAgent};
 use anyhow::{ensure, Result};
 use nix::sys::signal::{kill, Signal};
@@ -217,11 +217,13 @@ async fn agent_kills_an_orphaned_command_that_ignores_sigterm_after_the_grace() 
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shim_kills_a_command_that_ignores_sigterm_after_the_grace() -> Result<()> {
+/// A run that ignores SIGTERM on a key of its own (`name`, with `options`),
+/// forced out by another run: how it ended (it must lose the key, with
+/// code 76, before saying "bye") and how long after the force.
+async fn forced_out_ignoring_term(name: &str, options: &[&str]) -> Result<(Finished, Duration)> {
     let agent = TestAgent::start_on(Backend::File).await?;
-    let k = key("ignores-term");
-    let mut holder = agent.run(&[&k], &[], HOLD_IGNORING_TERM)?;
+    let k = key(name);
+    let mut holder = agent.run(&[&k], options, HOLD_IGNORING_TERM)?;
     holder.ready().await?;
 
     let forced_at = Instant::now();
@@ -234,6 +236,12 @@ async fn shim_kills_a_command_that_ignores_sigterm_after_the_grace() -> Result<(
     let took = forced_at.elapsed();
     old.expect_code(76)?;
     ensure!(!old.stdout.contains("bye"), "{old:?}");
+    Ok((old, took))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shim_kills_a_command_that_ignores_sigterm_after_the_grace() -> Result<()> {
+    let (old, took) = forced_out_ignoring_term("ignores-term", &[]).await?;
     let grace = MAX_KILL_GRACE;
     ensure!(
         took >= grace / 2 && took < grace + Duration::from_secs(5),
@@ -244,21 +252,7 @@ async fn shim_kills_a_command_that_ignores_sigterm_after_the_grace() -> Result<(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_lost_kill_stops_even_a_command_that_ignores_sigterm_at_once() -> Result<()> {
-    let agent = TestAgent::start_on(Backend::File).await?;
-    let k = key("on-lost-kill");
-    let mut holder = agent.run(&[&k], &["--on-lost", "kill"], HOLD_IGNORING_TERM)?;
-    holder.ready().await?;
-
-    let forced_at = Instant::now();
-    agent
-        .run(&[&k], &["--force"], "exit 0")?
-        .finish()
-        .await?
-        .expect_code(0)?;
-    let old = holder.finish().await?;
-    let took = forced_at.elapsed();
-    old.expect_code(76)?;
-    ensure!(!old.stdout.contains("bye"), "{old:?}");
+    let (old, took) = forced_out_ignoring_term("on-lost-kill", &["--on-lost", "kill"]).await?;
     let grace = MAX_KILL_GRACE;
     ensure!(took < grace / 2, "--on-lost kill waited {took:?}: {old:?}");
     Ok(())

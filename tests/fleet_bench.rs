@@ -19,6 +19,7 @@
 //! (`pg_stat_database`); etcd's handled gRPC calls (its `/metrics`).
 
 use anyhow::{bail, Context, Result};
+use runlock_tests::bench_args::store_and_count;
 use runlock_tests::run::HOLD;
 use runlock_tests::store_requests::StoreRequests;
 use runlock_tests::stores::{Azure, Etcd, Gcs, PgBouncer, Postgres, Space, Store, S3};
@@ -42,18 +43,11 @@ const SETTLE: Duration = Duration::from_secs(3);
 const LEASES_EACH: usize = 10;
 
 fn main() -> Result<()> {
-    if std::env::args().any(|a| a == "--list") {
+    let Some((store, n)) = store_and_count(
+        "usage: scripts/fleet STORE N   (STORE: s3, azure, gcs, postgres, pgbouncer, etcd)",
+    )?
+    else {
         return Ok(()); // `cargo test --benches` asks for the list of benchmarks
-    }
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let (store, n) = match args.as_slice() {
-        [store, n] => (store.clone(), n.parse::<usize>().context("N: a number")?),
-        _ => bail!(
-            "usage: scripts/fleet STORE N   (STORE: s3, azure, gcs, postgres, pgbouncer, etcd)"
-        ),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -8,8 +8,9 @@
 //! runs three times, each timed from spawn to exit, with the store's
 //! requests counted at the store (`StoreRequests`).
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, ensure, Result};
 use runlock_protocol::AgentMessage;
+use runlock_tests::bench_args::store_and_count;
 use runlock_tests::client::{acquire, RawClient};
 use runlock_tests::store_requests::StoreRequests;
 use runlock_tests::stores::{Azure, Etcd, Gcs, Postgres, Space, Store, S3};
@@ -25,16 +26,10 @@ const TAKERS: usize = 8;
 const ROUNDS: usize = 3;
 
 fn main() -> Result<()> {
-    if std::env::args().any(|a| a == "--list") {
+    let Some((store, n)) =
+        store_and_count("usage: cargo bench -p runlock-tests --bench listing -- STORE N")?
+    else {
         return Ok(()); // `cargo test --benches` asks for the list of benchmarks
-    }
-    let args: Vec<String> = std::env::args()
-        .skip(1)
-        .filter(|a| !a.starts_with('-'))
-        .collect();
-    let (store, n) = match args.as_slice() {
-        [store, n] => (store.clone(), n.parse::<usize>().context("N: a number")?),
-        _ => bail!("usage: cargo bench -p runlock-tests --bench listing -- STORE N"),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

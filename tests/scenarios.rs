@@ -4,7 +4,7 @@
 //! test per store (`scenarios::CASE::STORE`). The stores' emulators are
 //! started by `scripts/test`; without them these tests fail (they never skip).
 
-use crate::support::run::HOLD;
+use crate::support::run::{Ready, HOLD};
 use crate::support::stores::{Azure, Etcd, Gcs, PgBouncer, Postgres, Space, Store, RECORDS, S3};
 use crate::support::{host_name, key, AgentOptions, Deadline, TestAgent, WAIT};
 use anyhow::{ensure, Context, Result};
@@ -325,6 +325,20 @@ async fn a_store_pause_longer_than_the_ttl_stops_the_holder_before_anyone_takes_
     Ok(())
 }
 
+/// `holder` runs on `k` while `other` is refused it (code 75), then lets it go.
+async fn held_while_refused(holder: &TestAgent, other: &TestAgent, k: &str) -> Result<Ready> {
+    let mut held = holder.run(&[k], &[], HOLD)?;
+    let ready = held.ready().await?;
+    other
+        .run(&[k], &[], "echo must-not-run")?
+        .finish()
+        .await?
+        .expect_code(75)?;
+    held.end();
+    held.finish().await?.expect_code(0)?;
+    Ok(ready)
+}
+
 /// libfaketime moves an agent's wall clock; exclusion, crash release and
 /// takeover timing must not notice.
 async fn agents_whose_wall_clocks_are_hours_off_change_nothing(store: impl Store) -> Result<()> {
@@ -340,25 +354,9 @@ async fn agents_whose_wall_clocks_are_hours_off_change_nothing(store: impl Store
 
     // Exclusion: a holder whose clock is 5 h ahead is not taken for expired by
     // one 5 h behind, and the other way round.
-    let mut held = ahead.run(&[&k], &[], HOLD)?;
-    let first = held.ready().await?;
-    behind
-        .run(&[&k], &[], "echo must-not-run")?
-        .finish()
-        .await?
-        .expect_code(75)?;
-    held.end();
-    held.finish().await?.expect_code(0)?;
-    let mut held = behind.run(&[&k], &[], HOLD)?;
-    let second = held.ready().await?;
+    let first = held_while_refused(&ahead, &behind, &k).await?;
+    let second = held_while_refused(&behind, &ahead, &k).await?;
     ensure!(second.token() > first.token());
-    ahead
-        .run(&[&k], &[], "echo must-not-run")?
-        .finish()
-        .await?
-        .expect_code(75)?;
-    held.end();
-    held.finish().await?.expect_code(0)?;
 
     // Host loss: the agent ahead dies holding the key; the one behind takes over
     // after the TTL, not at once (its clock would call any record stale) and not

@@ -15,13 +15,13 @@
 //! The check and the grant are not atomic: a legacy `meltano run` that starts
 //! between the two is not seen. That gap closes once every run is wrapped.
 
+use crate::backend::forwarding::{Forwarding, Hooks};
 use crate::backend::postgres::{Kept, Settings};
 use crate::backend::{
-    redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant,
-    LeaseRef, Outsider, ProfiledBackend, Renewed, ReportName, StoredReport,
+    redact_uri, AcquireSpec, Backend, BackendError, Grant, Outsider, ProfiledBackend,
 };
 use async_trait::async_trait;
-use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord};
+use runlock_protocol::{Holder, Key};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
@@ -279,88 +279,36 @@ fn explain(run: &LegacyRun) -> String {
     )
 }
 
-/// A backend that refuses a key while Meltano's system database records a
-/// live run of it, unless the acquire forces the key (as `meltano run
-/// --force` skips Meltano's own check); everything else goes to the backend
-/// inside, unchanged.
+/// What a guarded backend does in front of the store's: it refuses a key
+/// while Meltano's system database records a live run of it, unless the
+/// acquire forces the key (as `meltano run --force` skips Meltano's own
+/// check); everything else goes to the store, unchanged.
 pub struct MeltanoGuard {
-    inner: Arc<dyn Backend>,
     db: Arc<MeltanoSystemDb>,
 }
 
 impl MeltanoGuard {
     /// `store`'s backend, guarded by `db`; what the store is stays as it was.
     pub fn wrap(store: ProfiledBackend, db: Arc<MeltanoSystemDb>) -> ProfiledBackend {
-        ProfiledBackend {
-            backend: Arc::new(MeltanoGuard {
-                inner: store.backend,
-                db,
-            }),
-            profile: store.profile,
-        }
+        Arc::new(Forwarding {
+            inner: store,
+            hooks: MeltanoGuard { db },
+        })
+        .into()
     }
 }
 
 #[async_trait]
-impl Backend for MeltanoGuard {
-    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+impl Hooks for MeltanoGuard {
+    async fn acquire(
+        &self,
+        inner: &dyn Backend,
+        spec: &AcquireSpec,
+    ) -> Result<Grant, BackendError> {
         if !spec.force {
             self.db.check(&spec.key).await?;
         }
-        self.inner.acquire(spec).await
-    }
-
-    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {
-        self.inner.renew(lease, ttl).await
-    }
-
-    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
-        self.inner.end(lease, ending).await
-    }
-
-    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
-        self.inner.inspect(key).await
-    }
-
-    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
-        self.inner.history(key).await
-    }
-
-    async fn list(
-        &self,
-        prefix: &str,
-        from: &crate::backend::ListFrom,
-        limit: usize,
-    ) -> Result<crate::backend::ListPage, BackendError> {
-        self.inner.list(prefix, from, limit).await
-    }
-
-    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
-        self.inner.adopt(lease, by).await
-    }
-
-    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
-        self.inner.confirm_stopped(lease).await
-    }
-
-    async fn displaced_stopped(
-        &self,
-        key: &Key,
-        displaced: &Displaced,
-    ) -> Result<bool, BackendError> {
-        self.inner.displaced_stopped(key, displaced).await
-    }
-
-    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
-        self.inner.put_report(agent, body).await
-    }
-
-    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
-        self.inner.reports().await
-    }
-
-    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
-        self.inner.remove_report(agent).await
+        inner.acquire(spec).await
     }
 }
 

@@ -29,6 +29,7 @@ macro_rules! test_matrix {
 }
 
 pub mod agent;
+pub mod bench_args;
 pub mod bins;
 pub mod browser;
 pub mod client;

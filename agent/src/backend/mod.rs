@@ -8,6 +8,7 @@ mod failure;
 mod file;
 #[cfg(any(test, feature = "test-support"))]
 pub(crate) mod fixtures;
+pub(crate) mod forwarding;
 pub mod history;
 mod key_name;
 mod memory;

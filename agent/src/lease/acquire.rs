@@ -652,7 +652,7 @@ impl Drop for Place<'_> {
 #[cfg(test)]
 mod tests {
     use super::super::testing::*;
-    use crate::backend::{AcquireSpec, Backend, BackendError, Grant, LeaseRef};
+    use crate::backend::{AcquireSpec, Backend, BackendError, Grant};
     use runlock_protocol::{ErrorCode, LostReason};
     use std::sync::atomic::Ordering;
     use tokio::time::Instant;
@@ -713,104 +713,37 @@ mod tests {
     /// force lands, another agent takes slot 1 of the key with a count of 2.
     #[derive(Default)]
     struct Staged {
-        store: Arc<MemoryBackend>,
         answers_first_last: bool,
         slot_joins_force: bool,
         calls: std::sync::atomic::AtomicUsize,
         let_first_answer: tokio::sync::Notify,
     }
 
-    impl crate::backend::Profiled for Staged {
-        fn profile(&self) -> crate::backend::Profile {
-            self.store.profile()
-        }
-    }
-
     #[async_trait::async_trait]
-    impl Backend for Staged {
-        async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
-            let grant = self.store.acquire(spec).await;
+    impl Hooks for Staged {
+        async fn acquire(
+            &self,
+            store: &dyn Backend,
+            spec: &AcquireSpec,
+        ) -> Result<Grant, BackendError> {
+            let grant = store.acquire(spec).await;
             if self.slot_joins_force && spec.force {
                 let mut other =
                     crate::backend::fixtures::spec("k", "other", false, Duration::from_secs(30));
                 other.key = spec.key.slot_record(1);
                 (other.holder.slot, other.holder.slots) = (Some(1), Some(2));
-                self.store.acquire(&other).await.expect("slot 1 is free");
+                store.acquire(&other).await.expect("slot 1 is free");
             }
             if self.answers_first_last && self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
                 self.let_first_answer.notified().await;
             }
             grant
         }
-        async fn renew(
-            &self,
-            lease: &LeaseRef,
-            ttl: Duration,
-        ) -> Result<crate::backend::Renewed, BackendError> {
-            self.store.renew(lease, ttl).await
-        }
-        async fn end(
-            &self,
-            lease: &LeaseRef,
-            ending: &crate::backend::Ending,
-        ) -> Result<(), BackendError> {
-            self.store.end(lease, ending).await
-        }
-        async fn inspect(&self, key: &Key) -> Result<runlock_protocol::KeyRecord, BackendError> {
-            self.store.inspect(key).await
-        }
-        async fn history(
-            &self,
-            key: &Key,
-        ) -> Result<Vec<runlock_protocol::KeyEvent>, BackendError> {
-            self.store.history(key).await
-        }
-        async fn list(
-            &self,
-            prefix: &str,
-            from: &crate::backend::ListFrom,
-            limit: usize,
-        ) -> Result<crate::backend::ListPage, BackendError> {
-            self.store.list(prefix, from, limit).await
-        }
-        async fn adopt(
-            &self,
-            lease: &LeaseRef,
-            by: &crate::backend::Adopter,
-        ) -> Result<crate::backend::Adopted, BackendError> {
-            self.store.adopt(lease, by).await
-        }
-        async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
-            self.store.confirm_stopped(lease).await
-        }
-        async fn displaced_stopped(
-            &self,
-            key: &Key,
-            displaced: &crate::backend::Displaced,
-        ) -> Result<bool, BackendError> {
-            self.store.displaced_stopped(key, displaced).await
-        }
-        async fn put_report(
-            &self,
-            agent: &crate::backend::ReportName,
-            body: Vec<u8>,
-        ) -> Result<(), BackendError> {
-            self.store.put_report(agent, body).await
-        }
-        async fn reports(&self) -> Result<Vec<crate::backend::StoredReport>, BackendError> {
-            self.store.reports().await
-        }
-        async fn remove_report(
-            &self,
-            agent: &crate::backend::ReportName,
-        ) -> Result<(), BackendError> {
-            self.store.remove_report(agent).await
-        }
     }
 
     #[tokio::test]
     async fn a_force_answered_after_a_later_one_is_refused_and_frees_nothing() {
-        let backend = Arc::new(Staged {
+        let backend = hooked(Staged {
             answers_first_last: true,
             ..Staged::default()
         });
@@ -827,7 +760,15 @@ mod tests {
         // The first force has reached the store once its record is there.
         let key = Key::new("k").expect("valid");
         let waited = tokio::time::timeout(Duration::from_secs(10), async {
-            while backend.store.inspect(&key).await.expect("inspect").token == 0 {
+            while backend
+                .inner
+                .backend
+                .inspect(&key)
+                .await
+                .expect("inspect")
+                .token
+                == 0
+            {
                 tokio::task::yield_now().await;
             }
         });
@@ -846,7 +787,7 @@ mod tests {
             }
         });
         registered.await.expect("the second force registered");
-        backend.let_first_answer.notify_one();
+        backend.hooks.let_first_answer.notify_one();
         let err = first_force
             .await
             .expect("the first force ran")
@@ -868,14 +809,14 @@ mod tests {
             );
         }
         assert_eq!(registry.list().len(), 1);
-        let record = backend.store.inspect(&key).await.expect("inspect");
+        let record = backend.inner.backend.inspect(&key).await.expect("inspect");
         assert_eq!(record.holder.expect("held").token, later[0].token);
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_force_given_back_for_its_slot_count_keeps_the_key_until_the_run_it_displaced_has_stopped(
     ) {
-        let backend = Arc::new(Staged {
+        let backend = hooked(Staged {
             slot_joins_force: true,
             ..Staged::default()
         });
@@ -896,7 +837,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(3)).await;
         assert!(!force.is_finished(), "given back before the run stopped");
         let key = Key::new("k").expect("valid");
-        let record = backend.store.inspect(&key).await.expect("inspect");
+        let record = backend.inner.backend.inspect(&key).await.expect("inspect");
         assert!(
             record.holder.is_some(),
             "slot 0 freed beside the displaced run"
@@ -908,7 +849,7 @@ mod tests {
             .expect("ran")
             .expect_err("its slot count does not match");
         assert_eq!(refused.code(), ErrorCode::SlotsMismatch);
-        let record = backend.store.inspect(&key).await.expect("inspect");
+        let record = backend.inner.backend.inspect(&key).await.expect("inspect");
         assert!(record.holder.is_none(), "{record:?}");
     }
 

@@ -122,103 +122,35 @@ mod tests {
     /// Two agents on one store whose releases are announced, as a Postgres
     /// `NOTIFY` or an etcd watch announces them.
     struct Announcing {
-        store: Arc<MemoryBackend>,
         released: tokio::sync::broadcast::Sender<Key>,
     }
 
-    impl crate::backend::Profiled for Announcing {
-        fn profile(&self) -> crate::backend::Profile {
-            crate::backend::Profile {
-                description: "announcing".into(),
-                releases: Some(self.released.clone()),
-                ..self.store.profile()
-            }
-        }
-    }
-
     #[async_trait::async_trait]
-    impl Backend for Announcing {
-        async fn acquire(
-            &self,
-            spec: &crate::backend::AcquireSpec,
-        ) -> Result<crate::backend::Grant, BackendError> {
-            self.store.acquire(spec).await
-        }
-        async fn renew(
-            &self,
-            lease: &LeaseRef,
-            ttl: Duration,
-        ) -> Result<crate::backend::Renewed, BackendError> {
-            self.store.renew(lease, ttl).await
-        }
+    impl Hooks for Announcing {
         async fn end(
             &self,
+            store: &dyn Backend,
             lease: &LeaseRef,
             ending: &crate::backend::Ending,
         ) -> Result<(), BackendError> {
-            self.store.end(lease, ending).await?;
+            store.end(lease, ending).await?;
             let _ = self.released.send(lease.key.clone());
             Ok(())
         }
-        async fn inspect(&self, key: &Key) -> Result<runlock_protocol::KeyRecord, BackendError> {
-            self.store.inspect(key).await
-        }
-        async fn history(
-            &self,
-            key: &Key,
-        ) -> Result<Vec<runlock_protocol::KeyEvent>, BackendError> {
-            self.store.history(key).await
-        }
-        async fn list(
-            &self,
-            prefix: &str,
-            from: &crate::backend::ListFrom,
-            limit: usize,
-        ) -> Result<crate::backend::ListPage, BackendError> {
-            self.store.list(prefix, from, limit).await
-        }
-        async fn adopt(
-            &self,
-            lease: &LeaseRef,
-            by: &crate::backend::Adopter,
-        ) -> Result<crate::backend::Adopted, BackendError> {
-            self.store.adopt(lease, by).await
-        }
-        async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
-            self.store.confirm_stopped(lease).await
-        }
-        async fn displaced_stopped(
-            &self,
-            key: &Key,
-            displaced: &crate::backend::Displaced,
-        ) -> Result<bool, BackendError> {
-            self.store.displaced_stopped(key, displaced).await
-        }
-        async fn put_report(
-            &self,
-            agent: &crate::backend::ReportName,
-            body: Vec<u8>,
-        ) -> Result<(), BackendError> {
-            self.store.put_report(agent, body).await
-        }
-        async fn reports(&self) -> Result<Vec<crate::backend::StoredReport>, BackendError> {
-            self.store.reports().await
-        }
-        async fn remove_report(
-            &self,
-            agent: &crate::backend::ReportName,
-        ) -> Result<(), BackendError> {
-            self.store.remove_report(agent).await
+
+        fn profile(&self, store: crate::backend::Profile) -> crate::backend::Profile {
+            crate::backend::Profile {
+                description: "announcing".into(),
+                releases: Some(self.released.clone()),
+                ..store
+            }
         }
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_release_the_backend_announces_wakes_a_waiter_on_another_agent_at_once() {
         let (released, _) = tokio::sync::broadcast::channel(16);
-        let backend = Arc::new(Announcing {
-            store: Arc::new(MemoryBackend::default()),
-            released,
-        });
+        let backend = hooked(Announcing { released });
         let agent = |id: &str| agent(backend.clone(), id);
         let (a, b) = (agent("agent-a"), agent("agent-b"));
         let (holder, _a_events) = connect(&a, ROOT);

@@ -4,6 +4,7 @@ pub(super) use super::{
     AcquireRequest, ConnId, Event, Events, Granted, Identity, LeaseError, PeerCred, Policy,
     Registry,
 };
+pub(super) use crate::backend::forwarding::{Forwarding, Hooks};
 pub(super) use crate::backend::{MemoryBackend, ProfiledBackend};
 pub(super) use crate::process::Peer;
 pub(super) use runlock_protocol::{Key, Lease, OnLost};
@@ -74,4 +75,13 @@ pub(super) async fn take(
 pub(super) fn waiting(registry: &Registry, key: &str) -> usize {
     let key = Key::new(key).expect("valid");
     registry.state().queues.len(&key)
+}
+
+/// A fresh memory store with `hooks` in front of it: for tests that stage
+/// something around `acquire` or `end` (a race, an announced release).
+pub(super) fn hooked<H: Hooks>(hooks: H) -> Arc<Forwarding<H>> {
+    Arc::new(Forwarding {
+        inner: Arc::new(MemoryBackend::default()).into(),
+        hooks,
+    })
 }

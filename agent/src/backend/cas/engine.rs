@@ -414,42 +414,73 @@ impl CasEngine {
     }
 
     /// Writes `record` over our last version; a conflict is resolved by reading:
-    /// if the record is still ours (our previous write landed unanswered), write again.
+    /// if the record is still ours (our previous write landed unanswered), write
+    /// again at once, over the version read.
     async fn overwrite(&self, lease: &LeaseRef, record: CasRecord) -> Result<String, BackendError> {
-        let name = self.name(&lease.key);
-        let mut version = self
-            .version_of(&lease.lease_id)
-            .ok_or(BackendError::LeaseMismatch)?;
-        let mut last_error = None;
-        for attempt in 1..=RETRY.attempts {
-            let booking = self.pacer.book(&name).await;
-            match self
-                .store
-                .put(&name, record.to_json(), Precondition::Matches(&version))
-                .await
-            {
-                Ok(new) => return Ok(new),
-                Err(CasError::Refused(why)) => return Err(BackendError::Unavailable(why)),
-                Err(CasError::Unavailable(why)) => {
-                    last_error = Some(why);
-                    RETRY.wait(attempt).await;
-                    continue;
-                }
-                Err(CasError::Conflict) => self.pacer.cancel(&name, booking),
-            }
-            let read = self.store.get(&name).await.map_err(unavailable)?;
-            let current = match &read.object {
-                Some(stored) => (self.parse(&name, stored)?, stored.version.clone()),
-                None => return Err(BackendError::LeaseMismatch),
-            };
-            if !current.0.held_by(&lease.lease_id, lease.token) {
-                return Err(BackendError::LeaseMismatch);
-            }
-            version = current.1;
-        }
-        Err(BackendError::Unavailable(
-            last_error.unwrap_or_else(|| "the store kept changing".into()),
-        ))
+        let name = &self.name(&lease.key);
+        let record = &record;
+        // What one try leaves the next (mutexes, as the future must be `Send`).
+        let version = &Mutex::new(
+            self.version_of(&lease.lease_id)
+                .ok_or(BackendError::LeaseMismatch)?,
+        );
+        let last_unavailable = &Mutex::new(None);
+        let written = RETRY
+            .run_paced(
+                None,
+                |_| async move {
+                    let booking = self.pacer.book(name).await;
+                    let over = version.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    match self
+                        .store
+                        .put(name, record.to_json(), Precondition::Matches(&over))
+                        .await
+                    {
+                        Ok(new) => return Ok(new),
+                        Err(CasError::Refused(why)) => {
+                            return Err(Overwrite::Failed(BackendError::Unavailable(why)))
+                        }
+                        Err(CasError::Unavailable(why)) => {
+                            *last_unavailable.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                            return Err(Overwrite::Unavailable);
+                        }
+                        Err(CasError::Conflict) => self.pacer.cancel(name, booking),
+                    }
+                    let read = self
+                        .store
+                        .get(name)
+                        .await
+                        .map_err(|err| Overwrite::Failed(unavailable(err)))?;
+                    let current = match &read.object {
+                        Some(stored) => (
+                            self.parse(name, stored).map_err(Overwrite::Failed)?,
+                            stored.version.clone(),
+                        ),
+                        None => return Err(Overwrite::Failed(BackendError::LeaseMismatch)),
+                    };
+                    if !current.0.held_by(&lease.lease_id, lease.token) {
+                        return Err(Overwrite::Failed(BackendError::LeaseMismatch));
+                    }
+                    *version.lock().unwrap_or_else(|e| e.into_inner()) = current.1;
+                    Err(Overwrite::StillOurs)
+                },
+                |failed, tried| match failed {
+                    Overwrite::Unavailable => Some(RETRY.pause(tried)),
+                    Overwrite::StillOurs => Some(Duration::ZERO),
+                    Overwrite::Failed(_) => None,
+                },
+            )
+            .await;
+        written.map_err(|failed| match failed {
+            Overwrite::Failed(err) => err,
+            Overwrite::Unavailable | Overwrite::StillOurs => BackendError::Unavailable(
+                last_unavailable
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .take()
+                    .unwrap_or_else(|| "the store kept changing".into()),
+            ),
+        })
     }
 
     fn version_of(&self, lease_id: &str) -> Option<String> {
@@ -467,6 +498,16 @@ impl CasEngine {
             .get(lease_id)
             .map(|h| h.record.clone())
     }
+}
+
+/// How one try of [`CasEngine::overwrite`] failed.
+enum Overwrite {
+    /// The store did not answer: pause, then try again.
+    Unavailable,
+    /// Someone wrote, but the record is still ours: write again at once.
+    StillOurs,
+    /// No other try will mend it.
+    Failed(BackendError),
 }
 
 /// The lease a forced `record` took over, once written: the holder as read
@@ -515,15 +556,27 @@ impl Backend for CasEngine {
         if let Some(grant) = self.try_acquire(spec, &name, true).await? {
             return Ok(grant);
         }
-        for attempt in 1..=RETRY.attempts {
-            if let Some(grant) = self.try_acquire(spec, &name, false).await? {
-                return Ok(grant);
-            }
-            RETRY.wait(attempt).await;
-        }
-        Err(BackendError::Unavailable(format!(
-            "{name}: too much contention, or the store keeps failing"
-        )))
+        // `Err(None)`: contended, or the store failed; try again.
+        let name = &name;
+        let acquired = RETRY
+            .run(
+                |_| async move {
+                    match self.try_acquire(spec, name, false).await {
+                        Ok(Some(grant)) => Ok(grant),
+                        Ok(None) => Err(None),
+                        Err(err) => Err(Some(err)),
+                    }
+                },
+                Option::is_none,
+            )
+            .await;
+        acquired.map_err(|failed| {
+            failed.unwrap_or_else(|| {
+                BackendError::Unavailable(format!(
+                    "{name}: too much contention, or the store keeps failing"
+                ))
+            })
+        })
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {

@@ -71,33 +71,32 @@ impl Connection {
     /// One request, attempted again (a bounded number of times) while etcd
     /// cannot be reached. Every request here may be repeated safely: a write
     /// whose answer was lost is recognised when it is read back.
-    pub(super) async fn call<T, F, Fut>(&self, mut request: F) -> Result<T, Problem>
+    pub(super) async fn call<T, F, Fut>(&self, request: F) -> Result<T, Problem>
     where
-        F: FnMut(Client) -> Fut,
+        F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<T, etcd_client::Error>>,
     {
-        let mut attempt = 0;
-        loop {
-            let answer = tokio::time::timeout(TIMEOUTS.attempt, async {
-                let client = self.client().await?;
-                request(client).await
-            })
-            .await;
-            let problem = match answer {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(err)) => self.classify(err),
-                Err(_) => {
-                    Problem::Transient(format!("no answer within {} s", TIMEOUTS.attempt.as_secs()))
-                }
-            };
-            attempt += 1;
-            match problem {
-                Problem::Transient(_) if TRANSIENT.allows_another(attempt) => {
-                    TRANSIENT.wait(attempt).await
-                }
-                problem => return Err(problem),
-            }
-        }
+        let request = &request;
+        TRANSIENT
+            .run(
+                |_| async move {
+                    let answer = tokio::time::timeout(TIMEOUTS.attempt, async {
+                        let client = self.client().await?;
+                        request(client).await
+                    })
+                    .await;
+                    match answer {
+                        Ok(Ok(value)) => Ok(value),
+                        Ok(Err(err)) => Err(self.classify(err)),
+                        Err(_) => Err(Problem::Transient(format!(
+                            "no answer within {} s",
+                            TIMEOUTS.attempt.as_secs()
+                        ))),
+                    }
+                },
+                |problem| matches!(problem, Problem::Transient(_)),
+            )
+            .await
     }
 }
 

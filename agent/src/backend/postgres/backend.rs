@@ -114,6 +114,44 @@ impl PostgresBackend {
 }
 
 impl PostgresBackend {
+    /// The row `statement` (one that takes only the key) reads for `key`, if any.
+    async fn row_of(
+        &self,
+        key: &Key,
+        statement: fn(&sql::Statements) -> &sql::Statement,
+    ) -> Result<Option<tokio_postgres::Row>, BackendError> {
+        let name = key.as_str();
+        let (row, _) = self
+            .session
+            .run(|link, statements| async move {
+                statement(&statements)
+                    .query_opt(&link.client, &[&name])
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        Ok(row)
+    }
+
+    /// The rows `statement` (one that takes a key and a token) answers.
+    async fn rows_of_token(
+        &self,
+        key: &str,
+        token: i64,
+        statement: fn(&sql::Statements) -> &sql::Statement,
+    ) -> Result<Vec<tokio_postgres::Row>, BackendError> {
+        let (rows, _) = self
+            .session
+            .run(|link, statements| async move {
+                statement(&statements)
+                    .query(&link.client, &[&key, &token])
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        Ok(rows)
+    }
+
     /// The row of `key` as `inspect` reports it, with its history: its first
     /// columns are `Statements::inspect`'s (`list` reads them too).
     fn shown(
@@ -246,15 +284,8 @@ impl Backend for PostgresBackend {
 
     async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
         let (key, token) = (lease.key.as_str(), stored_token(lease));
-        self.session
-            .run(|link, statements| async move {
-                statements
-                    .stopped
-                    .query(&link.client, &[&key, &token])
-                    .await
-            })
-            .await
-            .map_err(BackendError::Unavailable)?;
+        self.rows_of_token(key, token, |statements| &statements.stopped)
+            .await?;
         Ok(())
     }
 
@@ -267,16 +298,9 @@ impl Backend for PostgresBackend {
             key.as_str(),
             i64::try_from(displaced.token).unwrap_or(i64::MAX),
         );
-        let (taken, _) = self
-            .session
-            .run(|link, statements| async move {
-                statements
-                    .take_stopped
-                    .query(&link.client, &[&key, &token])
-                    .await
-            })
-            .await
-            .map_err(BackendError::Unavailable)?;
+        let taken = self
+            .rows_of_token(key, token, |statements| &statements.take_stopped)
+            .await?;
         Ok(!taken.is_empty())
     }
 
@@ -370,15 +394,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
-        let name = key.as_str();
-        let (row, _) = self
-            .session
-            .run(|link, statements| async move {
-                statements.inspect.query_opt(&link.client, &[&name]).await
-            })
-            .await
-            .map_err(BackendError::Unavailable)?;
-        match row {
+        match self.row_of(key, |statements| &statements.inspect).await? {
             Some(row) => Ok(self.shown(key, &row)?.0),
             None => Ok(KeyRecord::free(key, Scope::Global)),
         }
@@ -431,15 +447,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
-        let name = key.as_str();
-        let (row, _) = self
-            .session
-            .run(|link, statements| async move {
-                statements.history.query_opt(&link.client, &[&name]).await
-            })
-            .await
-            .map_err(BackendError::Unavailable)?;
-        match row {
+        match self.row_of(key, |statements| &statements.history).await? {
             Some(row) => self.history_of(key, column(&row, 0)?),
             None => Ok(Vec::new()),
         }

@@ -8,7 +8,7 @@ use super::errors::{classify, denied, missing_table, Failure};
 use super::link::{InUse, Kept, Link};
 use super::settings::Settings;
 use super::sql::{Sql, Statements};
-use crate::backend::retry::{TIMEOUTS, TRANSIENT};
+use crate::backend::retry::{RetryBudget, TIMEOUTS, TRANSIENT};
 use futures::StreamExt;
 use runlock_protocol::Key;
 use std::future::Future;
@@ -91,7 +91,8 @@ impl Session {
     /// Runs `op` on a live connection within `TIMEOUTS.operation`, each try on
     /// a fresh connection if the last one failed: at most [`TRANSIENT`]'s tries,
     /// but a server that is only out of connections (SQLSTATE class 53) is
-    /// tried again until the time is up. A statement that finds the table
+    /// tried again until the time is up; no try starts that a pause would
+    /// push past it. A statement that finds the table
     /// missing creates it and tries again. Returns the result and when the
     /// successful statement was sent.
     pub async fn run<T, F, Fut>(&self, op: F) -> Result<(T, Instant), String>
@@ -100,61 +101,67 @@ impl Session {
         Fut: Future<Output = Result<T, tokio_postgres::Error>>,
     {
         let deadline = Instant::now() + TIMEOUTS.operation;
-        let mut last = String::new();
-        let mut throttled = false;
-        let mut attempt = 0;
-        while attempt < TRANSIENT.attempts || throttled {
-            if attempt > 0 {
-                TRANSIENT.wait(attempt).await;
-            }
-            attempt += 1;
-            throttled = false;
-            let left = deadline.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                break;
-            }
-            let bound = left.min(TIMEOUTS.attempt);
-            let link = match tokio::time::timeout(bound, self.link()).await {
-                Ok(Ok(link)) => link,
-                Ok(Err((Failure::Refused(message), _))) => return Err(message),
-                Ok(Err((failure, overloaded))) => {
-                    throttled = overloaded;
-                    last = failure.message();
-                    continue;
-                }
-                Err(_) => {
-                    last = self.no_answer(bound);
-                    continue;
-                }
-            };
-            self.sent.fetch_add(1, Ordering::Relaxed);
-            let sent = Instant::now();
-            let used = Arc::clone(&link);
-            let answer = tokio::time::timeout(bound, op(link, self.statements.clone())).await;
-            match answer {
-                Ok(Ok(value)) => return Ok((value, sent)),
-                Ok(Err(err)) if missing_table(&err) => {
-                    if let Err(failure) = self.ensure().await {
-                        return Err(failure.message());
+        let op = &op;
+        let ran = UNTIL_THE_DEADLINE
+            .run_paced(
+                Some(deadline),
+                |_| async move {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    let bound = left.min(TIMEOUTS.attempt);
+                    let link = match tokio::time::timeout(bound, self.link()).await {
+                        Ok(Ok(link)) => link,
+                        Ok(Err((Failure::Refused(message), _))) => {
+                            return Err(Tried::Stop(message))
+                        }
+                        Ok(Err((failure, overloaded))) => {
+                            return Err(Tried::Again {
+                                why: failure.message(),
+                                overloaded,
+                            })
+                        }
+                        Err(_) => return Err(Tried::again(self.no_answer(bound))),
+                    };
+                    self.sent.fetch_add(1, Ordering::Relaxed);
+                    let sent = Instant::now();
+                    let used = Arc::clone(&link);
+                    let answer =
+                        tokio::time::timeout(bound, op(link, self.statements.clone())).await;
+                    match answer {
+                        Ok(Ok(value)) => Ok((value, sent)),
+                        Ok(Err(err)) if missing_table(&err) => match self.ensure().await {
+                            Ok(()) => Err(Tried::again(self.explain(&err).message())),
+                            Err(failure) => Err(Tried::Stop(failure.message())),
+                        },
+                        Ok(Err(err)) => {
+                            let failure = self.explain(&err);
+                            if !failure.is_transient() {
+                                return Err(Tried::Stop(failure.message()));
+                            }
+                            self.link.forget(&used).await;
+                            Err(Tried::Again {
+                                why: failure.message(),
+                                overloaded: overloaded(&err),
+                            })
+                        }
+                        Err(_) => {
+                            self.link.forget(&used).await;
+                            Err(Tried::again(self.no_answer(bound)))
+                        }
                     }
-                    last = self.explain(&err).message();
-                }
-                Ok(Err(err)) => {
-                    let failure = self.explain(&err);
-                    if !failure.is_transient() {
-                        return Err(failure.message());
+                },
+                |tried, count| match tried {
+                    Tried::Again { overloaded, .. }
+                        if count < TRANSIENT.attempts || *overloaded =>
+                    {
+                        Some(TRANSIENT.pause(count))
                     }
-                    throttled = overloaded(&err);
-                    last = failure.message();
-                    self.link.forget(&used).await;
-                }
-                Err(_) => {
-                    last = self.no_answer(bound);
-                    self.link.forget(&used).await;
-                }
-            }
-        }
-        Err(last)
+                    _ => None,
+                },
+            )
+            .await;
+        ran.map_err(|tried| match tried {
+            Tried::Stop(why) | Tried::Again { why, .. } => why,
+        })
     }
 
     fn no_answer(&self, within: Duration) -> String {
@@ -211,6 +218,31 @@ impl Session {
             .map_err(|err| self.explain(&err))?;
         tracing::info!(table = %self.sql.table(), "created (or completed) the lock table");
         Ok(())
+    }
+}
+
+/// [`TRANSIENT`]'s pauses, for as many tries as the time allows: how many
+/// [`Session::run`] makes is its own to decide.
+const UNTIL_THE_DEADLINE: RetryBudget = RetryBudget {
+    attempts: u32::MAX,
+    ..TRANSIENT
+};
+
+/// How one try of [`Session::run`] failed.
+enum Tried {
+    /// No other try will mend it.
+    Stop(String),
+    /// Another may work: within [`TRANSIENT`]'s tries, or, when the
+    /// server is only `overloaded` (out of connections), until the time is up.
+    Again { why: String, overloaded: bool },
+}
+
+impl Tried {
+    fn again(why: String) -> Tried {
+        Tried::Again {
+            why,
+            overloaded: false,
+        }
     }
 }
 

@@ -101,46 +101,55 @@ impl GcsStore {
                 )))
             }
         };
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let mut builder = request();
-            if let Some(token) = &token {
-                builder = builder.header(AUTHORIZATION, format!("Bearer {token}"));
-            }
-            if let Some(content_type) = content_type {
-                builder = builder.header(CONTENT_TYPE, content_type);
-            }
-            let built = builder.body(Full::new(body.clone())).map_err(|err| {
-                CasError::Refused(format!("cannot build a request for {what}: {err}"))
-            })?;
-            let attempt_end = deadline.min(Instant::now() + TIMEOUTS.attempt);
-            let outcome = match tokio::time::timeout_at(attempt_end, self.send(built)).await {
-                Ok(outcome) => outcome,
-                Err(_) => Err(format!(
-                    "GCS at {} did not answer within {}s for {what}",
-                    self.location,
-                    TIMEOUTS.attempt.as_secs()
-                )),
-            };
-            if let Ok(answer) = &outcome {
-                if matches!(answer.status.as_u16(), 429 | 503) {
-                    crate::metrics::throttled("gcs");
-                }
-            }
-            let pause = match &outcome {
-                Ok(answer) if answer.status == StatusCode::TOO_MANY_REQUESTS => {
-                    TRANSIENT.pause(attempt).max(THROTTLED_PAUSE)
-                }
-                Ok(answer) if retryable(answer.status) => TRANSIENT.pause(attempt),
-                Ok(_) => return outcome.map_err(CasError::Unavailable),
-                Err(_) => TRANSIENT.pause(attempt),
-            };
-            if !TRANSIENT.allows_another(attempt) || Instant::now() + pause >= deadline {
-                return outcome.map_err(CasError::Unavailable);
-            }
-            tokio::time::sleep(pause).await;
-        }
+        let (token, request, body) = (&token, &request, &body);
+        // A retryable answer or failure is the error of a try; the last one
+        // stands, an error status included.
+        let exchanged = TRANSIENT
+            .run_paced(
+                Some(deadline),
+                |_| async move {
+                    let mut builder = request();
+                    if let Some(token) = token {
+                        builder = builder.header(AUTHORIZATION, format!("Bearer {token}"));
+                    }
+                    if let Some(content_type) = content_type {
+                        builder = builder.header(CONTENT_TYPE, content_type);
+                    }
+                    let built = builder.body(Full::new(body.clone())).map_err(|err| {
+                        Err(CasError::Refused(format!(
+                            "cannot build a request for {what}: {err}"
+                        )))
+                    })?;
+                    let attempt_end = deadline.min(Instant::now() + TIMEOUTS.attempt);
+                    let answer = match tokio::time::timeout_at(attempt_end, self.send(built)).await
+                    {
+                        Ok(outcome) => outcome,
+                        Err(_) => Err(format!(
+                            "GCS at {} did not answer within {}s for {what}",
+                            self.location,
+                            TIMEOUTS.attempt.as_secs()
+                        )),
+                    }
+                    .map_err(|why| Err(CasError::Unavailable(why)))?;
+                    if matches!(answer.status.as_u16(), 429 | 503) {
+                        crate::metrics::throttled("gcs");
+                    }
+                    if retryable(answer.status) {
+                        Err(Ok(answer))
+                    } else {
+                        Ok(answer)
+                    }
+                },
+                |failed, tried| match failed {
+                    Ok(answer) if answer.status == StatusCode::TOO_MANY_REQUESTS => {
+                        Some(TRANSIENT.pause(tried).max(THROTTLED_PAUSE))
+                    }
+                    Ok(_) | Err(CasError::Unavailable(_)) => Some(TRANSIENT.pause(tried)),
+                    Err(_) => None,
+                },
+            )
+            .await;
+        exchanged.or_else(|last| last)
     }
 
     /// One HTTP exchange; the error is a message naming the cause.

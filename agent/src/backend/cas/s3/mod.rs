@@ -235,39 +235,44 @@ impl CasStore for S3Store {
     ) -> Result<String, CasError> {
         let version = only_if.version();
         let key = name;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            let request = self
-                .client
-                .put_object()
-                .bucket(&self.bucket)
-                .key(key)
-                .content_type("application/json")
-                .body(ByteStream::from(body.clone()));
-            let request = match version {
-                None => request.if_none_match("*"),
-                Some(etag) => request.if_match(etag),
-            };
-            let failure = match request.send().await {
-                Ok(output) => {
-                    return output.e_tag().map(str::to_string).ok_or_else(|| {
-                        CasError::Unavailable(format!(
+        let body = &body;
+        let written = CONFLICT_RETRY
+            .run(
+                |_| async move {
+                    let request = self
+                        .client
+                        .put_object()
+                        .bucket(&self.bucket)
+                        .key(key)
+                        .content_type("application/json")
+                        .body(ByteStream::from(body.clone()));
+                    let request = match version {
+                        None => request.if_none_match("*"),
+                        Some(etag) => request.if_match(etag),
+                    };
+                    let output = request
+                        .send()
+                        .await
+                        .map_err(|err| self.classify(err, key))?;
+                    output.e_tag().map(str::to_string).ok_or_else(|| {
+                        errors::Failure::Transient(format!(
                             "S3 at {} answered a write of {key} without an ETag",
                             self.location
                         ))
                     })
+                },
+                |failure| matches!(failure, errors::Failure::Expected(Handled::Busy)),
+            )
+            .await;
+        match written {
+            Ok(etag) => Ok(etag),
+            // If-Match on a missing object: someone removed it; the engine
+            // re-reads. Still busy after the last try: the same.
+            Err(failure) => match failure.expected()? {
+                Handled::PreconditionFailed | Handled::NoSuchKey | Handled::Busy => {
+                    Err(CasError::Conflict)
                 }
-                Err(err) => self.classify(err, key),
-            };
-            match failure.expected()? {
-                // If-Match on a missing object: someone removed it; the engine re-reads.
-                Handled::PreconditionFailed | Handled::NoSuchKey => return Err(CasError::Conflict),
-                Handled::Busy if CONFLICT_RETRY.allows_another(attempt) => {
-                    CONFLICT_RETRY.wait(attempt).await;
-                }
-                Handled::Busy => return Err(CasError::Conflict),
-            }
+            },
         }
     }
 

@@ -1,0 +1,110 @@
+//! A backend that passes every request on to another, but for what its
+//! [`Hooks`] do in place of `acquire` or `end`: the decorators that change
+//! one request (Meltano's guard, the tests' staged stores) write only that one.
+
+use super::{
+    AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant, LeaseRef,
+    ListFrom, ListPage, Profile, Profiled, ProfiledBackend, Renewed, ReportName, StoredReport,
+};
+use async_trait::async_trait;
+use runlock_protocol::{Key, KeyEvent, KeyRecord};
+use std::time::Duration;
+
+/// `inner`, with `hooks` in front of it.
+pub(crate) struct Forwarding<H> {
+    pub(crate) inner: ProfiledBackend,
+    pub(crate) hooks: H,
+}
+
+/// What a [`Forwarding`] backend does in place of passing a request on; by
+/// default, it passes it on.
+#[async_trait]
+pub(crate) trait Hooks: Send + Sync + 'static {
+    async fn acquire(
+        &self,
+        inner: &dyn Backend,
+        spec: &AcquireSpec,
+    ) -> Result<Grant, BackendError> {
+        inner.acquire(spec).await
+    }
+
+    async fn end(
+        &self,
+        inner: &dyn Backend,
+        lease: &LeaseRef,
+        ending: &Ending,
+    ) -> Result<(), BackendError> {
+        inner.end(lease, ending).await
+    }
+
+    /// What the backend is, given what `inner` is.
+    fn profile(&self, inner: Profile) -> Profile {
+        inner
+    }
+}
+
+impl<H: Hooks> Profiled for Forwarding<H> {
+    fn profile(&self) -> Profile {
+        self.hooks.profile(self.inner.profile.clone())
+    }
+}
+
+#[async_trait]
+impl<H: Hooks> Backend for Forwarding<H> {
+    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+        self.hooks.acquire(&*self.inner.backend, spec).await
+    }
+
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {
+        self.inner.backend.renew(lease, ttl).await
+    }
+
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
+        self.hooks.end(&*self.inner.backend, lease, ending).await
+    }
+
+    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+        self.inner.backend.inspect(key).await
+    }
+
+    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+        self.inner.backend.history(key).await
+    }
+
+    async fn list(
+        &self,
+        prefix: &str,
+        from: &ListFrom,
+        limit: usize,
+    ) -> Result<ListPage, BackendError> {
+        self.inner.backend.list(prefix, from, limit).await
+    }
+
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
+        self.inner.backend.adopt(lease, by).await
+    }
+
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+        self.inner.backend.confirm_stopped(lease).await
+    }
+
+    async fn displaced_stopped(
+        &self,
+        key: &Key,
+        displaced: &Displaced,
+    ) -> Result<bool, BackendError> {
+        self.inner.backend.displaced_stopped(key, displaced).await
+    }
+
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+        self.inner.backend.put_report(agent, body).await
+    }
+
+    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+        self.inner.backend.reports().await
+    }
+
+    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+        self.inner.backend.remove_report(agent).await
+    }
+}
