@@ -412,7 +412,7 @@ async fn meltanos_tables_beside_the_lock_table_are_left_alone() -> Result<()> {
     ensure!(runs == "dev:tap-to-target/RUNNING", "{runs}");
     ensure!(locks == "k/not runlock's", "{locks}");
     ensure!(
-        tables == "public.locks,public.runs,runlock.locks,runlock.stopped",
+        tables == "public.locks,public.runs,runlock.agents,runlock.locks,runlock.stopped",
         "{tables}"
     );
     drop(backend);
