@@ -6,9 +6,9 @@
 //! cargo run -p runlock-protocol --example gen_vectors
 //! ```
 //!
-//! The list of vectors lives in `tests/support/cases.rs`, shared with the test.
+//! The list of vectors lives in `tests/support/cases/`, shared with the test.
 
-#[path = "../tests/support/cases.rs"]
+#[path = "../tests/support/cases/mod.rs"]
 mod cases;
 
 use cases::{canonical, decode_only, Message, FRAME_PING_ID};
@@ -65,7 +65,7 @@ Each message of the runlock protocol as exact bytes, beside its meaning.
 client's tests should decode and, where stated, re-encode byte for byte.
 
 This file and every `.msgpack` file here are generated; do not edit them by
-hand. To regenerate after changing a message or `tests/support/cases.rs`:
+hand. To regenerate after changing a message or `tests/support/cases/`:
 
 ```text
 cargo run -p runlock-protocol --example gen_vectors

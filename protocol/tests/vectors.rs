@@ -1,8 +1,8 @@
 //! Golden test: every file in `vectors/` decodes to the value it stands for and
 //! re-encodes to the same bytes, and every message type has a vector. The list
-//! of vectors is `support/cases.rs`; `examples/gen_vectors.rs` writes the files.
+//! of vectors is `support/cases/`; `examples/gen_vectors.rs` writes the files.
 
-#[path = "support/cases.rs"]
+#[path = "support/cases/mod.rs"]
 mod cases;
 
 use cases::{canonical, decode_only, Message, FRAME_PING_ID};
@@ -44,7 +44,7 @@ fn decode(name: &str, bytes: &[u8]) -> Message {
 }
 
 /// The wire `type` of a client message. Adding a variant breaks this match on
-/// purpose: add its name to [`CLIENT_TYPES`] and a vector to `support/cases.rs`.
+/// purpose: add its name to [`CLIENT_TYPES`] and a vector to `support/cases/`.
 fn client_type(message: &ClientMessage) -> &'static str {
     match message {
         ClientMessage::Hello { .. } => "hello",
@@ -159,7 +159,7 @@ fn decode_only_vectors_decode_to_their_values() {
         let bytes = read(&path);
         assert_eq!(
             bytes, vector.bytes,
-            "{}: file differs from cases.rs; {REGENERATE}",
+            "{}: file differs from support/cases; {REGENERATE}",
             vector.name
         );
         assert_eq!(
@@ -278,7 +278,7 @@ fn every_file_is_a_listed_vector_and_documented() {
         assert_eq!(
             present,
             listed,
-            "{}: files and cases.rs differ; {REGENERATE}",
+            "{}: files and support/cases differ; {REGENERATE}",
             dir.display()
         );
         for name in names {

@@ -15,8 +15,17 @@ import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from . import messages
-from ._connection import HANDSHAKE_TIMEOUT_S, Connection
+from ._connection import Connection
+from ._follower import EventFollower
+from ._reattacher import Reattacher
 from ._socket_path import resolve
+# The timing constants live in _timeouts, shared with the reattach thread;
+# they are named here too, where they have always been.
+from ._timeouts import LIST_PAGE_TIMEOUT_S as LIST_PAGE_TIMEOUT_S
+from ._timeouts import REATTACH_PAUSE_MAX_S as REATTACH_PAUSE_MAX_S
+from ._timeouts import REATTACH_PAUSE_MIN_S as REATTACH_PAUSE_MIN_S
+from ._timeouts import RELEASE_WAIT_S as RELEASE_WAIT_S
+from ._timeouts import REPLY_SLACK_S as REPLY_SLACK_S
 from ._wire import close_fds
 from .errors import LockLost, ProtocolError, RunlockError
 from .messages import (
@@ -31,21 +40,6 @@ from .messages import (
 )
 
 _log = logging.getLogger("runlock")
-
-#: How long past the requested ``wait`` an answer may take before the agent is
-#: deemed hung (backend requests time out after a few seconds on the agent).
-REPLY_SLACK_S = 30.0
-#: How long one page of ``list_keys`` may take: the agent reads up to a
-#: thousand records for it, each bounded at 5 s, many at once.
-LIST_PAGE_TIMEOUT_S = 60.0
-
-#: Pause between reattach attempts while no agent answers: 50 ms, doubling
-#: to 500 ms (as the shim does), so a restarted agent is found within half a second.
-REATTACH_PAUSE_MIN_S = 0.05
-REATTACH_PAUSE_MAX_S = 0.5
-
-#: How long release() waits for a reattach in flight before cutting it off.
-RELEASE_WAIT_S = 5.0
 
 SocketPath = Union[str, "os.PathLike[str]", None]
 OnLost = Callable[[LostEvent], None]
@@ -86,12 +80,6 @@ def _unlock(fds: List[int]) -> None:
             fcntl.flock(fd, fcntl.LOCK_UN)
         except OSError as err:
             _log.debug("runlock: unlocking descriptor %d failed: %s", fd, err)
-
-
-def _retryable(err: RunlockError) -> bool:
-    """Whether a reattach may be tried again after ``err``: anything but an
-    agent's error answer (which has a code) other than ``unavailable``."""
-    return err.code is None or err.code == "unavailable"
 
 
 def _default_command() -> str:
@@ -158,11 +146,12 @@ class Lease:
         # agent holds the leases, as the shim does, so the old agent never sees
         # the run end before the next one has taken it over.
         self._retired: List[Connection] = []
-        self._reattacher: Optional[threading.Thread] = None
-        self._attempt: Optional[Connection] = None  # a reattach's connection, before it is adopted
-        self._stop = threading.Event()  # set by release(): a reattach in progress gives up
         self._reattaches = 0
-        self._follow(conn)
+        # The handle keeps the state; reading the agent's events and seeking
+        # the next agent are pieces of their own that change it under _lock.
+        self._reattacher = Reattacher(self)
+        self._follower = EventFollower(self)
+        self._follower.follow(conn)
 
     # ------------------------------------------------------------------ what is held
 
@@ -276,131 +265,6 @@ class Lease:
         known = [self._valid_until[i] for i in self._active if i in self._valid_until]
         return min(known) if known else time.monotonic()
 
-    def _follow(self, conn: Connection) -> None:
-        # Handlers bound to their connection, so one left behind cannot act
-        # for the lease once another holds it. Never called with _lock held:
-        # set_handlers replays what arrived before, and the handlers take it.
-        conn.set_handlers(
-            lambda message: self._on_event(conn, message),
-            lambda error: self._on_close(conn, error),
-        )
-
-    def _agent_lost(self, conn: Connection, why: str) -> None:
-        """The agent of ``conn`` is going or gone, and the leases outlive it:
-        keep them (and their locks) and seek the next agent in the background."""
-        with self._lock:
-            if self._released or not self._active or conn is not self._conn:
-                return
-            self._conn = None
-            self._retired.append(conn)
-            thread = threading.Thread(
-                target=self._reattach, name=f"runlock-reattach-{self._path}", daemon=True
-            )
-            self._reattacher = thread
-        _log.info("runlock: %s; keeping the lease and reattaching", why)
-        thread.start()
-
-    def _reattach(self) -> None:
-        """Retries, 50 ms doubling to 500 ms apart, while no agent answers or it
-        answers ``unavailable``, until the leases' deadline (the shim's rule)."""
-        pause = REATTACH_PAUSE_MIN_S
-        while not self._stop.is_set():
-            with self._lock:
-                grants = [g for g in self.grants if g.lease_id in self._active]
-                deadline = self._deadline()
-            if not grants:
-                return
-            if deadline is not None and time.monotonic() >= deadline:
-                self._lose_all("expired", "no agent took the lease over before its deadline")
-                return
-            try:
-                if self._try_reattach(grants, deadline):
-                    return
-            except Exception:  # a bug here must not leave the lease reattaching for ever unseen
-                _log.exception("runlock: reattach attempt failed; trying again")
-            wait = pause if deadline is None else min(pause, max(deadline - time.monotonic(), 0))
-            self._stop.wait(wait)
-            pause = min(pause * 2, REATTACH_PAUSE_MAX_S)
-
-    def _try_reattach(self, grants: List[Grant], deadline: Optional[float]) -> bool:
-        """One attempt; True when it settled the matter (adopted, refused, or
-        released). Only an agent's error answer other than ``unavailable``
-        refuses: no answer, a broken one or ``unavailable`` is tried again."""
-
-        def left() -> float:
-            return REPLY_SLACK_S if deadline is None else max(deadline - time.monotonic(), 0.001)
-
-        try:
-            conn = Connection(self._path, timeout=left())
-        except RunlockError as err:
-            if _retryable(err):  # no agent yet, or one too busy to take us
-                _log.debug("runlock: reattach: %s", err)
-                return False
-            self._lose_all("reattach_refused", err.message)
-            return True
-        with self._lock:
-            stopped = self._released
-            if not stopped:
-                self._attempt = conn
-        if stopped:
-            conn.close()
-            return True
-        try:
-            request = messages.reattach(conn.next_id(), grants)
-            reply, fds = conn.request_fds(request, timeout=min(REPLY_SLACK_S, left()))
-            close_fds(fds)  # the run keeps its own locks; a reattach passes none (SPEC 8.7)
-        except RunlockError as err:
-            conn.close()
-            if _retryable(err):  # its backend cannot be reached, or it went away
-                _log.debug("runlock: reattach: %s", err)
-                return False
-            self._lose_all(
-                "reattach_refused",
-                f"the agent would not take the lease over ({err.code}): {err.message}",
-            )
-            return True
-        finally:
-            with self._lock:
-                self._attempt = None
-        if not isinstance(reply, messages.Acquired):
-            conn.close()
-            _log.warning("runlock: reattach: unexpected answer %r; trying again", reply)
-            return False
-        self._adopt(conn, reply, grants)
-        return True
-
-    def _adopt(self, conn: Connection, reply: messages.Acquired, grants: List[Grant]) -> None:
-        """``conn`` now holds the leases; its ``acquired`` resets their deadline."""
-        with self._lock:
-            released = self._released
-            if not released:
-                self._conn, self._welcome = conn, conn.welcome
-                retired, self._retired = self._retired, []
-                if reply.valid_for_ms is not None:
-                    self._learn_valid_for(list(self._active), reply.valid_for_ms)
-                elif self._expires:
-                    # Leases that can expire, with no guarantee given: none beyond now.
-                    self._learn_valid_for(list(self._active), 0)
-                self._reattaches += 1
-                self.agent_restarting = False
-                self._reattacher = None
-                self._changed.notify_all()
-        if released:
-            # release() came while the reattach was in flight, and has already
-            # unlocked: give the adopted leases back through this connection.
-            try:
-                ids = [g.lease_id for g in grants]
-                conn.request(messages.release(conn.next_id(), lease_ids=ids), timeout=RELEASE_WAIT_S)
-            except RunlockError as err:
-                _log.debug("runlock: release after reattach failed (%s); closing releases anyway", err)
-            finally:
-                conn.close()
-            return
-        self._follow(conn)
-        for old in retired:
-            old.close()
-        _log.info("runlock: reattached to the agent at %s; the lock was kept", self._path)
-
     # ------------------------------------------------------------------ loss
 
     @property
@@ -451,40 +315,28 @@ class Lease:
         close_fds(fds)
         self._lose([LostEvent(g.lease_id, g.key, reason, message) for g in gone])
 
-    def _on_event(self, conn: Connection, message: AgentMessage) -> None:
+    def _held_through(self, conn: Connection) -> bool:
+        """Whether ``conn`` is the connection holding the leases now."""
         with self._lock:
-            if conn is not self._conn:
-                return  # an agent left behind: the leases are another's now
-        if isinstance(message, messages.Lost):
-            with self._lock:
-                ours = self._active.pop(message.event.lease_id, None) is not None
-                fd = self._fds.pop(message.event.lease_id, None)
-            if fd is not None:
-                _unlock([fd])
-                close_fds([fd])
-            if ours:
-                self._lose([message.event])
-        elif isinstance(message, messages.Renewed):
-            with self._lock:
-                if message.lease_id in self._active:
-                    self._learn_valid_for([message.lease_id], message.valid_for_ms)
-        elif isinstance(message, messages.Restarting):
-            self.agent_restarting = True
-            if conn.welcome.leases_survive_agent:
-                # Stop using this agent: it is handing the leases over (SPEC 5.3).
-                self._agent_lost(conn, f"the agent at {self._path} is restarting")
-            else:
-                # memory:// locks die with the agent (SPEC 5.3).
-                self._lose_all("restarting", "the agent is restarting and its locks end with it")
+            return conn is self._conn
 
-    def _on_close(self, conn: Connection, error: RunlockError) -> None:
+    def _lose_one(self, event: LostEvent) -> None:
+        """The agent says one lease is lost: its lock goes, and the loss is told."""
         with self._lock:
-            if conn is not self._conn:
-                return
-        if conn.welcome.leases_survive_agent:
-            self._agent_lost(conn, f"lost the agent: {error.message}")
-        else:
-            self._lose_all("agent_gone", f"lost the agent: {error.message}")
+            ours = self._active.pop(event.lease_id, None) is not None
+            fd = self._fds.pop(event.lease_id, None)
+        if fd is not None:
+            _unlock([fd])
+            close_fds([fd])
+        if ours:
+            self._lose([event])
+
+    def _renewed(self, lease_id: str, valid_for_ms: int) -> None:
+        """The agent renewed a lease: its guarantee runs from now."""
+        with self._lock:
+            if lease_id in self._active:
+                self._learn_valid_for([lease_id], valid_for_ms)
+
 
     # ------------------------------------------------------------------ release
 
@@ -507,16 +359,16 @@ class Lease:
             lease_ids = list(self._active)
             self._active = {}
             fds, self._fds = list(self._fds.values()), {}
-            reattacher = self._reattacher
+            reattacher = self._reattacher.thread
             self._changed.notify_all()
-        self._stop.set()
+        self._reattacher.stop()
         # Unlocked before the agent is told, for every holder (a child left
         # behind too): the agent marks the record free only once it can take
         # the lock itself, so there is no moment with two holders (SPEC 5.4).
         _unlock(fds)
         try:
             if reattacher is not None and reattacher is not threading.current_thread():
-                self._end_reattach(reattacher)
+                self._reattacher.end(reattacher)
             with self._lock:
                 conn = self._conn
             # From an on_lost callback (the reader thread) a request would wait
@@ -533,18 +385,6 @@ class Lease:
                 self._retired = []
             for conn in conns:
                 conn.close()
-
-    def _end_reattach(self, reattacher: threading.Thread) -> None:
-        """Lets a reattach in flight finish (it then releases through its
-        agent), bounded: past RELEASE_WAIT_S its connection is closed, which
-        has the agent release whatever it adopted."""
-        reattacher.join(RELEASE_WAIT_S)
-        if reattacher.is_alive():
-            with self._lock:
-                attempt = self._attempt
-            if attempt is not None:
-                attempt.close()
-            reattacher.join(HANDSHAKE_TIMEOUT_S)
 
     def __enter__(self) -> "Lease":
         return self
