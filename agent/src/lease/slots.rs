@@ -720,7 +720,7 @@ mod tests {
                 .expect("a slot is free");
         }
         store
-            .most_in_flight
+            .most_reads_in_flight
             .store(0, std::sync::atomic::Ordering::SeqCst);
         let member = PeerCred {
             pid: 2,
@@ -743,7 +743,7 @@ mod tests {
             assert_eq!(err.code(), ErrorCode::Timeout, "{err}");
         }
         let most = store
-            .most_in_flight
+            .most_reads_in_flight
             .load(std::sync::atomic::Ordering::SeqCst);
         assert!(
             most as usize <= TURNS_PER_USER * READS_IN_FLIGHT,

@@ -26,9 +26,11 @@ pub struct FaultyStore {
     /// Requests seen: reads and writes.
     pub gets: AtomicU64,
     pub puts: AtomicU64,
-    /// Requests being answered now, and the most there ever were at once.
-    in_flight: AtomicU64,
-    pub most_in_flight: AtomicU64,
+    /// Reads being answered now, and the most there ever were at once
+    /// (reads only: the agent's own report writes are not what a bound on
+    /// waiters' reads is about).
+    reads_in_flight: AtomicU64,
+    pub most_reads_in_flight: AtomicU64,
 }
 
 impl FaultyStore {
@@ -57,8 +59,8 @@ impl FaultyStore {
             fail_everything: AtomicBool::new(false),
             gets: AtomicU64::new(0),
             puts: AtomicU64::new(0),
-            in_flight: AtomicU64::new(0),
-            most_in_flight: AtomicU64::new(0),
+            reads_in_flight: AtomicU64::new(0),
+            most_reads_in_flight: AtomicU64::new(0),
         }
     }
 
@@ -106,10 +108,13 @@ impl FaultyStore {
     ) -> Result<T, CasError> {
         let counter = if write { &self.puts } else { &self.gets };
         counter.fetch_add(1, Ordering::SeqCst);
-        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        if write {
+            return self.fated(write, op).await;
+        }
+        let now = self.reads_in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_reads_in_flight.fetch_max(now, Ordering::SeqCst);
         let outcome = self.fated(write, op).await;
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.reads_in_flight.fetch_sub(1, Ordering::SeqCst);
         outcome
     }
 
