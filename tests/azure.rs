@@ -98,7 +98,7 @@ fn near(a: SystemTime, b: SystemTime, slack: Duration) -> bool {
 async fn conditional_writes_keep_their_meaning_on_azurite() -> Result<()> {
     let container = Container::create("conditions").await?;
     let store = container.open("p")?;
-    let name = format!("{}k.json", store.records_prefix());
+    let name = format!("{}k.json", store.site().records);
     ensure!(name == "p/.runlock/locks/k.json", "{name}");
 
     let absent = store.get(&name).await?;
@@ -172,8 +172,7 @@ async fn racing_engines_on_one_key_make_one_holder_and_tokens_grow() -> Result<(
     let engines = (0..AGENTS)
         .map(|_| {
             let store = container.open("")?;
-            let prefix = store.records_prefix().to_string();
-            Ok(Arc::new(CasEngine::new(Arc::new(store), prefix)))
+            Ok(Arc::new(CasEngine::new(Arc::new(store))))
         })
         .collect::<Result<Vec<_>>>()?;
     let tasks: Vec<_> = engines
@@ -259,8 +258,7 @@ async fn store_failures_are_named_without_the_key() -> Result<()> {
         other => bail!("wrong key: {other:?}"),
     }
     // Through the engine, a run's acquire becomes `unavailable` with the same cause.
-    let prefix = store.records_prefix().to_string();
-    let engine = CasEngine::new(Arc::new(store), prefix);
+    let engine = CasEngine::new(Arc::new(store));
     match engine.acquire(&spec("k", "l1")?).await {
         Err(BackendError::Unavailable(text)) => ensure!(text.contains("access denied"), "{text}"),
         other => bail!("acquire with a wrong key: {other:?}"),

@@ -6,7 +6,7 @@
 
 use crate::support::stores::{Azure, Etcd, Gcs, PgBouncer, Postgres, Space, Store, S3};
 use anyhow::{bail, ensure, Context, Result};
-use runlock_agent::backend::cas::{AzureOptions, CasEngine, CasStore, S3Options};
+use runlock_agent::backend::cas::{AzureOptions, CasEngine, S3Options};
 use runlock_agent::backend::testing::{adopter, gcs_on_emulator, lease, spec};
 use runlock_agent::backend::{self, BackendError, BackendOptions, ProfiledBackend, Readiness};
 use runlock_protocol::{Key, KeyState};
@@ -177,8 +177,7 @@ async fn store_keeps_the_contract(store: impl Store + Copy) -> Result<()> {
             if uri.starts_with("gs://") {
                 // The emulator is named by an environment variable only.
                 let store = gcs_on_emulator(&uri, &at)?;
-                let prefix = store.records_prefix().to_string();
-                let engine = CasEngine::new(Arc::new(store), prefix);
+                let engine = CasEngine::new(Arc::new(store));
                 engine.prove().await.map_err(|unproven| {
                     anyhow::anyhow!("the emulator does not keep its promises: {unproven:?}")
                 })?;

@@ -128,10 +128,10 @@ async fn of_racing_creates_exactly_one_wins() {
 #[tokio::test]
 async fn the_engine_on_gcs_excludes_frees_and_spaces_its_writes() {
     let (store, bucket) = bucket("engine").await;
-    let prefix = store.records_prefix().to_string();
+    let prefix = store.site().records.clone();
     let store: Arc<dyn CasStore> = Arc::new(store);
-    let one = CasEngine::new(store.clone(), prefix.clone());
-    let two = CasEngine::new(store.clone(), prefix.clone());
+    let one = CasEngine::new(store.clone());
+    let two = CasEngine::new(store.clone());
     assert_eq!(one.min_ttl(), Duration::from_secs(5));
 
     let started = Instant::now();
@@ -150,7 +150,7 @@ async fn the_engine_on_gcs_excludes_frees_and_spaces_its_writes() {
         .await
         .expect("release");
     assert!(
-        started.elapsed() >= store.min_write_interval(),
+        started.elapsed() >= store.site().min_write_interval,
         "the release went out {:?} after the acquire",
         started.elapsed()
     );
@@ -200,7 +200,7 @@ async fn a_missing_bucket_and_a_refused_endpoint_are_named() {
         store.probe().await,
         Err(CasError::Refused(expected.clone()))
     );
-    let engine = CasEngine::new(Arc::new(store), "p/.runlock/locks/");
+    let engine = CasEngine::new(Arc::new(store));
     match engine.acquire(&spec("k", "l1", false, TTL)).await {
         Err(BackendError::Unavailable(text)) => assert_eq!(text, expected),
         other => panic!("{other:?}"),

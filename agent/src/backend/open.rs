@@ -233,8 +233,7 @@ fn ready(backend: impl Backend + Profiled) -> anyhow::Result<Opened> {
 async fn on_object_store(store: impl CasStore) -> anyhow::Result<Opened> {
     let probed = within_probe_timeout(async { store.probe().await.map_err(|e| e.to_string()) });
     let probed = probed.await;
-    let prefix = store.records_prefix().to_string();
-    let engine = Arc::new(cas::CasEngine::new(Arc::new(store), prefix));
+    let engine = Arc::new(cas::CasEngine::new(Arc::new(store)));
     let readiness = match probed {
         Readiness::Ready => match tokio::time::timeout(PROBE_TIMEOUT, engine.prove()).await {
             Ok(Ok(())) => Readiness::Ready,

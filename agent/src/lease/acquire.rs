@@ -916,7 +916,7 @@ mod tests {
     async fn a_new_agent_adopts_a_handed_over_lease_with_its_token() {
         use crate::backend::cas::{CasEngine, MemoryCasStore};
         let store = Arc::new(MemoryCasStore::new());
-        let agent = |id: &str| agent(Arc::new(CasEngine::new(store.clone(), "")), id);
+        let agent = |id: &str| agent(Arc::new(CasEngine::new(store.clone())), id);
         let old = agent("old");
         let (conn, mut events) = connect(&old, ROOT);
         let granted = old
@@ -979,7 +979,7 @@ mod tests {
     async fn another_users_lease_is_not_adopted_even_by_a_force_user() {
         use crate::backend::cas::{CasEngine, MemoryCasStore};
         let store = Arc::new(MemoryCasStore::new());
-        let agent = |id: &str| agent(Arc::new(CasEngine::new(store.clone(), "")), id);
+        let agent = |id: &str| agent(Arc::new(CasEngine::new(store.clone())), id);
         let old = agent("old");
         let owner = PeerCred {
             pid: 2,

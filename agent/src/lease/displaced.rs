@@ -141,8 +141,8 @@ mod tests {
     /// Two agents on one object store.
     fn two_agents() -> (Arc<Registry>, Arc<Registry>) {
         let store = Arc::new(MemoryCasStore::new());
-        let a = agent(Arc::new(CasEngine::new(store.clone(), "")), "agent-a");
-        let b = agent(Arc::new(CasEngine::new(store, "")), "agent-b");
+        let a = agent(Arc::new(CasEngine::new(store.clone())), "agent-a");
+        let b = agent(Arc::new(CasEngine::new(store)), "agent-b");
         (a, b)
     }
 

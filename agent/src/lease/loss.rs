@@ -172,7 +172,7 @@ mod tests {
     async fn a_lease_whose_renewals_keep_failing_is_lost_at_its_deadline_not_before() {
         use crate::backend::cas::{testing::FaultyStore, CasEngine, MemoryCasStore};
         let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
-        let registry = agent(Arc::new(CasEngine::new(store.clone(), "")), "a");
+        let registry = agent(Arc::new(CasEngine::new(store.clone())), "a");
         let (conn, mut events) = connect(&registry, ROOT);
         let granted = Instant::now();
         take(&registry, conn, &["k"]).await.expect("free");
@@ -208,7 +208,7 @@ mod tests {
         use crate::backend::cas::{testing::FaultyStore, CasEngine, MemoryCasStore};
         use runlock_protocol::EventKind;
         let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
-        let registry = agent(Arc::new(CasEngine::new(store.clone(), "")), "a");
+        let registry = agent(Arc::new(CasEngine::new(store.clone())), "a");
         let (conn, mut events) = connect(&registry, ROOT);
         take(&registry, conn, &["k"]).await.expect("free");
         store.fail_everything(true);
@@ -233,7 +233,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_peer_that_does_not_read_gets_a_bounded_backlog_of_renewed_events() {
         use crate::backend::cas::{CasEngine, MemoryCasStore};
-        let engine = Arc::new(CasEngine::new(Arc::new(MemoryCasStore::new()), ""));
+        let engine = Arc::new(CasEngine::new(Arc::new(MemoryCasStore::new())));
         let registry = agent_with(engine, "a", Policy::with_ttl(Duration::from_secs(3)));
         let (conn, mut events) = connect(&registry, ROOT);
         take(&registry, conn, &["k"]).await.expect("free");

@@ -61,7 +61,7 @@ async fn run_model(seed: u64) {
     let agents: Vec<Arc<Registry>> = (0..AGENTS)
         .map(|i| {
             agent(
-                Arc::new(CasEngine::new(store.clone(), "")),
+                Arc::new(CasEngine::new(store.clone())),
                 &format!("agent-{i}"),
             )
         })

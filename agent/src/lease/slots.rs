@@ -533,7 +533,7 @@ mod tests {
             0.0,
             0.0,
         );
-        let registry = agent(Arc::new(CasEngine::new(Arc::new(slow), "")), "agent-1");
+        let registry = agent(Arc::new(CasEngine::new(Arc::new(slow))), "agent-1");
         let mut runs = Vec::new();
         for _ in 0..3 {
             let (conn, events) = connect(&registry, ROOT);
@@ -629,8 +629,8 @@ mod tests {
     #[tokio::test]
     async fn a_plain_run_or_another_count_beside_slot_holders_is_refused() {
         let store = Arc::new(MemoryCasStore::new());
-        let one = agent(Arc::new(CasEngine::new(store.clone(), "")), "agent-1");
-        let two = agent(Arc::new(CasEngine::new(store.clone(), "")), "agent-2");
+        let one = agent(Arc::new(CasEngine::new(store.clone())), "agent-1");
+        let two = agent(Arc::new(CasEngine::new(store.clone())), "agent-2");
         let mut conns = Vec::new();
         let mut leases = Vec::new();
         for registry in [&one, &two, &one] {
@@ -712,7 +712,7 @@ mod tests {
             0.0,
             0.0,
         ));
-        let registry = agent(Arc::new(CasEngine::new(store.clone(), "")), "agent-1");
+        let registry = agent(Arc::new(CasEngine::new(store.clone())), "agent-1");
         let (root, _e) = connect(&registry, ROOT);
         for _ in 0..64 {
             take_slots(&registry, root, 64)
@@ -754,7 +754,7 @@ mod tests {
     #[tokio::test]
     async fn the_slot_let_go_last_is_taken_again_with_one_write() {
         let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
-        let registry = agent(Arc::new(CasEngine::new(store.clone(), "")), "agent-1");
+        let registry = agent(Arc::new(CasEngine::new(store.clone())), "agent-1");
         let (conn, _events) = connect(&registry, ROOT);
         let lease = take_slots(&registry, conn, 3).await.expect("free");
         registry

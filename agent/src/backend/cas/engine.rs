@@ -81,6 +81,7 @@ struct Held {
 /// The lease engine over one compare-and-swap store.
 pub struct CasEngine {
     store: Arc<dyn CasStore>,
+    /// The store's records prefix (its [`super::Site`]'s), kept at hand.
     prefix: String,
     held: Mutex<HashMap<String, Held>>,
     /// Without a store clock: when this agent first saw each record version.
@@ -120,14 +121,14 @@ fn unavailable(err: CasError) -> BackendError {
 }
 
 impl CasEngine {
-    /// An engine keeping records under `prefix` (which ends with `/` or is empty).
-    pub fn new(store: Arc<dyn CasStore>, prefix: impl Into<String>) -> CasEngine {
-        let prefix = prefix.into();
+    /// An engine keeping records where `store`'s site says.
+    pub fn new(store: Arc<dyn CasStore>) -> CasEngine {
+        let prefix = store.site().records.clone();
         CasEngine {
             reports: reports::reports_under(&prefix),
             report_version: tokio::sync::Mutex::new(None),
             pacer: Pacer {
-                interval: store.min_write_interval(),
+                interval: store.site().min_write_interval,
                 booked: Mutex::new(HashMap::new()),
             },
             store,
@@ -174,7 +175,7 @@ impl CasEngine {
             BackendError::Unavailable(match unproven {
                 Unproven::Lacks(what) => format!(
                     "{} cannot be trusted to lock, so no lease is granted on it: {what}",
-                    self.store.describe()
+                    self.store.site().description
                 ),
                 // The store failed as it would for any request: say only why.
                 Unproven::Unanswered(why) => why,
@@ -190,7 +191,7 @@ impl CasEngine {
         serde_json::from_slice(&stored.body).map_err(|e| {
             BackendError::Corrupt(format!(
                 "{name} in {} is not a runlock record ({e}); move it aside to free the key",
-                self.store.describe()
+                self.store.site().description
             ))
         })
     }
@@ -532,7 +533,7 @@ impl CasEngine {
 
     /// The shortest TTL this store's write pace can keep renewed.
     pub fn min_ttl(&self) -> Duration {
-        self.store.min_write_interval() * MIN_TTL_IN_WRITE_INTERVALS
+        self.store.site().min_write_interval * MIN_TTL_IN_WRITE_INTERVALS
     }
 }
 
@@ -541,7 +542,7 @@ impl Profiled for CasEngine {
         Profile {
             capabilities: Capabilities::SHARED_LEASES,
             min_ttl: self.min_ttl(),
-            description: self.store.describe(),
+            description: self.store.site().description.clone(),
             releases: None,
         }
     }
@@ -763,8 +764,8 @@ mod tests {
     /// An engine over `store` that has already checked the store (`proof`),
     /// so that the requests a test counts or faults it injects are its own.
     async fn proven(store: Arc<dyn CasStore>) -> CasEngine {
-        let pace = store.min_write_interval();
-        let engine = CasEngine::new(store, "locks/");
+        let pace = store.site().min_write_interval;
+        let engine = CasEngine::new(store);
         engine.prove().await.expect("the store keeps its promises");
         // The probe is removed in the background, once the store's pace allows.
         tokio::time::sleep(pace + Duration::from_millis(100)).await;
@@ -776,7 +777,7 @@ mod tests {
     }
 
     async fn stored(store: &dyn CasStore, key: &str) -> CasRecord {
-        let read = store.get(&format!("locks/{key}.json")).await.expect("get");
+        let read = store.get(&format!("{key}.json")).await.expect("get");
         serde_json::from_slice(&read.object.expect("record").body).expect("json")
     }
 
@@ -1008,7 +1009,7 @@ mod tests {
             .iter()
             .filter(|(name, _)| !name.contains(proof::PROBE));
         assert_eq!(records.count(), 10, "{writes:?}");
-        assert!(CasEngine::new(Arc::new(MemoryCasStore::new()), "")
+        assert!(CasEngine::new(Arc::new(MemoryCasStore::new()))
             .min_ttl()
             .is_zero());
     }
@@ -1108,11 +1109,7 @@ mod tests {
         let store = Arc::new(MemoryCasStore::new());
         let old = r#"{"key":"k","state":"free","token":7,"ttl_ms":10000,"renewed_at_ms":1}"#;
         store
-            .put(
-                "locks/k.json",
-                old.as_bytes().to_vec(),
-                Precondition::Absent,
-            )
+            .put("k.json", old.as_bytes().to_vec(), Precondition::Absent)
             .await
             .expect("seeded");
         let engine = proven(store.clone()).await;
@@ -1198,18 +1195,18 @@ mod tests {
         let store = Arc::new(MemoryCasStore::new());
         store
             .put(
-                "locks/k.json",
+                "k.json",
                 b"{\"not\": \"a record\"}".to_vec(),
                 Precondition::Absent,
             )
             .await
             .expect("put");
-        let engine = CasEngine::new(store.clone(), "locks/");
+        let engine = CasEngine::new(store.clone());
         match engine.acquire(&spec("k", "l1", false, TTL)).await {
-            Err(BackendError::Corrupt(msg)) => assert!(msg.contains("locks/k.json"), "{msg}"),
+            Err(BackendError::Corrupt(msg)) => assert!(msg.contains("k.json"), "{msg}"),
             other => panic!("expected corrupt, got {other:?}"),
         }
-        let read = store.get("locks/k.json").await.expect("get");
+        let read = store.get("k.json").await.expect("get");
         assert_eq!(read.object.expect("kept").body, b"{\"not\": \"a record\"}");
     }
 }

@@ -2,7 +2,7 @@
 //! simulation. Its clock is tokio's, so paused-time tests control it, and like
 //! S3 it reports times in whole seconds.
 
-use super::{CasError, CasStore, Names, Precondition, Read, Stored};
+use super::{CasError, CasStore, Names, Precondition, Read, Site, Stored};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +16,7 @@ pub struct MemoryCasStore {
     versions: AtomicU64,
     epoch: Instant,
     clock: bool,
+    site: Site,
 }
 
 impl MemoryCasStore {
@@ -31,6 +32,7 @@ impl MemoryCasStore {
             versions: AtomicU64::new(0),
             epoch: Instant::now(),
             clock,
+            site: Site::in_process("memory-cas://"),
         }
     }
 
@@ -74,12 +76,8 @@ impl Default for MemoryCasStore {
 
 #[async_trait]
 impl CasStore for MemoryCasStore {
-    fn describe(&self) -> String {
-        "memory-cas://".to_string()
-    }
-
-    fn records_prefix(&self) -> &str {
-        ""
+    fn site(&self) -> &Site {
+        &self.site
     }
 
     async fn probe(&self) -> Result<(), CasError> {
@@ -98,10 +96,6 @@ impl CasStore for MemoryCasStore {
             object,
             date: self.clock.then(|| self.now()),
         })
-    }
-
-    fn min_write_interval(&self) -> Duration {
-        Duration::ZERO
     }
 
     async fn put(

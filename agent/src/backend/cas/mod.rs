@@ -14,6 +14,7 @@ mod read_cache;
 mod s3;
 #[cfg(test)]
 mod simulation;
+mod site;
 #[cfg(test)]
 pub(crate) mod testing;
 
@@ -28,9 +29,12 @@ pub use memory::MemoryCasStore;
 pub use proof::Unproven;
 #[cfg(feature = "s3")]
 pub use s3::S3Store;
+#[cfg(object_store)]
+use site::place_and_prefix;
+pub use site::Site;
 
 use async_trait::async_trait;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 /// An object as the store returned it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -116,16 +120,9 @@ impl<'a> Precondition<'a> {
 /// The compare-and-swap operations a lock needs from an object store.
 #[async_trait]
 pub trait CasStore: Send + Sync + 'static {
-    /// The store's URI with any secret removed.
-    fn describe(&self) -> String;
-    /// How far apart the store wants writes of one object (GCS sustains about
-    /// one per second); the engine spaces its own writes of a record by this,
-    /// and refuses TTLs too short to renew at that pace. Zero: no limit. No
-    /// default: a decorator that forgot to forward it would pace wrongly.
-    fn min_write_interval(&self) -> Duration;
-    /// The object name prefix the lock records live under: `prefix/.runlock/locks/`
-    /// for `SCHEME://PLACE/prefix`, so that they stay apart from Meltano's objects.
-    fn records_prefix(&self) -> &str;
+    /// Where the records are, how the store is named, the pace it takes
+    /// writes at. No default: a decorator must say whose site it shows.
+    fn site(&self) -> &Site;
     /// Checks that the store answers and lets this agent in (the bucket
     /// exists, the credentials are accepted); the error names the cause.
     async fn probe(&self) -> Result<(), CasError>;
@@ -148,67 +145,6 @@ pub trait CasStore: Send + Sync + 'static {
     /// ever asked of an object no other agent writes again (this agent's
     /// probe, a word that a run taken over has stopped, once read).
     async fn delete(&self, name: &str) -> Result<(), CasError>;
-}
-
-#[cfg(object_store)]
-/// Where the lock records live, below the URI's prefix: apart from Meltano's
-/// `prefix/<state_id>/` objects, so one URI serves both.
-const RECORDS: &str = ".runlock/locks/";
-
-#[cfg(object_store)]
-/// The object name prefix of the records of a store whose URI has `prefix`.
-fn records_under(prefix: &str) -> String {
-    if prefix.is_empty() {
-        RECORDS.to_string()
-    } else {
-        format!("{prefix}/{RECORDS}")
-    }
-}
-
-#[cfg(object_store)]
-/// `SCHEME://PLACE[/prefix]`, for descriptions.
-fn object_uri(scheme: &str, place: &str, prefix: &str) -> String {
-    if prefix.is_empty() {
-        format!("{scheme}://{place}")
-    } else {
-        format!("{scheme}://{place}/{prefix}")
-    }
-}
-
-#[cfg(object_store)]
-/// `SCHEME://PLACE/prefix` → (PLACE, the prefix without surrounding slashes):
-/// every object store's URI. `place` is what the store calls it ("bucket",
-/// "container"); `settings` says where credentials and endpoints come from
-/// instead, for the error that refuses a URI carrying them.
-fn place_and_prefix(
-    uri: &str,
-    scheme: &str,
-    place: &str,
-    settings: &str,
-) -> anyhow::Result<(String, String)> {
-    let rest = uri
-        .strip_prefix(scheme)
-        .and_then(|rest| rest.strip_prefix("://"))
-        .ok_or_else(|| {
-            anyhow::anyhow!(
-                "{:?} is not a {scheme}:// URI",
-                crate::backend::redact_uri(uri)
-            )
-        })?;
-    let (name, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    if name.is_empty() {
-        anyhow::bail!(
-            "backend {scheme}:// needs a {place}, as in {scheme}://my-{place}/meltano-state"
-        );
-    }
-    if name.contains(['@', '?', '#', ':']) || prefix.contains(['?', '#']) {
-        anyhow::bail!(
-            "backend {:?}: write {scheme}://{}/PREFIX; {settings}",
-            crate::backend::redact_uri(uri),
-            place.to_uppercase()
-        );
-    }
-    Ok((name.to_string(), prefix.trim_matches('/').to_string()))
 }
 
 #[cfg(object_store)]

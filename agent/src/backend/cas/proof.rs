@@ -71,7 +71,7 @@ pub async fn remove_probe_later(store: &dyn CasStore, name: &str) {
 /// it. A probe left behind (its agent stopped first) costs a few bytes and
 /// misleads nobody: removing it is tidiness, never part of the verdict.
 pub async fn remove_probe(store: &dyn CasStore, name: &str) {
-    tokio::time::sleep(store.min_write_interval()).await;
+    tokio::time::sleep(store.site().min_write_interval).await;
     if let Err(err) = store.delete(name).await {
         tracing::debug!("could not remove the probe object {name}: {err}");
     }
@@ -117,7 +117,7 @@ async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Un
             None => existing(store, name, &created).await?,
         };
         // The create (or the last update) was a write of this object too.
-        tokio::time::sleep(store.min_write_interval()).await;
+        tokio::time::sleep(store.site().min_write_interval).await;
         let update = body(&format!("update {attempt}"));
         let sent = std::time::Instant::now();
         let version = match store
@@ -235,7 +235,7 @@ fn unanswered(err: CasError) -> Unproven {
 mod tests {
     use super::*;
     use crate::backend::cas::testing::{FaultyStore, Throttled};
-    use crate::backend::cas::MemoryCasStore;
+    use crate::backend::cas::{MemoryCasStore, Site};
     use async_trait::async_trait;
     use std::sync::Arc;
     use std::time::SystemTime;
@@ -255,11 +255,8 @@ mod tests {
 
     #[async_trait]
     impl CasStore for Broken {
-        fn describe(&self) -> String {
-            "broken://".into()
-        }
-        fn records_prefix(&self) -> &str {
-            ""
+        fn site(&self) -> &Site {
+            self.inner.site()
         }
         async fn probe(&self) -> Result<(), CasError> {
             Ok(())
@@ -275,9 +272,6 @@ mod tests {
                 }
             }
             Ok(read)
-        }
-        fn min_write_interval(&self) -> Duration {
-            self.inner.min_write_interval()
         }
         async fn put(
             &self,

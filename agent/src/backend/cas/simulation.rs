@@ -153,7 +153,7 @@ async fn schedule(seed: u64) -> Vec<Belief> {
     let agents: Vec<_> = (0..rng.usize(2..=4))
         .map(|id| Agent {
             id,
-            engine: CasEngine::new(store.clone(), ""),
+            engine: CasEngine::new(store.clone()),
             rng: fastrand::Rng::with_seed(seed.wrapping_mul(31).wrapping_add(id as u64)),
             keys: keys.clone(),
             ttl,

@@ -2,7 +2,7 @@
 //! requests are delayed, fail without effect, or take effect but lose their
 //! answer (the case that makes a writer unsure whether it wrote).
 
-use super::{CasError, CasStore, MemoryCasStore, Names, Precondition, Read};
+use super::{CasError, CasStore, MemoryCasStore, Names, Precondition, Read, Site};
 use async_trait::async_trait;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -139,20 +139,12 @@ impl FaultyStore {
 
 #[async_trait]
 impl CasStore for FaultyStore {
-    fn describe(&self) -> String {
-        "faulty-memory-cas://".into()
-    }
-
-    fn records_prefix(&self) -> &str {
-        ""
+    fn site(&self) -> &Site {
+        self.inner.site()
     }
 
     async fn probe(&self) -> Result<(), CasError> {
         Ok(())
-    }
-
-    fn min_write_interval(&self) -> Duration {
-        self.inner.min_write_interval()
     }
 
     async fn get(&self, name: &str) -> Result<Read, CasError> {
@@ -187,6 +179,7 @@ impl CasStore for FaultyStore {
 /// does) and notes when each successful write happened.
 pub struct Throttled {
     pub inner: MemoryCasStore,
+    site: Site,
     /// Each successful write (removals too): the object and when.
     pub writes: Mutex<Vec<(String, tokio::time::Instant)>>,
 }
@@ -195,6 +188,10 @@ impl Throttled {
     pub fn new() -> Throttled {
         Throttled {
             inner: MemoryCasStore::new(),
+            site: Site {
+                min_write_interval: Duration::from_secs(1),
+                ..Site::in_process("throttled://")
+            },
             writes: Mutex::new(Vec::new()),
         }
     }
@@ -223,17 +220,11 @@ impl Throttled {
 
 #[async_trait]
 impl CasStore for Throttled {
-    fn describe(&self) -> String {
-        "throttled://".into()
-    }
-    fn records_prefix(&self) -> &str {
-        ""
+    fn site(&self) -> &Site {
+        &self.site
     }
     async fn probe(&self) -> Result<(), CasError> {
         Ok(())
-    }
-    fn min_write_interval(&self) -> Duration {
-        Duration::from_secs(1)
     }
     async fn get(&self, name: &str) -> Result<Read, CasError> {
         self.inner.get(name).await

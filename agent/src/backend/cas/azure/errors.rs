@@ -73,7 +73,7 @@ impl AzureStore {
             (403, _) => Failure::Refused(format!(
                 "access denied to container {} at {} ({shown}): check the account key \
                  ({}) and that it may read and write blobs under {}",
-                self.container_name, self.location, self.source, self.records
+                self.container_name, self.location, self.source, self.site.records
             )),
             (408 | 429 | 500.., _) => Failure::Transient(format!(
                 "Azure Blob at {} answered {shown} for {what}",

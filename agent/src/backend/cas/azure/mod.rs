@@ -17,7 +17,7 @@ mod settings;
 #[cfg(test)]
 mod tests;
 
-use super::{CasError, CasStore, Names, Precondition, Read, Stored};
+use super::{CasError, CasStore, Names, Precondition, Read, Site, Stored};
 use crate::backend::retry::{TIMEOUTS, TRANSIENT};
 use crate::backend::{redact_uri, AzureOptions};
 use async_trait::async_trait;
@@ -40,10 +40,8 @@ const POOL_IDLE: Duration = Duration::from_secs(4);
 pub struct AzureStore {
     container: ContainerClient,
     container_name: String,
-    /// The blob name prefix for records: `prefix/.runlock/locks/`.
-    records: String,
-    /// The URI and the endpoint, for `describe`.
-    description: String,
+    /// The records' blob name prefix (`prefix/.runlock/locks/`), the URI and the endpoint.
+    site: Site,
     /// The blob endpoint, for messages.
     location: String,
     /// The setting the key came from, for messages.
@@ -88,14 +86,14 @@ impl AzureStore {
             .retry(RetryOptions::exponential(retry))
             .transport(TransportOptions::new(Arc::new(CountsThrottling(http))))
             .container_client(container_name.clone());
-        let records = super::records_under(&prefix);
-        let plain = super::object_uri("azure", &container_name, &prefix);
         let location = redact_uri(&account.endpoint);
+        let reached = Some(format!("endpoint {location}"));
+        // No pace of its own: it takes a write of an object as soon as asked.
+        let site = Site::object_store("azure", &container_name, &prefix, reached, Duration::ZERO);
         Ok(AzureStore {
             container,
             container_name,
-            records,
-            description: format!("{plain} (endpoint {location})"),
+            site,
             location,
             source: account.source,
         })
@@ -122,25 +120,15 @@ impl AzureStore {
 
 #[async_trait]
 impl CasStore for AzureStore {
-    fn describe(&self) -> String {
-        self.description.clone()
-    }
-
-    /// The blob name prefix the lock records live under (for [`super::CasEngine::new`]).
-    fn records_prefix(&self) -> &str {
-        &self.records
+    fn site(&self) -> &Site {
+        &self.site
     }
 
     /// Checks that the container answers and the key is accepted, by reading a
     /// blob that need not exist (the same permission the engine needs).
     async fn probe(&self) -> Result<(), CasError> {
-        let name = format!("{}probe", self.records);
+        let name = format!("{}probe", self.site.records);
         self.get(&name).await.map(|_| ())
-    }
-
-    /// No pace of its own: it takes a write of an object as soon as asked.
-    fn min_write_interval(&self) -> Duration {
-        Duration::ZERO
     }
 
     async fn get(&self, name: &str) -> Result<Read, CasError> {

@@ -225,11 +225,12 @@ fn transport_failures_are_unavailable_and_name_the_endpoint() {
         text.starts_with("cannot reach Azure Blob at http://azure.test/devstoreaccount1: "),
         "{text}"
     );
+    let store = store();
     assert_eq!(
-        store().describe(),
+        store.site().description,
         "azure://locks/p (endpoint http://azure.test/devstoreaccount1)"
     );
-    assert_eq!(store().records_prefix(), "p/.runlock/locks/");
+    assert_eq!(store.site().records, "p/.runlock/locks/");
 }
 
 #[tokio::test]

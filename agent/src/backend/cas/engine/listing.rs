@@ -155,7 +155,7 @@ impl CasEngine {
         date: Option<SystemTime>,
     ) -> Result<(KeyRecord, Vec<KeyEvent>), String> {
         let record = self.parse(name, stored).map_err(|e| e.to_string())?;
-        let described = || self.store.describe();
+        let described = || &self.store.site().description;
         let key = Key::parse_record(&record.key)
             .map_err(|e| format!("{name} in {} names no valid key: {e}", described()))?;
         if key_name::escaped(&key) != stem {

@@ -58,7 +58,7 @@ impl GcsStore {
                 self.location,
                 self.credentials_hint(),
                 self.bucket,
-                self.records,
+                self.site.records,
             )),
             429 => Failure::Transient(format!(
                 "GCS at {} is throttling requests for {what} ({named}): too many writes to \

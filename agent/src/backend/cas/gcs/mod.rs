@@ -24,7 +24,7 @@ mod transport;
 
 pub use settings::EMULATOR_ENV;
 
-use super::{CasError, CasStore, Names, Precondition, Read, Stored};
+use super::{CasError, CasStore, Names, Precondition, Read, Site, Stored};
 use crate::backend::{redact_uri, GcsOptions};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -47,10 +47,9 @@ pub struct GcsStore {
     api: String,
     credentials: Credentials,
     bucket: String,
-    /// The object name prefix for records: `prefix/.runlock/locks/`.
-    records: String,
-    /// The URI, and the emulator if any.
-    description: String,
+    /// The records' object name prefix (`prefix/.runlock/locks/`), the URI
+    /// and the emulator if any.
+    site: Site,
     /// Where the bucket is, for messages.
     location: String,
 }
@@ -127,22 +126,20 @@ impl GcsStore {
                 (GOOGLE_API.to_string(), credentials)
             }
         };
-        let records = super::records_under(&prefix);
-        let plain = super::object_uri("gs", &bucket, &prefix);
-        let (description, location) = match emulator {
+        let (reached, location) = match emulator {
             Some(_) => {
                 let shown = redact_uri(&api);
-                (format!("{plain} (emulator {shown})"), shown)
+                (Some(format!("emulator {shown}")), shown)
             }
-            None => (plain, "Google Cloud Storage".to_string()),
+            None => (None, "Google Cloud Storage".to_string()),
         };
+        let site = Site::object_store("gs", &bucket, &prefix, reached, MIN_WRITE_INTERVAL);
         Ok(GcsStore {
             http: http_client(api.starts_with("http://"))?,
             api,
             credentials,
             bucket,
-            records,
-            description,
+            site,
             location,
         })
     }
@@ -204,25 +201,19 @@ impl GcsStore {
 
 #[async_trait]
 impl CasStore for GcsStore {
-    fn describe(&self) -> String {
-        self.description.clone()
-    }
-
-    /// The object name prefix the lock records live under (for [`super::CasEngine::new`]).
-    fn records_prefix(&self) -> &str {
-        &self.records
+    fn site(&self) -> &Site {
+        &self.site
     }
 
     /// Checks that the bucket answers and lets us list the records' prefix;
     /// the error names the cause.
     async fn probe(&self) -> Result<(), CasError> {
-        let query = format!("maxResults=1&fields=kind&prefix={}", encode(&self.records));
+        let query = format!(
+            "maxResults=1&fields=kind&prefix={}",
+            encode(&self.site.records)
+        );
         let what = format!("bucket {}", self.bucket);
         self.listing(&query, &what).await.map(|_| ())
-    }
-
-    fn min_write_interval(&self) -> Duration {
-        MIN_WRITE_INTERVAL
     }
 
     async fn get(&self, name: &str) -> Result<Read, CasError> {

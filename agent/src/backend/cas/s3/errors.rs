@@ -67,7 +67,7 @@ impl S3Store {
                         self.location,
                         if code.is_empty() { "403" } else { code },
                         self.bucket,
-                        self.records,
+                        self.site.records,
                     )),
                     (301, _) | (_, "PermanentRedirect" | "AuthorizationHeaderMalformed") => {
                         Failure::Refused(format!(

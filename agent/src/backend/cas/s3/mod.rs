@@ -16,7 +16,7 @@ mod settings;
 mod tests;
 mod transport;
 
-use super::{CasError, CasStore, Names, Precondition, Read, Stored};
+use super::{CasError, CasStore, Names, Precondition, Read, Site, Stored};
 use crate::backend::retry::{RetryBudget, TIMEOUTS, TRANSIENT};
 use crate::backend::{redact_uri, S3Options};
 use async_trait::async_trait;
@@ -44,10 +44,9 @@ const CONFLICT_RETRY: RetryBudget = RetryBudget {
 pub struct S3Store {
     client: Client,
     bucket: String,
-    /// The object key prefix for records: `prefix/.runlock/locks/`.
-    records: String,
-    /// The URI without secrets, and the custom endpoint if any.
-    description: String,
+    /// The records' object key prefix (`prefix/.runlock/locks/`), the URI
+    /// without secrets and the custom endpoint if any.
+    site: Site,
     /// Where the bucket is, for messages: the endpoint, or the AWS region.
     location: String,
 }
@@ -128,20 +127,19 @@ impl S3Store {
                 .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
         }
         let client = Client::from_conf(config.interceptor(CountsThrottling).build());
-        let records = super::records_under(&prefix);
-        let plain = super::object_uri("s3", &bucket, &prefix);
-        let (description, location) = match &endpoint {
+        let (reached, location) = match &endpoint {
             Some(url) => {
                 let url = redact_uri(url);
-                (format!("{plain} (endpoint {url})"), url)
+                (Some(format!("endpoint {url}")), url)
             }
-            None => (plain, format!("AWS region {region}")),
+            None => (None, format!("AWS region {region}")),
         };
+        // No pace of its own: it takes a write of an object as soon as asked.
+        let site = Site::object_store("s3", &bucket, &prefix, reached, Duration::ZERO);
         Ok(S3Store {
             client,
             bucket,
-            records,
-            description,
+            site,
             location,
         })
     }
@@ -149,14 +147,8 @@ impl S3Store {
 
 #[async_trait]
 impl CasStore for S3Store {
-    fn describe(&self) -> String {
-        self.description.clone()
-    }
-
-    /// The object key prefix the lock records live under (for [`super::CasEngine::new`]);
-    /// the store itself takes whole object keys.
-    fn records_prefix(&self) -> &str {
-        &self.records
+    fn site(&self) -> &Site {
+        &self.site
     }
 
     /// Asks nothing: the proof's first write, which follows, meets a missing
@@ -165,11 +157,6 @@ impl CasStore for S3Store {
     /// spared here is one less per agent when a fleet starts together.
     async fn probe(&self) -> Result<(), CasError> {
         Ok(())
-    }
-
-    /// No pace of its own: it takes a write of an object as soon as asked.
-    fn min_write_interval(&self) -> Duration {
-        Duration::ZERO
     }
 
     async fn get(&self, name: &str) -> Result<Read, CasError> {

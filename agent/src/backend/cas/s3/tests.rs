@@ -32,8 +32,13 @@ fn store() -> S3Store {
     S3Store {
         client: Client::from_conf(config),
         bucket: "locks".into(),
-        records: format!("p/{}", crate::backend::cas::RECORDS),
-        description: "s3://locks/p (endpoint http://s3.test)".into(),
+        site: Site::object_store(
+            "s3",
+            "locks",
+            "p",
+            Some("endpoint http://s3.test".into()),
+            Duration::ZERO,
+        ),
         location: "http://s3.test".into(),
     }
 }
