@@ -4,7 +4,7 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use runlock_agent::backend::testing::spec;
-use runlock_agent::backend::{Backend, LeaseRef, ListFrom, Listed};
+use runlock_agent::backend::{Backend, LeaseRef, ListFrom, Listed, PageAsk};
 use runlock_protocol::{EventKind, Key, KeyRecord, KeyState};
 use std::future::Future;
 use std::time::Duration;
@@ -23,7 +23,13 @@ pub(super) async fn list_all(
     let (mut listed, mut pages) = (Vec::new(), 0);
     let mut from = ListFrom::default();
     loop {
-        let page = backend.list(prefix, &from, limit).await?;
+        let page = backend
+            .list(PageAsk {
+                prefix,
+                from: &from,
+                limit,
+            })
+            .await?;
         pages += 1;
         ensure!(
             page.records.len() <= limit,
@@ -147,13 +153,25 @@ where
     // the listing goes on from the next.
     let mut asked = ListFrom::default();
     loop {
-        let page = two.list("app/", &asked, 3).await?;
+        let page = two
+            .list(PageAsk {
+                prefix: "app/",
+                from: &asked,
+                limit: 3,
+            })
+            .await?;
         if let [first, second, ..] = page.records.as_slice() {
             let resumed = ListFrom {
                 after: Some(first.name.clone()),
                 ..asked.clone()
             };
-            let rest = two.list("app/", &resumed, 3).await?;
+            let rest = two
+                .list(PageAsk {
+                    prefix: "app/",
+                    from: &resumed,
+                    limit: 3,
+                })
+                .await?;
             ensure!(
                 rest.records.first().map(|l| &l.name) == Some(&second.name),
                 "resumed after {:?}: {:?}",

@@ -4,7 +4,7 @@
 
 use super::{
     AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant, LeaseRef,
-    ListFrom, ListPage, Profile, Profiled, ProfiledBackend, Renewed, ReportName, StoredReport,
+    ListPage, PageAsk, Profile, Profiled, ProfiledBackend, Renewed, ReportName, StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Key, KeyEvent, KeyRecord};
@@ -71,13 +71,8 @@ impl<H: Hooks> Backend for Forwarding<H> {
         self.inner.backend.history(key).await
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        from: &ListFrom,
-        limit: usize,
-    ) -> Result<ListPage, BackendError> {
-        self.inner.backend.list(prefix, from, limit).await
+    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+        self.inner.backend.list(ask).await
     }
 
     async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {

@@ -3,7 +3,8 @@
 use super::history::{self, Before, Stamp};
 use super::{
     AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced, Ending, Grant,
-    LeaseRef, ListFrom, ListPage, Listed, Profile, Profiled, Renewed, ReportName, StoredReport,
+    LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile, Profiled, Renewed, ReportName,
+    StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
@@ -153,12 +154,12 @@ impl Backend for MemoryBackend {
         self.with_record(key, |record| Ok(record.to_key_record(key)))
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        from: &ListFrom,
-        limit: usize,
-    ) -> Result<ListPage, BackendError> {
+    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+        let PageAsk {
+            prefix,
+            from,
+            limit,
+        } = ask;
         // invariant: no code panics while holding this lock, so it is never poisoned
         let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         let after = from.after.as_deref().unwrap_or("");

@@ -353,6 +353,17 @@ pub struct ListFrom {
     pub hashed: bool,
 }
 
+/// Which page of a listing to read ([`Backend::list`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PageAsk<'a> {
+    /// Only records whose key (a slot's base key) starts with this.
+    pub prefix: &'a str,
+    /// Where the listing goes on.
+    pub from: &'a ListFrom,
+    /// At most this many records.
+    pub limit: usize,
+}
+
 /// One record of a listing: a key's, or one slot's.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listed {
@@ -409,16 +420,10 @@ pub trait Backend: Send + Sync + 'static {
     async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError>;
     /// Reads the key's history, oldest first: the same read as `inspect`.
     async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError>;
-    /// Lists, in the store's name order, at most `limit` records whose key
-    /// (a slot's base key) starts with `prefix`, from `from` on: every
+    /// Lists, in the store's name order, the page `ask` names: every
     /// record the store keeps, held or free. A record that cannot be read is
     /// listed with why, never left out; a failing store request fails the page.
-    async fn list(
-        &self,
-        prefix: &str,
-        from: &ListFrom,
-        limit: usize,
-    ) -> Result<ListPage, BackendError>;
+    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError>;
     /// Takes over a lease granted through an agent that has stopped, if the
     /// store still holds it, unexpired, with this id and token, for the
     /// adopter's user (`LeaseMismatch` otherwise, so that a stranger learns

@@ -7,7 +7,7 @@ use super::error::LeaseError;
 use super::fleet::Fleet;
 use super::registry::Registry;
 use super::state::ConnId;
-use crate::backend::{ListFrom, Listed};
+use crate::backend::{ListFrom, Listed, PageAsk};
 use crate::shown::{self, Viewer};
 use runlock_protocol::codec::encode_body;
 use runlock_protocol::{
@@ -66,7 +66,11 @@ impl Registry {
         for _ in 0..STORE_PAGES_PER_REPLY {
             let page = self
                 .backend
-                .list(&query.prefix, &from, STORE_PAGE)
+                .list(PageAsk {
+                    prefix: &query.prefix,
+                    from: &from,
+                    limit: STORE_PAGE,
+                })
                 .await
                 .map_err(LeaseError::Listing)?;
             let mut consumed = from.after.clone();

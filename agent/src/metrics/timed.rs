@@ -4,7 +4,7 @@
 use super::{Metrics, Operation, GLOBAL};
 use crate::backend::{
     AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant, LeaseRef,
-    ListFrom, ListPage, ProfiledBackend, Renewed, ReportName, StoredReport,
+    ListPage, PageAsk, ProfiledBackend, Renewed, ReportName, StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Key, KeyEvent, KeyRecord};
@@ -82,14 +82,9 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        from: &ListFrom,
-        limit: usize,
-    ) -> Result<ListPage, BackendError> {
+    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
         let started = Instant::now();
-        let result = self.inner.list(prefix, from, limit).await;
+        let result = self.inner.list(ask).await;
         self.metrics
             .backend_request(Operation::List, started, &result);
         result

@@ -294,7 +294,7 @@ async fn list_pages_through_held_released_slot_and_unreadable_records() -> anyho
 #[tokio::test]
 async fn a_page_of_list_is_one_transaction_and_skips_what_is_not_a_record() -> anyhow::Result<()> {
     use crate::support::stores::{Etcd, Store};
-    use runlock_agent::backend::ListFrom;
+    use runlock_agent::backend::{ListFrom, PageAsk};
     let own = Etcd.start_own().await?;
     let url = own.endpoint.url.clone();
     let prefix = fresh_prefix("list-cost");
@@ -333,7 +333,13 @@ async fn a_page_of_list_is_one_transaction_and_skips_what_is_not_a_record() -> a
         requests("LeaseTimeToLive").await,
         ranges(&url).await,
     );
-    let spelled = one.list("app/", &ListFrom::default(), 250).await?;
+    let spelled = one
+        .list(PageAsk {
+            prefix: "app/",
+            from: &ListFrom::default(),
+            limit: 250,
+        })
+        .await?;
     let after = (
         requests("Txn").await,
         requests("LeaseTimeToLive").await,
@@ -352,10 +358,22 @@ async fn a_page_of_list_is_one_transaction_and_skips_what_is_not_a_record() -> a
     // Then the names of keys too long to spell, which their records name.
     let hashed = spelled.next.expect("the hashed names follow");
     assert!(hashed.hashed, "{hashed:?}");
-    let page = one.list("app/", &hashed, 250).await?;
+    let page = one
+        .list(PageAsk {
+            prefix: "app/",
+            from: &hashed,
+            limit: 250,
+        })
+        .await?;
     assert_eq!(crate::backends::listing::keys_of(&page.records), [long]);
     assert_eq!(page.next, None);
-    let elsewhere = one.list("zzz/", &hashed, 250).await?;
+    let elsewhere = one
+        .list(PageAsk {
+            prefix: "zzz/",
+            from: &hashed,
+            limit: 250,
+        })
+        .await?;
     assert!(elsewhere.records.is_empty(), "{elsewhere:?}");
     Ok(())
 }

@@ -21,7 +21,7 @@ use crate::backend::record::LockRecord;
 use crate::backend::retry::RetryBudget;
 use crate::backend::{
     key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
-    Ending, Grant, LeaseRef, ListFrom, ListPage, Profile, Profiled, Renewed, ReportName,
+    Ending, Grant, LeaseRef, ListPage, PageAsk, Profile, Profiled, Renewed, ReportName,
     StoredReport,
 };
 use async_trait::async_trait;
@@ -729,13 +729,8 @@ impl Backend for CasEngine {
         Ok(self.shown(key, &name, read)?.0)
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        from: &ListFrom,
-        limit: usize,
-    ) -> Result<ListPage, BackendError> {
-        self.list_page(prefix, from, limit).await
+    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+        self.list_page(ask).await
     }
 
     async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {

@@ -49,8 +49,8 @@ mod watched;
 
 use super::{
     key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
-    Ending, EtcdOptions, Grant, LeaseRef, ListFrom, ListPage, Listed, Profile, Profiled, Renewed,
-    ReportName, StoredReport,
+    Ending, EtcdOptions, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile, Profiled,
+    Renewed, ReportName, StoredReport,
 };
 use crate::backend::history::{self as shared, Stamp};
 use crate::backend::retry::TIMEOUTS;
@@ -567,13 +567,8 @@ impl Backend for EtcdBackend {
     /// never one per key. At most [`MOST_NAMES_PER_PAGE`] names a page. A
     /// released key too long to spell (named by its hash) is not listed:
     /// only its record said whose it was.
-    async fn list(
-        &self,
-        prefix: &str,
-        from: &ListFrom,
-        limit: usize,
-    ) -> Result<ListPage, BackendError> {
-        self.list_page(prefix, from, limit).await
+    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+        self.list_page(ask).await
     }
 
     async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {

@@ -52,7 +52,8 @@ use super::history::{self, Stamp};
 use super::key_name;
 use super::{
     AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced, Ending, Grant,
-    LeaseRef, ListFrom, ListPage, Listed, Profile, Profiled, Renewed, ReportName, StoredReport,
+    LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile, Profiled, Renewed, ReportName,
+    StoredReport,
 };
 use anyhow::Context as _;
 use async_trait::async_trait;
@@ -639,15 +640,16 @@ impl Backend for FileBackend {
         self.blocking(move |inner| inner.inspect(&key)).await
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        from: &ListFrom,
-        limit: usize,
-    ) -> Result<ListPage, BackendError> {
-        let (prefix, from) = (prefix.to_string(), from.clone());
-        self.blocking(move |inner| inner.list(&prefix, &from, limit))
-            .await
+    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+        let (prefix, from, limit) = (ask.prefix.to_string(), ask.from.clone(), ask.limit);
+        self.blocking(move |inner: &Inner| {
+            inner.list(PageAsk {
+                prefix: &prefix,
+                from: &from,
+                limit,
+            })
+        })
+        .await
     }
 
     async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {

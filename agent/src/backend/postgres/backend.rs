@@ -7,8 +7,8 @@ use super::sql::{self, Sql};
 use crate::backend::history;
 use crate::backend::{
     redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
-    Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, PostgresOptions, Profile, Profiled,
-    Renewed, ReportName, StoredReport,
+    Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, PostgresOptions, Profile,
+    Profiled, Renewed, ReportName, StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -402,12 +402,12 @@ impl Backend for PostgresBackend {
 
     /// One statement a page: the rows whose key starts with `prefix`, after
     /// `from.after`, in byte order.
-    async fn list(
-        &self,
-        prefix: &str,
-        from: &ListFrom,
-        limit: usize,
-    ) -> Result<ListPage, BackendError> {
+    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+        let PageAsk {
+            prefix,
+            from,
+            limit,
+        } = ask;
         let pattern = sql::like_prefix(prefix);
         let after = from.after.as_deref();
         // One more than the page, to tell whether another follows.

@@ -3,19 +3,19 @@
 
 use super::{unavailable, CasEngine, CasRecord, LIST_READS_IN_FLIGHT, RECORD_SUFFIX};
 use crate::backend::cas::{Read, Stored};
-use crate::backend::{history, key_name, BackendError, ListFrom, ListPage, Listed};
+use crate::backend::{history, key_name, BackendError, ListFrom, ListPage, Listed, PageAsk};
 use futures::StreamExt;
 use runlock_protocol::{Key, KeyEvent, KeyRecord, KeyState, Scope};
 use std::time::{Duration, SystemTime};
 
 impl CasEngine {
     /// [`crate::backend::Backend::list`] of the records under this engine's prefix.
-    pub(super) async fn list_page(
-        &self,
-        prefix: &str,
-        from: &ListFrom,
-        limit: usize,
-    ) -> Result<ListPage, BackendError> {
+    pub(super) async fn list_page(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+        let PageAsk {
+            prefix,
+            from,
+            limit,
+        } = ask;
         let Some(spelled) = key_name::listed_names(prefix, from.hashed) else {
             return Ok(ListPage::default());
         };
