@@ -4,6 +4,8 @@
 //! its own (the token there is the key's revision, not a field), and
 //! PostgreSQL keeps columns.
 
+use super::history::{self, Stamp};
+use super::Ending;
 use runlock_protocol::{Holder, KeyEvent, KeyState};
 use serde::{Deserialize, Serialize};
 
@@ -35,6 +37,22 @@ pub struct LockRecord<S> {
 }
 
 impl<S> LockRecord<S> {
+    /// Frees the record as its holder's lease ends: the ending goes into
+    /// the key's history, the holder and its lease out of the record (the
+    /// token stays, the next holder's is one more). The store's own fields
+    /// are the caller's.
+    pub fn end(&mut self, ending: &Ending) {
+        if let Some(holder) = &self.holder {
+            if let Some(event) = ending.event(holder, Stamp::agent_now()) {
+                history::push(&mut self.history, event);
+            }
+        }
+        self.state = KeyState::Free;
+        self.holder = None;
+        self.lease_id = None;
+        self.forced_from = None;
+    }
+
     /// Whether the record is held by the lease `lease_id` with `token`.
     pub fn held_by(&self, lease_id: &str, token: u64) -> bool {
         self.state == KeyState::Held

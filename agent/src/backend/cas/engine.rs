@@ -604,15 +604,7 @@ impl Backend for CasEngine {
         };
         // The record as last written is the record as stored: a write by
         // anyone else would make this one fail its precondition.
-        if let Some(holder) = &record.holder {
-            if let Some(event) = ending.event(holder, Stamp::agent_now()) {
-                history::push(&mut record.history, event);
-            }
-        }
-        record.state = KeyState::Free;
-        record.holder = None;
-        record.lease_id = None;
-        record.forced_from = None;
+        record.end(ending);
         record.store.forced_ttl_ms = None;
         record.store.renewed_at_ms = now_ms();
         let name = self.name(&lease.key);

@@ -512,16 +512,8 @@ impl Inner {
         if !ours {
             return Ok(());
         }
-        if let Some(holder) = &record.holder {
-            if let Some(event) = ending.event(holder, Stamp::agent_now()) {
-                history::push(&mut record.history, event);
-            }
-        }
-        record.state = KeyState::Free;
-        record.holder = None;
-        record.lease_id = None;
+        record.end(ending);
         record.store.ttl_ms = None;
-        record.forced_from = None;
         // Not synced: a lost `free` record is harmless, the kernel lock is the truth.
         self.write(dir, &file, name, &record, false)
     }
