@@ -46,3 +46,21 @@ pub fn adopter(agent_id: &str) -> Adopter {
         uid: OWNER_UID,
     }
 }
+
+/// A test's plain acquire of a key it expects to be free.
+#[cfg(test)]
+#[async_trait::async_trait]
+pub trait Take {
+    /// Takes `key` for `lease` (no force), panicking if it is not free.
+    async fn take(&self, key: &str, lease: &str, ttl: Duration) -> super::Grant;
+}
+
+#[cfg(test)]
+#[async_trait::async_trait]
+impl<B: super::Backend + ?Sized> Take for B {
+    async fn take(&self, key: &str, lease: &str, ttl: Duration) -> super::Grant {
+        self.acquire(&spec(key, lease, false, ttl))
+            .await
+            .unwrap_or_else(|err| panic!("{key} is not free for {lease}: {err:?}"))
+    }
+}

@@ -743,7 +743,7 @@ mod tests {
     use super::super::testing::{FaultyStore, Throttled};
     use super::super::MemoryCasStore;
     use super::*;
-    use crate::backend::fixtures::{adopter, lease, spec, OWNER_UID};
+    use crate::backend::fixtures::{adopter, lease, spec, Take, OWNER_UID};
     use runlock_protocol::Clock;
 
     const TTL: Duration = Duration::from_secs(10);
@@ -983,10 +983,7 @@ mod tests {
         }
         // Another key is not held up by this one.
         let started = Instant::now();
-        engine
-            .acquire(&spec("j", "j1", false, TTL))
-            .await
-            .expect("free");
+        engine.take("j", "j1", TTL).await;
         assert_eq!(started.elapsed(), Duration::ZERO);
         let closest = store.closest_writes().expect("rewrites");
         assert!(closest >= Duration::from_secs(1), "{closest:?}");
@@ -1012,10 +1009,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(2)).await;
         // `two` first tries to create the record, fails, reads it, and replaces it at once.
         let started = Instant::now();
-        let grant = two
-            .acquire(&spec("k", "l2", false, TTL))
-            .await
-            .expect("free");
+        let grant = two.take("k", "l2", TTL).await;
         assert_eq!(grant.holder.token, 2);
         assert_eq!(started.elapsed(), Duration::ZERO);
     }
@@ -1031,10 +1025,7 @@ mod tests {
             let now = store.requests();
             (now.0 - proof.0, now.1 - proof.1)
         };
-        engine
-            .acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free");
+        engine.take("k", "l1", TTL).await;
         assert_eq!(
             requests(),
             (0, 1),
@@ -1047,10 +1038,7 @@ mod tests {
         assert_eq!(requests(), (0, 2), "renew: one conditional PUT");
         engine.release(&lease("k", "l1", 1)).await.expect("release");
         assert_eq!(requests(), (0, 3), "release: one conditional PUT");
-        let again = engine
-            .acquire(&spec("k", "l2", false, TTL))
-            .await
-            .expect("free again");
+        let again = engine.take("k", "l2", TTL).await;
         assert_eq!(again.holder.token, 2);
         assert_eq!(
             requests(),
@@ -1072,21 +1060,10 @@ mod tests {
         );
 
         // A key last written by another agent: the guess fails, then a read and a write.
-        other
-            .acquire(&spec("j", "o1", false, TTL))
-            .await
-            .expect("free");
+        other.take("j", "o1", TTL).await;
         other.release(&lease("j", "o1", 1)).await.expect("release");
         let before = requests();
-        assert_eq!(
-            engine
-                .acquire(&spec("j", "l3", false, TTL))
-                .await
-                .expect("free")
-                .holder
-                .token,
-            2
-        );
+        assert_eq!(engine.take("j", "l3", TTL).await.holder.token, 2);
         let after = requests();
         assert_eq!((after.0 - before.0, after.1 - before.1), (1, 2));
     }
@@ -1103,10 +1080,7 @@ mod tests {
         let key = Key::new("k").expect("valid");
         assert!(engine.history(&key).await.expect("history").is_empty());
         assert_eq!(engine.inspect(&key).await.expect("inspect").incident, None);
-        let grant = engine
-            .acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free");
+        let grant = engine.take("k", "l1", TTL).await;
         assert_eq!(grant.holder.token, 8);
         let history = engine.history(&key).await.expect("history");
         assert_eq!(

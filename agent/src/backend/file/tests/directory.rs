@@ -119,15 +119,9 @@ async fn lock_files_are_0600_and_a_wider_one_or_a_wider_directory_is_tightened()
         std::fs::write(file, b"").expect("write");
         std::fs::set_permissions(file, std::fs::Permissions::from_mode(0o640)).expect("chmod");
     }
-    backend
-        .acquire(&spec("wide", "l1", false, TTL))
-        .await
-        .expect("free key");
+    backend.take("wide", "l1", TTL).await;
     assert_eq!((mode(&wide), mode(&wide_run)), (0o600, 0o600));
-    backend
-        .acquire(&spec("fresh", "l2", false, TTL))
-        .await
-        .expect("free key");
+    backend.take("fresh", "l2", TTL).await;
     for name in ["fresh.lock", "fresh.run", ".force.lock"] {
         let fresh = mode(&dir.join(name));
         assert_eq!(fresh & !FILE_MODE, 0, "new {name} mode {fresh:o}");

@@ -7,7 +7,7 @@ mod directory;
 mod tokens;
 
 use super::*;
-use crate::backend::fixtures::{adopter, lease, spec, OWNER_UID};
+use crate::backend::fixtures::{adopter, lease, spec, Take, OWNER_UID};
 use std::io::Write as _;
 use std::path::Path;
 
@@ -18,10 +18,7 @@ async fn two_backends_on_one_directory_exclude_each_other_and_tokens_grow() {
     let dir = tempfile::tempdir().expect("tempdir");
     let one = FileBackend::open(dir.path().into()).expect("open");
     let two = FileBackend::open(dir.path().into()).expect("open");
-    let first = one
-        .acquire(&spec("k", "l1", false, TTL))
-        .await
-        .expect("free key");
+    let first = one.take("k", "l1", TTL).await;
     assert_eq!(first.holder.token, 1);
     match two.acquire(&spec("k", "l2", false, TTL)).await {
         Err(BackendError::Held(Some(h), _)) => assert_eq!(h.token, 1),
@@ -40,10 +37,7 @@ async fn two_backends_on_one_directory_exclude_each_other_and_tokens_grow() {
         .await
         .expect("inspect");
     assert_eq!((record.state, record.token), (KeyState::Free, 1));
-    let second = two
-        .acquire(&spec("k", "l2", false, TTL))
-        .await
-        .expect("freed");
+    let second = two.take("k", "l2", TTL).await;
     assert_eq!(second.holder.token, 2);
 }
 
@@ -94,10 +88,7 @@ fn record_at(dir: &Path, name: &str) -> FileRecord {
 async fn the_run_gets_the_lock_read_only_on_an_empty_file_apart_from_the_record() {
     let dir = tempfile::tempdir().expect("tempdir");
     let backend = FileBackend::open(dir.path().into()).expect("open");
-    let grant = backend
-        .acquire(&spec("k", "l1", false, TTL))
-        .await
-        .expect("free key");
+    let grant = backend.take("k", "l1", TTL).await;
     let lock = File::from(grant.lock.expect("a lock for the run"));
     let flags = nix::fcntl::fcntl(lock.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL).expect("flags");
     assert_eq!(flags & libc::O_ACCMODE, libc::O_RDONLY);
@@ -119,9 +110,8 @@ async fn a_lock_the_run_holds_outlives_its_agent_and_is_adopted_by_the_next() {
     let key = Key::new("k").expect("valid");
     let old = FileBackend::open(dir.path().into()).expect("open");
     let run = old
-        .acquire(&spec("k", "l1", false, TTL))
+        .take("k", "l1", TTL)
         .await
-        .expect("free key")
         .lock
         .expect("a lock for the run");
     drop(old); // the agent dies; every descriptor it had is closed
@@ -170,10 +160,7 @@ async fn a_lock_the_run_holds_outlives_its_agent_and_is_adopted_by_the_next() {
     new.release(&lease("k", "l1", 1)).await.expect("release");
     let record = record_at(dir.path(), "k.lock");
     assert_eq!((record.state, record.token), (KeyState::Free, 1));
-    let next = new
-        .acquire(&spec("k", "l4", false, TTL))
-        .await
-        .expect("free");
+    let next = new.take("k", "l4", TTL).await;
     assert_eq!(next.holder.token, 2);
 }
 
@@ -181,10 +168,7 @@ async fn a_lock_the_run_holds_outlives_its_agent_and_is_adopted_by_the_next() {
 async fn a_lock_taken_again_after_release_is_held_and_force_takes_it_higher() {
     let dir = tempfile::tempdir().expect("tempdir");
     let backend = FileBackend::open(dir.path().into()).expect("open");
-    let run = backend
-        .acquire(&spec("k", "l1", false, TTL))
-        .await
-        .expect("free");
+    let run = backend.take("k", "l1", TTL).await;
     let run = File::from(run.lock.expect("a lock for the run"));
     flock(&run, libc::LOCK_UN).expect("the shim drops it");
     backend
@@ -213,10 +197,7 @@ async fn a_record_left_held_by_a_run_that_ended_alone_reads_as_free() {
     let dir = tempfile::tempdir().expect("tempdir");
     let key = Key::new("k").expect("valid");
     let old = FileBackend::open(dir.path().into()).expect("open");
-    let run = old
-        .acquire(&spec("k", "l1", false, TTL))
-        .await
-        .expect("free");
+    let run = old.take("k", "l1", TTL).await;
     drop((old, run)); // agent and run both gone, the record still says held
     assert_eq!(record_at(dir.path(), "k.lock").state, KeyState::Held);
     let new = FileBackend::open(dir.path().into()).expect("open");
@@ -225,10 +206,7 @@ async fn a_record_left_held_by_a_run_that_ended_alone_reads_as_free() {
         (record.state, record.token, record.holder),
         (KeyState::Free, 1, None)
     );
-    let next = new
-        .acquire(&spec("k", "l2", false, TTL))
-        .await
-        .expect("free");
+    let next = new.take("k", "l2", TTL).await;
     assert_eq!(next.holder.token, 2);
 }
 
@@ -240,10 +218,7 @@ async fn the_history_records_a_run_that_ended_with_no_agent_as_expired() {
     {
         // A run holds the key, and it and its agent end without a release.
         let one = FileBackend::open(dir.path().into()).expect("open");
-        let grant = one
-            .acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free key");
+        let grant = one.take("k", "l1", TTL).await;
         drop(grant.lock);
     }
     let two = FileBackend::open(dir.path().into()).expect("open");
@@ -281,10 +256,7 @@ async fn a_record_from_an_agent_that_kept_no_history_is_read_and_taken() {
     .expect("written");
     let key = Key::new("k").expect("valid");
     assert!(backend.history(&key).await.expect("history").is_empty());
-    let grant = backend
-        .acquire(&spec("k", "l1", false, TTL))
-        .await
-        .expect("free");
+    let grant = backend.take("k", "l1", TTL).await;
     assert!(grant.holder.token > 5);
     assert_eq!(backend.history(&key).await.expect("history").len(), 1);
 }
@@ -294,10 +266,7 @@ async fn a_holder_that_lets_go_while_its_record_is_read_hands_the_lock_over_at_o
     let dir = tempfile::tempdir().expect("tempdir");
     let one = FileBackend::open(dir.path().into()).expect("open");
     let key = Key::new("k").expect("valid");
-    let first = one
-        .acquire(&spec("k", "l1", false, TTL))
-        .await
-        .expect("free key");
+    let first = one.take("k", "l1", TTL).await;
     let inner = &one.inner;
     let open_dir = inner.dir().expect("dir");
     let (name, lock_name) = (file_name(&key), lock_name(&key));
@@ -333,9 +302,8 @@ async fn a_lease_whose_run_ended_or_of_another_user_is_not_adopted() {
     let dir = tempfile::tempdir().expect("tempdir");
     let old = FileBackend::open(dir.path().into()).expect("open");
     let run = old
-        .acquire(&spec("k", "l1", false, TTL))
+        .take("k", "l1", TTL)
         .await
-        .expect("free key")
         .lock
         .expect("a lock for the run");
     drop(old);
@@ -357,10 +325,7 @@ async fn a_lease_whose_run_ended_or_of_another_user_is_not_adopted() {
         Err(BackendError::LeaseMismatch)
     ));
     // Nothing kept it: the next run takes the key at once, with a larger token.
-    let next = new
-        .acquire(&spec("k", "l2", false, TTL))
-        .await
-        .expect("free");
+    let next = new.take("k", "l2", TTL).await;
     assert_eq!(next.holder.token, 2);
 }
 
@@ -373,9 +338,8 @@ async fn a_lock_taken_by_a_new_holder_mid_acquire_is_not_taken_for_the_run() {
     let dir = tempfile::tempdir().expect("tempdir");
     let old = FileBackend::open(dir.path().into()).expect("open");
     let run = old
-        .acquire(&spec("k", "l1", false, TTL))
+        .take("k", "l1", TTL)
         .await
-        .expect("free key")
         .lock
         .expect("a lock for the run");
     drop(old);

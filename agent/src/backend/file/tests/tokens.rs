@@ -71,10 +71,7 @@ async fn after_a_reboot_no_token_handed_out_before_it_comes_again() {
     )
     .expect("write");
     let after = FileBackend::open_in_boot(dir.path().into(), "boot-2".into()).expect("open");
-    let grant = after
-        .acquire(&spec("k", "l9", false, TTL))
-        .await
-        .expect("free");
+    let grant = after.take("k", "l9", TTL).await;
     assert_eq!(grant.holder.token, TOKEN_BLOCK + 1);
     assert_eq!(
         record_at(dir.path(), "k.lock").store.reserved,
