@@ -155,11 +155,7 @@ impl Backend for MemoryBackend {
     }
 
     async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
-        let PageAsk {
-            prefix,
-            from,
-            limit,
-        } = ask;
+        let (prefix, from, limit) = (ask.prefix, ask.from, ask.limit);
         // invariant: no code panics while holding this lock, so it is never poisoned
         let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
         let after = from.after.as_deref().unwrap_or("");

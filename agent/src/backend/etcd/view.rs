@@ -15,11 +15,7 @@ const LEASES_ASKED_AT_ONCE: usize = 8;
 impl EtcdBackend {
     /// [`Backend::list`]: see there.
     pub(super) async fn list_page(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
-        let PageAsk {
-            prefix,
-            from,
-            limit,
-        } = ask;
+        let (prefix, from, limit) = (ask.prefix, ask.from, ask.limit);
         let Some(spelled) = key_name::listed_names(prefix, from.hashed) else {
             return Ok(ListPage::default());
         };

@@ -64,11 +64,7 @@ impl Inner {
     /// A page of the records whose names `from` lists, in name order (a
     /// key's name without `.lock`, so that its slots follow it).
     pub(super) fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
-        let PageAsk {
-            prefix,
-            from,
-            limit,
-        } = ask;
+        let (prefix, from, limit) = (ask.prefix, ask.from, ask.limit);
         let Some(wanted) = key_name::listed_names(prefix, from.hashed) else {
             return Ok(ListPage::default());
         };

@@ -403,11 +403,7 @@ impl Backend for PostgresBackend {
     /// One statement a page: the rows whose key starts with `prefix`, after
     /// `from.after`, in byte order.
     async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
-        let PageAsk {
-            prefix,
-            from,
-            limit,
-        } = ask;
+        let (prefix, from, limit) = (ask.prefix, ask.from, ask.limit);
         let pattern = sql::like_prefix(prefix);
         let after = from.after.as_deref();
         // One more than the page, to tell whether another follows.

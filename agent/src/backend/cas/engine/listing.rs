@@ -11,11 +11,7 @@ use std::time::{Duration, SystemTime};
 impl CasEngine {
     /// [`crate::backend::Backend::list`] of the records under this engine's prefix.
     pub(super) async fn list_page(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
-        let PageAsk {
-            prefix,
-            from,
-            limit,
-        } = ask;
+        let (prefix, from, limit) = (ask.prefix, ask.from, ask.limit);
         let Some(spelled) = key_name::listed_names(prefix, from.hashed) else {
             return Ok(ListPage::default());
         };
