@@ -67,6 +67,18 @@ pub struct AzureOptions {
     /// One of the storage account's access keys.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub account_key: Option<Secret>,
+    /// The blob service's URL (`https://ACCOUNT.blob.core.windows.net`);
+    /// Meltano's name, `storage_account_url`, is accepted too.
+    #[serde(
+        default,
+        alias = "storage_account_url",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub account_url: Option<String>,
+    /// A shared access signature (`sv=…&sig=…`), with `account_url` or
+    /// `account_name`, instead of an account key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sas_token: Option<Secret>,
 }
 
 /// The configuration file's `[gcs]` settings.

@@ -79,6 +79,8 @@ mod tests {
                 connection_string: Some(format!("AccountName=a;AccountKey={PASSWORD}").into()),
                 account_name: Some("a".into()),
                 account_key: Some(PASSWORD.into()),
+                account_url: Some("https://a.blob.core.windows.net".into()),
+                sas_token: Some(format!("sv=2022-11-02&sig={PASSWORD}").into()),
             },
             etcd: EtcdOptions {
                 user: Some("ops".into()),

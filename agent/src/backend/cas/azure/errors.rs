@@ -71,9 +71,9 @@ impl AzureStore {
                 self.location
             )),
             (403, _) => Failure::Refused(format!(
-                "access denied to container {} at {} ({shown}): check the account key \
-                 ({}) and that it may read and write blobs under {}",
-                self.container_name, self.location, self.source, self.site.records
+                "access denied to container {} at {} ({shown}): check the {} ({}) and that \
+                 it may read, write, create, delete and list blobs under {}",
+                self.container_name, self.location, self.credential, self.source, self.site.records
             )),
             (408 | 429 | 500.., _) => Failure::Transient(format!(
                 "Azure Blob at {} answered {shown} for {what}",

@@ -4,7 +4,7 @@
 use super::errors::{Failure, Handled};
 use super::settings::{
     account, parse_connection_string, parse_uri, ACCOUNT_ENV, CONNECTION_STRING_ENV, DEV_ENDPOINT,
-    KEY_ENV,
+    KEY_ENV, SAS_ENV,
 };
 use super::*;
 
@@ -46,7 +46,7 @@ fn a_connection_string_with_a_blob_endpoint_points_at_it() {
     );
     let account = parse_connection_string(&text, CONNECTION_STRING_ENV).expect("valid");
     assert_eq!(account.name, "devstoreaccount1");
-    assert_eq!(account.key.expose(), KEY);
+    assert_eq!(account.credential, Credential::Key(KEY.into()));
     assert_eq!(account.endpoint, "http://127.0.0.1:10000/devstoreaccount1");
     let public = parse_connection_string(
         &format!("accountname=prod1;accountkey={KEY};EndpointSuffix=core.chinacloudapi.cn"),
@@ -66,7 +66,8 @@ fn a_bad_connection_string_is_named_without_its_secret() {
         format!("AccountName=a1;AccountKey={secret}!!;BlobEndpoint=http://x"),
         format!("AccountName=a1;{secret}"),
         format!("AccountKey={secret}"),
-        format!("AccountName=a1;SharedAccessSignature=sv=2020&sig={secret}"),
+        format!("AccountName=a1;SharedAccessSignature=se=2030&{secret}"),
+        format!("SharedAccessSignature=sv=2020&sig={secret}"),
         format!("AccountName=a1;AccountKey={secret};BlobEndpoint=not a url {secret}"),
     ] {
         let err = parse_connection_string(&text, CONNECTION_STRING_ENV).expect_err(&text);
@@ -113,12 +114,83 @@ fn the_configuration_file_wins_over_the_environment() {
     assert!(account(&half, no_env).is_err());
 }
 
+/// A made-up SAS, shaped like the portal's.
+const SAS: &str = "sv=2022-11-02&ss=b&srt=co&sp=rwdlac&se=2030-01-01T00:00:00Z&sig=c2lnbmF0dXJl";
+
+#[test]
+fn a_shared_access_signature_comes_from_a_connection_string_the_settings_or_the_environment() {
+    let from_text = |text: &str| parse_connection_string(text, CONNECTION_STRING_ENV);
+    let parsed = from_text(&format!(
+        "BlobEndpoint=https://prod1.blob.core.windows.net/;SharedAccessSignature={SAS}"
+    ))
+    .expect("valid");
+    assert_eq!(
+        (parsed.name.as_str(), parsed.endpoint.as_str()),
+        ("prod1", "https://prod1.blob.core.windows.net")
+    );
+    assert_eq!(parsed.credential, Credential::Sas(SAS.into()));
+    let named =
+        from_text(&format!("AccountName=prod2;SharedAccessSignature=?{SAS}")).expect("valid");
+    assert_eq!(named.endpoint, "https://prod2.blob.core.windows.net");
+    assert_eq!(
+        named.credential,
+        Credential::Sas(SAS.into()),
+        "the '?' dropped"
+    );
+
+    let options = AzureOptions {
+        account_url: Some(DEV_ENDPOINT.into()),
+        sas_token: Some(SAS.into()),
+        ..AzureOptions::default()
+    };
+    let emulator = account(&options, no_env).expect("valid");
+    assert_eq!(
+        (emulator.name.as_str(), emulator.source),
+        ("devstoreaccount1", "[azure] sas_token")
+    );
+    let env = |name: &str| match name {
+        ACCOUNT_ENV => Some("prod3".into()),
+        SAS_ENV => Some(SAS.into()),
+        _ => None,
+    };
+    let from_env = account(&AzureOptions::default(), env).expect("valid");
+    assert_eq!(
+        (from_env.endpoint.as_str(), from_env.source),
+        ("https://prod3.blob.core.windows.net", SAS_ENV)
+    );
+    let alone = |name: &str| (name == SAS_ENV).then(|| SAS.to_string());
+    let err = account(&AzureOptions::default(), alone).expect_err("no account");
+    assert!(err.to_string().contains("account_url"), "{err}");
+    let torn = |name: &str| match name {
+        ACCOUNT_ENV => Some("prod3".into()),
+        SAS_ENV => Some("se=2030-01-01&sp=r".into()),
+        _ => None,
+    };
+    let err = account(&AzureOptions::default(), torn).expect_err("no signature");
+    assert!(err.to_string().contains("sig="), "{err}");
+    assert!(!format!("{emulator:?}").contains("c2lnbmF0dXJl"));
+}
+
+#[test]
+fn meltano_s_storage_account_url_is_read_as_account_url() {
+    let options: AzureOptions = toml::from_str(&format!(
+        "storage_account_url = \"https://prod1.blob.core.windows.net\"\nsas_token = \"{SAS}\"\n"
+    ))
+    .expect("valid");
+    assert_eq!(
+        options.account_url.as_deref(),
+        Some("https://prod1.blob.core.windows.net")
+    );
+}
+
 #[test]
 fn printed_options_hide_the_secrets() {
     let options = AzureOptions {
         connection_string: Some(format!("AccountName=a1;AccountKey={KEY}").into()),
         account_name: Some("a1".into()),
         account_key: Some(KEY.into()),
+        sas_token: Some(format!("sv=2022-11-02&sig={KEY}").into()),
+        ..AzureOptions::default()
     };
     let shown = toml::to_string(&options).expect("toml");
     assert!(!shown.contains(KEY), "{shown}");
