@@ -8,6 +8,7 @@ mod access;
 mod agent_process;
 mod attach;
 mod azure;
+mod azure_sas;
 mod backends;
 mod bad_input;
 mod config;
