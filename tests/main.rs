@@ -8,7 +8,7 @@ mod access;
 mod agent_process;
 mod attach;
 mod azure;
-mod azure_sas;
+mod azure_credentials;
 mod backends;
 mod bad_input;
 mod config;

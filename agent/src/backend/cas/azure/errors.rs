@@ -38,6 +38,14 @@ impl AzureStore {
                 self.location,
                 root_cause(err)
             )),
+            // No token: each source of the chain says why (never a secret).
+            ErrorKind::Credential => Failure::Refused(format!(
+                "cannot get a token for Azure Blob at {} ({}, {}): {}",
+                self.location,
+                self.credential,
+                self.source,
+                root_cause(err)
+            )),
             // Signing failed, or the request could not be built.
             _ => Failure::Refused(format!(
                 "cannot make a request to Azure Blob at {} for {what}: {}",

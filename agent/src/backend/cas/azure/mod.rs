@@ -95,6 +95,18 @@ impl AzureStore {
                     )
                 })?
             }
+            Credential::EntraId => {
+                let options = azure_identity::TokenCredentialOptions::default();
+                let chain =
+                    azure_identity::DefaultAzureCredential::create(options).map_err(|err| {
+                        anyhow::anyhow!(
+                            "{}: no Entra ID credential: {}",
+                            account.source,
+                            super::root_cause(&err)
+                        )
+                    })?;
+                StorageCredentials::token_credential(Arc::new(chain))
+            }
         };
         let container = ClientBuilder::with_location(location, credentials)
             .retry(RetryOptions::exponential(retry))

@@ -20,6 +20,11 @@ pub(super) enum Credential {
     Key(Secret),
     /// A shared access signature: the query (`sv=…&sig=…`) sent with each request.
     Sas(Secret),
+    /// An Entra ID token for the agent's own identity, found as Azure's
+    /// `DefaultAzureCredential` finds it (a service principal or workload
+    /// identity in the environment, a managed identity, the Azure CLI's
+    /// login) and fetched again before it expires.
+    EntraId,
 }
 
 impl Credential {
@@ -28,6 +33,7 @@ impl Credential {
         match self {
             Credential::Key(_) => "account key",
             Credential::Sas(_) => "shared access signature",
+            Credential::EntraId => "Entra ID identity",
         }
     }
 }
@@ -73,6 +79,17 @@ pub(super) fn account(
         let name = options.account_name.as_deref();
         return with_sas(name, url, token.expose(), "[azure] sas_token");
     }
+    if let Some(url) = url {
+        // No key and no SAS: the account lets identities in (shared-key
+        // access may be disabled), as Meltano's storage_account_url does.
+        let endpoint = blob_endpoint(url, "[azure] account_url")?;
+        return Ok(Account {
+            name: account_of_endpoint(&endpoint),
+            credential: Credential::EntraId,
+            endpoint,
+            source: "[azure] account_url (DefaultAzureCredential)",
+        });
+    }
     if let Some(text) = env(CONNECTION_STRING_ENV) {
         return parse_connection_string(&text, CONNECTION_STRING_ENV);
     }
@@ -87,8 +104,9 @@ pub(super) fn account(
         (None, None, None) => anyhow::bail!(
             "backend azure:// needs a credential: set {CONNECTION_STRING_ENV} (as for \
              Meltano's azure state backend), or {ACCOUNT_ENV} and {KEY_ENV} (or {SAS_ENV}), \
-             or [azure] connection_string, account_name and account_key, or account_url \
-             and sas_token in the configuration file"
+             or in the configuration file [azure] connection_string, account_name and \
+             account_key, account_url and sas_token, or account_url alone for an Entra ID \
+             identity"
         ),
         (Some(_), None, None) => anyhow::bail!("{ACCOUNT_ENV} is set but {KEY_ENV} is not"),
         (None, Some(_), _) => anyhow::bail!("{KEY_ENV} is set but {ACCOUNT_ENV} is not"),

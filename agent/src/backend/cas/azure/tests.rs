@@ -172,6 +172,36 @@ fn a_shared_access_signature_comes_from_a_connection_string_the_settings_or_the_
 }
 
 #[test]
+fn an_account_url_alone_means_an_entra_id_identity() {
+    let options = AzureOptions {
+        account_url: Some("https://prod1.blob.core.windows.net/".into()),
+        ..AzureOptions::default()
+    };
+    let identity = account(&options, no_env).expect("valid");
+    assert_eq!(identity.credential, Credential::EntraId);
+    assert_eq!(
+        (identity.name.as_str(), identity.endpoint.as_str()),
+        ("prod1", "https://prod1.blob.core.windows.net")
+    );
+    // A key or a SAS beside it wins: the identity is only what is left.
+    let keyed = AzureOptions {
+        account_name: Some("prod1".into()),
+        account_key: Some(KEY.into()),
+        ..options.clone()
+    };
+    assert_eq!(
+        account(&keyed, no_env).expect("valid").credential,
+        Credential::Key(KEY.into())
+    );
+    let bad = AzureOptions {
+        account_url: Some("prod1.blob.core.windows.net".into()),
+        ..AzureOptions::default()
+    };
+    let err = account(&bad, no_env).expect_err("not a URL");
+    assert!(err.to_string().starts_with("[azure] account_url"), "{err}");
+}
+
+#[test]
 fn meltano_s_storage_account_url_is_read_as_account_url() {
     let options: AzureOptions = toml::from_str(&format!(
         "storage_account_url = \"https://prod1.blob.core.windows.net\"\nsas_token = \"{SAS}\"\n"

@@ -3,11 +3,11 @@
 //! `state_backend.azure.connection_string` may carry one. An account SAS and
 //! a container SAS lock across hosts and free a crashed run's key; a
 //! read-only SAS is refused by name, and the agent's log never holds the
-//! signature.
+//! signature. An Entra ID identity that cannot be had is named too.
 
 use crate::support::run::HOLD;
 use crate::support::stores::{azure, test_var, unique_name, Azure, Store};
-use crate::support::{key, AgentOptions, TestAgent};
+use crate::support::{closed_port, key, AgentOptions, TestAgent};
 use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
 
@@ -135,6 +135,45 @@ async fn a_read_only_sas_is_refused_by_name_at_start() -> Result<()> {
     ensure!(
         !said.contains(signature(&token)),
         "the signature is shown: {said}"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_entra_id_identity_that_answers_no_token_is_named_and_grants_nothing() -> Result<()> {
+    let at = Azure.shared()?;
+    let container = unique_name("entra");
+    Azure.create(&at, &container).await?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("runlockd.toml");
+    std::fs::write(
+        &config,
+        format!("[azure]\nstorage_account_url = \"{}\"\n", at.url),
+    )?;
+    let mut options = AgentOptions::new(Azure.uri(&at, &container, "p"));
+    options.args = vec!["--config".into(), config.display().to_string()];
+    // A managed identity endpoint where nothing listens, and no Azure CLI.
+    let nowhere = format!("http://127.0.0.1:{}/token", closed_port()?);
+    let env = vec![
+        ("IDENTITY_ENDPOINT".to_string(), nowhere),
+        ("IDENTITY_HEADER".to_string(), "not-a-secret".to_string()),
+        ("PATH".to_string(), "/usr/bin:/bin".to_string()),
+    ];
+    let agent = TestAgent::start_with_env(options, &env).await?;
+    let run = agent
+        .run(&[&key("entra")], &[], "echo should-not-run")?
+        .finish()
+        .await?;
+    run.expect_code(69)?;
+    ensure!(!run.stdout.contains("should-not-run"), "{run:?}");
+    let said = format!("{}\n{}", run.stderr, agent.log());
+    ensure!(
+        said.contains("Entra ID identity") && said.contains("[azure] account_url"),
+        "the refusal does not name the identity and its setting: {said}"
+    );
+    ensure!(
+        !said.contains("not-a-secret"),
+        "the identity header is shown: {said}"
     );
     Ok(())
 }
