@@ -177,3 +177,242 @@ async fn an_entra_id_identity_that_answers_no_token_is_named_and_grants_nothing(
     );
     Ok(())
 }
+
+/// A stand-in for App Service's managed identity endpoint (`IDENTITY_ENDPOINT`,
+/// which azure_identity's chain asks before the VM's and the CLI's): it
+/// answers each request with a fresh token for Azure Storage that expires
+/// `LIFETIME` later, and counts them.
+struct TokenEndpoint {
+    url: String,
+    served: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    more: std::sync::Arc<tokio::sync::Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+/// Long enough for a request, short enough that the token is fetched again
+/// (azure_identity does so with 20 s left) while a run holds its key.
+const LIFETIME: u64 = 25;
+/// The header App Service sets and the endpoint checks.
+const IDENTITY_HEADER: &str = "identity-header-for-tests";
+
+impl TokenEndpoint {
+    async fn start() -> Result<TokenEndpoint> {
+        use std::sync::atomic::Ordering;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let url = format!("http://{}/msi/token", listener.local_addr()?);
+        let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let more = std::sync::Arc::new(tokio::sync::Notify::new());
+        let (count, notify) = (served.clone(), more.clone());
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let mut head = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+                let (status, body) =
+                    if text.contains(&format!("x-identity-header: {IDENTITY_HEADER}")) {
+                        count.fetch_add(1, Ordering::SeqCst);
+                        notify.notify_waiters();
+                        ("200 OK", token_answer())
+                    } else {
+                        ("401 Unauthorized", "{}".to_string())
+                    };
+                let answer = format!(
+                    "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(answer.as_bytes()).await;
+            }
+        });
+        Ok(TokenEndpoint {
+            url,
+            served,
+            more,
+            task,
+        })
+    }
+
+    fn served(&self) -> usize {
+        self.served.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Waits (at most a minute) until `count` tokens have been served.
+    async fn until_served(&self, count: usize) -> Result<()> {
+        let waiting = async {
+            loop {
+                let more = self.more.notified();
+                if self.served() >= count {
+                    return;
+                }
+                more.await;
+            }
+        };
+        tokio::time::timeout(std::time::Duration::from_secs(60), waiting)
+            .await
+            .with_context(|| format!("{} tokens served, waiting for {count}", self.served()))
+    }
+}
+
+impl Drop for TokenEndpoint {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A managed identity endpoint's answer: an Entra ID access token for Azure
+/// Storage as Azurite's `--oauth basic` reads it (issuer, audience and
+/// times; it checks no signature).
+fn token_answer() -> String {
+    use base64::Engine;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let tenant = "ab1f708d-50f6-404c-a006-d71b2ac7a606";
+    let encode = |json: serde_json::Value| {
+        base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(json.to_string())
+    };
+    let header = encode(serde_json::json!({"alg": "RS256", "typ": "JWT"}));
+    let claims = encode(serde_json::json!({
+        "aud": "https://storage.azure.com",
+        "iss": format!("https://sts.windows.net/{tenant}/"),
+        "tid": tenant,
+        "oid": "6a4f3c3e-0000-4000-8000-000000000001",
+        "iat": now - 60,
+        "nbf": now - 60,
+        "exp": now + LIFETIME,
+    }));
+    serde_json::json!({
+        "access_token": format!("{header}.{claims}.c2lnbmF0dXJl"),
+        "expires_on": (now + LIFETIME).to_string(),
+        "resource": "https://storage.azure.com",
+        "token_type": "Bearer",
+    })
+    .to_string()
+}
+
+/// An Azurite of the test's own that takes Entra ID tokens (`--oauth
+/// basic`, which it serves only over HTTPS, with the emulators' throwaway
+/// CA's server certificate), with `container` created in it.
+async fn azurite_with_oauth(
+    container: &str,
+) -> Result<(crate::support::stores::OwnServer, String)> {
+    use crate::support::stores::{Endpoint, OwnServer};
+    let bin = test_var("RUNLOCK_TEST_AZURITE", "azurite.sh")?;
+    let tls = test_var("RUNLOCK_TEST_ETCD_TLS_DIR", "etcd.sh")?;
+    let data = tempfile::Builder::new()
+        .prefix("runlock-azurite-oauth")
+        .tempdir_in("/tmp")?;
+    let port = closed_port()?;
+    let mut command = tokio::process::Command::new(bin);
+    command
+        .args(["--blobHost", "127.0.0.1", "--blobPort", &port.to_string()])
+        .arg("--location")
+        .arg(data.path())
+        .args([
+            "--skipApiVersionCheck",
+            "--loose",
+            "--disableTelemetry",
+            "--oauth",
+            "basic",
+        ])
+        .arg("--cert")
+        .arg(format!("{tls}/server.crt"))
+        .arg("--key")
+        .arg(format!("{tls}/server.key"));
+    let url = format!("https://127.0.0.1:{port}/{}", azure::ACCOUNT);
+    let ready = move || -> crate::support::stores::Ready {
+        Box::pin(async move {
+            Ok(tokio::net::TcpStream::connect(("127.0.0.1", port))
+                .await
+                .is_ok())
+        })
+    };
+    let server =
+        OwnServer::spawn(command, Endpoint { url: url.clone() }, Some(data), ready).await?;
+    // The container, made with the account key (Azurite takes both) by Azure's SDK.
+    let ca = format!("{tls}/ca.crt");
+    let script = "import sys\nfrom azure.storage.blob import BlobServiceClient\n\
+                  url, key, container, ca = sys.argv[1:5]\n\
+                  BlobServiceClient(url, credential={'account_name': 'devstoreaccount1', 'account_key': key}, \
+                  connection_verify=ca).create_container(container)\n";
+    let python = test_var("RUNLOCK_TEST_AZURE_PYTHON", "azurite.sh")?;
+    let out = tokio::process::Command::new(python)
+        .args(["-c", script, &url, azure::KEY, container, &ca])
+        .output()
+        .await?;
+    ensure!(
+        out.status.success(),
+        "creating the container: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok((server, ca))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_managed_identity_s_tokens_lock_across_hosts_and_are_fetched_again_while_held(
+) -> Result<()> {
+    let container = unique_name("entra");
+    let (azurite, ca) = azurite_with_oauth(&container).await?;
+    let tokens = TokenEndpoint::start().await?;
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("runlockd.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[azure]\nstorage_account_url = \"{}\"\nca_file = \"{ca}\"\n",
+            azurite.endpoint.url
+        ),
+    )?;
+    let env = vec![
+        ("IDENTITY_ENDPOINT".to_string(), tokens.url.clone()),
+        ("IDENTITY_HEADER".to_string(), IDENTITY_HEADER.to_string()),
+    ];
+    let uri = format!("azure://{container}/p");
+    let start = || {
+        let mut options = AgentOptions::new(&uri);
+        options.args = vec!["--config".into(), config.display().to_string()];
+        TestAgent::start_with_env(options, &env)
+    };
+    let one = start().await?;
+    let two = start().await?;
+    let k = key("entra");
+
+    let mut held = one.run(&[&k], &[], HOLD)?;
+    held.ready().await.with_context(|| one.log())?;
+    let refused = two.run(&[&k], &[], "echo should-not-run")?.finish().await?;
+    refused.expect_code(75).with_context(|| two.log())?;
+
+    // Each agent took a token; the holder's renewals take it a new one once
+    // its first has less than 20 s left, and the lease lives on.
+    let before = tokens.served();
+    tokens.until_served(before + 2).await?;
+    let still = two.run(&[&k], &[], "echo should-not-run")?.finish().await?;
+    still
+        .expect_code(75)
+        .context("after the tokens were fetched again")?;
+
+    // The holder's run dies whole: its key is free for the other host.
+    held.signal(Signal::SIGKILL)?;
+    held.kill_group()?;
+    held.wait().await?;
+    let next = two
+        .run(&[&k], &["--wait", "30s"], "echo acquired")?
+        .finish()
+        .await?;
+    next.expect_code(0).with_context(|| two.log())?;
+    ensure!(next.stdout.contains("acquired"), "{next:?}");
+    for agent in [&one, &two] {
+        ensure!(
+            !agent.log().contains("c2lnbmF0dXJl"),
+            "an agent's log shows a token"
+        );
+    }
+    Ok(())
+}

@@ -79,6 +79,10 @@ pub struct AzureOptions {
     /// `account_name`, instead of an account key.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sas_token: Option<Secret>,
+    /// A CA (PEM) to trust for the blob endpoint besides the public ones:
+    /// a private endpoint's, Azure Stack's, an emulator's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<PathBuf>,
 }
 
 /// The configuration file's `[gcs]` settings.

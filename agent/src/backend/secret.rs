@@ -81,6 +81,7 @@ mod tests {
                 account_key: Some(PASSWORD.into()),
                 account_url: Some("https://a.blob.core.windows.net".into()),
                 sas_token: Some(format!("sv=2022-11-02&sig={PASSWORD}").into()),
+                ..AzureOptions::default()
             },
             etcd: EtcdOptions {
                 user: Some("ops".into()),

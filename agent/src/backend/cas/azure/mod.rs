@@ -37,6 +37,14 @@ use std::time::{Duration, SystemTime};
 /// them, so that a request never goes out on a connection the server is closing.
 const POOL_IDLE: Duration = Duration::from_secs(4);
 
+/// The CA of `[azure] ca_file`, read at start so that a wrong path is named there.
+fn ca(path: &std::path::Path) -> anyhow::Result<reqwest::Certificate> {
+    let pem = std::fs::read(path)
+        .map_err(|err| anyhow::anyhow!("[azure] ca_file {}: {err}", path.display()))?;
+    reqwest::Certificate::from_pem(&pem)
+        .map_err(|_| anyhow::anyhow!("[azure] ca_file {}: not a PEM certificate", path.display()))
+}
+
 /// An Azure Blob container as a compare-and-swap store.
 pub struct AzureStore {
     container: ContainerClient,
@@ -64,14 +72,16 @@ impl AzureStore {
     ) -> anyhow::Result<AzureStore> {
         let (container_name, prefix) = parse_uri(uri)?;
         let account = account(options, env)?;
-        let http = reqwest::Client::builder()
+        let mut http = reqwest::Client::builder()
             .connect_timeout(TIMEOUTS.connect)
             .timeout(TIMEOUTS.attempt)
-            .pool_idle_timeout(POOL_IDLE)
-            .build()
-            .map_err(|err| {
-                anyhow::anyhow!("cannot set up an HTTP client: {}", super::root_cause(&err))
-            })?;
+            .pool_idle_timeout(POOL_IDLE);
+        if let Some(path) = &options.ca_file {
+            http = http.add_root_certificate(ca(path)?);
+        }
+        let http = http.build().map_err(|err| {
+            anyhow::anyhow!("cannot set up an HTTP client: {}", super::root_cause(&err))
+        })?;
         // The SDK retries I/O errors, 408, 429 and 5xx.
         let retry = ExponentialRetryOptions::default()
             .max_retries(TRANSIENT.attempts - 1)
