@@ -414,7 +414,7 @@ impl Config {
             access: AccessShown,
             limits: LimitsShown,
             s3: S3Options,
-            azure: &'a AzureOptions,
+            azure: AzureOptions,
             gcs: &'a GcsOptions,
             postgres: &'a PostgresOptions,
             etcd: &'a EtcdOptions,
@@ -456,7 +456,7 @@ impl Config {
                     .to_string(),
             },
             s3: self.backend_options.s3.redacted(),
-            azure: &self.backend_options.azure,
+            azure: self.backend_options.azure.redacted(),
             gcs: &self.backend_options.gcs,
             postgres: &self.backend_options.postgres,
             etcd: &self.backend_options.etcd,
@@ -633,9 +633,21 @@ mod tests {
             &format!("postgresql://m:{password}@db/meltano"),
         ]);
         assert!(!format!("{args:?}").contains(password));
-        let config = Config::load(&args).expect("loads");
+        let mut config = Config::load(&args).expect("loads");
         assert!(!format!("{config:?}").contains(password));
         assert!(!config.to_redacted_toml().contains(password));
+        // An Azure SAS, as a setting or pasted into the account URL.
+        let azure = &mut config.backend_options.azure;
+        azure.sas_token = Some(format!("sv=2022-11-02&sig={password}").into());
+        azure.account_url = Some(format!(
+            "https://a.blob.core.windows.net/?sv=1&sig={password}"
+        ));
+        let shown = config.to_redacted_toml();
+        assert!(!shown.contains(password), "{shown}");
+        assert!(
+            shown.contains("https://a.blob.core.windows.net/?sv=1&sig=***"),
+            "{shown}"
+        );
         assert_eq!(
             config.backend.expose(),
             format!("postgresql://u:{password}@db/x")

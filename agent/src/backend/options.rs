@@ -85,6 +85,16 @@ pub struct AzureOptions {
     pub ca_file: Option<PathBuf>,
 }
 
+impl AzureOptions {
+    /// The options with any SAS pasted into the account URL removed, for printing.
+    pub fn redacted(&self) -> AzureOptions {
+        AzureOptions {
+            account_url: self.account_url.as_deref().map(redact_uri),
+            ..self.clone()
+        }
+    }
+}
+
 /// The configuration file's `[gcs]` settings.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
