@@ -7,7 +7,7 @@
 
 use crate::support::run::HOLD;
 use crate::support::stores::{azure, test_var, unique_name, Azure, Store};
-use crate::support::{closed_port, key, AgentOptions, TestAgent};
+use crate::support::{closed_port, key, AgentOptions, Run, TestAgent};
 use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
 
@@ -65,6 +65,42 @@ fn signature(token: &str) -> &str {
         .unwrap_or(token)
 }
 
+/// The holder's run `held` of `k` dies whole: the key is free for a run
+/// through `other`, another host.
+async fn crash_frees_the_key(mut held: Run, other: &TestAgent, k: &str) -> Result<()> {
+    held.signal(Signal::SIGKILL)?;
+    held.kill_group()?;
+    held.wait().await?;
+    let next = other
+        .run(&[k], &["--wait", "30s"], "echo acquired")?
+        .finish()
+        .await?;
+    next.expect_code(0)?;
+    ensure!(next.stdout.contains("acquired"), "{next:?}");
+    Ok(())
+}
+
+/// A run through `agent` is refused with 69 (the store cannot lock: not a
+/// key held by another), in words naming each of `named`, and neither the
+/// refusal nor the agent's log shows `secret`.
+async fn refused_naming(agent: &TestAgent, named: &[&str], secret: &str) -> Result<()> {
+    let run = agent
+        .run(&[&key("refused")], &[], "echo should-not-run")?
+        .finish()
+        .await?;
+    run.expect_code(69)?;
+    ensure!(!run.stdout.contains("should-not-run"), "{run:?}");
+    let said = format!("{}\n{}", run.stderr, agent.log());
+    for name in named {
+        ensure!(
+            said.contains(name),
+            "the refusal does not name {name:?}: {said}"
+        );
+    }
+    ensure!(!said.contains(secret), "a secret is shown: {said}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_lock_across_hosts_with_an_account_or_a_container_sas() -> Result<()> {
     let at = Azure.shared()?;
@@ -86,16 +122,9 @@ async fn agents_lock_across_hosts_with_an_account_or_a_container_sas() -> Result
         refused.expect_code(75).context(format!("{kind} SAS"))?;
         ensure!(!refused.stdout.contains("should-not-run"), "{refused:?}");
 
-        // The holder's run dies whole: its key is free for the other host.
-        held.signal(Signal::SIGKILL)?;
-        held.kill_group()?;
-        held.wait().await?;
-        let next = two
-            .run(&[&k], &["--wait", "30s"], "echo acquired")?
-            .finish()
-            .await?;
-        next.expect_code(0).context(format!("{kind} SAS"))?;
-        ensure!(next.stdout.contains("acquired"), "{next:?}");
+        crash_frees_the_key(held, &two, &k)
+            .await
+            .context(format!("{kind} SAS"))?;
 
         for agent in [&one, &two] {
             let log = agent.log();
@@ -117,26 +146,8 @@ async fn a_read_only_sas_is_refused_by_name_at_start() -> Result<()> {
     let uri = Azure.uri(&at, &container, "p");
     let agent =
         TestAgent::start_with_env(AgentOptions::new(&uri), &sas_env(&at.url, &token)).await?;
-    let run = agent
-        .run(&[&key("ro")], &[], "echo should-not-run")?
-        .finish()
-        .await?;
-    ensure!(
-        run.code() != Some(0),
-        "a read-only SAS granted a lease: {run:?}"
-    );
-    ensure!(!run.stdout.contains("should-not-run"), "{run:?}");
-    let said = format!("{}\n{}", run.stderr, agent.log());
-    ensure!(
-        said.contains("shared access signature")
-            && said.contains("AZURE_STORAGE_CONNECTION_STRING"),
-        "the refusal does not name the credential and where it came from: {said}"
-    );
-    ensure!(
-        !said.contains(signature(&token)),
-        "the signature is shown: {said}"
-    );
-    Ok(())
+    let named = ["shared access signature", "AZURE_STORAGE_CONNECTION_STRING"];
+    refused_naming(&agent, &named, signature(&token)).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,22 +171,8 @@ async fn an_entra_id_identity_that_answers_no_token_is_named_and_grants_nothing(
         ("PATH".to_string(), "/usr/bin:/bin".to_string()),
     ];
     let agent = TestAgent::start_with_env(options, &env).await?;
-    let run = agent
-        .run(&[&key("entra")], &[], "echo should-not-run")?
-        .finish()
-        .await?;
-    run.expect_code(69)?;
-    ensure!(!run.stdout.contains("should-not-run"), "{run:?}");
-    let said = format!("{}\n{}", run.stderr, agent.log());
-    ensure!(
-        said.contains("Entra ID identity") && said.contains("[azure] account_url"),
-        "the refusal does not name the identity and its setting: {said}"
-    );
-    ensure!(
-        !said.contains("not-a-secret"),
-        "the identity header is shown: {said}"
-    );
-    Ok(())
+    let named = ["Entra ID identity", "[azure] account_url"];
+    refused_naming(&agent, &named, "not-a-secret").await
 }
 
 /// A stand-in for App Service's managed identity endpoint (`IDENTITY_ENDPOINT`,
@@ -398,16 +395,9 @@ async fn a_managed_identity_s_tokens_lock_across_hosts_and_are_fetched_again_whi
         .expect_code(75)
         .context("after the tokens were fetched again")?;
 
-    // The holder's run dies whole: its key is free for the other host.
-    held.signal(Signal::SIGKILL)?;
-    held.kill_group()?;
-    held.wait().await?;
-    let next = two
-        .run(&[&k], &["--wait", "30s"], "echo acquired")?
-        .finish()
-        .await?;
-    next.expect_code(0).with_context(|| two.log())?;
-    ensure!(next.stdout.contains("acquired"), "{next:?}");
+    crash_frees_the_key(held, &two, &k)
+        .await
+        .with_context(|| two.log())?;
     for agent in [&one, &two] {
         ensure!(
             !agent.log().contains("c2lnbmF0dXJl"),
