@@ -175,10 +175,12 @@ async fn an_entra_id_identity_that_answers_no_token_is_named_and_grants_nothing(
     refused_naming(&agent, &named, "not-a-secret").await
 }
 
-/// A stand-in for App Service's managed identity endpoint (`IDENTITY_ENDPOINT`,
-/// which azure_identity's chain asks before the VM's and the CLI's): it
-/// answers each request with a fresh token for Azure Storage that expires
-/// `LIFETIME` later, and counts them.
+/// A stand-in for a managed identity's token endpoint, as App Service's
+/// (`IDENTITY_ENDPOINT`, with its secret header) or a VM's instance metadata
+/// service (`AZURE_POD_IDENTITY_AUTHORITY_HOST`, `Metadata: true`) for the
+/// user-assigned identity [`CLIENT_ID`]: it answers each request with a
+/// fresh token for Azure Storage that expires `LIFETIME` later, and counts
+/// them; anything else is refused.
 struct TokenEndpoint {
     url: String,
     served: std::sync::Arc<std::sync::atomic::AtomicUsize>,
@@ -187,17 +189,20 @@ struct TokenEndpoint {
 }
 
 /// Long enough for a request, short enough that the token is fetched again
-/// (azure_identity does so with 20 s left) while a run holds its key.
+/// while a run holds its key (the agent does so with 5 minutes left, so
+/// here for each request).
 const LIFETIME: u64 = 25;
 /// The header App Service sets and the endpoint checks.
 const IDENTITY_HEADER: &str = "identity-header-for-tests";
+/// A user-assigned managed identity's client id (`AZURE_CLIENT_ID`).
+const CLIENT_ID: &str = "0f7e2a4c-1b3d-4e5f-8a9b-0c1d2e3f4a5b";
 
 impl TokenEndpoint {
     async fn start() -> Result<TokenEndpoint> {
         use std::sync::atomic::Ordering;
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let url = format!("http://{}/msi/token", listener.local_addr()?);
+        let url = format!("http://{}", listener.local_addr()?);
         let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let more = std::sync::Arc::new(tokio::sync::Notify::new());
         let (count, notify) = (served.clone(), more.clone());
@@ -212,14 +217,17 @@ impl TokenEndpoint {
                     }
                 }
                 let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
-                let (status, body) =
-                    if text.contains(&format!("x-identity-header: {IDENTITY_HEADER}")) {
-                        count.fetch_add(1, Ordering::SeqCst);
-                        notify.notify_waiters();
-                        ("200 OK", token_answer())
-                    } else {
-                        ("401 Unauthorized", "{}".to_string())
-                    };
+                let app_service = text.contains(&format!("x-identity-header: {IDENTITY_HEADER}"));
+                let vm = text.starts_with("get /metadata/identity/oauth2/token?")
+                    && text.contains("metadata: true")
+                    && text.contains(&format!("client_id={CLIENT_ID}"));
+                let (status, body) = if app_service || vm {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    notify.notify_waiters();
+                    ("200 OK", token_answer())
+                } else {
+                    ("401 Unauthorized", "{}".to_string())
+                };
                 let answer = format!(
                     "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                     body.len()
@@ -367,18 +375,30 @@ async fn a_managed_identity_s_tokens_lock_across_hosts_and_are_fetched_again_whi
             azurite.endpoint.url
         ),
     )?;
-    let env = vec![
-        ("IDENTITY_ENDPOINT".to_string(), tokens.url.clone()),
+    // One host is an App Service with its system-assigned identity, the
+    // other a VM with a user-assigned one.
+    let app_service = vec![
+        (
+            "IDENTITY_ENDPOINT".to_string(),
+            format!("{}/msi/token", tokens.url),
+        ),
         ("IDENTITY_HEADER".to_string(), IDENTITY_HEADER.to_string()),
     ];
+    let vm = vec![
+        (
+            "AZURE_POD_IDENTITY_AUTHORITY_HOST".to_string(),
+            tokens.url.clone(),
+        ),
+        ("AZURE_CLIENT_ID".to_string(), CLIENT_ID.to_string()),
+    ];
     let uri = format!("azure://{container}/p");
-    let start = || {
+    let start = |env| {
         let mut options = AgentOptions::new(&uri);
         options.args = vec!["--config".into(), config.display().to_string()];
-        TestAgent::start_with_env(options, &env)
+        TestAgent::start_with_env(options, env)
     };
-    let one = start().await?;
-    let two = start().await?;
+    let one = start(&app_service).await?;
+    let two = start(&vm).await?;
     let k = key("entra");
 
     let mut held = one.run(&[&k], &[], HOLD)?;

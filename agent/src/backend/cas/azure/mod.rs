@@ -14,6 +14,7 @@
 //! named by their status and error code, and transport failures by their root cause.
 
 mod errors;
+mod identity;
 mod settings;
 #[cfg(test)]
 mod tests;
@@ -71,7 +72,7 @@ impl AzureStore {
         env: impl Fn(&str) -> Option<String>,
     ) -> anyhow::Result<AzureStore> {
         let (container_name, prefix) = parse_uri(uri)?;
-        let account = account(options, env)?;
+        let account = account(options, &env)?;
         let mut http = reqwest::Client::builder()
             .connect_timeout(TIMEOUTS.connect)
             .timeout(TIMEOUTS.attempt)
@@ -105,18 +106,7 @@ impl AzureStore {
                     )
                 })?
             }
-            Credential::EntraId => {
-                let options = azure_identity::TokenCredentialOptions::default();
-                let chain =
-                    azure_identity::DefaultAzureCredential::create(options).map_err(|err| {
-                        anyhow::anyhow!(
-                            "{}: no Entra ID credential: {}",
-                            account.source,
-                            super::root_cause(&err)
-                        )
-                    })?;
-                StorageCredentials::token_credential(Arc::new(chain))
-            }
+            Credential::EntraId => StorageCredentials::token_credential(identity::chain(&env)),
         };
         let container = ClientBuilder::with_location(location, credentials)
             .retry(RetryOptions::exponential(retry))

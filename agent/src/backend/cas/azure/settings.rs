@@ -87,7 +87,7 @@ pub(super) fn account(
             name: account_of_endpoint(&endpoint),
             credential: Credential::EntraId,
             endpoint,
-            source: "[azure] account_url (DefaultAzureCredential)",
+            source: "[azure] account_url",
         });
     }
     if let Some(text) = env(CONNECTION_STRING_ENV) {
