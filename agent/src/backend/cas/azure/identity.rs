@@ -189,3 +189,45 @@ impl TokenCredential for ManagedIdentity {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_managed_identity_is_asked_where_its_host_says() {
+        let app_service = |name: &str| match name {
+            "IDENTITY_ENDPOINT" => Some("http://127.0.0.1:41000/msi/token".to_string()),
+            "IDENTITY_HEADER" => Some("h".to_string()),
+            _ => None,
+        };
+        let asked = ManagedIdentity::from_env(&app_service, None);
+        assert_eq!(
+            (asked.endpoint.as_str(), asked.api_version, asked.header.0),
+            (
+                "http://127.0.0.1:41000/msi/token",
+                "2019-08-01",
+                "x-identity-header"
+            )
+        );
+        assert!(!format!("{asked:?}").contains("\"h\""), "{asked:?}");
+
+        let vm = ManagedIdentity::from_env(&|_: &str| None, Some("id-1".into()));
+        assert_eq!(
+            vm.endpoint,
+            "http://169.254.169.254/metadata/identity/oauth2/token"
+        );
+        assert_eq!(
+            (vm.header.0, vm.client_id.as_deref()),
+            ("metadata", Some("id-1"))
+        );
+        let moved = |name: &str| {
+            (name == "AZURE_POD_IDENTITY_AUTHORITY_HOST").then(|| "http://10.0.0.9/".to_string())
+        };
+        let vm = ManagedIdentity::from_env(&moved, None);
+        assert_eq!(
+            vm.endpoint,
+            "http://10.0.0.9/metadata/identity/oauth2/token"
+        );
+    }
+}
