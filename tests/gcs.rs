@@ -70,7 +70,7 @@ async fn back_to_back_runs_on_one_key_write_its_record_a_second_apart() -> Resul
 
 /// A service-account key's JSON with a fresh RSA key (made by openssl), and
 /// one line of that key, to look for in what the agent shows.
-fn service_account_key() -> Result<(String, String)> {
+pub(crate) fn service_account_key() -> Result<(String, String)> {
     let pem = std::process::Command::new("openssl")
         .args([
             "genpkey",
@@ -91,7 +91,7 @@ fn service_account_key() -> Result<(String, String)> {
 }
 
 /// A configuration file with `[gcs] credentials_json = json`.
-fn config_with_inline_key(dir: &Path, json: &str) -> Result<String> {
+pub(crate) fn config_with_inline_key(dir: &Path, json: &str) -> Result<String> {
     let path = dir.join("runlockd.toml");
     let text = format!("[gcs]\ncredentials_json = {}\n", toml_string(json));
     std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;

@@ -62,6 +62,10 @@ async fn check_backend(config: &Config) -> ExitCode {
             return ExitCode::from(78);
         }
     };
+    match backend::credentials::source(config.backend.expose(), &config.backend_options) {
+        Ok(source) => eprintln!("runlockd: credentials: {source}"),
+        Err(err) => eprintln!("runlockd: credentials: cannot tell: {err:#}"),
+    }
     let name = store.profile.description;
     match readiness {
         backend::Readiness::Ready => {
