@@ -68,26 +68,12 @@ async fn back_to_back_runs_on_one_key_write_its_record_a_second_apart() -> Resul
     Ok(())
 }
 
-/// A service-account key's JSON with a fresh RSA key (made by openssl), and
-/// one line of that key, to look for in what the agent shows.
+/// A service-account key's JSON with a fresh RSA key, and one line of that
+/// key, to look for in what the agent shows.
 pub(crate) fn service_account_key() -> Result<(String, String)> {
-    let pem = std::process::Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-        ])
-        .output()
-        .context("running openssl")?;
-    ensure!(pem.status.success(), "openssl genpkey failed: {pem:?}");
-    let pem = String::from_utf8(pem.stdout)?;
-    let key_line = pem.lines().nth(5).context("a key line")?.to_string();
-    let json = serde_json::json!({"type": "service_account", "project_id": "p",
-        "private_key": pem, "client_email": "runlock@p.iam.gserviceaccount.com",
-        "token_uri": "http://127.0.0.1:9/token"});
-    Ok((json.to_string(), key_line))
+    Ok(runlock_agent::backend::testing::service_account_key(
+        "http://127.0.0.1:9/token",
+    ))
 }
 
 /// A configuration file with `[gcs] credentials_json = json`.

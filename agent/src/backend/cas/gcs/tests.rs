@@ -201,28 +201,12 @@ async fn unusable_key_files_are_named_without_their_contents() {
     }
 }
 
-/// A service-account key file with a real RSA key (made by openssl), whose
-/// token service is `token_uri`.
+/// A service-account key file with a real RSA key, whose token service is `token_uri`.
 fn real_key_file(dir: &std::path::Path, token_uri: &str) -> (PathBuf, String) {
-    let pem = std::process::Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-        ])
-        .output()
-        .expect("openssl runs");
-    assert!(pem.status.success(), "openssl genpkey failed");
-    let pem = String::from_utf8(pem.stdout).expect("PEM is text");
-    let key = serde_json::json!({"type": "service_account", "project_id": "p",
-        "private_key": pem, "client_email": "runlock@p.iam.gserviceaccount.com",
-        "token_uri": token_uri});
+    let (json, secret) = crate::backend::fixtures::service_account_key(token_uri);
     let path = dir.join("real-key.json");
     let mut file = std::fs::File::create(&path).expect("create");
-    file.write_all(key.to_string().as_bytes()).expect("write");
-    let secret = pem.lines().nth(5).expect("a key line").to_string();
+    file.write_all(json.as_bytes()).expect("write");
     (path, secret)
 }
 
