@@ -224,3 +224,85 @@ fn setting(block: &Value, name: &str) -> Option<String> {
 fn quoted(text: &str) -> String {
     toml::Value::String(text.to_string()).to_string()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The TOML for a project whose meltano.yml is `yaml`, with `vars` set.
+    fn imported(yaml: &str, vars: &[(&str, &str)]) -> anyhow::Result<String> {
+        let dir = tempfile::tempdir()?;
+        std::fs::write(dir.path().join("meltano.yml"), yaml)?;
+        let env = |name: &str| {
+            vars.iter()
+                .find(|(var, _)| *var == name)
+                .map(|(_, value)| value.to_string())
+        };
+        let toml = StateBackend::read(dir.path(), &env)?.to_agent_toml()?;
+        Ok(toml.replace(&dir.path().display().to_string(), "PROJECT"))
+    }
+
+    #[test]
+    fn variables_win_over_the_file_and_dotted_keys_are_read() {
+        let yaml = "state_backend:\n  uri: s3://from-file/p\n  s3.endpoint_url: http://file:9000\n";
+        let toml = imported(yaml, &[]).expect("imported");
+        assert!(toml.contains("backend = \"s3://from-file/p\""), "{toml}");
+        assert!(
+            toml.contains("endpoint_url = \"http://file:9000\""),
+            "{toml}"
+        );
+        let vars = [
+            ("MELTANO_STATE_BACKEND_URI", "s3://from-env/p"),
+            ("MELTANO_STATE_BACKEND_S3_ENDPOINT_URL", "http://env:9000"),
+        ];
+        let toml = imported(yaml, &vars).expect("imported");
+        assert!(toml.contains("backend = \"s3://from-env/p\""), "{toml}");
+        assert!(
+            toml.contains("endpoint_url = \"http://env:9000\""),
+            "{toml}"
+        );
+    }
+
+    #[test]
+    fn secrets_become_the_variables_to_set() {
+        let toml =
+            imported("state_backend:\n  uri: s3://AKID:s3cr3t@b/p\n", &[]).expect("imported");
+        assert!(toml.contains("backend = \"s3://b/p\""), "{toml}");
+        assert!(toml.contains("AWS_SECRET_ACCESS_KEY") && !toml.contains("s3cr3t"));
+        let yaml = "state_backend:\n  uri: azure://c/p\n  azure:\n    \
+                    storage_account_url: https://acct.blob.core.windows.net\n    \
+                    connection_string: AccountName=a;AccountKey=c2VjcmV0\n";
+        let toml = imported(yaml, &[]).expect("imported");
+        assert!(
+            toml.contains("account_url = \"https://acct.blob.core.windows.net\""),
+            "{toml}"
+        );
+        assert!(toml.contains("AZURE_STORAGE_CONNECTION_STRING") && !toml.contains("c2VjcmV0"));
+        let toml =
+            imported("state_backend:\n  uri: postgresql://u:pw@h/db\n", &[]).expect("imported");
+        assert!(toml.contains("backend = \"postgresql://u@h/db\""), "{toml}");
+        assert!(
+            toml.contains("PGPASSWORD") && !toml.contains(":pw@"),
+            "{toml}"
+        );
+    }
+
+    #[test]
+    fn a_relative_key_file_is_the_projects() {
+        let yaml =
+            "state_backend:\n  uri: gs://b/p\n  gcs:\n    application_credentials: keys/sa.json\n";
+        let toml = imported(yaml, &[]).expect("imported");
+        assert!(
+            toml.contains("credentials_file = \"PROJECT/keys/sa.json\""),
+            "{toml}"
+        );
+    }
+
+    #[test]
+    fn the_system_database_has_no_counterpart() {
+        let err = imported("project_id: p\n", &[]).expect_err("refused");
+        assert!(err.to_string().contains("system database"), "{err}");
+        let err = imported("state_backend:\n  uri: systemdb\n", &[]).expect_err("refused");
+        assert!(err.to_string().contains("system database"), "{err}");
+    }
+}

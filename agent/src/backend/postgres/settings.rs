@@ -597,6 +597,24 @@ mod tests {
     }
 
     #[test]
+    fn the_password_source_is_the_first_place_holding_one() {
+        let source = |uri: &str, env: &[(&str, &str)]| {
+            resolve(uri, env).expect("resolves").password_source()
+        };
+        let env = [("PGPASSWORD", "envpass")];
+        assert_eq!(source("postgresql://u:p@h/d", &env), PasswordSource::Uri);
+        assert_eq!(
+            source("postgresql://u@h/d?password=p", &env),
+            PasswordSource::UriParameter
+        );
+        assert_eq!(
+            source("postgresql://u@h/d", &env),
+            PasswordSource::Environment
+        );
+        assert_eq!(source("postgresql://u@h/d", &[]), PasswordSource::None);
+    }
+
+    #[test]
     fn a_password_may_hold_any_character_unencoded() {
         for password in ["pa/ss", "p?w", "p#w", "p:w", "p@w", "a/b?c#d:e@f"] {
             let uri = format!("postgresql://u:{password}@h:6543/d?sslmode=disable");
