@@ -184,6 +184,11 @@ async fn check_config_names_the_credential_source_never_the_secret() -> Result<(
             Some("pw-s3cret"),
         ),
         (
+            format!("backend = \"etcd://etl:etcd-s3cret@127.0.0.1:{port}/p\"\n"),
+            "credentials: user etl with a password".to_string(),
+            Some("etcd-s3cret"),
+        ),
+        (
             format!("backend = \"file://{}\"\n", dir.path().display()),
             "credentials: none".to_string(),
             None,
