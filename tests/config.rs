@@ -109,6 +109,12 @@ async fn check_config_never_prints_a_secret() -> Result<()> {
     // The configuration is printed, then the store is found unreachable.
     out.expect_code(69)?;
     ensure!(out.stderr.contains("s3.test"), "{out:?}");
+    ensure!(
+        out.stderr.contains(
+            "credentials: static access key AKIDEXAMPLE from [s3] access_key_id / secret_access_key"
+        ),
+        "{out:?}"
+    );
     for secret in [
         "s3cr3t-v4lue",
         "pa55word",
@@ -135,6 +141,72 @@ async fn check_config_never_prints_a_secret() -> Result<()> {
         !out.stdout.contains("YXp1cmUtc2VjcmV0") && !out.stdout.contains("YXp1cmUta2V5"),
         "an Azure secret was printed: {out:?}"
     );
+    Ok(())
+}
+
+/// Issue 31: `check-config` names the credential source each store will
+/// sign in with, never the secret itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_names_the_credential_source_never_the_secret() -> Result<()> {
+    let dir = temp_dir()?;
+    let port = closed_port()?;
+    // Each case: (the file, what the credentials line says, the secret it must not show).
+    let (gcs_json, private_key_line) = crate::gcs::service_account_key()?;
+    let gcs_file = crate::gcs::config_with_inline_key(dir.path(), &gcs_json)?;
+    let gcs = std::fs::read_to_string(&gcs_file)?;
+    let cases = [
+        (
+            format!("backend = \"s3://locks/p\"\n[s3]\nendpoint_url = \"http://127.0.0.1:{port}\"\n"),
+            "credentials: AWS SDK default chain (environment / profile / instance role)".to_string(),
+            None,
+        ),
+        (
+            format!("backend = \"s3://locks/p\"\n[s3]\nendpoint_url = \"http://127.0.0.1:{port}\"\nprofile = \"ci\"\n"),
+            "credentials: AWS profile \"ci\" ([s3] profile)".to_string(),
+            None,
+        ),
+        (
+            format!("backend = \"gs://locks/p\"\n{gcs}"),
+            "credentials: service-account key from [gcs] credentials_json (client_email ".to_string(),
+            Some(private_key_line.as_str()),
+        ),
+        (
+            format!(
+                "backend = \"azure://locks/p\"\n[azure]\nconnection_string = \"AccountName=acct1;\
+                 AccountKey=YXp1cmUtc2VjcmV0;BlobEndpoint=http://127.0.0.1:{port}/acct1\"\n"
+            ),
+            "credentials: account key from [azure] connection_string (account acct1)".to_string(),
+            Some("YXp1cmUtc2VjcmV0"),
+        ),
+        (
+            format!("backend = \"postgresql://u:pw-s3cret@127.0.0.1:{port}/db\"\n"),
+            "credentials: password from the URI (redacted)".to_string(),
+            Some("pw-s3cret"),
+        ),
+        (
+            format!("backend = \"etcd://etl:etcd-s3cret@127.0.0.1:{port}/p\"\n"),
+            "credentials: user etl with a password".to_string(),
+            Some("etcd-s3cret"),
+        ),
+        (
+            format!("backend = \"file://{}\"\n", dir.path().display()),
+            "credentials: none".to_string(),
+            None,
+        ),
+    ];
+    for (text, want, secret) in cases {
+        let file = write(dir.path(), "runlockd.toml", &text)?;
+        // No emulator: the source named is the one the real service would get.
+        let env = [("STORAGE_EMULATOR_HOST", ""), ("PGPASSWORD", "")];
+        let out = runlockd(&["check-config", "--config", &file], &env).await?;
+        ensure!(out.stderr.contains(&want), "{want:?} missing: {out:?}");
+        if let Some(secret) = secret {
+            ensure!(
+                !out.stdout.contains(secret) && !out.stderr.contains(secret),
+                "check-config showed the secret: {out:?}"
+            );
+        }
+    }
     Ok(())
 }
 

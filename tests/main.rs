@@ -19,6 +19,7 @@ mod file_layout;
 mod file_trust;
 mod fleet;
 mod force;
+mod from_meltano;
 mod gcs;
 mod legacy;
 mod lifecycle;

@@ -100,10 +100,15 @@ pub struct Args {
 }
 
 /// What runlockd can do besides serving.
-#[derive(Debug, Clone, Copy, clap::Subcommand)]
+#[derive(Debug, Clone, clap::Subcommand)]
 pub enum Command {
     /// Print the effective configuration (secrets redacted) and exit.
-    CheckConfig,
+    CheckConfig {
+        /// Instead, print the configuration matching this Meltano project's
+        /// state_backend settings (meltano.yml, MELTANO_STATE_BACKEND_*).
+        #[arg(long, value_name = "PROJECT_DIR")]
+        from_meltano: Option<PathBuf>,
+    },
 }
 
 /// Parses durations written like `500ms`, `30s`, `10m`.

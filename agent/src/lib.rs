@@ -11,6 +11,7 @@ pub mod lease;
 pub mod legacy;
 pub mod limits;
 pub mod listener;
+pub mod meltano_import;
 pub mod metrics;
 pub mod notify;
 pub mod process;

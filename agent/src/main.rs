@@ -6,6 +6,7 @@ use clap::Parser;
 use runlock_agent::config::{Args, Command, Config};
 use runlock_agent::lease::{Identity, Policy, Registry};
 use runlock_agent::legacy::MeltanoGuard;
+use runlock_agent::meltano_import::StateBackend;
 use runlock_agent::{backend, limits, listener, metrics, notify, serve, telemetry};
 use std::process::ExitCode;
 use tokio::signal::unix::{signal, SignalKind};
@@ -14,6 +15,12 @@ use tokio_util::task::TaskTracker;
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(Command::CheckConfig {
+        from_meltano: Some(project),
+    }) = &args.command
+    {
+        return from_meltano(project);
+    }
     let config = match Config::load(&args) {
         Ok(config) => config,
         Err(err) => {
@@ -31,7 +38,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Some(Command::CheckConfig) = args.command {
+    if let Some(Command::CheckConfig { .. }) = args.command {
         print!("{}", config.to_redacted_toml());
         return runtime.block_on(check_backend(&config));
     }
@@ -49,6 +56,22 @@ fn main() -> ExitCode {
     }
 }
 
+/// Prints the agent configuration matching a Meltano project's state
+/// backend: 0, or 78 (EX_CONFIG) if the project names none the agent can use.
+fn from_meltano(project: &std::path::Path) -> ExitCode {
+    let env = |name: &str| std::env::var(name).ok();
+    match StateBackend::read(project, &env).and_then(|found| found.to_agent_toml()) {
+        Ok(toml) => {
+            print!("{toml}");
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            eprintln!("runlockd: error: {err:#}");
+            ExitCode::from(78)
+        }
+    }
+}
+
 /// Opens and checks the backend as the agent would at start, and says on
 /// stderr whether it can serve runs: 0 if so, 69 (EX_UNAVAILABLE) if it
 /// cannot be reached now, 78 (EX_CONFIG) if it cannot be used at all, as
@@ -62,6 +85,10 @@ async fn check_backend(config: &Config) -> ExitCode {
             return ExitCode::from(78);
         }
     };
+    match backend::credentials::source(config.backend.expose(), &config.backend_options) {
+        Ok(source) => eprintln!("runlockd: credentials: {source}"),
+        Err(err) => eprintln!("runlockd: credentials: cannot tell: {err:#}"),
+    }
     let name = store.profile.description;
     match readiness {
         backend::Readiness::Ready => {

@@ -64,3 +64,26 @@ impl<B: super::Backend + ?Sized> Take for B {
             .unwrap_or_else(|err| panic!("{key} is not free for {lease}: {err:?}"))
     }
 }
+
+/// A service-account key's JSON with a fresh RSA key (made by openssl) whose
+/// token service is `token_uri`, and one line of the private key, to look
+/// for in what the agent shows.
+pub fn service_account_key(token_uri: &str) -> (String, String) {
+    let pem = std::process::Command::new("openssl")
+        .args([
+            "genpkey",
+            "-algorithm",
+            "RSA",
+            "-pkeyopt",
+            "rsa_keygen_bits:2048",
+        ])
+        .output()
+        .expect("openssl runs");
+    assert!(pem.status.success(), "openssl genpkey failed: {pem:?}");
+    let pem = String::from_utf8(pem.stdout).expect("PEM is text");
+    let key_line = pem.lines().nth(5).expect("a key line").to_string();
+    let json = serde_json::json!({"type": "service_account", "project_id": "p",
+        "private_key": pem, "client_email": "runlock@p.iam.gserviceaccount.com",
+        "token_uri": token_uri});
+    (json.to_string(), key_line)
+}

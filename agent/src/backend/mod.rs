@@ -2,6 +2,7 @@
 //! the one a URI names.
 
 pub mod cas;
+pub mod credentials;
 #[cfg(feature = "etcd")]
 mod etcd;
 mod failure;

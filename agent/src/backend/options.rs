@@ -103,6 +103,10 @@ pub struct GcsOptions {
     /// Credentials (Meltano's `state_backend.gcs.application_credentials`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_file: Option<PathBuf>,
+    /// A service-account key's JSON text itself, where secrets are handed
+    /// over as text (Meltano's `state_backend.gcs.application_credentials_json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credentials_json: Option<Secret>,
 }
 
 /// The schema when the configuration names none.

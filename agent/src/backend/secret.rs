@@ -63,7 +63,7 @@ impl Serialize for Secret {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::{AzureOptions, BackendOptions, EtcdOptions, S3Options};
+    use crate::backend::{AzureOptions, BackendOptions, EtcdOptions, GcsOptions, S3Options};
 
     const PASSWORD: &str = "hunter2-s3cr3t";
 
@@ -83,6 +83,10 @@ mod tests {
                 sas_token: Some(format!("sv=2022-11-02&sig={PASSWORD}").into()),
                 ..AzureOptions::default()
             },
+            gcs: GcsOptions {
+                credentials_json: Some(format!("{{\"private_key\": \"{PASSWORD}\"}}").into()),
+                ..GcsOptions::default()
+            },
             etcd: EtcdOptions {
                 user: Some("ops".into()),
                 password: Some(PASSWORD.into()),
@@ -99,9 +103,11 @@ mod tests {
             format!("{options:?}"),
             format!("{:?}", options.s3),
             format!("{:?}", options.azure),
+            format!("{:?}", options.gcs),
             format!("{:?}", options.etcd),
             toml::to_string(&options.s3).expect("toml"),
             toml::to_string(&options.azure).expect("toml"),
+            toml::to_string(&options.gcs).expect("toml"),
             toml::to_string(&options.etcd).expect("toml"),
         ];
         for text in shown {

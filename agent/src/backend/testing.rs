@@ -1,7 +1,7 @@
 //! What the backend tests in `tests/` (run against the real stores'
 //! emulators) need of the agent's insides, and nothing more: not an API.
 
-pub use super::fixtures::{adopter, lease, spec, OWNER_UID};
+pub use super::fixtures::{adopter, lease, service_account_key, spec, OWNER_UID};
 pub use super::retry::TIMEOUTS;
 
 /// A GCS store on the emulator at `endpoint`, as `STORAGE_EMULATOR_HOST`

@@ -116,6 +116,24 @@ pub struct EtcdBackend {
 }
 
 impl EtcdBackend {
+    /// Who `open` would authenticate as, for `check-config`: the user and
+    /// where the password came from, or the TLS client certificate; never
+    /// the password. Makes no request.
+    pub fn describe_credentials(uri: &str, options: &EtcdOptions) -> anyhow::Result<String> {
+        let target = settings::parse_uri(uri)?;
+        let user = settings::credentials(target.user, options)?;
+        let certificate = tls::client_certificate(options);
+        Ok(match (user, certificate) {
+            (Some((name, _)), Some(cert)) => format!(
+                "user {name} with a password, and TLS client certificate {}",
+                cert.display()
+            ),
+            (Some((name, _)), None) => format!("user {name} with a password"),
+            (None, Some(cert)) => format!("TLS client certificate {}", cert.display()),
+            (None, None) => "none (the cluster must allow unauthenticated clients)".to_string(),
+        })
+    }
+
     /// Opens `etcd://[user:password@]host:port[,host:port]/prefix`. Makes no
     /// request; see [`EtcdBackend::probe`].
     pub fn open(uri: &str, options: &EtcdOptions) -> anyhow::Result<EtcdBackend> {

@@ -9,6 +9,15 @@ use crate::backend::EtcdOptions;
 use etcd_client::{Certificate, Identity, TlsOptions};
 use std::path::{Path, PathBuf};
 
+/// The client certificate file to present, if any: `[etcd] cert_file`, else `ETCDCTL_CERT`.
+pub fn client_certificate(options: &EtcdOptions) -> Option<PathBuf> {
+    options.cert_file.clone().or_else(|| {
+        std::env::var_os("ETCDCTL_CERT")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    })
+}
+
 /// The TLS settings for `options` and the URI's `?tls=`, or `None` for plain HTTP.
 pub fn settings(asked: bool, options: &EtcdOptions) -> anyhow::Result<Option<TlsOptions>> {
     let env = |name: &str| {
@@ -17,7 +26,7 @@ pub fn settings(asked: bool, options: &EtcdOptions) -> anyhow::Result<Option<Tls
             .map(PathBuf::from)
     };
     let ca = options.ca_file.clone().or_else(|| env("ETCDCTL_CACERT"));
-    let cert = options.cert_file.clone().or_else(|| env("ETCDCTL_CERT"));
+    let cert = client_certificate(options);
     let key = options.key_file.clone().or_else(|| env("ETCDCTL_KEY"));
     if !asked && ca.is_none() && cert.is_none() && key.is_none() {
         return Ok(None);

@@ -24,4 +24,4 @@ pub use crate::backend::options::DEFAULT_SCHEMA;
 #[cfg(feature = "postgres")]
 pub use backend::PostgresBackend;
 pub use link::{Kept, Link};
-pub use settings::Settings;
+pub use settings::{PasswordSource, Settings};

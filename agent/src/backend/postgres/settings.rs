@@ -52,6 +52,33 @@ fn refuses_options(err: &tokio_postgres::Error) -> bool {
     })
 }
 
+/// Where the login's password came from, the first of libpq's places that has one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PasswordSource {
+    /// The URI's userinfo (`user:password@`).
+    Uri,
+    /// The URI's `?password=` parameter.
+    UriParameter,
+    /// `PGPASSWORD`.
+    Environment,
+    /// None: the server lets the user in without one (trust, peer, a client certificate).
+    None,
+}
+
+impl PasswordSource {
+    /// What `check-config` says of it; never the password.
+    pub fn describe(self) -> &'static str {
+        match self {
+            PasswordSource::Uri => "password from the URI (redacted)",
+            PasswordSource::UriParameter => "password from the URI's password parameter (redacted)",
+            PasswordSource::Environment => "password from PGPASSWORD",
+            PasswordSource::None => {
+                "no password (the server must let the user in: trust, peer or a client certificate)"
+            }
+        }
+    }
+}
+
 /// A resolved connection target. It holds the password: it is never printed,
 /// and messages name it by [`Settings::shown`].
 #[derive(Clone)]
@@ -60,6 +87,7 @@ pub struct Settings {
     tls: MakeRustlsConnect,
     ssl_mode: SslMode,
     shown: String,
+    password_source: PasswordSource,
     /// `config` without the statement timeout this module adds: for a pooler
     /// such as PgBouncer, which refuses the `options` startup parameter.
     pooled_config: Option<tokio_postgres::Config>,
@@ -248,11 +276,14 @@ impl Settings {
             .or_else(|| env("PGUSER"))
             .or_else(os_user)
             .ok_or("no user is given (the URI, PGUSER) and the OS user has no name")?;
-        let password = parts
-            .password
-            .clone()
-            .or_else(|| param("password"))
-            .or_else(|| env("PGPASSWORD"));
+        let (password, password_source) = match (parts.password.clone(), param("password")) {
+            (Some(password), _) => (Some(password), PasswordSource::Uri),
+            (None, Some(password)) => (Some(password), PasswordSource::UriParameter),
+            (None, None) => match env("PGPASSWORD") {
+                Some(password) => (Some(password), PasswordSource::Environment),
+                None => (None, PasswordSource::None),
+            },
+        };
         let dbname = parts
             .dbname
             .clone()
@@ -341,6 +372,7 @@ impl Settings {
             tls,
             ssl_mode,
             shown: show(&hosts, default_port, &dbname, &user),
+            password_source,
             pooled_config,
             behind_pooler: Arc::new(AtomicBool::new(false)),
         })
@@ -349,6 +381,11 @@ impl Settings {
     /// The server, database and user, for messages: never the password.
     pub fn shown(&self) -> &str {
         &self.shown
+    }
+
+    /// Where the password came from, for `check-config`.
+    pub fn password_source(&self) -> PasswordSource {
+        self.password_source
     }
 
     /// The database's name.
@@ -557,6 +594,24 @@ mod tests {
         }
         let settings = resolve("postgresql://u:pa55@h/d", &[]).expect("parses");
         assert!(!format!("{settings:?}").contains("pa55"));
+    }
+
+    #[test]
+    fn the_password_source_is_the_first_place_holding_one() {
+        let source = |uri: &str, env: &[(&str, &str)]| {
+            resolve(uri, env).expect("resolves").password_source()
+        };
+        let env = [("PGPASSWORD", "envpass")];
+        assert_eq!(source("postgresql://u:p@h/d", &env), PasswordSource::Uri);
+        assert_eq!(
+            source("postgresql://u@h/d?password=p", &env),
+            PasswordSource::UriParameter
+        );
+        assert_eq!(
+            source("postgresql://u@h/d", &env),
+            PasswordSource::Environment
+        );
+        assert_eq!(source("postgresql://u@h/d", &[]), PasswordSource::None);
     }
 
     #[test]

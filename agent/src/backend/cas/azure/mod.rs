@@ -66,6 +66,18 @@ impl AzureStore {
         AzureStore::open_with(uri, options, |name| std::env::var(name).ok())
     }
 
+    /// Which credential `open` would sign with and where it came from, for
+    /// `check-config`: never the key or signature. Makes no request.
+    pub fn describe_credentials(options: &AzureOptions) -> anyhow::Result<String> {
+        let account = account(options, |name| std::env::var(name).ok())?;
+        Ok(format!(
+            "{} from {} (account {})",
+            account.credential.kind(),
+            account.source,
+            account.name
+        ))
+    }
+
     fn open_with(
         uri: &str,
         options: &AzureOptions,

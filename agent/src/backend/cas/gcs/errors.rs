@@ -86,6 +86,10 @@ impl GcsStore {
                     path.display()
                 )
             }
+            Credentials::Inline(key) => format!(
+                "the service-account key of {} from {}",
+                key.client_email, key.setting
+            ),
             Credentials::Default(_) => "GOOGLE_APPLICATION_CREDENTIALS, `gcloud auth \
                                         application-default login`, or the instance's service \
                                         account"
@@ -103,6 +107,10 @@ impl GcsStore {
                     path.display()
                 )
             }
+            Credentials::Inline(key) => format!(
+                "the service-account key of {} from {}",
+                key.client_email, key.setting
+            ),
             _ => "Application Default Credentials".to_string(),
         };
         let why = match err {

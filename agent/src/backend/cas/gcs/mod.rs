@@ -5,9 +5,11 @@
 //! and the store's clock.
 //!
 //! `gs://bucket/prefix` keeps lock records under `prefix/.runlock/locks/`, as
-//! s3:// does. Credentials: `[gcs] credentials_file`, else Application Default
-//! Credentials (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's user credentials,
-//! the metadata server, the gcloud CLI). `STORAGE_EMULATOR_HOST` points it at
+//! s3:// does. Credentials: `[gcs] credentials_json` or `credentials_file`,
+//! else a key's JSON in `RUNLOCK_GCS_CREDENTIALS_JSON` (or Meltano's
+//! variable), else Application Default Credentials
+//! (`GOOGLE_APPLICATION_CREDENTIALS`, gcloud's user credentials, the metadata
+//! server, the gcloud CLI). `STORAGE_EMULATOR_HOST` points it at
 //! an emulator, spoken to without credentials. No message built here carries
 //! a secret: answers are named by status and reason, credential problems by
 //! fixed texts.
@@ -17,6 +19,7 @@
 //! ones the emulator enforces), and the JSON API it needs is three requests.
 
 mod errors;
+mod inline_key;
 mod settings;
 #[cfg(test)]
 mod tests;
@@ -31,10 +34,8 @@ use bytes::Bytes;
 use errors::{Failure, Handled};
 use hyper::header::{DATE, LAST_MODIFIED};
 use hyper::Request;
-use settings::{emulator_url, parse_uri, Credentials, GOOGLE_API};
-use std::path::PathBuf;
+use settings::{emulator_url, parse_uri, Credentials, Source, GOOGLE_API};
 use std::time::Duration;
-use tokio::sync::OnceCell;
 use transport::{encode, generation_of, header_time, http_client, Answer, HttpClient};
 
 /// GCS sustains about one write per second to one object name.
@@ -84,47 +85,42 @@ impl GcsStore {
     /// set, else GCS with `options`' credentials or Application Default
     /// Credentials. Makes no request; see [`GcsStore::probe`].
     pub fn open(uri: &str, options: &GcsOptions) -> anyhow::Result<GcsStore> {
-        let emulator = std::env::var(EMULATOR_ENV)
-            .ok()
-            .filter(|host| !host.trim().is_empty());
-        let credentials_env = std::env::var_os("GOOGLE_APPLICATION_CREDENTIALS")
-            .filter(|path| !path.is_empty())
-            .map(PathBuf::from);
-        GcsStore::with(uri, options, emulator.as_deref(), credentials_env)
+        GcsStore::with(uri, options, &process_env)
+    }
+
+    /// Where `open` would take credentials from, for `check-config`; makes no request.
+    pub fn describe_credentials(options: &GcsOptions) -> anyhow::Result<String> {
+        if let Some(host) = process_env(EMULATOR_ENV) {
+            return Ok(format!(
+                "none: {EMULATOR_ENV} names the emulator {}",
+                redact_uri(&emulator_url(&host)?)
+            ));
+        }
+        Ok(Source::find(options, &process_env)?.describe())
     }
 
     /// [`GcsStore::open`] on the emulator at `endpoint`, whatever the environment says.
     #[cfg(feature = "test-support")]
     pub(crate) fn on_emulator(uri: &str, endpoint: &str) -> anyhow::Result<GcsStore> {
-        GcsStore::with(uri, &GcsOptions::default(), Some(endpoint), None)
+        let endpoint = endpoint.to_string();
+        let env = move |name: &str| (name == EMULATOR_ENV).then(|| endpoint.clone());
+        GcsStore::with(uri, &GcsOptions::default(), &env)
     }
 
-    /// [`GcsStore::open`] with the environment passed in.
+    /// [`GcsStore::open`] with `env` standing for the environment.
     fn with(
         uri: &str,
         options: &GcsOptions,
-        emulator: Option<&str>,
-        credentials_env: Option<PathBuf>,
+        env: &dyn Fn(&str) -> Option<String>,
     ) -> anyhow::Result<GcsStore> {
         let (bucket, prefix) = parse_uri(uri)?;
-        let (api, credentials) = match emulator {
+        // Loaded even for an emulator, which needs none, so that a bad key
+        // is found before the agent moves to the real service.
+        let configured = Source::find(options, env)?.credentials()?;
+        let emulator = env(EMULATOR_ENV).filter(|host| !host.trim().is_empty());
+        let (api, credentials) = match &emulator {
             Some(host) => (emulator_url(host)?, Credentials::Emulator),
-            None => {
-                let credentials = match (&options.credentials_file, credentials_env) {
-                    (Some(path), _) => Credentials::KeyFile {
-                        path: path.clone(),
-                        setting: "[gcs] credentials_file",
-                        account: OnceCell::new(),
-                    },
-                    (None, Some(path)) => Credentials::KeyFile {
-                        path,
-                        setting: "GOOGLE_APPLICATION_CREDENTIALS",
-                        account: OnceCell::new(),
-                    },
-                    (None, None) => Credentials::Default(OnceCell::new()),
-                };
-                (GOOGLE_API.to_string(), credentials)
-            }
+            None => (GOOGLE_API.to_string(), configured),
         };
         let (reached, location) = match emulator {
             Some(_) => {
@@ -336,4 +332,11 @@ impl CasStore for GcsStore {
             Some(Err(err)) => Err(err),
         }
     }
+}
+
+/// A variable of this process, if set.
+fn process_env(name: &str) -> Option<String> {
+    std::env::var(name)
+        .ok()
+        .filter(|value| !value.trim().is_empty())
 }

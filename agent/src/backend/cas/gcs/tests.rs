@@ -1,13 +1,15 @@
 //! The GCS adapter's own tests that need no emulator: URIs, answers and
 //! credentials. Those against fake-gcs-server are in tests/backends/gcs.rs.
 
-use super::settings::{emulator_url, parse_uri};
+use super::settings::{self, emulator_url, parse_uri};
 use super::transport::{encode, generation_of, Answer};
 use super::*;
 use bytes::Bytes;
 use hyper::header::HeaderMap;
 use hyper::StatusCode;
 use std::io::Write as _;
+use std::path::PathBuf;
+use tokio::sync::OnceCell;
 
 /// Would-be secrets planted in answers and key files: no message may carry them.
 const SECRET: &str = "s3cr3t-ya29-token";
@@ -53,7 +55,7 @@ fn object_names_are_one_escaped_path_segment() {
 
 fn store_with(credentials: Credentials) -> GcsStore {
     let mut store =
-        GcsStore::with("gs://my-bucket/p", &GcsOptions::default(), None, None).expect("opens");
+        GcsStore::with("gs://my-bucket/p", &GcsOptions::default(), &|_| None).expect("opens");
     store.credentials = credentials;
     store
 }
@@ -199,28 +201,12 @@ async fn unusable_key_files_are_named_without_their_contents() {
     }
 }
 
-/// A service-account key file with a real RSA key (made by openssl), whose
-/// token service is `token_uri`.
+/// A service-account key file with a real RSA key, whose token service is `token_uri`.
 fn real_key_file(dir: &std::path::Path, token_uri: &str) -> (PathBuf, String) {
-    let pem = std::process::Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "RSA",
-            "-pkeyopt",
-            "rsa_keygen_bits:2048",
-        ])
-        .output()
-        .expect("openssl runs");
-    assert!(pem.status.success(), "openssl genpkey failed");
-    let pem = String::from_utf8(pem.stdout).expect("PEM is text");
-    let key = serde_json::json!({"type": "service_account", "project_id": "p",
-        "private_key": pem, "client_email": "runlock@p.iam.gserviceaccount.com",
-        "token_uri": token_uri});
+    let (json, secret) = crate::backend::fixtures::service_account_key(token_uri);
     let path = dir.join("real-key.json");
     let mut file = std::fs::File::create(&path).expect("create");
-    file.write_all(key.to_string().as_bytes()).expect("write");
-    let secret = pem.lines().nth(5).expect("a key line").to_string();
+    file.write_all(json.as_bytes()).expect("write");
     (path, secret)
 }
 
@@ -268,4 +254,150 @@ async fn a_token_service_that_refuses_the_key_or_cannot_be_reached_is_named() {
         "{text}"
     );
     assert!(!text.contains(&secret), "{text}");
+}
+
+/// `GcsStore::with` on `options` and the variables `vars`, as the agent opens it at start-up.
+fn open_with(options: &GcsOptions, vars: &[(&str, &str)]) -> anyhow::Result<GcsStore> {
+    let vars: Vec<(String, String)> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let env = move |name: &str| vars.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone());
+    GcsStore::with("gs://my-bucket/p", options, &env)
+}
+
+fn inline(json: &str) -> GcsOptions {
+    GcsOptions {
+        credentials_json: Some(json.into()),
+        ..GcsOptions::default()
+    }
+}
+
+/// A key whose fields are all there, with `SECRET` as its private key.
+fn key_json_with(private_key: &str) -> serde_json::Value {
+    serde_json::json!({"type": "service_account", "project_id": "p",
+        "private_key": private_key, "client_email": "runlock@p.iam.gserviceaccount.com",
+        "token_uri": "https://oauth2.googleapis.com/token"})
+}
+
+#[test]
+fn a_malformed_inline_key_is_refused_naming_the_field_never_the_key() {
+    let unusable = |json: String| {
+        let Err(err) = open_with(&inline(&json), &[]) else {
+            panic!("a bad key was accepted: {json}")
+        };
+        let text = format!("{err:#}");
+        assert!(!text.contains(SECRET), "{text}");
+        assert!(text.starts_with("[gcs] credentials_json"), "{text}");
+        text
+    };
+    let text = unusable(format!(
+        "{{\"private_key\": \"{SECRET}\" \"client_email\": 1}}"
+    ));
+    assert!(
+        text.contains("is not JSON (error at line 1, column"),
+        "{text}"
+    );
+    let text = unusable(format!("[\"{SECRET}\"]"));
+    assert!(text.contains("is not a JSON object"), "{text}");
+    for field in ["client_email", "private_key", "token_uri"] {
+        let mut key = key_json_with(SECRET);
+        key.as_object_mut().expect("an object").remove(field);
+        let text = unusable(key.to_string());
+        assert!(
+            text.contains(&format!("field `{field}` is missing")),
+            "{text}"
+        );
+        key[field] = serde_json::json!(["x"]);
+        let text = unusable(key.to_string());
+        assert!(
+            text.contains(&format!("field `{field}` is not a string")),
+            "{text}"
+        );
+    }
+    let mut key = key_json_with(SECRET);
+    key["type"] = serde_json::json!("authorized_user");
+    assert!(unusable(key.to_string()).contains("field `type`"));
+    let pem = format!("-----BEGIN PRIVATE KEY-----\n{SECRET}\n-----END PRIVATE KEY-----\n");
+    let text = unusable(key_json_with(&pem).to_string());
+    assert!(
+        text.contains("field `private_key` is not a PEM-encoded PKCS#8 RSA private key"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_bad_key_in_a_variable_is_named_by_the_variable() {
+    for variable in [
+        settings::CREDENTIALS_JSON_ENV,
+        settings::MELTANO_CREDENTIALS_JSON_ENV,
+    ] {
+        let Err(err) = open_with(&GcsOptions::default(), &[(variable, "{}")]) else {
+            panic!("{variable}: an empty key was accepted")
+        };
+        let text = format!("{err:#}");
+        assert!(text.starts_with(&format!("{variable}: field `")), "{text}");
+    }
+}
+
+#[test]
+fn only_one_of_credentials_json_and_credentials_file_may_be_set() {
+    let options = GcsOptions {
+        credentials_file: Some("/etc/runlock/key.json".into()),
+        ..inline("{}")
+    };
+    let Err(err) = open_with(&options, &[]) else {
+        panic!("both were accepted")
+    };
+    assert!(
+        err.to_string()
+            .contains("credentials_json and credentials_file are both set"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn an_inline_key_is_loaded_at_open_and_shown_by_its_account_only() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (path, secret) = real_key_file(dir.path(), "http://127.0.0.1:9/token");
+    let json = std::fs::read_to_string(&path).expect("read the key");
+    let store = open_with(&inline(&json), &[]).expect("a good key opens");
+    let Credentials::Inline(key) = &store.credentials else {
+        panic!("the inline key was not used")
+    };
+    assert_eq!(key.client_email, "runlock@p.iam.gserviceaccount.com");
+    assert!(!store.credentials_hint().contains(&secret));
+    let described = settings::Source::find(&inline(&json), &|_| None)
+        .expect("one source")
+        .describe();
+    assert_eq!(
+        described,
+        "service-account key from [gcs] credentials_json \
+         (client_email runlock@p.iam.gserviceaccount.com)"
+    );
+    // The configuration file's key comes first; then RUNLOCK_'s variable, then Meltano's.
+    let vars = [
+        (settings::MELTANO_CREDENTIALS_JSON_ENV, "{}"),
+        (settings::CREDENTIALS_JSON_ENV, json.as_str()),
+    ];
+    let store = open_with(&GcsOptions::default(), &vars).expect("the RUNLOCK_ variable wins");
+    assert!(
+        matches!(&store.credentials, Credentials::Inline(key) if key.setting == settings::CREDENTIALS_JSON_ENV)
+    );
+    // An emulator needs no credentials, but a key given is still checked.
+    let store = open_with(&inline(&json), &[(EMULATOR_ENV, "127.0.0.1:4443")]).expect("opens");
+    assert!(matches!(store.credentials, Credentials::Emulator));
+    assert!(open_with(&inline("{}"), &[(EMULATOR_ENV, "127.0.0.1:4443")]).is_err());
+    // A token request with it goes to the key's token_uri; nobody is there.
+    let err = store_with(store_credentials(&json))
+        .token()
+        .await
+        .expect_err("no token service");
+    assert!(!format!("{err:?}").contains(&secret), "{err:?}");
+}
+
+fn store_credentials(json: &str) -> Credentials {
+    settings::Source::find(&inline(json), &|_| None)
+        .and_then(settings::Source::credentials)
+        .expect("loads")
 }

@@ -64,6 +64,12 @@ impl GcsStore {
                     self.token_error(&err, &format!("{} named by {setting}", path.display()))
                 })?
             }
+            Credentials::Inline(key) => key.account.token(&[SCOPE]).await.map_err(|err| {
+                self.token_error(
+                    &err,
+                    &format!("the key of {} from {}", key.client_email, key.setting),
+                )
+            })?,
             Credentials::Default(provider) => {
                 let provider = provider
                     .get_or_try_init(|| async {

@@ -28,7 +28,7 @@ use aws_sdk_s3::primitives::ByteStream;
 use aws_sdk_s3::Client;
 use aws_types::service_config::ServiceConfigKey;
 use errors::Handled;
-use settings::parse_uri;
+use settings::{parse_uri, CredentialSource};
 use std::time::{Duration, SystemTime};
 use transport::CaptureDate;
 
@@ -52,6 +52,11 @@ pub struct S3Store {
 }
 
 impl S3Store {
+    /// Where `open` would take credentials from, for `check-config`; makes no request.
+    pub fn describe_credentials(options: &S3Options) -> anyhow::Result<String> {
+        Ok(CredentialSource::of(options)?.describe())
+    }
+
     /// Opens `s3://bucket/prefix` with `options` over the SDK's default
     /// configuration chain. Makes no request: the agent's proof of the store is
     /// its first.
@@ -64,18 +69,14 @@ impl S3Store {
         if let Some(region) = &options.region {
             loader = loader.region(Region::new(region.clone()));
         }
-        match (&options.access_key_id, &options.secret_access_key) {
-            (Some(id), Some(secret)) => {
-                loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
-                    id,
-                    secret.expose(),
-                    None,
-                    None,
-                    "runlockd configuration",
-                ));
-            }
-            (None, None) => {}
-            _ => anyhow::bail!("[s3] access_key_id and secret_access_key must be given together"),
+        if let CredentialSource::Static { id, secret } = CredentialSource::of(options)? {
+            loader = loader.credentials_provider(aws_sdk_s3::config::Credentials::new(
+                id,
+                secret.expose(),
+                None,
+                None,
+                "runlockd configuration",
+            ));
         }
         let shared = loader.load().await;
         // The same lookup the S3 client makes: AWS_ENDPOINT_URL_S3 (or the profile's

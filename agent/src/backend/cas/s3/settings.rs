@@ -1,6 +1,50 @@
 //! What `s3://bucket/prefix` and the `[s3]` settings name; everything else
 //! comes from the AWS SDK's own configuration chain.
 
+use crate::backend::{S3Options, Secret};
+
+/// Where the store's credentials come from: the one choice the store and
+/// `check-config` both make.
+pub(super) enum CredentialSource<'a> {
+    /// `[s3] access_key_id` and `secret_access_key`.
+    Static { id: &'a str, secret: &'a Secret },
+    /// A named profile of the AWS configuration files.
+    Profile(&'a str),
+    /// The SDK's default chain.
+    DefaultChain,
+}
+
+impl<'a> CredentialSource<'a> {
+    /// The source `options` name; static keys win over a profile.
+    pub(super) fn of(options: &'a S3Options) -> anyhow::Result<CredentialSource<'a>> {
+        match (
+            &options.access_key_id,
+            &options.secret_access_key,
+            &options.profile,
+        ) {
+            (Some(id), Some(secret), _) => Ok(CredentialSource::Static { id, secret }),
+            (None, None, Some(profile)) => Ok(CredentialSource::Profile(profile)),
+            (None, None, None) => Ok(CredentialSource::DefaultChain),
+            _ => anyhow::bail!("[s3] access_key_id and secret_access_key must be given together"),
+        }
+    }
+
+    /// What `check-config` says of it: the key id at most, never the secret.
+    pub(super) fn describe(&self) -> String {
+        match self {
+            CredentialSource::Static { id, .. } => {
+                format!("static access key {id} from [s3] access_key_id / secret_access_key")
+            }
+            CredentialSource::Profile(profile) => {
+                format!("AWS profile {profile:?} ([s3] profile)")
+            }
+            CredentialSource::DefaultChain => {
+                "AWS SDK default chain (environment / profile / instance role)".to_string()
+            }
+        }
+    }
+}
+
 /// `s3://bucket/prefix` → (bucket, prefix without surrounding slashes).
 pub(super) fn parse_uri(uri: &str) -> anyhow::Result<(String, String)> {
     crate::backend::cas::place_and_prefix(
