@@ -185,6 +185,8 @@ struct TokenEndpoint {
     url: String,
     served: std::sync::Arc<std::sync::atomic::AtomicUsize>,
     more: std::sync::Arc<tokio::sync::Notify>,
+    /// Set: the identity is revoked, every request refused.
+    revoked: std::sync::Arc<std::sync::atomic::AtomicBool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -205,7 +207,8 @@ impl TokenEndpoint {
         let url = format!("http://{}", listener.local_addr()?);
         let served = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let more = std::sync::Arc::new(tokio::sync::Notify::new());
-        let (count, notify) = (served.clone(), more.clone());
+        let revoked = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (count, notify, refusing) = (served.clone(), more.clone(), revoked.clone());
         let task = tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
                 let mut head = Vec::new();
@@ -221,7 +224,8 @@ impl TokenEndpoint {
                 let vm = text.starts_with("get /metadata/identity/oauth2/token?")
                     && text.contains("metadata: true")
                     && text.contains(&format!("client_id={CLIENT_ID}"));
-                let (status, body) = if app_service || vm {
+                let granted = (app_service || vm) && !refusing.load(Ordering::SeqCst);
+                let (status, body) = if granted {
                     count.fetch_add(1, Ordering::SeqCst);
                     notify.notify_waiters();
                     ("200 OK", token_answer())
@@ -239,8 +243,14 @@ impl TokenEndpoint {
             url,
             served,
             more,
+            revoked,
             task,
         })
+    }
+
+    fn revoke(&self) {
+        self.revoked
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     fn served(&self) -> usize {
@@ -418,6 +428,17 @@ async fn a_managed_identity_s_tokens_lock_across_hosts_and_are_fetched_again_whi
     crash_frees_the_key(held, &two, &k)
         .await
         .with_context(|| two.log())?;
+
+    // The identity revoked: the next run is refused, naming the identity,
+    // where it was looked for, and what the managed identity answered.
+    tokens.revoke();
+    let named = [
+        "Entra ID identity",
+        "[azure] account_url",
+        "managed identity",
+        "401",
+    ];
+    refused_naming(&two, &named, IDENTITY_HEADER).await?;
     for agent in [&one, &two] {
         ensure!(
             !agent.log().contains("c2lnbmF0dXJl"),
