@@ -47,11 +47,7 @@ async fn agent_refuses_a_socket_another_agent_listens_on() -> Result<()> {
         "the refused agent removed the socket"
     );
     let k = key("after-refusal");
-    first
-        .run(&[&k], &[], "exit 0")?
-        .finish()
-        .await?
-        .expect_code(0)
+    first.run_to_success(&k).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -67,11 +63,7 @@ async fn agent_replaces_a_stale_socket_left_by_a_killed_agent() -> Result<()> {
 
     let agent = TestAgent::start_with(options).await?;
     let k = key("stale-socket");
-    agent
-        .run(&[&k], &[], "exit 0")?
-        .finish()
-        .await?
-        .expect_code(0)
+    agent.run_to_success(&k).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -120,11 +112,7 @@ async fn json_logs_are_one_object_per_line() -> Result<()> {
     options.args = vec!["--log-format".into(), "json".into()];
     let mut agent = TestAgent::start_with(options).await?;
     let k = key("json-logs");
-    agent
-        .run(&[&k], &[], "exit 0")?
-        .finish()
-        .await?
-        .expect_code(0)?;
+    agent.run_to_success(&k).await?;
     agent.stop().await?;
     let log = agent.log();
     let mut keys_logged = 0;
@@ -268,11 +256,7 @@ async fn text_log_with(env: &[(&str, &str)]) -> Result<String> {
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect();
     let mut agent = TestAgent::start_with_env(AgentOptions::new(locks.uri()), &env).await?;
-    agent
-        .run(&[&key("text-logs")], &[], "exit 0")?
-        .finish()
-        .await?
-        .expect_code(0)?;
+    agent.run_to_success(&key("text-logs")).await?;
     agent.stop().await?;
     Ok(agent.log())
 }

@@ -205,11 +205,7 @@ async fn a_lock_directory_that_is_gone_makes_runs_exit_69() -> Result<()> {
     ensure!(!out.stdout.contains("must-not-run"), "{out:?}");
     // The agent keeps serving: once the directory is back, runs go on.
     std::fs::create_dir_all(&dir)?;
-    agent
-        .run(&[&k], &[], "exit 0")?
-        .finish()
-        .await?
-        .expect_code(0)
+    agent.run_to_success(&k).await
 }
 
 /// With `--wait`, a store that cannot be reached is waited out like a holder:

@@ -150,11 +150,7 @@ async fn a_lock_directory_another_user_can_change_stops_the_agent_with_78() -> R
     // Given back to root, the same directory serves.
     std::os::unix::fs::chown(locks.parent(), Some(0), Some(0))?;
     let agent = TestAgent::start(locks.uri()).await?;
-    agent
-        .run(&["after"], &[], "exit 0")?
-        .finish()
-        .await?
-        .expect_code(0)
+    agent.run_to_success("after").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -101,11 +101,7 @@ async fn counters_follow_runs_conflicts_and_forced_losses() -> Result<()> {
     ensure!(value(&text, "runlock_leases_held") == Some(0.0), "{text}");
 
     let k = key("metrics");
-    agent
-        .run(&[&k], &[], "exit 0")?
-        .finish()
-        .await?
-        .expect_code(0)?;
+    agent.run_to_success(&k).await?;
     let mut holder = agent.run(&[&k], &[], HOLD)?;
     holder.ready().await?;
     let text = scrape(addr).await?;

@@ -74,13 +74,7 @@ async fn the_run_outlives_its_agent(stop: Signal) -> Result<()> {
     ensure!(adopted[0].child_pid == Some(ready.pid), "{adopted:?}");
     held_with(&witness, &k, ready.token()).await?;
 
-    run.end();
-    let out = run.finish().await?;
-    out.expect_code(0)?;
-    ensure!(
-        out.stdout.contains("bye"),
-        "the command was stopped: {out:?}"
-    );
+    let out = run.end_and_expect_ran_through().await?;
     ensure!(out.stderr.contains("reattached"), "{out:?}");
     // Free at once, with a larger token.
     let next = witness.token_of_a_run(&k).await?;

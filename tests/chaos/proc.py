@@ -79,16 +79,16 @@ class Child:
         return not self.exited.done()
 
     def signal(self, sig):
-        if self.alive:
-            try:
-                os.kill(self.pid, sig)
-            except ProcessLookupError:
-                pass
+        self._send(os.kill, sig)
 
     def signal_group(self, sig):
+        self._send(os.killpg, sig)
+
+    def _send(self, kill, sig):
+        """``kill(pid, sig)`` while it runs; one that exits meanwhile is no error."""
         if self.alive:
             try:
-                os.killpg(self.pid, sig)
+                kill(self.pid, sig)
             except ProcessLookupError:
                 pass
 

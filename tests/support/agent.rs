@@ -281,6 +281,14 @@ impl TestAgent {
         self.run_with_env(keys, extra, script, &[])
     }
 
+    /// A run on `key` that starts and exits 0: the agent grants and serves.
+    pub async fn run_to_success(&self, key: &str) -> anyhow::Result<()> {
+        self.run(&[key], &[], "exit 0")?
+            .finish()
+            .await?
+            .expect_code(0)
+    }
+
     /// Like [`TestAgent::run`], with `env` set for the command.
     pub fn run_with_env(
         &self,

@@ -205,6 +205,19 @@ impl Run {
         self.stdin = None;
     }
 
+    /// Ends a [`HOLD`] child and checks that nothing stopped it first: it
+    /// exits 0 having said "bye".
+    pub async fn end_and_expect_ran_through(mut self) -> anyhow::Result<Finished> {
+        self.end();
+        let out = self.finish().await?;
+        out.expect_code(0)?;
+        anyhow::ensure!(
+            out.stdout.contains("bye"),
+            "the command was stopped: {out:?}"
+        );
+        Ok(out)
+    }
+
     /// Sends `signal` to the shim.
     pub fn signal(&self, signal: Signal) -> anyhow::Result<()> {
         let pid = self.pid()?;

@@ -104,6 +104,22 @@ class Agent:
         self._log.close()
 
 
+def serve_this_process(
+    runlockd: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch, env: Dict[str, str]
+) -> Iterator[Agent]:
+    """An agent on ``memory://`` that this test process's own clients (the
+    add-on called in-process) reach through ``RUNLOCK_SOCKET``, with no
+    configuration of the user's in the way; stopped when the test ends."""
+    started = Agent(runlockd, workdir, "agent", "memory://", env)
+    monkeypatch.setenv("RUNLOCK_SOCKET", started.socket)
+    monkeypatch.delenv("RUNLOCK_ON_UNAVAILABLE", raising=False)
+    monkeypatch.setenv("RUNLOCK_CONFIG", str(workdir / "none.toml"))
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
 @dataclass
 class Store:
     """Where the hosts keep their locks (the agents' backend) and their state

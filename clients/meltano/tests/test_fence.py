@@ -21,7 +21,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import runlock
-from conftest import Agent, pg_database, s3_bucket
+from conftest import Agent, pg_database, s3_bucket, serve_this_process
 from meltano.core.state_store.base import MeltanoState, StateStoreManager
 
 from runlock_meltano import RunlockStateStoreManager, StaleRun
@@ -43,14 +43,7 @@ Opener = Callable[[], StateStoreManager]
 def agent(runlockd: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Agent]:
     # TTL 2 s: a forced run waits for the run it displaces to stop, or for
     # that run's deadline (TTL + grace); A is held in this very process.
-    started = Agent(runlockd, workdir, "agent", "memory://", {"RUNLOCK_TTL": "2s"})
-    monkeypatch.setenv("RUNLOCK_SOCKET", started.socket)
-    monkeypatch.delenv("RUNLOCK_ON_UNAVAILABLE", raising=False)
-    monkeypatch.setenv("RUNLOCK_CONFIG", str(workdir / "none.toml"))
-    try:
-        yield started
-    finally:
-        started.stop()
+    yield from serve_this_process(runlockd, workdir, monkeypatch, {"RUNLOCK_TTL": "2s"})
 
 
 def file_opener(workdir: Path) -> Opener:

@@ -13,7 +13,7 @@ from typing import Dict, Iterable, Iterator, Optional
 import click
 import pytest
 import runlock
-from conftest import Agent
+from conftest import Agent, serve_this_process
 from meltano.core.job.job import Job, State
 from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager, UnsupportedStateBackendURIError
 
@@ -55,14 +55,7 @@ class MemoryStore(StateStoreManager):
 
 @pytest.fixture
 def agent(runlockd: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Agent]:
-    started = Agent(runlockd, workdir, "agent", "memory://", {})
-    monkeypatch.setenv("RUNLOCK_SOCKET", started.socket)
-    monkeypatch.delenv("RUNLOCK_ON_UNAVAILABLE", raising=False)
-    monkeypatch.setenv("RUNLOCK_CONFIG", str(workdir / "none.toml"))
-    try:
-        yield started
-    finally:
-        started.stop()
+    yield from serve_this_process(runlockd, workdir, monkeypatch, {})
 
 
 def manager(store: MemoryStore, now: Invocation, env: Optional[Dict[str, str]] = None) -> RunlockStateStoreManager:

@@ -184,10 +184,8 @@ impl Store for Azure {
         "azure"
     }
 
-    fn shared(&self) -> Result<Endpoint> {
-        Ok(Endpoint {
-            url: test_var("RUNLOCK_TEST_AZURE_ENDPOINT", SCRIPT)?,
-        })
+    fn shared_var(&self) -> (&'static str, &'static str) {
+        ("RUNLOCK_TEST_AZURE_ENDPOINT", SCRIPT)
     }
 
     async fn start_own(&self) -> Result<OwnServer> {

@@ -66,10 +66,8 @@ impl Store for Etcd {
         "etcd"
     }
 
-    fn shared(&self) -> Result<Endpoint> {
-        Ok(Endpoint {
-            url: test_var("RUNLOCK_TEST_ETCD_ENDPOINT", SCRIPT)?,
-        })
+    fn shared_var(&self) -> (&'static str, &'static str) {
+        ("RUNLOCK_TEST_ETCD_ENDPOINT", SCRIPT)
     }
 
     async fn start_own(&self) -> Result<OwnServer> {

@@ -54,10 +54,8 @@ impl Store for Gcs {
         "gcs"
     }
 
-    fn shared(&self) -> Result<Endpoint> {
-        Ok(Endpoint {
-            url: test_var("RUNLOCK_TEST_GCS_ENDPOINT", SCRIPT)?,
-        })
+    fn shared_var(&self) -> (&'static str, &'static str) {
+        ("RUNLOCK_TEST_GCS_ENDPOINT", SCRIPT)
     }
 
     async fn start_own(&self) -> Result<OwnServer> {

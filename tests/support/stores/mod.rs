@@ -74,9 +74,17 @@ pub struct Failure {
 pub trait Store: Send + Sync + 'static {
     /// "s3", "azure", "gcs", "postgres", "etcd".
     fn name(&self) -> &'static str;
-    /// The instance `scripts/test` started, from its `RUNLOCK_TEST_*`
-    /// variables; an error saying how to start it when they are unset.
-    fn shared(&self) -> Result<Endpoint>;
+    /// The variable that holds the endpoint of the instance `scripts/test`
+    /// started, and the script under tests/scripts that starts it.
+    fn shared_var(&self) -> (&'static str, &'static str);
+    /// The instance `scripts/test` started; an error saying how to start it
+    /// when its variable is unset.
+    fn shared(&self) -> Result<Endpoint> {
+        let (var, script) = self.shared_var();
+        Ok(Endpoint {
+            url: test_var(var, script)?,
+        })
+    }
     /// Starts an instance of the test's own (for the pause scenarios); ready
     /// when this returns.
     async fn start_own(&self) -> Result<OwnServer>;

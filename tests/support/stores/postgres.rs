@@ -101,10 +101,8 @@ impl Store for Postgres {
         "postgres"
     }
 
-    fn shared(&self) -> Result<Endpoint> {
-        Ok(Endpoint {
-            url: test_var("RUNLOCK_TEST_PG_URI", SCRIPT)?,
-        })
+    fn shared_var(&self) -> (&'static str, &'static str) {
+        ("RUNLOCK_TEST_PG_URI", SCRIPT)
     }
 
     async fn start_own(&self) -> Result<OwnServer> {
@@ -284,10 +282,8 @@ impl Store for PgBouncer {
         "pgbouncer"
     }
 
-    fn shared(&self) -> Result<Endpoint> {
-        Ok(Endpoint {
-            url: test_var("RUNLOCK_TEST_PGBOUNCER_URI", "pgbouncer.sh")?,
-        })
+    fn shared_var(&self) -> (&'static str, &'static str) {
+        ("RUNLOCK_TEST_PGBOUNCER_URI", "pgbouncer.sh")
     }
 
     async fn start_own(&self) -> Result<OwnServer> {

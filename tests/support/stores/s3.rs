@@ -89,10 +89,8 @@ impl Store for S3 {
         "s3"
     }
 
-    fn shared(&self) -> Result<Endpoint> {
-        Ok(Endpoint {
-            url: test_var("RUNLOCK_TEST_S3_ENDPOINT", SCRIPT)?,
-        })
+    fn shared_var(&self) -> (&'static str, &'static str) {
+        ("RUNLOCK_TEST_S3_ENDPOINT", SCRIPT)
     }
 
     async fn start_own(&self) -> Result<OwnServer> {
