@@ -225,6 +225,13 @@ async fn keys_on_two_hosts(a: &TestAgent, b: &TestAgent, ttl_ms: u64) -> Result<
         run.end();
         run.finish().await?.expect_code(0)?;
     }
+    // Released, a key too long for its name to be spelled is still named.
+    let after = list_json(b, &["--all", "list/"]).await?;
+    let gone = listed(&after, &long).context("--all lists a released long key")?;
+    ensure!(
+        gone["state"] == "free" && gone["token"].as_u64() > Some(0),
+        "{gone}"
+    );
     Ok(names(&all))
 }
 

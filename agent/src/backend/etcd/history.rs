@@ -8,10 +8,16 @@
 //! only once written, so the events a write appends carry token 0 and read
 //! as the revision of the write that made the history key's value (its mod
 //! revision): only the latest write's events can carry 0.
+//!
+//! A released key has no record left to say its name, so the history of a
+//! key too long to spell (named by its hash) names its key in its first
+//! event, for `list` to show. Agents that know no such field ignore it.
 
 use crate::backend::history::{self, Stamp};
+use crate::backend::key_name;
 use etcd_client::KeyValue;
-use runlock_protocol::{EventKind, KeyEvent};
+use runlock_protocol::{EventKind, Key, KeyEvent};
+use serde::{Deserialize, Serialize};
 
 /// A history as read: the history key's mod revision (0: absent) and its
 /// events, tokens filled in.
@@ -19,6 +25,17 @@ use runlock_protocol::{EventKind, KeyEvent};
 pub(super) struct Kept {
     pub(super) revision: i64,
     pub(super) events: Vec<KeyEvent>,
+    /// The key the history names (as its record would), if it names one.
+    pub(super) key: Option<String>,
+}
+
+/// An event as the history key's value holds it.
+#[derive(Serialize, Deserialize)]
+struct Written {
+    #[serde(flatten)]
+    event: KeyEvent,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    key: Option<String>,
 }
 
 impl Kept {
@@ -27,10 +44,13 @@ impl Kept {
         let Some(kv) = kv else {
             return Some(Kept::default());
         };
-        let events: Vec<KeyEvent> = serde_json::from_slice(kv.value()).ok()?;
+        let written: Vec<Written> = serde_json::from_slice(kv.value()).ok()?;
+        let key = written.first().and_then(|w| w.key.clone());
+        let events = written.into_iter().map(|w| w.event).collect();
         Some(Kept {
             revision: kv.mod_revision(),
             events: filled(events, kv.mod_revision() as u64),
+            key,
         })
     }
 
@@ -86,10 +106,20 @@ pub(super) fn filled(mut events: Vec<KeyEvent>, revision: u64) -> Vec<KeyEvent> 
     events
 }
 
-/// The history key's value.
-pub(super) fn body(events: &[KeyEvent]) -> Vec<u8> {
+/// The value of `key`'s history key: its events, the first naming the key
+/// if its name is a hash.
+pub(super) fn body(key: &Key, events: &[KeyEvent]) -> Vec<u8> {
+    let named = key_name::is_hashed(&key_name::escaped(key)).then(|| key.to_string());
+    let written: Vec<Written> = events
+        .iter()
+        .enumerate()
+        .map(|(i, event)| Written {
+            event: event.clone(),
+            key: named.clone().filter(|_| i == 0),
+        })
+        .collect();
     // invariant: events are plain strings and numbers, which always serialize
-    serde_json::to_vec(events).unwrap_or_default()
+    serde_json::to_vec(&written).unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -108,6 +138,7 @@ mod tests {
         let kept = Kept {
             revision: 9,
             events: vec![grant(9)],
+            key: None,
         };
         let events = filled(kept.after_grant(grant(0)), 12);
         let got: Vec<_> = events.iter().map(|e| (e.kind, e.token, e.pid)).collect();
@@ -124,6 +155,7 @@ mod tests {
         let ended = Kept {
             revision: 10,
             events: vec![grant(9), released],
+            key: None,
         };
         assert_eq!(
             ended.after_grant(grant(0)).len(),

@@ -14,7 +14,7 @@ const LEASES_ASKED_AT_ONCE: usize = 8;
 
 impl EtcdBackend {
     /// [`Backend::list`]: see there.
-    pub(super) async fn list_page(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+    pub(super) async fn list_page(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         let (prefix, from, limit) = (ask.prefix, ask.from, ask.limit);
         let Some(spelled) = key_name::listed_names(prefix, from.hashed) else {
             return Ok(ListPage::default());
@@ -113,7 +113,7 @@ impl EtcdBackend {
         kv: Option<&KeyValue>,
         kept: &Kept,
         left: Option<u64>,
-    ) -> Result<KeyRecord, BackendError> {
+    ) -> BackendResult<KeyRecord> {
         let mut answer = KeyRecord::free(key, Scope::Global);
         answer.incident = shared::last_incident(&kept.events);
         let Some(kv) = kv else {
@@ -153,7 +153,7 @@ impl EtcdBackend {
 
     /// The record and history a listing read of `name` (below the prefix),
     /// as `inspect` and `history` report them; `Ok(None)`: a released key
-    /// too long to spell, which no key read says whose it was; `Err`: why it
+    /// too long to spell whose history does not name it; `Err`: why it
     /// cannot be read. `left`: what each etcd lease has left.
     fn read_listed(
         &self,
@@ -170,7 +170,12 @@ impl EtcdBackend {
             .map_err(|e| e.to_string())?;
         let key = match &found.record {
             Some(kv) => self.key_of(&record_key, name, kv)?,
-            None if key_name::is_hashed(name) => return Ok(None),
+            // Named by the history a hashed name's grant wrote (older
+            // agents wrote none: that key cannot be named).
+            None if key_name::is_hashed(name) => match kept.key.as_deref().map(Key::parse_record) {
+                Some(Ok(key)) if key_name::escaped(&key) == name => key,
+                _ => return Ok(None),
+            },
             None => key_name::unescaped(name).ok_or_else(|| {
                 format!(
                     "{history_key} in {} is no key's history: runlock names no key so",
