@@ -9,12 +9,15 @@ need() {
     shift
     if [[ $command == /* ]]; then [ -e "$command" ] && return 0; else command -v "$command" >/dev/null && return 0; fi
     echo "installing $* with apt-get (for $command)" >&2
+    # Scripts that run side by side (a build beside the stores' installs)
+    # may both install: the second waits for the first's dpkg lock.
+    local wait_for_lock=(-o DPkg::Lock::Timeout=600)
     # Once per script: on a fresh machine the index is missing, later it is fresh enough.
     if [ -z "${need_updated:-}" ]; then
-        apt-get update -qq || return 1
+        apt-get "${wait_for_lock[@]}" update -qq || return 1
         need_updated=1
     fi
-    apt-get install -y -qq "$@" >/dev/null
+    apt-get "${wait_for_lock[@]}" install -y -qq "$@" >/dev/null
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
