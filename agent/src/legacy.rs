@@ -18,7 +18,7 @@
 use crate::backend::forwarding::{Forwarding, Hooks};
 use crate::backend::postgres::{Kept, Settings};
 use crate::backend::{
-    redact_uri, AcquireSpec, Backend, BackendError, Grant, Outsider, ProfiledBackend,
+    redact_uri, AcquireSpec, Backend, BackendError, BackendResult, Grant, Outsider, ProfiledBackend,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key};
@@ -159,7 +159,7 @@ impl MeltanoSystemDb {
 
     /// `HeldOutside` if Meltano records `key` as running, `Unavailable`
     /// if the database cannot be read.
-    pub async fn check(&self, key: &Key) -> Result<(), BackendError> {
+    pub async fn check(&self, key: &Key) -> BackendResult<()> {
         let found = match tokio::time::timeout(CHECK_TIMEOUT, self.find(key)).await {
             Ok(found) => found,
             Err(_) => Err(format!("no answer within {}s", CHECK_TIMEOUT.as_secs())),
@@ -300,11 +300,7 @@ impl MeltanoGuard {
 
 #[async_trait]
 impl Hooks for MeltanoGuard {
-    async fn acquire(
-        &self,
-        inner: &dyn Backend,
-        spec: &AcquireSpec,
-    ) -> Result<Grant, BackendError> {
+    async fn acquire(&self, inner: &dyn Backend, spec: &AcquireSpec) -> BackendResult<Grant> {
         if !spec.force {
             self.db.check(&spec.key).await?;
         }

@@ -3,7 +3,7 @@
 //! one request (Meltano's guard, the tests' staged stores) write only that one.
 
 use super::{
-    AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant, LeaseRef,
+    AcquireSpec, Adopted, Adopter, Backend, BackendResult, Displaced, Ending, Grant, LeaseRef,
     ListPage, PageAsk, Profile, Profiled, ProfiledBackend, Renewed, ReportName, StoredReport,
 };
 use async_trait::async_trait;
@@ -20,11 +20,7 @@ pub(crate) struct Forwarding<H> {
 /// default, it passes it on.
 #[async_trait]
 pub(crate) trait Hooks: Send + Sync + 'static {
-    async fn acquire(
-        &self,
-        inner: &dyn Backend,
-        spec: &AcquireSpec,
-    ) -> Result<Grant, BackendError> {
+    async fn acquire(&self, inner: &dyn Backend, spec: &AcquireSpec) -> BackendResult<Grant> {
         inner.acquire(spec).await
     }
 
@@ -33,7 +29,7 @@ pub(crate) trait Hooks: Send + Sync + 'static {
         inner: &dyn Backend,
         lease: &LeaseRef,
         ending: &Ending,
-    ) -> Result<(), BackendError> {
+    ) -> BackendResult<()> {
         inner.end(lease, ending).await
     }
 
@@ -51,55 +47,51 @@ impl<H: Hooks> Profiled for Forwarding<H> {
 
 #[async_trait]
 impl<H: Hooks> Backend for Forwarding<H> {
-    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+    async fn acquire(&self, spec: &AcquireSpec) -> BackendResult<Grant> {
         self.hooks.acquire(&*self.inner.backend, spec).await
     }
 
-    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> BackendResult<Renewed> {
         self.inner.backend.renew(lease, ttl).await
     }
 
-    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> BackendResult<()> {
         self.hooks.end(&*self.inner.backend, lease, ending).await
     }
 
-    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+    async fn inspect(&self, key: &Key) -> BackendResult<KeyRecord> {
         self.inner.backend.inspect(key).await
     }
 
-    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+    async fn history(&self, key: &Key) -> BackendResult<Vec<KeyEvent>> {
         self.inner.backend.history(key).await
     }
 
-    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+    async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         self.inner.backend.list(ask).await
     }
 
-    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> BackendResult<Adopted> {
         self.inner.backend.adopt(lease, by).await
     }
 
-    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> BackendResult<()> {
         self.inner.backend.confirm_stopped(lease).await
     }
 
-    async fn displaced_stopped(
-        &self,
-        key: &Key,
-        displaced: &Displaced,
-    ) -> Result<bool, BackendError> {
+    async fn displaced_stopped(&self, key: &Key, displaced: &Displaced) -> BackendResult<bool> {
         self.inner.backend.displaced_stopped(key, displaced).await
     }
 
-    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
         self.inner.backend.put_report(agent, body).await
     }
 
-    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+    async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
         self.inner.backend.reports().await
     }
 
-    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+    async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
         self.inner.backend.remove_report(agent).await
     }
 }

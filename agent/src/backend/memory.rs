@@ -2,9 +2,9 @@
 
 use super::history::{self, Before, Stamp};
 use super::{
-    AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced, Ending, Grant,
-    LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile, Profiled, Renewed, ReportName,
-    StoredReport,
+    AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities, Displaced,
+    Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile, Profiled, Renewed,
+    ReportName, StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
@@ -64,13 +64,13 @@ impl Profiled for MemoryBackend {
 
 #[async_trait]
 impl Backend for MemoryBackend {
-    async fn adopt(&self, _: &LeaseRef, _: &Adopter) -> Result<Adopted, BackendError> {
+    async fn adopt(&self, _: &LeaseRef, _: &Adopter) -> BackendResult<Adopted> {
         Err(BackendError::Unsupported(
             "memory:// does not keep locks beyond the agent that took them".to_string(),
         ))
     }
 
-    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+    async fn acquire(&self, spec: &AcquireSpec) -> BackendResult<Grant> {
         self.with_record(&spec.key, |record| {
             if let (Some((_, holder)), false) = (record.held.as_deref(), spec.force) {
                 let incident = history::last_incident(&record.history);
@@ -113,14 +113,14 @@ impl Backend for MemoryBackend {
         })
     }
 
-    async fn renew(&self, lease: &LeaseRef, _ttl: Duration) -> Result<Renewed, BackendError> {
+    async fn renew(&self, lease: &LeaseRef, _ttl: Duration) -> BackendResult<Renewed> {
         self.with_record(&lease.key, |record| match record.held.as_deref() {
             Some((id, _)) if *id == lease.lease_id => Ok(Renewed::ByThisCall),
             _ => Err(BackendError::LeaseMismatch),
         })
     }
 
-    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> BackendResult<()> {
         self.with_record(&lease.key, |record| {
             let Some(held) = record.held.take_if(|held| held.0 == lease.lease_id) else {
                 return Ok(());
@@ -133,28 +133,24 @@ impl Backend for MemoryBackend {
         })
     }
 
-    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+    async fn history(&self, key: &Key) -> BackendResult<Vec<KeyEvent>> {
         self.with_record(key, |record| Ok(record.history.clone()))
     }
 
-    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> BackendResult<()> {
         self.with_record(&lease.key, |record| record.stopped.insert(lease.token));
         Ok(())
     }
 
-    async fn displaced_stopped(
-        &self,
-        key: &Key,
-        displaced: &Displaced,
-    ) -> Result<bool, BackendError> {
+    async fn displaced_stopped(&self, key: &Key, displaced: &Displaced) -> BackendResult<bool> {
         Ok(self.with_record(key, |record| record.stopped.remove(&displaced.token)))
     }
 
-    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+    async fn inspect(&self, key: &Key) -> BackendResult<KeyRecord> {
         self.with_record(key, |record| Ok(record.to_key_record(key)))
     }
 
-    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+    async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         let (prefix, from, limit) = (ask.prefix, ask.from, ask.limit);
         // invariant: no code panics while holding this lock, so it is never poisoned
         let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
@@ -189,12 +185,12 @@ impl Backend for MemoryBackend {
         Ok(ListPage { records, next })
     }
 
-    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
         self.reports().insert(agent.clone(), body);
         Ok(())
     }
 
-    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+    async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
         let reports = MemoryBackend::reports(self);
         Ok(reports
             .iter()
@@ -202,7 +198,7 @@ impl Backend for MemoryBackend {
             .collect())
     }
 
-    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+    async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
         self.reports().remove(agent);
         Ok(())
     }

@@ -235,6 +235,25 @@ pub struct Adopted {
     pub ttl: Duration,
 }
 
+impl Adopted {
+    /// `holder`'s lease, adopted by the write sent at `sent`: no kernel lock
+    /// (a run's own lock was never the agent's) and nothing displaced.
+    pub fn new(holder: Holder, sent: tokio::time::Instant, ttl: Duration) -> Adopted {
+        Adopted {
+            grant: Grant {
+                holder,
+                sent,
+                lock: None,
+                displaced: None,
+            },
+            ttl,
+        }
+    }
+}
+
+/// What a backend operation answers.
+pub type BackendResult<T> = Result<T, BackendError>;
+
 /// Why a backend operation failed.
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -406,49 +425,45 @@ pub struct ListPage {
 #[async_trait]
 pub trait Backend: Send + Sync + 'static {
     /// Takes `spec.key` now, or reports its holder; never waits for a holder.
-    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError>;
+    async fn acquire(&self, spec: &AcquireSpec) -> BackendResult<Grant>;
     /// Confirms the lease is still ours and extends it; says from when the
     /// store now counts its TTL.
-    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError>;
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> BackendResult<Renewed>;
     /// Ends the lease if it is still ours, recording `ending` in the key's
     /// history; a lease already lost is not an error.
-    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError>;
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> BackendResult<()>;
     /// Ends the lease as its holder letting go ([`Backend::end`]).
-    async fn release(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    async fn release(&self, lease: &LeaseRef) -> BackendResult<()> {
         self.end(lease, &Ending::Released).await
     }
     /// Reads the key's record.
-    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError>;
+    async fn inspect(&self, key: &Key) -> BackendResult<KeyRecord>;
     /// Reads the key's history, oldest first: the same read as `inspect`.
-    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError>;
+    async fn history(&self, key: &Key) -> BackendResult<Vec<KeyEvent>>;
     /// Lists, in the store's name order, the page `ask` names: every
     /// record the store keeps, held or free. A record that cannot be read is
     /// listed with why, never left out; a failing store request fails the page.
-    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError>;
+    async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage>;
     /// Takes over a lease granted through an agent that has stopped, if the
     /// store still holds it, unexpired, with this id and token, for the
     /// adopter's user (`LeaseMismatch` otherwise, so that a stranger learns
     /// nothing): rewrites its record naming the adopting agent and extends
     /// it, as a renewal would. A store whose leases die with their agent
     /// answers `Unsupported`.
-    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError>;
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> BackendResult<Adopted>;
     /// Says, through the store, that the run of `lease`, taken over from
     /// this agent, has stopped, so that the forcer waiting on it may start.
-    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError>;
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> BackendResult<()>;
     /// Whether the run of the lease `displaced` from `key` has stopped: its
     /// agent said so through the store (and the word is then removed), or
     /// on `file://` its lock is free.
-    async fn displaced_stopped(
-        &self,
-        key: &Key,
-        displaced: &Displaced,
-    ) -> Result<bool, BackendError>;
+    async fn displaced_stopped(&self, key: &Key, displaced: &Displaced) -> BackendResult<bool>;
     /// Writes this agent's report (what it alone knows: its waiters and
     /// refusals) over the one it wrote before, whatever that was.
-    async fn put_report(&self, agent_id: &ReportName, body: Vec<u8>) -> Result<(), BackendError>;
+    async fn put_report(&self, agent_id: &ReportName, body: Vec<u8>) -> BackendResult<()>;
     /// Every agent's report the store keeps, as written. A report that
     /// cannot be read is listed with why; a failing store request fails all.
-    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError>;
+    async fn reports(&self) -> BackendResult<Vec<StoredReport>>;
     /// Removes an agent's report: one that has said nothing for a day.
-    async fn remove_report(&self, agent_id: &ReportName) -> Result<(), BackendError>;
+    async fn remove_report(&self, agent_id: &ReportName) -> BackendResult<()>;
 }

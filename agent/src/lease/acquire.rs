@@ -652,7 +652,7 @@ impl Drop for Place<'_> {
 #[cfg(test)]
 mod tests {
     use super::super::testing::*;
-    use crate::backend::{AcquireSpec, Backend, BackendError, Grant};
+    use crate::backend::{AcquireSpec, Backend, BackendResult, Grant};
     use runlock_protocol::{ErrorCode, LostReason};
     use std::sync::atomic::Ordering;
     use tokio::time::Instant;
@@ -721,11 +721,7 @@ mod tests {
 
     #[async_trait::async_trait]
     impl Hooks for Staged {
-        async fn acquire(
-            &self,
-            store: &dyn Backend,
-            spec: &AcquireSpec,
-        ) -> Result<Grant, BackendError> {
+        async fn acquire(&self, store: &dyn Backend, spec: &AcquireSpec) -> BackendResult<Grant> {
             let grant = store.acquire(spec).await;
             if self.slot_joins_force && spec.force {
                 let mut other =

@@ -115,7 +115,7 @@ impl Queues {
 #[cfg(test)]
 mod tests {
     use super::super::testing::*;
-    use crate::backend::{Backend, BackendError, LeaseRef};
+    use crate::backend::{Backend, BackendResult, LeaseRef};
     use crate::lease::acquire::POLL_START;
     use tokio::time::Instant;
 
@@ -132,7 +132,7 @@ mod tests {
             store: &dyn Backend,
             lease: &LeaseRef,
             ending: &crate::backend::Ending,
-        ) -> Result<(), BackendError> {
+        ) -> BackendResult<()> {
             store.end(lease, ending).await?;
             let _ = self.released.send(lease.key.clone());
             Ok(())

@@ -6,7 +6,7 @@
 //! record and one history.
 
 use super::registry::Registry;
-use crate::backend::{AcquireSpec, BackendError, Grant};
+use crate::backend::{AcquireSpec, BackendError, BackendResult, Grant};
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, MAX_SLOTS};
 
 /// Slot records are looked for this many at a time when a key's count is
@@ -180,7 +180,7 @@ impl Registry {
         &self,
         key: &Key,
         slots: std::ops::Range<u32>,
-    ) -> Result<Vec<KeyRecord>, BackendError> {
+    ) -> BackendResult<Vec<KeyRecord>> {
         use futures::StreamExt;
         let reads = slots.map(|slot| {
             let record = key.slot_record(slot);
@@ -198,7 +198,7 @@ impl Registry {
     /// held slot 0, whose holder says how many; otherwise the slot records
     /// that exist, looked for a few at a time (slots are taken lowest
     /// first, so they are found contiguous).
-    pub(super) async fn slot_records(&self, key: &Key) -> Result<Vec<KeyRecord>, BackendError> {
+    pub(super) async fn slot_records(&self, key: &Key) -> BackendResult<Vec<KeyRecord>> {
         let first = self.backend.inspect(key).await?;
         let mut records = vec![first];
         let mut known = records[0].holder.as_ref().map(count_of);
@@ -230,11 +230,7 @@ impl Registry {
     /// Every slot record `key` has ever had, from slot `from` on: read until
     /// a record that was never written (slots are taken lowest first, so
     /// records ever written are contiguous), a few at a time.
-    pub(super) async fn records_from(
-        &self,
-        key: &Key,
-        from: u32,
-    ) -> Result<Vec<KeyRecord>, BackendError> {
+    pub(super) async fn records_from(&self, key: &Key, from: u32) -> BackendResult<Vec<KeyRecord>> {
         let mut records = Vec::new();
         let mut next = from;
         // One record first: most keys have never had the next slot.
@@ -264,7 +260,7 @@ impl Registry {
         key: &Key,
         n: u32,
         mine: u32,
-    ) -> Result<Option<(u32, Vec<Holder>)>, BackendError> {
+    ) -> BackendResult<Option<(u32, Vec<Holder>)>> {
         // Slot 0 is read too unless it is ours (a plain key: one read, slot 1's).
         let first = u32::from(mine == 0);
         let records = self.records_from(key, first).await?;
@@ -309,7 +305,7 @@ impl Registry {
 
     /// The histories of a key's slots, merged by time and then slot, each
     /// slot's own order kept exact whatever its clocks say.
-    pub(super) async fn slot_history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+    pub(super) async fn slot_history(&self, key: &Key) -> BackendResult<Vec<KeyEvent>> {
         let first = self.backend.history(key).await?;
         if !first.iter().any(|e| e.slot.is_some()) {
             return Ok(first);

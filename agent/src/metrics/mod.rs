@@ -16,7 +16,7 @@ mod timed;
 pub use http::start;
 pub use timed::{instrument, TimedBackend};
 
-use crate::backend::{BackendError, Ending};
+use crate::backend::{BackendError, BackendResult, Ending};
 use crate::lease::{Observer, Renewal, Takeover, Unobserved};
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
@@ -146,7 +146,7 @@ const OPERATIONS: [&str; 9] = [
     "report",
 ];
 
-fn backend_result<T>(result: &Result<T, BackendError>) -> &'static str {
+fn backend_result<T>(result: &BackendResult<T>) -> &'static str {
     match result {
         Ok(_) => "ok",
         Err(
@@ -396,7 +396,7 @@ impl Metrics {
         &self,
         operation: Operation,
         started: Instant,
-        result: &Result<T, BackendError>,
+        result: &BackendResult<T>,
     ) {
         let seconds = started.elapsed().as_secs_f64();
         match backend_result(result) {

@@ -3,7 +3,7 @@
 
 use super::{Metrics, Operation, GLOBAL};
 use crate::backend::{
-    AcquireSpec, Adopted, Adopter, Backend, BackendError, Displaced, Ending, Grant, LeaseRef,
+    AcquireSpec, Adopted, Adopter, Backend, BackendResult, Displaced, Ending, Grant, LeaseRef,
     ListPage, PageAsk, ProfiledBackend, Renewed, ReportName, StoredReport,
 };
 use async_trait::async_trait;
@@ -42,7 +42,7 @@ impl TimedBackend {
 
 #[async_trait]
 impl Backend for TimedBackend {
-    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+    async fn acquire(&self, spec: &AcquireSpec) -> BackendResult<Grant> {
         let started = Instant::now();
         let result = self.inner.acquire(spec).await;
         self.metrics
@@ -50,7 +50,7 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> BackendResult<Renewed> {
         let started = Instant::now();
         let result = self.inner.renew(lease, ttl).await;
         self.metrics
@@ -58,7 +58,7 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> BackendResult<()> {
         let started = Instant::now();
         let result = self.inner.end(lease, ending).await;
         self.metrics
@@ -66,7 +66,7 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+    async fn inspect(&self, key: &Key) -> BackendResult<KeyRecord> {
         let started = Instant::now();
         let result = self.inner.inspect(key).await;
         self.metrics
@@ -74,7 +74,7 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+    async fn history(&self, key: &Key) -> BackendResult<Vec<KeyEvent>> {
         let started = Instant::now();
         let result = self.inner.history(key).await;
         self.metrics
@@ -82,7 +82,7 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+    async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         let started = Instant::now();
         let result = self.inner.list(ask).await;
         self.metrics
@@ -90,7 +90,7 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> BackendResult<Adopted> {
         let started = Instant::now();
         let result = self.inner.adopt(lease, by).await;
         self.metrics
@@ -98,7 +98,7 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> BackendResult<()> {
         let started = Instant::now();
         let result = self.inner.confirm_stopped(lease).await;
         self.metrics
@@ -106,11 +106,7 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn displaced_stopped(
-        &self,
-        key: &Key,
-        displaced: &Displaced,
-    ) -> Result<bool, BackendError> {
+    async fn displaced_stopped(&self, key: &Key, displaced: &Displaced) -> BackendResult<bool> {
         let started = Instant::now();
         let result = self.inner.displaced_stopped(key, displaced).await;
         self.metrics
@@ -118,7 +114,7 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
         let started = Instant::now();
         let result = self.inner.put_report(agent, body).await;
         self.metrics
@@ -126,7 +122,7 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+    async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
         let started = Instant::now();
         let result = self.inner.reports().await;
         self.metrics
@@ -134,7 +130,7 @@ impl Backend for TimedBackend {
         result
     }
 
-    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+    async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
         let started = Instant::now();
         let result = self.inner.remove_report(agent).await;
         self.metrics
@@ -147,7 +143,7 @@ impl Backend for TimedBackend {
 mod tests {
     use super::super::tests::value;
     use super::*;
-    use crate::backend::MemoryBackend;
+    use crate::backend::{BackendError, MemoryBackend};
     use runlock_protocol::Holder;
 
     #[tokio::test]

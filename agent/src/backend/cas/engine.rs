@@ -20,8 +20,8 @@ use crate::backend::history::{self, Before, Stamp};
 use crate::backend::record::LockRecord;
 use crate::backend::retry::RetryBudget;
 use crate::backend::{
-    key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
-    Ending, Grant, LeaseRef, ListPage, PageAsk, Profile, Profiled, Renewed, ReportName,
+    key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities,
+    Displaced, Ending, Grant, LeaseRef, ListPage, PageAsk, Profile, Profiled, Renewed, ReportName,
     StoredReport,
 };
 use async_trait::async_trait;
@@ -170,7 +170,7 @@ impl CasEngine {
 
     /// [`prove`](Self::prove), as the answer to an operation that writes a
     /// lease: a store not shown to lock grants none.
-    async fn trusted(&self) -> Result<(), BackendError> {
+    async fn trusted(&self) -> BackendResult<()> {
         self.prove().await.map_err(|unproven| {
             BackendError::Unavailable(match unproven {
                 Unproven::Lacks(what) => format!(
@@ -187,7 +187,7 @@ impl CasEngine {
         format!("{}{}{RECORD_SUFFIX}", self.prefix, key_name::escaped(key))
     }
 
-    fn parse(&self, name: &str, stored: &Stored) -> Result<CasRecord, BackendError> {
+    fn parse(&self, name: &str, stored: &Stored) -> BackendResult<CasRecord> {
         serde_json::from_slice(&stored.body).map_err(|e| {
             BackendError::Corrupt(format!(
                 "{name} in {} is not a runlock record ({e}); move it aside to free the key",
@@ -314,7 +314,7 @@ impl CasEngine {
         spec: &AcquireSpec,
         name: &str,
         guess: bool,
-    ) -> Result<Option<Grant>, BackendError> {
+    ) -> BackendResult<Option<Grant>> {
         let (record, version, displaced_holder) =
             match guess.then(|| self.guess(spec, name)).flatten() {
                 Some((record, version)) => (record, version, None),
@@ -367,7 +367,7 @@ impl CasEngine {
         &self,
         spec: &AcquireSpec,
         name: &str,
-    ) -> Result<(CasRecord, Option<String>, Option<Holder>), BackendError> {
+    ) -> BackendResult<(CasRecord, Option<String>, Option<Holder>)> {
         let Read { object, date } = self.store.get(name).await.map_err(unavailable)?;
         let mut displaced = None;
         let decided = match &object {
@@ -417,7 +417,7 @@ impl CasEngine {
     /// Writes `record` over our last version; a conflict is resolved by reading:
     /// if the record is still ours (our previous write landed unanswered), write
     /// again at once, over the version read.
-    async fn overwrite(&self, lease: &LeaseRef, record: CasRecord) -> Result<String, BackendError> {
+    async fn overwrite(&self, lease: &LeaseRef, record: CasRecord) -> BackendResult<String> {
         let name = &self.name(&lease.key);
         let record = &record;
         // What one try leaves the next (mutexes, as the future must be `Send`).
@@ -550,7 +550,7 @@ impl Profiled for CasEngine {
 
 #[async_trait]
 impl Backend for CasEngine {
-    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+    async fn acquire(&self, spec: &AcquireSpec) -> BackendResult<Grant> {
         self.trusted().await?;
         let name = self.name(&spec.key);
         // Uncontended, the first attempt costs one request; a wrong guess, one more.
@@ -580,7 +580,7 @@ impl Backend for CasEngine {
         })
     }
 
-    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> BackendResult<Renewed> {
         let mut record = self
             .record_of(&lease.lease_id)
             .ok_or(BackendError::LeaseMismatch)?;
@@ -598,7 +598,7 @@ impl Backend for CasEngine {
         Ok(Renewed::ByThisCall)
     }
 
-    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> BackendResult<()> {
         let Some(mut record) = self.record_of(&lease.lease_id) else {
             return Ok(());
         };
@@ -622,7 +622,7 @@ impl Backend for CasEngine {
         }
     }
 
-    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> BackendResult<Adopted> {
         self.trusted().await?;
         let name = self.name(&lease.key);
         let Read { object, date } = self.store.get(&name).await.map_err(unavailable)?;
@@ -661,15 +661,7 @@ impl Backend for CasEngine {
         match written {
             Ok(version) => {
                 held.insert(lease.lease_id.clone(), Held { version, record });
-                Ok(Adopted {
-                    grant: Grant {
-                        holder,
-                        sent,
-                        lock: None,
-                        displaced: None,
-                    },
-                    ttl,
-                })
+                Ok(Adopted::new(holder, sent, ttl))
             }
             Err(err) => {
                 held.remove(&lease.lease_id);
@@ -678,7 +670,7 @@ impl Backend for CasEngine {
         }
     }
 
-    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> BackendResult<()> {
         let name = self.stopped_name(&lease.key, lease.token);
         let body = serde_json::json!({ "key": lease.key.as_str(), "stopped": lease.token });
         match self
@@ -691,11 +683,7 @@ impl Backend for CasEngine {
         }
     }
 
-    async fn displaced_stopped(
-        &self,
-        key: &Key,
-        displaced: &Displaced,
-    ) -> Result<bool, BackendError> {
+    async fn displaced_stopped(&self, key: &Key, displaced: &Displaced) -> BackendResult<bool> {
         let name = self.stopped_name(key, displaced.token);
         let Read { object, .. } = self.store.get(&name).await.map_err(unavailable)?;
         if object.is_none() {
@@ -706,7 +694,7 @@ impl Backend for CasEngine {
         Ok(true)
     }
 
-    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+    async fn history(&self, key: &Key) -> BackendResult<Vec<KeyEvent>> {
         let name = self.name(key);
         let Read { object, .. } = self.store.get(&name).await.map_err(unavailable)?;
         match object {
@@ -715,25 +703,25 @@ impl Backend for CasEngine {
         }
     }
 
-    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+    async fn inspect(&self, key: &Key) -> BackendResult<KeyRecord> {
         let name = self.name(key);
         let read = self.store.get(&name).await.map_err(unavailable)?;
         Ok(self.shown(key, &name, read)?.0)
     }
 
-    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+    async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         self.list_page(ask).await
     }
 
-    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
         self.put_report_object(agent, body).await
     }
 
-    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+    async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
         self.report_objects().await
     }
 
-    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+    async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
         self.remove_report_object(agent).await
     }
 }

@@ -2,7 +2,7 @@
 //! simulation. Its clock is tokio's, so paused-time tests control it, and like
 //! S3 it reports times in whole seconds.
 
-use super::{CasError, CasStore, Names, Precondition, Read, Site, Stored};
+use super::{CasError, CasResult, CasStore, Names, Precondition, Read, Site, Stored};
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -42,7 +42,7 @@ impl MemoryCasStore {
         UNIX_EPOCH + Duration::from_secs(1_800_000_000 + since.as_secs())
     }
 
-    fn write(&self, name: &str, body: Vec<u8>, expect: Option<&str>) -> Result<String, CasError> {
+    fn write(&self, name: &str, body: Vec<u8>, expect: Option<&str>) -> CasResult<String> {
         let mut objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
         let current = objects.get(name).map(|o| o.version.as_str());
         if current != expect {
@@ -80,11 +80,11 @@ impl CasStore for MemoryCasStore {
         &self.site
     }
 
-    async fn probe(&self) -> Result<(), CasError> {
+    async fn probe(&self) -> CasResult<()> {
         Ok(())
     }
 
-    async fn get(&self, name: &str) -> Result<Read, CasError> {
+    async fn get(&self, name: &str) -> CasResult<Read> {
         let objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
         let mut object = objects.get(name).cloned();
         if !self.clock {
@@ -98,21 +98,11 @@ impl CasStore for MemoryCasStore {
         })
     }
 
-    async fn put(
-        &self,
-        name: &str,
-        body: Vec<u8>,
-        only_if: Precondition<'_>,
-    ) -> Result<String, CasError> {
-        self.write(name, body, only_if.version())
+    async fn put(&self, name: &str, body: Vec<u8>, when: Precondition<'_>) -> CasResult<String> {
+        self.write(name, body, when.version())
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        page: Option<&str>,
-        limit: usize,
-    ) -> Result<Names, CasError> {
+    async fn list(&self, prefix: &str, page: Option<&str>, limit: usize) -> CasResult<Names> {
         let objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
         let mut names: Vec<(&String, &Stored)> = objects
             .iter()
@@ -132,7 +122,7 @@ impl CasStore for MemoryCasStore {
         Ok(Names { names, next })
     }
 
-    async fn delete(&self, name: &str) -> Result<(), CasError> {
+    async fn delete(&self, name: &str) -> CasResult<()> {
         self.objects
             .lock()
             .unwrap_or_else(|e| e.into_inner())

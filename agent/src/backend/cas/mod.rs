@@ -84,7 +84,7 @@ pub enum CasError {
 #[cfg(object_store)]
 impl<A> crate::backend::failure::Failure<A> {
     /// The answer the operation handles, or the store error the failure is.
-    fn expected(self) -> Result<A, CasError> {
+    fn expected(self) -> CasResult<A> {
         match self {
             Self::Expected(answer) => Ok(answer),
             Self::Transient(why) => Err(CasError::Unavailable(why)),
@@ -92,6 +92,9 @@ impl<A> crate::backend::failure::Failure<A> {
         }
     }
 }
+
+/// What a store operation answers.
+pub type CasResult<T> = Result<T, CasError>;
 
 /// What a write asks of the object it would replace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -125,26 +128,20 @@ pub trait CasStore: Send + Sync + 'static {
     fn site(&self) -> &Site;
     /// Checks that the store answers and lets this agent in (the bucket
     /// exists, the credentials are accepted); the error names the cause.
-    async fn probe(&self) -> Result<(), CasError>;
+    async fn probe(&self) -> CasResult<()>;
     /// Reads an object.
-    async fn get(&self, name: &str) -> Result<Read, CasError>;
-    /// Writes an object only if `only_if` holds ([`CasError::Conflict`]
+    async fn get(&self, name: &str) -> CasResult<Read>;
+    /// Writes an object only if `when` holds ([`CasError::Conflict`]
     /// otherwise); returns its new version.
-    async fn put(
-        &self,
-        name: &str,
-        body: Vec<u8>,
-        only_if: Precondition<'_>,
-    ) -> Result<String, CasError>;
+    async fn put(&self, name: &str, body: Vec<u8>, when: Precondition<'_>) -> CasResult<String>;
     /// Lists, in name order, at most `limit` names of objects that start with
     /// `prefix`, from the page `page` (the store's token from an earlier
     /// page) or the first.
-    async fn list(&self, prefix: &str, page: Option<&str>, limit: usize)
-        -> Result<Names, CasError>;
+    async fn list(&self, prefix: &str, page: Option<&str>, limit: usize) -> CasResult<Names>;
     /// Removes an object whatever its version; an absent one is no error. Only
     /// ever asked of an object no other agent writes again (this agent's
     /// probe, a word that a run taken over has stopped, once read).
-    async fn delete(&self, name: &str) -> Result<(), CasError>;
+    async fn delete(&self, name: &str) -> CasResult<()>;
 }
 
 #[cfg(object_store)]

@@ -235,7 +235,7 @@ fn unanswered(err: CasError) -> Unproven {
 mod tests {
     use super::*;
     use crate::backend::cas::testing::{FaultyStore, Throttled};
-    use crate::backend::cas::{MemoryCasStore, Site};
+    use crate::backend::cas::{CasResult, MemoryCasStore, Site};
     use async_trait::async_trait;
     use std::sync::Arc;
     use std::time::SystemTime;
@@ -258,10 +258,10 @@ mod tests {
         fn site(&self) -> &Site {
             self.inner.site()
         }
-        async fn probe(&self) -> Result<(), CasError> {
+        async fn probe(&self) -> CasResult<()> {
             Ok(())
         }
-        async fn get(&self, name: &str) -> Result<Read, CasError> {
+        async fn get(&self, name: &str) -> CasResult<Read> {
             let mut read = self.inner.get(name).await?;
             if let Some(previous) = self.previous.lock().expect("lock").take() {
                 read.object = Some(previous);
@@ -277,16 +277,16 @@ mod tests {
             &self,
             name: &str,
             body: Vec<u8>,
-            only_if: Precondition<'_>,
-        ) -> Result<String, CasError> {
-            let Precondition::Matches(version) = only_if else {
+            when: Precondition<'_>,
+        ) -> CasResult<String> {
+            let Precondition::Matches(version) = when else {
                 if self.ignores_if_none_match {
                     if let Some(current) = self.inner.get(name).await?.object {
                         let ignored = Precondition::Matches(&current.version);
                         return self.inner.put(name, body, ignored).await;
                     }
                 }
-                return self.inner.put(name, body, only_if).await;
+                return self.inner.put(name, body, when).await;
             };
             let before = self.inner.get(name).await?.object;
             let expect = match (&before, self.ignores_if_match) {
@@ -311,10 +311,10 @@ mod tests {
             prefix: &str,
             page: Option<&str>,
             limit: usize,
-        ) -> Result<super::super::Names, CasError> {
+        ) -> CasResult<super::super::Names> {
             self.inner.list(prefix, page, limit).await
         }
-        async fn delete(&self, name: &str) -> Result<(), CasError> {
+        async fn delete(&self, name: &str) -> CasResult<()> {
             self.inner.delete(name).await
         }
     }

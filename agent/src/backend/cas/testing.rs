@@ -2,7 +2,7 @@
 //! requests are delayed, fail without effect, or take effect but lose their
 //! answer (the case that makes a writer unsure whether it wrote).
 
-use super::{CasError, CasStore, MemoryCasStore, Names, Precondition, Read, Site};
+use super::{CasError, CasResult, CasStore, MemoryCasStore, Names, Precondition, Read, Site};
 use async_trait::async_trait;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -104,8 +104,8 @@ impl FaultyStore {
     async fn around<T>(
         &self,
         write: bool,
-        op: impl std::future::Future<Output = Result<T, CasError>>,
-    ) -> Result<T, CasError> {
+        op: impl std::future::Future<Output = CasResult<T>>,
+    ) -> CasResult<T> {
         let counter = if write { &self.puts } else { &self.gets };
         counter.fetch_add(1, Ordering::SeqCst);
         if write {
@@ -121,8 +121,8 @@ impl FaultyStore {
     async fn fated<T>(
         &self,
         write: bool,
-        op: impl std::future::Future<Output = Result<T, CasError>>,
-    ) -> Result<T, CasError> {
+        op: impl std::future::Future<Output = CasResult<T>>,
+    ) -> CasResult<T> {
         let (before, after, fate) = self.draw(write);
         tokio::time::sleep(before).await;
         if fate == Fate::FailBefore {
@@ -143,34 +143,24 @@ impl CasStore for FaultyStore {
         self.inner.site()
     }
 
-    async fn probe(&self) -> Result<(), CasError> {
+    async fn probe(&self) -> CasResult<()> {
         Ok(())
     }
 
-    async fn get(&self, name: &str) -> Result<Read, CasError> {
+    async fn get(&self, name: &str) -> CasResult<Read> {
         self.around(false, self.inner.get(name)).await
     }
 
-    async fn put(
-        &self,
-        name: &str,
-        body: Vec<u8>,
-        only_if: Precondition<'_>,
-    ) -> Result<String, CasError> {
-        self.around(true, self.inner.put(name, body, only_if)).await
+    async fn put(&self, name: &str, body: Vec<u8>, when: Precondition<'_>) -> CasResult<String> {
+        self.around(true, self.inner.put(name, body, when)).await
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        page: Option<&str>,
-        limit: usize,
-    ) -> Result<Names, CasError> {
+    async fn list(&self, prefix: &str, page: Option<&str>, limit: usize) -> CasResult<Names> {
         self.around(false, self.inner.list(prefix, page, limit))
             .await
     }
 
-    async fn delete(&self, name: &str) -> Result<(), CasError> {
+    async fn delete(&self, name: &str) -> CasResult<()> {
         self.around(true, self.inner.delete(name)).await
     }
 }
@@ -196,7 +186,7 @@ impl Throttled {
         }
     }
 
-    fn noted<T>(&self, name: &str, result: Result<T, CasError>) -> Result<T, CasError> {
+    fn noted<T>(&self, name: &str, result: CasResult<T>) -> CasResult<T> {
         if result.is_ok() {
             let mut writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
             writes.push((name.to_string(), tokio::time::Instant::now()));
@@ -223,30 +213,20 @@ impl CasStore for Throttled {
     fn site(&self) -> &Site {
         &self.site
     }
-    async fn probe(&self) -> Result<(), CasError> {
+    async fn probe(&self) -> CasResult<()> {
         Ok(())
     }
-    async fn get(&self, name: &str) -> Result<Read, CasError> {
+    async fn get(&self, name: &str) -> CasResult<Read> {
         self.inner.get(name).await
     }
-    async fn put(
-        &self,
-        name: &str,
-        body: Vec<u8>,
-        only_if: Precondition<'_>,
-    ) -> Result<String, CasError> {
-        let result = self.inner.put(name, body, only_if).await;
+    async fn put(&self, name: &str, body: Vec<u8>, when: Precondition<'_>) -> CasResult<String> {
+        let result = self.inner.put(name, body, when).await;
         self.noted(name, result)
     }
-    async fn list(
-        &self,
-        prefix: &str,
-        page: Option<&str>,
-        limit: usize,
-    ) -> Result<Names, CasError> {
+    async fn list(&self, prefix: &str, page: Option<&str>, limit: usize) -> CasResult<Names> {
         self.inner.list(prefix, page, limit).await
     }
-    async fn delete(&self, name: &str) -> Result<(), CasError> {
+    async fn delete(&self, name: &str) -> CasResult<()> {
         let result = self.inner.delete(name).await;
         self.noted(name, result)
     }

@@ -10,6 +10,7 @@ const FORCE_ATTEMPTS: usize = 4;
 /// lease, and the event that goes into the key's history.
 #[derive(Clone, Copy)]
 struct Forced<'a> {
+    key: &'a Key,
     name: &'a str,
     marker: &'a str,
     body: &'a [u8],
@@ -53,7 +54,7 @@ impl EtcdBackend {
     }
 
     /// One acquire: create the key with a lease, or read who has it.
-    pub(super) async fn try_acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+    pub(super) async fn try_acquire(&self, spec: &AcquireSpec) -> BackendResult<Grant> {
         let name = self.name(&spec.key);
         let marker = self.force_marker(&spec.key);
         let body = EtcdRecord::new(spec).body();
@@ -82,7 +83,7 @@ impl EtcdBackend {
                         body.clone(),
                         Some(PutOptions::new().with_lease(lease.id)),
                     ),
-                    TxnOp::put(history_key.clone(), history::body(&events), None),
+                    TxnOp::put(history_key.clone(), history::body(&spec.key, &events), None),
                 ])
                 .or_else([
                     TxnOp::get(name.clone(), None),
@@ -112,7 +113,14 @@ impl EtcdBackend {
                 self.seen_held(&name, Some(false));
                 let revision = answer.header().map(|h| h.revision()).unwrap_or(0);
                 let events = history::filled(events, revision as u64);
-                self.keep(&history_key, Kept { revision, events });
+                self.keep(
+                    &history_key,
+                    Kept {
+                        revision,
+                        events,
+                        key: None,
+                    },
+                );
                 return Ok(self.granted(spec, lease, revision as u64, epoch, None));
             }
             let mut read = answer.op_responses().into_iter().map(|r| match r {
@@ -155,6 +163,7 @@ impl EtcdBackend {
             };
             event.from_token = Some(current.create_revision() as u64);
             let forced = Forced {
+                key: &spec.key,
                 name: &name,
                 marker: &marker,
                 body: &body,
@@ -199,8 +208,9 @@ impl EtcdBackend {
         &self,
         forced: &Forced<'_>,
         current: &KeyValue,
-    ) -> Result<Option<u64>, BackendError> {
+    ) -> BackendResult<Option<u64>> {
         let Forced {
+            key,
             name,
             marker,
             body,
@@ -241,7 +251,7 @@ impl EtcdBackend {
             .and_then([
                 TxnOp::put(name, body, with_lease()),
                 TxnOp::delete(marker, None),
-                TxnOp::put(history, history::body(&events), None),
+                TxnOp::put(history, history::body(key, &events), None),
             ])
             // Only an agent of an older version, which knows no marker, can
             // have created the key (or written no history) meanwhile: give
@@ -253,7 +263,14 @@ impl EtcdBackend {
         }
         let revision = created.header().map(|h| h.revision()).unwrap_or(0);
         let events = history::filled(events, revision as u64);
-        self.keep(history, Kept { revision, events });
+        self.keep(
+            history,
+            Kept {
+                revision,
+                events,
+                key: None,
+            },
+        );
         Ok(Some(revision as u64))
     }
 

@@ -48,9 +48,9 @@ mod view;
 mod watched;
 
 use super::{
-    key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
-    Ending, EtcdOptions, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile, Profiled,
-    Renewed, ReportName, StoredReport,
+    key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities,
+    Displaced, Ending, EtcdOptions, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile,
+    Profiled, Renewed, ReportName, StoredReport,
 };
 use crate::backend::history::{self as shared, Stamp};
 use crate::backend::retry::TIMEOUTS;
@@ -178,7 +178,7 @@ impl EtcdBackend {
 
     /// Checks that etcd answers and lets this user read the prefix; the
     /// error names the cause.
-    pub async fn probe(&self) -> Result<(), BackendError> {
+    pub async fn probe(&self) -> BackendResult<()> {
         let prefix = self.connection.prefix.clone();
         self.bounded(async {
             self.connection
@@ -206,8 +206,8 @@ impl EtcdBackend {
     /// Bounds a whole operation: a hung etcd never blocks a caller for longer.
     async fn bounded<T>(
         &self,
-        operation: impl Future<Output = Result<T, BackendError>>,
-    ) -> Result<T, BackendError> {
+        operation: impl Future<Output = BackendResult<T>>,
+    ) -> BackendResult<T> {
         match tokio::time::timeout(TIMEOUTS.operation, operation).await {
             Ok(result) => result,
             Err(_) => Err(BackendError::Unavailable(format!(
@@ -219,7 +219,7 @@ impl EtcdBackend {
         }
     }
 
-    fn parse(&self, name: &str, kv: &KeyValue) -> Result<EtcdRecord, BackendError> {
+    fn parse(&self, name: &str, kv: &KeyValue) -> BackendResult<EtcdRecord> {
         serde_json::from_slice(kv.value()).map_err(|e| {
             BackendError::Corrupt(format!(
                 "{name} in {} is not a runlock record ({e}); delete it to free the key",
@@ -228,7 +228,7 @@ impl EtcdBackend {
         })
     }
 
-    fn holder_of(&self, name: &str, kv: &KeyValue) -> Result<Holder, BackendError> {
+    fn holder_of(&self, name: &str, kv: &KeyValue) -> BackendResult<Holder> {
         self.parse(name, kv)?
             .holder(kv.create_revision() as u64)
             .ok_or_else(|| {
@@ -279,7 +279,7 @@ impl EtcdBackend {
     }
 
     /// The history in a read's answer; unreadable: the error that says so.
-    fn read_history(&self, name: &str, kv: Option<&KeyValue>) -> Result<Kept, BackendError> {
+    fn read_history(&self, name: &str, kv: Option<&KeyValue>) -> BackendResult<Kept> {
         Kept::read(kv).ok_or_else(|| {
             BackendError::Corrupt(format!(
                 "{name} in {} is not a runlock history; delete it to start it afresh",
@@ -289,7 +289,7 @@ impl EtcdBackend {
     }
 
     /// The lease for one acquire attempt, and when its clock started.
-    async fn lease_for(&self, ttl: Duration) -> Result<EtcdLease, BackendError> {
+    async fn lease_for(&self, ttl: Duration) -> BackendResult<EtcdLease> {
         let (id, sent) = self.sessions.for_grant(ttl).await?;
         Ok(EtcdLease { id, sent })
     }
@@ -315,7 +315,7 @@ impl EtcdBackend {
         name: &str,
         marker: &str,
         history_key: &str,
-    ) -> Result<Option<BackendError>, BackendError> {
+    ) -> BackendResult<Option<BackendError>> {
         let read = Txn::new().and_then([
             TxnOp::get(name, None),
             TxnOp::get(history_key, None),
@@ -368,7 +368,7 @@ impl EtcdBackend {
         )
     }
 
-    async fn transact(&self, txn: Txn) -> Result<etcd_client::TxnResponse, BackendError> {
+    async fn transact(&self, txn: Txn) -> BackendResult<etcd_client::TxnResponse> {
         self.connection
             .call(|mut c| {
                 let txn = txn.clone();
@@ -383,7 +383,7 @@ impl EtcdBackend {
         &self,
         name: &str,
         history_key: &str,
-    ) -> Result<(Option<KeyValue>, Kept), BackendError> {
+    ) -> BackendResult<(Option<KeyValue>, Kept)> {
         let both = Txn::new().and_then([TxnOp::get(name, None), TxnOp::get(history_key, None)]);
         let answer = self.transact(both).await?;
         let mut read = answer.op_responses().into_iter().map(|r| match r {
@@ -396,7 +396,7 @@ impl EtcdBackend {
         Ok((kv, kept))
     }
 
-    async fn read(&self, name: &str) -> Result<Option<KeyValue>, BackendError> {
+    async fn read(&self, name: &str) -> BackendResult<Option<KeyValue>> {
         let name = name.to_string();
         let mut got = self
             .connection
@@ -437,7 +437,7 @@ impl Profiled for EtcdBackend {
 
 #[async_trait]
 impl Backend for EtcdBackend {
-    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> BackendResult<()> {
         let name = self.stopped_name(&lease.key, lease.token);
         // On a lease of its own, so that a word nobody reads (its forcer gave
         // up waiting) goes by itself.
@@ -457,11 +457,7 @@ impl Backend for EtcdBackend {
         Ok(())
     }
 
-    async fn displaced_stopped(
-        &self,
-        key: &Key,
-        displaced: &Displaced,
-    ) -> Result<bool, BackendError> {
+    async fn displaced_stopped(&self, key: &Key, displaced: &Displaced) -> BackendResult<bool> {
         let name = self.stopped_name(key, displaced.token);
         // Read and removed in one request.
         let deleted = self
@@ -475,14 +471,14 @@ impl Backend for EtcdBackend {
         Ok(deleted.deleted() > 0)
     }
 
-    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+    async fn acquire(&self, spec: &AcquireSpec) -> BackendResult<Grant> {
         self.bounded(self.try_acquire(spec)).await
     }
 
     /// Keeps the agent's etcd lease for `ttl` alive (one request for all its
     /// keys, at most every TTL/6) and checks the key is still on it with its
     /// token: by the watch's word, else by reading it, both at once.
-    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> BackendResult<Renewed> {
         let id = self
             .lease_of(&lease.lease_id)
             .ok_or(BackendError::LeaseMismatch)?;
@@ -522,7 +518,7 @@ impl Backend for EtcdBackend {
     /// if the key is still ours and its history as we last wrote it;
     /// otherwise deletes the key alone if it is still ours, and records
     /// nothing. The etcd lease is the agent's, and stays.
-    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> BackendResult<()> {
         let held = self
             .held
             .lock()
@@ -556,7 +552,7 @@ impl Backend for EtcdBackend {
             ));
             then.push(TxnOp::put(
                 history_key.clone(),
-                history::body(&events),
+                history::body(&lease.key, &events),
                 None,
             ));
         }
@@ -565,7 +561,14 @@ impl Backend for EtcdBackend {
             if ended.succeeded() {
                 let revision = ended.header().map(|h| h.revision()).unwrap_or(0);
                 if event.is_some() {
-                    self.keep(&history_key, Kept { revision, events });
+                    self.keep(
+                        &history_key,
+                        Kept {
+                            revision,
+                            events,
+                            key: None,
+                        },
+                    );
                 }
                 return Ok(());
             }
@@ -583,25 +586,25 @@ impl Backend for EtcdBackend {
     /// request per etcd lease its held records are on (one per agent and
     /// TTL, shared by all that agent's keys) for the time it has left:
     /// never one per key. At most [`MOST_NAMES_PER_PAGE`] names a page. A
-    /// released key too long to spell (named by its hash) is not listed:
-    /// only its record said whose it was.
-    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+    /// released key too long to spell (named by its hash) is named by its
+    /// history (see `history`).
+    async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         self.list_page(ask).await
     }
 
-    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
         self.put_report_kv(agent, body).await
     }
 
-    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+    async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
         self.report_kvs().await
     }
 
-    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+    async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
         self.remove_report_kv(agent).await
     }
 
-    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+    async fn history(&self, key: &Key) -> BackendResult<Vec<KeyEvent>> {
         let name = self.history_name(key);
         self.bounded(async {
             let kv = self.read(&name).await?;
@@ -613,7 +616,7 @@ impl Backend for EtcdBackend {
         .await
     }
 
-    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+    async fn inspect(&self, key: &Key) -> BackendResult<KeyRecord> {
         let name = self.name(key);
         self.bounded(async {
             let (kv, kept) = self
@@ -628,7 +631,7 @@ impl Backend for EtcdBackend {
         .await
     }
 
-    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> BackendResult<Adopted> {
         let name = self.name(&lease.key);
         let history_key = self.history_name(&lease.key);
         self.bounded(async {
@@ -676,7 +679,11 @@ impl Backend for EtcdBackend {
                         record.body(),
                         Some(PutOptions::new().with_lease(ours.id)),
                     ),
-                    TxnOp::put(history_key.clone(), history::body(&events), None),
+                    TxnOp::put(
+                        history_key.clone(),
+                        history::body(&lease.key, &events),
+                        None,
+                    ),
                 ]);
             let written = self
                 .connection
@@ -690,17 +697,16 @@ impl Backend for EtcdBackend {
                 return Err(BackendError::LeaseMismatch);
             }
             let revision = written.header().map(|h| h.revision()).unwrap_or(0);
-            self.keep(&history_key, Kept { revision, events });
-            self.hold(&lease.key, &lease.lease_id, ours.id, lease.token, epoch);
-            Ok(Adopted {
-                grant: Grant {
-                    holder,
-                    sent: ours.sent,
-                    lock: None,
-                    displaced: None,
+            self.keep(
+                &history_key,
+                Kept {
+                    revision,
+                    events,
+                    key: None,
                 },
-                ttl,
-            })
+            );
+            self.hold(&lease.key, &lease.lease_id, ours.id, lease.token, epoch);
+            Ok(Adopted::new(holder, ours.sent, ttl))
         })
         .await
     }

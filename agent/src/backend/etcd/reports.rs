@@ -17,7 +17,7 @@ impl EtcdBackend {
         &self,
         agent: &ReportName,
         body: Vec<u8>,
-    ) -> Result<(), BackendError> {
+    ) -> BackendResult<()> {
         let name = format!("{}{}", self.reports_under(), agent.file_name());
         self.bounded(async {
             self.connection
@@ -33,7 +33,7 @@ impl EtcdBackend {
     }
 
     /// [`Backend::reports`]: a request per thousand reports.
-    pub(super) async fn report_kvs(&self) -> Result<Vec<StoredReport>, BackendError> {
+    pub(super) async fn report_kvs(&self) -> BackendResult<Vec<StoredReport>> {
         let under = self.reports_under();
         // invariant: the prefix ends with `/`, which has a successor
         let end = listing::successor(under.as_bytes()).unwrap_or_default();
@@ -75,7 +75,7 @@ impl EtcdBackend {
     }
 
     /// [`Backend::remove_report`].
-    pub(super) async fn remove_report_kv(&self, agent: &ReportName) -> Result<(), BackendError> {
+    pub(super) async fn remove_report_kv(&self, agent: &ReportName) -> BackendResult<()> {
         let name = format!("{}{}", self.reports_under(), agent.file_name());
         self.bounded(async {
             self.connection

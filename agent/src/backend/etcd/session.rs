@@ -14,7 +14,7 @@
 use super::errors::{LeaseGone, Problem};
 use super::lease_seconds;
 use super::transport::Connection;
-use crate::backend::BackendError;
+use crate::backend::{BackendError, BackendResult};
 use runlock_protocol::timing;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -86,7 +86,7 @@ impl Sessions {
     /// The lease to put a new key on, and when it was last kept alive (the
     /// key's clock starts there): the agent's lease for `ttl`, kept alive
     /// first if that was more than TTL/6 ago, or a new one if it is gone.
-    pub(super) async fn for_grant(&self, ttl: Duration) -> Result<(i64, Instant), BackendError> {
+    pub(super) async fn for_grant(&self, ttl: Duration) -> BackendResult<(i64, Instant)> {
         if let Some(session) = self.session(ttl) {
             match self.keep(&session).await {
                 Ok(sent) => return Ok((session.id, sent)),
@@ -118,7 +118,7 @@ impl Sessions {
 
     /// Renews a key on lease `id`: when etcd's clock for it last restarted.
     /// `LeaseMismatch` when that lease is gone (every key on it with it).
-    pub(super) async fn renew(&self, id: i64, ttl: Duration) -> Result<Instant, BackendError> {
+    pub(super) async fn renew(&self, id: i64, ttl: Duration) -> BackendResult<Instant> {
         let Some(session) = self.session(ttl).filter(|s| s.id == id) else {
             // Replaced after etcd said it was gone: so are its keys.
             return Err(BackendError::LeaseMismatch);

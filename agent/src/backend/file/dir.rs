@@ -13,7 +13,7 @@ impl Inner {
 
     /// The open lock directory; reopened (and checked again) from its path if
     /// it was deleted, so that runs go on once it is back.
-    pub(super) fn dir(&self) -> Result<Arc<File>, BackendError> {
+    pub(super) fn dir(&self) -> BackendResult<Arc<File>> {
         // invariant: nothing panics while holding this lock
         let mut dir = self.dir_fd.lock().unwrap_or_else(|e| e.into_inner());
         let gone = dir
@@ -31,7 +31,7 @@ impl Inner {
 
     /// The names in `dir` (those that are UTF-8: every name this backend
     /// writes), unsorted.
-    pub(super) fn names_in(&self, dir: &File) -> Result<Vec<String>, BackendError> {
+    pub(super) fn names_in(&self, dir: &File) -> BackendResult<Vec<String>> {
         let mut listing = nix::dir::Dir::openat(
             Some(dir.as_raw_fd()),
             ".",
@@ -50,7 +50,7 @@ impl Inner {
     }
 
     /// Opens `name` in `dir`, which must exist (see [`Inner::try_open`]).
-    pub(super) fn open(&self, dir: &File, name: &str, flags: OFlag) -> Result<File, BackendError> {
+    pub(super) fn open(&self, dir: &File, name: &str, flags: OFlag) -> BackendResult<File> {
         self.try_open(dir, name, flags)?
             .ok_or_else(|| self.io_error("opening", name, nix::errno::Errno::ENOENT))
     }
@@ -65,7 +65,7 @@ impl Inner {
         dir: &File,
         name: &str,
         flags: OFlag,
-    ) -> Result<Option<File>, BackendError> {
+    ) -> BackendResult<Option<File>> {
         let fd = nix::fcntl::openat(
             Some(dir.as_raw_fd()),
             name,
@@ -104,12 +104,7 @@ impl Inner {
     }
 
     /// Whether `name` in `dir` is still `file` (not replaced by a force, or removed).
-    pub(super) fn same_inode(
-        &self,
-        dir: &File,
-        file: &File,
-        name: &str,
-    ) -> Result<bool, BackendError> {
+    pub(super) fn same_inode(&self, dir: &File, file: &File, name: &str) -> BackendResult<bool> {
         let ours = file
             .metadata()
             .map_err(|e| self.io_error("checking", name, e))?;
@@ -124,11 +119,7 @@ impl Inner {
     /// `None` when `.force.lock` is not a plain file (a planted link): a
     /// force is refused, and a plain acquisition goes ahead without it, as
     /// no agent can force through that gate, so none needs ordering against.
-    pub(super) fn open_gate(
-        &self,
-        dir: &File,
-        exclusive: bool,
-    ) -> Result<Option<File>, BackendError> {
+    pub(super) fn open_gate(&self, dir: &File, exclusive: bool) -> BackendResult<Option<File>> {
         let gate = match self.open(dir, GATE_FILE, OFlag::O_RDWR | OFlag::O_CREAT) {
             Ok(gate) => gate,
             Err(BackendError::Corrupt(why)) if !exclusive => {

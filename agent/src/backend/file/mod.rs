@@ -51,9 +51,9 @@ mod view;
 use super::history::{self, Stamp};
 use super::key_name;
 use super::{
-    AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced, Ending, Grant,
-    LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile, Profiled, Renewed, ReportName,
-    StoredReport,
+    AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities, Displaced,
+    Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile, Profiled, Renewed,
+    ReportName, StoredReport,
 };
 use anyhow::Context as _;
 use async_trait::async_trait;
@@ -176,8 +176,8 @@ impl FileBackend {
     /// blocking pool.
     async fn blocking<T: Send + 'static>(
         &self,
-        op: impl FnOnce(&Inner) -> Result<T, BackendError> + Send + 'static,
-    ) -> Result<T, BackendError> {
+        op: impl FnOnce(&Inner) -> BackendResult<T> + Send + 'static,
+    ) -> BackendResult<T> {
         use tokio::runtime::{Handle, RuntimeFlavor};
         if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
             return tokio::task::block_in_place(|| op(&self.inner));
@@ -211,7 +211,7 @@ impl Inner {
     }
 
     /// The key's record; `None` when it was never written.
-    fn read_record(&self, file: &File, name: &str) -> Result<Option<FileRecord>, BackendError> {
+    fn read_record(&self, file: &File, name: &str) -> BackendResult<Option<FileRecord>> {
         let bytes = read_bytes(file).map_err(|e| self.io_error("reading", name, e))?;
         if bytes.is_empty() {
             return Ok(None);
@@ -233,14 +233,14 @@ impl Inner {
         name: &str,
         record: &FileRecord,
         durable: bool,
-    ) -> Result<(), BackendError> {
+    ) -> BackendResult<()> {
         let new = file.metadata().map(|m| m.len() == 0).unwrap_or(false);
         write_record(file, record, durable || new)
             .and_then(|_| if new { dir.sync_all() } else { Ok(()) })
             .map_err(|e| self.io_error("writing", name, e))
     }
 
-    fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+    fn acquire(&self, spec: &AcquireSpec) -> BackendResult<Grant> {
         let sent = tokio::time::Instant::now();
         let dir = self.dir()?;
         let _gate = self.open_gate(&dir, spec.force)?;
@@ -312,7 +312,7 @@ impl Inner {
         lock: &File,
         lock_name: &str,
         name: &str,
-    ) -> Result<bool, BackendError> {
+    ) -> BackendResult<bool> {
         let attempt = || {
             flock(lock, libc::LOCK_EX | libc::LOCK_NB)
                 .map_err(|e| self.io_error("locking", lock_name, e))
@@ -338,7 +338,7 @@ impl Inner {
     /// once its writer is done (a holder takes the lock before it writes);
     /// or, should the holder let go meanwhile, the lock, taken: waiting on
     /// for a held record would keep a waiter from a free key.
-    fn holder_record(&self, dir: &File, lock: &File, name: &str) -> Result<Refused, BackendError> {
+    fn holder_record(&self, dir: &File, lock: &File, name: &str) -> BackendResult<Refused> {
         let Some(file) = self.try_open(dir, name, OFlag::O_RDONLY)? else {
             return Ok(Refused::Held(None));
         };
@@ -370,7 +370,7 @@ impl Inner {
     }
 
     /// A duplicate of a held lock file's description, for the run.
-    fn run_copy(&self, lock: &File, lock_name: &str) -> Result<OwnedFd, BackendError> {
+    fn run_copy(&self, lock: &File, lock_name: &str) -> BackendResult<OwnedFd> {
         lock.try_clone()
             .map(OwnedFd::from)
             .map_err(|e| self.io_error("duplicating", lock_name, e))
@@ -385,7 +385,7 @@ impl Inner {
         spec: &AcquireSpec,
         current: Option<FileRecord>,
         old: File,
-    ) -> Result<Grant, BackendError> {
+    ) -> BackendResult<Grant> {
         let (name, lock_name) = (file_name(&spec.key), lock_name(&spec.key));
         // A lock with no held record beside it (a run's leftover process that
         // locked its descriptor again) is taken over from the record as it is.
@@ -446,7 +446,7 @@ impl Inner {
         })
     }
 
-    fn renew(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    fn renew(&self, lease: &LeaseRef) -> BackendResult<()> {
         let dir = self.dir()?;
         let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
         let held = held
@@ -465,7 +465,7 @@ impl Inner {
     /// key's current lock file and the record still names the lease: the
     /// run may have dropped the lock already, and then someone else may
     /// hold the key.
-    fn release(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
+    fn release(&self, lease: &LeaseRef, ending: &Ending) -> BackendResult<()> {
         let Some(held) = self
             .held
             .lock()
@@ -497,7 +497,7 @@ impl Inner {
         lease: &LeaseRef,
         agent_id: &str,
         ending: &Ending,
-    ) -> Result<(), BackendError> {
+    ) -> BackendResult<()> {
         let Some(file) = self.try_open(dir, name, OFlag::O_RDWR)? else {
             return Ok(());
         };
@@ -523,7 +523,7 @@ impl Inner {
     /// and the adopter's user, and the key's lock file must still be locked
     /// (by the run). A free lock means the run has ended: the lease is over,
     /// whatever its record still says, and is not adopted.
-    fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
+    fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> BackendResult<Adopted> {
         let (name, lock_name) = (file_name(&lease.key), lock_name(&lease.key));
         let dir = self.dir()?;
         // Exclusive, as for a force: no acquisition is then between taking
@@ -572,15 +572,7 @@ impl Inner {
         self.write(&dir, &file, &name, &record, false)?;
         let ttl = Duration::from_millis(record.store.ttl_ms.unwrap_or(60_000));
         self.remember(&lease.lease_id, lock, &by.agent_id);
-        Ok(Adopted {
-            grant: Grant {
-                holder,
-                sent: tokio::time::Instant::now(),
-                lock: None,
-                displaced: None,
-            },
-            ttl,
-        })
+        Ok(Adopted::new(holder, tokio::time::Instant::now(), ttl))
     }
 }
 
@@ -604,35 +596,35 @@ impl Profiled for FileBackend {
 
 #[async_trait]
 impl Backend for FileBackend {
-    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+    async fn acquire(&self, spec: &AcquireSpec) -> BackendResult<Grant> {
         let spec = spec.clone();
         self.blocking(move |inner| inner.acquire(&spec)).await
     }
 
-    async fn renew(&self, lease: &LeaseRef, _ttl: Duration) -> Result<Renewed, BackendError> {
+    async fn renew(&self, lease: &LeaseRef, _ttl: Duration) -> BackendResult<Renewed> {
         let lease = lease.clone();
         self.blocking(move |inner| inner.renew(&lease))
             .await
             .map(|()| Renewed::ByThisCall)
     }
 
-    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> BackendResult<()> {
         let (lease, ending) = (lease.clone(), ending.clone());
         self.blocking(move |inner| inner.release(&lease, &ending))
             .await
     }
 
-    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+    async fn history(&self, key: &Key) -> BackendResult<Vec<KeyEvent>> {
         let key = key.clone();
         self.blocking(move |inner| inner.history(&key)).await
     }
 
-    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+    async fn inspect(&self, key: &Key) -> BackendResult<KeyRecord> {
         let key = key.clone();
         self.blocking(move |inner| inner.inspect(&key)).await
     }
 
-    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+    async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         let (prefix, from, limit) = (ask.prefix.to_string(), ask.from.clone(), ask.limit);
         self.blocking(move |inner: &Inner| {
             inner.list(PageAsk {
@@ -644,21 +636,17 @@ impl Backend for FileBackend {
         .await
     }
 
-    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> BackendResult<Adopted> {
         let (lease, by) = (lease.clone(), by.clone());
         self.blocking(move |inner| inner.adopt(&lease, &by)).await
     }
 
     /// Nothing to say: the run's lock is the word.
-    async fn confirm_stopped(&self, _: &LeaseRef) -> Result<(), BackendError> {
+    async fn confirm_stopped(&self, _: &LeaseRef) -> BackendResult<()> {
         Ok(())
     }
 
-    async fn displaced_stopped(
-        &self,
-        _: &Key,
-        displaced: &Displaced,
-    ) -> Result<bool, BackendError> {
+    async fn displaced_stopped(&self, _: &Key, displaced: &Displaced) -> BackendResult<bool> {
         let Some(old) = &displaced.lock else {
             return Ok(true);
         };
@@ -671,17 +659,17 @@ impl Backend for FileBackend {
         Ok(free)
     }
 
-    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
         let agent = agent.clone();
         self.blocking(move |inner| inner.put_report(&agent, &body))
             .await
     }
 
-    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+    async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
         self.blocking(|inner| inner.reports()).await
     }
 
-    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+    async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
         let agent = agent.clone();
         self.blocking(move |inner| inner.remove_report(&agent))
             .await

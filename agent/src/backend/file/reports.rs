@@ -14,7 +14,7 @@ fn report_file(agent: &ReportName) -> String {
 
 impl Inner {
     /// [`Backend::put_report`].
-    pub(super) fn put_report(&self, agent: &ReportName, body: &[u8]) -> Result<(), BackendError> {
+    pub(super) fn put_report(&self, agent: &ReportName, body: &[u8]) -> BackendResult<()> {
         let dir = self.dir()?;
         let name = report_file(agent);
         let temp = format!(".report-{}", uuid::Uuid::new_v4());
@@ -44,7 +44,7 @@ impl Inner {
     }
 
     /// [`Backend::reports`]: a report that cannot be read is listed with why.
-    pub(super) fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+    pub(super) fn reports(&self) -> BackendResult<Vec<StoredReport>> {
         let dir = self.dir()?;
         let names: Vec<ReportName> = (self.names_in(&dir)?.iter())
             .filter_map(|name| ReportName::from_file_name(name.strip_prefix(REPORT_PREFIX)?))
@@ -72,7 +72,7 @@ impl Inner {
     }
 
     /// [`Backend::remove_report`].
-    pub(super) fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+    pub(super) fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
         let dir = self.dir()?;
         let name = report_file(agent);
         match nix::unistd::unlinkat(

@@ -4,7 +4,7 @@
 use super::*;
 
 impl Inner {
-    pub(super) fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+    pub(super) fn history(&self, key: &Key) -> BackendResult<Vec<KeyEvent>> {
         let name = file_name(key);
         let dir = self.dir()?;
         let Some(file) = self.try_open(&dir, &name, OFlag::O_RDONLY)? else {
@@ -15,7 +15,7 @@ impl Inner {
         Ok(record.map(|r| r.history).unwrap_or_default())
     }
 
-    pub(super) fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+    pub(super) fn inspect(&self, key: &Key) -> BackendResult<KeyRecord> {
         let name = file_name(key);
         let dir = self.dir()?;
         let Some(file) = self.try_open(&dir, &name, OFlag::O_RDONLY)? else {
@@ -35,7 +35,7 @@ impl Inner {
         dir: &File,
         key: &Key,
         record: FileRecord,
-    ) -> Result<KeyRecord, BackendError> {
+    ) -> BackendResult<KeyRecord> {
         let mut answer = KeyRecord::free(key, Scope::Host);
         answer.token = record.token;
         answer.incident = history::last_incident(&record.history);
@@ -63,7 +63,7 @@ impl Inner {
 
     /// A page of the records whose names `from` lists, in name order (a
     /// key's name without `.lock`, so that its slots follow it).
-    pub(super) fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+    pub(super) fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         let (prefix, from, limit) = (ask.prefix, ask.from, ask.limit);
         let Some(wanted) = key_name::listed_names(prefix, from.hashed) else {
             return Ok(ListPage::default());
@@ -115,7 +115,7 @@ impl Inner {
         dir: &File,
         wanted: &str,
         after: Option<&str>,
-    ) -> Result<Vec<String>, BackendError> {
+    ) -> BackendResult<Vec<String>> {
         let names = self.names_in(dir)?.into_iter().filter_map(|name| {
             let stem = name.strip_suffix(".lock")?;
             // Our own dot files (the force gate) are no key's.

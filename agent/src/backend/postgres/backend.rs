@@ -6,9 +6,9 @@ use super::settings::Settings;
 use super::sql::{self, Sql};
 use crate::backend::history;
 use crate::backend::{
-    redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, Capabilities, Displaced,
-    Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, PostgresOptions, Profile,
-    Profiled, Renewed, ReportName, StoredReport,
+    redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities,
+    Displaced, Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, PostgresOptions,
+    Profile, Profiled, Renewed, ReportName, StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -31,17 +31,35 @@ fn millis(d: Duration) -> i64 {
 fn column<'a, T: tokio_postgres::types::FromSql<'a>>(
     row: &'a tokio_postgres::Row,
     index: usize,
-) -> Result<T, BackendError> {
+) -> BackendResult<T> {
     row.try_get(index)
         .map_err(|err| BackendError::Corrupt(format!("unexpected answer from PostgreSQL: {err}")))
 }
+
+/// A row's first columns, as a tuple of their types (see [`column`]).
+trait Columns<'a>: Sized {
+    fn of(row: &'a tokio_postgres::Row) -> BackendResult<Self>;
+}
+
+macro_rules! columns {
+    ($($type:ident $index:tt),+) => {
+        impl<'a, $($type: tokio_postgres::types::FromSql<'a>),+> Columns<'a> for ($($type,)+) {
+            fn of(row: &'a tokio_postgres::Row) -> BackendResult<Self> {
+                Ok(($(column(row, $index)?,)+))
+            }
+        }
+    };
+}
+columns!(A 0, B 1);
+columns!(A 0, B 1, C 2, D 3, E 4);
+columns!(A 0, B 1, C 2, D 3, E 4, F 5);
 
 /// A lease's token as the table stores it; one no row can have matches nothing.
 fn stored_token(lease: &LeaseRef) -> i64 {
     i64::try_from(lease.token).unwrap_or(-1)
 }
 
-fn token(value: i64, key: &Key) -> Result<u64, BackendError> {
+fn token(value: i64, key: &Key) -> BackendResult<u64> {
     u64::try_from(value)
         .map_err(|_| BackendError::Corrupt(format!("the row of {key:?} has token {value}")))
 }
@@ -74,11 +92,7 @@ impl PostgresBackend {
     }
 
     /// A forced row's `displaced`: the holder and TTL of the lease it took over.
-    fn displaced(
-        &self,
-        key: &Key,
-        text: Option<String>,
-    ) -> Result<Option<Displaced>, BackendError> {
+    fn displaced(&self, key: &Key, text: Option<String>) -> BackendResult<Option<Displaced>> {
         #[derive(serde::Deserialize)]
         struct Column {
             holder: Holder,
@@ -99,7 +113,7 @@ impl PostgresBackend {
         }))
     }
 
-    fn holder(&self, key: &Key, text: Option<String>) -> Result<Option<Holder>, BackendError> {
+    fn holder(&self, key: &Key, text: Option<String>) -> BackendResult<Option<Holder>> {
         text.map(|text| {
             serde_json::from_str(&text).map_err(|err| {
                 BackendError::Corrupt(format!(
@@ -119,7 +133,7 @@ impl PostgresBackend {
         &self,
         key: &Key,
         statement: fn(&sql::Statements) -> &sql::Statement,
-    ) -> Result<Option<tokio_postgres::Row>, BackendError> {
+    ) -> BackendResult<Option<tokio_postgres::Row>> {
         let name = key.as_str();
         let (row, _) = self
             .session
@@ -139,7 +153,7 @@ impl PostgresBackend {
         key: &str,
         token: i64,
         statement: fn(&sql::Statements) -> &sql::Statement,
-    ) -> Result<Vec<tokio_postgres::Row>, BackendError> {
+    ) -> BackendResult<Vec<tokio_postgres::Row>> {
         let (rows, _) = self
             .session
             .run(|link, statements| async move {
@@ -158,7 +172,7 @@ impl PostgresBackend {
         &self,
         key: &Key,
         row: &tokio_postgres::Row,
-    ) -> Result<(KeyRecord, Vec<KeyEvent>), BackendError> {
+    ) -> BackendResult<(KeyRecord, Vec<KeyEvent>)> {
         let (state, token_value, holder, expired, expires_in_ms, events): (
             String,
             i64,
@@ -166,14 +180,7 @@ impl PostgresBackend {
             bool,
             i64,
             Option<String>,
-        ) = (
-            column(row, 0)?,
-            column(row, 1)?,
-            column(row, 2)?,
-            column(row, 3)?,
-            column(row, 4)?,
-            column(row, 5)?,
-        );
+        ) = Columns::of(row)?;
         let mut record = KeyRecord::free(key, Scope::Global);
         record.token = token(token_value, key)?;
         let events = self.history_of(key, events)?;
@@ -187,7 +194,7 @@ impl PostgresBackend {
     }
 
     /// A row's history column, read.
-    fn history_of(&self, key: &Key, text: Option<String>) -> Result<Vec<KeyEvent>, BackendError> {
+    fn history_of(&self, key: &Key, text: Option<String>) -> BackendResult<Vec<KeyEvent>> {
         let Some(text) = text else {
             return Ok(Vec::new());
         };
@@ -220,7 +227,7 @@ impl Profiled for PostgresBackend {
 
 #[async_trait]
 impl Backend for PostgresBackend {
-    async fn acquire(&self, spec: &AcquireSpec) -> Result<Grant, BackendError> {
+    async fn acquire(&self, spec: &AcquireSpec) -> BackendResult<Grant> {
         // invariant: a Holder always serializes (plain strings and numbers)
         let holder = serde_json::to_string(&spec.holder).unwrap_or_default();
         let (key, ttl, grace) = (spec.key.as_str(), millis(spec.ttl), millis(grace(spec.ttl)));
@@ -254,13 +261,7 @@ impl Backend for PostgresBackend {
                 Option<String>,
                 Option<String>,
                 Option<String>,
-            ) = (
-                column(row, 0)?,
-                column(row, 1)?,
-                column(row, 2)?,
-                column(row, 3)?,
-                column(row, 4)?,
-            );
+            ) = Columns::of(row)?;
             let recorded = self.holder(&spec.key, holder_text)?;
             if !taken {
                 let history = self.history_of(&spec.key, history)?;
@@ -282,18 +283,14 @@ impl Backend for PostgresBackend {
         Err(BackendError::Held(None, None))
     }
 
-    async fn confirm_stopped(&self, lease: &LeaseRef) -> Result<(), BackendError> {
+    async fn confirm_stopped(&self, lease: &LeaseRef) -> BackendResult<()> {
         let (key, token) = (lease.key.as_str(), stored_token(lease));
         self.rows_of_token(key, token, |statements| &statements.stopped)
             .await?;
         Ok(())
     }
 
-    async fn displaced_stopped(
-        &self,
-        key: &Key,
-        displaced: &Displaced,
-    ) -> Result<bool, BackendError> {
+    async fn displaced_stopped(&self, key: &Key, displaced: &Displaced) -> BackendResult<bool> {
         let (key, token) = (
             key.as_str(),
             i64::try_from(displaced.token).unwrap_or(i64::MAX),
@@ -304,7 +301,7 @@ impl Backend for PostgresBackend {
         Ok(!taken.is_empty())
     }
 
-    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> Result<(), BackendError> {
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
         let agent = agent.as_str();
         let report = String::from_utf8(body)
             .map_err(|_| BackendError::Corrupt("a report must be UTF-8 JSON".to_string()))?;
@@ -322,7 +319,7 @@ impl Backend for PostgresBackend {
     }
 
     /// One statement for every report.
-    async fn reports(&self) -> Result<Vec<StoredReport>, BackendError> {
+    async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
         let (rows, _) = self
             .session
             .run(
@@ -332,7 +329,7 @@ impl Backend for PostgresBackend {
             .map_err(BackendError::Unavailable)?;
         let mut reports = Vec::with_capacity(rows.len());
         for row in &rows {
-            let (agent, report): (String, String) = (column(row, 0)?, column(row, 1)?);
+            let (agent, report): (String, String) = Columns::of(row)?;
             // A row no agent wrote (its id is no agent's) is none of ours to show.
             if let Some(agent) = ReportName::new(&agent) {
                 reports.push(StoredReport::read(agent, report.into_bytes()));
@@ -341,7 +338,7 @@ impl Backend for PostgresBackend {
         Ok(reports)
     }
 
-    async fn remove_report(&self, agent: &ReportName) -> Result<(), BackendError> {
+    async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
         let agent = agent.as_str();
         self.session
             .run(|link, statements| async move {
@@ -355,7 +352,7 @@ impl Backend for PostgresBackend {
         Ok(())
     }
 
-    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> Result<Renewed, BackendError> {
+    async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> BackendResult<Renewed> {
         let (key, token) = (lease.key.as_str(), stored_token(lease));
         let (ttl, grace) = (millis(ttl), millis(grace(ttl)));
         let (renewed, _) = self
@@ -374,7 +371,7 @@ impl Backend for PostgresBackend {
         Ok(Renewed::ByThisCall)
     }
 
-    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> Result<(), BackendError> {
+    async fn end(&self, lease: &LeaseRef, ending: &Ending) -> BackendResult<()> {
         let (key, token) = (lease.key.as_str(), stored_token(lease));
         // The event as the statement writes it: its kind and why.
         let (kind, reason) = match ending.kind() {
@@ -393,7 +390,7 @@ impl Backend for PostgresBackend {
         Ok(())
     }
 
-    async fn inspect(&self, key: &Key) -> Result<KeyRecord, BackendError> {
+    async fn inspect(&self, key: &Key) -> BackendResult<KeyRecord> {
         match self.row_of(key, |statements| &statements.inspect).await? {
             Some(row) => Ok(self.shown(key, &row)?.0),
             None => Ok(KeyRecord::free(key, Scope::Global)),
@@ -402,7 +399,7 @@ impl Backend for PostgresBackend {
 
     /// One statement a page: the rows whose key starts with `prefix`, after
     /// `from.after`, in byte order.
-    async fn list(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+    async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         let (prefix, from, limit) = (ask.prefix, ask.from, ask.limit);
         let pattern = sql::like_prefix(prefix);
         let after = from.after.as_deref();
@@ -442,14 +439,14 @@ impl Backend for PostgresBackend {
         Ok(ListPage { records, next })
     }
 
-    async fn history(&self, key: &Key) -> Result<Vec<KeyEvent>, BackendError> {
+    async fn history(&self, key: &Key) -> BackendResult<Vec<KeyEvent>> {
         match self.row_of(key, |statements| &statements.history).await? {
             Some(row) => self.history_of(key, column(&row, 0)?),
             None => Ok(Vec::new()),
         }
     }
 
-    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> Result<Adopted, BackendError> {
+    async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> BackendResult<Adopted> {
         let (key, token) = (lease.key.as_str(), stored_token(lease));
         let (agent_id, uid) = (by.agent_id.as_str(), i64::from(by.uid));
         let (row, sent) = self
@@ -473,14 +470,10 @@ impl Backend for PostgresBackend {
                 lease.key, self.table
             ))
         })?;
-        Ok(Adopted {
-            grant: Grant {
-                holder,
-                sent,
-                lock: None,
-                displaced: None,
-            },
-            ttl: Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0)),
-        })
+        Ok(Adopted::new(
+            holder,
+            sent,
+            Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0)),
+        ))
     }
 }

@@ -19,7 +19,7 @@ mod settings;
 #[cfg(test)]
 mod tests;
 
-use super::{CasError, CasStore, Names, Precondition, Read, Site, Stored};
+use super::{CasError, CasResult, CasStore, Names, Precondition, Read, Site, Stored};
 use crate::backend::retry::{TIMEOUTS, TRANSIENT};
 use crate::backend::{redact_uri, AzureOptions};
 use async_trait::async_trait;
@@ -143,7 +143,7 @@ impl AzureStore {
         &self,
         name: &str,
         operation: impl std::future::Future<Output = T>,
-    ) -> Result<T, CasError> {
+    ) -> CasResult<T> {
         tokio::time::timeout(TIMEOUTS.operation, operation)
             .await
             .map_err(|_| {
@@ -165,12 +165,12 @@ impl CasStore for AzureStore {
 
     /// Checks that the container answers and the key is accepted, by reading a
     /// blob that need not exist (the same permission the engine needs).
-    async fn probe(&self) -> Result<(), CasError> {
+    async fn probe(&self) -> CasResult<()> {
         let name = format!("{}probe", self.site.records);
         self.get(&name).await.map(|_| ())
     }
 
-    async fn get(&self, name: &str) -> Result<Read, CasError> {
+    async fn get(&self, name: &str) -> CasResult<Read> {
         let read = async {
             let mut pages = self.container.blob_client(name).get().into_stream();
             let first = match pages.next().await {
@@ -211,13 +211,8 @@ impl CasStore for AzureStore {
         })
     }
 
-    async fn put(
-        &self,
-        name: &str,
-        body: Vec<u8>,
-        only_if: Precondition<'_>,
-    ) -> Result<String, CasError> {
-        let version = only_if.version();
+    async fn put(&self, name: &str, body: Vec<u8>, when: Precondition<'_>) -> CasResult<String> {
+        let version = when.version();
         let condition = match version {
             None => IfMatchCondition::NotMatch("*".into()),
             Some(etag) => IfMatchCondition::Match(etag.into()),
@@ -239,12 +234,7 @@ impl CasStore for AzureStore {
         }
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        page: Option<&str>,
-        limit: usize,
-    ) -> Result<Names, CasError> {
+    async fn list(&self, prefix: &str, page: Option<&str>, limit: usize) -> CasResult<Names> {
         let mut request = self.container.list_blobs().prefix(prefix.to_string());
         if let Some(most) = u32::try_from(limit)
             .ok()
@@ -292,7 +282,7 @@ impl CasStore for AzureStore {
         }
     }
 
-    async fn delete(&self, name: &str) -> Result<(), CasError> {
+    async fn delete(&self, name: &str) -> CasResult<()> {
         let request = self.container.blob_client(name).delete().into_future();
         match self.bounded(name, request).await? {
             Ok(_) => Ok(()),

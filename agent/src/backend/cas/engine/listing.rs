@@ -3,14 +3,14 @@
 
 use super::{unavailable, CasEngine, CasRecord, LIST_READS_IN_FLIGHT, RECORD_SUFFIX};
 use crate::backend::cas::{Read, Stored};
-use crate::backend::{history, key_name, BackendError, ListFrom, ListPage, Listed, PageAsk};
+use crate::backend::{history, key_name, BackendResult, ListFrom, ListPage, Listed, PageAsk};
 use futures::StreamExt;
 use runlock_protocol::{Key, KeyEvent, KeyRecord, KeyState, Scope};
 use std::time::{Duration, SystemTime};
 
 impl CasEngine {
     /// [`crate::backend::Backend::list`] of the records under this engine's prefix.
-    pub(super) async fn list_page(&self, ask: PageAsk<'_>) -> Result<ListPage, BackendError> {
+    pub(super) async fn list_page(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         let (prefix, from, limit) = (ask.prefix, ask.from, ask.limit);
         let Some(spelled) = key_name::listed_names(prefix, from.hashed) else {
             return Ok(ListPage::default());
@@ -70,7 +70,7 @@ impl CasEngine {
         key: &Key,
         name: &str,
         read: Read,
-    ) -> Result<(KeyRecord, Vec<KeyEvent>), BackendError> {
+    ) -> BackendResult<(KeyRecord, Vec<KeyEvent>)> {
         let Some(stored) = &read.object else {
             return Ok((KeyRecord::free(key, Scope::Global), Vec::new()));
         };
@@ -112,7 +112,7 @@ impl CasEngine {
         &self,
         full: &str,
         version: Option<&str>,
-    ) -> Result<Read, BackendError> {
+    ) -> BackendResult<Read> {
         if let Some(read) = version.and_then(|version| self.listed_reads.get(full, version)) {
             return Ok(read);
         }
@@ -124,11 +124,7 @@ impl CasEngine {
     /// The record named `name` (below the records' prefix) for a listing,
     /// read again only if the listing's `version` says it changed; `None`
     /// when it is gone. A store that fails the read fails the page.
-    async fn listed(
-        &self,
-        name: &str,
-        version: Option<&str>,
-    ) -> Result<Option<Listed>, BackendError> {
+    async fn listed(&self, name: &str, version: Option<&str>) -> BackendResult<Option<Listed>> {
         let full = format!("{}{name}", self.prefix);
         let read = self.read_unless_unchanged(&full, version).await?;
         let Some(stored) = &read.object else {

@@ -5,7 +5,7 @@
 
 use super::{unavailable, CasEngine, LIST_READS_IN_FLIGHT};
 use crate::backend::cas::{CasError, Precondition, Read};
-use crate::backend::{BackendError, ReportName, StoredReport};
+use crate::backend::{BackendResult, ReportName, StoredReport};
 use futures::StreamExt;
 
 /// Names asked of the store at once when listing reports.
@@ -35,7 +35,7 @@ impl CasEngine {
         &self,
         agent: &ReportName,
         body: Vec<u8>,
-    ) -> Result<(), BackendError> {
+    ) -> BackendResult<()> {
         let name = self.report_name(agent);
         let mut version = self.report_version.lock().await;
         let written = match self
@@ -61,7 +61,7 @@ impl CasEngine {
     }
 
     /// Every report the store keeps, read again only where it changed.
-    pub(super) async fn report_objects(&self) -> Result<Vec<StoredReport>, BackendError> {
+    pub(super) async fn report_objects(&self) -> BackendResult<Vec<StoredReport>> {
         let mut names = Vec::new();
         let mut page = None;
         loop {
@@ -86,7 +86,7 @@ impl CasEngine {
             // Removed between the listing and the read: nothing to report.
             Ok(read.object.map(|o| StoredReport::read(agent, o.body)))
         });
-        let read: Vec<Result<Option<StoredReport>, BackendError>> = futures::stream::iter(reads)
+        let read: Vec<BackendResult<Option<StoredReport>>> = futures::stream::iter(reads)
             .buffered(LIST_READS_IN_FLIGHT)
             .collect()
             .await;
@@ -99,10 +99,7 @@ impl CasEngine {
     }
 
     /// Removes an agent's report.
-    pub(super) async fn remove_report_object(
-        &self,
-        agent: &ReportName,
-    ) -> Result<(), BackendError> {
+    pub(super) async fn remove_report_object(&self, agent: &ReportName) -> BackendResult<()> {
         self.store
             .delete(&self.report_name(agent))
             .await

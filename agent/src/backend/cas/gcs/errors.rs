@@ -80,39 +80,34 @@ impl GcsStore {
     pub(super) fn credentials_hint(&self) -> String {
         match &self.credentials {
             Credentials::Emulator => format!("{EMULATOR_ENV} names an emulator: none are sent"),
-            Credentials::KeyFile { path, setting, .. } => {
-                format!(
-                    "the service-account key {} named by {setting}",
-                    path.display()
-                )
-            }
-            Credentials::Inline(key) => format!(
-                "the service-account key of {} from {}",
-                key.client_email, key.setting
-            ),
             Credentials::Default(_) => "GOOGLE_APPLICATION_CREDENTIALS, `gcloud auth \
                                         application-default login`, or the instance's service \
                                         account"
                 .to_string(),
+            _ => self.key_named(),
+        }
+    }
+
+    /// The service-account key the credentials are, named for a message
+    /// (never quoted); for the others, where they are looked for.
+    fn key_named(&self) -> String {
+        match &self.credentials {
+            Credentials::KeyFile { path, setting, .. } => format!(
+                "the service-account key {} named by {setting}",
+                path.display()
+            ),
+            Credentials::Inline(key) => format!(
+                "the service-account key of {} from {}",
+                key.client_email, key.setting
+            ),
+            _ => "Application Default Credentials".to_string(),
         }
     }
 
     /// A credentials source that cannot be used: the file is missing or is not
     /// a service-account key, or none is found. Never quotes the file.
     pub(super) fn credentials_error(&self, err: &gcp_auth::Error) -> CasError {
-        let source = match &self.credentials {
-            Credentials::KeyFile { path, setting, .. } => {
-                format!(
-                    "the service-account key {} named by {setting}",
-                    path.display()
-                )
-            }
-            Credentials::Inline(key) => format!(
-                "the service-account key of {} from {}",
-                key.client_email, key.setting
-            ),
-            _ => "Application Default Credentials".to_string(),
-        };
+        let source = self.key_named();
         let why = match err {
             gcp_auth::Error::Io(_, io) => format!("cannot read it: {io}"),
             gcp_auth::Error::Json(_, json) => {

@@ -27,7 +27,7 @@ mod transport;
 
 pub use settings::EMULATOR_ENV;
 
-use super::{CasError, CasStore, Names, Precondition, Read, Site, Stored};
+use super::{CasError, CasResult, CasStore, Names, Precondition, Read, Site, Stored};
 use crate::backend::{redact_uri, GcsOptions};
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -58,7 +58,7 @@ pub struct GcsStore {
 impl GcsStore {
     /// The answer to a listing of the bucket's objects with `query`, `what`
     /// naming it in errors: a missing bucket is a bare 404 here.
-    async fn listing(&self, query: &str, what: &str) -> Result<Answer, CasError> {
+    async fn listing(&self, query: &str, what: &str) -> CasResult<Answer> {
         let url = format!(
             "{}/storage/v1/b/{}/o?{query}",
             self.api,
@@ -146,12 +146,7 @@ impl GcsStore {
 
     /// A multipart upload of `body` as object `name`, only if its generation is
     /// `generation` (0: only if it does not exist).
-    async fn upload(
-        &self,
-        name: &str,
-        body: Vec<u8>,
-        generation: &str,
-    ) -> Result<String, CasError> {
+    async fn upload(&self, name: &str, body: Vec<u8>, generation: &str) -> CasResult<String> {
         let url = format!(
             "{}/upload/storage/v1/b/{}/o?uploadType=multipart&ifGenerationMatch={}&fields=generation",
             self.api,
@@ -203,7 +198,7 @@ impl CasStore for GcsStore {
 
     /// Checks that the bucket answers and lets us list the records' prefix;
     /// the error names the cause.
-    async fn probe(&self) -> Result<(), CasError> {
+    async fn probe(&self) -> CasResult<()> {
         let query = format!(
             "maxResults=1&fields=kind&prefix={}",
             encode(&self.site.records)
@@ -212,7 +207,7 @@ impl CasStore for GcsStore {
         self.listing(&query, &what).await.map(|_| ())
     }
 
-    async fn get(&self, name: &str) -> Result<Read, CasError> {
+    async fn get(&self, name: &str) -> CasResult<Read> {
         let url = format!(
             "{}/storage/v1/b/{}/o/{}?alt=media",
             self.api,
@@ -262,23 +257,12 @@ impl CasStore for GcsStore {
         })
     }
 
-    async fn put(
-        &self,
-        name: &str,
-        body: Vec<u8>,
-        only_if: Precondition<'_>,
-    ) -> Result<String, CasError> {
+    async fn put(&self, name: &str, body: Vec<u8>, when: Precondition<'_>) -> CasResult<String> {
         // Generation 0: only if there is none.
-        self.upload(name, body, only_if.version().unwrap_or("0"))
-            .await
+        self.upload(name, body, when.version().unwrap_or("0")).await
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        page: Option<&str>,
-        limit: usize,
-    ) -> Result<Names, CasError> {
+    async fn list(&self, prefix: &str, page: Option<&str>, limit: usize) -> CasResult<Names> {
         let mut query = format!(
             "prefix={}&maxResults={limit}&fields=items(name,generation),nextPageToken",
             encode(prefix)
@@ -316,7 +300,7 @@ impl CasStore for GcsStore {
         })
     }
 
-    async fn delete(&self, name: &str) -> Result<(), CasError> {
+    async fn delete(&self, name: &str) -> CasResult<()> {
         let url = format!(
             "{}/storage/v1/b/{}/o/{}",
             self.api,

@@ -5,7 +5,7 @@
 use super::errors::retryable;
 use super::settings::Credentials;
 use super::GcsStore;
-use crate::backend::cas::{root_cause, CasError};
+use crate::backend::cas::{root_cause, CasError, CasResult};
 use crate::backend::retry::{TIMEOUTS, TRANSIENT};
 use bytes::Bytes;
 use gcp_auth::{CustomServiceAccount, TokenProvider};
@@ -45,7 +45,7 @@ pub(super) struct Answer {
 
 impl GcsStore {
     /// An access token for the next request; `None` for an emulator.
-    pub(super) async fn token(&self) -> Result<Option<String>, CasError> {
+    pub(super) async fn token(&self) -> CasResult<Option<String>> {
         let token = match &self.credentials {
             Credentials::Emulator => return Ok(None),
             Credentials::KeyFile {
@@ -96,7 +96,7 @@ impl GcsStore {
         request: impl Fn() -> hyper::http::request::Builder,
         body: Bytes,
         content_type: Option<&str>,
-    ) -> Result<Answer, CasError> {
+    ) -> CasResult<Answer> {
         let deadline = Instant::now() + TIMEOUTS.operation;
         let token = match tokio::time::timeout_at(deadline, self.token()).await {
             Ok(token) => token?,

@@ -16,7 +16,7 @@ mod settings;
 mod tests;
 mod transport;
 
-use super::{CasError, CasStore, Names, Precondition, Read, Site, Stored};
+use super::{CasError, CasResult, CasStore, Names, Precondition, Read, Site, Stored};
 use crate::backend::retry::{RetryBudget, TIMEOUTS, TRANSIENT};
 use crate::backend::{redact_uri, S3Options};
 use async_trait::async_trait;
@@ -156,11 +156,11 @@ impl CasStore for S3Store {
     /// bucket, refused credentials or a wrong region just as a HeadBucket
     /// would, and names them the same way ([`S3Store::failure`]). A request
     /// spared here is one less per agent when a fleet starts together.
-    async fn probe(&self) -> Result<(), CasError> {
+    async fn probe(&self) -> CasResult<()> {
         Ok(())
     }
 
-    async fn get(&self, name: &str) -> Result<Read, CasError> {
+    async fn get(&self, name: &str) -> CasResult<Read> {
         let key = name;
         let date = CaptureDate::default();
         let sent = self
@@ -215,13 +215,8 @@ impl CasStore for S3Store {
         })
     }
 
-    async fn put(
-        &self,
-        name: &str,
-        body: Vec<u8>,
-        only_if: Precondition<'_>,
-    ) -> Result<String, CasError> {
-        let version = only_if.version();
+    async fn put(&self, name: &str, body: Vec<u8>, when: Precondition<'_>) -> CasResult<String> {
+        let version = when.version();
         let key = name;
         let body = &body;
         let written = CONFLICT_RETRY
@@ -264,12 +259,7 @@ impl CasStore for S3Store {
         }
     }
 
-    async fn list(
-        &self,
-        prefix: &str,
-        page: Option<&str>,
-        limit: usize,
-    ) -> Result<Names, CasError> {
+    async fn list(&self, prefix: &str, page: Option<&str>, limit: usize) -> CasResult<Names> {
         let sent = self
             .client
             .list_objects_v2()
@@ -302,7 +292,7 @@ impl CasStore for S3Store {
         }
     }
 
-    async fn delete(&self, name: &str) -> Result<(), CasError> {
+    async fn delete(&self, name: &str) -> CasResult<()> {
         let sent = self
             .client
             .delete_object()

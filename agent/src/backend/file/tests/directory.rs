@@ -38,7 +38,7 @@ async fn a_corrupt_record_is_reported_not_overwritten() {
     );
 }
 
-fn corrupt_naming(result: Result<Grant, BackendError>, name: &str) -> String {
+fn corrupt_naming(result: BackendResult<Grant>, name: &str) -> String {
     match result {
         Err(BackendError::Corrupt(msg)) => {
             assert!(msg.contains(name), "{msg}");
