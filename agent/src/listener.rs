@@ -2,14 +2,47 @@
 //! activation (systemd owns its file), or one on its own path: the directory is
 //! created, a live agent already on the path is refused, a stale socket file is
 //! replaced, and the socket gets the configured group and mode (0660 by
-//! default). The guard unlinks it on a clean exit.
+//! default). The guard unlinks it on a clean exit. [`next_connection`] takes
+//! connections from it (and from the metrics listener).
 
 use anyhow::{bail, Context};
 use nix::sys::socket::{getsockname, getsockopt, sockopt, SockType, UnixAddr};
+use std::future::Future;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 use tokio::net::UnixListener;
+use tokio_util::sync::CancellationToken;
+
+/// How long a failed accept (out of descriptors and the like) is waited out:
+/// trying again at once would spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// The next connection `accept` takes, or `None` once `shutdown` is
+/// cancelled; a failed accept is logged (as one of `what` connections) and
+/// tried again after [`ACCEPT_BACKOFF`].
+pub async fn next_connection<S, Address, F>(
+    accept: impl Fn() -> F,
+    what: &str,
+    shutdown: &CancellationToken,
+) -> Option<S>
+where
+    F: Future<Output = std::io::Result<(S, Address)>>,
+{
+    loop {
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            accepted = accept() => match accepted {
+                Ok((stream, _)) => return Some(stream),
+                Err(err) => {
+                    tracing::warn!(error = %err, "cannot accept a {what} connection");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            },
+        }
+    }
+}
 
 /// Who may reach a socket the agent binds itself (systemd's socket unit sets
 /// its own with `SocketGroup=` and `SocketMode=`).

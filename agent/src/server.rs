@@ -6,6 +6,7 @@
 use crate::connection::serve_connection;
 use crate::lease::{PeerCred, Registry};
 use crate::limits::{Admission, Ticket};
+use crate::listener::next_connection;
 use futures::SinkExt;
 use runlock_protocol::{AgentCodec, AgentMessage, Envelope, ErrorCode, WireError};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -39,17 +40,8 @@ pub async fn serve(
     let refusing = Arc::new(AtomicUsize::new(0));
     let mut refusals = RefusalLog::default();
     loop {
-        let stream = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(err) => {
-                    // Out of descriptors and the like: back off rather than spin.
-                    tracing::warn!(error = %err, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
+        let Some(stream) = next_connection(|| listener.accept(), "client", &shutdown).await else {
+            break;
         };
         let peer = match peer_cred(&stream) {
             Ok(peer) => peer,

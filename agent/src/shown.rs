@@ -79,6 +79,10 @@ fn program(command: &str) -> String {
 mod tests {
     use super::*;
 
+    fn viewer(uid: u32, may_override: bool) -> Viewer {
+        Viewer { uid, may_override }
+    }
+
     fn holder_of(uid: u32, command: &str) -> Holder {
         Holder {
             slot: None,
@@ -98,28 +102,19 @@ mod tests {
     #[test]
     fn others_see_the_program_only() {
         let h = holder_of(1000, "meltano run tap --password=hunter2");
-        let stranger = Viewer {
-            uid: 1001,
-            may_override: false,
-        };
+        let stranger = viewer(1001, false);
         assert_eq!(
             holder(&h, stranger, "h").command,
             "meltano [arguments hidden]"
         );
-        let owner = Viewer {
-            uid: 1000,
-            may_override: false,
-        };
+        let owner = viewer(1000, false);
         assert_eq!(holder(&h, owner, "h").command, h.command);
         // The same uid on another host is not known to be the same person.
         assert_eq!(
             holder(&h, owner, "other").command,
             "meltano [arguments hidden]"
         );
-        let admin = Viewer {
-            uid: 0,
-            may_override: true,
-        };
+        let admin = viewer(0, true);
         assert_eq!(holder(&h, admin, "other").command, h.command);
         assert_eq!(holder(&holder_of(7, "make"), stranger, "h").command, "make");
     }
@@ -127,14 +122,7 @@ mod tests {
     #[test]
     fn long_strings_are_cut_at_a_character_boundary() {
         let long = "é".repeat(MAX_COMMAND_LEN);
-        let shown = holder(
-            &holder_of(0, &long),
-            Viewer {
-                uid: 0,
-                may_override: true,
-            },
-            "h",
-        );
+        let shown = holder(&holder_of(0, &long), viewer(0, true), "h");
         assert!(shown.command.len() <= MAX_COMMAND_LEN);
         assert!(shown.command.ends_with(CUT));
         assert_eq!(cut("short", 10), "short");

@@ -221,8 +221,7 @@ impl RawClient {
 
     /// Sends a request and waits for its reply.
     pub async fn call(&mut self, body: ClientMessage) -> anyhow::Result<AgentMessage> {
-        let id = self.send(body).await?;
-        self.reply(id).await
+        self.call_within(WAIT, body).await
     }
 
     /// Sends a request and waits up to `limit` for its reply.

@@ -2,6 +2,7 @@
 //! request each, cut off after a while.
 
 use super::{Metrics, GLOBAL};
+use crate::listener::next_connection;
 use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::Full;
@@ -24,8 +25,6 @@ const MAX_CONNECTIONS: usize = 16;
 /// A scrape (headers in, exposition out) may take this long before it is cut off.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// After a failed accept (out of descriptors, say), wait before the next.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Turns metrics on for this process and serves them on `addr` until
 /// `shutdown`, in a task of `tasks`; returns the address bound (the port is
@@ -53,16 +52,8 @@ async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: Cancellat
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let scrapes = TaskTracker::new();
     loop {
-        let stream = tokio::select! {
-            _ = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(err) => {
-                    tracing::warn!(error = %err, "cannot accept a metrics connection");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            },
+        let Some(stream) = next_connection(|| listener.accept(), "metrics", &shutdown).await else {
+            break;
         };
         // Too many scrapes at once: closing the extra ones keeps this bounded.
         let Ok(slot) = slots.clone().try_acquire_owned() else {

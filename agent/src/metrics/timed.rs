@@ -40,102 +40,81 @@ impl TimedBackend {
     }
 }
 
+impl TimedBackend {
+    /// `call`'s answer, its time noted under `operation`.
+    async fn timed<T>(
+        &self,
+        operation: Operation,
+        call: impl std::future::Future<Output = BackendResult<T>>,
+    ) -> BackendResult<T> {
+        let started = Instant::now();
+        let result = call.await;
+        self.metrics.backend_request(operation, started, &result);
+        result
+    }
+}
+
 #[async_trait]
 impl Backend for TimedBackend {
     async fn acquire(&self, spec: &AcquireSpec) -> BackendResult<Grant> {
-        let started = Instant::now();
-        let result = self.inner.acquire(spec).await;
-        self.metrics
-            .backend_request(Operation::Acquire, started, &result);
-        result
+        self.timed(Operation::Acquire, self.inner.acquire(spec))
+            .await
     }
 
     async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> BackendResult<Renewed> {
-        let started = Instant::now();
-        let result = self.inner.renew(lease, ttl).await;
-        self.metrics
-            .backend_request(Operation::Renew, started, &result);
-        result
+        self.timed(Operation::Renew, self.inner.renew(lease, ttl))
+            .await
     }
 
     async fn end(&self, lease: &LeaseRef, ending: &Ending) -> BackendResult<()> {
-        let started = Instant::now();
-        let result = self.inner.end(lease, ending).await;
-        self.metrics
-            .backend_request(Operation::Release, started, &result);
-        result
+        self.timed(Operation::Release, self.inner.end(lease, ending))
+            .await
     }
 
     async fn inspect(&self, key: &Key) -> BackendResult<KeyRecord> {
-        let started = Instant::now();
-        let result = self.inner.inspect(key).await;
-        self.metrics
-            .backend_request(Operation::Inspect, started, &result);
-        result
+        self.timed(Operation::Inspect, self.inner.inspect(key))
+            .await
     }
 
     async fn history(&self, key: &Key) -> BackendResult<Vec<KeyEvent>> {
-        let started = Instant::now();
-        let result = self.inner.history(key).await;
-        self.metrics
-            .backend_request(Operation::History, started, &result);
-        result
+        self.timed(Operation::History, self.inner.history(key))
+            .await
     }
 
     async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
-        let started = Instant::now();
-        let result = self.inner.list(ask).await;
-        self.metrics
-            .backend_request(Operation::List, started, &result);
-        result
+        self.timed(Operation::List, self.inner.list(ask)).await
     }
 
     async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> BackendResult<Adopted> {
-        let started = Instant::now();
-        let result = self.inner.adopt(lease, by).await;
-        self.metrics
-            .backend_request(Operation::Adopt, started, &result);
-        result
+        self.timed(Operation::Adopt, self.inner.adopt(lease, by))
+            .await
     }
 
     async fn confirm_stopped(&self, lease: &LeaseRef) -> BackendResult<()> {
-        let started = Instant::now();
-        let result = self.inner.confirm_stopped(lease).await;
-        self.metrics
-            .backend_request(Operation::Displaced, started, &result);
-        result
+        self.timed(Operation::Displaced, self.inner.confirm_stopped(lease))
+            .await
     }
 
     async fn displaced_stopped(&self, key: &Key, displaced: &Displaced) -> BackendResult<bool> {
-        let started = Instant::now();
-        let result = self.inner.displaced_stopped(key, displaced).await;
-        self.metrics
-            .backend_request(Operation::Displaced, started, &result);
-        result
+        self.timed(
+            Operation::Displaced,
+            self.inner.displaced_stopped(key, displaced),
+        )
+        .await
     }
 
     async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
-        let started = Instant::now();
-        let result = self.inner.put_report(agent, body).await;
-        self.metrics
-            .backend_request(Operation::Report, started, &result);
-        result
+        self.timed(Operation::Report, self.inner.put_report(agent, body))
+            .await
     }
 
     async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
-        let started = Instant::now();
-        let result = self.inner.reports().await;
-        self.metrics
-            .backend_request(Operation::Report, started, &result);
-        result
+        self.timed(Operation::Report, self.inner.reports()).await
     }
 
     async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
-        let started = Instant::now();
-        let result = self.inner.remove_report(agent).await;
-        self.metrics
-            .backend_request(Operation::Report, started, &result);
-        result
+        self.timed(Operation::Report, self.inner.remove_report(agent))
+            .await
     }
 }
 

@@ -89,14 +89,7 @@ impl EtcdBackend {
                     TxnOp::get(name.clone(), None),
                     TxnOp::get(history_key.clone(), None),
                 ]);
-            let answer = match self
-                .connection
-                .call(|mut c| {
-                    let create = create.clone();
-                    async move { c.txn(create).await }
-                })
-                .await
-            {
+            let answer = match self.transact_as_is(create).await {
                 Ok(answer) => answer,
                 Err(Problem::Expected(LeaseGone)) => {
                     // Gone between its keep-alive and this write (revoked by
@@ -113,14 +106,7 @@ impl EtcdBackend {
                 self.seen_held(&name, Some(false));
                 let revision = answer.header().map(|h| h.revision()).unwrap_or(0);
                 let events = history::filled(events, revision as u64);
-                self.keep(
-                    &history_key,
-                    Kept {
-                        revision,
-                        events,
-                        key: None,
-                    },
-                );
+                self.keep(&history_key, Kept::written(revision, events));
                 return Ok(self.granted(spec, lease, revision as u64, epoch, None));
             }
             let mut read = answer.op_responses().into_iter().map(|r| match r {
@@ -263,14 +249,7 @@ impl EtcdBackend {
         }
         let revision = created.header().map(|h| h.revision()).unwrap_or(0);
         let events = history::filled(events, revision as u64);
-        self.keep(
-            history,
-            Kept {
-                revision,
-                events,
-                key: None,
-            },
-        );
+        self.keep(history, Kept::written(revision, events));
         Ok(Some(revision as u64))
     }
 

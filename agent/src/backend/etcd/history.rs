@@ -39,6 +39,15 @@ struct Written {
 }
 
 impl Kept {
+    /// The history as this agent's write at `revision` left it.
+    pub(super) fn written(revision: i64, events: Vec<KeyEvent>) -> Kept {
+        Kept {
+            revision,
+            events,
+            key: None,
+        }
+    }
+
     /// The history in `kv` (absent: empty); `None` when it cannot be read.
     pub(super) fn read(kv: Option<&KeyValue>) -> Option<Kept> {
         let Some(kv) = kv else {

@@ -369,13 +369,20 @@ impl EtcdBackend {
     }
 
     async fn transact(&self, txn: Txn) -> BackendResult<etcd_client::TxnResponse> {
+        self.transact_as_is(txn)
+            .await
+            .map_err(|p| self.connection.unavailable(p))
+    }
+
+    /// [`Self::transact`], its failure as etcd's, for a caller that handles
+    /// one of them itself.
+    async fn transact_as_is(&self, txn: Txn) -> Result<etcd_client::TxnResponse, Problem> {
         self.connection
             .call(|mut c| {
                 let txn = txn.clone();
                 async move { c.txn(txn).await }
             })
             .await
-            .map_err(|p| self.connection.unavailable(p))
     }
 
     /// A key and its history, in one request.
@@ -561,14 +568,7 @@ impl Backend for EtcdBackend {
             if ended.succeeded() {
                 let revision = ended.header().map(|h| h.revision()).unwrap_or(0);
                 if event.is_some() {
-                    self.keep(
-                        &history_key,
-                        Kept {
-                            revision,
-                            events,
-                            key: None,
-                        },
-                    );
+                    self.keep(&history_key, Kept::written(revision, events));
                 }
                 return Ok(());
             }
@@ -685,26 +685,12 @@ impl Backend for EtcdBackend {
                         None,
                     ),
                 ]);
-            let written = self
-                .connection
-                .call(|mut c| {
-                    let rewrite = rewrite.clone();
-                    async move { c.txn(rewrite).await }
-                })
-                .await
-                .map_err(|p| self.connection.unavailable(p))?;
+            let written = self.transact(rewrite).await?;
             if !written.succeeded() {
                 return Err(BackendError::LeaseMismatch);
             }
             let revision = written.header().map(|h| h.revision()).unwrap_or(0);
-            self.keep(
-                &history_key,
-                Kept {
-                    revision,
-                    events,
-                    key: None,
-                },
-            );
+            self.keep(&history_key, Kept::written(revision, events));
             self.hold(&lease.key, &lease.lease_id, ours.id, lease.token, epoch);
             Ok(Adopted::new(holder, ours.sent, ttl))
         })
