@@ -400,10 +400,10 @@ impl Config {
 
     /// The effective configuration as TOML, with secrets replaced.
     pub fn to_redacted_toml(&self) -> String {
+        #[serde_with::skip_serializing_none]
         #[derive(Serialize)]
         struct Shown<'a> {
             socket: &'a Path,
-            #[serde(skip_serializing_if = "Option::is_none")]
             socket_group: Option<u32>,
             socket_mode: String,
             backend: String,
@@ -411,10 +411,8 @@ impl Config {
             on_unavailable: OnUnavailable,
             poll_interval: String,
             drain_timeout: String,
-            #[serde(skip_serializing_if = "Option::is_none")]
             metrics: Option<SocketAddr>,
             log_format: LogFormat,
-            #[serde(skip_serializing_if = "Option::is_none")]
             legacy_meltano_systemdb: Option<&'a str>,
             access: AccessShown,
             limits: LimitsShown,

@@ -356,20 +356,20 @@ impl<B: Backend + Profiled> From<Arc<B>> for ProfiledBackend {
 /// Where a listing goes on ([`Backend::list`]): a page of the store, and
 /// the last record already listed from it. Opaque to peers, who hand back
 /// what a `keys` reply gave them.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct ListFrom {
     /// The store's own token for the page (an object store's continuation);
     /// none: the first page.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub page: Option<String>,
     /// The store's name of the last record listed; it and the names before
     /// it are skipped.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub after: Option<String>,
     /// A store that names keys by escaping them (`key_name`) has listed the
     /// names that spell a prefix and now reads those of keys too long to
     /// spell, named by their hash.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub hashed: bool,
 }
 

@@ -23,23 +23,19 @@ pub struct BackendOptions {
 
 /// The configuration file's `[s3]` settings; each overrides the SDK's own
 /// chain (environment, profile, instance metadata).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct S3Options {
     /// An S3-compatible endpoint, addressed path-style.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoint_url: Option<String>,
     /// The bucket's region.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub region: Option<String>,
     /// A profile of the AWS configuration files.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub profile: Option<String>,
     /// A static access key id (with `secret_access_key`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_key_id: Option<String>,
     /// A static secret key.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_access_key: Option<Secret>,
 }
 
@@ -55,33 +51,25 @@ impl S3Options {
 
 /// The configuration file's `[azure]` settings; they override the
 /// `AZURE_STORAGE_*` environment variables.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct AzureOptions {
     /// A storage connection string (`AccountName=…;AccountKey=…[;BlobEndpoint=…]`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connection_string: Option<Secret>,
     /// The storage account's name (with `account_key`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub account_name: Option<String>,
     /// One of the storage account's access keys.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub account_key: Option<Secret>,
     /// The blob service's URL (`https://ACCOUNT.blob.core.windows.net`);
     /// Meltano's name, `storage_account_url`, is accepted too.
-    #[serde(
-        default,
-        alias = "storage_account_url",
-        skip_serializing_if = "Option::is_none"
-    )]
+    #[serde(alias = "storage_account_url")]
     pub account_url: Option<String>,
     /// A shared access signature (`sv=…&sig=…`), with `account_url` or
     /// `account_name`, instead of an account key.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sas_token: Option<Secret>,
     /// A CA (PEM) to trust for the blob endpoint besides the public ones:
     /// a private endpoint's, Azure Stack's, an emulator's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
 }
 
@@ -96,16 +84,15 @@ impl AzureOptions {
 }
 
 /// The configuration file's `[gcs]` settings.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct GcsOptions {
     /// A service-account key file (JSON), instead of Application Default
     /// Credentials (Meltano's `state_backend.gcs.application_credentials`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_file: Option<PathBuf>,
     /// A service-account key's JSON text itself, where secrets are handed
     /// over as text (Meltano's `state_backend.gcs.application_credentials_json`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub credentials_json: Option<Secret>,
 }
 
@@ -116,16 +103,15 @@ pub const DEFAULT_SCHEMA: &str = "runlock";
 const MAX_SCHEMA_LEN: usize = 55;
 
 /// The configuration file's `[postgres]` settings.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct PostgresOptions {
     /// The schema of the lock table (default `runlock`).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema: Option<String>,
     /// `LISTEN` for releases. When unset: on, unless the server refused the
     /// startup parameter `options` (PgBouncer does), as a transaction-pooling
     /// proxy cannot pass notifications on; waiters then poll.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen: Option<bool>,
 }
 
@@ -151,22 +137,18 @@ impl PostgresOptions {
 
 /// The configuration file's `[etcd]` settings. Without them, the URI's
 /// userinfo or etcdctl's own `ETCDCTL_USER` / `ETCDCTL_PASSWORD` are used.
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(default, deny_unknown_fields)]
 pub struct EtcdOptions {
     /// The etcd user, where etcd has authentication enabled.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user: Option<String>,
     /// Its password.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub password: Option<Secret>,
     /// The CA that signed etcd's certificate (PEM); turns TLS on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_file: Option<PathBuf>,
     /// A client certificate (PEM), for etcd's `--client-cert-auth`; turns TLS on.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_file: Option<PathBuf>,
     /// Its private key (PEM).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_file: Option<PathBuf>,
 }
