@@ -11,13 +11,13 @@
 
 mod listing;
 mod pacer;
+mod record;
 mod reports;
 
 use super::proof::{self, Unproven};
 use super::read_cache::ReadCache;
 use super::{CasError, CasStore, Precondition, Read, Stored};
 use crate::backend::history::{self, Before, Stamp};
-use crate::backend::record::LockRecord;
 use crate::backend::retry::RetryBudget;
 use crate::backend::{
     key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities,
@@ -26,12 +26,13 @@ use crate::backend::{
 };
 use async_trait::async_trait;
 use pacer::Pacer;
+use record::now_ms;
+pub use record::{CasRecord, Lapse};
 use runlock_protocol::timing::grace;
 use runlock_protocol::{EventKind, Holder, Key, KeyEvent, KeyRecord, KeyState};
-use serde::{Deserialize, Serialize};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 /// HTTP dates (`Date`, `Last-Modified`) have whole seconds: a write stamped
@@ -56,22 +57,6 @@ const RECORD_SUFFIX: &str = ".json";
 /// about as long as 32 reads one after another, and a store's client keeps
 /// this many connections open anyway.
 const LIST_READS_IN_FLIGHT: usize = 32;
-
-/// What an object store's record keeps beside the common fields.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Lapse {
-    /// The holder's TTL in milliseconds.
-    pub ttl_ms: u64,
-    /// When the writer last wrote the record, by its own wall clock: for people only.
-    pub renewed_at_ms: u64,
-    /// A forced record: the TTL of the lease it took over (`forced_from`),
-    /// whose run the forced run waits for (invariant 10).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub forced_ttl_ms: Option<u64>,
-}
-
-/// One key's record in an object store: readable with the cloud's own CLI.
-pub type CasRecord = LockRecord<Lapse>;
 
 struct Held {
     version: String,
@@ -104,13 +89,6 @@ pub struct CasEngine {
     /// lock; `Some`, the guarantee it lacks. Never trusted before, or after
     /// that.
     verdict: tokio::sync::OnceCell<Option<String>>,
-}
-
-fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
 }
 
 fn unavailable(err: CasError) -> BackendError {
@@ -220,33 +198,6 @@ impl CasEngine {
         }
     }
 
-    /// The record granting `spec` with `token`, keeping `history` (to which
-    /// the caller has added the grant's events).
-    fn held_record(
-        spec: &AcquireSpec,
-        token: u64,
-        forced: Option<(u64, u64)>,
-        history: Vec<KeyEvent>,
-    ) -> CasRecord {
-        CasRecord {
-            key: spec.key.to_string(),
-            state: KeyState::Held,
-            token,
-            holder: Some(Holder {
-                token,
-                ..spec.holder.clone()
-            }),
-            lease_id: Some(spec.lease_id.clone()),
-            forced_from: forced.map(|(token, _)| token),
-            history,
-            store: Lapse {
-                ttl_ms: spec.ttl.as_millis() as u64,
-                renewed_at_ms: now_ms(),
-                forced_ttl_ms: forced.map(|(_, ttl_ms)| ttl_ms),
-            },
-        }
-    }
-
     /// Notes what a read or a write showed of a record.
     fn learn(&self, name: &str, free: Option<(String, CasRecord)>) {
         self.known
@@ -271,7 +222,7 @@ impl CasEngine {
         {
             let token = free.token + 1;
             let record =
-                Self::granting(spec, token, None, free.history.clone(), Before::Free, None);
+                record::granting(spec, token, None, free.history.clone(), Before::Free, None);
             return Some((record, Some(version.clone())));
         }
         let seen = self
@@ -281,30 +232,10 @@ impl CasEngine {
             .contains(name);
         (!seen).then(|| {
             (
-                Self::granting(spec, 1, None, Vec::new(), Before::Free, None),
+                record::granting(spec, 1, None, Vec::new(), Before::Free, None),
                 None,
             )
         })
-    }
-
-    /// The record granting `spec` with `token` after `history`, what the
-    /// record held before, and the store's time where a read just gave it.
-    fn granting(
-        spec: &AcquireSpec,
-        token: u64,
-        forced: Option<(u64, u64)>,
-        mut history: Vec<KeyEvent>,
-        before: Before<'_>,
-        date: Option<SystemTime>,
-    ) -> CasRecord {
-        history::granted(
-            &mut history,
-            spec,
-            token,
-            before,
-            Stamp::store_or_agent(date),
-        );
-        Self::held_record(spec, token, forced, history)
     }
 
     /// One attempt: read the record (or, with `guess`, trust what this agent
@@ -339,7 +270,7 @@ impl CasEngine {
                     .remove(name);
                 self.learn(name, None);
                 let holder = record.holder.clone().unwrap_or_else(|| spec.holder.clone());
-                let displaced = forced_over(&record, displaced_holder);
+                let displaced = record::forced_over(&record, displaced_holder);
                 let held = Held { version, record };
                 self.held
                     .lock()
@@ -372,7 +303,7 @@ impl CasEngine {
         let mut displaced = None;
         let decided = match &object {
             None => (
-                Self::granting(spec, 1, None, Vec::new(), Before::Free, date),
+                record::granting(spec, 1, None, Vec::new(), Before::Free, date),
                 None,
                 None,
             ),
@@ -382,13 +313,13 @@ impl CasEngine {
                 let next = current.token + 1;
                 let history = current.history.clone();
                 let record = if current.state != KeyState::Held {
-                    Self::granting(spec, next, None, history, Before::Free, date)
+                    record::granting(spec, next, None, history, Before::Free, date)
                 } else if ours {
                     // Our own earlier write landed though its answer was lost: write again,
                     // so the lease's clock starts from a write whose send time we know.
                     // Its events are already in the history.
                     let forced = current.forced_from.zip(current.store.forced_ttl_ms);
-                    Self::held_record(spec, current.token, forced, history)
+                    record::held(spec, current.token, forced, history)
                 } else if self.expired(name, &current, stored, date) {
                     let before = match &current.holder {
                         Some(holder) => Before::Expired {
@@ -397,12 +328,12 @@ impl CasEngine {
                         },
                         None => Before::Free,
                     };
-                    Self::granting(spec, next, None, history, before, date)
+                    record::granting(spec, next, None, history, before, date)
                 } else if spec.force {
                     let before = Before::Live(current.token);
                     let forced = Some((current.token, current.store.ttl_ms));
                     displaced = current.holder.clone();
-                    Self::granting(spec, next, forced, history, before, date)
+                    record::granting(spec, next, forced, history, before, date)
                 } else {
                     self.learn(name, None);
                     let incident = history::last_incident(&current.history);
@@ -509,18 +440,6 @@ enum Overwrite {
     StillOurs,
     /// No other try will mend it.
     Failed(BackendError),
-}
-
-/// The lease a forced `record` took over, once written: the holder as read
-/// (unknown when a retried write found its own record).
-fn forced_over(record: &CasRecord, holder: Option<Holder>) -> Option<Displaced> {
-    let (token, ttl_ms) = record.forced_from.zip(record.store.forced_ttl_ms)?;
-    Some(Displaced {
-        token,
-        holder,
-        ttl: Duration::from_millis(ttl_ms),
-        lock: None,
-    })
 }
 
 impl CasEngine {
