@@ -4,12 +4,11 @@
 //! a person would.
 
 use super::{
-    object_uri, output_of, records_from_listing, records_under, test_var, Endpoint, Failure,
-    OwnServer, Record, Store,
+    object_uri, python_sdk::PythonSdk, test_var, Endpoint, Failure, Kind, OwnServer, Record, Store,
 };
 use crate::closed_port;
 use crate::rewriting_proxy::RequestHead;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use tokio::process::Command;
 
 /// Azurite's well-known account and key (documented, not a secret).
@@ -25,11 +24,6 @@ pub const WRONG_KEY: &str = "cnVubG9jay13cm9uZy1hY2NvdW50LWtleS1tdXN0LW5vdC1sZWF
 pub struct Azure;
 
 const SCRIPT: &str = "azurite.sh";
-
-/// A Python with azure-storage-blob.
-fn python() -> Result<String> {
-    test_var("RUNLOCK_TEST_AZURE_PYTHON", SCRIPT)
-}
 
 /// A connection string for the account at `endpoint`, signing with `key`.
 pub fn connection_string_with_key(endpoint: &str, key: &str) -> String {
@@ -127,7 +121,7 @@ fn env_with_key(endpoint: &str, key: &str) -> Vec<(String, String)> {
     )]
 }
 
-const SDK: &str = r#"
+const SDK_SCRIPT: &str = r#"
 import json, os, sys
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.blob import BlobServiceClient
@@ -157,35 +151,17 @@ elif action == "put":
     print("[]")
 "#;
 
-/// Runs the Python SDK's `action` on `container` at `at`.
-async fn sdk(
-    at: &Endpoint,
-    action: &str,
-    container: &str,
-    arg: &str,
-    input: &[u8],
-) -> Result<String> {
-    let mut command = Command::new(python()?);
-    command
-        .args(["-c", SDK, action, container, arg])
-        // In the environment, not argv, so that `ps` never shows the key.
-        .envs(env_with_key(&at.url, KEY));
-    output_of(
-        command,
-        input,
-        &format!("azure-storage-blob {action} {arg:?} in {container}"),
-    )
-    .await
-}
+const SDK: PythonSdk = PythonSdk {
+    name: "azure-storage-blob",
+    python: ("RUNLOCK_TEST_AZURE_PYTHON", SCRIPT),
+    script: SDK_SCRIPT,
+    name_field: "name",
+};
 
 #[async_trait::async_trait]
 impl Store for Azure {
-    fn name(&self) -> &'static str {
-        "azure"
-    }
-
-    fn shared_var(&self) -> (&'static str, &'static str) {
-        ("RUNLOCK_TEST_AZURE_ENDPOINT", SCRIPT)
+    fn kind(&self) -> Kind {
+        Kind::new("azure", "RUNLOCK_TEST_AZURE_ENDPOINT", SCRIPT)
     }
 
     async fn start_own(&self) -> Result<OwnServer> {
@@ -208,7 +184,9 @@ impl Store for Azure {
     }
 
     async fn create(&self, at: &Endpoint, name: &str) -> Result<()> {
-        sdk(at, "create", name, "", b"").await.map(|_| ())
+        SDK.run(env_with_key(&at.url, KEY), "create", name, "", b"")
+            .await
+            .map(|_| ())
     }
 
     fn uri(&self, _at: &Endpoint, name: &str, prefix: &str) -> String {
@@ -220,17 +198,16 @@ impl Store for Azure {
     }
 
     async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
-        let text = sdk(at, "list", name, &records_under(prefix), b"").await?;
-        records_from_listing(&text, "name")
+        SDK.records(env_with_key(&at.url, KEY), name, prefix).await
     }
 
     async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {
-        sdk(at, "put", name, object, body).await.map(|_| ())
+        SDK.put(env_with_key(&at.url, KEY), name, object, body)
+            .await
     }
 
     async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>> {
-        let text = sdk(at, "get", name, object, b"").await?;
-        serde_json::from_str(text.trim()).with_context(|| format!("the Azure SDK printed {text:?}"))
+        SDK.get(env_with_key(&at.url, KEY), name, object).await
     }
 
     async fn failures(&self, at: &Endpoint) -> Result<Vec<Failure>> {

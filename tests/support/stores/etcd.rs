@@ -3,7 +3,7 @@
 //! `RUNLOCK_TEST_ETCD_AUTH_ENDPOINT`. A space is a fresh key prefix; records
 //! are read back with `etcdctl get --prefix -w json`.
 
-use super::{output_of, test_var, unique_name, Endpoint, Failure, OwnServer, Record, Store};
+use super::{output_of, test_var, unique_name, Endpoint, Failure, Kind, OwnServer, Record, Store};
 use crate::closed_port;
 use anyhow::{bail, Context, Result};
 use tokio::process::Command;
@@ -62,12 +62,8 @@ fn base64_decode(text: &str) -> Result<Vec<u8>> {
 
 #[async_trait::async_trait]
 impl Store for Etcd {
-    fn name(&self) -> &'static str {
-        "etcd"
-    }
-
-    fn shared_var(&self) -> (&'static str, &'static str) {
-        ("RUNLOCK_TEST_ETCD_ENDPOINT", SCRIPT)
+    fn kind(&self) -> Kind {
+        Kind::new("etcd", "RUNLOCK_TEST_ETCD_ENDPOINT", SCRIPT)
     }
 
     async fn start_own(&self) -> Result<OwnServer> {

@@ -3,7 +3,8 @@
 //! records are read back over HTTP on the JSON API, the way a person would.
 
 use super::{
-    object_uri, records_under, test_var, unique_name, Endpoint, Failure, OwnServer, Record, Store,
+    object_uri, records_under, test_var, unique_name, Endpoint, Failure, Kind, OwnServer, Record,
+    Store,
 };
 use crate::closed_port;
 use crate::http;
@@ -50,12 +51,8 @@ async fn read_object(at: &Endpoint, bucket: &str, object: &str) -> Result<Option
 
 #[async_trait::async_trait]
 impl Store for Gcs {
-    fn name(&self) -> &'static str {
-        "gcs"
-    }
-
-    fn shared_var(&self) -> (&'static str, &'static str) {
-        ("RUNLOCK_TEST_GCS_ENDPOINT", SCRIPT)
+    fn kind(&self) -> Kind {
+        Kind::new("gcs", "RUNLOCK_TEST_GCS_ENDPOINT", SCRIPT)
     }
 
     async fn start_own(&self) -> Result<OwnServer> {

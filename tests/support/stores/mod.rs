@@ -7,6 +7,7 @@ pub mod azure;
 mod etcd;
 mod gcs;
 mod postgres;
+mod python_sdk;
 mod s3;
 
 pub use azure::Azure;
@@ -69,20 +70,40 @@ pub struct Failure {
     pub secret: Option<String>,
 }
 
+/// A store's name, the variable that holds the endpoint of the instance
+/// `scripts/test` started, and the script under tests/scripts that starts it.
+#[derive(Debug, Clone, Copy)]
+pub struct Kind {
+    pub name: &'static str,
+    pub shared_var: &'static str,
+    pub script: &'static str,
+}
+
+impl Kind {
+    pub const fn new(name: &'static str, shared_var: &'static str, script: &'static str) -> Kind {
+        Kind {
+            name,
+            shared_var,
+            script,
+        }
+    }
+}
+
 /// One kind of store the scenario suite runs against.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// "s3", "azure", "gcs", "postgres", "etcd".
-    fn name(&self) -> &'static str;
-    /// The variable that holds the endpoint of the instance `scripts/test`
-    /// started, and the script under tests/scripts that starts it.
-    fn shared_var(&self) -> (&'static str, &'static str);
+    /// Which store this is, and where `scripts/test` says its instance is.
+    fn kind(&self) -> Kind;
+    /// "s3", "azure", "gcs", "postgres", "pgbouncer", "etcd".
+    fn name(&self) -> &'static str {
+        self.kind().name
+    }
     /// The instance `scripts/test` started; an error saying how to start it
     /// when its variable is unset.
     fn shared(&self) -> Result<Endpoint> {
-        let (var, script) = self.shared_var();
+        let kind = self.kind();
         Ok(Endpoint {
-            url: test_var(var, script)?,
+            url: test_var(kind.shared_var, kind.script)?,
         })
     }
     /// Starts an instance of the test's own (for the pause scenarios); ready
@@ -420,8 +441,6 @@ fn records_under(prefix: &str) -> String {
     }
 }
 
-/// Records from a store SDK's listing printed as JSON by our Python helper:
-/// `[{<name_field>, "last_modified": seconds, "body"}]`.
 /// An object an agent checks the store on (`cas/proof.rs`), beside the
 /// records but not one of them (removed after the check, but a listing may
 /// catch one in between).
@@ -430,21 +449,4 @@ fn is_probe(object: &str) -> bool {
         .rsplit('/')
         .next()
         .is_some_and(|leaf| leaf.starts_with("probe-") && !leaf.ends_with(".json"))
-}
-
-fn records_from_listing(text: &str, name_field: &str) -> Result<Vec<Record>> {
-    let listed: Vec<serde_json::Value> = serde_json::from_str(text.trim())
-        .with_context(|| format!("the store's SDK printed {text:?}"))?;
-    listed
-        .into_iter()
-        .filter(|o| !o[name_field].as_str().is_some_and(is_probe))
-        .map(|o| {
-            let seconds = o["last_modified"].as_f64().context("no last_modified")?;
-            Ok(Record {
-                name: o[name_field].as_str().context("no name")?.to_string(),
-                written: Some(std::time::UNIX_EPOCH + Duration::from_secs_f64(seconds)),
-                body: o["body"].as_str().context("no body")?.to_string(),
-            })
-        })
-        .collect()
 }

@@ -4,7 +4,7 @@
 //! The schema is a setting of the agent, not of the URI, so a prefix plays no
 //! part: each space holds one test's records only.
 
-use super::{output_of, test_var, Endpoint, Failure, OwnServer, Record, Store};
+use super::{output_of, test_var, Endpoint, Failure, Kind, OwnServer, Record, Store};
 use crate::closed_port;
 use anyhow::{Context, Result};
 use std::os::unix::fs::PermissionsExt;
@@ -97,12 +97,8 @@ fn as_owner(command: &mut Command) -> Result<Option<(nix::unistd::Uid, nix::unis
 
 #[async_trait::async_trait]
 impl Store for Postgres {
-    fn name(&self) -> &'static str {
-        "postgres"
-    }
-
-    fn shared_var(&self) -> (&'static str, &'static str) {
-        ("RUNLOCK_TEST_PG_URI", SCRIPT)
+    fn kind(&self) -> Kind {
+        Kind::new("postgres", "RUNLOCK_TEST_PG_URI", SCRIPT)
     }
 
     async fn start_own(&self) -> Result<OwnServer> {
@@ -278,12 +274,8 @@ pub struct PgBouncer;
 
 #[async_trait::async_trait]
 impl Store for PgBouncer {
-    fn name(&self) -> &'static str {
-        "pgbouncer"
-    }
-
-    fn shared_var(&self) -> (&'static str, &'static str) {
-        ("RUNLOCK_TEST_PGBOUNCER_URI", "pgbouncer.sh")
+    fn kind(&self) -> Kind {
+        Kind::new("pgbouncer", "RUNLOCK_TEST_PGBOUNCER_URI", "pgbouncer.sh")
     }
 
     async fn start_own(&self) -> Result<OwnServer> {

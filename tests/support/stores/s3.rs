@@ -2,13 +2,10 @@
 //! names in `RUNLOCK_TEST_S3_ENDPOINT`; records are read back with boto3
 //! (`RUNLOCK_TEST_PYTHON`), the way a person would with AWS's own tools.
 
-use super::{
-    object_uri, output_of, records_from_listing, records_under, test_var, Endpoint, Failure,
-    OwnServer, Record, Store,
-};
+use super::{object_uri, python_sdk::PythonSdk, Endpoint, Failure, Kind, OwnServer, Record, Store};
 use crate::closed_port;
 use crate::http;
-use anyhow::{Context, Result};
+use anyhow::Result;
 use tokio::process::Command;
 
 /// The S3 store, as moto serves it.
@@ -16,11 +13,6 @@ use tokio::process::Command;
 pub struct S3;
 
 const SCRIPT: &str = "moto.sh";
-
-/// A Python with boto3.
-fn python() -> Result<String> {
-    test_var("RUNLOCK_TEST_PYTHON", SCRIPT)
-}
 
 /// The environment an agent (or boto3) needs to use `endpoint` as its S3.
 pub fn env_for(endpoint: &str) -> Vec<(String, String)> {
@@ -63,38 +55,21 @@ elif action == "put":
     print("[]")
 "#;
 
-async fn boto(
-    at: &Endpoint,
-    action: &str,
-    bucket: &str,
-    arg: &str,
-    input: &[u8],
-) -> Result<String> {
-    let mut command = Command::new(python()?);
-    command
-        .args(["-c", BOTO, action, bucket, arg])
-        .envs(env_for(&at.url))
-        .env_remove("AWS_PROFILE");
-    output_of(
-        command,
-        input,
-        &format!("boto3 {action} {arg:?} in {bucket}"),
-    )
-    .await
-}
+const BOTO3: PythonSdk = PythonSdk {
+    name: "boto3",
+    python: ("RUNLOCK_TEST_PYTHON", SCRIPT),
+    script: BOTO,
+    name_field: "key",
+};
 
 #[async_trait::async_trait]
 impl Store for S3 {
-    fn name(&self) -> &'static str {
-        "s3"
-    }
-
-    fn shared_var(&self) -> (&'static str, &'static str) {
-        ("RUNLOCK_TEST_S3_ENDPOINT", SCRIPT)
+    fn kind(&self) -> Kind {
+        Kind::new("s3", "RUNLOCK_TEST_S3_ENDPOINT", SCRIPT)
     }
 
     async fn start_own(&self) -> Result<OwnServer> {
-        let server = std::path::Path::new(&python()?).with_file_name("moto_server");
+        let server = std::path::Path::new(&BOTO3.python()?).with_file_name("moto_server");
         let port = closed_port()?;
         let mut command = Command::new(server);
         command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
@@ -120,17 +95,15 @@ impl Store for S3 {
     }
 
     async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
-        let text = boto(at, "list", name, &records_under(prefix), b"").await?;
-        records_from_listing(&text, "key")
+        BOTO3.records(env_for(&at.url), name, prefix).await
     }
 
     async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {
-        boto(at, "put", name, object, body).await.map(|_| ())
+        BOTO3.put(env_for(&at.url), name, object, body).await
     }
 
     async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>> {
-        let text = boto(at, "get", name, object, b"").await?;
-        serde_json::from_str(text.trim()).with_context(|| format!("boto3 printed {text:?}"))
+        BOTO3.get(env_for(&at.url), name, object).await
     }
 
     async fn failures(&self, at: &Endpoint) -> Result<Vec<Failure>> {

@@ -1,0 +1,97 @@
+//! An object store read and written through its own Python SDK (boto3,
+//! azure-storage-blob), as a person would check what the agent wrote: one
+//! script a store, whose actions are `create`, `list` (the objects under a
+//! prefix, with their bodies and the store's time of each write), `get` and
+//! `put` (the body on stdin), each printing JSON.
+
+use super::{output_of, records_under, test_var, Record};
+use anyhow::{Context, Result};
+use std::time::Duration;
+use tokio::process::Command;
+
+pub(super) struct PythonSdk {
+    /// What errors call it ("boto3").
+    pub(super) name: &'static str,
+    /// The variable naming a Python that has it, and the script under
+    /// tests/scripts that installs it.
+    pub(super) python: (&'static str, &'static str),
+    /// The script, run with `-c`.
+    pub(super) script: &'static str,
+    /// The field of a listed object that holds its name.
+    pub(super) name_field: &'static str,
+}
+
+impl PythonSdk {
+    /// The Python that has the SDK.
+    pub(super) fn python(&self) -> Result<String> {
+        test_var(self.python.0, self.python.1)
+    }
+
+    /// `action` on `space` (a bucket, a container) with `arg` and `input`
+    /// on stdin; the credentials go in `env`, never in argv, which `ps` shows.
+    pub(super) async fn run(
+        &self,
+        env: Vec<(String, String)>,
+        action: &str,
+        space: &str,
+        arg: &str,
+        input: &[u8],
+    ) -> Result<String> {
+        let mut command = Command::new(self.python()?);
+        command
+            .args(["-c", self.script, action, space, arg])
+            .envs(env)
+            .env_remove("AWS_PROFILE");
+        let what = format!("{} {action} {arg:?} in {space}", self.name);
+        output_of(command, input, &what).await
+    }
+
+    /// The records under `prefix` in `space`.
+    pub(super) async fn records(
+        &self,
+        env: Vec<(String, String)>,
+        space: &str,
+        prefix: &str,
+    ) -> Result<Vec<Record>> {
+        let text = self
+            .run(env, "list", space, &records_under(prefix), b"")
+            .await?;
+        let listed: Vec<serde_json::Value> = serde_json::from_str(text.trim())
+            .with_context(|| format!("{} printed {text:?}", self.name))?;
+        let field = self.name_field;
+        listed
+            .into_iter()
+            .filter(|o| !o[field].as_str().is_some_and(super::is_probe))
+            .map(|o| {
+                let seconds = o["last_modified"].as_f64().context("no last_modified")?;
+                Ok(Record {
+                    name: o[field].as_str().context("no name")?.to_string(),
+                    written: Some(std::time::UNIX_EPOCH + Duration::from_secs_f64(seconds)),
+                    body: o["body"].as_str().context("no body")?.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    /// Writes `body` as `object` in `space`, whatever is there.
+    pub(super) async fn put(
+        &self,
+        env: Vec<(String, String)>,
+        space: &str,
+        object: &str,
+        body: &[u8],
+    ) -> Result<()> {
+        self.run(env, "put", space, object, body).await.map(|_| ())
+    }
+
+    /// The body of `object` in `space`; `None` if there is none.
+    pub(super) async fn get(
+        &self,
+        env: Vec<(String, String)>,
+        space: &str,
+        object: &str,
+    ) -> Result<Option<String>> {
+        let text = self.run(env, "get", space, object, b"").await?;
+        serde_json::from_str(text.trim()).with_context(|| format!("{} printed {text:?}", self.name))
+    }
+}
