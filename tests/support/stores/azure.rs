@@ -156,6 +156,7 @@ const SDK: PythonSdk = PythonSdk {
     python: ("RUNLOCK_TEST_AZURE_PYTHON", SCRIPT),
     script: SDK_SCRIPT,
     name_field: "name",
+    env: |endpoint| env_with_key(endpoint, KEY),
 };
 
 #[async_trait::async_trait]
@@ -184,9 +185,7 @@ impl Store for Azure {
     }
 
     async fn create(&self, at: &Endpoint, name: &str) -> Result<()> {
-        SDK.run(env_with_key(&at.url, KEY), "create", name, "", b"")
-            .await
-            .map(|_| ())
+        SDK.run(at, "create", name, "", b"").await.map(|_| ())
     }
 
     fn uri(&self, _at: &Endpoint, name: &str, prefix: &str) -> String {
@@ -198,16 +197,15 @@ impl Store for Azure {
     }
 
     async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
-        SDK.records(env_with_key(&at.url, KEY), name, prefix).await
+        SDK.records(at, name, prefix).await
     }
 
     async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {
-        SDK.put(env_with_key(&at.url, KEY), name, object, body)
-            .await
+        SDK.put(at, name, object, body).await
     }
 
     async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>> {
-        SDK.get(env_with_key(&at.url, KEY), name, object).await
+        SDK.get(at, name, object).await
     }
 
     async fn failures(&self, at: &Endpoint) -> Result<Vec<Failure>> {

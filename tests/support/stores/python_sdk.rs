@@ -4,34 +4,37 @@
 //! prefix, with their bodies and the store's time of each write), `get` and
 //! `put` (the body on stdin), each printing JSON.
 
-use super::{output_of, records_under, test_var, Record};
+use super::{output_of, records_under, test_var, Endpoint, Record};
 use anyhow::{Context, Result};
 use std::time::Duration;
 use tokio::process::Command;
 
-pub(super) struct PythonSdk {
+pub struct PythonSdk {
     /// What errors call it ("boto3").
-    pub(super) name: &'static str,
+    pub name: &'static str,
     /// The variable naming a Python that has it, and the script under
     /// tests/scripts that installs it.
-    pub(super) python: (&'static str, &'static str),
+    pub python: (&'static str, &'static str),
     /// The script, run with `-c`.
-    pub(super) script: &'static str,
+    pub script: &'static str,
     /// The field of a listed object that holds its name.
-    pub(super) name_field: &'static str,
+    pub name_field: &'static str,
+    /// The environment that points the SDK at an endpoint, credentials
+    /// included (never in argv, which `ps` shows).
+    pub env: fn(&str) -> Vec<(String, String)>,
 }
 
 impl PythonSdk {
     /// The Python that has the SDK.
-    pub(super) fn python(&self) -> Result<String> {
+    pub fn python(&self) -> Result<String> {
         test_var(self.python.0, self.python.1)
     }
 
-    /// `action` on `space` (a bucket, a container) with `arg` and `input`
-    /// on stdin; the credentials go in `env`, never in argv, which `ps` shows.
-    pub(super) async fn run(
+    /// `action` on `space` (a bucket, a container) at `at`, with `arg` and
+    /// `input` on stdin.
+    pub async fn run(
         &self,
-        env: Vec<(String, String)>,
+        at: &Endpoint,
         action: &str,
         space: &str,
         arg: &str,
@@ -40,21 +43,16 @@ impl PythonSdk {
         let mut command = Command::new(self.python()?);
         command
             .args(["-c", self.script, action, space, arg])
-            .envs(env)
+            .envs((self.env)(&at.url))
             .env_remove("AWS_PROFILE");
         let what = format!("{} {action} {arg:?} in {space}", self.name);
         output_of(command, input, &what).await
     }
 
     /// The records under `prefix` in `space`.
-    pub(super) async fn records(
-        &self,
-        env: Vec<(String, String)>,
-        space: &str,
-        prefix: &str,
-    ) -> Result<Vec<Record>> {
+    pub async fn records(&self, at: &Endpoint, space: &str, prefix: &str) -> Result<Vec<Record>> {
         let text = self
-            .run(env, "list", space, &records_under(prefix), b"")
+            .run(at, "list", space, &records_under(prefix), b"")
             .await?;
         let listed: Vec<serde_json::Value> = serde_json::from_str(text.trim())
             .with_context(|| format!("{} printed {text:?}", self.name))?;
@@ -74,24 +72,13 @@ impl PythonSdk {
     }
 
     /// Writes `body` as `object` in `space`, whatever is there.
-    pub(super) async fn put(
-        &self,
-        env: Vec<(String, String)>,
-        space: &str,
-        object: &str,
-        body: &[u8],
-    ) -> Result<()> {
-        self.run(env, "put", space, object, body).await.map(|_| ())
+    pub async fn put(&self, at: &Endpoint, space: &str, object: &str, body: &[u8]) -> Result<()> {
+        self.run(at, "put", space, object, body).await.map(|_| ())
     }
 
     /// The body of `object` in `space`; `None` if there is none.
-    pub(super) async fn get(
-        &self,
-        env: Vec<(String, String)>,
-        space: &str,
-        object: &str,
-    ) -> Result<Option<String>> {
-        let text = self.run(env, "get", space, object, b"").await?;
+    pub async fn get(&self, at: &Endpoint, space: &str, object: &str) -> Result<Option<String>> {
+        let text = self.run(at, "get", space, object, b"").await?;
         serde_json::from_str(text.trim()).with_context(|| format!("{} printed {text:?}", self.name))
     }
 }

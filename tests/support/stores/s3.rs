@@ -60,6 +60,7 @@ const BOTO3: PythonSdk = PythonSdk {
     python: ("RUNLOCK_TEST_PYTHON", SCRIPT),
     script: BOTO,
     name_field: "key",
+    env: env_for,
 };
 
 #[async_trait::async_trait]
@@ -95,15 +96,15 @@ impl Store for S3 {
     }
 
     async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
-        BOTO3.records(env_for(&at.url), name, prefix).await
+        BOTO3.records(at, name, prefix).await
     }
 
     async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {
-        BOTO3.put(env_for(&at.url), name, object, body).await
+        BOTO3.put(at, name, object, body).await
     }
 
     async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>> {
-        BOTO3.get(env_for(&at.url), name, object).await
+        BOTO3.get(at, name, object).await
     }
 
     async fn failures(&self, at: &Endpoint) -> Result<Vec<Failure>> {
