@@ -88,8 +88,7 @@ async fn sigkill_of_the_shim_alone_keeps_the_key_until_the_command_dies(
     run.signal(Signal::SIGKILL)?;
     run.wait().await?;
     // The command still holds its inherited copy of the agent socket.
-    let second = agent.run(&[&k], &[], "echo must-not-run")?.finish().await?;
-    second.expect_code(75)?;
+    agent.run_refused(&[&k], &[], 75).await?;
     let record = agent.inspect_json(&k).await?;
     ensure!(record["state"] == "held", "{record}");
     ensure!(record["token"] == ready.token(), "{record}");

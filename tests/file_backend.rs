@@ -49,9 +49,7 @@ async fn two_agents_on_one_directory_exclude_each_other() -> Result<()> {
     let ready = holder.ready().await?;
     let holder_pid = holder.pid()?;
 
-    let refused = b.run(&[&k], &[], "echo must-not-run")?.finish().await?;
-    refused.expect_code(75)?;
-    ensure!(!refused.stdout.contains("must-not-run"), "{refused:?}");
+    let refused = b.run_refused(&[&k], &[], 75).await?;
     for want in [
         holder_pid.to_string(),
         "held-through-a".to_string(),
@@ -174,11 +172,7 @@ async fn held_error_names_a_holder_on_another_agent_even_behind_a_local_waiter()
 
     // SPEC.md 9: `held` and `timeout` always carry the holder, so the shim can name it.
     for wait in ["300ms", "0s"] {
-        let out = b
-            .run(&[&k], &["--wait", wait], "echo must-not-run")?
-            .finish()
-            .await?;
-        out.expect_code(75)?;
+        let out = b.run_refused(&[&k], &["--wait", wait], 75).await?;
         ensure!(
             out.stderr.contains(&holder.pid()?.to_string())
                 && out.stderr.contains(&format!("token:   {}", ready.token())),
@@ -200,9 +194,7 @@ async fn a_lock_directory_that_is_gone_makes_runs_exit_69() -> Result<()> {
     let dir = locks.path();
     std::fs::remove_dir_all(&dir)?;
     let k = key("gone-directory");
-    let out = agent.run(&[&k], &[], "echo must-not-run")?.finish().await?;
-    out.expect_code(69)?;
-    ensure!(!out.stdout.contains("must-not-run"), "{out:?}");
+    agent.run_refused(&[&k], &[], 69).await?;
     // The agent keeps serving: once the directory is back, runs go on.
     std::fs::create_dir_all(&dir)?;
     agent.run_to_success(&k).await
@@ -219,13 +211,7 @@ async fn a_waiting_run_rides_out_an_unreachable_store_until_its_wait_ends() -> R
     let dir = locks.path();
     std::fs::remove_dir_all(&dir)?;
     let k = key("unreachable-store");
-    let gave_up = agent
-        .run(&[&k], &["--wait", "300ms"], "echo must-not-run")?
-        .finish()
-        .await?;
-    gave_up.expect_code(69)?;
-    ensure!(!gave_up.stdout.contains("must-not-run"), "{gave_up:?}");
-
+    agent.run_refused(&[&k], &["--wait", "300ms"], 69).await?;
     let mut waiting = agent.run(&[&k], &["--wait", "30s"], "echo ready $$ $RUNLOCK_TOKEN")?;
     // Once its acquire has reached the agent, bring the directory back: it starts.
     let asked = |log: &str| log.matches("wait_ms: 30000").count() == 1;

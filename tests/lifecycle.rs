@@ -59,9 +59,7 @@ async fn held_key_makes_a_second_run_exit_75_naming_the_holder(backend: Backend)
     let mut holder = agent.run(&[&k], &[], &format!("{HOLD} # the-first-run"))?;
     let ready = holder.ready().await?;
 
-    let second = agent.run(&[&k], &[], "echo must-not-run")?.finish().await?;
-    second.expect_code(75)?;
-    ensure!(!second.stdout.contains("must-not-run"), "{second:?}");
+    let second = agent.run_refused(&[&k], &[], 75).await?;
     let field = |name| holder_field(&second.stderr, name).unwrap_or_default();
     ensure!(field("host") == host_name()?, "holder host: {second:?}");
     ensure!(
@@ -183,11 +181,9 @@ async fn a_run_that_cannot_take_every_key_takes_none(backend: Backend) -> Result
     let mut holder = agent.run(&[&b], &[], HOLD)?;
     holder.ready().await?;
     for wait in ["0s", "300ms"] {
-        let out = agent
-            .run(&[&c, &b, &a], &["--wait", wait], "echo must-not-run")?
-            .finish()
+        agent
+            .run_refused(&[&c, &b, &a], &["--wait", wait], 75)
             .await?;
-        out.expect_code(75)?;
         // `a` was taken before `b` was found held; it is given back before the reply.
         ensure!(
             !client.is_held(&a).await?,
@@ -205,12 +201,7 @@ async fn wait_that_runs_out_exits_75(backend: Backend) -> Result<()> {
     let mut holder = agent.run(&[&k], &[], HOLD)?;
     holder.ready().await?;
 
-    let late = agent
-        .run(&[&k], &["--wait", "300ms"], "echo must-not-run")?
-        .finish()
-        .await?;
-    late.expect_code(75)?;
-    ensure!(!late.stdout.contains("must-not-run"), "{late:?}");
+    let late = agent.run_refused(&[&k], &["--wait", "300ms"], 75).await?;
     ensure!(
         late.elapsed >= Duration::from_millis(300),
         "gave up early: {late:?}"

@@ -140,8 +140,7 @@ async fn a_crashed_agent_is_replaced_without_stopping_the_run() -> Result<()> {
         deadline.tick().await?;
     }
     // Held through the new agent: a second run is refused, naming the first.
-    let refused = new.run(&[&k], &[], "echo must-not-run")?.finish().await?;
-    refused.expect_code(75)?;
+    let refused = new.run_refused(&[&k], &[], 75).await?;
     ensure!(
         refused
             .stderr

@@ -62,12 +62,7 @@ async fn the_run_outlives_its_agent(stop: Signal) -> Result<()> {
         held_with(&witness, &k, ready.token()).await?;
         deadline.tick().await?;
     }
-    let refused = witness
-        .run(&[&k], &[], "echo must-not-run")?
-        .finish()
-        .await?;
-    refused.expect_code(75)?;
-
+    witness.run_refused(&[&k], &[], 75).await?;
     let again = agent_on(&locks, Some(agent.socket()), "5s").await?;
     let adopted = reattached(&again, 1).await?;
     ensure!(adopted[0].holder.token == ready.token(), "{adopted:?}");

@@ -63,9 +63,7 @@ async fn a_conflict_names_the_holder_on_the_other_host(store: impl Store) -> Res
     let mut holder = a.run(&[&k], &[], &format!("{HOLD} # held-through-a"))?;
     let ready = holder.ready().await?;
 
-    let refused = b.run(&[&k], &[], "echo must-not-run")?.finish().await?;
-    refused.expect_code(75)?;
-    ensure!(!refused.stdout.contains("must-not-run"), "{refused:?}");
+    let refused = b.run_refused(&[&k], &[], 75).await?;
     for want in [
         host_name()?,
         holder.pid()?.to_string(),

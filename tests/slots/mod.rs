@@ -474,12 +474,7 @@ async fn a_plain_run_is_refused_beside_slot_holders_once_slot_0_is_free(
     zero.end(0).await?;
     for agent in [&hosts.a, hosts.b()] {
         for extra in [&[][..], &["--slots", "2"][..]] {
-            let out = agent
-                .run(&[&k], extra, "echo must-not-run")?
-                .finish()
-                .await?;
-            out.expect_code(64)?;
-            ensure!(!out.stdout.contains("must-not-run"), "{out:?}");
+            let out = agent.run_refused(&[&k], extra, 64).await?;
             ensure!(
                 out.stderr.contains("3 slots"),
                 "the holders' count: {out:?}"

@@ -281,6 +281,23 @@ impl TestAgent {
         self.run_with_env(keys, extra, script, &[])
     }
 
+    /// A run of `echo must-not-run` on `keys` with `extra` that must not
+    /// start: it exits `code` and its command never ran.
+    pub async fn run_refused(
+        &self,
+        keys: &[&str],
+        extra: &[&str],
+        code: i32,
+    ) -> anyhow::Result<Finished> {
+        let out = self.run(keys, extra, "echo must-not-run")?.finish().await?;
+        out.expect_code(code)?;
+        anyhow::ensure!(
+            !out.stdout.contains("must-not-run"),
+            "the command ran: {out:?}"
+        );
+        Ok(out)
+    }
+
     /// A run on `key` that starts and exits 0: the agent grants and serves.
     pub async fn run_to_success(&self, key: &str) -> anyhow::Result<()> {
         self.run(&[key], &[], "exit 0")?
