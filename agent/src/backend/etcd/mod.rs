@@ -404,15 +404,10 @@ impl EtcdBackend {
     }
 
     async fn read(&self, name: &str) -> BackendResult<Option<KeyValue>> {
-        let name = name.to_string();
         let mut got = self
             .connection
-            .call(|mut c| {
-                let name = name.clone();
-                async move { c.get(name, None).await }
-            })
-            .await
-            .map_err(|p| self.connection.unavailable(p))?;
+            .request(|mut c| async move { c.get(name, None).await })
+            .await?;
         Ok(got.take_kvs().into_iter().next())
     }
 }
@@ -445,36 +440,30 @@ impl Profiled for EtcdBackend {
 #[async_trait]
 impl Backend for EtcdBackend {
     async fn confirm_stopped(&self, lease: &LeaseRef) -> BackendResult<()> {
-        let name = self.stopped_name(&lease.key, lease.token);
+        let name = &self.stopped_name(&lease.key, lease.token);
         // On a lease of its own, so that a word nobody reads (its forcer gave
         // up waiting) goes by itself.
         let granted = self
             .connection
-            .call(|mut c| async move { c.lease_grant(STOPPED_WORD_SECONDS, None).await })
-            .await
-            .map_err(|p| self.connection.unavailable(p))?;
+            .request(|mut c| async move { c.lease_grant(STOPPED_WORD_SECONDS, None).await })
+            .await?;
         let put = PutOptions::new().with_lease(granted.id());
         self.connection
-            .call(|mut c| {
-                let (name, put) = (name.clone(), put.clone());
-                async move { c.put(name, "stopped", Some(put)).await }
+            .request(|mut c| {
+                let put = put.clone();
+                async move { c.put(name.as_str(), "stopped", Some(put)).await }
             })
-            .await
-            .map_err(|p| self.connection.unavailable(p))?;
+            .await?;
         Ok(())
     }
 
     async fn displaced_stopped(&self, key: &Key, displaced: &Displaced) -> BackendResult<bool> {
-        let name = self.stopped_name(key, displaced.token);
+        let name = &self.stopped_name(key, displaced.token);
         // Read and removed in one request.
         let deleted = self
             .connection
-            .call(|mut c| {
-                let name = name.clone();
-                async move { c.delete(name, None).await }
-            })
-            .await
-            .map_err(|p| self.connection.unavailable(p))?;
+            .request(|mut c| async move { c.delete(name.as_str(), None).await })
+            .await?;
         Ok(deleted.deleted() > 0)
     }
 

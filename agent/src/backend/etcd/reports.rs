@@ -18,15 +18,14 @@ impl EtcdBackend {
         agent: &ReportName,
         body: Vec<u8>,
     ) -> BackendResult<()> {
-        let name = format!("{}{}", self.reports_under(), agent.file_name());
+        let name = &format!("{}{}", self.reports_under(), agent.file_name());
         self.bounded(async {
             self.connection
-                .call(|mut c| {
-                    let (name, body) = (name.clone(), body.clone());
-                    async move { c.put(name, body, None).await }
+                .request(|mut c| {
+                    let body = body.clone();
+                    async move { c.put(name.as_str(), body, None).await }
                 })
-                .await
-                .map_err(|p| self.connection.unavailable(p))?;
+                .await?;
             Ok(())
         })
         .await
@@ -44,14 +43,14 @@ impl EtcdBackend {
                 let options = GetOptions::new()
                     .with_range(end.clone())
                     .with_limit(REPORTS_PAGE);
+                let from = start.as_slice();
                 let mut answer = self
                     .connection
-                    .call(|mut c| {
-                        let (start, options) = (start.clone(), options.clone());
-                        async move { c.get(start, Some(options)).await }
+                    .request(|mut c| {
+                        let options = options.clone();
+                        async move { c.get(from, Some(options)).await }
                     })
-                    .await
-                    .map_err(|p| self.connection.unavailable(p))?;
+                    .await?;
                 let more = answer.more();
                 let kvs = answer.take_kvs();
                 for kv in &kvs {
@@ -76,15 +75,11 @@ impl EtcdBackend {
 
     /// [`Backend::remove_report`].
     pub(super) async fn remove_report_kv(&self, agent: &ReportName) -> BackendResult<()> {
-        let name = format!("{}{}", self.reports_under(), agent.file_name());
+        let name = &format!("{}{}", self.reports_under(), agent.file_name());
         self.bounded(async {
             self.connection
-                .call(|mut c| {
-                    let name = name.clone();
-                    async move { c.delete(name, None).await }
-                })
-                .await
-                .map_err(|p| self.connection.unavailable(p))?;
+                .request(|mut c| async move { c.delete(name.as_str(), None).await })
+                .await?;
             Ok(())
         })
         .await

@@ -105,9 +105,8 @@ impl Sessions {
         let sent = Instant::now();
         let granted = self
             .connection
-            .call(|mut c| async move { c.lease_grant(seconds, None).await })
-            .await
-            .map_err(|p| self.connection.unavailable(p))?;
+            .request(|mut c| async move { c.lease_grant(seconds, None).await })
+            .await?;
         let mut by_ttl = self.by_ttl();
         // Leases of TTLs no longer held go with their last key: drop the
         // ones etcd has surely let run out, so that the map stays small.

@@ -80,30 +80,36 @@ mod tests {
     #[test]
     fn a_missing_or_half_given_file_is_named() {
         let dir = tempfile::tempdir().expect("a temp dir");
-        let missing = dir.path().join("nope.pem");
-        let options = EtcdOptions {
-            ca_file: Some(missing.clone()),
-            ..EtcdOptions::default()
-        };
-        let err = settings(false, &options).expect_err("missing");
-        assert!(err.to_string().contains("nope.pem"), "{err}");
-
         let not_pem = dir.path().join("ca.txt");
         std::fs::write(&not_pem, "hello").expect("write");
-        let options = EtcdOptions {
-            ca_file: Some(not_pem),
-            ..EtcdOptions::default()
-        };
-        let err = settings(false, &options).expect_err("not PEM");
-        assert!(err.to_string().contains("is not PEM"), "{err}");
-
         let cert = dir.path().join("client.pem");
         std::fs::write(&cert, "-----BEGIN CERTIFICATE-----\n").expect("write");
-        let options = EtcdOptions {
-            cert_file: Some(cert),
-            ..EtcdOptions::default()
-        };
-        let err = settings(false, &options).expect_err("no key");
-        assert!(err.to_string().contains("needs its key"), "{err}");
+        let cases = [
+            (
+                EtcdOptions {
+                    ca_file: Some(dir.path().join("nope.pem")),
+                    ..EtcdOptions::default()
+                },
+                "nope.pem",
+            ),
+            (
+                EtcdOptions {
+                    ca_file: Some(not_pem),
+                    ..EtcdOptions::default()
+                },
+                "is not PEM",
+            ),
+            (
+                EtcdOptions {
+                    cert_file: Some(cert),
+                    ..EtcdOptions::default()
+                },
+                "needs its key",
+            ),
+        ];
+        for (options, said) in cases {
+            let err = settings(false, &options).expect_err(said);
+            assert!(err.to_string().contains(said), "{err}");
+        }
     }
 }

@@ -6,7 +6,7 @@ use super::errors::{LeaseGone, Problem};
 use super::record::EtcdRecord;
 use super::watched::Watched;
 use crate::backend::retry::{RetryBudget, TIMEOUTS, TRANSIENT};
-use crate::backend::Secret;
+use crate::backend::{BackendResult, Secret};
 use etcd_client::{Client, ConnectOptions, EventType, TlsOptions, WatchFilterType, WatchOptions};
 use runlock_protocol::Key;
 use std::future::Future;
@@ -97,6 +97,15 @@ impl Connection {
                 |problem| matches!(problem, Problem::Transient(_)),
             )
             .await
+    }
+
+    /// [`call`](Self::call), a failure said as the store being unavailable.
+    pub(super) async fn request<T, F, Fut>(&self, request: F) -> BackendResult<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        self.call(request).await.map_err(|p| self.unavailable(p))
     }
 }
 

@@ -470,6 +470,30 @@ mod tests {
         )
     }
 
+    /// Where a resolved setting points, and as whom.
+    struct Target {
+        host: &'static str,
+        port: u16,
+        user: &'static str,
+        password: &'static str,
+        dbname: &'static str,
+        ssl_mode: SslMode,
+    }
+
+    impl Target {
+        fn assert_is(&self, settings: &Settings) {
+            assert_eq!(hosts(settings), [self.host]);
+            assert_eq!(settings.config.get_ports(), [self.port]);
+            assert_eq!(settings.user(), self.user);
+            assert_eq!(
+                settings.config.get_password(),
+                Some(self.password.as_bytes())
+            );
+            assert_eq!(settings.dbname(), self.dbname);
+            assert_eq!(settings.ssl_mode(), self.ssl_mode);
+        }
+    }
+
     fn hosts(settings: &Settings) -> Vec<String> {
         settings
             .config
@@ -493,12 +517,15 @@ mod tests {
             ("PGSSLMODE", "disable"),
         ];
         let all_env = resolve("postgresql://", &env).expect("parses");
-        assert_eq!(hosts(&all_env), ["envhost"]);
-        assert_eq!(all_env.config.get_ports(), [6543]);
-        assert_eq!(all_env.user(), "envuser");
-        assert_eq!(all_env.config.get_password(), Some(&b"envpass"[..]));
-        assert_eq!(all_env.dbname(), "envdb");
-        assert_eq!(all_env.ssl_mode(), SslMode::Disable);
+        let envs = Target {
+            host: "envhost",
+            port: 6543,
+            user: "envuser",
+            password: "envpass",
+            dbname: "envdb",
+            ssl_mode: SslMode::Disable,
+        };
+        envs.assert_is(&all_env);
         assert_eq!(
             all_env.shown(),
             "envhost:6543 (database \"envdb\", user \"envuser\")"
@@ -509,12 +536,15 @@ mod tests {
             &env,
         )
         .expect("parses");
-        assert_eq!(hosts(&uri), ["db.example"]);
-        assert_eq!(uri.config.get_ports(), [5433]);
-        assert_eq!(uri.user(), "u");
-        assert_eq!(uri.config.get_password(), Some(&b"p@ss"[..]));
-        assert_eq!(uri.dbname(), "meltano");
-        assert_eq!(uri.ssl_mode(), SslMode::Require);
+        let uris = Target {
+            host: "db.example",
+            port: 5433,
+            user: "u",
+            password: "p@ss",
+            dbname: "meltano",
+            ssl_mode: SslMode::Require,
+        };
+        uris.assert_is(&uri);
         assert_eq!(uri.config.get_application_name(), Some("x"));
 
         // A host without a port takes PGPORT, as libpq does.

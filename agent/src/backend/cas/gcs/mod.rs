@@ -144,6 +144,16 @@ impl GcsStore {
         format!("gs://{}/{name}", self.bucket)
     }
 
+    /// Object `name`'s address in the JSON API.
+    fn object_url(&self, name: &str) -> String {
+        format!(
+            "{}/storage/v1/b/{}/o/{}",
+            self.api,
+            encode(&self.bucket),
+            encode(name)
+        )
+    }
+
     /// A multipart upload of `body` as object `name`, only if its generation is
     /// `generation` (0: only if it does not exist).
     async fn upload(&self, name: &str, body: Vec<u8>, generation: &str) -> CasResult<String> {
@@ -208,12 +218,7 @@ impl CasStore for GcsStore {
     }
 
     async fn get(&self, name: &str) -> CasResult<Read> {
-        let url = format!(
-            "{}/storage/v1/b/{}/o/{}?alt=media",
-            self.api,
-            encode(&self.bucket),
-            encode(name)
-        );
+        let url = format!("{}?alt=media", self.object_url(name));
         let what = self.object(name);
         let answer = self
             .exchange(&what, || Request::get(url.as_str()), Bytes::new(), None)
@@ -301,12 +306,7 @@ impl CasStore for GcsStore {
     }
 
     async fn delete(&self, name: &str) -> CasResult<()> {
-        let url = format!(
-            "{}/storage/v1/b/{}/o/{}",
-            self.api,
-            encode(&self.bucket),
-            encode(name)
-        );
+        let url = self.object_url(name);
         let what = self.object(name);
         let answer = self
             .exchange(&what, || Request::delete(url.as_str()), Bytes::new(), None)
