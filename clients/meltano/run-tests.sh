@@ -30,4 +30,7 @@ export PYTHONPATH="$here/src:$repo/clients/python/src${PYTHONPATH:+:$PYTHONPATH}
 echo "-- mypy --strict"
 (cd "$here" && "$venv/bin/mypy" --strict src/runlock_meltano)
 
-"$venv/bin/pytest" -q -p no:cacheprovider "$here/tests" "$@"
+# One worker a core (pytest-xdist): a Meltano process starting is a second
+# of one core's work, and most tests start them one after another, so one
+# worker left a two-core machine half idle (BENCHMARKS.md, "CI phases").
+"$venv/bin/pytest" -q -p no:cacheprovider -n auto --dist worksteal "$here/tests" "$@"

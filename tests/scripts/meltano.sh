@@ -16,8 +16,8 @@
 # the venv must hold this checkout's code, not an earlier one's), Meltano's
 # `s3`, `gcs` and `azure` extras (the client libraries of its cloud state
 # stores), its `postgres` extra (psycopg, for a system database on
-# PostgreSQL), and pytest and mypy for the
-# add-on's checks (clients/meltano/run-tests.sh).
+# PostgreSQL), and pytest (with pytest-xdist) and mypy for the add-on's
+# checks (clients/meltano/run-tests.sh).
 #
 # The venvs live in ${RUNLOCK_EMU_DIR:-/tmp/runlock-emu}/meltano and
 # .../target-jsonl and are reused when a stamp file says they have these
@@ -50,7 +50,7 @@ meltano_install() {
 meltano_addon_install() {
     local venv=$1 repo scratch rc=0
     repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-    "$venv/bin/pip" install -q --disable-pip-version-check "meltano[s3,gcs,azure,postgres]==$MELTANO_VERSION" msgpack pytest mypy || return 1
+    "$venv/bin/pip" install -q --disable-pip-version-check "meltano[s3,gcs,azure,postgres]==$MELTANO_VERSION" msgpack pytest pytest-xdist mypy || return 1
     # Not editable: several checkouts may share this venv. Built from a copy
     # (with the Cargo.toml whose version setup.py reads, two levels up), so
     # that setuptools leaves no build/ or *.egg-info in the checkout.
