@@ -4,7 +4,8 @@
 
 use super::{
     AcquireSpec, Adopted, Adopter, Backend, BackendResult, Displaced, Ending, Grant, LeaseRef,
-    ListPage, PageAsk, Profile, Profiled, ProfiledBackend, Renewed, ReportName, StoredReport,
+    ListPage, PageAsk, Profile, Profiled, ProfiledBackend, Renewed, ReportName, Reports,
+    StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Key, KeyEvent, KeyRecord};
@@ -82,7 +83,10 @@ impl<H: Hooks> Backend for Forwarding<H> {
     async fn displaced_stopped(&self, key: &Key, displaced: &Displaced) -> BackendResult<bool> {
         self.inner.backend.displaced_stopped(key, displaced).await
     }
+}
 
+#[async_trait]
+impl<H: Hooks> Reports for Forwarding<H> {
     async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
         self.inner.backend.put_report(agent, body).await
     }

@@ -4,7 +4,7 @@ use super::history::{self, Before, Stamp};
 use super::{
     AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities, Displaced,
     Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile, Profiled, Renewed,
-    ReportName, StoredReport,
+    ReportName, Reports, StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
@@ -184,7 +184,10 @@ impl Backend for MemoryBackend {
         };
         Ok(ListPage { records, next })
     }
+}
 
+#[async_trait]
+impl Reports for MemoryBackend {
     async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
         self.reports().insert(agent.clone(), body);
         Ok(())

@@ -423,7 +423,7 @@ pub struct ListPage {
 /// lives inside. What the store is travels beside it, as [`Profile`], so a
 /// decorator (`metrics::TimedBackend`) implements exactly these.
 #[async_trait]
-pub trait Backend: Send + Sync + 'static {
+pub trait Backend: Reports + Send + Sync + 'static {
     /// Takes `spec.key` now, or reports its holder; never waits for a holder.
     async fn acquire(&self, spec: &AcquireSpec) -> BackendResult<Grant>;
     /// Confirms the lease is still ours and extends it; says from when the
@@ -458,8 +458,15 @@ pub trait Backend: Send + Sync + 'static {
     /// agent said so through the store (and the word is then removed), or
     /// on `file://` its lock is free.
     async fn displaced_stopped(&self, key: &Key, displaced: &Displaced) -> BackendResult<bool>;
-    /// Writes this agent's report (what it alone knows: its waiters and
-    /// refusals) over the one it wrote before, whatever that was.
+}
+
+/// The agents' reports a store keeps beside its keys' records (what each
+/// agent alone knows: its waiters and refusals), for the fleet view. Apart
+/// from [`Backend`] so that each store keeps them in a module of their own.
+#[async_trait]
+pub trait Reports: Send + Sync {
+    /// Writes this agent's report over the one it wrote before, whatever
+    /// that was.
     async fn put_report(&self, agent_id: &ReportName, body: Vec<u8>) -> BackendResult<()>;
     /// Every agent's report the store keeps, as written. A report that
     /// cannot be read is listed with why; a failing store request fails all.

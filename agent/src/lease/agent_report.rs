@@ -189,7 +189,7 @@ mod tests {
     use super::super::listing::KeysQuery;
     use super::super::testing::*;
     use super::*;
-    use crate::backend::{Backend, StoredReport};
+    use crate::backend::{Reports, StoredReport};
 
     /// The reports `store` keeps, once `done` says they are as awaited.
     async fn reports_once(

@@ -4,7 +4,7 @@
 use super::{Metrics, Operation, GLOBAL};
 use crate::backend::{
     AcquireSpec, Adopted, Adopter, Backend, BackendResult, Displaced, Ending, Grant, LeaseRef,
-    ListPage, PageAsk, ProfiledBackend, Renewed, ReportName, StoredReport,
+    ListPage, PageAsk, ProfiledBackend, Renewed, ReportName, Reports, StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Key, KeyEvent, KeyRecord};
@@ -102,7 +102,10 @@ impl Backend for TimedBackend {
         )
         .await
     }
+}
 
+#[async_trait]
+impl Reports for TimedBackend {
     async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
         self.timed(Operation::Report, self.inner.put_report(agent, body))
             .await

@@ -21,8 +21,7 @@ use crate::backend::history::{self, Before, Stamp};
 use crate::backend::retry::RetryBudget;
 use crate::backend::{
     key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities,
-    Displaced, Ending, Grant, LeaseRef, ListPage, PageAsk, Profile, Profiled, Renewed, ReportName,
-    StoredReport,
+    Displaced, Ending, Grant, LeaseRef, ListPage, PageAsk, Profile, Profiled, Renewed,
 };
 use async_trait::async_trait;
 use pacer::Pacer;
@@ -630,18 +629,6 @@ impl Backend for CasEngine {
 
     async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         self.list_page(ask).await
-    }
-
-    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
-        self.put_report_object(agent, body).await
-    }
-
-    async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
-        self.report_objects().await
-    }
-
-    async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
-        self.remove_report_object(agent).await
     }
 }
 

@@ -50,7 +50,7 @@ mod watched;
 use super::{
     key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities,
     Displaced, Ending, EtcdOptions, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile,
-    Profiled, Renewed, ReportName, StoredReport,
+    Profiled, Renewed, ReportName, Reports, StoredReport,
 };
 use crate::backend::history::{self as shared, Stamp};
 use crate::backend::retry::TIMEOUTS;
@@ -579,18 +579,6 @@ impl Backend for EtcdBackend {
     /// history (see `history`).
     async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         self.list_page(ask).await
-    }
-
-    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
-        self.put_report_kv(agent, body).await
-    }
-
-    async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
-        self.report_kvs().await
-    }
-
-    async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
-        self.remove_report_kv(agent).await
     }
 
     async fn history(&self, key: &Key) -> BackendResult<Vec<KeyEvent>> {

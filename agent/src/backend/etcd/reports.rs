@@ -11,13 +11,12 @@ impl EtcdBackend {
     fn reports_under(&self) -> String {
         format!("{}.agents/", self.connection.prefix)
     }
+}
 
-    /// [`Backend::put_report`]: a plain put; only its agent writes it.
-    pub(super) async fn put_report_kv(
-        &self,
-        agent: &ReportName,
-        body: Vec<u8>,
-    ) -> BackendResult<()> {
+#[async_trait]
+impl Reports for EtcdBackend {
+    /// A plain put: only its agent writes it.
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
         let name = &format!("{}{}", self.reports_under(), agent.file_name());
         self.bounded(async {
             self.connection
@@ -31,8 +30,8 @@ impl EtcdBackend {
         .await
     }
 
-    /// [`Backend::reports`]: a request per thousand reports.
-    pub(super) async fn report_kvs(&self) -> BackendResult<Vec<StoredReport>> {
+    /// A request per thousand reports.
+    async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
         let under = self.reports_under();
         // invariant: the prefix ends with `/`, which has a successor
         let end = listing::successor(under.as_bytes()).unwrap_or_default();
@@ -73,8 +72,7 @@ impl EtcdBackend {
         Ok(reports)
     }
 
-    /// [`Backend::remove_report`].
-    pub(super) async fn remove_report_kv(&self, agent: &ReportName) -> BackendResult<()> {
+    async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
         let name = &format!("{}{}", self.reports_under(), agent.file_name());
         self.bounded(async {
             self.connection

@@ -53,7 +53,7 @@ use super::key_name;
 use super::{
     AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities, Displaced,
     Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile, Profiled, Renewed,
-    ReportName, StoredReport,
+    ReportName, Reports, StoredReport,
 };
 use anyhow::Context as _;
 use async_trait::async_trait;
@@ -658,7 +658,10 @@ impl Backend for FileBackend {
         }
         Ok(free)
     }
+}
 
+#[async_trait]
+impl Reports for FileBackend {
     async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
         let agent = agent.clone();
         self.blocking(move |inner| inner.put_report(&agent, &body))

@@ -8,7 +8,7 @@ use crate::backend::history;
 use crate::backend::{
     redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities,
     Displaced, Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, PostgresOptions,
-    Profile, Profiled, Renewed, ReportName, StoredReport,
+    Profile, Profiled, Renewed, ReportName, Reports, StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -301,57 +301,6 @@ impl Backend for PostgresBackend {
         Ok(!taken.is_empty())
     }
 
-    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
-        let agent = agent.as_str();
-        let report = String::from_utf8(body)
-            .map_err(|_| BackendError::Corrupt("a report must be UTF-8 JSON".to_string()))?;
-        let report = &report;
-        self.session
-            .run(|link, statements| async move {
-                statements
-                    .put_report
-                    .query(&link.client, &[&agent, report])
-                    .await
-            })
-            .await
-            .map_err(BackendError::Unavailable)?;
-        Ok(())
-    }
-
-    /// One statement for every report.
-    async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
-        let (rows, _) = self
-            .session
-            .run(
-                |link, statements| async move { statements.reports.query(&link.client, &[]).await },
-            )
-            .await
-            .map_err(BackendError::Unavailable)?;
-        let mut reports = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let (agent, report): (String, String) = Columns::of(row)?;
-            // A row no agent wrote (its id is no agent's) is none of ours to show.
-            if let Some(agent) = ReportName::new(&agent) {
-                reports.push(StoredReport::read(agent, report.into_bytes()));
-            }
-        }
-        Ok(reports)
-    }
-
-    async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
-        let agent = agent.as_str();
-        self.session
-            .run(|link, statements| async move {
-                statements
-                    .remove_report
-                    .query(&link.client, &[&agent])
-                    .await
-            })
-            .await
-            .map_err(BackendError::Unavailable)?;
-        Ok(())
-    }
-
     async fn renew(&self, lease: &LeaseRef, ttl: Duration) -> BackendResult<Renewed> {
         let (key, token) = (lease.key.as_str(), stored_token(lease));
         let (ttl, grace) = (millis(ttl), millis(grace(ttl)));
@@ -475,5 +424,59 @@ impl Backend for PostgresBackend {
             sent,
             Duration::from_millis(u64::try_from(ttl_ms).unwrap_or(0)),
         ))
+    }
+}
+
+#[async_trait]
+impl Reports for PostgresBackend {
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
+        let agent = agent.as_str();
+        let report = String::from_utf8(body)
+            .map_err(|_| BackendError::Corrupt("a report must be UTF-8 JSON".to_string()))?;
+        let report = &report;
+        self.session
+            .run(|link, statements| async move {
+                statements
+                    .put_report
+                    .query(&link.client, &[&agent, report])
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        Ok(())
+    }
+
+    /// One statement for every report.
+    async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
+        let (rows, _) = self
+            .session
+            .run(
+                |link, statements| async move { statements.reports.query(&link.client, &[]).await },
+            )
+            .await
+            .map_err(BackendError::Unavailable)?;
+        let mut reports = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let (agent, report): (String, String) = Columns::of(row)?;
+            // A row no agent wrote (its id is no agent's) is none of ours to show.
+            if let Some(agent) = ReportName::new(&agent) {
+                reports.push(StoredReport::read(agent, report.into_bytes()));
+            }
+        }
+        Ok(reports)
+    }
+
+    async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
+        let agent = agent.as_str();
+        self.session
+            .run(|link, statements| async move {
+                statements
+                    .remove_report
+                    .query(&link.client, &[&agent])
+                    .await
+            })
+            .await
+            .map_err(BackendError::Unavailable)?;
+        Ok(())
     }
 }

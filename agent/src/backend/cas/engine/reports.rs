@@ -5,7 +5,8 @@
 
 use super::{unavailable, CasEngine, LIST_READS_IN_FLIGHT};
 use crate::backend::cas::{CasError, Precondition, Read};
-use crate::backend::{BackendResult, ReportName, StoredReport};
+use crate::backend::{BackendResult, ReportName, Reports, StoredReport};
+use async_trait::async_trait;
 use futures::StreamExt;
 
 /// Names asked of the store at once when listing reports.
@@ -26,16 +27,15 @@ impl CasEngine {
     fn report_name(&self, agent: &ReportName) -> String {
         format!("{}{}", self.reports, agent.file_name())
     }
+}
 
+#[async_trait]
+impl Reports for CasEngine {
     /// Writes this agent's report over its last: conditionally on the
     /// version it last wrote, as a put must name one; when that is stale (a
     /// report removed as silent, or one left by an agent before a restart)
     /// it reads the version there is and writes over that.
-    pub(super) async fn put_report_object(
-        &self,
-        agent: &ReportName,
-        body: Vec<u8>,
-    ) -> BackendResult<()> {
+    async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
         let name = self.report_name(agent);
         let mut version = self.report_version.lock().await;
         let written = match self
@@ -61,7 +61,7 @@ impl CasEngine {
     }
 
     /// Every report the store keeps, read again only where it changed.
-    pub(super) async fn report_objects(&self) -> BackendResult<Vec<StoredReport>> {
+    async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
         let mut names = Vec::new();
         let mut page = None;
         loop {
@@ -98,8 +98,7 @@ impl CasEngine {
             .collect())
     }
 
-    /// Removes an agent's report.
-    pub(super) async fn remove_report_object(&self, agent: &ReportName) -> BackendResult<()> {
+    async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
         self.store
             .delete(&self.report_name(agent))
             .await
