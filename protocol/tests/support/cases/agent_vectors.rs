@@ -1,6 +1,6 @@
 //! The canonical vectors of agent → client messages: answers and events.
 
-use super::{agent, event, forcing, holder, lease, Vector, AGENT_ID};
+use super::{agent, event, forcing, holder, key_error, lease, Vector, AGENT_ID};
 use runlock_protocol::{
     AgentMessage, Clock, ErrorCode, EventKind, Holder, KeyEvent, KeyListing, KeyRecord, KeyState,
     Lease, LeaseInfo, LostReason, OnUnavailable, Refusal, Scope, Waiter, WireError,
@@ -316,12 +316,12 @@ pub(super) fn vectors() -> Vec<Vector> {
             meaning: "Answers request 1: `dev:tap-x-to-target-y` is held (wait_ms was 0); holder says by whom.",
             message: agent(
                 Some(1),
-                AgentMessage::Error(WireError { holders: Vec::new(),
-                    code: ErrorCode::Held,
-                    message: "key dev:tap-x-to-target-y is held by etl (pid 4242) on runner-01".into(),
-                    key: Some("dev:tap-x-to-target-y".into()),
-                    holder: Some(Box::new(holder(4242, 41))),
-                }),
+                key_error(
+                    ErrorCode::Held,
+                    "key dev:tap-x-to-target-y is held by etl (pid 4242) on runner-01",
+                    "dev:tap-x-to-target-y",
+                    Some(holder(4242, 41)),
+                ),
             ),
         },
         Vector {
@@ -364,12 +364,12 @@ pub(super) fn vectors() -> Vec<Vector> {
             meaning: "Answers request 2: `dev:a` stayed held for the whole wait; holder says by whom.",
             message: agent(
                 Some(2),
-                AgentMessage::Error(WireError { holders: Vec::new(),
-                    code: ErrorCode::Timeout,
-                    message: "key dev:a still held after waiting 60s".into(),
-                    key: Some("dev:a".into()),
-                    holder: Some(Box::new(holder(4242, 12))),
-                }),
+                key_error(
+                    ErrorCode::Timeout,
+                    "key dev:a still held after waiting 60s",
+                    "dev:a",
+                    Some(holder(4242, 12)),
+                ),
             ),
         },
         Vector {
@@ -377,12 +377,12 @@ pub(super) fn vectors() -> Vec<Vector> {
             meaning: "Answers request 9: the key broke a key rule; the message names the rule, `key` is the offending key.",
             message: agent(
                 Some(9),
-                AgentMessage::Error(WireError { holders: Vec::new(),
-                    code: ErrorCode::InvalidKey,
-                    message: "invalid key: a key must not contain control characters (found U+000A at byte 3)".into(),
-                    key: Some("dev\nx".into()),
-                    holder: None,
-                }),
+                key_error(
+                    ErrorCode::InvalidKey,
+                    "invalid key: a key must not contain control characters (found U+000A at byte 3)",
+                    "dev\nx",
+                    None,
+                ),
             ),
         },
         Vector {
