@@ -186,9 +186,7 @@ async fn ttl_flag_sets_the_default_lease_ttl() -> Result<()> {
     use runlock_protocol::{AgentMessage, ClientMessage};
 
     let locks = FileBackendDir::new()?;
-    let mut options = AgentOptions::new(locks.uri());
-    options.args = vec!["--ttl".into(), "7s".into()];
-    let agent = TestAgent::start_with(options).await?;
+    let agent = TestAgent::start_with(AgentOptions::with_ttl(locks.uri(), "7s")).await?;
     let mut client = crate::support::client::RawClient::connect(agent.socket()).await?;
     let welcome = client.hello().await?;
     ensure!(

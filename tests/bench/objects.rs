@@ -454,12 +454,7 @@ pub(crate) async fn gcs_acquire_all(conn: &mut RawClient, round: &str) -> Result
             samples.push(started.elapsed());
         }
     }
-    let release = ClientMessage::Release {
-        slot: None,
-        lease_ids,
-        key: None,
-    };
-    match conn.call(release).await? {
+    match conn.call(runlock_tests::client::release(lease_ids)).await? {
         AgentMessage::Released { .. } => Ok(samples),
         other => bail!("{round} release: {other:?}"),
     }

@@ -49,6 +49,15 @@ impl AgentOptions {
             log_on_drop: true,
         }
     }
+
+    /// An agent on `backend` whose leases last `ttl` (`"3s"`) unless renewed:
+    /// how the tests make renewals, and so noticing a lost lease, quick.
+    pub fn with_ttl(backend: impl Into<String>, ttl: &str) -> AgentOptions {
+        AgentOptions {
+            args: vec!["--ttl".into(), ttl.into()],
+            ..AgentOptions::new(backend)
+        }
+    }
 }
 
 /// A running `runlockd`. Dropping it kills the agent (SIGKILL) and, when the
@@ -95,6 +104,22 @@ impl FileBackendDir {
     /// The directory the lock directory is made in.
     pub fn parent(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// A fresh lock directory with two agents on it, as two hosts sharing it.
+    /// Keep the directory while the agents use it.
+    pub async fn with_two_agents() -> anyhow::Result<(FileBackendDir, TestAgent, TestAgent)> {
+        FileBackendDir::with_two_agents_using(AgentOptions::new).await
+    }
+
+    /// The same, each agent started with the options `options` makes for the URI.
+    pub async fn with_two_agents_using(
+        options: impl Fn(String) -> AgentOptions,
+    ) -> anyhow::Result<(FileBackendDir, TestAgent, TestAgent)> {
+        let locks = FileBackendDir::new()?;
+        let a = TestAgent::start_with(options(locks.uri())).await?;
+        let b = TestAgent::start_with(options(locks.uri())).await?;
+        Ok((locks, a, b))
     }
 }
 

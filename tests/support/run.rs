@@ -76,6 +76,16 @@ impl Finished {
         }
         Ok(())
     }
+
+    /// Fails unless the run lost its lock (exit 76) and its [`HOLD`] command
+    /// was stopped before it could say `bye`.
+    pub fn expect_stopped(&self) -> anyhow::Result<()> {
+        self.expect_code(76)?;
+        if self.stdout.contains("bye") {
+            bail!("the command was not stopped: {self:?}");
+        }
+        Ok(())
+    }
 }
 
 /// A running `runlock`.
