@@ -6,6 +6,22 @@ use runlock_protocol::{
     Lease, LeaseInfo, LostReason, OnUnavailable, Refusal, Scope, Waiter, WireError,
 };
 
+/// `dev:a` held with token 12 by the fixture holder, expiring in 21.5 s
+/// unless renewed, global scope: the record several vectors show.
+fn dev_a_held() -> KeyRecord {
+    KeyRecord {
+        slots: None,
+        holders: Vec::new(),
+        key: "dev:a".into(),
+        state: KeyState::Held,
+        token: 12,
+        holder: Some(holder(4242, 12)),
+        expires_in_ms: Some(21_500),
+        scope: Scope::Global,
+        incident: None,
+    }
+}
+
 /// The agent's canonical vectors, in the order the README lists them.
 pub(super) fn vectors() -> Vec<Vector> {
     vec![
@@ -152,15 +168,7 @@ pub(super) fn vectors() -> Vec<Vector> {
                       the lease expires in 21.5 s unless renewed; global scope.",
             message: agent(
                 Some(7),
-                AgentMessage::Record(KeyRecord { slots: None, holders: Vec::new(),
-                    key: "dev:a".into(),
-                    state: KeyState::Held,
-                    token: 12,
-                    holder: Some(holder(4242, 12)),
-                    expires_in_ms: Some(21_500),
-                    scope: Scope::Global,
-                    incident: None,
-                }),
+                AgentMessage::Record(dev_a_held()),
             ),
         },
         Vector {
@@ -175,15 +183,7 @@ pub(super) fn vectors() -> Vec<Vector> {
                     keys: vec![
                         KeyListing {
                             key: "dev:a".into(),
-                            record: Some(KeyRecord { slots: None, holders: Vec::new(),
-                                key: "dev:a".into(),
-                                state: KeyState::Held,
-                                token: 12,
-                                holder: Some(holder(4242, 12)),
-                                expires_in_ms: Some(21_500),
-                                scope: Scope::Global,
-                                incident: None,
-                            }),
+                            record: Some(dev_a_held()),
                             unreadable: None,
                             events: vec![event(EventKind::Granted, 4242, 12, "etl")],
                             waiting_here: 1,
@@ -223,14 +223,10 @@ pub(super) fn vectors() -> Vec<Vector> {
                       so expires_in_ms is absent; host scope.",
             message: agent(
                 Some(7),
-                AgentMessage::Record(KeyRecord { slots: None, holders: Vec::new(),
-                    key: "dev:a".into(),
-                    state: KeyState::Held,
-                    token: 12,
-                    holder: Some(holder(4242, 12)),
+                AgentMessage::Record(KeyRecord {
                     expires_in_ms: None,
                     scope: Scope::Host,
-                    incident: None,
+                    ..dev_a_held()
                 }),
             ),
         },
