@@ -161,11 +161,9 @@ async fn other_users_may_run_but_not_force_or_release() -> Result<()> {
     ensure!(record["holder"]["uid"] == nobody.uid.as_raw(), "{record}");
     ensure!(record["holder"]["user"] == "nobody", "{record}");
     ensure!(record["token"] == ready.token(), "{record}");
-    theirs.end();
-    theirs.finish().await?.expect_code(0)?;
+    theirs.end_and_expect_success().await?;
 
-    let mut ours = agent.run(&[&k], &[], HOLD)?;
-    ours.ready().await?;
+    let (ours, _) = agent.hold(&k).await?;
     let forced = as_nobody(&["run", "--key", &k, "--force", "--", "true"])?
         .finish()
         .await?;
@@ -176,8 +174,7 @@ async fn other_users_may_run_but_not_force_or_release() -> Result<()> {
         agent.inspect_json(&k).await?["state"] == "held",
         "the lease was broken"
     );
-    ours.end();
-    ours.finish().await?.expect_code(0)
+    ours.end_and_expect_success().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -29,8 +29,7 @@ async fn tokens_keep_growing_across_agent_restarts_and_kills() -> Result<()> {
     let fourth = run.ready().await?.token();
     ensure!(fourth > third, "{fourth} after {third}");
     agent.kill().await?;
-    run.end();
-    run.finish().await?.expect_code(0)?;
+    run.end_and_expect_success().await?;
 
     let agent = TestAgent::start(locks.uri()).await?;
     let fifth = agent.token_of_a_run(&k).await?;
@@ -88,8 +87,7 @@ async fn two_agents_on_one_directory_exclude_each_other() -> Result<()> {
         "acquired_at is not RFC 3339: {record}"
     );
 
-    holder.end();
-    holder.finish().await?.expect_code(0)?;
+    holder.end_and_expect_success().await?;
     let record = b.inspect_json(&k).await?;
     ensure!(
         record["state"] == "free" && record["holder"].is_null(),
@@ -128,8 +126,7 @@ async fn release_through_another_agent_stops_the_run_at_its_next_renewal() -> Re
     let a = TestAgent::start_with(AgentOptions::with_ttl(locks.uri(), "3s")).await?;
     let b = TestAgent::start(locks.uri()).await?;
     let k = key("break-across-agents");
-    let mut run = a.run(&[&k], &[], HOLD)?;
-    let ready = run.ready().await?;
+    let (run, ready) = a.hold(&k).await?;
 
     let released = b.runlock_output(&["release", &k]).await?;
     released.expect_code(0)?;
@@ -151,8 +148,7 @@ async fn release_through_another_agent_stops_the_run_at_its_next_renewal() -> Re
 async fn held_error_names_a_holder_on_another_agent_even_behind_a_local_waiter() -> Result<()> {
     let (_locks, a, b) = FileBackendDir::with_two_agents().await?;
     let (first, k) = (key("behind-waiter-a"), key("behind-waiter-b"));
-    let mut holder = a.run(&[&k], &[], HOLD)?;
-    let ready = holder.ready().await?;
+    let (holder, ready) = a.hold(&k).await?;
     let mut client = b.client().await?;
     let waiter = b
         .run_waiting_for(&mut client, &k, &first, "echo waiter-ran")
@@ -167,8 +163,7 @@ async fn held_error_names_a_holder_on_another_agent_even_behind_a_local_waiter()
             "--wait {wait}: the holder through agent A is not named: {out:?}"
         );
     }
-    holder.end();
-    holder.finish().await?.expect_code(0)?;
+    holder.end_and_expect_success().await?;
     let out = waiter.finish().await?;
     out.expect_code(0)?;
     ensure!(out.stdout.contains("waiter-ran"), "{out:?}");
@@ -250,8 +245,7 @@ async fn unusual_keys_lock_and_stay_distinct() -> Result<()> {
         let out = agent.run(&[k], &[], "exit 0")?.finish().await?;
         out.expect_code(0).with_context(|| format!("key {k:?}"))?;
     }
-    holder.end();
-    holder.finish().await?.expect_code(0)?;
+    holder.end_and_expect_success().await?;
     // Nothing escaped the lock directory.
     ensure!(
         !agent.dir().join("escape.lock").exists()

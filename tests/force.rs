@@ -108,9 +108,7 @@ async fn a_forced_run_waits_out_the_deadline_of_a_run_whose_host_is_gone(
     let k = key("force-deadline");
     let (_dir, witness) = witness("force-deadline")?;
     let env = [("WITNESS", witness.as_str())];
-    let mut holder = a.run_with_env(&[&k], &[], HOLDER, &env)?;
-    let ready = holder.ready().await?;
-    a.wait_attached(ready.pid).await?;
+    let (holder, ready) = a.run_attached_with_env(&[&k], HOLDER, &env).await?;
 
     // The host's agent dies: nobody tells the holder of the force, and its
     // shim stops the run at its lease's deadline.
@@ -205,9 +203,7 @@ async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_gone() 
     let k = key("force-file-down");
     let (_dir, witness) = witness("force-file-down")?;
     let env = [("WITNESS", witness.as_str())];
-    let mut holder = a.run_with_env(&[&k], &[], HOLDER, &env)?;
-    let ready = holder.ready().await?;
-    a.wait_attached(ready.pid).await?;
+    let (holder, ready) = a.run_attached_with_env(&[&k], HOLDER, &env).await?;
     a.kill().await?;
 
     let mut forced = b.run_with_env(&[&k], &["--force"], FORCED, &env)?;

@@ -221,9 +221,8 @@ async fn keys_on_two_hosts(a: &TestAgent, b: &TestAgent, ttl_ms: u64) -> Result<
         table.stdout.lines().all(|line| line.chars().count() <= 120),
         "wider than the terminal's 120 columns: {table:?}"
     );
-    for mut run in runs {
-        run.end();
-        run.finish().await?.expect_code(0)?;
+    for run in runs {
+        run.end_and_expect_success().await?;
     }
     // Released, a key too long for its name to be spelled is still named.
     let after = list_json(b, &["--all", "list/"]).await?;

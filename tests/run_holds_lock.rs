@@ -3,13 +3,12 @@
 //! the key, which is free the moment the run ends, agent or no agent; force
 //! and release still stop the run and take the key with a larger token.
 
-use crate::restart::leases_of;
+use crate::restart::{leases_of, reattached};
 use crate::support::agent::FileBackendDir;
 use crate::support::run::{Ready, HOLD};
 use crate::support::{key, AgentOptions, Deadline, Run, TestAgent, WAIT};
 use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
-use runlock_protocol::LeaseInfo;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -19,18 +18,6 @@ async fn agent_on(locks: &FileBackendDir, socket: Option<&Path>, ttl: &str) -> R
         ..AgentOptions::with_ttl(locks.uri(), ttl)
     })
     .await
-}
-
-/// Waits until `agent` holds `count` leases, each attached to its run.
-async fn reattached(agent: &TestAgent, count: usize) -> Result<Vec<LeaseInfo>> {
-    let deadline = Deadline::new(WAIT, format!("{count} runs to reattach"));
-    loop {
-        let leases = leases_of(agent).await?;
-        if leases.len() == count && leases.iter().all(|l| l.child_pid.is_some()) {
-            return Ok(leases);
-        }
-        deadline.tick().await?;
-    }
 }
 
 /// What `witness` (another agent on the same directory) says of `k`: it must
@@ -48,8 +35,7 @@ async fn the_run_outlives_its_agent(stop: Signal) -> Result<()> {
     let (locks, mut agent, witness) =
         FileBackendDir::with_two_agents_using(|uri| AgentOptions::with_ttl(uri, "5s")).await?;
     let k = key("outlives");
-    let mut run = agent.run(&[&k], &[], HOLD)?;
-    let ready = run.ready().await?;
+    let (run, ready) = agent.hold(&k).await?;
 
     agent.signal(stop)?;
     agent.wait().await?;
@@ -96,8 +82,7 @@ async fn with_no_agent_left_the_key_is_free_the_moment_the_run_ends() -> Result<
     let ready = run.ready().await?;
     agent.kill().await?;
     held_with(&witness, &k, ready.token()).await?;
-    run.end();
-    run.finish().await?.expect_code(0)?;
+    run.end_and_expect_success().await?;
     // The shim dropped the lock for the daemon too: the key is free at once.
     let next = witness.token_of_a_run(&k).await?;
     ensure!(next > ready.token(), "{next} after {}", ready.token());
@@ -111,8 +96,7 @@ async fn a_paused_agent_loses_no_run() -> Result<()> {
     let mut runs: Vec<(String, Run, Ready)> = Vec::new();
     for i in 0..3 {
         let k = key(&format!("paused-{i}"));
-        let mut run = agent.run(&[&k], &[], HOLD)?;
-        let ready = run.ready().await?;
+        let (run, ready) = agent.hold(&k).await?;
         runs.push((k, run, ready));
     }
     // Twice the TTL: a lease that could lapse would be lost by now.
@@ -147,8 +131,7 @@ async fn twenty_restarts_stop_none_of_ten_runs() -> Result<()> {
     let mut runs: Vec<(String, Run, Ready)> = Vec::new();
     for i in 0..RUNS {
         let k = key(&format!("restarts-{i}"));
-        let mut run = first.run(&[&k], &[], HOLD)?;
-        let ready = run.ready().await?;
+        let (run, ready) = first.hold(&k).await?;
         runs.push((k, run, ready));
     }
     // Each agent is kept (its directory holds the socket) until the test ends.
@@ -194,8 +177,7 @@ async fn force_and_release_stop_a_reattached_run_and_take_the_key_higher() -> Re
     let (forced, broken) = (key("forced"), key("broken"));
     let mut runs = Vec::new();
     for k in [&forced, &broken] {
-        let mut run = agent.run(&[k], &[], HOLD)?;
-        let ready = run.ready().await?;
+        let (run, ready) = agent.hold(k).await?;
         runs.push((run, ready));
     }
     agent.stop().await?;
@@ -210,8 +192,7 @@ async fn force_and_release_stop_a_reattached_run_and_take_the_key_higher() -> Re
     let out = run.finish().await?;
     out.expect_stopped()?;
     ensure!(took.token() > ready.token(), "{took:?} after {ready:?}");
-    taker.end();
-    taker.finish().await?.expect_code(0)?;
+    taker.end_and_expect_success().await?;
 
     // `runlock release` through the agent that adopted it.
     let (run, ready) = runs.remove(0);

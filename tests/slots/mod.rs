@@ -7,7 +7,7 @@
 //! here; history, agents that end, and the random model have files of their own.
 
 use crate::support::agent::Backend;
-use crate::support::hosts::{Local, OnStore, Place};
+use crate::support::hosts::{Hosts, Local, OnStore, Place};
 use crate::support::run::Run;
 use crate::support::stores::{Azure, Etcd, Gcs, Postgres, S3};
 use crate::support::{key, Deadline, TestAgent};
@@ -110,6 +110,17 @@ impl Holding {
     }
 }
 
+/// Two hosts at `place` and a key, both after `name`, whose every slot is
+/// held: through A, then B, then A again (in the order granted).
+async fn every_slot_held(place: impl Place, name: &str) -> Result<(Hosts, String, [Holding; 3])> {
+    let hosts = place.hosts(name, &[]).await?;
+    let k = key(name);
+    let first = hold(&hosts.a, &k, &[]).await?;
+    let second = hold(hosts.b(), &k, &[]).await?;
+    let third = hold(&hosts.a, &k, &[]).await?;
+    Ok((hosts, k, [first, second, third]))
+}
+
 /// Ends each holder's run in turn; each must exit 0 (it held to the end).
 async fn end_all(holders: impl IntoIterator<Item = Holding>) -> Result<()> {
     for h in holders {
@@ -137,11 +148,7 @@ async fn held_slots(agent: &TestAgent, k: &str) -> Result<BTreeMap<u64, (u64, u6
 async fn three_runs_hold_a_3_slot_key_at_once_and_a_fourth_exits_75_naming_each(
     place: impl Place,
 ) -> Result<()> {
-    let hosts = place.hosts("three-at-once", &[]).await?;
-    let k = key("three-at-once");
-    let first = hold(&hosts.a, &k, &[]).await?;
-    let second = hold(hosts.b(), &k, &[]).await?;
-    let third = hold(&hosts.a, &k, &[]).await?;
+    let (hosts, k, [first, second, third]) = every_slot_held(place, "three-at-once").await?;
     let held = [&first, &second, &third];
     let mut slots: Vec<u32> = held.iter().map(|h| h.slot).collect();
     slots.sort();
@@ -311,19 +318,11 @@ async fn each_slot_s_token_grows_and_runlock_slot_reads_as_runlock_token(
     ensure!(slots.iter().all(|&s| s < 3), "{out:?}");
 
     // A plain key has no slot, whatever the caller's environment says.
-    let mut command = hosts.a.runlock()?;
-    command.env("RUNLOCK_SLOT", "9").args([
-        "run",
-        "--key",
-        &k,
-        "--",
-        "sh",
-        "-c",
-        "echo slot=${RUNLOCK_SLOT-none}",
-    ]);
-    let plain = Run::spawn(command)?.finish().await?;
-    plain.expect_code(0)?;
-    ensure!(plain.stdout == "slot=none\n", "{plain:?}");
+    let script = "echo slot=${RUNLOCK_SLOT-none}";
+    let env = [("RUNLOCK_SLOT", "9")];
+    let plain = hosts.a.run_with_env(&[&k], &[], script, &env)?;
+    let plain = plain.finish().await?;
+    plain.expect_output("slot=none\n")?;
     Ok(())
 }
 
@@ -460,11 +459,7 @@ async fn a_run_asking_another_slot_count_exits_64_naming_both_counts(
 async fn a_plain_run_is_refused_beside_slot_holders_once_slot_0_is_free(
     place: impl Place,
 ) -> Result<()> {
-    let hosts = place.hosts("slots-plain", &[]).await?;
-    let k = key("slots-plain");
-    let zero = hold(&hosts.a, &k, &[]).await?;
-    let one = hold(hosts.b(), &k, &[]).await?;
-    let two = hold(&hosts.a, &k, &[]).await?;
+    let (hosts, k, [zero, one, two]) = every_slot_held(place, "slots-plain").await?;
     ensure!(zero.slot == 0, "slot {}", zero.slot);
     zero.end(0).await?;
     for agent in [&hosts.a, hosts.b()] {
