@@ -169,10 +169,8 @@ async fn a_server_out_of_connections_is_waited_out_counted_and_named() -> Result
     // Full for longer than a short wait: unavailable, naming the limit.
     let _blocker = take_the_only_connection(&uri).await?;
     let refused = agent
-        .run(&[&key("full-out")], &["--wait", "2s"], "echo ran")?
-        .finish()
+        .run_refused(&[&key("full-out")], &["--wait", "2s"], 69)
         .await?;
-    refused.expect_code(69)?;
     ensure!(
         refused.stderr.contains("too many connections") && refused.stdout.is_empty(),
         "the refusal does not name the limit: {refused:?}"
