@@ -94,8 +94,7 @@ async fn a_member_holds_locks_under_its_own_uid_and_gid() -> Result<()> {
     ensure!(record["holder"]["uid"] == NOBODY, "{record}");
     ensure!(record["holder"]["gid"] == NOBODY, "{record}");
     ensure!(record["holder"]["user"] == "nobody", "{record}");
-    run.end();
-    run.finish().await?.expect_code(0)?;
+    run.end_and_expect_success().await?;
     Ok(())
 }
 
@@ -103,8 +102,7 @@ async fn a_member_holds_locks_under_its_own_uid_and_gid() -> Result<()> {
 async fn by_default_only_root_and_the_agents_user_force_or_break() -> Result<()> {
     let agent = agent("").await?;
     let k = key("roots");
-    let mut held = agent.run(&[&k], &[], HOLD)?;
-    held.ready().await?;
+    let (held, _) = agent.hold(&k).await?;
     let release = nobody_runs(&agent, &[RUNLOCK_GROUP], &["release", &k]).await?;
     release.expect_code(77)?;
     ensure!(
@@ -116,8 +114,7 @@ async fn by_default_only_root_and_the_agents_user_force_or_break() -> Result<()>
     forced.expect_code(77)?;
     ensure!(!forced.stdout.contains("ran"), "{forced:?}");
     // The holder was never disturbed.
-    held.end();
-    held.finish().await?.expect_code(0)?;
+    held.end_and_expect_success().await?;
     Ok(())
 }
 
@@ -126,8 +123,7 @@ async fn a_listed_group_may_break_anothers_lock() -> Result<()> {
     let config = format!("[access]\nforce_groups = [{ADMIN_GROUP}]\n");
     let agent = agent(&config).await?;
     let k = key("admins");
-    let mut held = agent.run(&[&k], &[], HOLD)?;
-    held.ready().await?;
+    let (held, _) = agent.hold(&k).await?;
     let plain = nobody_runs(&agent, &[RUNLOCK_GROUP], &["release", &k]).await?;
     plain.expect_code(77)?;
     let admin = nobody_runs(&agent, &[RUNLOCK_GROUP, ADMIN_GROUP], &["release", &k]).await?;

@@ -161,11 +161,9 @@ async fn other_users_may_run_but_not_force_or_release() -> Result<()> {
     ensure!(record["holder"]["uid"] == nobody.uid.as_raw(), "{record}");
     ensure!(record["holder"]["user"] == "nobody", "{record}");
     ensure!(record["token"] == ready.token(), "{record}");
-    theirs.end();
-    theirs.finish().await?.expect_code(0)?;
+    theirs.end_and_expect_success().await?;
 
-    let mut ours = agent.run(&[&k], &[], HOLD)?;
-    ours.ready().await?;
+    let (ours, _) = agent.hold(&k).await?;
     let forced = as_nobody(&["run", "--key", &k, "--force", "--", "true"])?
         .finish()
         .await?;
@@ -176,8 +174,7 @@ async fn other_users_may_run_but_not_force_or_release() -> Result<()> {
         agent.inspect_json(&k).await?["state"] == "held",
         "the lease was broken"
     );
-    ours.end();
-    ours.finish().await?.expect_code(0)
+    ours.end_and_expect_success().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -186,9 +183,7 @@ async fn ttl_flag_sets_the_default_lease_ttl() -> Result<()> {
     use runlock_protocol::{AgentMessage, ClientMessage};
 
     let locks = FileBackendDir::new()?;
-    let mut options = AgentOptions::new(locks.uri());
-    options.args = vec!["--ttl".into(), "7s".into()];
-    let agent = TestAgent::start_with(options).await?;
+    let agent = TestAgent::start_with(AgentOptions::with_ttl(locks.uri(), "7s")).await?;
     let mut client = crate::support::client::RawClient::connect(agent.socket()).await?;
     let welcome = client.hello().await?;
     ensure!(

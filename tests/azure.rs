@@ -59,7 +59,7 @@ impl Container {
 
     /// Every blob under the records of `prefix`, read with the Python SDK.
     async fn records(&self, prefix: &str) -> Result<Vec<crate::support::stores::Record>> {
-        Azure.records(&self.at, &self.name, prefix).await
+        Azure.objects().records(&self.at, &self.name, prefix).await
     }
 }
 

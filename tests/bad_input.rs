@@ -3,7 +3,7 @@
 //! and the agent keeps serving everyone else.
 
 use crate::support::agent::Backend;
-use crate::support::client::{acquire, encode, frame, hello, RawClient};
+use crate::support::client::{acquire, encode, frame, hello, release, RawClient};
 use crate::support::{key, TestAgent};
 use anyhow::{bail, ensure, Context, Result};
 use runlock_protocol::{
@@ -17,6 +17,30 @@ fn error_of(message: &Envelope<AgentMessage>) -> Result<&WireError> {
         AgentMessage::Error(err) => Ok(err),
         other => bail!("expected an error, got {other:?}"),
     }
+}
+
+/// Fails unless `reply` is the error `code`.
+fn expect_error(reply: &AgentMessage, code: ErrorCode) -> Result<()> {
+    ensure!(
+        matches!(reply, AgentMessage::Error(e) if e.code == code),
+        "expected {code:?}, got {reply:?}"
+    );
+    Ok(())
+}
+
+/// Writes `bytes` as they are (a frame or not), and fails unless the reply is
+/// the error `code` carrying the request id `id` (`None`: no id could be read).
+async fn refused_with(
+    client: &mut RawClient,
+    bytes: &[u8],
+    code: ErrorCode,
+    id: Option<u64>,
+) -> Result<()> {
+    client.write_raw(bytes).await?;
+    let reply = client.recv().await?;
+    ensure!(error_of(&reply)?.code == code, "{reply:?}");
+    ensure!(reply.id == id, "expected the id {id:?}: {reply:?}");
+    Ok(())
 }
 
 /// Fails unless the connection still answers a ping.
@@ -50,22 +74,20 @@ async fn garbage_body_gets_bad_request_and_the_connection_keeps_working() -> Res
         &[0x93, 1, 2, 3],
         &[],
     ] {
-        client.write_raw(&frame(body)).await?;
-        let reply = client.recv().await?;
-        let err = error_of(&reply)?;
-        ensure!(err.code == ErrorCode::BadRequest, "{body:?}: {reply:?}");
-        ensure!(
-            reply.id.is_none(),
-            "no id could be read from {body:?}: {reply:?}"
-        );
+        refused_with(&mut client, &frame(body), ErrorCode::BadRequest, None)
+            .await
+            .with_context(|| format!("no id could be read from {body:?}"))?;
         still_answers(&mut client).await?;
     }
     // A map with a readable id but a bad field: the id is echoed.
     let bad_field = encode(&json!({"id": 41, "type": "acquire", "keys": 5}))?;
-    client.write_raw(&frame(&bad_field)).await?;
-    let reply = client.recv().await?;
-    ensure!(error_of(&reply)?.code == ErrorCode::BadRequest, "{reply:?}");
-    ensure!(reply.id == Some(41), "{reply:?}");
+    refused_with(
+        &mut client,
+        &frame(&bad_field),
+        ErrorCode::BadRequest,
+        Some(41),
+    )
+    .await?;
     still_answers(&mut client).await?;
     agent_still_serves(&agent, "after-garbage").await
 }
@@ -75,12 +97,8 @@ async fn oversized_frame_closes_only_that_connection() -> Result<()> {
     let agent = TestAgent::start_on(Backend::File).await?;
     let mut bystander = agent.client().await?;
     let mut client = agent.client().await?;
-    client
-        .write_raw(&((MAX_FRAME_LEN as u32) + 1).to_be_bytes())
-        .await?;
-    let reply = client.recv().await?;
-    ensure!(error_of(&reply)?.code == ErrorCode::BadRequest, "{reply:?}");
-    ensure!(reply.id.is_none(), "{reply:?}");
+    let oversized = ((MAX_FRAME_LEN as u32) + 1).to_be_bytes();
+    refused_with(&mut client, &oversized, ErrorCode::BadRequest, None).await?;
     client.expect_closed().await?;
 
     // A length of exactly the limit is not oversized: the agent waits for the body.
@@ -106,17 +124,10 @@ async fn oversized_frame_closes_only_that_connection() -> Result<()> {
 async fn unknown_message_type_gets_unsupported_with_its_id() -> Result<()> {
     let agent = TestAgent::start_on(Backend::File).await?;
     let mut client = agent.client().await?;
-    client
-        .write_raw(&frame(&encode(
-            &json!({"id": 7, "type": "teleport", "to": [1, 2]}),
-        )?))
-        .await?;
-    let reply = client.recv().await?;
-    ensure!(
-        error_of(&reply)?.code == ErrorCode::Unsupported,
-        "{reply:?}"
-    );
-    ensure!(reply.id == Some(7), "{reply:?}");
+    let teleport = frame(&encode(
+        &json!({"id": 7, "type": "teleport", "to": [1, 2]}),
+    )?);
+    refused_with(&mut client, &teleport, ErrorCode::Unsupported, Some(7)).await?;
     still_answers(&mut client).await?;
     agent_still_serves(&agent, "after-unknown-type").await
 }
@@ -134,10 +145,7 @@ async fn anything_before_hello_gets_bad_request_and_a_close() -> Result<()> {
     ];
     for (first, id) in firsts.iter().zip([Some(5), Some(6), Some(8), None]) {
         let mut client = RawClient::connect(agent.socket()).await?;
-        client.write_raw(first).await?;
-        let reply = client.recv().await?;
-        ensure!(error_of(&reply)?.code == ErrorCode::BadRequest, "{reply:?}");
-        ensure!(reply.id == id, "{reply:?}");
+        refused_with(&mut client, first, ErrorCode::BadRequest, id).await?;
         client.expect_closed().await?;
     }
     agent_still_serves(&agent, "after-no-hello").await
@@ -178,10 +186,7 @@ async fn hello_with_an_unknown_version_gets_unsupported_version_and_a_close() ->
     let mut client = agent.client().await?;
     let id = client.send(hello()).await?;
     let reply = client.reply(id).await?;
-    ensure!(
-        matches!(&reply, AgentMessage::Error(e) if e.code == ErrorCode::BadRequest),
-        "{reply:?}"
-    );
+    expect_error(&reply, ErrorCode::BadRequest)?;
     still_answers(&mut client).await?;
     agent_still_serves(&agent, "after-bad-hello").await
 }
@@ -251,19 +256,10 @@ async fn a_second_outstanding_acquire_is_refused_and_the_first_goes_on() -> Resu
         .await?;
     let second = waiter.send(acquire(&["another-key"])).await?;
     let reply = waiter.reply(second).await?;
-    ensure!(
-        matches!(&reply, AgentMessage::Error(e) if e.code == ErrorCode::BadRequest),
-        "{reply:?}"
-    );
+    expect_error(&reply, ErrorCode::BadRequest)?;
 
     let lease_ids = leases.into_iter().map(|l| l.lease_id).collect();
-    let released = holder
-        .call(ClientMessage::Release {
-            slot: None,
-            lease_ids,
-            key: None,
-        })
-        .await?;
+    let released = holder.call(release(lease_ids)).await?;
     ensure!(
         released == AgentMessage::Released { count: 1 },
         "{released:?}"
@@ -404,11 +400,7 @@ async fn malformed_requests_get_bad_request_and_the_connection_stays() -> Result
         acquire(&[]),
         with_ttl(999),
         with_ttl(86_400_001),
-        ClientMessage::Release {
-            slot: None,
-            lease_ids: Vec::new(),
-            key: None,
-        },
+        release(Vec::new()),
         ClientMessage::Release {
             slot: None,
             lease_ids: vec!["x".into()],
@@ -421,10 +413,7 @@ async fn malformed_requests_get_bad_request_and_the_connection_stays() -> Result
         list_from(r#"{"after": ["not", "a", "name"]}"#),
     ] {
         let reply = client.call(request.clone()).await?;
-        ensure!(
-            matches!(&reply, AgentMessage::Error(e) if e.code == ErrorCode::BadRequest),
-            "{request:?}: {reply:?}"
-        );
+        expect_error(&reply, ErrorCode::BadRequest).with_context(|| format!("{request:?}"))?;
     }
     // A prefix no key can start with is refused as a key would be.
     let reply = client
@@ -435,18 +424,16 @@ async fn malformed_requests_get_bad_request_and_the_connection_stays() -> Result
             events_since_ms: None,
         })
         .await?;
-    ensure!(
-        matches!(&reply, AgentMessage::Error(e) if e.code == ErrorCode::InvalidKey),
-        "{reply:?}"
-    );
+    expect_error(&reply, ErrorCode::InvalidKey)?;
     // An on_lost the agent does not know makes the body undecodable; its id is echoed.
     let odd = json!({"id": 77, "type": "acquire", "keys": ["k"], "on_lost": "shrug"});
-    client.write_raw(&frame(&encode(&odd)?)).await?;
-    let reply = client.recv().await?;
-    ensure!(
-        error_of(&reply)?.code == ErrorCode::BadRequest && reply.id == Some(77),
-        "{reply:?}"
-    );
+    refused_with(
+        &mut client,
+        &frame(&encode(&odd)?),
+        ErrorCode::BadRequest,
+        Some(77),
+    )
+    .await?;
     // Unknown fields are ignored.
     let extra = json!({"id": 78, "type": "ping", "future": {"nested": [1, 2, 3]}});
     client.write_raw(&frame(&encode(&extra)?)).await?;
@@ -475,29 +462,14 @@ async fn releasing_another_connections_lease_is_not_owner_and_releases_nothing()
     // One foreign id among its own: nothing at all is released.
     let mut ids: Vec<String> = leases.into_iter().map(|l| l.lease_id).collect();
     ids.extend(theirs.iter().cloned());
-    let reply = other
-        .call(ClientMessage::Release {
-            slot: None,
-            lease_ids: ids,
-            key: None,
-        })
-        .await?;
-    ensure!(
-        matches!(&reply, AgentMessage::Error(e) if e.code == ErrorCode::NotOwner),
-        "{reply:?}"
-    );
+    let reply = other.call(release(ids)).await?;
+    expect_error(&reply, ErrorCode::NotOwner)?;
     ensure!(
         other.is_held(&key("mine")).await?,
         "its own lease was released"
     );
     ensure!(other.is_held(&k).await?, "the owner's lease was released");
-    let reply = owner
-        .call(ClientMessage::Release {
-            slot: None,
-            lease_ids: theirs,
-            key: None,
-        })
-        .await?;
+    let reply = owner.call(release(theirs)).await?;
     ensure!(reply == AgentMessage::Released { count: 1 }, "{reply:?}");
     ensure!(!owner.is_held(&k).await?, "not released by its owner");
     Ok(())

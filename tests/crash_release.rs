@@ -4,7 +4,7 @@
 //! where the lock died with the agent (`memory://`: invariant 4, loss is
 //! never silent).
 
-use crate::support::agent::Backend;
+use crate::support::agent::{Backend, HeldWithAWaiter};
 use crate::support::run::{Finished, HOLD, HOLD_IGNORING_TERM};
 use crate::support::{key, TestAgent};
 use anyhow::{ensure, Result};
@@ -50,8 +50,7 @@ async fn acquirable_within(agent: &TestAgent, key: &str, bound: Duration) -> Res
 async fn sigkill_of_the_whole_run_frees_the_key_at_once(backend: Backend) -> Result<()> {
     let agent = TestAgent::start_on(backend).await?;
     let k = key("crash-whole-run");
-    let mut run = agent.run(&[&k], &[], HOLD)?;
-    run.ready().await?;
+    let (mut run, _) = agent.hold(&k).await?;
 
     run.signal(Signal::SIGKILL)?;
     run.kill_group()?;
@@ -82,8 +81,7 @@ async fn sigkill_of_the_shim_alone_keeps_the_key_until_the_command_dies(
 ) -> Result<()> {
     let agent = TestAgent::start_on(backend).await?;
     let k = key("crash-shim-only");
-    let mut run = agent.run(&[&k], &[], HOLD)?;
-    let ready = run.ready().await?;
+    let (mut run, ready) = agent.hold(&k).await?;
 
     run.signal(Signal::SIGKILL)?;
     run.wait().await?;
@@ -129,8 +127,7 @@ async fn a_daemon_left_behind_by_the_command_does_not_keep_the_key(backend: Back
 async fn agent_stop_stops_only_a_run_whose_lock_died_with_it(backend: Backend) -> Result<()> {
     let mut agent = TestAgent::start_on(backend).await?;
     let k = key("agent-stops");
-    let mut run = agent.run(&[&k], &[], HOLD)?;
-    run.ready().await?;
+    let (run, _) = agent.hold(&k).await?;
 
     let status = agent.stop().await?;
     ensure!(
@@ -145,11 +142,7 @@ async fn agent_stop_stops_only_a_run_whose_lock_died_with_it(backend: Backend) -
     }
     // memory:// locks die with the agent, so the run must stop.
     let out = run.finish().await?;
-    out.expect_code(76)?;
-    ensure!(
-        !out.stdout.contains("bye"),
-        "the command was not stopped: {out:?}"
-    );
+    out.expect_stopped()?;
     Ok(())
 }
 
@@ -162,9 +155,7 @@ async fn agent_stops_an_orphaned_command_whose_lease_is_broken_or_forced(
         &["release", k.as_str()][..],
         &["run", "--key", &k, "--force", "--", "true"],
     ] {
-        let mut run = agent.run(&[&k], &[], HOLD)?;
-        let ready = run.ready().await?;
-        agent.wait_attached(ready.pid).await?;
+        let (mut run, _) = agent.run_attached(&[&k], HOLD).await?;
         run.signal(Signal::SIGKILL)?;
         run.wait().await?;
 
@@ -184,9 +175,7 @@ async fn agent_stops_an_orphaned_command_whose_lease_is_broken_or_forced(
 async fn agent_kills_an_orphaned_command_that_ignores_sigterm_after_the_grace() -> Result<()> {
     let agent = TestAgent::start_on(Backend::File).await?;
     let k = key("orphan-ignores-term");
-    let mut run = agent.run(&[&k], &[], HOLD_IGNORING_TERM)?;
-    let ready = run.ready().await?;
-    agent.wait_attached(ready.pid).await?;
+    let (mut run, _) = agent.run_attached(&[&k], HOLD_IGNORING_TERM).await?;
     run.signal(Signal::SIGKILL)?;
     run.wait().await?;
 
@@ -227,8 +216,7 @@ async fn forced_out_ignoring_term(name: &str, options: &[&str]) -> Result<(Finis
         .expect_code(0)?;
     let old = holder.finish().await?;
     let took = forced_at.elapsed();
-    old.expect_code(76)?;
-    ensure!(!old.stdout.contains("bye"), "{old:?}");
+    old.expect_stopped()?;
     Ok((old, took))
 }
 
@@ -254,12 +242,9 @@ async fn on_lost_kill_stops_even_a_command_that_ignores_sigterm_at_once() -> Res
 async fn a_waiting_run_whose_agent_dies_exits_69(backend: Backend) -> Result<()> {
     let mut agent = TestAgent::start_on(backend).await?;
     let mut client = agent.client().await?;
-    let (first, k) = (key("agent-dies-a"), key("agent-dies-b"));
-    let mut holder = agent.run(&[&k], &[], HOLD)?;
-    holder.ready().await?;
-    let waiter = agent
-        .run_waiting_for(&mut client, &k, &first, "echo must-not-run")
-        .await?;
+    let HeldWithAWaiter {
+        mut holder, waiter, ..
+    } = agent.held_with_a_waiter(&mut client, "agent-dies").await?;
 
     agent.kill().await?;
     let out = waiter.finish().await?;

@@ -29,8 +29,7 @@ async fn tokens_keep_growing_across_agent_restarts_and_kills() -> Result<()> {
     let fourth = run.ready().await?.token();
     ensure!(fourth > third, "{fourth} after {third}");
     agent.kill().await?;
-    run.end();
-    run.finish().await?.expect_code(0)?;
+    run.end_and_expect_success().await?;
 
     let agent = TestAgent::start(locks.uri()).await?;
     let fifth = agent.token_of_a_run(&k).await?;
@@ -40,9 +39,7 @@ async fn tokens_keep_growing_across_agent_restarts_and_kills() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_agents_on_one_directory_exclude_each_other() -> Result<()> {
-    let locks = FileBackendDir::new()?;
-    let a = TestAgent::start(locks.uri()).await?;
-    let b = TestAgent::start(locks.uri()).await?;
+    let (_locks, a, b) = FileBackendDir::with_two_agents().await?;
     let a_id = a.agent_id().await?;
     let k = key("shared-dir");
     let mut holder = a.run(&[&k], &[], &format!("{HOLD} # held-through-a"))?;
@@ -90,8 +87,7 @@ async fn two_agents_on_one_directory_exclude_each_other() -> Result<()> {
         "acquired_at is not RFC 3339: {record}"
     );
 
-    holder.end();
-    holder.finish().await?.expect_code(0)?;
+    holder.end_and_expect_success().await?;
     let record = b.inspect_json(&k).await?;
     ensure!(
         record["state"] == "free" && record["holder"].is_null(),
@@ -104,9 +100,7 @@ async fn two_agents_on_one_directory_exclude_each_other() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runs_through_two_agents_in_opposite_key_orders_never_overlap() -> Result<()> {
-    let locks = FileBackendDir::new()?;
-    let a = TestAgent::start(locks.uri()).await?;
-    let b = TestAgent::start(locks.uri()).await?;
+    let (_locks, a, b) = FileBackendDir::with_two_agents().await?;
     let journal = Journal::new(a.dir());
     let (x, y) = (key("two-agents-x"), key("two-agents-y"));
     let runs = (0..6)
@@ -129,22 +123,15 @@ async fn runs_through_two_agents_in_opposite_key_orders_never_overlap() -> Resul
 async fn release_through_another_agent_stops_the_run_at_its_next_renewal() -> Result<()> {
     let locks = FileBackendDir::new()?;
     // A TTL of 3 s renews (and so notices the break) about every second.
-    let mut options = AgentOptions::new(locks.uri());
-    options.args = vec!["--ttl".into(), "3s".into()];
-    let a = TestAgent::start_with(options).await?;
+    let a = TestAgent::start_with(AgentOptions::with_ttl(locks.uri(), "3s")).await?;
     let b = TestAgent::start(locks.uri()).await?;
     let k = key("break-across-agents");
-    let mut run = a.run(&[&k], &[], HOLD)?;
-    let ready = run.ready().await?;
+    let (run, ready) = a.hold(&k).await?;
 
     let released = b.runlock_output(&["release", &k]).await?;
     released.expect_code(0)?;
     let broken = run.finish().await?;
-    broken.expect_code(76)?;
-    ensure!(
-        !broken.stdout.contains("bye"),
-        "the command was not stopped: {broken:?}"
-    );
+    broken.expect_stopped()?;
     ensure!(
         broken.elapsed < Duration::from_secs(10),
         "the break was noticed late: {broken:?}"
@@ -159,12 +146,9 @@ async fn release_through_another_agent_stops_the_run_at_its_next_renewal() -> Re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_error_names_a_holder_on_another_agent_even_behind_a_local_waiter() -> Result<()> {
-    let locks = FileBackendDir::new()?;
-    let a = TestAgent::start(locks.uri()).await?;
-    let b = TestAgent::start(locks.uri()).await?;
+    let (_locks, a, b) = FileBackendDir::with_two_agents().await?;
     let (first, k) = (key("behind-waiter-a"), key("behind-waiter-b"));
-    let mut holder = a.run(&[&k], &[], HOLD)?;
-    let ready = holder.ready().await?;
+    let (holder, ready) = a.hold(&k).await?;
     let mut client = b.client().await?;
     let waiter = b
         .run_waiting_for(&mut client, &k, &first, "echo waiter-ran")
@@ -179,8 +163,7 @@ async fn held_error_names_a_holder_on_another_agent_even_behind_a_local_waiter()
             "--wait {wait}: the holder through agent A is not named: {out:?}"
         );
     }
-    holder.end();
-    holder.finish().await?.expect_code(0)?;
+    holder.end_and_expect_success().await?;
     let out = waiter.finish().await?;
     out.expect_code(0)?;
     ensure!(out.stdout.contains("waiter-ran"), "{out:?}");
@@ -262,8 +245,7 @@ async fn unusual_keys_lock_and_stay_distinct() -> Result<()> {
         let out = agent.run(&[k], &[], "exit 0")?.finish().await?;
         out.expect_code(0).with_context(|| format!("key {k:?}"))?;
     }
-    holder.end();
-    holder.finish().await?.expect_code(0)?;
+    holder.end_and_expect_success().await?;
     // Nothing escaped the lock directory.
     ensure!(
         !agent.dir().join("escape.lock").exists()

@@ -11,7 +11,7 @@ use crate::access::{as_nobody, NOBODY};
 use crate::support::agent::{temp_dir, FileBackendDir};
 use crate::support::run::{Finished, HOLD};
 use crate::support::{setpriv, within, AgentOptions, Run, TestAgent, WAIT};
-use crate::systemd::{text, tool};
+use crate::systemd::{runlock_user, text, tool};
 use anyhow::{ensure, Context, Result};
 use runlock_shim::exit::EXIT_HELD;
 use std::fs::File;
@@ -51,13 +51,7 @@ impl Packaged {
         let tmpfiles = shipped("tmpfiles.d/runlock.conf").display().to_string();
         let out = tool("systemd-tmpfiles", &["--create", &root_arg, &tmpfiles]).await?;
         ensure!(out.status.success(), "systemd-tmpfiles: {}", text(&out));
-        let passwd = std::fs::read_to_string(root.path().join("etc/passwd"))?;
-        let fields: Vec<&str> = passwd
-            .lines()
-            .find(|l| l.starts_with("runlock:"))
-            .with_context(|| format!("no user runlock in:\n{passwd}"))?
-            .split(':')
-            .collect();
+        let fields = runlock_user(root.path())?;
         let (uid, gid) = (fields[2].parse()?, fields[3].parse()?);
         let unit = std::fs::read_to_string(shipped("runlockd.service"))?;
         let setting = |name: &str| -> Result<u32> {
@@ -177,8 +171,7 @@ async fn a_member_can_neither_read_nor_lock_what_the_packaged_agent_keeps() -> R
         .runlock_output(&["run", "--key", "mine", "--", "true"])
         .await?
         .expect_code(EXIT_HELD.into())?;
-    mine.end();
-    mine.finish().await?.expect_code(0)?;
+    mine.end_and_expect_success().await?;
     // Nor can a run open its own lock file again through the descriptor's
     // /proc link (no directory is looked through there, only the file's
     // mode): a second description of it would hold the key past the release.
@@ -202,8 +195,7 @@ async fn a_member_can_neither_read_nor_lock_what_the_packaged_agent_keeps() -> R
     );
 
     // Root's runs are what they would be with no member at all.
-    held.end();
-    held.finish().await?.expect_code(0)?;
+    held.end_and_expect_success().await?;
     let forced = agent
         .runlock_output(&["run", "--force", "--key", "other", "--", "true"])
         .await?;

@@ -188,8 +188,7 @@ async fn lock_files_are_0600_and_unreadable_by_others_even_under_umask_000() -> 
         !out.status.success() && !out.stdout.contains("secret-argument"),
         "nobody read the lock file: {out:?}"
     );
-    run.end();
-    run.finish().await?.expect_code(0)
+    run.end_and_expect_success().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -92,6 +92,5 @@ async fn every_agent_s_refusal_is_listed_through_any_one(agents: &[TestAgent]) -
         }
         deadline.tick().await?;
     }
-    holding.end();
-    holding.finish().await?.expect_code(0)
+    holding.end_and_expect_success().await
 }

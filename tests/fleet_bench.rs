@@ -19,7 +19,7 @@
 //! (`pg_stat_database`); etcd's handled gRPC calls (its `/metrics`).
 
 use anyhow::{bail, Context, Result};
-use runlock_tests::bench_args::store_and_count;
+use runlock_tests::bench_args::run_store_bench;
 use runlock_tests::run::HOLD;
 use runlock_tests::store_requests::StoreRequests;
 use runlock_tests::stores::{Azure, Etcd, Gcs, PgBouncer, Postgres, Space, Store, S3};
@@ -43,16 +43,8 @@ const SETTLE: Duration = Duration::from_secs(3);
 const LEASES_EACH: usize = 10;
 
 fn main() -> Result<()> {
-    let Some((store, n)) = store_and_count(
-        "usage: scripts/fleet STORE N   (STORE: s3, azure, gcs, postgres, pgbouncer, etcd)",
-    )?
-    else {
-        return Ok(()); // `cargo test --benches` asks for the list of benchmarks
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
+    let usage = "usage: scripts/fleet STORE N   (STORE: s3, azure, gcs, postgres, pgbouncer, etcd)";
+    run_store_bench(usage, async |store, n| {
         let figures = match store.as_str() {
             "s3" => fleet(S3, n).await?,
             "azure" => fleet(Azure, n).await?,

@@ -169,6 +169,18 @@ fn state_id(name: &str) -> String {
     key(&format!("dev:tap-{name}-to-target-y"))
 }
 
+/// A system database where Meltano's own run of `state_id(name)` is
+/// RUNNING, started a minute ago and beating now, and an agent that checks
+/// it: the key, the database and the agent.
+async fn a_live_legacy_run(dialect: Dialect, name: &str) -> Result<(String, SystemDb, TestAgent)> {
+    let mut db = SystemDb::new(dialect, name).await?;
+    let k = state_id(name);
+    db.insert(&k, "RUNNING", "1 minute", Some("0 seconds"))
+        .await?;
+    let agent = db.agent().await?;
+    Ok((k, db, agent))
+}
+
 async fn run_once(
     agent: &TestAgent,
     k: &str,
@@ -229,21 +241,13 @@ async fn a_run_without_heartbeat_holds_the_key_for_24_hours(dialect: Dialect) ->
 }
 
 async fn force_bypasses_the_check(dialect: Dialect) -> Result<()> {
-    let mut db = SystemDb::new(dialect, "force").await?;
-    let k = state_id("force");
-    db.insert(&k, "RUNNING", "1 minute", Some("0 seconds"))
-        .await?;
-    let agent = db.agent().await?;
+    let (k, _db, agent) = a_live_legacy_run(dialect, "force").await?;
     run_once(&agent, &k, &[]).await?.expect_code(75)?;
     expect_started(&run_once(&agent, &k, &["--force"]).await?)
 }
 
 async fn a_waiting_run_starts_once_the_legacy_run_ends(dialect: Dialect) -> Result<()> {
-    let mut db = SystemDb::new(dialect, "wait").await?;
-    let k = state_id("wait");
-    db.insert(&k, "RUNNING", "1 minute", Some("0 seconds"))
-        .await?;
-    let agent = db.agent().await?;
+    let (k, db, agent) = a_live_legacy_run(dialect, "wait").await?;
     let mut waiting: Run = agent.run(&[&k], &["--wait", "20s"], "echo started")?;
     // Still refused well after its first try: it is waiting, not started.
     let early = tokio::time::timeout(std::time::Duration::from_millis(700), waiting.wait()).await;

@@ -1,7 +1,7 @@
 //! A run's life through one agent: contention, waiting, fencing tokens, exit
 //! statuses, signals, several keys, force and release, on `file://` and `memory://`.
 
-use crate::support::agent::Backend;
+use crate::support::agent::{Backend, HeldWithAWaiter};
 use crate::support::journal::Journal;
 use crate::support::run::HOLD;
 use crate::support::{host_name, key, user_name, Deadline, Run, TestAgent};
@@ -79,8 +79,14 @@ async fn held_key_makes_a_second_run_exit_75_naming_the_holder(backend: Backend)
         "holder token: {second:?}"
     );
 
-    holder.end();
-    holder.finish().await?.expect_code(0)
+    holder.end_and_expect_success().await
+}
+
+/// Fails, saying `what`, unless the runs wrote exactly `want` to `journal`.
+fn journal_reads(journal: &std::path::Path, want: &str, what: &str) -> Result<()> {
+    let order = std::fs::read_to_string(journal)?;
+    ensure!(order == want, "{what}: {order:?}");
+    Ok(())
 }
 
 async fn waiting_run_acquires_once_the_holder_ends(backend: Backend) -> Result<()> {
@@ -102,8 +108,7 @@ async fn waiting_run_acquires_once_the_holder_ends(backend: Backend) -> Result<(
         .await?;
     ensure!(!journal.exists(), "the waiter ran while the key was held");
 
-    holder.end();
-    holder.finish().await?.expect_code(0)?;
+    holder.end_and_expect_success().await?;
     let waited = waiter.finish().await?;
     waited.expect_code(0)?;
     let tokens = printed_tokens(&waited.stdout, "ran")?;
@@ -112,12 +117,7 @@ async fn waiting_run_acquires_once_the_holder_ends(backend: Backend) -> Result<(
         tokens[1] > ready.token(),
         "token of {k} did not grow: {waited:?}"
     );
-    let order = std::fs::read_to_string(&journal)?;
-    ensure!(
-        order == "holder-end\nwaiter-start\n",
-        "runs overlapped: {order:?}"
-    );
-    Ok(())
+    journal_reads(&journal, "holder-end\nwaiter-start\n", "runs overlapped")
 }
 
 async fn waiters_are_served_in_arrival_order(backend: Backend) -> Result<()> {
@@ -125,8 +125,7 @@ async fn waiters_are_served_in_arrival_order(backend: Backend) -> Result<()> {
     let mut client = agent.client().await?;
     let journal = agent.dir().join("journal");
     let k = key("fifo-k");
-    let mut holder = agent.run(&[&k], &[], HOLD)?;
-    holder.ready().await?;
+    let (holder, _) = agent.hold(&k).await?;
     let mut waiters = Vec::new();
     for n in 1..=3 {
         let first = key(&format!("fifo-a{n}"));
@@ -137,28 +136,26 @@ async fn waiters_are_served_in_arrival_order(backend: Backend) -> Result<()> {
                 .await?,
         );
     }
-    holder.end();
-    holder.finish().await?.expect_code(0)?;
+    holder.end_and_expect_success().await?;
     for waiter in waiters {
         waiter.finish().await?.expect_code(0)?;
     }
-    let order = std::fs::read_to_string(&journal)?;
-    ensure!(
-        order == "waiter-1\nwaiter-2\nwaiter-3\n",
-        "served out of order: {order:?}"
-    );
-    Ok(())
+    journal_reads(
+        &journal,
+        "waiter-1\nwaiter-2\nwaiter-3\n",
+        "served out of order",
+    )
 }
 
 async fn an_interrupted_waiter_gives_back_the_keys_it_took(backend: Backend) -> Result<()> {
     let agent = TestAgent::start_on(backend).await?;
     let mut client = agent.client().await?;
-    let (first, k) = (key("interrupted-a"), key("interrupted-b"));
-    let mut holder = agent.run(&[&k], &[], HOLD)?;
-    holder.ready().await?;
-    let waiter = agent
-        .run_waiting_for(&mut client, &k, &first, "echo must-not-run")
-        .await?;
+    let HeldWithAWaiter {
+        first,
+        k,
+        holder,
+        waiter,
+    } = agent.held_with_a_waiter(&mut client, "interrupted").await?;
 
     waiter.signal(Signal::SIGTERM)?;
     let out = waiter.finish().await?;
@@ -170,16 +167,14 @@ async fn an_interrupted_waiter_gives_back_the_keys_it_took(backend: Backend) -> 
         deadline.tick().await?;
     }
     ensure!(client.is_held(&k).await?, "the holder lost {k}");
-    holder.end();
-    holder.finish().await?.expect_code(0)
+    holder.end_and_expect_success().await
 }
 
 async fn a_run_that_cannot_take_every_key_takes_none(backend: Backend) -> Result<()> {
     let agent = TestAgent::start_on(backend).await?;
     let mut client = agent.client().await?;
     let (a, b, c) = (key("partial-a"), key("partial-b"), key("partial-c"));
-    let mut holder = agent.run(&[&b], &[], HOLD)?;
-    holder.ready().await?;
+    let (holder, _) = agent.hold(&b).await?;
     for wait in ["0s", "300ms"] {
         agent
             .run_refused(&[&c, &b, &a], &["--wait", wait], 75)
@@ -191,15 +186,13 @@ async fn a_run_that_cannot_take_every_key_takes_none(backend: Backend) -> Result
         );
         ensure!(!client.is_held(&c).await?, "--wait {wait}: {c} was taken");
     }
-    holder.end();
-    holder.finish().await?.expect_code(0)
+    holder.end_and_expect_success().await
 }
 
 async fn wait_that_runs_out_exits_75(backend: Backend) -> Result<()> {
     let agent = TestAgent::start_on(backend).await?;
     let k = key("wait-runs-out");
-    let mut holder = agent.run(&[&k], &[], HOLD)?;
-    holder.ready().await?;
+    let (holder, _) = agent.hold(&k).await?;
 
     let late = agent.run_refused(&[&k], &["--wait", "300ms"], 75).await?;
     ensure!(
@@ -211,8 +204,7 @@ async fn wait_that_runs_out_exits_75(backend: Backend) -> Result<()> {
         "the holder is not named: {late:?}"
     );
 
-    holder.end();
-    holder.finish().await?.expect_code(0)
+    holder.end_and_expect_success().await
 }
 
 async fn tokens_strictly_increase_across_runs(backend: Backend) -> Result<()> {
@@ -333,8 +325,7 @@ async fn opposite_key_orders_neither_deadlock_nor_overlap(backend: Backend) -> R
 async fn force_stops_the_holder_with_76_and_a_larger_token(backend: Backend) -> Result<()> {
     let agent = TestAgent::start_on(backend).await?;
     let k = key("force");
-    let mut holder = agent.run(&[&k], &[], HOLD)?;
-    let ready = holder.ready().await?;
+    let (holder, ready) = agent.hold(&k).await?;
 
     let forced = agent
         .run(&[&k], &["--force"], "echo token $RUNLOCK_TOKEN")?
@@ -344,11 +335,7 @@ async fn force_stops_the_holder_with_76_and_a_larger_token(backend: Backend) -> 
     let new_token = printed_tokens(&forced.stdout, "token")?;
 
     let old = holder.finish().await?;
-    old.expect_code(76)?;
-    ensure!(
-        !old.stdout.contains("bye"),
-        "the old holder's command was not stopped: {old:?}"
-    );
+    old.expect_stopped()?;
     ensure!(
         old.stderr.contains("lost"),
         "the shim does not say why: {old:?}"
@@ -364,9 +351,7 @@ async fn force_stops_the_holder_with_76_and_a_larger_token(backend: Backend) -> 
 async fn release_breaks_a_run_with_76_and_status_lists_leases(backend: Backend) -> Result<()> {
     let agent = TestAgent::start_on(backend).await?;
     let k = key("release");
-    let mut holder = agent.run(&[&k], &[], HOLD)?;
-    let ready = holder.ready().await?;
-    agent.wait_attached(ready.pid).await?;
+    let (holder, ready) = agent.run_attached(&[&k], HOLD).await?;
 
     let status = agent.runlock_output(&["status", "--json"]).await?;
     status.expect_code(0)?;
@@ -392,11 +377,7 @@ async fn release_breaks_a_run_with_76_and_status_lists_leases(backend: Backend) 
         .await?
         .expect_code(0)?;
     let broken = holder.finish().await?;
-    broken.expect_code(76)?;
-    ensure!(
-        !broken.stdout.contains("bye"),
-        "the command was not stopped: {broken:?}"
-    );
+    broken.expect_stopped()?;
 
     let status = agent.runlock_output(&["status", "--json"]).await?;
     status.expect_code(0)?;
@@ -444,8 +425,7 @@ async fn on_lost_ignore_lets_the_command_finish_but_exits_76() -> Result<()> {
     old.expect_code(76)?;
     // The forced run waited for it to end (not for the deadline: 33 s here).
     let forced = forced.finish().await?;
-    forced.expect_code(0)?;
-    ensure!(forced.stdout == "forced\n", "{forced:?}");
+    forced.expect_output("forced\n")?;
     Ok(())
 }
 
@@ -488,13 +468,12 @@ async fn shim_finds_the_agent_through_runlock_socket() -> Result<()> {
         "echo $RUNLOCK_KEY",
     ]);
     let out = Run::spawn(command)?.finish().await?;
-    out.expect_code(0)?;
-    ensure!(out.stdout == "via-env\n", "{out:?}");
+    out.expect_output("via-env\n")?;
     Ok(())
 }
 
 async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Result<()> {
-    use crate::support::client::acquire;
+    use crate::support::client::{acquire, break_lease, release};
     use runlock_protocol::{AgentMessage, ClientMessage, LostReason};
 
     let agent = TestAgent::start_on(backend).await?;
@@ -529,13 +508,7 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
         other => anyhow::bail!("expected lost{{forced}}, got {other:?}"),
     };
     // The lost lease is no longer the holder's to release.
-    let reply = holder
-        .call(ClientMessage::Release {
-            slot: None,
-            lease_ids: vec![old.lease_id.clone()],
-            key: None,
-        })
-        .await?;
+    let reply = holder.call(release(vec![old.lease_id.clone()])).await?;
     ensure!(matches!(reply, AgentMessage::Error(_)), "{reply:?}");
     // The forced run is answered once the run it displaced has stopped: the
     // holder's connection is its run.
@@ -562,13 +535,7 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
     }
 
     let mut breaker = agent.client().await?;
-    let breaking = breaker
-        .send(ClientMessage::Release {
-            slot: None,
-            lease_ids: Vec::new(),
-            key: Some(k.clone()),
-        })
-        .await?;
+    let breaking = breaker.send(break_lease(&k)).await?;
     match forcer.next_event().await? {
         AgentMessage::Lost {
             lease_id,
@@ -587,13 +554,7 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
         }] => ensure!(h.token == new.token, "{h:?}"),
         other => anyhow::bail!("expected one forcing event, got {other:?}"),
     }
-    let reply = breaker
-        .call(ClientMessage::Release {
-            slot: None,
-            lease_ids: Vec::new(),
-            key: Some(k.clone()),
-        })
-        .await?;
+    let reply = breaker.call(break_lease(&k)).await?;
     ensure!(
         reply == AgentMessage::Released { count: 0 },
         "a free key: {reply:?}"
@@ -604,13 +565,7 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
 async fn history_lists_grants_forces_releases_and_breaks_in_order(backend: Backend) -> Result<()> {
     let agent = TestAgent::start_on(backend).await?;
     let k = key("history");
-    let mut first = agent.run(&[&k], &[], HOLD)?;
-    let t1 = first.ready().await?.token();
-    let mut forced = agent.run(&[&k], &["--force"], HOLD)?;
-    let t2 = forced.ready().await?.token();
-    first.finish().await?.expect_code(76)?;
-    forced.end();
-    forced.finish().await?.expect_code(0)?;
+    let (t1, t2) = agent.held_then_forced_through(&agent, &k).await?;
     let mut broken = agent.run(&[&k], &[], HOLD)?;
     let t3 = broken.ready().await?.token();
     agent
@@ -664,14 +619,12 @@ async fn history_lists_grants_forces_releases_and_breaks_in_order(backend: Backe
     ensure!(lines[0].contains(&format!("granted token {t3}")), "{out:?}");
     ensure!(lines[1].contains(&format!("broken: token {t3}")), "{out:?}");
     // A held key's refusal and its record name the last incident.
-    let mut holder = agent.run(&[&k], &[], HOLD)?;
-    holder.ready().await?;
+    let (holder, _) = agent.hold(&k).await?;
     let refused = agent.run(&[&k], &[], "exit 0")?.finish().await?;
     refused.expect_code(75)?;
     ensure!(refused.stderr.contains("last broken by"), "{refused:?}");
     let record = agent.inspect_json(&k).await?;
     ensure!(record["incident"]["kind"] == "broken", "{record}");
-    holder.end();
-    holder.finish().await?.expect_code(0)?;
+    holder.end_and_expect_success().await?;
     Ok(())
 }

@@ -10,7 +10,7 @@
 
 use anyhow::{bail, ensure, Result};
 use runlock_protocol::AgentMessage;
-use runlock_tests::bench_args::store_and_count;
+use runlock_tests::bench_args::run_store_bench;
 use runlock_tests::client::{acquire, RawClient};
 use runlock_tests::store_requests::StoreRequests;
 use runlock_tests::stores::{Azure, Etcd, Gcs, Postgres, Space, Store, S3};
@@ -26,15 +26,8 @@ const TAKERS: usize = 8;
 const ROUNDS: usize = 3;
 
 fn main() -> Result<()> {
-    let Some((store, n)) =
-        store_and_count("usage: cargo bench -p runlock-tests --bench listing -- STORE N")?
-    else {
-        return Ok(()); // `cargo test --benches` asks for the list of benchmarks
-    };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async {
+    let usage = "usage: cargo bench -p runlock-tests --bench listing -- STORE N";
+    run_store_bench(usage, async |store, n| {
         let rounds = match store.as_str() {
             "s3" => listing(S3, n).await?,
             "azure" => listing(Azure, n).await?,

@@ -3,7 +3,7 @@
 //! hosts, on every shared store and on `file://`.
 
 use crate::support::agent::Backend;
-use crate::support::client::{acquire, RawClient};
+use crate::support::client::{acquire, release, RawClient};
 use crate::support::rewriting_proxy::{Canned, RequestHead, RewritingProxy};
 use crate::support::run::HOLD;
 use crate::support::stores::{unique_name, Azure, Etcd, Gcs, Postgres, Space, Store, RECORDS, S3};
@@ -221,9 +221,8 @@ async fn keys_on_two_hosts(a: &TestAgent, b: &TestAgent, ttl_ms: u64) -> Result<
         table.stdout.lines().all(|line| line.chars().count() <= 120),
         "wider than the terminal's 120 columns: {table:?}"
     );
-    for mut run in runs {
-        run.end();
-        run.finish().await?.expect_code(0)?;
+    for run in runs {
+        run.end_and_expect_success().await?;
     }
     // Released, a key too long for its name to be spelled is still named.
     let after = list_json(b, &["--all", "list/"]).await?;
@@ -287,13 +286,7 @@ async fn a_listing_pages_through_more_keys_than_one_reply_holds(store: impl Stor
         .iter()
         .map(|l| l.lease_id.clone())
         .collect();
-    let released = client
-        .call(ClientMessage::Release {
-            lease_ids: half,
-            key: None,
-            slot: None,
-        })
-        .await?;
+    let released = client.call(release(half)).await?;
     ensure!(
         matches!(released, AgentMessage::Released { count } if count as usize == KEYS / 2),
         "{released:?}"
@@ -449,8 +442,7 @@ async fn a_listing_reads_again_only_the_records_that_changed(store: impl Store) 
     let proxy = RewritingProxy::start(&at, rewrite).await?;
     let proxied = proxy.endpoint.clone();
     // A TTL long enough that no renewal rewrites a record meanwhile.
-    let mut options = AgentOptions::new(store.uri(&at, &name, ""));
-    options.args = vec!["--ttl".into(), "1h".into()];
+    let options = AgentOptions::with_ttl(store.uri(&at, &name, ""), "1h");
     let agent = TestAgent::start_with_env(options, &store.env(&proxied)).await?;
     let keys: Vec<String> = (0..KEYS).map(|i| format!("reads/{i:02}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
@@ -479,11 +471,7 @@ async fn a_listing_reads_again_only_the_records_that_changed(store: impl Store) 
         "{listed} listed with {second} reads"
     );
     let released = client
-        .call(ClientMessage::Release {
-            lease_ids: vec![leases[0].lease_id.clone()],
-            key: None,
-            slot: None,
-        })
+        .call(release(vec![leases[0].lease_id.clone()]))
         .await?;
     ensure!(
         matches!(released, AgentMessage::Released { count: 1 }),

@@ -89,8 +89,7 @@ async fn a_second_meltano_run_of_the_same_pipeline_is_refused() -> Result<()> {
     other
         .expect_line("keys prod:tap-smoke-test-to-target-jsonl:blue")
         .await?;
-    other.end();
-    other.finish().await?.expect_code(0)?;
+    other.end_and_expect_success().await?;
 
     // Meltano's own --force is runlock's: the first run is stopped (76).
     let forced = [
@@ -103,8 +102,7 @@ async fn a_second_meltano_run_of_the_same_pipeline_is_refused() -> Result<()> {
     let mut taker = wrapped(&agent, dir.path(), &forced)?;
     taker.ready().await?;
     first.finish().await?.expect_code(76)?;
-    taker.end();
-    taker.finish().await?.expect_code(0)?;
+    taker.end_and_expect_success().await?;
     Ok(())
 }
 

@@ -240,9 +240,7 @@ fn process_group(pid: u32) -> Result<i32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hosts_run_one_meltano_pipeline_at_a_time_and_a_killed_run_frees_it() -> Result<()> {
     let (host_a, host_b) = (Project::new()?, Project::new()?);
-    let locks = FileBackendDir::new()?;
-    let a = TestAgent::start(locks.uri()).await?;
-    let b = TestAgent::start(locks.uri()).await?;
+    let (_locks, a, b) = FileBackendDir::with_two_agents().await?;
 
     let mut first = host_a.wrapped(&a, &[])?;
     let tap = host_a.wait_started(1).await?;

@@ -4,7 +4,6 @@
 
 use crate::agent_process::runlockd_refusing;
 use crate::support::agent::{temp_dir, FileBackendDir};
-use crate::support::run::HOLD;
 use crate::support::{http, key, AgentOptions, Deadline, TestAgent, WAIT};
 use anyhow::{bail, ensure, Context, Result};
 use nix::sys::signal::Signal;
@@ -102,8 +101,7 @@ async fn counters_follow_runs_conflicts_and_forced_losses() -> Result<()> {
 
     let k = key("metrics");
     agent.run_to_success(&k).await?;
-    let mut holder = agent.run(&[&k], &[], HOLD)?;
-    holder.ready().await?;
+    let (holder, _) = agent.hold(&k).await?;
     let text = scrape(addr).await?;
     ensure!(value(&text, "runlock_leases_held") == Some(1.0), "{text}");
     // TTL 3 s: the file backend renews every second or so.
@@ -197,8 +195,7 @@ async fn a_wait_for_a_held_key_shows_in_the_waiters_gauge_and_the_wait_before_it
 ) -> Result<()> {
     let (agent, addr, _locks) = agent_with_metrics("30s").await?;
     let k = key("metrics-wait");
-    let mut holder = agent.run(&[&k], &[], HOLD)?;
-    holder.ready().await?;
+    let (holder, _) = agent.hold(&k).await?;
     let waiter = agent.run(&[&k], &["--wait", "60s"], "exit 0")?;
     wait_for(addr, "runlock_waiters", |v| v == 1.0).await?;
     // Its tries 2 to 4 follow pauses of at least 10, 20 and 40 ms (half of
@@ -216,8 +213,7 @@ async fn a_wait_for_a_held_key_shows_in_the_waiters_gauge_and_the_wait_before_it
         "only the holder was granted yet:\n{before}"
     );
 
-    holder.end();
-    holder.finish().await?.expect_code(0)?;
+    holder.end_and_expect_success().await?;
     waiter.finish().await?.expect_code(0)?;
     let text = wait_for(addr, "runlock_waiters", |v| v == 0.0).await?;
     ensure!(
@@ -239,8 +235,7 @@ async fn a_wait_for_a_held_key_shows_in_the_waiters_gauge_and_the_wait_before_it
 async fn a_break_and_a_killed_run_end_their_holds_as_broken_and_closed() -> Result<()> {
     let (agent, addr, _locks) = agent_with_metrics("30s").await?;
     let broken = key("metrics-broken");
-    let mut holder = agent.run(&[&broken], &[], HOLD)?;
-    holder.ready().await?;
+    let (holder, _) = agent.hold(&broken).await?;
     agent
         .runlock_output(&["release", &broken])
         .await?
@@ -265,8 +260,7 @@ async fn a_break_and_a_killed_run_end_their_holds_as_broken_and_closed() -> Resu
 
     // The shim and then its command killed: the connection closes holding the key.
     let killed = key("metrics-killed");
-    let mut run = agent.run(&[&killed], &[], HOLD)?;
-    run.ready().await?;
+    let (run, _) = agent.hold(&killed).await?;
     run.signal(Signal::SIGKILL)?;
     run.kill_group()?;
     wait_for(
@@ -327,15 +321,13 @@ async fn the_exposition_passes_promtool_check_metrics() -> Result<()> {
     let (agent, addr, _locks) = agent_with_metrics("30s").await?;
     // Series made the first time something happens are in it too.
     let k = key("metrics-promtool");
-    let mut holder = agent.run(&[&k], &[], HOLD)?;
-    holder.ready().await?;
+    let (holder, _) = agent.hold(&k).await?;
     agent
         .run(&[&k], &[], "exit 0")?
         .finish()
         .await?
         .expect_code(75)?;
-    holder.end();
-    holder.finish().await?.expect_code(0)?;
+    holder.end_and_expect_success().await?;
     let text = scrape(addr).await?;
     ensure!(
         text.contains(r#"operation="acquire",result="held""#),

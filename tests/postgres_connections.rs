@@ -89,8 +89,7 @@ async fn an_agent_holds_a_connection_only_while_it_uses_one() -> Result<()> {
     while connections(&admin, &app).await? == 0 {
         deadline.tick().await?;
     }
-    run.end();
-    run.finish().await?.expect_code(0)?;
+    run.end_and_expect_success().await?;
     until_it_holds_none(&admin, &app, "once its run ended").await
 }
 
@@ -165,16 +164,13 @@ async fn a_server_out_of_connections_is_waited_out_counted_and_named() -> Result
     }
     drop(blocker);
     let served = run.finish().await?;
-    served.expect_code(0)?;
-    ensure!(served.stdout == "served\n", "{served:?}");
+    served.expect_output("served\n")?;
 
     // Full for longer than a short wait: unavailable, naming the limit.
     let _blocker = take_the_only_connection(&uri).await?;
     let refused = agent
-        .run(&[&key("full-out")], &["--wait", "2s"], "echo ran")?
-        .finish()
+        .run_refused(&[&key("full-out")], &["--wait", "2s"], 69)
         .await?;
-    refused.expect_code(69)?;
     ensure!(
         refused.stderr.contains("too many connections") && refused.stdout.is_empty(),
         "the refusal does not name the limit: {refused:?}"

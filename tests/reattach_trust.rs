@@ -89,14 +89,12 @@ async fn a_member_cannot_adopt_a_run_that_ended_while_no_agent_ran() -> Result<(
     let locks = FileBackendDir::new()?;
     let mut agent = member_agent(&locks.uri(), &[], None).await?;
     let k = key("ended-unseen");
-    let mut run = agent.run(&[&k], &[], HOLD)?;
-    let ready = run.ready().await?;
+    let (run, ready) = agent.hold(&k).await?;
     let lease = roots_lease(&agent, &k).await?;
 
     // Root's run ends while no agent runs: its record still names it, its lock is free.
     agent.kill().await?;
-    run.end();
-    run.finish().await?.expect_code(0)?;
+    run.end_and_expect_success().await?;
     let again = member_agent(&locks.uri(), &[], Some(agent.socket())).await?;
 
     nobody_cannot_reattach(&again, &lease).await?;
@@ -117,8 +115,7 @@ async fn a_member_cannot_adopt_a_live_lease(backend: &str, env: &[(String, Strin
     let holding = member_agent(backend, env, None).await?;
     let other = member_agent(backend, env, None).await?;
     let k = key("live-lease");
-    let mut run = holding.run(&[&k], &[], HOLD)?;
-    let ready = run.ready().await?;
+    let (mut run, ready) = holding.hold(&k).await?;
     let lease = roots_lease(&holding, &k).await?;
 
     nobody_cannot_reattach(&other, &lease).await?;
@@ -160,8 +157,7 @@ async fn a_member_cannot_adopt_a_live_postgres_lease_through_another_agent() -> 
 async fn a_member_is_shown_its_own_lease_ids_only() -> Result<()> {
     let agent = member_agent("memory://", &[], None).await?;
     let (roots_key, nobodys_key) = (key("ids-root"), key("ids-nobody"));
-    let mut roots = agent.run(&[&roots_key], &[], HOLD)?;
-    roots.ready().await?;
+    let (mut roots, _) = agent.hold(&roots_key).await?;
     let mut nobodys = as_nobody(
         &agent,
         &[RUNLOCK_GROUP],

@@ -38,29 +38,45 @@ pub(crate) async fn leases_of(agent: &TestAgent) -> Result<Vec<LeaseInfo>> {
     }
 }
 
+/// Waits until `agent` holds `count` leases, each attached to its run.
+pub(crate) async fn reattached(agent: &TestAgent, count: usize) -> Result<Vec<LeaseInfo>> {
+    let deadline = Deadline::new(WAIT, format!("{count} runs to reattach"));
+    loop {
+        let leases = leases_of(agent).await?;
+        if leases.len() == count && leases.iter().all(|l| l.child_pid.is_some()) {
+            return Ok(leases);
+        }
+        deadline.tick().await?;
+    }
+}
+
+/// [`hold_many`] runs of keys after `hint` through an agent with leases of
+/// `ttl` on a fresh S3 space, then that agent stopped (SIGTERM): the space,
+/// the stopped agent, its runs and when it was stopped.
+async fn runs_of_a_stopped_agent(
+    hint: &str,
+    ttl: Duration,
+) -> Result<(Space, TestAgent, Vec<(String, Run, Ready)>, Instant)> {
+    let ttl = format!("{}s", ttl.as_secs());
+    let space = Space::create(S3, &format!("restart-{hint}")).await?;
+    let mut old = space.agent("state", &["--ttl", &ttl]).await?;
+    let runs = hold_many(&old, hint).await?;
+    let stopped = Instant::now();
+    old.stop().await?;
+    Ok((space, old, runs, stopped))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_within_the_ttl_keeps_every_run_and_its_token() -> Result<()> {
     let ttl = Duration::from_secs(12);
-    let space = Space::create(S3, "restart-quick").await?;
-    let mut old = space.agent("state", &["--ttl", "12s"]).await?;
-    let runs = hold_many(&old, "kept").await?;
-
-    let stopped = Instant::now();
-    old.stop().await?;
+    let (space, old, runs, stopped) = runs_of_a_stopped_agent("kept", ttl).await?;
     let new = space
         .agent_on_socket("state", &["--ttl", "12s"], old.socket())
         .await?;
     let new_id = new.agent_id().await?;
 
     // Every run reattaches to the new agent, with its own lease and token.
-    let deadline = Deadline::new(WAIT, format!("{RUNS} runs to reattach"));
-    let adopted = loop {
-        let leases = leases_of(&new).await?;
-        if leases.len() == RUNS && leases.iter().all(|l| l.child_pid.is_some()) {
-            break leases;
-        }
-        deadline.tick().await?;
-    };
+    let adopted = reattached(&new, RUNS).await?;
     let by_key: HashMap<&str, &LeaseInfo> = adopted.iter().map(|l| (l.key.as_str(), l)).collect();
     for (k, _, ready) in &runs {
         let lease = by_key
@@ -103,12 +119,7 @@ async fn a_restart_within_the_ttl_keeps_every_run_and_its_token() -> Result<()> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_slower_than_the_deadline_stops_every_run_before_expiry() -> Result<()> {
     let ttl = Duration::from_secs(6);
-    let space = Space::create(S3, "restart-slow").await?;
-    let mut old = space.agent("state", &["--ttl", "6s"]).await?;
-    let runs = hold_many(&old, "dropped").await?;
-
-    let stopped = Instant::now();
-    old.stop().await?;
+    let (_space, _old, runs, stopped) = runs_of_a_stopped_agent("dropped", ttl).await?;
     // No agent comes back: every run is stopped by its shim before its lease
     // could expire (deadline = last write + TTL − TTL/6, then the kill grace).
     for (k, run, _) in runs {
@@ -129,8 +140,7 @@ async fn a_crashed_agent_is_replaced_without_stopping_the_run() -> Result<()> {
     let space = Space::create(S3, "crash-replace").await?;
     let mut old = space.agent("state", &["--ttl", "12s"]).await?;
     let k = key("crash-replace");
-    let mut run = old.run(&[&k], &[], HOLD)?;
-    let ready = run.ready().await?;
+    let (mut run, ready) = old.hold(&k).await?;
     old.kill().await?;
     let new = space
         .agent_on_socket("state", &["--ttl", "12s"], old.socket())
@@ -183,8 +193,7 @@ async fn an_agent_upgraded_in_place_keeps_the_run(
     };
     let mut old = TestAgent::start_with_env(options(None), &env).await?;
     let k = key("upgraded");
-    let mut run = old.run(&[&k], &[], HOLD)?;
-    let ready = run.ready().await?;
+    let (mut run, ready) = old.hold(&k).await?;
 
     install(&bins()?.runlockd)?;
     old.stop().await?;

@@ -3,35 +3,21 @@
 //! the key, which is free the moment the run ends, agent or no agent; force
 //! and release still stop the run and take the key with a larger token.
 
-use crate::restart::leases_of;
+use crate::restart::{leases_of, reattached};
 use crate::support::agent::FileBackendDir;
 use crate::support::run::{Ready, HOLD};
 use crate::support::{key, AgentOptions, Deadline, Run, TestAgent, WAIT};
 use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
-use runlock_protocol::LeaseInfo;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 async fn agent_on(locks: &FileBackendDir, socket: Option<&Path>, ttl: &str) -> Result<TestAgent> {
     TestAgent::start_with(AgentOptions {
         socket: socket.map(Path::to_path_buf),
-        args: vec!["--ttl".into(), ttl.into()],
-        ..AgentOptions::new(locks.uri())
+        ..AgentOptions::with_ttl(locks.uri(), ttl)
     })
     .await
-}
-
-/// Waits until `agent` holds `count` leases, each attached to its run.
-async fn reattached(agent: &TestAgent, count: usize) -> Result<Vec<LeaseInfo>> {
-    let deadline = Deadline::new(WAIT, format!("{count} runs to reattach"));
-    loop {
-        let leases = leases_of(agent).await?;
-        if leases.len() == count && leases.iter().all(|l| l.child_pid.is_some()) {
-            return Ok(leases);
-        }
-        deadline.tick().await?;
-    }
 }
 
 /// What `witness` (another agent on the same directory) says of `k`: it must
@@ -46,12 +32,10 @@ async fn held_with(witness: &TestAgent, k: &str, token: u64) -> Result<()> {
 }
 
 async fn the_run_outlives_its_agent(stop: Signal) -> Result<()> {
-    let locks = FileBackendDir::new()?;
-    let mut agent = agent_on(&locks, None, "5s").await?;
-    let witness = agent_on(&locks, None, "5s").await?;
+    let (locks, mut agent, witness) =
+        FileBackendDir::with_two_agents_using(|uri| AgentOptions::with_ttl(uri, "5s")).await?;
     let k = key("outlives");
-    let mut run = agent.run(&[&k], &[], HOLD)?;
-    let ready = run.ready().await?;
+    let (run, ready) = agent.hold(&k).await?;
 
     agent.signal(stop)?;
     agent.wait().await?;
@@ -89,9 +73,8 @@ async fn a_run_outlives_an_agent_stopped_and_restarted() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_no_agent_left_the_key_is_free_the_moment_the_run_ends() -> Result<()> {
-    let locks = FileBackendDir::new()?;
-    let mut agent = agent_on(&locks, None, "5s").await?;
-    let witness = agent_on(&locks, None, "5s").await?;
+    let (_locks, mut agent, witness) =
+        FileBackendDir::with_two_agents_using(|uri| AgentOptions::with_ttl(uri, "5s")).await?;
     let k = key("no-agent");
     // The command leaves a daemon behind that keeps every descriptor it inherited.
     let script = format!("(sleep 60 </dev/null >/dev/null 2>&1 &); {HOLD}");
@@ -99,8 +82,7 @@ async fn with_no_agent_left_the_key_is_free_the_moment_the_run_ends() -> Result<
     let ready = run.ready().await?;
     agent.kill().await?;
     held_with(&witness, &k, ready.token()).await?;
-    run.end();
-    run.finish().await?.expect_code(0)?;
+    run.end_and_expect_success().await?;
     // The shim dropped the lock for the daemon too: the key is free at once.
     let next = witness.token_of_a_run(&k).await?;
     ensure!(next > ready.token(), "{next} after {}", ready.token());
@@ -109,14 +91,12 @@ async fn with_no_agent_left_the_key_is_free_the_moment_the_run_ends() -> Result<
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_agent_loses_no_run() -> Result<()> {
-    let locks = FileBackendDir::new()?;
-    let agent = agent_on(&locks, None, "5s").await?;
-    let witness = agent_on(&locks, None, "5s").await?;
+    let (_locks, agent, witness) =
+        FileBackendDir::with_two_agents_using(|uri| AgentOptions::with_ttl(uri, "5s")).await?;
     let mut runs: Vec<(String, Run, Ready)> = Vec::new();
     for i in 0..3 {
         let k = key(&format!("paused-{i}"));
-        let mut run = agent.run(&[&k], &[], HOLD)?;
-        let ready = run.ready().await?;
+        let (run, ready) = agent.hold(&k).await?;
         runs.push((k, run, ready));
     }
     // Twice the TTL: a lease that could lapse would be lost by now.
@@ -151,8 +131,7 @@ async fn twenty_restarts_stop_none_of_ten_runs() -> Result<()> {
     let mut runs: Vec<(String, Run, Ready)> = Vec::new();
     for i in 0..RUNS {
         let k = key(&format!("restarts-{i}"));
-        let mut run = first.run(&[&k], &[], HOLD)?;
-        let ready = run.ready().await?;
+        let (run, ready) = first.hold(&k).await?;
         runs.push((k, run, ready));
     }
     // Each agent is kept (its directory holds the socket) until the test ends.
@@ -193,14 +172,12 @@ async fn twenty_restarts_stop_none_of_ten_runs() -> Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn force_and_release_stop_a_reattached_run_and_take_the_key_higher() -> Result<()> {
-    let locks = FileBackendDir::new()?;
-    let mut agent = agent_on(&locks, None, "3s").await?;
-    let other = agent_on(&locks, None, "3s").await?;
+    let (locks, mut agent, other) =
+        FileBackendDir::with_two_agents_using(|uri| AgentOptions::with_ttl(uri, "3s")).await?;
     let (forced, broken) = (key("forced"), key("broken"));
     let mut runs = Vec::new();
     for k in [&forced, &broken] {
-        let mut run = agent.run(&[k], &[], HOLD)?;
-        let ready = run.ready().await?;
+        let (run, ready) = agent.hold(k).await?;
         runs.push((run, ready));
     }
     agent.stop().await?;
@@ -213,11 +190,9 @@ async fn force_and_release_stop_a_reattached_run_and_take_the_key_higher() -> Re
     let took = taker.ready().await?;
     let (run, ready) = runs.remove(0);
     let out = run.finish().await?;
-    out.expect_code(76)?;
-    ensure!(!out.stdout.contains("bye"), "{out:?}");
+    out.expect_stopped()?;
     ensure!(took.token() > ready.token(), "{took:?} after {ready:?}");
-    taker.end();
-    taker.finish().await?.expect_code(0)?;
+    taker.end_and_expect_success().await?;
 
     // `runlock release` through the agent that adopted it.
     let (run, ready) = runs.remove(0);

@@ -89,8 +89,7 @@ async fn a_conflict_names_the_holder_on_the_other_host(store: impl Store) -> Res
         "a held record expires: {record}"
     );
 
-    holder.end();
-    holder.finish().await?.expect_code(0)?;
+    holder.end_and_expect_success().await?;
     let token = b.token_of_a_run(&k).await?;
     ensure!(token > ready.token(), "{token} after {}", ready.token());
     Ok(())
@@ -101,9 +100,7 @@ async fn a_killed_run_frees_its_key_for_the_other_host_at_once(store: impl Store
     let a = space.agent("", &[]).await?;
     let b = space.agent("", &[]).await?;
     let k = key("killed-run");
-    let mut run = a.run(&[&k], &[], HOLD)?;
-    let ready = run.ready().await?;
-    a.wait_attached(ready.pid).await?;
+    let (run, ready) = a.run_attached(&[&k], HOLD).await?;
     let mut client = b.client().await?;
     ensure!(client.is_held(&k).await?, "B does not see A's lease");
 
@@ -133,9 +130,7 @@ async fn a_lost_host_s_lease_is_taken_over_after_its_ttl_and_not_before(
     let b = space.agent("p", &["--ttl", "30s"]).await?;
     let b_id = b.agent_id().await?;
     let k = key("host-loss");
-    let mut held = a.run(&[&k], &[], HOLD)?;
-    let first = held.ready().await?;
-    a.wait_attached(first.pid).await?;
+    let (mut held, first) = a.run_attached(&[&k], HOLD).await?;
 
     // The host dies: the agent is SIGKILLed and releases nothing.
     a.kill().await?;
@@ -205,8 +200,7 @@ async fn a_lost_host_s_lease_is_taken_over_after_its_ttl_and_not_before(
         a_gone.duration_since(killed)
     );
     eprintln!("B took over {took:?} after the kill");
-    waiter.end();
-    waiter.finish().await?.expect_code(0)?;
+    waiter.end_and_expect_success().await?;
     Ok(())
 }
 
@@ -218,8 +212,7 @@ async fn force_from_the_other_host_stops_the_first_run_at_its_next_renewal(
     let a = space.agent("", &["--ttl", "6s"]).await?;
     let b = space.agent("", &["--ttl", "6s"]).await?;
     let k = key("force");
-    let mut first = a.run(&[&k], &[], HOLD)?;
-    let first_ready = first.ready().await?;
+    let (first, first_ready) = a.hold(&k).await?;
 
     let forced_at = Instant::now();
     let mut second = b.run(&[&k], &["--force"], HOLD)?;
@@ -230,11 +223,7 @@ async fn force_from_the_other_host_stops_the_first_run_at_its_next_renewal(
     );
     let stopped = first.finish().await?;
     let noticed = forced_at.elapsed();
-    stopped.expect_code(76)?;
-    ensure!(
-        !stopped.stdout.contains("bye"),
-        "the first command was not stopped: {stopped:?}"
-    );
+    stopped.expect_stopped()?;
     ensure!(
         noticed < Duration::from_secs(4),
         "the takeover was noticed after {noticed:?}: not at the first renewal (TTL 6 s)"
@@ -244,8 +233,7 @@ async fn force_from_the_other_host_stops_the_first_run_at_its_next_renewal(
         record["state"] == "held" && record["token"] == second_ready.token(),
         "{record}"
     );
-    second.end();
-    second.finish().await?.expect_code(0)?;
+    second.end_and_expect_success().await?;
     Ok(())
 }
 
@@ -254,8 +242,7 @@ async fn a_store_pause_shorter_than_the_ttl_loses_no_lease(store: impl Store) ->
     let space = Space::create_at(store, own.endpoint.clone(), "short-pause").await?;
     let a = space.agent("p", &["--ttl", "6s"]).await?;
     let k = key("short-pause");
-    let mut run = a.run(&[&k], &[], HOLD)?;
-    let ready = run.ready().await?;
+    let (mut run, ready) = a.hold(&k).await?;
 
     // The fault itself: the store answers nothing for 2 s (renewals go every 2 s,
     // the lease's deadline is 5 s after the last one).
@@ -291,8 +278,7 @@ async fn a_store_pause_longer_than_the_ttl_stops_the_holder_before_anyone_takes_
     let a = space.agent("p", &["--ttl", "6s"]).await?;
     let b = space.agent("p", &["--ttl", "6s"]).await?;
     let k = key("long-pause");
-    let mut held = a.run(&[&k], &[], HOLD)?;
-    let first = held.ready().await?;
+    let (mut held, first) = a.hold(&k).await?;
     let mut waiter = b.run(&[&k], &["--wait", "60s"], HOLD)?;
 
     own.pause()?;
@@ -318,22 +304,19 @@ async fn a_store_pause_longer_than_the_ttl_stops_the_holder_before_anyone_takes_
         "B's run started before A's run was stopped"
     );
     ensure!(second.token() > first.token(), "{second:?} after {first:?}");
-    waiter.end();
-    waiter.finish().await?.expect_code(0)?;
+    waiter.end_and_expect_success().await?;
     Ok(())
 }
 
 /// `holder` runs on `k` while `other` is refused it (code 75), then lets it go.
 async fn held_while_refused(holder: &TestAgent, other: &TestAgent, k: &str) -> Result<Ready> {
-    let mut held = holder.run(&[k], &[], HOLD)?;
-    let ready = held.ready().await?;
+    let (held, ready) = holder.hold(k).await?;
     other
         .run(&[k], &[], "echo must-not-run")?
         .finish()
         .await?
         .expect_code(75)?;
-    held.end();
-    held.finish().await?.expect_code(0)?;
+    held.end_and_expect_success().await?;
     Ok(ready)
 }
 
@@ -359,9 +342,7 @@ async fn agents_whose_wall_clocks_are_hours_off_change_nothing(store: impl Store
     // Host loss: the agent ahead dies holding the key; the one behind takes over
     // after the TTL, not at once (its clock would call any record stale) and not
     // never (its clock would call any record fresh).
-    let mut held = ahead.run(&[&k], &[], HOLD)?;
-    let third = held.ready().await?;
-    ahead.wait_attached(third.pid).await?;
+    let (mut held, third) = ahead.run_attached(&[&k], HOLD).await?;
     ahead.kill().await?;
     let killed = Instant::now();
     let mut waiter = behind.run(&[&k], &["--wait", "30s"], HOLD)?;
@@ -377,8 +358,7 @@ async fn agents_whose_wall_clocks_are_hours_off_change_nothing(store: impl Store
         "taken over only {took:?} after the kill"
     );
     let _ = held.wait().await;
-    waiter.end();
-    waiter.finish().await?.expect_code(0)?;
+    waiter.end_and_expect_success().await?;
     Ok(())
 }
 
@@ -445,8 +425,7 @@ async fn records_read_back_with_the_store_s_own_tools_as_json_beside_meltano_sta
     let a_id = a.agent_id().await?;
     let k = "dev:tap-x-to-target-y";
 
-    let mut run = a.run(&[k], &[], HOLD)?;
-    let ready = run.ready().await?;
+    let (run, ready) = a.hold(k).await?;
     let record = space.only_record("meltano").await?;
     ensure!(
         record.name == format!("meltano/{RECORDS}dev%3Atap-x-to-target-y.json"),
@@ -474,8 +453,7 @@ async fn records_read_back_with_the_store_s_own_tools_as_json_beside_meltano_sta
     ensure!(holder["pid"] == run.pid()?, "{held}");
     ensure!(holder["token"] == ready.token(), "{held}");
 
-    run.end();
-    run.finish().await?.expect_code(0)?;
+    run.end_and_expect_success().await?;
     let free = space.only_record("meltano").await?.json()?;
     ensure!(free["state"] == "free", "{free}");
     ensure!(
@@ -528,17 +506,10 @@ async fn history_lists_every_grant_force_release_expiry_and_break_from_either_ho
     let k = key("history");
 
     // Granted to A, forced by B, released by B.
-    let mut first = a.run(&[&k], &[], HOLD)?;
-    let t1 = first.ready().await?.token();
-    let mut forced = b.run(&[&k], &["--force"], HOLD)?;
-    let t2 = forced.ready().await?.token();
-    first.finish().await?.expect_code(76)?;
-    forced.end();
-    forced.finish().await?.expect_code(0)?;
+    let (t1, t2) = a.held_then_forced_through(&b, &k).await?;
 
     // Granted to A, whose host dies: B takes the key over once it expired.
-    let mut dying = a.run(&[&k], &[], HOLD)?;
-    let third = dying.ready().await?;
+    let (dying, third) = a.hold(&k).await?;
     let t3 = third.token();
     a.wait_attached(third.pid).await?;
     a.kill().await?;
@@ -597,7 +568,7 @@ async fn kinds_of(agent: &TestAgent, k: &str) -> Result<Vec<(String, u64)>> {
 /// proxy in front of the store: the history rides in the record, so each
 /// is still one conditional write, however long the history.
 async fn the_history_costs_no_store_request(store: impl Store) -> Result<()> {
-    use crate::support::client::RawClient;
+    use crate::support::client::{release, RawClient};
     use crate::support::rewriting_proxy::{RequestHead, RewritingProxy};
     use crate::support::stores::unique_name;
     use runlock_protocol::{AgentMessage, ClientMessage};
@@ -641,12 +612,7 @@ async fn the_history_costs_no_store_request(store: impl Store) -> Result<()> {
             other => anyhow::bail!("acquire: {other:?}"),
         };
         let acquired = requests.load(Ordering::SeqCst);
-        let release = ClientMessage::Release {
-            slot: None,
-            lease_ids: vec![lease_id],
-            key: None,
-        };
-        let released = conn.call(release).await?;
+        let released = conn.call(release(vec![lease_id])).await?;
         ensure!(
             matches!(released, AgentMessage::Released { count: 1 }),
             "{released:?}"

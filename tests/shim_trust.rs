@@ -150,8 +150,7 @@ async fn what_another_user_holds_reaches_roots_terminal_escaped() -> Result<()> 
         .unwrap_or_default();
     ensure!(command.contains(HOSTILE_PROGRAM), "{listing}");
 
-    theirs.end();
-    theirs.finish().await?.expect_code(0)
+    theirs.end_and_expect_success().await
 }
 
 /// A stopped agent (SIGSTOP): it still accepts (the kernel queues the

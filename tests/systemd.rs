@@ -77,19 +77,35 @@ pub(crate) async fn verify(service: &Path, socket: &Path) -> Result<Output> {
     .await
 }
 
+/// Fails unless `systemd-analyze verify` found nothing in `what`: it exits 0
+/// on most mistakes (unknown keys, bad values) and only says so, so any
+/// output at all is a failure.
+pub(crate) fn expect_verified(out: &Output, what: &str) -> Result<()> {
+    ensure!(
+        out.status.success() && text(out).trim().is_empty(),
+        "systemd-analyze verify complained about {what} ({}):\n{}",
+        out.status,
+        text(out)
+    );
+    Ok(())
+}
+
+/// The fields of the `runlock` user's line in ROOT/etc/passwd, as
+/// `systemd-sysusers --root=ROOT` wrote it.
+pub(crate) fn runlock_user(root: &Path) -> Result<Vec<String>> {
+    let passwd = std::fs::read_to_string(root.join("etc/passwd"))?;
+    let line = passwd
+        .lines()
+        .find(|l| l.starts_with("runlock:"))
+        .with_context(|| format!("no user runlock in:\n{passwd}"))?;
+    Ok(line.split(':').map(String::from).collect())
+}
+
 #[tokio::test]
 async fn units_pass_systemd_analyze_verify() -> Result<()> {
     let dir = temp_dir()?;
     let (service, socket) = copy_units(dir.path(), |s| s)?;
-    let out = verify(&service, &socket).await?;
-    // verify exits 0 on most mistakes (unknown keys, bad values) and only says
-    // so: any output at all is a failure.
-    ensure!(
-        out.status.success() && text(&out).trim().is_empty(),
-        "systemd-analyze verify complained ({}):\n{}",
-        out.status,
-        text(&out)
-    );
+    expect_verified(&verify(&service, &socket).await?, "the units")?;
 
     // The check above means something only if verify does read these files.
     let broken = temp_dir()?;
@@ -138,13 +154,7 @@ async fn sysusers_and_tmpfiles_make_the_user_and_its_directories() -> Result<()>
     let out = tool("systemd-sysusers", &[&root_arg, &sysusers]).await?;
     ensure!(out.status.success(), "systemd-sysusers: {}", text(&out));
 
-    let passwd = std::fs::read_to_string(root.path().join("etc/passwd"))?;
-    let user: Vec<&str> = passwd
-        .lines()
-        .find(|l| l.starts_with("runlock:"))
-        .with_context(|| format!("no user runlock in:\n{passwd}"))?
-        .split(':')
-        .collect();
+    let user = runlock_user(root.path())?;
     let (uid, gid): (u32, u32) = (user[2].parse()?, user[3].parse()?);
     ensure!(uid != 0 && uid < 1000, "not a system user: {user:?}");
     ensure!(user[5] == "/var/lib/runlock", "home: {user:?}");
@@ -509,13 +519,7 @@ async fn verify_example(edit: impl Fn(String) -> String) -> Result<Output> {
 
 #[tokio::test]
 async fn pipeline_example_passes_systemd_analyze_verify() -> Result<()> {
-    let out = verify_example(|s| s).await?;
-    ensure!(
-        out.status.success() && text(&out).trim().is_empty(),
-        "systemd-analyze verify complained about systemd/examples ({}):\n{}",
-        out.status,
-        text(&out)
-    );
+    expect_verified(&verify_example(|s| s).await?, "systemd/examples")?;
     // As above: verify must be reading the example.
     let out =
         verify_example(|s| s.replace("\nType=oneshot\n", "\nType=oneshot\nNoSuchSetting=yes\n"))

@@ -88,8 +88,7 @@ async fn a_throttling_store_is_waited_out_counted_and_named(store: impl Store) -
         .run(&[&k], &["--wait", "60s"], "echo served")?
         .finish()
         .await?;
-    served.expect_code(0)?;
-    ensure!(served.stdout == "served\n", "{served:?}");
+    served.expect_output("served\n")?;
     let series = format!(
         "runlock_store_throttled_total{{store=\"{}\"}}",
         store.name()
@@ -100,10 +99,8 @@ async fn a_throttling_store_is_waited_out_counted_and_named(store: impl Store) -
     // Throttled throughout a short wait: refused as unavailable, naming it.
     all.store(true, Ordering::SeqCst);
     let refused = agent
-        .run(&[&key("throttled-out")], &["--wait", "3s"], "echo ran")?
-        .finish()
+        .run_refused(&[&key("throttled-out")], &["--wait", "3s"], 69)
         .await?;
-    refused.expect_code(69)?;
     ensure!(
         refused.stderr.contains(named(store.name())) && !refused.stderr.contains("trusted"),
         "the refusal does not name the throttling: {refused:?}"

@@ -50,8 +50,7 @@ async fn expect_error(client: &mut RawClient, code: ErrorCode, text: &str) -> Re
 async fn a_member_at_its_connection_cap_neither_unlocks_nor_starves_anothers_run() -> Result<()> {
     let agent = limited_agent().await?;
     let k = key("starved");
-    let mut holder = agent.run(&[&k], &[], HOLD)?;
-    holder.ready().await?;
+    let (holder, _) = agent.hold(&k).await?;
     let mut idle = Vec::new();
     for _ in 0..8 {
         let mut client = member(&agent).await?;
@@ -89,8 +88,7 @@ async fn a_member_at_its_connection_cap_neither_unlocks_nor_starves_anothers_run
         }
         deadline.tick().await?;
     }
-    holder.end();
-    holder.finish().await?.expect_code(0)?;
+    holder.end_and_expect_success().await?;
     Ok(())
 }
 
@@ -223,8 +221,7 @@ async fn another_users_command_line_shows_only_its_program() -> Result<()> {
     ensure!(own.stdout.contains("hunter2"), "{own:?}");
     let root = agent.runlock_output(&["inspect", &k]).await?;
     ensure!(root.stdout.contains("hunter2"), "{root:?}");
-    held.end();
-    held.finish().await?.expect_code(0)?;
+    held.end_and_expect_success().await?;
     Ok(())
 }
 
@@ -387,20 +384,17 @@ async fn a_members_slot_waiters_on_s3_neither_stop_nor_starve_roots_runs() -> Re
     for n in 0..5 {
         let short = agent.run(&[&key(&format!("roots-{n}"))], &[], "echo served")?;
         let short = short.finish().await?;
-        short.expect_code(0)?;
-        ensure!(short.stdout == "served\n", "{short:?}");
+        short.expect_output("served\n")?;
     }
     let roots = roots
         .finish_within(std::time::Duration::from_secs(45))
         .await?;
-    roots.expect_code(0)?;
-    ensure!(roots.stdout == "done\n", "{roots:?}");
+    roots.expect_output("done\n")?;
     for waiter in &waiters {
         waiter.signal(nix::sys::signal::Signal::SIGKILL)?;
     }
-    for mut holder in holders {
-        holder.end();
-        holder.finish().await?.expect_code(0)?;
+    for holder in holders {
+        holder.end_and_expect_success().await?;
     }
     Ok(())
 }

@@ -109,8 +109,7 @@ async fn the_page_shows_a_run_held_growing_then_how_it_ended() -> Result<()> {
 
     // The job ends: the waiter runs and ends, the key leaves "held now", and
     // the job's bar ends released.
-    job.end();
-    job.finish().await?.expect_code(0)?;
+    job.end_and_expect_success().await?;
     waiter.finish().await?.expect_code(0)?;
     let released = format!(
         "{held} === null && {ending} === 'released'",

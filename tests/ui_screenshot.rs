@@ -91,10 +91,9 @@ async fn hold(
     extra: &[&str],
     seconds: f64,
 ) -> Result<()> {
-    let mut run = p.start(agent, key, extra, &el(key)).await?;
+    let run = p.start(agent, key, extra, &el(key)).await?;
     tokio::time::sleep(Duration::from_secs_f64(seconds)).await;
-    run.end();
-    run.finish().await?.expect_code(0)
+    run.end_and_expect_success().await
 }
 
 /// Holds `key` for `seconds`, then dies with its shim (a crash).

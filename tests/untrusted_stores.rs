@@ -70,7 +70,7 @@ fn drop_generation_match(head: &mut RequestHead, condition: Condition) {
     head.target = format!("{path}?{}", kept.join("&"));
 }
 
-async fn refused_on_a_store_that_ignores(store: impl Store) -> Result<()> {
+async fn a_store_that_ignores_a_condition_is_never_trusted(store: impl Store) -> Result<()> {
     let at = store.shared()?;
     let bucket = unique_name("untrusted");
     store.create(&at, &bucket).await?;
@@ -113,17 +113,8 @@ async fn refused_on_a_store_that_ignores(store: impl Store) -> Result<()> {
     Ok(())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_that_ignores_a_condition_is_never_trusted() -> Result<()> {
-    refused_on_a_store_that_ignores(S3).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn azure_that_ignores_a_condition_is_never_trusted() -> Result<()> {
-    refused_on_a_store_that_ignores(Azure).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gcs_that_ignores_a_condition_is_never_trusted() -> Result<()> {
-    refused_on_a_store_that_ignores(Gcs).await
-}
+// As the test `a_store_that_ignores_a_condition_is_never_trusted::STORE`.
+test_matrix!(
+    [s3: S3, azure: Azure, gcs: Gcs];
+    a_store_that_ignores_a_condition_is_never_trusted,
+);

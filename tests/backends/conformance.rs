@@ -211,32 +211,15 @@ async fn file_keeps_the_contract() -> Result<()> {
     keeps_the_contract(|| opened(&uri, &options)).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn s3_keeps_the_contract() -> Result<()> {
-    store_keeps_the_contract(S3).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn azure_keeps_the_contract() -> Result<()> {
-    store_keeps_the_contract(Azure).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn gcs_keeps_the_contract() -> Result<()> {
-    store_keeps_the_contract(Gcs).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_keeps_the_contract() -> Result<()> {
-    store_keeps_the_contract(Postgres).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn postgres_through_pgbouncer_keeps_the_contract() -> Result<()> {
-    store_keeps_the_contract(PgBouncer).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_keeps_the_contract() -> Result<()> {
-    store_keeps_the_contract(Etcd).await
-}
+// Each store through its emulator, as the test `store_keeps_the_contract::STORE`.
+test_matrix!(
+    [
+        s3: S3,
+        azure: Azure,
+        gcs: Gcs,
+        postgres: Postgres,
+        pgbouncer: PgBouncer,
+        etcd: Etcd,
+    ];
+    store_keeps_the_contract,
+);

@@ -4,7 +4,7 @@
 
 use anyhow::{bail, ensure, Context, Result};
 use runlock_agent::backend::testing::spec;
-use runlock_agent::backend::{Backend, LeaseRef, ListFrom, Listed, PageAsk};
+use runlock_agent::backend::{Backend, LeaseRef, ListFrom, ListPage, Listed, PageAsk};
 use runlock_protocol::{EventKind, Key, KeyRecord, KeyState};
 use std::future::Future;
 use std::time::Duration;
@@ -12,6 +12,21 @@ use std::time::Duration;
 const TTL: Duration = Duration::from_secs(10);
 /// The key whose record the store's test makes unreadable.
 pub(super) const UNREADABLE: &str = "app/bad";
+
+/// One page of at most `limit` records under `prefix`, from `from` on.
+pub(super) async fn list_page(
+    backend: &dyn Backend,
+    prefix: &str,
+    from: &ListFrom,
+    limit: usize,
+) -> Result<ListPage> {
+    let ask = PageAsk {
+        prefix,
+        from,
+        limit,
+    };
+    Ok(backend.list(ask).await?)
+}
 
 /// Every record `backend` lists under `prefix`, `limit` at a time, and how
 /// many pages that took.
@@ -23,13 +38,7 @@ pub(super) async fn list_all(
     let (mut listed, mut pages) = (Vec::new(), 0);
     let mut from = ListFrom::default();
     loop {
-        let page = backend
-            .list(PageAsk {
-                prefix,
-                from: &from,
-                limit,
-            })
-            .await?;
+        let page = list_page(backend, prefix, &from, limit).await?;
         pages += 1;
         ensure!(
             page.records.len() <= limit,
@@ -153,25 +162,13 @@ where
     // the listing goes on from the next.
     let mut asked = ListFrom::default();
     loop {
-        let page = two
-            .list(PageAsk {
-                prefix: "app/",
-                from: &asked,
-                limit: 3,
-            })
-            .await?;
+        let page = list_page(two, "app/", &asked, 3).await?;
         if let [first, second, ..] = page.records.as_slice() {
             let resumed = ListFrom {
                 after: Some(first.name.clone()),
                 ..asked.clone()
             };
-            let rest = two
-                .list(PageAsk {
-                    prefix: "app/",
-                    from: &resumed,
-                    limit: 3,
-                })
-                .await?;
+            let rest = list_page(two, "app/", &resumed, 3).await?;
             ensure!(
                 rest.records.first().map(|l| &l.name) == Some(&second.name),
                 "resumed after {:?}: {:?}",

@@ -113,12 +113,10 @@ pub(crate) fn acquired(reply: AgentMessage) -> Result<String> {
 }
 
 pub(crate) async fn release(conn: &mut RawClient, lease_id: String) -> Result<()> {
-    let request = ClientMessage::Release {
-        slot: None,
-        lease_ids: vec![lease_id],
-        key: None,
-    };
-    match conn.call(request).await? {
+    match conn
+        .call(runlock_tests::client::release(vec![lease_id]))
+        .await?
+    {
         AgentMessage::Released { count: 1 } => Ok(()),
         other => bail!("release: {other:?}"),
     }
@@ -185,11 +183,7 @@ pub(crate) async fn pair(conn: &mut RawClient, key: &str) -> Result<(Duration, D
     };
     let acquired = Instant::now();
     match conn
-        .call(ClientMessage::Release {
-            slot: None,
-            lease_ids: vec![lease_id],
-            key: None,
-        })
+        .call(runlock_tests::client::release(vec![lease_id]))
         .await?
     {
         AgentMessage::Released { count: 1 } => {}

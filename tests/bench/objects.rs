@@ -7,19 +7,29 @@ use super::*;
 /// GCS takes one write per object per second, so each sample is a key of its own.
 pub(crate) const GCS_KEYS: usize = 300;
 
-/// S3 on moto: the requests each agent operation costs the store, and acquire
-/// through the agent beside a raw conditional PUT with the same SDK, in the
-/// same run. Needs `RUNLOCK_TEST_S3_ENDPOINT` (BENCHMARKS.md).
-pub(crate) async fn s3_rows(_scratch: &Path) -> Result<Rows> {
+/// moto's endpoint and a new bucket on it, `NAME-PID`; or, when
+/// `RUNLOCK_TEST_S3_ENDPOINT` is not set, the row saying `label` was skipped.
+async fn moto_bucket(label: &str, name: &str) -> Result<Result<(String, String), Rows>> {
     let Ok(endpoint) = std::env::var("RUNLOCK_TEST_S3_ENDPOINT") else {
         let why = "skipped: RUNLOCK_TEST_S3_ENDPOINT is not set (see BENCHMARKS.md)";
-        return Ok(vec![("S3 (moto)".into(), why.into())]);
+        return Ok(Err(vec![(label.into(), why.into())]));
     };
-    let bucket = format!("runlock-bench-{}", std::process::id());
+    let bucket = format!("{name}-{}", std::process::id());
     // moto accepts an unsigned bucket creation.
     http::request("PUT", &format!("{endpoint}/{bucket}"), &[], "")
         .await?
         .success("creating a bucket")?;
+    Ok(Ok((endpoint, bucket)))
+}
+
+/// S3 on moto: the requests each agent operation costs the store, and acquire
+/// through the agent beside a raw conditional PUT with the same SDK, in the
+/// same run. Needs `RUNLOCK_TEST_S3_ENDPOINT` (BENCHMARKS.md).
+pub(crate) async fn s3_rows(_scratch: &Path) -> Result<Rows> {
+    let (endpoint, bucket) = match moto_bucket("S3 (moto)", "runlock-bench").await? {
+        Ok(at) => at,
+        Err(skipped) => return Ok(skipped),
+    };
     let env = [
         ("AWS_ENDPOINT_URL", endpoint.as_str()),
         ("AWS_ACCESS_KEY_ID", "test"),
@@ -454,12 +464,7 @@ pub(crate) async fn gcs_acquire_all(conn: &mut RawClient, round: &str) -> Result
             samples.push(started.elapsed());
         }
     }
-    let release = ClientMessage::Release {
-        slot: None,
-        lease_ids,
-        key: None,
-    };
-    match conn.call(release).await? {
+    match conn.call(runlock_tests::client::release(lease_ids)).await? {
         AgentMessage::Released { .. } => Ok(samples),
         other => bail!("{round} release: {other:?}"),
     }
@@ -468,14 +473,10 @@ pub(crate) async fn gcs_acquire_all(conn: &mut RawClient, round: &str) -> Result
 /// S3 on moto: what each operation on a key with 1, 3 and 10 slots costs the
 /// store, counted by a proxy; two agents, as two runner hosts.
 pub(crate) async fn slot_rows(_scratch: &Path) -> Result<Rows> {
-    let Ok(endpoint) = std::env::var("RUNLOCK_TEST_S3_ENDPOINT") else {
-        let why = "skipped: RUNLOCK_TEST_S3_ENDPOINT is not set (see BENCHMARKS.md)";
-        return Ok(vec![("slots".into(), why.into())]);
+    let (endpoint, bucket) = match moto_bucket("slots", "runlock-bench-slots").await? {
+        Ok(at) => at,
+        Err(skipped) => return Ok(skipped),
     };
-    let bucket = format!("runlock-bench-slots-{}", std::process::id());
-    http::request("PUT", &format!("{endpoint}/{bucket}"), &[], "")
-        .await?
-        .success("creating a bucket")?;
     let proxy = CountingProxy::start(&endpoint).await?;
     let env = [
         ("AWS_ENDPOINT_URL", proxy.url.as_str()),

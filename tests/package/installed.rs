@@ -6,7 +6,7 @@ use super::{package, run_tool, stdout, workspace, CONFFILE, FILES, SOCKET_ENABLE
 use crate::support::agent::temp_dir;
 use crate::support::run::Run;
 use crate::support::{within, AgentOptions, TestAgent, WAIT};
-use crate::systemd::{text, tool, verify};
+use crate::systemd::{expect_verified, text, tool, verify};
 use anyhow::{bail, ensure, Context, Result};
 use runlock_shim::exit::EXIT_HELD;
 use std::collections::BTreeSet;
@@ -146,12 +146,7 @@ async fn installed_package_verifies_renders_completes_and_locks() -> Result<()> 
         &socket_path,
     )?;
     let out = verify(&service_path, &socket_path).await?;
-    ensure!(
-        out.status.success() && text(&out).trim().is_empty(),
-        "systemd-analyze verify complained ({}):\n{}",
-        out.status,
-        text(&out)
-    );
+    expect_verified(&out, "the installed units")?;
 
     // Every man page renders without a warning and names its command.
     let pages = root.find("usr/share/man", ".gz");

@@ -1,7 +1,7 @@
 //! Slot holders whose agent ends: a lost host's slots are taken over once
 //! its leases expire, a restarted agent hands each slot on with its token.
 
-use super::{held_slots, hold, holding, run_slots, SLOTS};
+use super::{end_all, held_slots, hold, holding, run_slots, SLOTS};
 use crate::support::stores::{Space, Store, S3};
 use crate::support::{key, Deadline};
 use anyhow::{ensure, Context, Result};
@@ -87,10 +87,7 @@ pub(super) async fn a_lost_host_s_slots_are_taken_over_after_the_ttl_and_not_bef
         "{held:?}"
     );
     kept.end(0).await?;
-    for (_, h) in took {
-        h.end(0).await?;
-    }
-    Ok(())
+    end_all(took.into_iter().map(|(_, h)| h)).await
 }
 
 /// An agent restarted under its slot runs (SIGTERM hands the leases over):

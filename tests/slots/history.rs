@@ -35,6 +35,12 @@ async fn history_of(agent: &TestAgent, k: &str) -> Result<Vec<Event>> {
 /// agent than the holder's, a break takes the next token and names the one it
 /// ended (`from_token`); through the holder's own (one agent for `memory://`)
 /// it ends the lease as a release does, under its own token.
+/// The event `kind` of the holder of `slot` with `token`, through agent `by`
+/// (not a force or break: no token it ended).
+fn slot_event(kind: &str, slot: u32, token: u64, by: &str) -> Event {
+    (kind.into(), Some(u64::from(slot)), token, None, by.into())
+}
+
 fn is_break_of(e: &Event, token: u64, by: &str) -> bool {
     let ended = match e.3 {
         Some(from) => from == token && e.2 > token,
@@ -84,35 +90,14 @@ pub(super) async fn history_and_release_name_the_slot(place: impl Place) -> Resu
         let first_events = of(first_slot);
         ensure!(
             first_events.len() == 2
-                && *first_events[0]
-                    == (
-                        "granted".into(),
-                        some(first_slot),
-                        first_token,
-                        None,
-                        a_id.clone()
-                    )
-                && *first_events[1]
-                    == (
-                        "released".into(),
-                        some(first_slot),
-                        first_token,
-                        None,
-                        a_id.clone()
-                    ),
+                && *first_events[0] == slot_event("granted", first_slot, first_token, &a_id)
+                && *first_events[1] == slot_event("released", first_slot, first_token, &a_id),
             "slot {first_slot}: {events:?}"
         );
         let second_events = of(second_slot);
         ensure!(
             second_events.len() == 2
-                && *second_events[0]
-                    == (
-                        "granted".into(),
-                        some(second_slot),
-                        second_token,
-                        None,
-                        b_id.clone()
-                    )
+                && *second_events[0] == slot_event("granted", second_slot, second_token, &b_id)
                 && is_break_of(second_events[1], second_token, &a_id),
             "slot {second_slot}: {events:?}"
         );

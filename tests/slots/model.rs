@@ -97,9 +97,8 @@ async fn model_round(hosts: &Hosts, seed: u64) -> Result<()> {
             _ => {}
         }
     }
-    for (_, mut run) in inside {
-        run.end();
-        run.finish().await?.expect_code(0)?;
+    for (_, run) in inside {
+        run.end_and_expect_success().await?;
     }
     Ok(())
 }

@@ -3,7 +3,7 @@
 
 use super::bins::bins;
 use super::client::RawClient;
-use super::run::{Finished, Run};
+use super::run::{Finished, Ready, Run};
 use super::{within, Deadline, WAIT};
 use anyhow::{bail, Context};
 use nix::sys::signal::{kill, Signal};
@@ -47,6 +47,15 @@ impl AgentOptions {
             program: None,
             user: None,
             log_on_drop: true,
+        }
+    }
+
+    /// An agent on `backend` whose leases last `ttl` (`"3s"`) unless renewed:
+    /// how the tests make renewals, and so noticing a lost lease, quick.
+    pub fn with_ttl(backend: impl Into<String>, ttl: &str) -> AgentOptions {
+        AgentOptions {
+            args: vec!["--ttl".into(), ttl.into()],
+            ..AgentOptions::new(backend)
         }
     }
 }
@@ -96,6 +105,34 @@ impl FileBackendDir {
     pub fn parent(&self) -> &Path {
         self.dir.path()
     }
+
+    /// A fresh lock directory with two agents on it, as two hosts sharing it.
+    /// Keep the directory while the agents use it.
+    pub async fn with_two_agents() -> anyhow::Result<(FileBackendDir, TestAgent, TestAgent)> {
+        FileBackendDir::with_two_agents_using(AgentOptions::new).await
+    }
+
+    /// The same, each agent started with the options `options` makes for the URI.
+    pub async fn with_two_agents_using(
+        options: impl Fn(String) -> AgentOptions,
+    ) -> anyhow::Result<(FileBackendDir, TestAgent, TestAgent)> {
+        let locks = FileBackendDir::new()?;
+        let a = TestAgent::start_with(options(locks.uri())).await?;
+        let b = TestAgent::start_with(options(locks.uri())).await?;
+        Ok((locks, a, b))
+    }
+}
+
+/// What [`TestAgent::held_with_a_waiter`] started.
+pub struct HeldWithAWaiter {
+    /// The key the waiter holds already.
+    pub first: String,
+    /// The key the holder holds and the waiter waits for.
+    pub k: String,
+    /// The run holding `k`.
+    pub holder: Run,
+    /// The run waiting for `k`.
+    pub waiter: Run,
 }
 
 /// The backends the lifecycle cases run on.
@@ -281,6 +318,37 @@ impl TestAgent {
         self.run_with_env(keys, extra, script, &[])
     }
 
+    /// A [`HOLD`] run of the one key `key`, once it runs (holds the key).
+    ///
+    /// [`HOLD`]: crate::run::HOLD
+    pub async fn hold(&self, key: &str) -> anyhow::Result<(Run, Ready)> {
+        let mut run = self.run(&[key], &[], crate::run::HOLD)?;
+        let ready = run.ready().await?;
+        Ok((run, ready))
+    }
+
+    /// A run of `keys` with `script` (which says `ready` as [`HOLD`] does),
+    /// once it runs and its shim has attached to this agent: from then on the
+    /// agent acts for the run even when its shim is gone.
+    ///
+    /// [`HOLD`]: crate::run::HOLD
+    pub async fn run_attached(&self, keys: &[&str], script: &str) -> anyhow::Result<(Run, Ready)> {
+        self.run_attached_with_env(keys, script, &[]).await
+    }
+
+    /// Like [`TestAgent::run_attached`], with `env` set for the command.
+    pub async fn run_attached_with_env(
+        &self,
+        keys: &[&str],
+        script: &str,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<(Run, Ready)> {
+        let mut run = self.run_with_env(keys, &[], script, env)?;
+        let ready = run.ready().await?;
+        self.wait_attached(ready.pid).await?;
+        Ok((run, ready))
+    }
+
     /// A run of `echo must-not-run` on `keys` with `extra` that must not
     /// start: it exits `code` and its command never ran.
     pub async fn run_refused(
@@ -342,6 +410,53 @@ impl TestAgent {
             deadline.tick().await?;
         }
         Ok(run)
+    }
+
+    /// A [`HOLD`] run holding `k`, and behind it an `echo must-not-run` run
+    /// waiting for `k` (see [`TestAgent::run_waiting_for`]) that holds `first`
+    /// already: the keys are `NAME-b` and `NAME-a`, after `name`.
+    ///
+    /// [`HOLD`]: crate::run::HOLD
+    pub async fn held_with_a_waiter(
+        &self,
+        client: &mut RawClient,
+        name: &str,
+    ) -> anyhow::Result<HeldWithAWaiter> {
+        let (first, k) = (
+            super::key(&format!("{name}-a")),
+            super::key(&format!("{name}-b")),
+        );
+        let mut holder = self.run(&[&k], &[], crate::run::HOLD)?;
+        holder.ready().await?;
+        let waiter = self
+            .run_waiting_for(client, &k, &first, "echo must-not-run")
+            .await?;
+        Ok(HeldWithAWaiter {
+            first,
+            k,
+            holder,
+            waiter,
+        })
+    }
+
+    /// A [`HOLD`] run takes `k` through this agent; a forced one through
+    /// `forcer` takes it over (the first exits 76) and then ends. Returns the
+    /// tokens of the two grants, for a history to name.
+    ///
+    /// [`HOLD`]: crate::run::HOLD
+    pub async fn held_then_forced_through(
+        &self,
+        forcer: &TestAgent,
+        k: &str,
+    ) -> anyhow::Result<(u64, u64)> {
+        let hold = crate::run::HOLD;
+        let mut first = self.run(&[k], &[], hold)?;
+        let granted = first.ready().await?.token();
+        let mut forced = forcer.run(&[k], &["--force"], hold)?;
+        let took = forced.ready().await?.token();
+        first.finish().await?.expect_code(76)?;
+        forced.end_and_expect_success().await?;
+        Ok((granted, took))
     }
 
     /// Runs `runlock ARGS...` to its end.

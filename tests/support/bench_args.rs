@@ -22,3 +22,19 @@ pub fn store_and_count(usage: &str) -> Result<Option<(String, usize)>> {
         _ => bail!("{usage}"),
     }
 }
+
+/// The main of such a bench: reads `STORE N` (see [`store_and_count`]) and
+/// runs `bench` on them in a multi-threaded runtime; does nothing when
+/// `cargo test --benches` only asks for the list of benchmarks.
+pub fn run_store_bench<F>(usage: &str, bench: impl FnOnce(String, usize) -> F) -> Result<()>
+where
+    F: std::future::Future<Output = Result<()>>,
+{
+    let Some((store, n)) = store_and_count(usage)? else {
+        return Ok(());
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(bench(store, n))
+}

@@ -65,6 +65,24 @@ pub fn acquire(keys: &[&str]) -> ClientMessage {
     }
 }
 
+/// A `release` of the leases `lease_ids`, by id (not a break of a key).
+pub fn release(lease_ids: Vec<String>) -> ClientMessage {
+    ClientMessage::Release {
+        slot: None,
+        lease_ids,
+        key: None,
+    }
+}
+
+/// A `release` that breaks `key`'s lease, whoever holds it.
+pub fn break_lease(key: &str) -> ClientMessage {
+    ClientMessage::Release {
+        slot: None,
+        lease_ids: Vec::new(),
+        key: Some(key.to_string()),
+    }
+}
+
 impl RawClient {
     /// Connects without saying hello.
     pub async fn connect(socket: &Path) -> anyhow::Result<RawClient> {

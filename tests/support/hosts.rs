@@ -53,9 +53,7 @@ impl Place for Local {
         };
         match self.0 {
             Backend::File => {
-                let locks = FileBackendDir::new()?;
-                let a = TestAgent::start_with(options(locks.uri())).await?;
-                let b = TestAgent::start_with(options(locks.uri())).await?;
+                let (locks, a, b) = FileBackendDir::with_two_agents_using(options).await?;
                 Ok(Hosts {
                     a,
                     other: Some(b),

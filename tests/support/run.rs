@@ -76,6 +76,25 @@ impl Finished {
         }
         Ok(())
     }
+
+    /// Fails unless the run exited 0 having printed exactly `stdout`.
+    pub fn expect_output(&self, stdout: &str) -> anyhow::Result<()> {
+        self.expect_code(0)?;
+        if self.stdout != stdout {
+            bail!("expected the output {stdout:?}: {self:?}");
+        }
+        Ok(())
+    }
+
+    /// Fails unless the run lost its lock (exit 76) and its [`HOLD`] command
+    /// was stopped before it could say `bye`.
+    pub fn expect_stopped(&self) -> anyhow::Result<()> {
+        self.expect_code(76)?;
+        if self.stdout.contains("bye") {
+            bail!("the command was not stopped: {self:?}");
+        }
+        Ok(())
+    }
 }
 
 /// A running `runlock`.
@@ -203,6 +222,12 @@ impl Run {
     /// Closes the run's stdin: a [`HOLD`] child then ends normally.
     pub fn end(&mut self) {
         self.stdin = None;
+    }
+
+    /// Ends a [`HOLD`] child (closes its stdin) and expects the run to exit 0.
+    pub async fn end_and_expect_success(mut self) -> anyhow::Result<()> {
+        self.end();
+        self.finish().await?.expect_code(0)
     }
 
     /// Ends a [`HOLD`] child and checks that nothing stopped it first: it

@@ -2,7 +2,7 @@
 //! URI with a member down, and with credentials that are wrong or lack a
 //! permission (named, never the password).
 
-use super::{endpoint, fresh_prefix, open_at, TTL};
+use super::{endpoint, fresh_prefix, open_at, take, TTL};
 use etcd_client::{Client, ConnectOptions, Permission};
 use runlock_agent::backend::testing::{lease, spec};
 use runlock_agent::backend::{Backend, BackendError, EtcdBackend, EtcdOptions};
@@ -37,11 +37,7 @@ async fn tls_with_the_ca_and_a_client_certificate_serves_and_without_them_is_nam
         backend.describe()
     );
     backend.probe().await.expect("etcd answers over TLS");
-    let granted = backend
-        .acquire(&spec("k", "l1", false, TTL))
-        .await
-        .expect("free");
-    let held = lease("k", "l1", granted.holder.token);
+    let held = take(&backend, "k", "l1", TTL).await;
     backend.renew(&held, TTL).await.expect("renew");
     backend.release(&held).await.expect("release");
 

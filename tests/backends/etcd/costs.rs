@@ -2,7 +2,7 @@
 //! for all its keys, watches instead of reads, waiters that write nothing to
 //! raft, and list pages of one transaction; counted on etcd's `/metrics`.
 
-use super::{endpoint, fresh_prefix, key, open, open_at, TTL};
+use super::{endpoint, fresh_prefix, key, open, open_at, take, TTL};
 use etcd_client::Client;
 use runlock_agent::backend::testing::{adopter, etcd_lease_seconds, etcd_watching, lease, spec};
 use runlock_agent::backend::{Backend, BackendError, EtcdBackend, EtcdOptions};
@@ -77,11 +77,7 @@ async fn an_agents_keys_share_one_etcd_lease_and_renewing_them_all_costs_one_kee
     let mut held = Vec::new();
     for n in 0..KEYS {
         let (name, id) = (format!("k{n}"), format!("l{n}"));
-        let granted = one
-            .acquire(&spec(&name, &id, false, ttl))
-            .await
-            .expect("free");
-        held.push(lease(&name, &id, granted.holder.token));
+        held.push(take(&one, &name, &id, ttl).await);
     }
     let mut etcd = Client::connect([url.as_str()], None)
         .await
@@ -147,18 +143,8 @@ async fn a_forced_key_is_lost_through_the_watch_and_the_holders_other_keys_stay(
     );
     let one = EtcdBackend::open(&uri, &EtcdOptions::default()).expect("opens");
     let two = EtcdBackend::open(&uri, &EtcdOptions::default()).expect("opens");
-    let a = one
-        .acquire(&spec("a", "la", false, TTL))
-        .await
-        .expect("free");
-    let b = one
-        .acquire(&spec("b", "lb", false, TTL))
-        .await
-        .expect("free");
-    let (a, b) = (
-        lease("a", "la", a.holder.token),
-        lease("b", "lb", b.holder.token),
-    );
+    let a = take(&one, "a", "la", TTL).await;
+    let b = take(&one, "b", "lb", TTL).await;
     until_watching(&one).await;
     one.renew(&a, TTL).await.expect("renews");
     one.renew(&b, TTL).await.expect("renews");
@@ -201,15 +187,8 @@ async fn an_adopted_key_moves_to_the_adopters_lease_and_the_unadopted_go_with_th
     let prefix = fresh_prefix("adopt-move");
     let ttl = Duration::from_secs(2);
     let (old, new) = (open(&prefix), open(&prefix));
-    let kept = old
-        .acquire(&spec("kept", "l1", false, ttl))
-        .await
-        .expect("free");
-    let orphan = old
-        .acquire(&spec("orphan", "l2", false, ttl))
-        .await
-        .expect("free");
-    let kept = lease("kept", "l1", kept.holder.token);
+    let kept = take(&old, "kept", "l1", ttl).await;
+    let orphan = take(&old, "orphan", "l2", ttl).await;
     new.adopt(&kept, &adopter("new")).await.expect("adopted");
     drop(old); // stops: nothing keeps its lease alive any more
     let deadline = Instant::now()
@@ -229,7 +208,7 @@ async fn an_adopted_key_moves_to_the_adopters_lease_and_the_unadopted_go_with_th
     }
     let record = new.inspect(&key("kept")).await.expect("inspect");
     assert_eq!((record.state, record.token), (KeyState::Held, kept.token));
-    assert!(orphan.holder.token > 0);
+    assert!(orphan.token > 0);
 }
 
 #[tokio::test]
@@ -293,8 +272,9 @@ async fn list_pages_through_held_released_slot_and_unreadable_records() -> anyho
 /// that is no key's is listed as unreadable.
 #[tokio::test]
 async fn a_page_of_list_is_one_transaction_and_skips_what_is_not_a_record() -> anyhow::Result<()> {
+    use crate::backends::listing::list_page;
     use crate::support::stores::{Etcd, Store};
-    use runlock_agent::backend::{ListFrom, PageAsk};
+    use runlock_agent::backend::ListFrom;
     let own = Etcd.start_own().await?;
     let url = own.endpoint.url.clone();
     let prefix = fresh_prefix("list-cost");
@@ -333,13 +313,7 @@ async fn a_page_of_list_is_one_transaction_and_skips_what_is_not_a_record() -> a
         requests("LeaseTimeToLive").await,
         ranges(&url).await,
     );
-    let spelled = one
-        .list(PageAsk {
-            prefix: "app/",
-            from: &ListFrom::default(),
-            limit: 250,
-        })
-        .await?;
+    let spelled = list_page(&one, "app/", &ListFrom::default(), 250).await?;
     let after = (
         requests("Txn").await,
         requests("LeaseTimeToLive").await,
@@ -358,22 +332,10 @@ async fn a_page_of_list_is_one_transaction_and_skips_what_is_not_a_record() -> a
     // Then the names of keys too long to spell, which their records name.
     let hashed = spelled.next.expect("the hashed names follow");
     assert!(hashed.hashed, "{hashed:?}");
-    let page = one
-        .list(PageAsk {
-            prefix: "app/",
-            from: &hashed,
-            limit: 250,
-        })
-        .await?;
+    let page = list_page(&one, "app/", &hashed, 250).await?;
     assert_eq!(crate::backends::listing::keys_of(&page.records), [long]);
     assert_eq!(page.next, None);
-    let elsewhere = one
-        .list(PageAsk {
-            prefix: "zzz/",
-            from: &hashed,
-            limit: 250,
-        })
-        .await?;
+    let elsewhere = list_page(&one, "zzz/", &hashed, 250).await?;
     assert!(elsewhere.records.is_empty(), "{elsewhere:?}");
     Ok(())
 }

@@ -14,7 +14,9 @@ use etcd_client::Client;
 use runlock_agent::backend::testing::{
     adopter, etcd_force_marker, etcd_lease_seconds, lease, spec,
 };
-use runlock_agent::backend::{AcquireSpec, Backend, BackendError, EtcdBackend, EtcdOptions};
+use runlock_agent::backend::{
+    AcquireSpec, Backend, BackendError, EtcdBackend, EtcdOptions, LeaseRef,
+};
 use runlock_protocol::{Key, KeyState, Scope};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -51,20 +53,27 @@ fn open_at(host: &str, prefix: &str) -> EtcdBackend {
     EtcdBackend::open(&format!("etcd://{host}/{prefix}"), &EtcdOptions::default()).expect("opens")
 }
 
+/// Takes the free key `name` as lease `lease_id` for `ttl`, and gives back
+/// the lease to renew, release or adopt (its token is the grant's).
+async fn take(backend: &EtcdBackend, name: &str, lease_id: &str, ttl: Duration) -> LeaseRef {
+    let granted = backend
+        .acquire(&spec(name, lease_id, false, ttl))
+        .await
+        .expect("free");
+    lease(name, lease_id, granted.holder.token)
+}
+
 #[tokio::test]
 async fn agents_exclude_each_other_and_every_grant_has_a_larger_token() {
     let prefix = fresh_prefix("exclude");
     let (one, two) = (open(&prefix), open(&prefix));
     one.probe().await.expect("etcd answers");
-    let first = one
-        .acquire(&spec("k", "l1", false, TTL))
-        .await
-        .expect("free");
+    let first_lease = take(&one, "k", "l1", TTL).await;
     match two.acquire(&spec("k", "l2", false, TTL)).await {
         Err(BackendError::Held(Some(h), _)) => {
             assert_eq!(
                 (h.host.as_str(), h.token),
-                ("host-of-l1", first.holder.token)
+                ("host-of-l1", first_lease.token)
             )
         }
         other => panic!("expected held, got {other:?}"),
@@ -72,12 +81,11 @@ async fn agents_exclude_each_other_and_every_grant_has_a_larger_token() {
     let record = two.inspect(&key("k")).await.expect("inspect");
     assert_eq!(
         (record.state, record.token, record.scope),
-        (KeyState::Held, first.holder.token, Scope::Global)
+        (KeyState::Held, first_lease.token, Scope::Global)
     );
     let left = record.expires_in_ms.expect("a lease expires");
     assert!(left <= TTL.as_millis() as u64 && left > 0, "{left}");
 
-    let first_lease = lease("k", "l1", first.holder.token);
     one.renew(&first_lease, TTL).await.expect("renew");
     one.release(&first_lease).await.expect("release");
     let record = two.inspect(&key("k")).await.expect("inspect");
@@ -86,7 +94,7 @@ async fn agents_exclude_each_other_and_every_grant_has_a_larger_token() {
         .acquire(&spec("k", "l2", false, TTL))
         .await
         .expect("freed");
-    assert!(second.holder.token > first.holder.token, "{second:?}");
+    assert!(second.holder.token > first_lease.token, "{second:?}");
     // A lease already let go releases quietly, and frees nothing of the new holder's.
     one.release(&first_lease).await.expect("quiet");
     assert!(matches!(
@@ -103,16 +111,12 @@ async fn agents_exclude_each_other_and_every_grant_has_a_larger_token() {
 async fn force_takes_the_key_with_a_larger_token_and_the_old_holder_loses_it() {
     let prefix = fresh_prefix("force");
     let (one, two) = (open(&prefix), open(&prefix));
-    let first = one
-        .acquire(&spec("k", "l1", false, TTL))
-        .await
-        .expect("free");
+    let old = take(&one, "k", "l1", TTL).await;
     let forced = two
         .acquire(&spec("k", "l2", true, TTL))
         .await
         .expect("forced");
-    assert!(forced.holder.token > first.holder.token);
-    let old = lease("k", "l1", first.holder.token);
+    assert!(forced.holder.token > old.token);
     assert!(matches!(
         one.renew(&old, TTL).await,
         Err(BackendError::LeaseMismatch)
@@ -206,25 +210,15 @@ async fn a_release_is_reported_to_other_agents_watching() {
     // The watch starts in the background: wait until it reports a first release.
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let probe = one
-            .acquire(&spec("probe", "p", false, TTL))
-            .await
-            .expect("free");
-        one.release(&lease("probe", "p", probe.holder.token))
-            .await
-            .expect("release");
+        let probe = take(&one, "probe", "p", TTL).await;
+        one.release(&probe).await.expect("release");
         match tokio::time::timeout(Duration::from_millis(200), reports.recv()).await {
             Ok(Ok(k)) if k == key("probe") => break,
             _ => assert!(Instant::now() < deadline, "the watch never reported"),
         }
     }
-    let held = one
-        .acquire(&spec("dev:x", "l1", false, TTL))
-        .await
-        .expect("free");
-    one.release(&lease("dev:x", "l1", held.holder.token))
-        .await
-        .expect("release");
+    let held = take(&one, "dev:x", "l1", TTL).await;
+    one.release(&held).await.expect("release");
     let reported = tokio::time::timeout(Duration::from_secs(5), reports.recv())
         .await
         .expect("reported within 5 s")
@@ -246,13 +240,9 @@ async fn a_release_is_reported_to_other_agents_watching() {
 async fn another_agent_adopts_a_live_lease_and_names_itself() {
     let prefix = fresh_prefix("adopt");
     let (old, new) = (open(&prefix), open(&prefix));
-    let granted = old
-        .acquire(&spec("k", "l1", false, TTL))
-        .await
-        .expect("free");
-    let taken = lease("k", "l1", granted.holder.token);
+    let taken = take(&old, "k", "l1", TTL).await;
     assert!(matches!(
-        new.adopt(&lease("k", "l1", granted.holder.token + 1), &adopter("new"))
+        new.adopt(&lease("k", "l1", taken.token + 1), &adopter("new"))
             .await,
         Err(BackendError::LeaseMismatch)
     ));
@@ -263,7 +253,7 @@ async fn another_agent_adopts_a_live_lease_and_names_itself() {
             adopted.grant.holder.agent_id.as_str(),
             adopted.grant.holder.token
         ),
-        ("new", granted.holder.token)
+        ("new", taken.token)
     );
     let record = new.inspect(&key("k")).await.expect("inspect");
     assert_eq!(record.holder.map(|h| h.agent_id), Some("new".into()));

@@ -4,7 +4,7 @@
 //! a person would.
 
 use super::{
-    object_uri, python_sdk::PythonSdk, test_var, Endpoint, Failure, Kind, OwnServer, Record, Store,
+    object_uri, python_sdk::PythonSdk, test_var, Endpoint, Failure, Kind, Objects, OwnServer, Store,
 };
 use crate::closed_port;
 use crate::rewriting_proxy::RequestHead;
@@ -196,16 +196,8 @@ impl Store for Azure {
         env_with_key(&at.url, KEY)
     }
 
-    async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
-        SDK.records(at, name, prefix).await
-    }
-
-    async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {
-        SDK.put(at, name, object, body).await
-    }
-
-    async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>> {
-        SDK.get(at, name, object).await
+    fn objects(&self) -> &dyn Objects {
+        &SDK
     }
 
     async fn failures(&self, at: &Endpoint) -> Result<Vec<Failure>> {

@@ -3,7 +3,9 @@
 //! `RUNLOCK_TEST_ETCD_AUTH_ENDPOINT`. A space is a fresh key prefix; records
 //! are read back with `etcdctl get --prefix -w json`.
 
-use super::{output_of, test_var, unique_name, Endpoint, Failure, Kind, OwnServer, Record, Store};
+use super::{
+    output_of, test_var, unique_name, Endpoint, Failure, Kind, Objects, OwnServer, Record, Store,
+};
 use crate::closed_port;
 use anyhow::{bail, Context, Result};
 use tokio::process::Command;
@@ -122,60 +124,8 @@ impl Store for Etcd {
         Vec::new()
     }
 
-    /// The token is not in the value (it is the key's create revision, known
-    /// only once the key is written): it is added here from etcdctl's
-    /// `create_revision`, at the top and in the holder, as `runlock inspect`
-    /// shows it. etcd keeps no wall-clock time, so `written` is `None`.
-    async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
-        let under = if prefix.is_empty() {
-            format!("{name}/")
-        } else {
-            format!("{name}/{prefix}/")
-        };
-        let mut command = etcdctl(at)?;
-        command.args(["get", "--prefix", "-w", "json", &under]);
-        let text = output_of(command, b"", &format!("etcdctl get --prefix {under}")).await?;
-        let listed: serde_json::Value = serde_json::from_str(text.trim())
-            .with_context(|| format!("etcdctl printed {text:?}"))?;
-        let kvs = listed["kvs"].as_array().cloned().unwrap_or_default();
-        kvs.into_iter()
-            .map(|kv| {
-                let key = base64_decode(kv["key"].as_str().context("no key")?)?;
-                Ok((key, kv))
-            })
-            // The agent's own keys (`.history/`, `.force/`) are not lock records.
-            .filter(|entry: &Result<(Vec<u8>, serde_json::Value)>| {
-                entry
-                    .as_ref()
-                    .map_or(true, |(key, _)| !key[under.len()..].starts_with(b"."))
-            })
-            .map(|entry| {
-                let (key, kv) = entry?;
-                let value = base64_decode(kv["value"].as_str().context("no value")?)?;
-                let token = kv["create_revision"]
-                    .as_u64()
-                    .context("no create_revision")?;
-                let mut body: serde_json::Value = serde_json::from_slice(&value)
-                    .with_context(|| format!("{} is not JSON", String::from_utf8_lossy(&value)))?;
-                body["token"] = token.into();
-                if body["holder"].is_object() {
-                    body["holder"]["token"] = token.into();
-                }
-                Ok(Record {
-                    name: String::from_utf8_lossy(&key).into_owned(),
-                    written: None,
-                    body: body.to_string(),
-                })
-            })
-            .collect()
-    }
-
-    async fn put(&self, _at: &Endpoint, _name: &str, _object: &str, _body: &[u8]) -> Result<()> {
-        bail!("etcd is not an object store")
-    }
-
-    async fn get(&self, _at: &Endpoint, _name: &str, _object: &str) -> Result<Option<String>> {
-        bail!("etcd is not an object store")
+    fn objects(&self) -> &dyn Objects {
+        self
     }
 
     async fn failures(&self, _at: &Endpoint) -> Result<Vec<Failure>> {
@@ -262,6 +212,65 @@ impl Store for Etcd {
                 secret: None,
             },
         ])
+    }
+}
+
+#[async_trait::async_trait]
+impl Objects for Etcd {
+    /// The token is not in the value (it is the key's create revision, known
+    /// only once the key is written): it is added here from etcdctl's
+    /// `create_revision`, at the top and in the holder, as `runlock inspect`
+    /// shows it. etcd keeps no wall-clock time, so `written` is `None`.
+    async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
+        let under = if prefix.is_empty() {
+            format!("{name}/")
+        } else {
+            format!("{name}/{prefix}/")
+        };
+        let mut command = etcdctl(at)?;
+        command.args(["get", "--prefix", "-w", "json", &under]);
+        let text = output_of(command, b"", &format!("etcdctl get --prefix {under}")).await?;
+        let listed: serde_json::Value = serde_json::from_str(text.trim())
+            .with_context(|| format!("etcdctl printed {text:?}"))?;
+        let kvs = listed["kvs"].as_array().cloned().unwrap_or_default();
+        kvs.into_iter()
+            .map(|kv| {
+                let key = base64_decode(kv["key"].as_str().context("no key")?)?;
+                Ok((key, kv))
+            })
+            // The agent's own keys (`.history/`, `.force/`) are not lock records.
+            .filter(|entry: &Result<(Vec<u8>, serde_json::Value)>| {
+                entry
+                    .as_ref()
+                    .map_or(true, |(key, _)| !key[under.len()..].starts_with(b"."))
+            })
+            .map(|entry| {
+                let (key, kv) = entry?;
+                let value = base64_decode(kv["value"].as_str().context("no value")?)?;
+                let token = kv["create_revision"]
+                    .as_u64()
+                    .context("no create_revision")?;
+                let mut body: serde_json::Value = serde_json::from_slice(&value)
+                    .with_context(|| format!("{} is not JSON", String::from_utf8_lossy(&value)))?;
+                body["token"] = token.into();
+                if body["holder"].is_object() {
+                    body["holder"]["token"] = token.into();
+                }
+                Ok(Record {
+                    name: String::from_utf8_lossy(&key).into_owned(),
+                    written: None,
+                    body: body.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    async fn put(&self, _at: &Endpoint, _name: &str, _object: &str, _body: &[u8]) -> Result<()> {
+        bail!("etcd is not an object store")
+    }
+
+    async fn get(&self, _at: &Endpoint, _name: &str, _object: &str) -> Result<Option<String>> {
+        bail!("etcd is not an object store")
     }
 }
 

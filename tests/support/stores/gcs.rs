@@ -3,8 +3,8 @@
 //! records are read back over HTTP on the JSON API, the way a person would.
 
 use super::{
-    object_uri, records_under, test_var, unique_name, Endpoint, Failure, Kind, OwnServer, Record,
-    Store,
+    object_uri, records_under, test_var, unique_name, Endpoint, Failure, Kind, Objects, OwnServer,
+    Record, Store,
 };
 use crate::closed_port;
 use crate::http;
@@ -89,51 +89,8 @@ impl Store for Gcs {
         vec![("STORAGE_EMULATOR_HOST".into(), at.url.clone())]
     }
 
-    async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
-        let under = records_under(prefix);
-        let url = format!("{}/storage/v1/b/{name}/o?prefix={}", at.url, encode(&under));
-        let text = http::get(&url)
-            .await?
-            .success(&format!("listing {under} in {name}"))?;
-        let listed: serde_json::Value =
-            serde_json::from_str(&text).with_context(|| format!("the listing was {text:?}"))?;
-        let mut records = Vec::new();
-        for item in listed["items"].as_array().into_iter().flatten() {
-            let object = item["name"].as_str().context("an item without a name")?;
-            if super::is_probe(object) {
-                continue;
-            }
-            // `updated` is the store's clock at the write, to the microsecond.
-            let updated = item["updated"].as_str().context("no updated")?;
-            let written = humantime::parse_rfc3339(updated)
-                .with_context(|| format!("updated {updated:?}"))?;
-            let Some(body) = read_object(at, name, object).await? else {
-                continue; // removed between the listing and the read
-            };
-            records.push(Record {
-                name: object.to_string(),
-                written: Some(written),
-                body,
-            });
-        }
-        Ok(records)
-    }
-
-    async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {
-        let url = format!(
-            "{}/upload/storage/v1/b/{name}/o?uploadType=media&name={}",
-            at.url,
-            encode(object)
-        );
-        let octets = ("content-type", "application/octet-stream");
-        http::request("POST", &url, &[octets], body.to_vec())
-            .await?
-            .success(&format!("writing {object}"))
-            .map(|_| ())
-    }
-
-    async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>> {
-        read_object(at, name, object).await
+    fn objects(&self) -> &dyn Objects {
+        self
     }
 
     async fn failures(&self, at: &Endpoint) -> Result<Vec<Failure>> {
@@ -197,5 +154,55 @@ impl Store for Gcs {
                 secret: None,
             },
         ])
+    }
+}
+
+#[async_trait::async_trait]
+impl Objects for Gcs {
+    async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
+        let under = records_under(prefix);
+        let url = format!("{}/storage/v1/b/{name}/o?prefix={}", at.url, encode(&under));
+        let text = http::get(&url)
+            .await?
+            .success(&format!("listing {under} in {name}"))?;
+        let listed: serde_json::Value =
+            serde_json::from_str(&text).with_context(|| format!("the listing was {text:?}"))?;
+        let mut records = Vec::new();
+        for item in listed["items"].as_array().into_iter().flatten() {
+            let object = item["name"].as_str().context("an item without a name")?;
+            if super::is_probe(object) {
+                continue;
+            }
+            // `updated` is the store's clock at the write, to the microsecond.
+            let updated = item["updated"].as_str().context("no updated")?;
+            let written = humantime::parse_rfc3339(updated)
+                .with_context(|| format!("updated {updated:?}"))?;
+            let Some(body) = read_object(at, name, object).await? else {
+                continue; // removed between the listing and the read
+            };
+            records.push(Record {
+                name: object.to_string(),
+                written: Some(written),
+                body,
+            });
+        }
+        Ok(records)
+    }
+
+    async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {
+        let url = format!(
+            "{}/upload/storage/v1/b/{name}/o?uploadType=media&name={}",
+            at.url,
+            encode(object)
+        );
+        let octets = ("content-type", "application/octet-stream");
+        http::request("POST", &url, &[octets], body.to_vec())
+            .await?
+            .success(&format!("writing {object}"))
+            .map(|_| ())
+    }
+
+    async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>> {
+        read_object(at, name, object).await
     }
 }

@@ -89,6 +89,18 @@ impl Kind {
     }
 }
 
+/// A store's contents read and written with the store's own tools, as a
+/// person would check what the agent wrote.
+#[async_trait::async_trait]
+pub trait Objects: Send + Sync {
+    /// Every lock record of space `name` under `prefix`.
+    async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>>;
+    /// Object stores only: writes a raw object beside the lock records.
+    async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()>;
+    /// Object stores only: reads a raw object; `None` when there is none.
+    async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>>;
+}
+
 /// One kind of store the scenario suite runs against.
 #[async_trait::async_trait]
 pub trait Store: Send + Sync + 'static {
@@ -115,12 +127,10 @@ pub trait Store: Send + Sync + 'static {
     fn uri(&self, at: &Endpoint, name: &str, prefix: &str) -> String;
     /// The environment an agent needs to use `at`.
     fn env(&self, at: &Endpoint) -> Vec<(String, String)>;
-    /// Every lock record of space `name` under `prefix`, read with the store's own tools.
-    async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>>;
-    /// Object stores only: writes a raw object beside the lock records.
-    async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()>;
-    /// Object stores only: reads a raw object; `None` when there is none.
-    async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>>;
+    /// What reads and writes the store's spaces beside the agent: the store
+    /// itself, or the tools it shares with another (an SDK, PostgreSQL behind
+    /// PgBouncer).
+    fn objects(&self) -> &dyn Objects;
     /// The store's own failure modes.
     async fn failures(&self, at: &Endpoint) -> Result<Vec<Failure>>;
     /// How coarse [`Record::written`] is: a write stamped `t` happened in
@@ -343,7 +353,8 @@ impl Space {
 
     /// Every lock record under `prefix`.
     pub async fn records(&self, prefix: &str) -> Result<Vec<Record>> {
-        self.store.records(&self.at, &self.name, prefix).await
+        let objects = self.store.objects();
+        objects.records(&self.at, &self.name, prefix).await
     }
 
     /// The one lock record under `prefix` (fails if there are none or several).
@@ -357,12 +368,13 @@ impl Space {
 
     /// Reads a raw object (object stores only).
     pub async fn get(&self, object: &str) -> Result<Option<String>> {
-        self.store.get(&self.at, &self.name, object).await
+        self.store.objects().get(&self.at, &self.name, object).await
     }
 
     /// Writes a raw object (object stores only).
     pub async fn put(&self, object: &str, body: &[u8]) -> Result<()> {
-        self.store.put(&self.at, &self.name, object, body).await
+        let objects = self.store.objects();
+        objects.put(&self.at, &self.name, object, body).await
     }
 }
 

@@ -4,7 +4,7 @@
 //! The schema is a setting of the agent, not of the URI, so a prefix plays no
 //! part: each space holds one test's records only.
 
-use super::{output_of, test_var, Endpoint, Failure, Kind, OwnServer, Record, Store};
+use super::{output_of, test_var, Endpoint, Failure, Kind, Objects, OwnServer, Record, Store};
 use crate::closed_port;
 use anyhow::{Context, Result};
 use std::os::unix::fs::PermissionsExt;
@@ -169,48 +169,8 @@ impl Store for Postgres {
         Vec::new() // the superuser logs in without a password
     }
 
-    async fn records(&self, at: &Endpoint, name: &str, _prefix: &str) -> Result<Vec<Record>> {
-        let exists = psql(
-            &database(at, name)?,
-            "SELECT to_regclass('runlock.locks') IS NOT NULL",
-        )
-        .await?;
-        if exists.trim() != "t" {
-            return Ok(Vec::new());
-        }
-        let text = psql(
-            &database(at, name)?,
-            "SELECT key, extract(epoch FROM written),
-                    json_build_object('key', key, 'state', state, 'token', token,
-                        'lease_id', lease_id, 'holder', holder, 'ttl_ms', ttl_ms,
-                        'grace_ms', grace_ms, 'forced_from', forced_from)
-             FROM runlock.locks ORDER BY key",
-        )
-        .await?;
-        text.lines()
-            .filter(|line| !line.is_empty())
-            .map(|line| {
-                let mut fields = line.splitn(3, '\t');
-                let (key, epoch, body) = (fields.next(), fields.next(), fields.next());
-                let (Some(key), Some(epoch), Some(body)) = (key, epoch, body) else {
-                    anyhow::bail!("psql printed {line:?}");
-                };
-                let seconds: f64 = epoch.parse().with_context(|| format!("epoch {epoch:?}"))?;
-                Ok(Record {
-                    name: key.to_string(),
-                    written: Some(UNIX_EPOCH + Duration::from_secs_f64(seconds)),
-                    body: body.to_string(),
-                })
-            })
-            .collect()
-    }
-
-    async fn put(&self, _at: &Endpoint, _name: &str, _object: &str, _body: &[u8]) -> Result<()> {
-        anyhow::bail!("PostgreSQL holds rows, not objects")
-    }
-
-    async fn get(&self, _at: &Endpoint, _name: &str, _object: &str) -> Result<Option<String>> {
-        anyhow::bail!("PostgreSQL holds rows, not objects")
+    fn objects(&self) -> &dyn Objects {
+        self
     }
 
     async fn failures(&self, at: &Endpoint) -> Result<Vec<Failure>> {
@@ -263,6 +223,53 @@ impl Store for Postgres {
     }
 }
 
+#[async_trait::async_trait]
+impl Objects for Postgres {
+    async fn records(&self, at: &Endpoint, name: &str, _prefix: &str) -> Result<Vec<Record>> {
+        let exists = psql(
+            &database(at, name)?,
+            "SELECT to_regclass('runlock.locks') IS NOT NULL",
+        )
+        .await?;
+        if exists.trim() != "t" {
+            return Ok(Vec::new());
+        }
+        let text = psql(
+            &database(at, name)?,
+            "SELECT key, extract(epoch FROM written),
+                    json_build_object('key', key, 'state', state, 'token', token,
+                        'lease_id', lease_id, 'holder', holder, 'ttl_ms', ttl_ms,
+                        'grace_ms', grace_ms, 'forced_from', forced_from)
+             FROM runlock.locks ORDER BY key",
+        )
+        .await?;
+        text.lines()
+            .filter(|line| !line.is_empty())
+            .map(|line| {
+                let mut fields = line.splitn(3, '\t');
+                let (key, epoch, body) = (fields.next(), fields.next(), fields.next());
+                let (Some(key), Some(epoch), Some(body)) = (key, epoch, body) else {
+                    anyhow::bail!("psql printed {line:?}");
+                };
+                let seconds: f64 = epoch.parse().with_context(|| format!("epoch {epoch:?}"))?;
+                Ok(Record {
+                    name: key.to_string(),
+                    written: Some(UNIX_EPOCH + Duration::from_secs_f64(seconds)),
+                    body: body.to_string(),
+                })
+            })
+            .collect()
+    }
+
+    async fn put(&self, _at: &Endpoint, _name: &str, _object: &str, _body: &[u8]) -> Result<()> {
+        anyhow::bail!("PostgreSQL holds rows, not objects")
+    }
+
+    async fn get(&self, _at: &Endpoint, _name: &str, _object: &str) -> Result<Option<String>> {
+        anyhow::bail!("PostgreSQL holds rows, not objects")
+    }
+}
+
 /// PostgreSQL through PgBouncer in transaction pooling mode
 /// (tests/scripts/pgbouncer.sh, `RUNLOCK_TEST_PGBOUNCER_URI`), in front of
 /// the cluster [`Postgres`] uses: every database name passes through, so a
@@ -294,16 +301,8 @@ impl Store for PgBouncer {
         Postgres.env(at)
     }
 
-    async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
-        Postgres.records(at, name, prefix).await
-    }
-
-    async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {
-        Postgres.put(at, name, object, body).await
-    }
-
-    async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>> {
-        Postgres.get(at, name, object).await
+    fn objects(&self) -> &dyn Objects {
+        &Postgres
     }
 
     async fn failures(&self, _at: &Endpoint) -> Result<Vec<Failure>> {

@@ -4,7 +4,7 @@
 //! prefix, with their bodies and the store's time of each write), `get` and
 //! `put` (the body on stdin), each printing JSON.
 
-use super::{output_of, records_under, test_var, Endpoint, Record};
+use super::{output_of, records_under, test_var, Endpoint, Objects, Record};
 use anyhow::{Context, Result};
 use std::time::Duration;
 use tokio::process::Command;
@@ -48,9 +48,12 @@ impl PythonSdk {
         let what = format!("{} {action} {arg:?} in {space}", self.name);
         output_of(command, input, &what).await
     }
+}
 
+#[async_trait::async_trait]
+impl Objects for PythonSdk {
     /// The records under `prefix` in `space`.
-    pub async fn records(&self, at: &Endpoint, space: &str, prefix: &str) -> Result<Vec<Record>> {
+    async fn records(&self, at: &Endpoint, space: &str, prefix: &str) -> Result<Vec<Record>> {
         let text = self
             .run(at, "list", space, &records_under(prefix), b"")
             .await?;
@@ -72,12 +75,12 @@ impl PythonSdk {
     }
 
     /// Writes `body` as `object` in `space`, whatever is there.
-    pub async fn put(&self, at: &Endpoint, space: &str, object: &str, body: &[u8]) -> Result<()> {
+    async fn put(&self, at: &Endpoint, space: &str, object: &str, body: &[u8]) -> Result<()> {
         self.run(at, "put", space, object, body).await.map(|_| ())
     }
 
     /// The body of `object` in `space`; `None` if there is none.
-    pub async fn get(&self, at: &Endpoint, space: &str, object: &str) -> Result<Option<String>> {
+    async fn get(&self, at: &Endpoint, space: &str, object: &str) -> Result<Option<String>> {
         let text = self.run(at, "get", space, object, b"").await?;
         serde_json::from_str(text.trim()).with_context(|| format!("{} printed {text:?}", self.name))
     }

@@ -2,7 +2,9 @@
 //! names in `RUNLOCK_TEST_S3_ENDPOINT`; records are read back with boto3
 //! (`RUNLOCK_TEST_PYTHON`), the way a person would with AWS's own tools.
 
-use super::{object_uri, python_sdk::PythonSdk, Endpoint, Failure, Kind, OwnServer, Record, Store};
+use super::{
+    object_uri, python_sdk::PythonSdk, Endpoint, Failure, Kind, Objects, OwnServer, Store,
+};
 use crate::closed_port;
 use crate::http;
 use anyhow::Result;
@@ -95,16 +97,8 @@ impl Store for S3 {
         env_for(&at.url)
     }
 
-    async fn records(&self, at: &Endpoint, name: &str, prefix: &str) -> Result<Vec<Record>> {
-        BOTO3.records(at, name, prefix).await
-    }
-
-    async fn put(&self, at: &Endpoint, name: &str, object: &str, body: &[u8]) -> Result<()> {
-        BOTO3.put(at, name, object, body).await
-    }
-
-    async fn get(&self, at: &Endpoint, name: &str, object: &str) -> Result<Option<String>> {
-        BOTO3.get(at, name, object).await
+    fn objects(&self) -> &dyn Objects {
+        &BOTO3
     }
 
     async fn failures(&self, at: &Endpoint) -> Result<Vec<Failure>> {

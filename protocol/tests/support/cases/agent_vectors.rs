@@ -1,10 +1,26 @@
 //! The canonical vectors of agent → client messages: answers and events.
 
-use super::{agent, event, forcing, holder, lease, Vector, AGENT_ID};
+use super::{agent, event, forcing, holder, key_error, lease, Vector, AGENT_ID};
 use runlock_protocol::{
     AgentMessage, Clock, ErrorCode, EventKind, Holder, KeyEvent, KeyListing, KeyRecord, KeyState,
     Lease, LeaseInfo, LostReason, OnUnavailable, Refusal, Scope, Waiter, WireError,
 };
+
+/// `dev:a` held with token 12 by the fixture holder, expiring in 21.5 s
+/// unless renewed, global scope: the record several vectors show.
+fn dev_a_held() -> KeyRecord {
+    KeyRecord {
+        slots: None,
+        holders: Vec::new(),
+        key: "dev:a".into(),
+        state: KeyState::Held,
+        token: 12,
+        holder: Some(holder(4242, 12)),
+        expires_in_ms: Some(21_500),
+        scope: Scope::Global,
+        incident: None,
+    }
+}
 
 /// The agent's canonical vectors, in the order the README lists them.
 pub(super) fn vectors() -> Vec<Vector> {
@@ -152,15 +168,7 @@ pub(super) fn vectors() -> Vec<Vector> {
                       the lease expires in 21.5 s unless renewed; global scope.",
             message: agent(
                 Some(7),
-                AgentMessage::Record(KeyRecord { slots: None, holders: Vec::new(),
-                    key: "dev:a".into(),
-                    state: KeyState::Held,
-                    token: 12,
-                    holder: Some(holder(4242, 12)),
-                    expires_in_ms: Some(21_500),
-                    scope: Scope::Global,
-                    incident: None,
-                }),
+                AgentMessage::Record(dev_a_held()),
             ),
         },
         Vector {
@@ -175,15 +183,7 @@ pub(super) fn vectors() -> Vec<Vector> {
                     keys: vec![
                         KeyListing {
                             key: "dev:a".into(),
-                            record: Some(KeyRecord { slots: None, holders: Vec::new(),
-                                key: "dev:a".into(),
-                                state: KeyState::Held,
-                                token: 12,
-                                holder: Some(holder(4242, 12)),
-                                expires_in_ms: Some(21_500),
-                                scope: Scope::Global,
-                                incident: None,
-                            }),
+                            record: Some(dev_a_held()),
                             unreadable: None,
                             events: vec![event(EventKind::Granted, 4242, 12, "etl")],
                             waiting_here: 1,
@@ -223,14 +223,10 @@ pub(super) fn vectors() -> Vec<Vector> {
                       so expires_in_ms is absent; host scope.",
             message: agent(
                 Some(7),
-                AgentMessage::Record(KeyRecord { slots: None, holders: Vec::new(),
-                    key: "dev:a".into(),
-                    state: KeyState::Held,
-                    token: 12,
-                    holder: Some(holder(4242, 12)),
+                AgentMessage::Record(KeyRecord {
                     expires_in_ms: None,
                     scope: Scope::Host,
-                    incident: None,
+                    ..dev_a_held()
                 }),
             ),
         },
@@ -316,12 +312,12 @@ pub(super) fn vectors() -> Vec<Vector> {
             meaning: "Answers request 1: `dev:tap-x-to-target-y` is held (wait_ms was 0); holder says by whom.",
             message: agent(
                 Some(1),
-                AgentMessage::Error(WireError { holders: Vec::new(),
-                    code: ErrorCode::Held,
-                    message: "key dev:tap-x-to-target-y is held by etl (pid 4242) on runner-01".into(),
-                    key: Some("dev:tap-x-to-target-y".into()),
-                    holder: Some(Box::new(holder(4242, 41))),
-                }),
+                key_error(
+                    ErrorCode::Held,
+                    "key dev:tap-x-to-target-y is held by etl (pid 4242) on runner-01",
+                    "dev:tap-x-to-target-y",
+                    Some(holder(4242, 41)),
+                ),
             ),
         },
         Vector {
@@ -364,12 +360,12 @@ pub(super) fn vectors() -> Vec<Vector> {
             meaning: "Answers request 2: `dev:a` stayed held for the whole wait; holder says by whom.",
             message: agent(
                 Some(2),
-                AgentMessage::Error(WireError { holders: Vec::new(),
-                    code: ErrorCode::Timeout,
-                    message: "key dev:a still held after waiting 60s".into(),
-                    key: Some("dev:a".into()),
-                    holder: Some(Box::new(holder(4242, 12))),
-                }),
+                key_error(
+                    ErrorCode::Timeout,
+                    "key dev:a still held after waiting 60s",
+                    "dev:a",
+                    Some(holder(4242, 12)),
+                ),
             ),
         },
         Vector {
@@ -377,12 +373,12 @@ pub(super) fn vectors() -> Vec<Vector> {
             meaning: "Answers request 9: the key broke a key rule; the message names the rule, `key` is the offending key.",
             message: agent(
                 Some(9),
-                AgentMessage::Error(WireError { holders: Vec::new(),
-                    code: ErrorCode::InvalidKey,
-                    message: "invalid key: a key must not contain control characters (found U+000A at byte 3)".into(),
-                    key: Some("dev\nx".into()),
-                    holder: None,
-                }),
+                key_error(
+                    ErrorCode::InvalidKey,
+                    "invalid key: a key must not contain control characters (found U+000A at byte 3)",
+                    "dev\nx",
+                    None,
+                ),
             ),
         },
         Vector {

@@ -1,6 +1,6 @@
 //! The canonical vectors of client → agent messages.
 
-use super::{client, lease, Vector, COMMAND};
+use super::{client, lease, plain_acquire, Vector, COMMAND};
 use runlock_protocol::{ClientMessage, OnLost};
 
 /// The client's canonical vectors, in the order the README lists them.
@@ -29,14 +29,7 @@ pub(super) fn vectors() -> Vec<Vector> {
                       The encoder always writes `command` and `on_lost`, here at their defaults (empty, `term`).",
             message: client(
                 Some(1),
-                ClientMessage::Acquire { slots: 1,
-                    keys: vec!["dev:tap-x-to-target-y".into()],
-                    ttl_ms: None,
-                    wait_ms: 0,
-                    force: false,
-                    command: String::new(),
-                    on_lost: OnLost::Term,
-                },
+                plain_acquire("dev:tap-x-to-target-y"),
             ),
         },
         Vector {

@@ -1,8 +1,8 @@
 //! The hand-written vectors: bytes no Rust value encodes to (other field
 //! orders, wider integers, unknown fields and types) that a decoder must accept.
 
-use super::{agent, client, DecodeOnly};
-use runlock_protocol::{AgentMessage, ClientMessage, ErrorCode, OnLost, WireError};
+use super::{agent, client, plain_acquire, DecodeOnly};
+use runlock_protocol::{AgentMessage, ClientMessage, ErrorCode, WireError};
 
 /// A MessagePack str of up to 31 bytes (fixstr).
 fn s(text: &str) -> Vec<u8> {
@@ -36,14 +36,7 @@ pub fn decode_only() -> Vec<DecodeOnly> {
             ]),
             message: client(
                 Some(5),
-                ClientMessage::Acquire { slots: 1,
-                    keys: vec!["dev:a".into()],
-                    ttl_ms: None,
-                    wait_ms: 0,
-                    force: false,
-                    command: String::new(),
-                    on_lost: OnLost::Term,
-                },
+                plain_acquire("dev:a"),
             ),
         },
         DecodeOnly {

@@ -17,7 +17,8 @@ pub use hand_written::decode_only;
 
 use runlock_protocol::codec::encode_body;
 use runlock_protocol::{
-    AgentMessage, ClientMessage, Clock, Envelope, EventKind, Holder, KeyEvent, Lease,
+    AgentMessage, ClientMessage, Clock, Envelope, ErrorCode, EventKind, Holder, KeyEvent, Lease,
+    OnLost, WireError,
 };
 
 /// A message of either direction.
@@ -104,6 +105,32 @@ fn holder(pid: u32, token: u64) -> Holder {
         acquired_at_ms: 1_700_000_000_000,
         token,
     }
+}
+
+/// An acquire of the one key `key` with every field at its default: one
+/// slot, the agent's TTL, no waiting, no force, no command, `term` on loss.
+fn plain_acquire(key: &str) -> ClientMessage {
+    ClientMessage::Acquire {
+        slots: 1,
+        keys: vec![key.into()],
+        ttl_ms: None,
+        wait_ms: 0,
+        force: false,
+        command: String::new(),
+        on_lost: OnLost::Term,
+    }
+}
+
+/// An error about the one key `key`, naming at most one holder (not a slot
+/// key's holders).
+fn key_error(code: ErrorCode, message: &str, key: &str, holder: Option<Holder>) -> AgentMessage {
+    AgentMessage::Error(WireError {
+        code,
+        message: message.into(),
+        key: Some(key.into()),
+        holder: holder.map(Box::new),
+        holders: Vec::new(),
+    })
 }
 
 /// `forcing` of `dev:a`, taken from ann's run of token 12, waiting `wait_ms`.
