@@ -11,7 +11,7 @@ use runlock_agent::backend::cas::{
     AzureOptions, AzureStore, CasEngine, CasError, CasStore, Precondition,
 };
 use runlock_agent::backend::{AcquireSpec, Backend, BackendError, LeaseRef};
-use runlock_protocol::{Holder, Key};
+use runlock_protocol::Key;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -63,27 +63,9 @@ impl Container {
     }
 }
 
-fn spec(key: &str, lease: &str) -> Result<AcquireSpec> {
-    Ok(AcquireSpec {
-        key: Key::new(key)?,
-        lease_id: lease.into(),
-        holder: Holder {
-            slot: None,
-            slots: None,
-            host: format!("host-of-{lease}"),
-            agent_id: format!("agent-of-{lease}"),
-            pid: 1,
-            uid: 0,
-            gid: 0,
-            user: "u".into(),
-            command: "meltano run tap target".into(),
-            acquired_at_ms: 0,
-            token: 0,
-        },
-        ttl: Duration::from_secs(30),
-        force: false,
-        breaking: false,
-    })
+/// A plain acquire of `key` for `lease`, with the shared fixtures' holder.
+fn spec(key: &str, lease: &str) -> AcquireSpec {
+    runlock_agent::backend::testing::spec(key, lease, false, Duration::from_secs(30))
 }
 
 /// `a` is within `slack` of `b`.
@@ -181,7 +163,7 @@ async fn racing_engines_on_one_key_make_one_holder_and_tokens_grow() -> Result<(
         .map(|(i, engine)| {
             let engine = engine.clone();
             let spec = spec("dev:tap-race", &format!("l{i}"));
-            tokio::spawn(async move { engine.acquire(&spec?).await.map_err(anyhow::Error::from) })
+            tokio::spawn(async move { engine.acquire(&spec).await.map_err(anyhow::Error::from) })
         })
         .collect();
     let mut winners = Vec::new();
@@ -221,7 +203,7 @@ async fn racing_engines_on_one_key_make_one_holder_and_tokens_grow() -> Result<(
     ensure!(json["state"] == "free" && json["token"] == 1, "{json}");
     let other = (winner + 1) % AGENTS;
     let next = engines[other]
-        .acquire(&spec("dev:tap-race", &format!("l{other}"))?)
+        .acquire(&spec("dev:tap-race", &format!("l{other}")))
         .await?;
     ensure!(next.holder.token == 2, "{:?}", next.holder);
     Ok(())
@@ -259,7 +241,7 @@ async fn store_failures_are_named_without_the_key() -> Result<()> {
     }
     // Through the engine, a run's acquire becomes `unavailable` with the same cause.
     let engine = CasEngine::new(Arc::new(store));
-    match engine.acquire(&spec("k", "l1")?).await {
+    match engine.acquire(&spec("k", "l1")).await {
         Err(BackendError::Unavailable(text)) => ensure!(text.contains("access denied"), "{text}"),
         other => bail!("acquire with a wrong key: {other:?}"),
     }

@@ -206,9 +206,7 @@ async fn a_missing_bucket_and_a_refused_endpoint_are_named() {
         other => panic!("{other:?}"),
     }
 
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = closed.local_addr().expect("addr").port();
-    drop(closed);
+    let port = crate::support::closed_port().expect("a free port");
     let store = gcs_on_emulator("gs://b/p", &format!("127.0.0.1:{port}")).expect("opens");
     let started = Instant::now();
     match store.probe().await {

@@ -40,6 +40,19 @@ impl<A> Failure<A> {
     }
 }
 
+/// For the stores' classifier tests: whether `failure` is a refusal, and
+/// its message; a failure the operation handles, or none, fails the test.
+#[cfg(test)]
+pub fn refusal_and_message<A: std::fmt::Debug>(
+    failure: impl Into<Option<Failure<A>>>,
+) -> (bool, String) {
+    match failure.into() {
+        Some(Failure::Refused(m)) => (true, m),
+        Some(Failure::Transient(m)) => (false, m),
+        other => panic!("not an error with a message: {other:?}"),
+    }
+}
+
 impl Failure<Unexpected> {
     /// The message of a failure that can only be transient or refused.
     pub fn message(self) -> String {

@@ -87,3 +87,23 @@ pub fn service_account_key(token_uri: &str) -> (String, String) {
         "token_uri": token_uri});
     (json.to_string(), key_line)
 }
+
+/// `backend`'s history of `key`, an event a line: `Granted 1 host-of-l1`
+/// (its kind, token and host), for a test to compare whole.
+#[cfg(test)]
+pub async fn history_lines<B: super::Backend + ?Sized>(backend: &B, key: &str) -> Vec<String> {
+    let key = Key::new(key).expect("a valid key");
+    let events = backend.history(&key).await.expect("history");
+    events
+        .iter()
+        .map(|e| format!("{:?} {} {}", e.kind, e.token, e.host))
+        .collect()
+}
+
+/// A port on 127.0.0.1 where nothing listens (bound, then closed): a store
+/// there refuses every connection.
+#[cfg(test)]
+pub fn closed_port() -> u16 {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a local port");
+    listener.local_addr().expect("its address").port()
+}

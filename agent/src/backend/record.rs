@@ -9,7 +9,9 @@ use super::Ending;
 use runlock_protocol::{Holder, KeyEvent, KeyState};
 use serde::{Deserialize, Serialize};
 
-/// One key's record, as stored; `S` is what only its store needs.
+/// One key's record, as stored; `S` is what only its store needs. An unset
+/// field is left out (and reads back as unset).
+#[serde_with::skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LockRecord<S> {
     /// The key.
@@ -19,13 +21,10 @@ pub struct LockRecord<S> {
     /// The last fencing token issued for the key.
     pub token: u64,
     /// The holder, while held.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub holder: Option<Holder>,
     /// The holding lease's id, while held, so that the next agent can adopt it.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_id: Option<String>,
     /// The token this holder took the key from with `force`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forced_from: Option<u64>,
     /// The key's latest events, oldest first, at most `MAX_HISTORY_EVENTS`
     /// (`backend::history`); absent from records written before it was kept.

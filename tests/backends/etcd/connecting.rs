@@ -71,10 +71,7 @@ async fn tls_with_the_ca_and_a_client_certificate_serves_and_without_them_is_nam
 /// where nothing listens) must not fail the runs the others can serve.
 #[tokio::test]
 async fn a_member_down_leaves_the_others_serving() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let closed = crate::support::closed_port().expect("a free port");
     let live = endpoint("RUNLOCK_TEST_ETCD_ENDPOINT");
     let prefix = fresh_prefix("member-down");
     let uri = format!("etcd://127.0.0.1:{closed},{live}/{prefix}");

@@ -637,7 +637,7 @@ mod tests {
     use super::super::testing::{FaultyStore, Throttled};
     use super::super::MemoryCasStore;
     use super::*;
-    use crate::backend::fixtures::{adopter, lease, spec, Take, OWNER_UID};
+    use crate::backend::fixtures::{adopter, history_lines, lease, spec, Take, OWNER_UID};
     use runlock_protocol::Clock;
 
     const TTL: Duration = Duration::from_secs(10);
@@ -940,16 +940,12 @@ mod tests {
             "acquire of a key this agent freed: one PUT"
         );
         // Those single writes kept the history, in order.
-        let key = Key::new("k").expect("valid");
-        let kinds: Vec<_> = (engine.history(&key).await.expect("history").iter())
-            .map(|e| (e.kind, e.token, e.host.clone()))
-            .collect();
         assert_eq!(
-            kinds,
+            history_lines(&engine, "k").await,
             [
-                (EventKind::Granted, 1, "host-of-l1".to_string()),
-                (EventKind::Released, 1, "host-of-l1".to_string()),
-                (EventKind::Granted, 2, "host-of-l2".to_string()),
+                "Granted 1 host-of-l1",
+                "Released 1 host-of-l1",
+                "Granted 2 host-of-l2"
             ]
         );
 

@@ -99,3 +99,38 @@ pub(super) fn place_and_prefix(
     }
     Ok((name.to_string(), prefix.trim_matches('/').to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::place_and_prefix;
+
+    /// What every object store's URI shares; each store's tests add its own
+    /// scheme and rules.
+    #[test]
+    fn uris_name_a_place_and_an_optional_prefix_and_never_echo_credentials() {
+        let parse = |u: &str| place_and_prefix(u, "x", "bucket", "see the docs").expect("valid");
+        assert_eq!(parse("x://b"), ("b".into(), "".into()));
+        assert_eq!(parse("x://b/"), ("b".into(), "".into()));
+        assert_eq!(
+            parse("x://b/meltano/state/"),
+            ("b".into(), "meltano/state".into())
+        );
+        for bad in [
+            "x://",
+            "x:///x",
+            "y://b",
+            "x:/b",
+            "x://b?sig=1",
+            "x://b/p#f",
+        ] {
+            assert!(
+                place_and_prefix(bad, "x", "bucket", "see the docs").is_err(),
+                "{bad}"
+            );
+        }
+        let err = place_and_prefix("x://KEY:SECRET@b/x", "x", "bucket", "see the docs")
+            .expect_err("refused");
+        assert!(!err.to_string().contains("SECRET"), "{err}");
+        assert!(err.to_string().contains("see the docs"), "{err}");
+    }
+}

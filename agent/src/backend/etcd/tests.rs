@@ -106,10 +106,7 @@ fn a_record_keeps_the_holder_but_not_its_token() {
 
 #[tokio::test]
 async fn an_unreachable_etcd_is_named_within_the_bound() {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    let closed = crate::backend::fixtures::closed_port();
     let backend = EtcdBackend::open(
         &format!("etcd://127.0.0.1:{closed}/x"),
         &EtcdOptions::default(),

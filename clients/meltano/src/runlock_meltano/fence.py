@@ -133,6 +133,20 @@ def decide(recorded: int | None, token: int | None, overtaken: Overtaken) -> int
     return token
 
 
+def registered(state_id: str, text: str | bytes | None, token: int, overtaken: Overtaken) -> str | None:
+    """The state text ``register`` writes back so that it records ``token``;
+    None when there is nothing to write: no state yet (nothing a stale run
+    could overwrite), or the token is recorded already."""
+    if text is None:
+        return None
+    recorded = recorded_token(text)
+    if recorded == token:
+        return None
+    decide(recorded, token, overtaken)
+    body = text.decode() if isinstance(text, bytes) else text
+    return encode(MeltanoState.from_json(state_id, body), token)
+
+
 class FileFence(StoreFence):
     """Meltano's local store: check and write under a ``flock`` of its directory."""
 
@@ -177,14 +191,9 @@ class FileFence(StoreFence):
 
     def register(self, state_id: str, token: int, overtaken: Overtaken) -> None:
         with self._locked():
-            text = self._read(state_id)
-            if text is None:
-                return  # no state yet: nothing a stale run could overwrite
-            recorded = recorded_token(text)
-            if recorded == token:
-                return
-            decide(recorded, token, overtaken)
-            self._write(state_id, encode(MeltanoState.from_json(state_id, text), token))
+            text = registered(state_id, self._read(state_id), token, overtaken)
+            if text is not None:
+                self._write(state_id, text)
 
     def write(self, state: MeltanoState, token: int | None, overtaken: Overtaken) -> None:
         before_store_write(state.state_id)
@@ -222,13 +231,8 @@ class ObjectFence(StoreFence):
         key = self._key(state_id)
         for _ in range(ATTEMPTS):
             version, body = self._read(key)
-            if body is None:
-                return  # no state yet: nothing a stale run could overwrite
-            recorded = recorded_token(body)
-            if recorded == token:
-                return
-            decide(recorded, token, overtaken)
-            if self._put(key, encode(MeltanoState.from_json(state_id, body.decode()), token).encode(), version):
+            text = registered(state_id, body, token, overtaken)
+            if text is None or self._put(key, text.encode(), version):
                 return
         raise StateIDLockedError(f"runlock: the state of {state_id!r} kept changing while this run recorded its token")
 

@@ -7,6 +7,7 @@ use super::settings::{
     KEY_ENV, SAS_ENV,
 };
 use super::*;
+use crate::backend::failure::refusal_and_message;
 
 /// A made-up key, base64 like a real one.
 const KEY: &str = "c2VjcmV0LWtleS1ieXRlcy1mb3ItdGVzdHMtb25seQ==";
@@ -17,21 +18,11 @@ fn no_env(_: &str) -> Option<String> {
 
 #[test]
 fn uris_name_a_container_and_an_optional_prefix() {
-    let parse = |u: &str| parse_uri(u).expect("valid");
-    assert_eq!(parse("azure://locks"), ("locks".into(), "".into()));
-    assert_eq!(parse("azure://locks/"), ("locks".into(), "".into()));
-    assert_eq!(
-        parse("azure://my-locks/meltano/state/"),
-        ("my-locks".into(), "meltano/state".into())
-    );
-    for bad in [
-        "azure://",
-        "azure:///x",
-        "azure://ab",
-        "azure://Locks",
-        "azure://a--b",
-        "azure://-ab",
-    ] {
+    // The rest of what an object store's URI may be: cas/site.rs's tests.
+    let parsed = parse_uri("azure://my-locks/meltano/state/").expect("valid");
+    assert_eq!(parsed, ("my-locks".into(), "meltano/state".into()));
+    // A container's name has rules of its own.
+    for bad in ["azure://ab", "azure://Locks", "azure://a--b", "azure://-ab"] {
         assert!(parse_uri(bad).is_err(), "{bad}");
     }
     let err = parse_uri("azure://acct:SECRET@locks/x").expect_err("refused");
@@ -253,14 +244,6 @@ fn answer(status: u16, code: &str) -> Failure {
     store().classify(&err, "p/.runlock/locks/k.json")
 }
 
-fn message(failure: Failure) -> (bool, String) {
-    match failure {
-        Failure::Refused(m) => (true, m),
-        Failure::Transient(m) => (false, m),
-        other => panic!("not an error with a message: {other:?}"),
-    }
-}
-
 #[test]
 fn answers_are_sorted_by_status_and_code() {
     let precondition_failed = Failure::Expected(Handled::PreconditionFailed);
@@ -270,7 +253,7 @@ fn answers_are_sorted_by_status_and_code() {
         answer(404, "BlobNotFound"),
         Failure::Expected(Handled::NoSuchBlob)
     );
-    let (refused, text) = message(answer(404, "ContainerNotFound"));
+    let (refused, text) = refusal_and_message(answer(404, "ContainerNotFound"));
     assert!(refused);
     assert!(
         text.starts_with("container locks does not exist at http://azure.test/devstoreaccount1"),
@@ -282,7 +265,7 @@ fn answers_are_sorted_by_status_and_code() {
         "AuthorizationPermissionMismatch",
         "",
     ] {
-        let (refused, text) = message(answer(403, code));
+        let (refused, text) = refusal_and_message(answer(403, code));
         assert!(refused, "{code}");
         assert!(
             text.starts_with("access denied to container locks"),
@@ -295,14 +278,14 @@ fn answers_are_sorted_by_status_and_code() {
         );
         assert!(!text.contains(KEY) && !text.contains("0123abcd"), "{text}");
     }
-    let (refused, text) = message(answer(412, "LeaseIdMissing"));
+    let (refused, text) = refusal_and_message(answer(412, "LeaseIdMissing"));
     assert!(refused && text.contains("lease"), "{text}");
     for (status, code) in [(503, "ServerBusy"), (500, "InternalError"), (429, "")] {
-        let (refused, text) = message(answer(status, code));
+        let (refused, text) = refusal_and_message(answer(status, code));
         assert!(!refused, "{text}");
         assert!(!text.contains(KEY), "{text}");
     }
-    let (refused, text) = message(answer(400, "InvalidHeaderValue"));
+    let (refused, text) = refusal_and_message(answer(400, "InvalidHeaderValue"));
     assert!(
         refused && text.contains("400 InvalidHeaderValue") && !text.contains(KEY),
         "{text}"
@@ -321,7 +304,7 @@ fn transport_failures_are_unavailable_and_name_the_endpoint() {
         refused,
         "failed to execute `reqwest` request",
     );
-    let (refused, text) = message(store().classify(&err, "k"));
+    let (refused, text) = refusal_and_message(store().classify(&err, "k"));
     assert!(!refused);
     assert!(
         text.starts_with("cannot reach Azure Blob at http://azure.test/devstoreaccount1: "),
@@ -337,10 +320,7 @@ fn transport_failures_are_unavailable_and_name_the_endpoint() {
 
 #[tokio::test]
 async fn a_refused_endpoint_is_unavailable_within_the_operation_timeout() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a port")
-        .port();
+    let port = crate::backend::fixtures::closed_port();
     let options = AzureOptions {
         connection_string: Some(
             format!(

@@ -4,6 +4,7 @@
 use super::settings::{self, emulator_url, parse_uri};
 use super::transport::{encode, generation_of, Answer};
 use super::*;
+use crate::backend::failure::refusal_and_message;
 use bytes::Bytes;
 use hyper::header::HeaderMap;
 use hyper::StatusCode;
@@ -16,15 +17,9 @@ const SECRET: &str = "s3cr3t-ya29-token";
 
 #[test]
 fn uris_name_a_bucket_and_an_optional_prefix() {
-    let parse = |u: &str| parse_uri(u).expect("valid");
-    assert_eq!(parse("gs://b"), ("b".into(), "".into()));
-    assert_eq!(parse("gs://b/"), ("b".into(), "".into()));
-    assert_eq!(
-        parse("gs://b/meltano/state/"),
-        ("b".into(), "meltano/state".into())
-    );
-    assert!(parse_uri("gs://").is_err());
-    assert!(parse_uri("gs:///x").is_err());
+    // The rest of what an object store's URI may be: cas/site.rs's tests.
+    let parsed = parse_uri("gs://b/meltano/state/").expect("valid");
+    assert_eq!(parsed, ("b".into(), "meltano/state".into()));
     assert!(parse_uri("s3://b").is_err());
     let err = parse_uri(&format!("gs://user:{SECRET}@b/x")).expect_err("refused");
     assert!(!err.to_string().contains(SECRET), "{err}");
@@ -82,14 +77,6 @@ fn answer(status: u16, message: &str, reason: &str) -> Option<Failure> {
         .classify(&answer, "gs://my-bucket/p/.runlock/locks/k.json")
 }
 
-fn message(failure: Option<Failure>) -> (bool, String) {
-    match failure {
-        Some(Failure::Refused(m)) => (true, m),
-        Some(Failure::Transient(m)) => (false, m),
-        other => panic!("not an error with a message: {other:?}"),
-    }
-}
-
 #[test]
 fn answers_are_sorted_by_status_and_reason_without_echoing_them() {
     assert_eq!(answer(200, "", ""), None);
@@ -102,7 +89,7 @@ fn answers_are_sorted_by_status_and_reason_without_echoing_them() {
         answer(404, "No such object: my-bucket/p/k.json", "notFound"),
         Some(Failure::Expected(Handled::NotFound))
     );
-    let (refused, text) = message(answer(
+    let (refused, text) = refusal_and_message(answer(
         404,
         "The specified bucket does not exist.",
         "notFound",
@@ -113,7 +100,7 @@ fn answers_are_sorted_by_status_and_reason_without_echoing_them() {
         "bucket my-bucket does not exist at Google Cloud Storage"
     );
     for status in [401, 403] {
-        let (refused, text) = message(answer(status, SECRET, "forbidden"));
+        let (refused, text) = refusal_and_message(answer(status, SECRET, "forbidden"));
         assert!(refused, "{status}");
         assert!(
             text.starts_with(&format!(
@@ -125,14 +112,14 @@ fn answers_are_sorted_by_status_and_reason_without_echoing_them() {
         assert!(text.contains("gs://my-bucket/p/.runlock/locks/*"), "{text}");
     }
     for status in [429, 500, 503] {
-        let (refused, _) = message(answer(status, SECRET, "backendError"));
+        let (refused, _) = refusal_and_message(answer(status, SECRET, "backendError"));
         assert!(!refused, "{status} is worth retrying");
     }
-    let (refused, text) = message(answer(400, SECRET, "invalid"));
+    let (refused, text) = refusal_and_message(answer(400, SECRET, "invalid"));
     assert!(refused);
     assert!(text.ends_with(": 400 invalid"), "{text}");
     // A reason that is not plain words is dropped, not echoed.
-    let (_, text) = message(answer(400, SECRET, &format!("bad {SECRET}!")));
+    let (_, text) = refusal_and_message(answer(400, SECRET, &format!("bad {SECRET}!")));
     assert!(text.ends_with(": 400"), "{text}");
     for status in [400, 401, 403, 404, 409, 429, 500] {
         if let Some(Failure::Refused(err) | Failure::Transient(err)) =
@@ -241,9 +228,7 @@ async fn a_token_service_that_refuses_the_key_or_cannot_be_reached_is_named() {
     assert!(text.contains(&path.display().to_string()), "{text}");
     assert!(!text.contains(&secret), "{text}");
 
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
-    let port = closed.local_addr().expect("addr").port();
-    drop(closed);
+    let port = crate::backend::fixtures::closed_port();
     let (path, secret) = real_key_file(dir.path(), &format!("http://127.0.0.1:{port}/token"));
     let err = credentials_failure(key_file(&path)).await;
     let CasError::Unavailable(text) = &err else {

@@ -26,7 +26,7 @@ fn a_lock_that_lets_a_second_holder_in_is_caught() {
 #[tokio::test]
 async fn a_corrupt_record_is_reported_not_overwritten() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let backend = FileBackend::open(dir.path().into()).expect("open");
+    let backend = opened(&dir);
     std::fs::write(dir.path().join("k.lock"), b"not json").expect("write");
     match backend.acquire(&spec("k", "l1", false, TTL)).await {
         Err(BackendError::Corrupt(msg)) => assert!(msg.contains("k.lock"), "{msg}"),
@@ -55,7 +55,7 @@ async fn a_planted_link_is_refused_never_followed_and_other_keys_go_on() {
     let precious = outside.path().join("precious");
     let absent = outside.path().join("absent");
     std::fs::write(&precious, b"keep me").expect("write");
-    let backend = FileBackend::open(dir.path().into()).expect("open");
+    let backend = opened(&dir);
     std::os::unix::fs::symlink(&precious, dir.path().join("k.lock")).expect("link");
     std::os::unix::fs::symlink(&absent, dir.path().join("d.lock")).expect("link");
 
@@ -71,7 +71,7 @@ async fn a_planted_link_is_refused_never_followed_and_other_keys_go_on() {
     );
     corrupt_naming(backend.acquire(&spec("d", "l4", true, TTL)).await, "d.lock");
     assert!(matches!(
-        backend.inspect(&Key::new("k").expect("valid")).await,
+        backend.inspect(&key_k()).await,
         Err(BackendError::Corrupt(_))
     ));
     assert_eq!(std::fs::read(&precious).expect("read"), b"keep me");
@@ -88,7 +88,7 @@ async fn a_linked_gate_refuses_force_and_lets_plain_acquisitions_go_on() {
     let dir = tempfile::tempdir().expect("tempdir");
     let outside = tempfile::tempdir().expect("tempdir");
     let target = outside.path().join("gate-target");
-    let backend = FileBackend::open(dir.path().into()).expect("open");
+    let backend = opened(&dir);
     std::fs::remove_file(dir.path().join(GATE_FILE)).expect("remove the gate");
     std::os::unix::fs::symlink(&target, dir.path().join(GATE_FILE)).expect("link");
     corrupt_naming(
@@ -151,7 +151,7 @@ fn a_gate_locked_by_a_classic_lock_names_its_process_and_an_ofd_lock_none() {
     use super::blocker::{range_blocker, Blocker};
     use super::transport::{ofd_lock, range_lock};
     let dir = tempfile::tempdir().expect("tempdir");
-    FileBackend::open(dir.path().into()).expect("open");
+    opened(&dir);
     let path = dir.path().join(GATE_FILE);
     let open = || {
         File::options()

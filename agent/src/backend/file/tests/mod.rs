@@ -7,7 +7,7 @@ mod directory;
 mod tokens;
 
 use super::*;
-use crate::backend::fixtures::{adopter, lease, spec, Take, OWNER_UID};
+use crate::backend::fixtures::{adopter, history_lines, lease, spec, Take, OWNER_UID};
 use std::io::Write as _;
 use std::path::Path;
 
@@ -16,8 +16,8 @@ const TTL: Duration = Duration::from_secs(30);
 #[tokio::test]
 async fn two_backends_on_one_directory_exclude_each_other_and_tokens_grow() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let one = FileBackend::open(dir.path().into()).expect("open");
-    let two = FileBackend::open(dir.path().into()).expect("open");
+    let one = opened(&dir);
+    let two = opened(&dir);
     let first = one.take("k", "l1", TTL).await;
     assert_eq!(first.holder.token, 1);
     match two.acquire(&spec("k", "l2", false, TTL)).await {
@@ -25,27 +25,19 @@ async fn two_backends_on_one_directory_exclude_each_other_and_tokens_grow() {
         other => panic!("expected held, got {other:?}"),
     }
     assert_eq!(
-        two.inspect(&Key::new("k").expect("valid"))
-            .await
-            .expect("inspect")
-            .state,
+        two.inspect(&key_k()).await.expect("inspect").state,
         KeyState::Held
     );
     one.release(&lease("k", "l1", 1)).await.expect("release");
-    let record = two
-        .inspect(&Key::new("k").expect("valid"))
-        .await
-        .expect("inspect");
-    assert_eq!((record.state, record.token), (KeyState::Free, 1));
-    let second = two.take("k", "l2", TTL).await;
-    assert_eq!(second.holder.token, 2);
+    let record = two.inspect(&key_k()).await.expect("inspect");
+    free_at_1_then_taken_at_2((record.state, record.token), &two, "l2").await;
 }
 
 #[tokio::test]
 async fn force_takes_over_and_the_old_holder_sees_the_loss_at_renewal() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let one = FileBackend::open(dir.path().into()).expect("open");
-    let two = FileBackend::open(dir.path().into()).expect("open");
+    let one = opened(&dir);
+    let two = opened(&dir);
     one.acquire(&spec("k", "l1", false, TTL))
         .await
         .expect("free key");
@@ -64,10 +56,7 @@ async fn force_takes_over_and_the_old_holder_sees_the_loss_at_renewal() {
         .expect("still ours");
     // The loser's release must not overwrite the new holder's record.
     one.release(&lease("k", "l1", 1)).await.expect("release");
-    let record = one
-        .inspect(&Key::new("k").expect("valid"))
-        .await
-        .expect("inspect");
+    let record = one.inspect(&key_k()).await.expect("inspect");
     assert_eq!((record.state, record.token), (KeyState::Held, 2));
     two.release(&lease("k", "l2", 2)).await.expect("release");
     assert_eq!(
@@ -80,6 +69,32 @@ async fn force_takes_over_and_the_old_holder_sees_the_loss_at_renewal() {
     );
 }
 
+/// An agent's backend on the lock directory `dir`.
+fn opened(dir: &tempfile::TempDir) -> FileBackend {
+    FileBackend::open(dir.path().into()).expect("open")
+}
+
+/// The key most tests hold.
+fn key_k() -> Key {
+    Key::new("k").expect("valid")
+}
+
+/// After the first lease of "k" ended: its record (state and token) says
+/// free at token 1, and the next lease, `lease` through `backend`, takes
+/// token 2.
+async fn free_at_1_then_taken_at_2(record: (KeyState, u64), backend: &FileBackend, lease: &str) {
+    assert_eq!(record, (KeyState::Free, 1));
+    assert_eq!(backend.take("k", lease, TTL).await.holder.token, 2);
+}
+
+/// A run's lock on "k" (lease l1, token 1) in `dir`, whose agent is gone:
+/// dropped, every descriptor it had closed.
+async fn run_left_by_its_agent(dir: &tempfile::TempDir) -> std::os::fd::OwnedFd {
+    let agent = opened(dir);
+    let grant = agent.take("k", "l1", TTL).await;
+    grant.lock.expect("a lock for the run")
+}
+
 fn record_at(dir: &Path, name: &str) -> FileRecord {
     serde_json::from_slice(&std::fs::read(dir.join(name)).expect("read")).expect("a record")
 }
@@ -87,7 +102,7 @@ fn record_at(dir: &Path, name: &str) -> FileRecord {
 #[tokio::test]
 async fn the_run_gets_the_lock_read_only_on_an_empty_file_apart_from_the_record() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let backend = FileBackend::open(dir.path().into()).expect("open");
+    let backend = opened(&dir);
     let grant = backend.take("k", "l1", TTL).await;
     let lock = File::from(grant.lock.expect("a lock for the run"));
     let flags = nix::fcntl::fcntl(lock.as_raw_fd(), nix::fcntl::FcntlArg::F_GETFL).expect("flags");
@@ -107,16 +122,10 @@ async fn the_run_gets_the_lock_read_only_on_an_empty_file_apart_from_the_record(
 #[tokio::test]
 async fn a_lock_the_run_holds_outlives_its_agent_and_is_adopted_by_the_next() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let key = Key::new("k").expect("valid");
-    let old = FileBackend::open(dir.path().into()).expect("open");
-    let run = old
-        .take("k", "l1", TTL)
-        .await
-        .lock
-        .expect("a lock for the run");
-    drop(old); // the agent dies; every descriptor it had is closed
+    let key = key_k();
+    let run = run_left_by_its_agent(&dir).await;
 
-    let new = FileBackend::open(dir.path().into()).expect("open");
+    let new = opened(&dir);
     assert!(matches!(
         new.acquire(&spec("k", "l2", false, TTL)).await,
         Err(BackendError::Held(Some(h), _)) if h.token == 1
@@ -159,15 +168,13 @@ async fn a_lock_the_run_holds_outlives_its_agent_and_is_adopted_by_the_next() {
     flock(&File::from(run), libc::LOCK_UN).expect("unlock");
     new.release(&lease("k", "l1", 1)).await.expect("release");
     let record = record_at(dir.path(), "k.lock");
-    assert_eq!((record.state, record.token), (KeyState::Free, 1));
-    let next = new.take("k", "l4", TTL).await;
-    assert_eq!(next.holder.token, 2);
+    free_at_1_then_taken_at_2((record.state, record.token), &new, "l4").await;
 }
 
 #[tokio::test]
 async fn a_lock_taken_again_after_release_is_held_and_force_takes_it_higher() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let backend = FileBackend::open(dir.path().into()).expect("open");
+    let backend = opened(&dir);
     let run = backend.take("k", "l1", TTL).await;
     let run = File::from(run.lock.expect("a lock for the run"));
     flock(&run, libc::LOCK_UN).expect("the shim drops it");
@@ -195,49 +202,42 @@ async fn a_lock_taken_again_after_release_is_held_and_force_takes_it_higher() {
 #[tokio::test]
 async fn a_record_left_held_by_a_run_that_ended_alone_reads_as_free() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let key = Key::new("k").expect("valid");
-    let old = FileBackend::open(dir.path().into()).expect("open");
+    let key = key_k();
+    let old = opened(&dir);
     let run = old.take("k", "l1", TTL).await;
     drop((old, run)); // agent and run both gone, the record still says held
     assert_eq!(record_at(dir.path(), "k.lock").state, KeyState::Held);
-    let new = FileBackend::open(dir.path().into()).expect("open");
+    let new = opened(&dir);
     let record = new.inspect(&key).await.expect("inspect");
-    assert_eq!(
-        (record.state, record.token, record.holder),
-        (KeyState::Free, 1, None)
-    );
-    let next = new.take("k", "l2", TTL).await;
-    assert_eq!(next.holder.token, 2);
+    assert_eq!(record.holder, None);
+    free_at_1_then_taken_at_2((record.state, record.token), &new, "l2").await;
 }
 
 #[tokio::test]
 async fn the_history_records_a_run_that_ended_with_no_agent_as_expired() {
     use runlock_protocol::EventKind;
     let dir = tempfile::tempdir().expect("tempdir");
-    let key = Key::new("k").expect("valid");
+    let key = key_k();
     {
         // A run holds the key, and it and its agent end without a release.
-        let one = FileBackend::open(dir.path().into()).expect("open");
+        let one = opened(&dir);
         let grant = one.take("k", "l1", TTL).await;
         drop(grant.lock);
     }
-    let two = FileBackend::open(dir.path().into()).expect("open");
+    let two = opened(&dir);
     two.acquire(&spec("k", "l2", false, TTL))
         .await
         .expect("its lock is free");
     two.end(&lease("k", "l2", 2), &Ending::Lost("gone".into()))
         .await
         .expect("freed");
-    let got: Vec<_> = (two.history(&key).await.expect("history").iter())
-        .map(|e| (e.kind, e.token, e.host.clone()))
-        .collect();
     assert_eq!(
-        got,
+        history_lines(&two, "k").await,
         [
-            (EventKind::Granted, 1, "host-of-l1".to_string()),
-            (EventKind::Expired, 1, "host-of-l1".to_string()),
-            (EventKind::Granted, 2, "host-of-l2".to_string()),
-            (EventKind::Lost, 2, "host-of-l2".to_string()),
+            "Granted 1 host-of-l1",
+            "Expired 1 host-of-l1",
+            "Granted 2 host-of-l2",
+            "Lost 2 host-of-l2",
         ]
     );
     let record = two.inspect(&key).await.expect("inspect");
@@ -247,14 +247,10 @@ async fn the_history_records_a_run_that_ended_with_no_agent_as_expired() {
 #[tokio::test]
 async fn a_record_from_an_agent_that_kept_no_history_is_read_and_taken() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let backend = FileBackend::open(dir.path().into()).expect("open");
+    let backend = opened(&dir);
     let old = r#"{"key":"k","state":"free","token":5,"reserved":1028,"boot_id":"x"}"#;
-    std::fs::write(
-        dir.path().join(file_name(&Key::new("k").expect("valid"))),
-        old,
-    )
-    .expect("written");
-    let key = Key::new("k").expect("valid");
+    std::fs::write(dir.path().join(file_name(&key_k())), old).expect("written");
+    let key = key_k();
     assert!(backend.history(&key).await.expect("history").is_empty());
     let grant = backend.take("k", "l1", TTL).await;
     assert!(grant.holder.token > 5);
@@ -264,8 +260,8 @@ async fn a_record_from_an_agent_that_kept_no_history_is_read_and_taken() {
 #[tokio::test]
 async fn a_holder_that_lets_go_while_its_record_is_read_hands_the_lock_over_at_once() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let one = FileBackend::open(dir.path().into()).expect("open");
-    let key = Key::new("k").expect("valid");
+    let one = opened(&dir);
+    let key = key_k();
     let first = one.take("k", "l1", TTL).await;
     let inner = &one.inner;
     let open_dir = inner.dir().expect("dir");
@@ -300,15 +296,9 @@ async fn a_holder_that_lets_go_while_its_record_is_read_hands_the_lock_over_at_o
 #[tokio::test]
 async fn a_lease_whose_run_ended_or_of_another_user_is_not_adopted() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let old = FileBackend::open(dir.path().into()).expect("open");
-    let run = old
-        .take("k", "l1", TTL)
-        .await
-        .lock
-        .expect("a lock for the run");
-    drop(old);
+    let run = run_left_by_its_agent(&dir).await;
 
-    let new = FileBackend::open(dir.path().into()).expect("open");
+    let new = opened(&dir);
     let stranger = Adopter {
         uid: OWNER_UID + 1,
         ..adopter("new-agent")
@@ -336,13 +326,7 @@ async fn a_lease_whose_run_ended_or_of_another_user_is_not_adopted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lock_taken_by_a_new_holder_mid_acquire_is_not_taken_for_the_run() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let old = FileBackend::open(dir.path().into()).expect("open");
-    let run = old
-        .take("k", "l1", TTL)
-        .await
-        .lock
-        .expect("a lock for the run");
-    drop(old);
+    let run = run_left_by_its_agent(&dir).await;
     drop(run); // the run ends
 
     // A new holder, between taking the key's lock and writing its record,
@@ -359,7 +343,7 @@ async fn a_lock_taken_by_a_new_holder_mid_acquire_is_not_taken_for_the_run() {
     let key_lock = open("k.run");
     assert!(flock(&key_lock, libc::LOCK_EX | libc::LOCK_NB).expect("lock"));
 
-    let new = FileBackend::open(dir.path().into()).expect("open");
+    let new = opened(&dir);
     let mut adopting =
         tokio::spawn(async move { new.adopt(&lease("k", "l1", 1), &adopter("new-agent")).await });
     // Not answered while an acquisition is under way.
