@@ -228,12 +228,16 @@ async fn a_members_orphaned_run_is_stopped_when_its_lease_is_broken_or_forced() 
 
 /// Starts root's `sleep`, in a group of its own, with the pid `want` (free
 /// now): the kernel hands out the pid after `ns_last_pid`, unless another
-/// process on the machine forks in between, so this tries a few times.
-fn roots_sleeper_with_pid(want: u32) -> Result<Child> {
+/// process on the machine forks in between and takes it. Then it stays taken
+/// (by a thread of a test, say) and this returns `None`: the caller starts
+/// over with a new pid (CI at 1209d98 lost one pid 1000 times in a row).
+fn roots_sleeper_with_pid(want: u32) -> Result<Option<Child>> {
     const LAST_PID: &str = "/proc/sys/kernel/ns_last_pid";
-    // Every process the suite starts meanwhile competes for the pid: with
-    // the whole suite running, 50 tries once all lost (CI at 17aed35).
-    for _ in 0..1000 {
+    let taken = || std::path::Path::new(&format!("/proc/{want}")).exists();
+    for _ in 0..100 {
+        if taken() {
+            return Ok(None);
+        }
         let last = std::fs::read_to_string(LAST_PID).context("reading ns_last_pid")?;
         std::fs::write(LAST_PID, (want - 1).to_string()).context("writing ns_last_pid")?;
         let child = roots_sleeper(None);
@@ -242,10 +246,32 @@ fn roots_sleeper_with_pid(want: u32) -> Result<Child> {
         std::fs::write(LAST_PID, last.trim()).context("restoring ns_last_pid")?;
         let child = child?;
         if pid_of(&child)? == want {
-            return Ok(child);
+            return Ok(Some(child));
         }
     }
-    bail!("pid {want} was taken by other processes 1000 times in a row")
+    bail!("pid {want} stayed free, yet 100 processes in a row got another")
+}
+
+/// A member holding a key, attached to its own group of nobody's, which has
+/// ended: root's new process now has the pid, and the group, nobody attached.
+/// Each attempt takes a key of its own, so one the race lost leaves nothing
+/// in the way of the next.
+async fn nobodys_run_whose_pid_root_reuses(
+    agent: &TestAgent,
+    breaker: Breaker,
+) -> Result<(RawClient, u32, Child, String)> {
+    for attempt in 0..5 {
+        let k = key(&format!("attach-reused-{breaker:?}-{attempt}"));
+        let (mut own, group) = nobodys_sleeper().await?;
+        let member = member_attached(agent, &k, group).await?;
+        own.signal(Signal::SIGKILL)?;
+        own.wait().await?;
+        drop(own);
+        if let Some(roots) = roots_sleeper_with_pid(group)? {
+            return Ok((member, group, roots, k));
+        }
+    }
+    bail!("another process took the freed pid first, 5 times in a row")
 }
 
 /// Root's new process has nobody's old pid, group and session: only its
@@ -255,15 +281,8 @@ fn roots_sleeper_with_pid(want: u32) -> Result<Child> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_members_pid_reused_by_root_after_its_run_ended_is_not_signalled() -> Result<()> {
     let agent = agent("").await?;
-    let k = key("attach-reused");
     for breaker in BREAKERS {
-        let (mut own, group) = nobodys_sleeper().await?;
-        let member = member_attached(&agent, &k, group).await?;
-        own.signal(Signal::SIGKILL)?;
-        own.wait().await?;
-        drop(own);
-        // Root's new process now has the pid, and the group, nobody attached.
-        let roots = roots_sleeper_with_pid(group)?;
+        let (member, group, roots, k) = nobodys_run_whose_pid_root_reuses(&agent, breaker).await?;
         break_and_tell(&agent, member, &k, breaker).await?;
         ensure!(
             alive(pid_of(&roots)?),
