@@ -40,7 +40,7 @@ etcd_install() {
 etcd_launch() {
     local var=$1 port peer dir url pid scheme=http tls_args=() curl_tls=()
     # A directory of its own (another test run may be starting an etcd now),
-    # and the ports picked after the certificates, which can take a build.
+    # and the ports picked just before the server binds them.
     mkdir -p "$RUNLOCK_EMU_DIR"
     dir=$(mktemp -d "$RUNLOCK_EMU_DIR/etcd-XXXXXX") || return 1
     if [ "${3:-}" = tls ]; then

@@ -75,16 +75,33 @@ stop_pid() {
     wait "$pid" 2>/dev/null || true
 }
 
-# test_ca DIR: a throwaway CA (ca.crt) and what it signs: a server
-# certificate for 127.0.0.1 and localhost (server.crt, server.key) and a
-# client certificate (client.crt, client.key), made with rcgen by the tests
-# package's example tests/examples/test_ca.rs (built here the first time).
+# test_ca DIR: a throwaway CA (ca.crt, ca.key) and what it signs, made with
+# openssl: a server certificate for 127.0.0.1 and localhost (server.crt,
+# server.key) and a client certificate (client.crt, client.key). P-256 keys,
+# written 0600 as PostgreSQL requires of its own.
 test_ca() {
-    local workspace
-    workspace=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd) || return 1
-    # Built for the whole workspace, as `cargo test --workspace` builds: with
-    # `-p runlock-tests` cargo would pick other features and compile every
-    # dependency once more, before the tests compile them again.
-    (cd "$workspace" && cargo build --quiet --workspace --example test_ca) || return 1
-    "${CARGO_TARGET_DIR:-$workspace/target}/debug/examples/test_ca" "$1"
+    local dir=$1 out
+    command -v openssl >/dev/null || { echo "test_ca: openssl is not installed" >&2; return 1; }
+    # openssl talks on stderr even when all is well: shown only on failure.
+    out=$(
+        exec 2>&1
+        umask 077
+        openssl req -x509 -new -noenc -newkey ec -pkeyopt ec_paramgen_curve:P-256 \
+            -keyout "$dir/ca.key" -out "$dir/ca.crt" -days 3650 -subj /CN=runlock-test-ca \
+            -addext basicConstraints=critical,CA:TRUE \
+            -addext keyUsage=critical,keyCertSign,cRLSign || exit 1
+        for who in server client; do
+            openssl req -new -noenc -newkey ec -pkeyopt ec_paramgen_curve:P-256 \
+                -keyout "$dir/$who.key" -subj "/CN=runlock-test-$who" |
+                openssl x509 -req -CA "$dir/ca.crt" -CAkey "$dir/ca.key" -days 3650 \
+                    -set_serial "0x$(openssl rand -hex 16)" -out "$dir/$who.crt" \
+                    -extfile <(printf '%s\n' basicConstraints=critical,CA:FALSE \
+                        subjectKeyIdentifier=hash authorityKeyIdentifier=keyid \
+                        keyUsage=critical,digitalSignature \
+                        "extendedKeyUsage=${who}Auth" \
+                        "$([ "$who" = server ] && echo subjectAltName=DNS:localhost,IP:127.0.0.1)") \
+                    || exit 1
+        done
+        chmod 0644 "$dir"/*.crt
+    ) || { echo "$out" >&2; return 1; }
 }

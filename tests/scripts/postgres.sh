@@ -65,8 +65,8 @@ host  all all        ::1/128      trust
 HBA
     test_ca "$PG_DIR/data" || { echo "postgres: making the TLS certificates failed" >&2; return 1; }
     if [ "$(id -u)" = 0 ]; then chown -R postgres: "$PG_DIR"; fi
-    # The port is picked last, just before the server binds it (making the
-    # certificates can take a build), so two starts at once cannot both get it.
+    # The port is picked last, just before the server binds it, so two starts
+    # at once cannot both get it.
     port=$(free_port 55432) || return 1
     "${as[@]}" "$bin/pg_ctl" -D "$PG_DIR/data" -l "$PG_DIR/log" -w -t 30 \
         -o "-c listen_addresses=127.0.0.1 -p $port -k $PG_DIR -c fsync=off -c ssl=on \
