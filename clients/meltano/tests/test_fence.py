@@ -92,17 +92,28 @@ def azure_opener() -> Opener:
     return lambda: AZStorageStateStoreManager(uri=uri, lock_timeout_seconds=10, connection_string=connection)
 
 
-def db_opener(uri: str) -> Opener:
-    """Meltano's system database store on ``uri``, with Meltano's ``state``
-    table made as its migrations make it."""
+def make_state_table(uri: str) -> None:
+    """Meltano's ``state`` table on ``uri``, made as its migrations make it.
+    Its connection is closed at once, not whenever the engine is collected:
+    a test counts the database's connections."""
     from meltano.core.job_state import JobState
+    from sqlalchemy import create_engine
+
+    engine = create_engine(uri)
+    try:
+        JobState.__table__.create(engine, checkfirst=True)  # type: ignore[attr-defined]
+    finally:
+        engine.dispose()
+
+
+def db_opener(uri: str) -> Opener:
+    """Meltano's system database store on ``uri``, with its ``state`` table."""
     from meltano.core.state_store.db import DBStateStoreManager
     from sqlalchemy import create_engine
     from sqlalchemy.orm import sessionmaker
 
-    engine = create_engine(uri)
-    JobState.__table__.create(engine, checkfirst=True)  # type: ignore[attr-defined]
-    sessions = sessionmaker(bind=engine, future=True)
+    make_state_table(uri)
+    sessions = sessionmaker(bind=create_engine(uri), future=True)
     return lambda: DBStateStoreManager(session=sessions())
 
 
@@ -249,7 +260,7 @@ def test_the_system_database_session_it_opens_is_closed_with_it(
     from meltano.core.project import Project
 
     database = pg_database()
-    db_opener(database)  # Meltano's state table, as its migrations make it
+    make_state_table(database)
     root = workdir / "project"
     root.mkdir()
     (root / "meltano.yml").write_text(
@@ -286,7 +297,7 @@ def test_a_system_database_it_may_not_add_its_table_to_keeps_the_agent_check(
     import psycopg
 
     database = pg_database()
-    db_opener(database)  # Meltano's state table, made by the owner
+    make_state_table(database)  # by the owner
     plain = database.replace("postgresql+psycopg://", "postgresql://", 1)
     with psycopg.connect(plain, autocommit=True) as conn:
         conn.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
