@@ -30,7 +30,9 @@ export PYTHONPATH="$here/src:$repo/clients/python/src${PYTHONPATH:+:$PYTHONPATH}
 echo "-- mypy --strict"
 (cd "$here" && "$venv/bin/mypy" --strict src/runlock_meltano)
 
-# One worker a core (pytest-xdist): a Meltano process starting is a second
-# of one core's work, and most tests start them one after another, so one
-# worker left a two-core machine half idle (BENCHMARKS.md, "CI phases").
-"$venv/bin/pytest" -q -p no:cacheprovider -n auto --dist worksteal "$here/tests" "$@"
+# Four workers (pytest-xdist): what is left of the tests' time is mostly
+# waiting (on a forced run's take-over, on Meltano runs' ends), now that
+# test_state_commands.py's hundreds of `meltano state` commands fork from a
+# process that imported Meltano once (tests/meltano_forks.py). On two cores,
+# four workers took the suite from 123 s to 99 s (BENCHMARKS.md, "CI phases").
+"$venv/bin/pytest" -q -p no:cacheprovider -n 4 --dist worksteal "$here/tests" "$@"

@@ -9,6 +9,7 @@ the system database on SQLite and on PostgreSQL."""
 from __future__ import annotations
 
 import json
+import select
 import sqlite3
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
-from conftest import MELTANO_BOUND_S, Agent, pg_database, s3_bucket
+from conftest import HERE, MELTANO_BOUND_S, Agent, pg_database, s3_bucket
 
 Snapshot = Callable[[], object]
 
@@ -42,13 +43,30 @@ class Project:
         editor.chmod(0o755)
         self.editor = str(editor)
 
+        self.forks: Optional[subprocess.Popen[str]] = None
+
     def state(self, *args: str, stdin: Optional[str] = None) -> Tuple[int, str, str]:
-        meltano = str(Path(sys.executable).parent / "meltano")
-        done = subprocess.run(
-            [meltano, "state", *args], cwd=self.root, env={**self.env, "EDITOR": self.editor},
-            input=stdin, capture_output=True, text=True, timeout=MELTANO_BOUND_S,
-        )
-        return done.returncode, done.stdout, done.stderr
+        """``meltano state ARGS``, in a process forked from one that has
+        imported Meltano already (meltano_forks.py), in this project with its
+        environment."""
+        if self.forks is None:
+            self.forks = subprocess.Popen(
+                [sys.executable, str(HERE / "meltano_forks.py")], cwd=self.root,
+                env={**self.env, "EDITOR": self.editor}, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                text=True,
+            )
+        assert self.forks.stdin and self.forks.stdout
+        self.forks.stdin.write(json.dumps({"args": ["state", *args], "stdin": stdin}) + "\n")
+        self.forks.stdin.flush()
+        ready, _, _ = select.select([self.forks.stdout], [], [], MELTANO_BOUND_S)
+        assert ready, f"`meltano state {' '.join(args)}` did not end within {MELTANO_BOUND_S} s"
+        answer = json.loads(self.forks.stdout.readline())
+        return answer["code"], answer["stdout"], answer["stderr"]
+
+    def close(self) -> None:
+        if self.forks is not None:
+            self.forks.kill()
+            self.forks.wait()
 
 
 def base_env(extra: Dict[str, str]) -> Dict[str, str]:
@@ -204,17 +222,21 @@ def test_each_state_subcommand_leaves_what_the_plain_backend_leaves(kind: str, a
             b = pool.submit(locked.state, *args, stdin=stdin)
             return a.result(), b.result()
 
-    for args in SETUP:
-        (code_a, _, err_a), (code_b, _, err_b) = both(args, None)
-        assert code_a == 0 and code_b == 0, (args, err_a, err_b)
-    assert plain_snapshot() == locked_snapshot()
-    assert plain_snapshot(), "no existing state"
+    try:
+        for args in SETUP:
+            (code_a, _, err_a), (code_b, _, err_b) = both(args, None)
+            assert code_a == 0 and code_b == 0, (args, err_a, err_b)
+        assert plain_snapshot() == locked_snapshot()
+        assert plain_snapshot(), "no existing state"
 
-    for args, stdin in STEPS:
-        (code_a, out_a, err_a), (code_b, out_b, err_b) = both(args, stdin)
-        assert code_a == 0, f"plain `meltano state {' '.join(args)}`: {err_a[-3000:]}"
-        assert code_b == 0, f"runlock+ `meltano state {' '.join(args)}`: {err_b[-3000:]}"
-        same_output(args, out_a, out_b)
-        assert plain_snapshot() == locked_snapshot(), f"after `meltano state {' '.join(args)}`"
+        for args, stdin in STEPS:
+            (code_a, out_a, err_a), (code_b, out_b, err_b) = both(args, stdin)
+            assert code_a == 0, f"plain `meltano state {' '.join(args)}`: {err_a[-3000:]}"
+            assert code_b == 0, f"runlock+ `meltano state {' '.join(args)}`: {err_b[-3000:]}"
+            same_output(args, out_a, out_b)
+            assert plain_snapshot() == locked_snapshot(), f"after `meltano state {' '.join(args)}`"
+    finally:
+        plain.close()
+        locked.close()
     # The runlock+ project did go through the add-on: its state locks.
     assert "acquired key=meltano-state-write:alpha " in agent.log(), agent.log()
