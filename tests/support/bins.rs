@@ -34,9 +34,10 @@ fn build() -> anyhow::Result<Bins> {
     cargo
         .current_dir(workspace)
         .args(["build", "--message-format=json-render-diagnostics"])
+        .args(["-p", "runlock-agent", "-p", "runlock-shim"])
         // runlock-docs too, from the same build: scripts/package takes it from
         // beside the binaries, so the package tests compile nothing more.
-        .args(["-p", "runlock-agent", "-p", "runlock-shim", "-p", "runlock-packaging"])
+        .args(["-p", "runlock-packaging"])
         // memory-cas://, which tests and benches run agents on; no release has it.
         .args(["--features", "runlock-agent/test-support"]);
     for name in test_package_env() {
