@@ -177,6 +177,12 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
             tokio::time::sleep_until(at).await;
         }
         let _ = killpg(group, Signal::SIGKILL);
+        // SIGKILL lands at once, but a process lets go of what it holds (a
+        // file lock, a connection) only as it exits: the key is let go after.
+        let bound = after(watch.kill_grace);
+        while group_has_live_members(group) && Instant::now() < bound {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     // Dropped for every holder of the lock (a daemon the run left behind
@@ -592,4 +598,55 @@ fn command_line(command: &[String]) -> String {
         })
         .collect::<Vec<_>>()
         .join(" ")
+}
+
+/// Whether a process of `group` has yet to exit. A zombie has let go of all
+/// it held and does not count; `killpg(group, None)` would count it.
+fn group_has_live_members(group: Pid) -> bool {
+    let group = group.to_string();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return false;
+    };
+    entries.flatten().any(|entry| {
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            return false;
+        };
+        // After the command's name: state, parent, group.
+        let mut fields = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace();
+        let state = fields.next();
+        let pgrp = fields.nth(1);
+        pgrp == Some(group.as_str()) && !matches!(state, Some("Z" | "X"))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::process::CommandExt;
+
+    #[test]
+    fn a_group_has_live_members_until_its_last_has_exited_and_zombies_do_not_count() {
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("60")
+            .process_group(0)
+            .spawn()
+            .expect("sleep");
+        let group = Pid::from_raw(sleeper.id() as i32);
+        assert!(group_has_live_members(group));
+        killpg(group, Signal::SIGKILL).expect("kill");
+        // Not reaped: a zombie, still in the group for killpg, gone here.
+        let gone = after(Duration::from_secs(10));
+        while group_has_live_members(group) {
+            assert!(Instant::now() < gone, "the killed sleep still counts");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            killpg(group, None).is_ok(),
+            "reaped before its zombie was seen"
+        );
+        sleeper.wait().expect("reaped");
+    }
 }
