@@ -5,7 +5,7 @@
 //! through `setpriv`.
 
 use crate::support::bins::bins;
-use crate::support::run::{Finished, HOLD};
+use crate::support::run::{Finished, Ready, HOLD};
 use crate::support::{key, setpriv, AgentOptions, Run, TestAgent};
 use anyhow::{ensure, Context, Result};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -54,6 +54,18 @@ pub(crate) fn as_nobody(agent: &TestAgent, groups: &[u32], args: &[&str]) -> Res
     Run::spawn(command)
 }
 
+/// `nobody`, a member of the socket's group, running a [`HOLD`] of `key`,
+/// once it holds it (as [`TestAgent::hold`] does for root).
+pub(crate) async fn member_holds(agent: &TestAgent, key: &str) -> Result<(Run, Ready)> {
+    let mut run = as_nobody(
+        agent,
+        &[RUNLOCK_GROUP],
+        &["run", "--key", key, "--", "sh", "-c", HOLD],
+    )?;
+    let ready = run.ready().await?;
+    Ok((run, ready))
+}
+
 pub(crate) async fn nobody_runs(
     agent: &TestAgent,
     groups: &[u32],
@@ -84,12 +96,7 @@ async fn a_user_outside_the_sockets_group_cannot_connect() -> Result<()> {
 async fn a_member_holds_locks_under_its_own_uid_and_gid() -> Result<()> {
     let agent = agent("").await?;
     let k = key("member");
-    let mut run = as_nobody(
-        &agent,
-        &[RUNLOCK_GROUP],
-        &["run", "--key", &k, "--", "sh", "-c", HOLD],
-    )?;
-    run.ready().await?;
+    let (run, _) = member_holds(&agent, &k).await?;
     let record = agent.inspect_json(&k).await?;
     ensure!(record["holder"]["uid"] == NOBODY, "{record}");
     ensure!(record["holder"]["gid"] == NOBODY, "{record}");

@@ -5,9 +5,8 @@
 //! member is `nobody`, connected through a process that then exits
 //! (`RawClient::connect_as`), as a shim killed after `attach` would be.
 
-use crate::access::{agent, as_nobody, NOBODY, RUNLOCK_GROUP};
+use crate::access::{agent, member_holds, NOBODY, RUNLOCK_GROUP};
 use crate::support::client::RawClient;
-use crate::support::run::HOLD;
 use crate::support::{key, setpriv, Run, TestAgent};
 use anyhow::{bail, ensure, Context, Result};
 use nix::sys::signal::Signal;
@@ -208,9 +207,7 @@ async fn a_members_orphaned_run_is_stopped_when_its_lease_is_broken_or_forced() 
     let agent = agent("").await?;
     let k = key("attach-orphan");
     for breaker in BREAKERS {
-        let run_args = ["run", "--key", k.as_str(), "--", "sh", "-c", HOLD];
-        let mut run = as_nobody(&agent, &[RUNLOCK_GROUP], &run_args)?;
-        let ready = run.ready().await?;
+        let (mut run, ready) = member_holds(&agent, &k).await?;
         agent.wait_attached(ready.pid).await?;
         run.signal(Signal::SIGKILL)?;
         run.wait().await?;

@@ -2,7 +2,7 @@
 //! file, line and setting, `check-config` without secrets, and
 //! `on_unavailable` end to end through the shim.
 
-use crate::support::agent::temp_dir;
+use crate::support::agent::{socket_in_temp_dir, temp_dir};
 use crate::support::bins::bins;
 use crate::support::closed_port;
 use crate::support::run::Finished;
@@ -245,9 +245,8 @@ async fn a_bad_file_is_refused_naming_file_line_and_setting() -> Result<()> {
 /// file that is not there. Nothing is listening afterwards.
 #[tokio::test]
 async fn an_unusable_backend_setting_stops_the_agent_with_78() -> Result<()> {
-    let dir = temp_dir()?;
-    let socket = dir.path().join("agent.sock");
-    let socket = socket.to_str().context("utf-8 path")?;
+    let (_dir, socket) = socket_in_temp_dir()?;
+    let socket = socket.as_str();
     for (backend, env, says) in [
         ("s3://", vec![], "needs a bucket"),
         ("etcd://127.0.0.1:x/p", vec![], "\"x\" is not a port number"),

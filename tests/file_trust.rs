@@ -6,7 +6,7 @@
 
 use crate::access::{agent_on, nobody_runs, NOBODY, RUNLOCK_GROUP};
 use crate::config::runlockd;
-use crate::support::agent::{temp_dir, FileBackendDir};
+use crate::support::agent::{socket_in_temp_dir, temp_dir, FileBackendDir};
 use crate::support::run::{Finished, HOLD};
 use crate::support::{AgentOptions, TestAgent};
 use anyhow::{ensure, Context, Result};
@@ -105,9 +105,8 @@ async fn a_planted_gate_link_refuses_force_and_plain_runs_go_on() -> Result<()> 
 
 /// `runlockd` on `locks` exits 78 naming the directory and why.
 async fn refused_at_start(locks: &FileBackendDir, says: &[&str]) -> Result<()> {
-    let dir = temp_dir()?;
-    let socket = dir.path().join("agent.sock");
-    let socket = socket.to_str().context("utf-8 path")?;
+    let (_dir, socket) = socket_in_temp_dir()?;
+    let socket = socket.as_str();
     let out = runlockd(&["--socket", socket, "--backend", &locks.uri()], &[]).await?;
     out.expect_code(78)?;
     let named = locks.path().display().to_string();

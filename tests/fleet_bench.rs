@@ -18,11 +18,12 @@
 //! moto, Azurite and fake-gcs-server; PostgreSQL's committed transactions
 //! (`pg_stat_database`); etcd's handled gRPC calls (its `/metrics`).
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use runlock_tests::bench_args::run_store_bench;
+use runlock_tests::on_store_named;
 use runlock_tests::run::HOLD;
 use runlock_tests::store_requests::StoreRequests;
-use runlock_tests::stores::{Azure, Etcd, Gcs, PgBouncer, Postgres, Space, Store, S3};
+use runlock_tests::stores::{Space, Store};
 use runlock_tests::{AgentOptions, Run, TestAgent};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -45,15 +46,7 @@ const LEASES_EACH: usize = 10;
 fn main() -> Result<()> {
     let usage = "usage: scripts/fleet STORE N   (STORE: s3, azure, gcs, postgres, pgbouncer, etcd)";
     run_store_bench(usage, async |store, n| {
-        let figures = match store.as_str() {
-            "s3" => fleet(S3, n).await?,
-            "azure" => fleet(Azure, n).await?,
-            "gcs" => fleet(Gcs, n).await?,
-            "postgres" => fleet(Postgres, n).await?,
-            "pgbouncer" => fleet(PgBouncer, n).await?,
-            "etcd" => fleet(Etcd, n).await?,
-            other => bail!("no store {other:?}: s3, azure, gcs, postgres, pgbouncer or etcd"),
-        };
+        let figures = on_store_named!(store.as_str(), fleet(n))?;
         print_table(&store, n, &figures);
         Ok(())
     })

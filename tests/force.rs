@@ -3,29 +3,17 @@
 //! once the displaced run has stopped, or once that run's deadline has
 //! passed when its host is gone; the forced run says what it waits for.
 //! A break (`runlock release KEY`) frees the key only then, too.
-//! Each case is an `async fn(place)`, named per backend by `test_matrix!`
+//! Each case is an `async fn(place)`, named per backend by `on_every_place!`
 //! (`force::CASE::BACKEND`).
 
-use crate::support::agent::Backend;
-use crate::support::hosts::{Local, OnStore, Place};
+use crate::support::hosts::Place;
 use crate::support::run::Finished;
-use crate::support::stores::{Azure, Etcd, Gcs, PgBouncer, Postgres, Space, Store, S3};
+use crate::support::stores::{Azure, Etcd, Gcs, Postgres, Space, Store, S3};
 use crate::support::{key, TestAgent};
 use anyhow::{ensure, Result};
 use std::time::{Duration, Instant};
 
-test_matrix!(
-    [
-        file: Local(Backend::File),
-        memory: Local(Backend::Memory),
-        memory_cas: Local(Backend::MemoryCas),
-        s3: OnStore(S3),
-        azure: OnStore(Azure),
-        gcs: OnStore(Gcs),
-        postgres: OnStore(Postgres),
-        pgbouncer: OnStore(PgBouncer),
-        etcd: OnStore(Etcd),
-    ];
+on_every_place!(
     a_forced_run_starts_once_the_run_it_displaced_has_stopped,
     a_break_through_the_holders_agent_frees_the_key_once_the_run_has_stopped,
     a_break_through_another_agent_frees_the_key_once_the_run_has_stopped,

@@ -4,11 +4,10 @@
 //! or still holds it through another agent (file://, S3, PostgreSQL); and no
 //! member is shown a lease id that is not its own.
 
-use crate::access::{as_nobody, NOBODY, RUNLOCK_GROUP};
+use crate::access::{as_nobody, member_holds, NOBODY, RUNLOCK_GROUP};
 use crate::restart::leases_of;
 use crate::support::agent::FileBackendDir;
 use crate::support::client::RawClient;
-use crate::support::run::HOLD;
 use crate::support::stores::{Postgres, Space, S3};
 use crate::support::{key, AgentOptions, TestAgent};
 use anyhow::{bail, ensure, Context, Result};
@@ -158,12 +157,7 @@ async fn a_member_is_shown_its_own_lease_ids_only() -> Result<()> {
     let agent = member_agent("memory://", &[], None).await?;
     let (roots_key, nobodys_key) = (key("ids-root"), key("ids-nobody"));
     let (mut roots, _) = agent.hold(&roots_key).await?;
-    let mut nobodys = as_nobody(
-        &agent,
-        &[RUNLOCK_GROUP],
-        &["run", "--key", &nobodys_key, "--", "sh", "-c", HOLD],
-    )?;
-    nobodys.ready().await?;
+    let (mut nobodys, _) = member_holds(&agent, &nobodys_key).await?;
     let root_lease = roots_lease(&agent, &roots_key).await?;
 
     let out = as_nobody(&agent, &[RUNLOCK_GROUP], &["status", "--json"])?

@@ -3,7 +3,7 @@
 //! log, where only the agent's own crates log below `info`.
 
 use crate::config::runlockd;
-use crate::support::agent::temp_dir;
+use crate::support::agent::socket_in_temp_dir;
 use crate::support::stores::{Space, S3};
 use anyhow::{ensure, Context, Result};
 
@@ -56,9 +56,8 @@ async fn check_config_hides_a_password_whatever_it_holds() -> Result<()> {
 
 #[tokio::test]
 async fn the_exit_78_message_hides_a_password_whatever_it_holds() -> Result<()> {
-    let dir = temp_dir()?;
-    let socket = dir.path().join("agent.sock");
-    let socket = socket.to_str().context("utf-8 path")?;
+    let (_dir, socket) = socket_in_temp_dir()?;
+    let socket = socket.as_str();
     for password in passwords() {
         for (uri, says) in [
             (

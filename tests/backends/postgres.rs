@@ -4,6 +4,7 @@
 //! test works in a schema (or database) of its own. (Moved here from
 //! agent/src, so that the agent's own tests need no store running.)
 
+use crate::support::stores::{Postgres, Space};
 use anyhow::{bail, ensure, Context, Result};
 use runlock_agent::backend::postgres::{Link, Settings, DEFAULT_SCHEMA};
 use runlock_agent::backend::testing::{adopter, lease, spec};
@@ -372,15 +373,8 @@ async fn each_operation_is_one_statement() -> Result<()> {
 
 #[tokio::test]
 async fn meltanos_tables_beside_the_lock_table_are_left_alone() -> Result<()> {
-    let database = "runlock_beside_meltano";
-    let admin_db = admin(&var("RUNLOCK_TEST_PG_URI")?).await?;
-    admin_db
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {database} WITH (FORCE)"))
-        .await?;
-    admin_db
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .await?;
-    let uri = uri_for(database)?;
+    // A database of its own, as Meltano's system database would be.
+    let uri = Space::create(Postgres, "beside-meltano").await?.uri("");
     let meltano = admin(&uri).await?;
     // Meltano's system database keeps `runs` (and others) in `public`; a table
     // named like ours must not be mistaken for ours either.
@@ -415,11 +409,6 @@ async fn meltanos_tables_beside_the_lock_table_are_left_alone() -> Result<()> {
         tables == "public.locks,public.runs,runlock.agents,runlock.locks,runlock.stopped",
         "{tables}"
     );
-    drop(backend);
-    drop(meltano);
-    admin_db
-        .batch_execute(&format!("DROP DATABASE {database} WITH (FORCE)"))
-        .await?;
     Ok(())
 }
 

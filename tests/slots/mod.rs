@@ -2,12 +2,11 @@
 //! through the real shim and agents, on every backend: `file://` and the
 //! network stores with two agents sharing them as two hosts would,
 //! `memory://` and `memory-cas://` with one agent (their locks live in it).
-//! Each case is an `async fn(place)`, named per backend by `test_matrix!`
+//! Each case is an `async fn(place)`, named per backend by `on_every_place!`
 //! (`slots::CASE::BACKEND`). Holding, racing, forcing and refusing slots are
 //! here; history, agents that end, and the random model have files of their own.
 
-use crate::support::agent::Backend;
-use crate::support::hosts::{Hosts, Local, OnStore, Place};
+use crate::support::hosts::{Hosts, Place};
 use crate::support::run::Run;
 use crate::support::stores::{Azure, Etcd, Gcs, Postgres, S3};
 use crate::support::{key, Deadline, TestAgent};
@@ -24,17 +23,7 @@ use agent_ends::a_lost_host_s_slots_are_taken_over_after_the_ttl_and_not_before;
 use history::history_and_release_name_the_slot;
 use model::random_mixes_of_counts_never_let_more_in_than_the_smallest_count;
 
-test_matrix!(
-    [
-        file: Local(Backend::File),
-        memory: Local(Backend::Memory),
-        memory_cas: Local(Backend::MemoryCas),
-        s3: OnStore(S3),
-        azure: OnStore(Azure),
-        gcs: OnStore(Gcs),
-        postgres: OnStore(Postgres),
-        etcd: OnStore(Etcd),
-    ];
+on_every_place!(
     three_runs_hold_a_3_slot_key_at_once_and_a_fourth_exits_75_naming_each,
     three_runs_started_together_each_take_a_slot,
     each_slot_s_token_grows_and_runlock_slot_reads_as_runlock_token,

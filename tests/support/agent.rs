@@ -80,6 +80,15 @@ pub fn temp_dir() -> anyhow::Result<TempDir> {
         .context("creating a temporary directory in /tmp")
 }
 
+/// A temporary directory, and the path of a socket in it: for an agent
+/// started by hand (one that must refuse to start, say).
+pub fn socket_in_temp_dir() -> anyhow::Result<(TempDir, String)> {
+    let dir = temp_dir()?;
+    let socket = dir.path().join("agent.sock");
+    let socket = socket.to_str().context("utf-8 path")?.to_string();
+    Ok((dir, socket))
+}
+
 /// A `file://` backend directory that outlives any one agent.
 pub struct FileBackendDir {
     dir: TempDir,

@@ -3,6 +3,26 @@
 
 use anyhow::{bail, Context, Result};
 
+/// `$bench(STORE, ARGS...).await` on the store named by `$name` (s3, azure,
+/// gcs, postgres, pgbouncer or etcd); any other name is an error that lists
+/// them.
+#[macro_export]
+macro_rules! on_store_named {
+    ($name:expr, $bench:ident($($arg:expr),* $(,)?)) => {
+        match $name {
+            "s3" => $bench($crate::stores::S3, $($arg),*).await,
+            "azure" => $bench($crate::stores::Azure, $($arg),*).await,
+            "gcs" => $bench($crate::stores::Gcs, $($arg),*).await,
+            "postgres" => $bench($crate::stores::Postgres, $($arg),*).await,
+            "pgbouncer" => $bench($crate::stores::PgBouncer, $($arg),*).await,
+            "etcd" => $bench($crate::stores::Etcd, $($arg),*).await,
+            other => Err(anyhow::anyhow!(
+                "no store {other:?}: s3, azure, gcs, postgres, pgbouncer or etcd"
+            )),
+        }
+    };
+}
+
 /// `STORE N` from the command line, flags (cargo's `--bench`) passed over;
 /// `None` when `cargo test --benches` only asks for the list of benchmarks.
 /// `usage` is the message when the arguments are not that.

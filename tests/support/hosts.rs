@@ -13,6 +13,29 @@ pub struct Local(pub Backend);
 /// A shared store, through its emulator.
 pub struct OnStore<S>(pub S);
 
+/// [`test_matrix!`](crate::test_matrix) over every place: each case, an
+/// `async fn case(impl Place)`, runs on the backends that live in agents and
+/// on every store (the test `case::file`, `case::pgbouncer`, ...).
+#[macro_export]
+macro_rules! on_every_place {
+    ($($case:ident),* $(,)?) => {
+        $crate::test_matrix!(
+            [
+                file: $crate::hosts::Local($crate::agent::Backend::File),
+                memory: $crate::hosts::Local($crate::agent::Backend::Memory),
+                memory_cas: $crate::hosts::Local($crate::agent::Backend::MemoryCas),
+                s3: $crate::hosts::OnStore($crate::stores::S3),
+                azure: $crate::hosts::OnStore($crate::stores::Azure),
+                gcs: $crate::hosts::OnStore($crate::stores::Gcs),
+                postgres: $crate::hosts::OnStore($crate::stores::Postgres),
+                pgbouncer: $crate::hosts::OnStore($crate::stores::PgBouncer),
+                etcd: $crate::hosts::OnStore($crate::stores::Etcd),
+            ];
+            $($case),*
+        );
+    };
+}
+
 /// Where a case runs: two agents over one fresh space, as two hosts.
 #[async_trait::async_trait]
 pub trait Place: Send + 'static {

@@ -852,11 +852,7 @@ mod tests {
     #[tokio::test]
     async fn bad_requests_get_their_codes() {
         let registry = registry();
-        let stranger = PeerCred {
-            pid: 2,
-            uid: 4242,
-            gid: 4242,
-        };
+        let stranger = USER;
         let (conn, _e) = connect(&registry, stranger);
         let never = CancellationToken::new();
         let code = |r: Result<Granted, LeaseError>| r.expect_err("refused").code();
@@ -977,11 +973,7 @@ mod tests {
         let store = Arc::new(MemoryCasStore::new());
         let agent = |id: &str| agent(Arc::new(CasEngine::new(store.clone())), id);
         let old = agent("old");
-        let owner = PeerCred {
-            pid: 2,
-            uid: 4242,
-            gid: 4242,
-        };
+        let owner = USER;
         let (conn, _events) = connect(&old, owner);
         let lease = take(&old, conn, &["k"]).await.expect("free").remove(0);
         assert!(old.hand_over());

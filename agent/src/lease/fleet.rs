@@ -3,7 +3,7 @@
 //! now. Reports are written by agents anyone may run, so each is bounded,
 //! its strings cut, and a report that cannot be read is left out.
 
-use super::agent_report::{AgentReport, MOST_REFUSALS, MOST_WAITERS, SILENT_FOR};
+use super::agent_report::{AgentReport, Keyed, MOST_REFUSALS, MOST_WAITERS, SILENT_FOR};
 use super::registry::Registry;
 use crate::backend::history::Stamp;
 use crate::backend::ReportName;
@@ -131,37 +131,52 @@ impl Fleet {
     /// they stand.
     fn add(&mut self, report: AgentReport, now_ms: u64) {
         let host = shown::cut(&report.host, shown::MAX_NAME_LEN);
-        let keyed = |key: &str| Key::new(key).ok();
         if now_ms <= report.waiters_until_ms {
-            for waiter in report.waiters.into_iter().take(MOST_WAITERS) {
-                let Some(key) = keyed(&waiter.key) else {
-                    continue;
-                };
-                let waiter = Waiter {
-                    host: host.clone(),
-                    user: shown::cut(&waiter.of.user, shown::MAX_NAME_LEN),
-                    ..waiter.of
-                };
-                self.waiters.entry(key).or_default().push(waiter);
-            }
+            file_by_key(&mut self.waiters, report.waiters, MOST_WAITERS, &host);
         }
-        for refusal in report.refusals.into_iter().take(MOST_REFUSALS) {
-            let Some(key) = keyed(&refusal.key) else {
-                continue;
-            };
-            let refusal = Refusal {
-                host: host.clone(),
-                user: shown::cut(&refusal.of.user, shown::MAX_NAME_LEN),
-                ..refusal.of
-            };
-            self.refused.entry(key).or_default().push(refusal);
+        file_by_key(&mut self.refused, report.refusals, MOST_REFUSALS, &host);
+    }
+}
+
+/// Files at most `most` of `items` under their keys, each shown as from
+/// `host`; one whose key is not valid is left out.
+fn file_by_key<T: Reported>(
+    into: &mut HashMap<Key, Vec<T>>,
+    items: Vec<Keyed<T>>,
+    most: usize,
+    host: &str,
+) {
+    for item in items.into_iter().take(most) {
+        if let Ok(key) = Key::new(&item.key) {
+            into.entry(key).or_default().push(item.of.shown_from(host));
         }
+    }
+}
+
+/// A waiter or a refusal in another agent's report: shown with that agent's
+/// host, and its user name cut.
+trait Reported {
+    fn shown_from(self, host: &str) -> Self;
+}
+
+impl Reported for Waiter {
+    fn shown_from(self, host: &str) -> Self {
+        let user = shown::cut(&self.user, shown::MAX_NAME_LEN);
+        let host = host.to_string();
+        Waiter { host, user, ..self }
+    }
+}
+
+impl Reported for Refusal {
+    fn shown_from(self, host: &str) -> Self {
+        let user = shown::cut(&self.user, shown::MAX_NAME_LEN);
+        let host = host.to_string();
+        Refusal { host, user, ..self }
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::super::agent_report::Keyed;
     use super::*;
 
     fn report(written_at_ms: u64, waiters_until_ms: u64) -> AgentReport {

@@ -19,6 +19,13 @@ pub(super) const ROOT: PeerCred = PeerCred {
     gid: 0,
 };
 
+/// A user other than root (uid 4242), as a peer.
+pub(super) const USER: PeerCred = PeerCred {
+    pid: 2,
+    uid: 4242,
+    gid: 4242,
+};
+
 pub(super) fn registry() -> Arc<Registry> {
     agent(Arc::new(MemoryBackend::default()), "agent-1")
 }

@@ -107,11 +107,7 @@ mod tests {
     #[tokio::test]
     async fn a_lease_id_is_listed_for_its_owner_only() {
         let registry = registry();
-        let member = PeerCred {
-            pid: 2,
-            uid: 4242,
-            gid: 4242,
-        };
+        let member = USER;
         let (roots, _root_events) = connect(&registry, ROOT);
         let (members, _member_events) = connect(&registry, member);
         let root_lease = take(&registry, roots, &["a"])

@@ -5,13 +5,7 @@
 use super::transport::Connection;
 use crate::backend::failure::Failure;
 use crate::backend::BackendError;
-
-const GRPC_CANCELLED: i32 = 1;
-const GRPC_DEADLINE_EXCEEDED: i32 = 4;
-const GRPC_PERMISSION_DENIED: i32 = 7;
-const GRPC_RESOURCE_EXHAUSTED: i32 = 8;
-const GRPC_ABORTED: i32 = 10;
-const GRPC_UNAVAILABLE: i32 = 14;
+use tonic::Code;
 
 /// The answer to one request that an operation handles itself.
 #[derive(Debug, PartialEq, Eq)]
@@ -33,13 +27,12 @@ impl Connection {
             }
             E::GRpcStatus(status) => {
                 let message = status.message().to_string();
-                // gRPC's numeric codes (tonic's `Code` is not re-exported by etcd-client).
-                match status.code() as i32 {
-                    GRPC_CANCELLED
-                    | GRPC_DEADLINE_EXCEEDED
-                    | GRPC_RESOURCE_EXHAUSTED
-                    | GRPC_ABORTED
-                    | GRPC_UNAVAILABLE => Problem::Transient(message),
+                match status.code() {
+                    Code::Cancelled
+                    | Code::DeadlineExceeded
+                    | Code::ResourceExhausted
+                    | Code::Aborted
+                    | Code::Unavailable => Problem::Transient(message),
                     _ if message.contains("lease not found") => Problem::Expected(LeaseGone),
                     _ if message.contains("authentication failed") => Problem::Refused(format!(
                         "{} refused {}: check the etcd user name and password",
@@ -56,7 +49,7 @@ impl Connection {
                             self.place
                         ))
                     }
-                    GRPC_PERMISSION_DENIED => Problem::Refused(format!(
+                    Code::PermissionDenied => Problem::Refused(format!(
                         "{} denied {} access to {}: grant it a role with readwrite on that \
                          prefix (etcdctl role grant-permission ROLE --prefix=true readwrite {})",
                         self.place,
