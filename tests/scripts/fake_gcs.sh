@@ -58,13 +58,6 @@ fake_gcs_stop() {
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
-    set -euo pipefail
-    fake_gcs_start
-    trap fake_gcs_stop EXIT
-    trap 'exit 0' INT TERM
-    echo "RUNLOCK_TEST_GCS_ENDPOINT=$RUNLOCK_TEST_GCS_ENDPOINT"
-    echo "RUNLOCK_TEST_GCS_BIN=$RUNLOCK_TEST_GCS_BIN"
-    echo "RUNLOCK_TEST_GCS_PID=$RUNLOCK_TEST_GCS_PID"
-    echo "(Ctrl-C stops it)"
-    wait "$FAKE_GCS_PID"
+    serve_alone fake_gcs FAKE_GCS_PID \
+        RUNLOCK_TEST_GCS_ENDPOINT RUNLOCK_TEST_GCS_BIN RUNLOCK_TEST_GCS_PID
 fi

@@ -62,6 +62,23 @@ await_server() {
 
 # stop_pid PID: continues it (a test may have paused it with SIGSTOP), asks it
 # to stop, and kills it after 5 s.
+# serve_alone NAME PID_VAR VAR...: what an emulator script does when run on
+# its own rather than sourced: NAME_start, each VAR as VAR=value (quoted
+# for the shell), then it serves until Ctrl-C, and NAME_stop.
+serve_alone() {
+    local name=$1 pid_var=$2 var
+    shift 2
+    set -euo pipefail
+    "${name}_start"
+    trap "${name}_stop" EXIT
+    trap 'exit 0' INT TERM
+    for var in "$@"; do
+        printf '%s=%q\n' "$var" "${!var}"
+    done
+    echo "(Ctrl-C stops it)"
+    wait "${!pid_var}"
+}
+
 stop_pid() {
     local pid=$1
     [ -n "$pid" ] || return 0

@@ -50,13 +50,6 @@ moto_stop() {
 }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
-    set -euo pipefail
-    moto_start
-    trap moto_stop EXIT
-    trap 'exit 0' INT TERM
-    echo "RUNLOCK_TEST_S3_ENDPOINT=$RUNLOCK_TEST_S3_ENDPOINT"
-    echo "RUNLOCK_TEST_MOTO_PID=$RUNLOCK_TEST_MOTO_PID"
-    echo "RUNLOCK_TEST_PYTHON=$RUNLOCK_TEST_PYTHON"
-    echo "(Ctrl-C stops it)"
-    wait "$MOTO_PID"
+    serve_alone moto MOTO_PID \
+        RUNLOCK_TEST_S3_ENDPOINT RUNLOCK_TEST_MOTO_PID RUNLOCK_TEST_PYTHON
 fi
