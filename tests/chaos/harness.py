@@ -11,6 +11,8 @@ import signal
 import socket
 import tempfile
 from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
 
 import agents as agents_mod
 import backends
@@ -25,19 +27,19 @@ CRITICAL = os.path.join(HERE, "critical.py")
 HUNG = -1000  # the exit code the ledger gets for a shim that outlived its bound
 
 
+@dataclass(eq=False)
 class RunInfo:
-    def __init__(self, rid, key, agent, role, shim):
-        self.id = rid
-        self.key = key
-        self.agent = agent
-        self.role = role
-        self.shim = shim
-        self.pid = None  # the command's pid (its process group), once it entered
-        self.inside = False
-        self.entered = asyncio.Event()
-        self.enter_ns = None
-        self.hold_ms = 0
-        self.killed = False
+    id: str
+    key: str
+    agent: int
+    role: str
+    shim: object
+    pid: Optional[int] = None  # the command's pid (its process group), once it entered
+    inside: bool = False
+    entered: asyncio.Event = field(default_factory=asyncio.Event)
+    enter_ns: Optional[int] = None
+    hold_ms: int = 0
+    killed: bool = False
 
 
 class Harness:
@@ -116,8 +118,7 @@ class Harness:
         with open(errpath, "wb") as err:
             self.ledger.write("S", rid, agent.index, key, role)
             shim = proc.Child(self.reaper, argv, env=env, stderr=err)
-        r = RunInfo(rid, key, agent.index, role, shim)
-        r.hold_ms = hold
+        r = RunInfo(rid, key, agent.index, role, shim, hold_ms=hold)
         self.runs[rid] = r
         if made is not None:
             made.set_result(r)
