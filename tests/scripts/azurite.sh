@@ -70,8 +70,7 @@ azurite_start() {
 }
 
 azurite_stop() {
-    stop_pid "${AZURITE_PID:-}"
-    AZURITE_PID=
+    stop_server AZURITE_PID
     [ -n "${AZURITE_DATA:-}" ] && rm -rf "$AZURITE_DATA"
     AZURITE_DATA=
 }

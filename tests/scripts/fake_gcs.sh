@@ -52,10 +52,7 @@ fake_gcs_start() {
     echo "fake-gcs-server (wrapper $FAKE_GCS_WRAPPER_VERSION): endpoint $RUNLOCK_TEST_GCS_ENDPOINT (pid $FAKE_GCS_PID)" >&2
 }
 
-fake_gcs_stop() {
-    stop_pid "${FAKE_GCS_PID:-}"
-    FAKE_GCS_PID=
-}
+fake_gcs_stop() { stop_server FAKE_GCS_PID; }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     serve_alone fake_gcs FAKE_GCS_PID \

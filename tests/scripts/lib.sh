@@ -92,6 +92,12 @@ stop_pid() {
     wait "$pid" 2>/dev/null || true
 }
 
+# stop_server VAR: stop_pid on the pid that VAR holds; VAR is then emptied.
+stop_server() {
+    stop_pid "${!1:-}"
+    printf -v "$1" '%s' ''
+}
+
 # test_ca DIR: a throwaway CA (ca.crt, ca.key) and what it signs, made with
 # openssl: a server certificate for 127.0.0.1 and localhost (server.crt,
 # server.key) and a client certificate (client.crt, client.key). P-256 keys,

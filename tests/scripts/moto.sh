@@ -44,10 +44,7 @@ moto_start() {
     echo "moto $MOTO_VERSION: S3 endpoint $RUNLOCK_TEST_S3_ENDPOINT (pid $MOTO_PID)" >&2
 }
 
-moto_stop() {
-    stop_pid "${MOTO_PID:-}"
-    MOTO_PID=
-}
+moto_stop() { stop_server MOTO_PID; }
 
 if [ "${BASH_SOURCE[0]}" = "$0" ]; then
     serve_alone moto MOTO_PID \
