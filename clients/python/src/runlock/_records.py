@@ -1,13 +1,14 @@
 """The objects nested in agent messages (SPEC section 7.2): holders,
-grants, leases, events, key records and listings, as frozen dataclasses.
+grants, leases, events, key records and listings, as frozen dataclasses,
+which ``_fields.decode`` reads from the wire as their fields' types say.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Dict, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Optional, Tuple
 
-from ._fields import _U32, _field, _int, _list, _map, _str
+from ._fields import U32
 
 
 @dataclass(frozen=True)
@@ -16,51 +17,18 @@ class Holder:
 
     host: str
     agent_id: str
-    pid: int
-    uid: int
-    gid: int
+    pid: int = field(metadata=U32)
+    uid: int = field(metadata=U32)
+    #: 0 from an agent that did not send it.
+    gid: int = field(metadata={**U32, "absent": 0})
     user: str
     command: str
     acquired_at_ms: int
     token: int
     #: For a key with slots: the slot held (0-based) and how many slots the
     #: holder took the key with; None for a plain key.
-    slot: Optional[int] = None
-    slots: Optional[int] = None
-
-    @classmethod
-    def from_wire(cls, value: Any) -> "Holder":
-        body = _map(value, "holder")
-        return cls(
-            host=_str(body, "host"),
-            agent_id=_str(body, "agent_id"),
-            pid=_int(body, "pid", limit=_U32),
-            uid=_int(body, "uid", limit=_U32),
-            gid=_int(body, "gid", required=False, limit=_U32) or 0,
-            user=_str(body, "user"),
-            command=_str(body, "command"),
-            acquired_at_ms=_int(body, "acquired_at_ms"),
-            token=_int(body, "token"),
-            slot=_int(body, "slot", required=False, limit=_U32),
-            slots=_int(body, "slots", required=False, limit=_U32),
-        )
-
-
-def _holder(body: Dict[str, Any]) -> Optional[Holder]:
-    value = _field(body, "holder", False)
-    return None if value is None else Holder.from_wire(value)
-
-
-def _holders(body: Dict[str, Any]) -> Tuple[Holder, ...]:
-    """``holders``: every held slot's holder, for a key with slots (absent: none)."""
-    if _field(body, "holders", False) is None:
-        return ()
-    return tuple(Holder.from_wire(v) for v in _list(body, "holders"))
-
-
-def _incident(body: Dict[str, Any]) -> Optional[KeyEvent]:
-    value = _field(body, "incident", False)
-    return None if value is None else KeyEvent.from_wire(value)
+    slot: Optional[int] = field(default=None, metadata=U32)
+    slots: Optional[int] = field(default=None, metadata=U32)
 
 
 @dataclass(frozen=True)
@@ -72,17 +40,7 @@ class Grant:
     key: str
     lease_id: str
     token: int
-    slot: Optional[int] = None
-
-    @classmethod
-    def from_wire(cls, value: Any) -> "Grant":
-        body = _map(value, "lease")
-        return cls(
-            key=_str(body, "key"),
-            lease_id=_str(body, "lease_id"),
-            token=_int(body, "token"),
-            slot=_int(body, "slot", required=False, limit=_U32),
-        )
+    slot: Optional[int] = field(default=None, metadata=U32)
 
 
 @dataclass(frozen=True)
@@ -93,18 +51,7 @@ class LeaseInfo:
     lease_id: str
     ttl_ms: int
     holder: Holder
-    child_pid: Optional[int] = None
-
-    @classmethod
-    def from_wire(cls, value: Any) -> "LeaseInfo":
-        body = _map(value, "lease")
-        return cls(
-            key=_str(body, "key"),
-            lease_id=_str(body, "lease_id"),
-            ttl_ms=_int(body, "ttl_ms"),
-            holder=Holder.from_wire(_field(body, "holder", True)),
-            child_pid=_int(body, "child_pid", required=False, limit=_U32),
-        )
+    child_pid: Optional[int] = field(default=None, metadata=U32)
 
 
 @dataclass(frozen=True)
@@ -123,30 +70,12 @@ class KeyEvent:
     token: int
     host: str
     agent_id: str
-    pid: int
-    uid: int
+    pid: int = field(metadata=U32)
+    uid: int = field(metadata=U32)
     user: str
     from_token: Optional[int] = None
     reason: str = ""
-    slot: Optional[int] = None
-
-    @classmethod
-    def from_wire(cls, value: Any) -> "KeyEvent":
-        body = _map(value, "event")
-        return cls(
-            kind=_str(body, "kind"),
-            at_ms=_int(body, "at_ms"),
-            clock=_str(body, "clock"),
-            token=_int(body, "token"),
-            host=_str(body, "host"),
-            agent_id=_str(body, "agent_id"),
-            pid=_int(body, "pid", limit=_U32),
-            uid=_int(body, "uid", limit=_U32),
-            user=_str(body, "user"),
-            from_token=_int(body, "from_token", required=False),
-            reason=_str(body, "reason", required=False) or "",
-            slot=_int(body, "slot", required=False, limit=_U32),
-        )
+    slot: Optional[int] = field(default=None, metadata=U32)
 
 
 @dataclass(frozen=True)
@@ -171,22 +100,8 @@ class KeyRecord:
     expires_in_ms: Optional[int] = None
     #: The key's last force, break, expiry or loss, when its history holds one.
     incident: Optional[KeyEvent] = None
-    slots: Optional[int] = None
+    slots: Optional[int] = field(default=None, metadata=U32)
     holders: Tuple[Holder, ...] = ()
-
-
-def _record(body: Dict[str, Any]) -> KeyRecord:
-    return KeyRecord(
-        key=_str(body, "key"),
-        state=_str(body, "state"),
-        token=_int(body, "token"),
-        scope=_str(body, "scope"),
-        holder=_holder(body),
-        expires_in_ms=_int(body, "expires_in_ms", required=False),
-        incident=_incident(body),
-        slots=_int(body, "slots", required=False, limit=_U32),
-        holders=_holders(body),
-    )
 
 
 @dataclass(frozen=True)
@@ -194,24 +109,12 @@ class Refusal:
     """An acquire an agent refused because its key was held (SPEC 7.8)."""
 
     at_ms: int
-    uid: int
+    uid: int = field(metadata=U32)
     user: str
-    pid: int
+    pid: int = field(metadata=U32)
     waited_ms: int = 0
     #: The host of the agent that refused it.
     host: str = ""
-
-    @classmethod
-    def from_wire(cls, value: Any) -> "Refusal":
-        body = _map(value, "a refusal")
-        return cls(
-            at_ms=_int(body, "at_ms"),
-            uid=_int(body, "uid", limit=_U32),
-            user=_str(body, "user"),
-            pid=_int(body, "pid", limit=_U32),
-            waited_ms=_int(body, "waited_ms", required=False) or 0,
-            host=_str(body, "host", required=False) or "",
-        )
 
 
 @dataclass(frozen=True)
@@ -219,21 +122,10 @@ class Waiter:
     """An acquire waiting for a key, through any agent (SPEC 7.8)."""
 
     host: str
-    uid: int
+    uid: int = field(metadata=U32)
     user: str
-    pid: int
+    pid: int = field(metadata=U32)
     since_ms: int
-
-    @classmethod
-    def from_wire(cls, value: Any) -> "Waiter":
-        body = _map(value, "a waiter")
-        return cls(
-            host=_str(body, "host"),
-            uid=_int(body, "uid", limit=_U32),
-            user=_str(body, "user"),
-            pid=_int(body, "pid", limit=_U32),
-            since_ms=_int(body, "since_ms"),
-        )
 
 
 @dataclass(frozen=True)
@@ -248,28 +140,9 @@ class KeyListing:
     #: Its events since the ``events_since_ms`` asked for, oldest first.
     events: Tuple[KeyEvent, ...] = ()
     #: How many acquires wait for it through the answering agent.
-    waiting_here: int = 0
+    waiting_here: int = field(default=0, metadata=U32)
     #: The acquires waiting for it through any agent, longest waiting first.
     waiters: Tuple[Waiter, ...] = ()
     #: The acquires of it any agent refused since ``events_since_ms``, oldest first.
     refused: Tuple[Refusal, ...] = ()
 
-    @classmethod
-    def from_wire(cls, value: Any) -> "KeyListing":
-        body = _map(value, "a key listing")
-        record = body.get("record")
-        return cls(
-            key=_str(body, "key"),
-            record=None if record is None else _record(_map(record, "a key's record")),
-            unreadable=_str(body, "unreadable", required=False),
-            events=()
-            if _field(body, "events", False) is None
-            else tuple(KeyEvent.from_wire(v) for v in _list(body, "events")),
-            waiting_here=_int(body, "waiting_here", required=False, limit=_U32) or 0,
-            waiters=()
-            if _field(body, "waiters", False) is None
-            else tuple(Waiter.from_wire(v) for v in _list(body, "waiters")),
-            refused=()
-            if _field(body, "refused", False) is None
-            else tuple(Refusal.from_wire(v) for v in _list(body, "refused")),
-        )

@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple, Union
 
 from . import errors
-from ._fields import _U16, _U32, _U64, _bool, _int, _list, _str
-from ._records import _holder, _holders, _record
+from ._fields import _U16, _U64, U32, _int, _str, decode
 
 # The requests and the nested objects live in modules of their own; this one
 # names them too (``X as X``: re-exported), as it always has, for the
@@ -43,7 +42,7 @@ from ._requests import simple as simple
 class Welcome:
     """Answer to ``hello``."""
 
-    version: int
+    version: int = field(metadata={"limit": _U16})
     agent: str
     agent_id: str
     backend: str
@@ -66,14 +65,14 @@ class Acquired:
     ttl_ms: int
     valid_for_ms: Optional[int] = None
     id: Optional[int] = None
-    locks: int = 0
+    locks: int = field(default=0, metadata=U32)
 
 
 @dataclass(frozen=True)
 class Released:
     """Answer to ``release``."""
 
-    count: int
+    count: int = field(metadata=U32)
     id: Optional[int] = None
 
 
@@ -84,7 +83,7 @@ class Leases:
 
     leases: Tuple[LeaseInfo, ...]
     id: Optional[int] = None
-    omitted: int = 0
+    omitted: int = field(default=0, metadata=U32)
 
 
 @dataclass(frozen=True)
@@ -234,81 +233,29 @@ def parse_agent(body: Dict[str, Any]) -> AgentMessage:
     """Turns a decoded agent body into a typed message."""
     request_id = _int(body, "id", required=False)
     kind = _str(body, "type")
-    if kind == "welcome":
-        return Welcome(
-            version=_int(body, "version", limit=_U16),
-            agent=_str(body, "agent"),
-            agent_id=_str(body, "agent_id"),
-            backend=_str(body, "backend"),
-            scope=_str(body, "scope"),
-            default_ttl_ms=_int(body, "default_ttl_ms"),
-            on_unavailable=_str(body, "on_unavailable", required=False) or "fail",
-            leases_survive_agent=_bool(body, "leases_survive_agent", False),
-            id=request_id,
-        )
-    if kind == "acquired":
-        return Acquired(
-            leases=tuple(Grant.from_wire(v) for v in _list(body, "leases")),
-            ttl_ms=_int(body, "ttl_ms"),
-            valid_for_ms=_int(body, "valid_for_ms", required=False),
-            id=request_id,
-            locks=_int(body, "locks", required=False, limit=_U32) or 0,
-        )
-    if kind == "released":
-        return Released(count=_int(body, "count", limit=_U32), id=request_id)
-    if kind == "leases":
-        return Leases(
-            leases=tuple(LeaseInfo.from_wire(v) for v in _list(body, "leases")),
-            id=request_id,
-            omitted=_int(body, "omitted", limit=_U32, required=False) or 0,
-        )
     if kind == "record":
-        return Record(record=_record(body), id=request_id)
-    if kind == "keys":
-        return Keys(
-            keys=tuple(KeyListing.from_wire(v) for v in _list(body, "keys")),
-            cursor=_str(body, "cursor", required=False),
-            id=request_id,
-        )
-    if kind == "events":
-        return Events(
-            key=_str(body, "key"),
-            events=tuple(KeyEvent.from_wire(v) for v in _list(body, "events")),
-            id=request_id,
-        )
+        return Record(record=decode(KeyRecord, body), id=request_id)
+    if kind == "lost":
+        return Lost(event=decode(LostEvent, body), id=request_id)
     if kind in ("attached", "pong"):
         return Empty(type=kind, id=request_id)
-    if kind == "error":
-        return Error(
-            code=_str(body, "code"),
-            message=_str(body, "message"),
-            key=_str(body, "key", required=False),
-            holder=_holder(body),
-            id=request_id,
-            holders=_holders(body),
-        )
-    if kind == "lost":
-        event = LostEvent(
-            lease_id=_str(body, "lease_id"),
-            key=_str(body, "key"),
-            reason=_str(body, "reason"),
-            message=_str(body, "message"),
-            holder=_holder(body),
-        )
-        return Lost(event=event, id=request_id)
-    if kind == "forcing":
-        return Forcing(
-            key=_str(body, "key"),
-            wait_ms=_int(body, "wait_ms", required=False),
-            holder=_holder(body),
-            id=request_id,
-        )
-    if kind == "renewed":
-        return Renewed(
-            lease_id=_str(body, "lease_id"),
-            valid_for_ms=_int(body, "valid_for_ms"),
-            id=request_id,
-        )
-    if kind == "restarting":
-        return Restarting(id=request_id)
-    return Unknown(type=kind, id=request_id, body=body)
+    of_kind = _MESSAGES.get(kind)
+    if of_kind is None:
+        return Unknown(type=kind, id=request_id, body=body)
+    message: AgentMessage = decode(of_kind, body, id=request_id)
+    return message
+
+
+#: The messages read field by field, by ``type``.
+_MESSAGES: Dict[str, Any] = {
+    "welcome": Welcome,
+    "acquired": Acquired,
+    "released": Released,
+    "leases": Leases,
+    "keys": Keys,
+    "events": Events,
+    "error": Error,
+    "forcing": Forcing,
+    "renewed": Renewed,
+    "restarting": Restarting,
+}
