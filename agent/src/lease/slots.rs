@@ -551,13 +551,16 @@ mod tests {
         assert_eq!(slots, vec![Some(0), Some(1), Some(2)]);
     }
 
-    #[tokio::test]
+    // Paused: the force waits out the displaced run's deadline (TTL +
+    // grace), which no one ends here; auto-advanced, not 33 s of the suite's.
+    #[tokio::test(start_paused = true)]
     async fn force_takes_the_slot_granted_earliest() {
         let registry = registry();
         let (a, mut first_events) = connect(&registry, ROOT);
         let (b, _eb) = connect(&registry, ROOT);
         let first = take_slots(&registry, a, 2).await.expect("slot 0");
-        tokio::time::sleep(Duration::from_millis(5)).await; // a later acquired_at_ms
+        // A later acquired_at_ms, by the wall clock, which paused time does not move.
+        std::thread::sleep(Duration::from_millis(5));
         take_slots(&registry, b, 2).await.expect("slot 1");
         let (forcer, _ef) = connect(&registry, ROOT);
         let never = CancellationToken::new();
