@@ -14,7 +14,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -25,6 +24,8 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional
 
 import pytest
+from runlock import testing
+from runlock.testing import Agent
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent.parent
@@ -32,25 +33,14 @@ REPO = HERE.parent.parent.parent
 #: The state ID (and so the run lock's key) of the hosts' pipeline.
 STATE_ID = "dev:tap-counter-to-target-state"
 
-#: Bounds an agent's start and stop, and each wait on a Meltano run.
-AGENT_START_S = 20.0
+#: Bounds each wait on a Meltano run.
 MELTANO_BOUND_S = 90.0
 
 
 @pytest.fixture(scope="session")
 def runlockd() -> Path:
     """$RUNLOCKD, else the workspace's debug build (cargo builds it if needed)."""
-    given = os.environ.get("RUNLOCKD")
-    if given:
-        return Path(given)
-    cargo = shutil.which("cargo")
-    assert cargo, "cargo is needed to build runlockd (or set RUNLOCKD)"
-    subprocess.run([cargo, "build", "-q", "-p", "runlock-agent", "-p", "runlock-shim"], cwd=REPO, check=True)
-    meta = subprocess.run(
-        [cargo, "metadata", "--format-version", "1", "--no-deps"],
-        cwd=REPO, check=True, capture_output=True, text=True,
-    )
-    return Path(json.loads(meta.stdout)["target_directory"]) / "debug" / "runlockd"
+    return testing.runlockd(REPO)
 
 
 @pytest.fixture
@@ -63,54 +53,13 @@ def workdir() -> Iterator[Path]:
         shutil.rmtree(path, ignore_errors=True)
 
 
-class Agent:
-    """A runlockd on a socket of its own, with an empty configuration file."""
-
-    def __init__(self, binary: Path, workdir: Path, name: str, backend: str, env: Dict[str, str]):
-        self.socket = str(workdir / f"{name}.sock")
-        config = workdir / f"{name}.toml"
-        config.write_text("")
-        self.log_path = workdir / f"{name}.log"
-        self._log = open(self.log_path, "wb")
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("RUNLOCK_", "AWS_", "NOTIFY_"))}
-        self.proc = subprocess.Popen(
-            [str(binary), "--config", str(config), "--socket", self.socket, "--backend", backend],
-            env={**clean, **env}, stdout=self._log, stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + AGENT_START_S
-        while True:
-            assert self.proc.poll() is None, f"runlockd exited: {self.log()}"
-            probe = socket.socket(socket.AF_UNIX)
-            try:
-                probe.connect(self.socket)
-                break
-            except OSError:
-                assert time.monotonic() < deadline, f"runlockd did not listen: {self.log()}"
-                time.sleep(0.02)
-            finally:
-                probe.close()
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=AGENT_START_S)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
-
-
 def serve_this_process(
     runlockd: Path, workdir: Path, monkeypatch: pytest.MonkeyPatch, env: Dict[str, str]
 ) -> Iterator[Agent]:
     """An agent on ``memory://`` that this test process's own clients (the
     add-on called in-process) reach through ``RUNLOCK_SOCKET``, with no
     configuration of the user's in the way; stopped when the test ends."""
-    started = Agent(runlockd, workdir, "agent", "memory://", env)
+    started = Agent(runlockd, workdir, "memory://", env=env)
     monkeypatch.setenv("RUNLOCK_SOCKET", started.socket)
     monkeypatch.delenv("RUNLOCK_ON_UNAVAILABLE", raising=False)
     monkeypatch.setenv("RUNLOCK_CONFIG", str(workdir / "none.toml"))
@@ -213,7 +162,7 @@ class Host:
         self.root = workdir / name
         self.root.mkdir()
         self.store = store
-        self.agent = Agent(binary, workdir, f"agent-{name}", store.lock_uri, store.env)
+        self.agent = Agent(binary, workdir, store.lock_uri, name=f"agent-{name}", env=store.env)
         self.side = self.root / "side"
         self._runs: List[Run] = []
         self._count = 0

@@ -21,8 +21,9 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import runlock
-from conftest import Agent, pg_database, s3_bucket, serve_this_process
+from conftest import pg_database, s3_bucket, serve_this_process
 from meltano.core.state_store.base import MeltanoState, StateStoreManager
+from runlock.testing import Agent
 
 from runlock_meltano import RunlockStateStoreManager, StaleRun
 from runlock_meltano.invocation import Invocation

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
-from conftest import HERE, MELTANO_BOUND_S, Agent, pg_database, s3_bucket
+from conftest import HERE, MELTANO_BOUND_S, pg_database, s3_bucket
+from runlock.testing import Agent
 
 Snapshot = Callable[[], object]
 
@@ -203,7 +204,7 @@ def same_output(args: List[str], plain: str, locked: str) -> None:
 
 @pytest.fixture
 def agent(runlockd: Path, workdir: Path) -> Iterator[Agent]:
-    started = Agent(runlockd, workdir, "agent", "memory://", {})
+    started = Agent(runlockd, workdir, "memory://")
     try:
         yield started
     finally:

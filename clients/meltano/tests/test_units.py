@@ -13,9 +13,10 @@ from typing import Dict, Iterable, Iterator, Optional
 import click
 import pytest
 import runlock
-from conftest import Agent, serve_this_process
+from conftest import serve_this_process
 from meltano.core.job.job import Job, State
 from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager, UnsupportedStateBackendURIError
+from runlock.testing import Agent
 
 from runlock_meltano import LockUnavailable, RunHeld, RunlockStateStoreManager, StaleRun
 from runlock_meltano import invocation, job_start, runs, settings, state_lock

@@ -19,7 +19,8 @@ from typing import List
 import pytest
 
 import runlock
-from conftest import Agent, Backend
+from conftest import Backend
+from runlock.testing import Agent
 
 #: Every wait on another thread or process is bounded by this.
 BOUND_S = 10.0

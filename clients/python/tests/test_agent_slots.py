@@ -16,7 +16,8 @@ from typing import Callable, Dict, List, Optional, Union
 import pytest
 
 import runlock
-from conftest import Agent, Backend
+from conftest import Backend
+from runlock.testing import Agent
 
 #: Every wait on another thread is bounded by this.
 BOUND_S = 10.0

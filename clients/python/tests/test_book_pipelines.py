@@ -25,7 +25,8 @@ from typing import Any, Callable, Dict, Iterator, List
 import pytest
 
 import runlock
-from conftest import REPO, Agent
+from conftest import REPO
+from runlock.testing import Agent
 
 #: Every command the test runs must end within this.
 BOUND_S = 30.0

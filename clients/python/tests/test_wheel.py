@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, Agent
+from conftest import REPO
+from runlock.testing import Agent
 
 if sys.version_info >= (3, 11):
     import tomllib
