@@ -59,14 +59,11 @@ def serve_this_process(
     """An agent on ``memory://`` that this test process's own clients (the
     add-on called in-process) reach through ``RUNLOCK_SOCKET``, with no
     configuration of the user's in the way; stopped when the test ends."""
-    started = Agent(runlockd, workdir, "memory://", env=env)
-    monkeypatch.setenv("RUNLOCK_SOCKET", started.socket)
-    monkeypatch.delenv("RUNLOCK_ON_UNAVAILABLE", raising=False)
-    monkeypatch.setenv("RUNLOCK_CONFIG", str(workdir / "none.toml"))
-    try:
+    with Agent(runlockd, workdir, "memory://", env=env) as started:
+        monkeypatch.setenv("RUNLOCK_SOCKET", started.socket)
+        monkeypatch.delenv("RUNLOCK_ON_UNAVAILABLE", raising=False)
+        monkeypatch.setenv("RUNLOCK_CONFIG", str(workdir / "none.toml"))
         yield started
-    finally:
-        started.stop()
 
 
 @dataclass

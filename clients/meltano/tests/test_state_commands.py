@@ -204,11 +204,8 @@ def same_output(args: List[str], plain: str, locked: str) -> None:
 
 @pytest.fixture
 def agent(runlockd: Path, workdir: Path) -> Iterator[Agent]:
-    started = Agent(runlockd, workdir, "memory://")
-    try:
+    with Agent(runlockd, workdir, "memory://") as started:
         yield started
-    finally:
-        started.stop()
 
 
 @pytest.mark.parametrize("kind", ["file", "s3", "sqlite", "postgres"])

@@ -47,22 +47,18 @@ def agent(request: pytest.FixtureRequest, runlockd: Path) -> Iterator[Agent]:
     # Under /tmp: a Unix socket path must stay under ~108 bytes.
     workdir = Path(tempfile.mkdtemp(prefix="runlock-py-", dir="/tmp"))
     backend = "memory://" if request.param == "memory" else f"file://{workdir / 'locks'}"
-    started = Agent(runlockd, workdir, backend)
     try:
-        yield started
+        with Agent(runlockd, workdir, backend) as started:
+            yield started
     finally:
-        started.stop()
         shutil.rmtree(workdir, ignore_errors=True)
 
 
 @pytest.fixture
 def memory_agent(runlockd: Path, workdir: Path) -> Iterator[Agent]:
     """An agent on memory://, whose locks die with it."""
-    started = Agent(runlockd, workdir, "memory://")
-    try:
+    with Agent(runlockd, workdir, "memory://") as started:
         yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture

@@ -1,12 +1,9 @@
 """A real ``runlockd`` for tests: ``Agent`` runs one on a socket of its own,
 with nothing of the user's configuration; ``runlockd`` finds the binary.
 
-    agent = Agent(runlockd(workspace), workdir, "memory://")
-    try:
+    with Agent(runlockd(workspace), workdir, "memory://") as agent:
         with runlock.lock("dev:a", socket=agent.socket):
             ...
-    finally:
-        agent.stop()
 """
 
 from __future__ import annotations
@@ -19,7 +16,8 @@ import socket as socket_mod
 import subprocess
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from types import TracebackType
+from typing import Dict, Optional, Type
 
 #: Bounds every start-up and shutdown of an agent.
 AGENT_START_TIMEOUT_S = 20.0
@@ -57,7 +55,8 @@ def runlockd(workspace: Path) -> Path:
 
 class Agent:
     """A running runlockd on its own socket, with an empty configuration
-    file; ``stop()`` sends SIGTERM (or ``sig``).
+    file; ``stop()`` sends SIGTERM (or ``sig``), as leaving a ``with`` block
+    does.
 
     ``name`` tells apart several agents in one ``workdir`` (their socket,
     configuration and log files); ``socket`` puts one on the path of an
@@ -122,3 +121,14 @@ class Agent:
                 self.proc.wait()
         self._log.close()
         return self.proc.returncode
+
+    def __enter__(self) -> "Agent":
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[Type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.stop()
