@@ -29,16 +29,8 @@ from .errors import (
     Unavailable,
     Unsupported,
 )
-from .messages import (
-    Grant,
-    Holder,
-    KeyEvent,
-    KeyListing,
-    KeyRecord,
-    LeaseInfo,
-    LostEvent,
-    Welcome,
-)
+from ._records import Grant, Holder, KeyEvent, KeyListing, KeyRecord, LeaseInfo
+from .messages import LostEvent, Welcome
 
 __all__ = [
     "__version__",
