@@ -39,7 +39,13 @@ fn build() -> anyhow::Result<Bins> {
         // beside the binaries, so the package tests compile nothing more.
         .args(["-p", "runlock-packaging"])
         // memory-cas://, which tests and benches run agents on; no release has it.
-        .args(["--features", "runlock-agent/test-support"]);
+        .args(["--features", "runlock-agent/test-support"])
+        // Building the packages' tests too resolves features as the test
+        // build does (tokio's `test-util` comes from a dev-dependency), so
+        // the binaries share its dependencies: without it, every dependency
+        // from tokio up was compiled a second time (75 s in CI; BENCHMARKS.md,
+        // "CI phases").
+        .args(["--bins", "--tests"]);
     for name in test_package_env() {
         cargo.env_remove(name);
     }
@@ -66,6 +72,9 @@ fn build() -> anyhow::Result<Bins> {
         let Some(executable) = message["executable"].as_str() else {
             continue;
         };
+        if message["profile"]["test"] == true {
+            continue; // a test harness built from the binary's source
+        }
         match message["target"]["name"].as_str() {
             Some("runlockd") => runlockd = Some(PathBuf::from(executable)),
             Some("runlock") => runlock = Some(PathBuf::from(executable)),
