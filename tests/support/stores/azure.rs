@@ -121,41 +121,35 @@ fn env_with_key(endpoint: &str, key: &str) -> Vec<(String, String)> {
     )]
 }
 
+/// azure-storage-blob's side of [`PythonSdk`]'s script.
 const SDK_SCRIPT: &str = r#"
-import json, os, sys
+import os
 from azure.core.exceptions import ResourceNotFoundError
 from azure.storage.blob import BlobServiceClient
-action, container, arg = sys.argv[1], sys.argv[2], sys.argv[3]
 service = BlobServiceClient.from_connection_string(os.environ["AZURE_STORAGE_CONNECTION_STRING"])
-blobs = service.get_container_client(container)
-if action == "create":
-    blobs.create_container()
-    print("[]")
-elif action == "list":
-    out = []
-    for item in blobs.list_blobs(name_starts_with=arg):
+def create(container):
+    service.get_container_client(container).create_container()
+def listed(container, prefix):
+    blobs = service.get_container_client(container)
+    for item in blobs.list_blobs(name_starts_with=prefix):
         try:
             got = blobs.download_blob(item.name)
         except ResourceNotFoundError:
             continue  # removed between the listing and the read (a probe)
-        out.append({"name": item.name, "last_modified": got.properties.last_modified.timestamp(),
-                    "body": got.readall().decode()})
-    print(json.dumps(out))
-elif action == "get":
+        yield item.name, got.properties.last_modified, got.readall()
+def read(container, name):
     try:
-        print(json.dumps(blobs.download_blob(arg).readall().decode()))
+        return service.get_container_client(container).download_blob(name).readall()
     except ResourceNotFoundError:
-        print("null")
-elif action == "put":
-    blobs.upload_blob(arg, sys.stdin.buffer.read(), overwrite=True)
-    print("[]")
+        return None
+def write(container, name, body):
+    service.get_container_client(container).upload_blob(name, body, overwrite=True)
 "#;
 
 const SDK: PythonSdk = PythonSdk {
     name: "azure-storage-blob",
     python: ("RUNLOCK_TEST_AZURE_PYTHON", SCRIPT),
     script: SDK_SCRIPT,
-    name_field: "name",
     env: |endpoint| env_with_key(endpoint, KEY),
 };
 

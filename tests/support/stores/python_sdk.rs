@@ -1,13 +1,30 @@
 //! An object store read and written through its own Python SDK (boto3,
-//! azure-storage-blob), as a person would check what the agent wrote: one
-//! script a store, whose actions are `create`, `list` (the objects under a
-//! prefix, with their bodies and the store's time of each write), `get` and
-//! `put` (the body on stdin), each printing JSON.
+//! azure-storage-blob), as a person would check what the agent wrote. Each
+//! store gives the few SDK calls ([`PythonSdk::script`]); one [`ACTIONS`]
+//! turns the command line into a call and prints its answer as JSON.
 
 use super::{output_of, records_under, test_var, Endpoint, Objects, Record};
 use anyhow::{Context, Result};
 use std::time::Duration;
 use tokio::process::Command;
+
+/// Runs after a store's script: `ACTION SPACE ARG`, the body on stdin.
+const ACTIONS: &str = r#"
+import json, sys
+action, space, arg = sys.argv[1:4]
+if action == "list":
+    print(json.dumps([{"name": name, "last_modified": modified.timestamp(), "body": body.decode()}
+                      for name, modified, body in listed(space, arg)]))
+elif action == "get":
+    body = read(space, arg)
+    print(json.dumps(None if body is None else body.decode()))
+elif action == "put":
+    write(space, arg, sys.stdin.buffer.read())
+    print("[]")
+else:
+    globals()[action](space)
+    print("[]")
+"#;
 
 pub struct PythonSdk {
     /// What errors call it ("boto3").
@@ -15,10 +32,12 @@ pub struct PythonSdk {
     /// The variable naming a Python that has it, and the script under
     /// tests/scripts that installs it.
     pub python: (&'static str, &'static str),
-    /// The script, run with `-c`.
+    /// Python that defines `listed(space, prefix)` (each object under
+    /// `prefix` as name, time of its write and body, skipping one removed
+    /// since the listing), `read(space, name)` (the body, `None` if there is
+    /// none) and `write(space, name, body)`; and any other action, such as
+    /// `create(space)`.
     pub script: &'static str,
-    /// The field of a listed object that holds its name.
-    pub name_field: &'static str,
     /// The environment that points the SDK at an endpoint, credentials
     /// included (never in argv, which `ps` shows).
     pub env: fn(&str) -> Vec<(String, String)>,
@@ -42,7 +61,8 @@ impl PythonSdk {
     ) -> Result<String> {
         let mut command = Command::new(self.python()?);
         command
-            .args(["-c", self.script, action, space, arg])
+            .args(["-c", &format!("{}{ACTIONS}", self.script)])
+            .args([action, space, arg])
             .envs((self.env)(&at.url))
             .env_remove("AWS_PROFILE");
         let what = format!("{} {action} {arg:?} in {space}", self.name);
@@ -59,14 +79,13 @@ impl Objects for PythonSdk {
             .await?;
         let listed: Vec<serde_json::Value> = serde_json::from_str(text.trim())
             .with_context(|| format!("{} printed {text:?}", self.name))?;
-        let field = self.name_field;
         listed
             .into_iter()
-            .filter(|o| !o[field].as_str().is_some_and(super::is_probe))
+            .filter(|o| !o["name"].as_str().is_some_and(super::is_probe))
             .map(|o| {
                 let seconds = o["last_modified"].as_f64().context("no last_modified")?;
                 Ok(Record {
-                    name: o[field].as_str().context("no name")?.to_string(),
+                    name: o["name"].as_str().context("no name")?.to_string(),
                     written: Some(std::time::UNIX_EPOCH + Duration::from_secs_f64(seconds)),
                     body: o["body"].as_str().context("no body")?.to_string(),
                 })

@@ -31,37 +31,31 @@ pub fn env_for(endpoint: &str) -> Vec<(String, String)> {
     .collect()
 }
 
+/// boto3's side of [`PythonSdk`]'s script.
 const BOTO: &str = r#"
-import boto3, json, sys
-action, bucket, arg = sys.argv[1], sys.argv[2], sys.argv[3]
+import boto3
 s3 = boto3.client("s3")
-if action == "list":
-    out = []
-    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=arg):
+def listed(bucket, prefix):
+    for page in s3.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
         for o in page.get("Contents", []):
             try:
                 got = s3.get_object(Bucket=bucket, Key=o["Key"])
             except s3.exceptions.NoSuchKey:
                 continue  # removed between the listing and the read (a probe)
-            out.append({"key": o["Key"], "last_modified": got["LastModified"].timestamp(),
-                        "body": got["Body"].read().decode()})
-    print(json.dumps(out))
-elif action == "get":
+            yield o["Key"], got["LastModified"], got["Body"].read()
+def read(bucket, key):
     try:
-        got = s3.get_object(Bucket=bucket, Key=arg)
-        print(json.dumps(got["Body"].read().decode()))
+        return s3.get_object(Bucket=bucket, Key=key)["Body"].read()
     except s3.exceptions.NoSuchKey:
-        print("null")
-elif action == "put":
-    s3.put_object(Bucket=bucket, Key=arg, Body=sys.stdin.buffer.read())
-    print("[]")
+        return None
+def write(bucket, key, body):
+    s3.put_object(Bucket=bucket, Key=key, Body=body)
 "#;
 
 const BOTO3: PythonSdk = PythonSdk {
     name: "boto3",
     python: ("RUNLOCK_TEST_PYTHON", SCRIPT),
     script: BOTO,
-    name_field: "key",
     env: env_for,
 };
 
