@@ -159,6 +159,22 @@ struct Lenient {
     chain: Option<Arc<WebPkiServerVerifier>>,
 }
 
+/// The trait's check of each TLS version's handshake signature, done by
+/// rustls's function of the same name with the provider's algorithms.
+macro_rules! handshake_signature_checks {
+    ($($check:ident),*) => {$(
+        fn $check(
+            &self,
+            message: &[u8],
+            cert: &CertificateDer<'_>,
+            dss: &DigitallySignedStruct,
+        ) -> Result<HandshakeSignatureValid, rustls::Error> {
+            let algorithms = &self.provider.signature_verification_algorithms;
+            rustls::crypto::$check(message, cert, dss, algorithms)
+        }
+    )*};
+}
+
 impl ServerCertVerifier for Lenient {
     fn verify_server_cert(
         &self,
@@ -179,25 +195,7 @@ impl ServerCertVerifier for Lenient {
         }
     }
 
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.provider.signature_verification_algorithms;
-        rustls::crypto::verify_tls12_signature(message, cert, dss, algorithms)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let algorithms = &self.provider.signature_verification_algorithms;
-        rustls::crypto::verify_tls13_signature(message, cert, dss, algorithms)
-    }
+    handshake_signature_checks!(verify_tls12_signature, verify_tls13_signature);
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
         self.provider
