@@ -7,6 +7,8 @@ use crate::support::agent::{temp_dir, FileBackendDir};
 use crate::support::{http, key, AgentOptions, Deadline, TestAgent, WAIT};
 use anyhow::{bail, ensure, Context, Result};
 use nix::sys::signal::Signal;
+use runlock_agent::metrics::exposition::differences;
+pub(crate) use runlock_agent::metrics::exposition::value;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -51,13 +53,6 @@ pub(crate) async fn scrape(addr: SocketAddr) -> Result<String> {
     let (code, body) = get(addr, "/metrics").await?;
     ensure!(code == 200, "GET /metrics answered {code}: {body}");
     Ok(body)
-}
-
-/// The value of one series, written as it appears: `name{label="value",...}`.
-pub(crate) fn value(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse().ok())
 }
 
 /// [`value`], or an error that shows the exposition.
@@ -127,40 +122,27 @@ async fn counters_follow_runs_conflicts_and_forced_losses() -> Result<()> {
         .expect_code(0)?;
 
     let text = wait_for(addr, "runlock_leases_held", |v| v == 0.0).await?;
-    for (series, want) in [
-        (r#"runlock_acquisitions_total{result="granted"}"#, 2.0),
-        (r#"runlock_acquisitions_total{result="held"}"#, 1.0),
-        (r#"runlock_acquisitions_total{result="forced"}"#, 2.0),
-        (r#"runlock_takeovers_total{how="force"}"#, 1.0),
-        (r#"runlock_takeovers_total{how="break"}"#, 0.0),
-        (r#"runlock_losses_total{reason="forced"}"#, 1.0),
-        (r#"runlock_losses_total{reason="expired"}"#, 0.0),
-        // Every grant is timed; the refusal is not.
-        ("runlock_wait_duration_seconds_count", 4.0),
-        (
-            r#"runlock_hold_duration_seconds_count{ended="released"}"#,
-            3.0,
-        ),
-        (
-            r#"runlock_hold_duration_seconds_count{ended="forced"}"#,
-            1.0,
-        ),
-        (
-            r#"runlock_hold_duration_seconds_count{ended="closed"}"#,
-            0.0,
-        ),
-        // It was held across a renewal, TTL/3 = 1 s give or take 10%.
-        (
-            r#"runlock_hold_duration_seconds_bucket{ended="forced",le="0.1"}"#,
-            0.0,
-        ),
-        ("runlock_waiters", 0.0),
-    ] {
-        ensure!(
-            value(&text, series) == Some(want),
-            "{series} is not {want}:\n{text}"
-        );
-    }
+    let wrong = differences(
+        &text,
+        r#"
+        runlock_acquisitions_total{result="granted"} 2
+        runlock_acquisitions_total{result="held"} 1
+        runlock_acquisitions_total{result="forced"} 2
+        runlock_takeovers_total{how="force"} 1
+        runlock_takeovers_total{how="break"} 0
+        runlock_losses_total{reason="forced"} 1
+        runlock_losses_total{reason="expired"} 0
+        # Every grant is timed; the refusal is not.
+        runlock_wait_duration_seconds_count 4
+        runlock_hold_duration_seconds_count{ended="released"} 3
+        runlock_hold_duration_seconds_count{ended="forced"} 1
+        runlock_hold_duration_seconds_count{ended="closed"} 0
+        # It was held across a renewal, TTL/3 = 1 s give or take 10%.
+        runlock_hold_duration_seconds_bucket{ended="forced",le="0.1"} 0
+        runlock_waiters 0
+        "#,
+    );
+    ensure!(wrong.is_empty(), "{wrong:?} in:\n{text}");
     for series in [
         r#"runlock_backend_request_duration_seconds_count{operation="acquire",result="ok"}"#,
         r#"runlock_backend_request_duration_seconds_count{operation="acquire",result="held"}"#,
@@ -247,16 +229,15 @@ async fn a_break_and_a_killed_run_end_their_holds_as_broken_and_closed() -> Resu
         |v| v == 1.0,
     )
     .await?;
-    for (series, want) in [
-        (r#"runlock_losses_total{reason="broken"}"#, 1.0),
-        (r#"runlock_takeovers_total{how="break"}"#, 1.0),
-        (r#"runlock_takeovers_total{how="force"}"#, 0.0),
-    ] {
-        ensure!(
-            value(&text, series) == Some(want),
-            "{series} is not {want}:\n{text}"
-        );
-    }
+    let wrong = differences(
+        &text,
+        r#"
+        runlock_losses_total{reason="broken"} 1
+        runlock_takeovers_total{how="break"} 1
+        runlock_takeovers_total{how="force"} 0
+        "#,
+    );
+    ensure!(wrong.is_empty(), "{wrong:?} in:\n{text}");
 
     // The shim and then its command killed: the connection closes holding the key.
     let killed = key("metrics-killed");
@@ -272,21 +253,14 @@ async fn a_break_and_a_killed_run_end_their_holds_as_broken_and_closed() -> Resu
     // The broken run's lease is forgotten once its connection closes, which
     // the agent may handle after the killed one's: the gauge gets there.
     let text = wait_for(addr, "runlock_leases_held", |v| v == 0.0).await?;
-    for (series, want) in [
-        (
-            r#"runlock_hold_duration_seconds_count{ended="closed"}"#,
-            1.0,
-        ),
-        (
-            r#"runlock_hold_duration_seconds_count{ended="released"}"#,
-            0.0,
-        ),
-    ] {
-        ensure!(
-            value(&text, series) == Some(want),
-            "{series} is not {want}:\n{text}"
-        );
-    }
+    let wrong = differences(
+        &text,
+        r#"
+        runlock_hold_duration_seconds_count{ended="closed"} 1
+        runlock_hold_duration_seconds_count{ended="released"} 0
+        "#,
+    );
+    ensure!(wrong.is_empty(), "{wrong:?} in:\n{text}");
     Ok(())
 }
 

@@ -10,6 +10,8 @@
 //! the connection's and the stores' hooks are one-line calls; without
 //! `--metrics` each is a single atomic load, and [`observer`] watches nothing.
 
+#[cfg(any(test, feature = "test-support"))]
+pub mod exposition;
 mod http;
 mod timed;
 
@@ -511,14 +513,8 @@ fn now_ms() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    use super::exposition::{differences, value};
     use super::*;
-
-    /// The value of one series in an exposition, e.g. `runlock_leases_held`.
-    pub(super) fn value(text: &str, series: &str) -> Option<f64> {
-        text.lines()
-            .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse().ok())
-    }
 
     #[test]
     fn every_series_exists_at_zero_before_anything_happens() {
@@ -575,20 +571,22 @@ mod tests {
         metrics.renewal_ended(Renewal::Retry);
         Observer::leases_held(&metrics, 3);
         let text = metrics.render();
-        for (series, want) in [
-            (r#"runlock_acquisitions_total{result="granted"}"#, 1.0),
-            (r#"runlock_acquisitions_total{result="forced"}"#, 1.0),
-            (r#"runlock_acquisitions_total{result="held"}"#, 1.0),
-            (r#"runlock_acquisitions_total{result="cancelled"}"#, 1.0),
-            (r#"runlock_losses_total{reason="forced"}"#, 1.0),
-            (r#"runlock_renewals_total{result="retry"}"#, 1.0),
-            (r#"runlock_renewals_total{result="ok"}"#, 0.0),
-            ("runlock_leases_held", 3.0),
-            // Only grants are timed.
-            ("runlock_wait_duration_seconds_count", 2.0),
-        ] {
-            assert_eq!(value(&text, series), Some(want), "{series} in\n{text}");
-        }
+        let wrong = differences(
+            &text,
+            r#"
+            runlock_acquisitions_total{result="granted"} 1
+            runlock_acquisitions_total{result="forced"} 1
+            runlock_acquisitions_total{result="held"} 1
+            runlock_acquisitions_total{result="cancelled"} 1
+            runlock_losses_total{reason="forced"} 1
+            runlock_renewals_total{result="retry"} 1
+            runlock_renewals_total{result="ok"} 0
+            runlock_leases_held 3
+            # Only grants are timed.
+            runlock_wait_duration_seconds_count 2
+            "#,
+        );
+        assert!(wrong.is_empty(), "{wrong:?} in\n{text}");
     }
 
     #[test]
@@ -600,31 +598,18 @@ mod tests {
         metrics.hold_ended(0, 91_000, Ended::Closed);
         metrics.hold_ended(1_000, 2_000, Ended::Lost(LostReason::Unknown));
         let text = metrics.render();
-        for (series, want) in [
-            (r#"runlock_hold_duration_seconds_sum{ended="forced"}"#, 90.0),
-            (
-                r#"runlock_hold_duration_seconds_bucket{ended="forced",le="60"}"#,
-                0.0,
-            ),
-            (
-                r#"runlock_hold_duration_seconds_bucket{ended="forced",le="300"}"#,
-                1.0,
-            ),
-            (
-                r#"runlock_hold_duration_seconds_bucket{ended="released",le="0.1"}"#,
-                1.0,
-            ),
-            (
-                r#"runlock_hold_duration_seconds_count{ended="closed"}"#,
-                0.0,
-            ),
-            (
-                r#"runlock_hold_duration_seconds_count{ended="unknown"}"#,
-                1.0,
-            ),
-        ] {
-            assert_eq!(value(&text, series), Some(want), "{series} in\n{text}");
-        }
+        let wrong = differences(
+            &text,
+            r#"
+            runlock_hold_duration_seconds_sum{ended="forced"} 90
+            runlock_hold_duration_seconds_bucket{ended="forced",le="60"} 0
+            runlock_hold_duration_seconds_bucket{ended="forced",le="300"} 1
+            runlock_hold_duration_seconds_bucket{ended="released",le="0.1"} 1
+            runlock_hold_duration_seconds_count{ended="closed"} 0
+            runlock_hold_duration_seconds_count{ended="unknown"} 1
+            "#,
+        );
+        assert!(wrong.is_empty(), "{wrong:?} in\n{text}");
     }
 
     #[test]
@@ -639,14 +624,16 @@ mod tests {
         metrics.taken_over(Takeover::Break);
         metrics.renewal_sent(Duration::from_millis(1500));
         let text = metrics.render();
-        for (series, want) in [
-            ("runlock_waiters", 0.0),
-            (r#"runlock_takeovers_total{how="force"}"#, 0.0),
-            (r#"runlock_takeovers_total{how="break"}"#, 1.0),
-            (r#"runlock_renewal_lateness_seconds_bucket{le="1"}"#, 0.0),
-            (r#"runlock_renewal_lateness_seconds_bucket{le="2.5"}"#, 1.0),
-        ] {
-            assert_eq!(value(&text, series), Some(want), "{series} in\n{text}");
-        }
+        let wrong = differences(
+            &text,
+            r#"
+            runlock_waiters 0
+            runlock_takeovers_total{how="force"} 0
+            runlock_takeovers_total{how="break"} 1
+            runlock_renewal_lateness_seconds_bucket{le="1"} 0
+            runlock_renewal_lateness_seconds_bucket{le="2.5"} 1
+            "#,
+        );
+        assert!(wrong.is_empty(), "{wrong:?} in\n{text}");
     }
 }

@@ -123,7 +123,7 @@ impl Reports for TimedBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::value;
+    use super::super::exposition::value;
     use super::*;
     use crate::backend::{BackendError, MemoryBackend};
     use runlock_protocol::Holder;
