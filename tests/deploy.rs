@@ -19,17 +19,7 @@ use tokio::process::Command;
 use yaml_serde::Value;
 
 /// The project the examples run: `meltano run tap-gitlab target-postgres` in `prod`.
-const PROJECT: &str = "version: 1
-default_environment: dev
-environments:
-- name: dev
-- name: prod
-plugins:
-  extractors:
-  - name: tap-gitlab
-  loaders:
-  - name: target-postgres
-";
+const PROJECT: &str = "tests/fixtures/meltano.yml";
 
 /// The state ID Meltano, and so `runlock run --meltano`, gives the examples' run.
 pub const EXAMPLE_KEY: &str = "prod:tap-gitlab-to-target-postgres";
@@ -52,7 +42,7 @@ pub async fn run_example_line(
     env: &[(String, String)],
 ) -> Result<Finished> {
     let project = temp_dir()?;
-    std::fs::write(project.path().join("meltano.yml"), PROJECT)?;
+    std::fs::copy(repo_path(PROJECT)?, project.path().join("meltano.yml"))?;
     std::fs::create_dir(project.path().join("bin"))?;
     let meltano = project.path().join("bin/meltano");
     std::fs::write(&meltano, "#!/bin/sh\necho \"keys $RUNLOCK_KEY\"\n")?;

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import types
@@ -46,15 +47,9 @@ with open(os.path.join(os.getcwd(), "meltano-ran.json"), "w") as out:
     json.dump({"argv": sys.argv[1:], "token": os.environ.get("RUNLOCK_TOKEN"), "opened": opened}, out)
 """
 
-MELTANO_YML = """default_environment: prod
-environments:
-  - name: prod
-plugins:
-  extractors:
-    - name: tap-gitlab
-  loaders:
-    - name: target-postgres
-"""
+#: The project the deployment examples run too; its default environment is
+#: dev, so the test chooses prod as a deployment does (MELTANO_ENVIRONMENT).
+PROJECT = REPO / "tests" / "fixtures" / "meltano.yml"
 
 
 def pipeline_blocks() -> List[str]:
@@ -65,11 +60,11 @@ def pipeline_blocks() -> List[str]:
 @pytest.fixture
 def project(agent: Agent, runlockd: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """A scratch Meltano project, the stand-in `meltano` and the real `runlock`
-    on PATH, and RUNLOCK_SOCKET naming the test's agent."""
+    on PATH, RUNLOCK_SOCKET naming the test's agent, and MELTANO_ENVIRONMENT=prod."""
     root = Path(agent.socket).parent / "project"
     bin_dir = root / "bin"
     bin_dir.mkdir(parents=True)
-    (root / "meltano.yml").write_text(MELTANO_YML)
+    shutil.copy(PROJECT, root / "meltano.yml")
     meltano = bin_dir / "meltano"
     meltano.write_text(FAKE_MELTANO)
     meltano.chmod(0o755)
@@ -78,6 +73,7 @@ def project(agent: Agent, runlockd: Path, monkeypatch: pytest.MonkeyPatch) -> It
     (bin_dir / "runlock").symlink_to(shim)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("RUNLOCK_SOCKET", agent.socket)
+    monkeypatch.setenv("MELTANO_ENVIRONMENT", "prod")
     yield root
 
 
