@@ -857,37 +857,18 @@ mod tests {
         let stranger = USER;
         let (conn, _e) = connect(&registry, stranger);
         let never = CancellationToken::new();
-        let code = |r: Result<Granted, LeaseError>| r.expect_err("refused").code();
-        assert_eq!(
-            code(
-                registry
-                    .acquire(conn, request(&[""], Duration::ZERO, false), &never)
-                    .await
-            ),
-            ErrorCode::InvalidKey
-        );
-        assert_eq!(
-            code(
-                registry
-                    .acquire(conn, request(&[], Duration::ZERO, false), &never)
-                    .await
-            ),
-            ErrorCode::BadRequest
-        );
         let mut short = request(&["k"], Duration::ZERO, false);
         short.ttl = Some(Duration::from_millis(10));
-        assert_eq!(
-            code(registry.acquire(conn, short, &never).await),
-            ErrorCode::BadRequest
-        );
-        assert_eq!(
-            code(
-                registry
-                    .acquire(conn, request(&["k"], Duration::ZERO, true), &never)
-                    .await
-            ),
-            ErrorCode::Forbidden
-        );
+        for (req, want) in [
+            (request(&[""], Duration::ZERO, false), ErrorCode::InvalidKey),
+            (request(&[], Duration::ZERO, false), ErrorCode::BadRequest),
+            (short, ErrorCode::BadRequest),
+            // A stranger may not force.
+            (request(&["k"], Duration::ZERO, true), ErrorCode::Forbidden),
+        ] {
+            let refused = registry.acquire(conn, req, &never).await;
+            assert_eq!(refused.expect_err("refused").code(), want);
+        }
         assert_eq!(
             registry
                 .break_key(conn, "k", 0)
