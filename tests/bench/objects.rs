@@ -49,6 +49,7 @@ pub(crate) async fn s3_rows(_scratch: &Path) -> Result<Rows> {
     // The same SDK, the same endpoint, a body of a record's size, If-Match on the
     // version it wrote last: what one uncontended acquire costs the store.
     let config = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .http_client(runlock_agent::backend::cas::S3Store::sdk_http_client())
         .endpoint_url(&endpoint)
         .region(aws_config::Region::new("us-east-1"))
         .credentials_provider(aws_sdk_s3::config::Credentials::new(

@@ -1,6 +1,6 @@
 //! TLS toward PostgreSQL with libpq's `sslmode` meanings, over rustls (through
-//! tokio-postgres-rustls) with the aws-lc-rs provider the AWS SDK already
-//! builds, so no second TLS stack or system OpenSSL is needed.
+//! tokio-postgres-rustls) with ring, the provider every store's client uses,
+//! so no second TLS stack or system OpenSSL is needed.
 //!
 //! As in libpq: `prefer` and `require` encrypt without checking who answers
 //! (`require` checks the chain when `sslrootcert` is given), `verify-ca` checks
@@ -70,7 +70,7 @@ impl SslMode {
 }
 
 fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    Arc::new(rustls::crypto::ring::default_provider())
 }
 
 /// The roots `sslrootcert` names, or libpq's default file.

@@ -222,7 +222,7 @@ pub(super) fn header_time(
 /// One HTTP/1.1 client with connection reuse. Plain HTTP is for emulators, so
 /// when the system's CA certificates are missing it still works there.
 pub(super) fn http_client(plain: bool) -> anyhow::Result<HttpClient> {
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_connect_timeout(Some(TIMEOUTS.connect));

@@ -57,12 +57,23 @@ impl S3Store {
         Ok(CredentialSource::of(options)?.describe())
     }
 
+    /// The SDK's HTTP(S) client, for the credential chain and S3 alike:
+    /// rustls on ring, as every store's client here is (the workspace's
+    /// Cargo.toml says why), with the system's roots.
+    pub fn sdk_http_client() -> aws_sdk_s3::config::SharedHttpClient {
+        use aws_smithy_http_client::tls::{rustls_provider::CryptoMode, Provider};
+        aws_smithy_http_client::Builder::new()
+            .tls_provider(Provider::Rustls(CryptoMode::Ring))
+            .build_https()
+    }
+
     /// Opens `s3://bucket/prefix` with `options` over the SDK's default
     /// configuration chain. Makes no request: the agent's proof of the store is
     /// its first.
     pub async fn open(uri: &str, options: &S3Options) -> anyhow::Result<S3Store> {
         let (bucket, prefix) = parse_uri(uri)?;
-        let mut loader = aws_config::defaults(BehaviorVersion::latest());
+        let mut loader =
+            aws_config::defaults(BehaviorVersion::latest()).http_client(Self::sdk_http_client());
         if let Some(profile) = &options.profile {
             loader = loader.profile_name(profile);
         }
