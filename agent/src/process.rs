@@ -5,7 +5,7 @@
 //! so a pid reused by another process is never signalled.
 
 use nix::sys::signal::Signal;
-use runlock_protocol::{ErrorCode, OnLost};
+use runlock_protocol::{procfs, ErrorCode, OnLost};
 use std::collections::HashSet;
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
@@ -133,12 +133,7 @@ impl Peer {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Process {
     pid: u32,
-    /// Zombie or dead: exited, whether or not reaped.
-    exited: bool,
-    pgrp: u32,
-    session: u32,
-    /// Since boot, in clock ticks: with the pid, names one process for good.
-    start: u64,
+    stat: procfs::Stat,
     /// The real uid, the one kill(2) checks.
     uid: u32,
 }
@@ -147,29 +142,14 @@ impl Process {
     /// The process `pid`, if its group and session pass `wanted` (asked
     /// before its owner is read: a scan of /proc reads a file less per process).
     fn read(pid: u32, wanted: impl Fn(u32, u32) -> bool) -> Option<Process> {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-        // The fields after the command name, which is in parentheses and may
-        // itself hold spaces and parentheses: from field 3 (state) on.
-        let (_, rest) = stat.rsplit_once(')')?;
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let field = |n: usize| fields.get(n - 3).copied();
-        let (pgrp, session) = (field(5)?.parse().ok()?, field(6)?.parse().ok()?);
-        if !wanted(pgrp, session) {
+        let stat = procfs::Stat::read(pid)?;
+        if !wanted(stat.pgrp, stat.session) {
             return None;
         }
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-        let uid = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Uid:"))?
-            .split_whitespace()
-            .next()?;
         Some(Process {
             pid,
-            exited: matches!(field(3)?, "Z" | "X" | "x"),
-            pgrp,
-            session,
-            start: field(22)?.parse().ok()?,
-            uid: uid.parse().ok()?,
+            stat,
+            uid: procfs::real_uid(pid)?,
         })
     }
 }
@@ -281,7 +261,7 @@ impl Run {
         // Read after the pidfd pins the process: if it has not exited since, what
         // /proc said was about it and not about a process that reused its pid.
         let process = Process::read(pid, |_, _| true)
-            .filter(|p| !p.exited && !fd.exited())
+            .filter(|p| !p.stat.exited && !fd.exited())
             .ok_or_else(gone)?;
         let owner = (uid != 0).then_some(uid);
         if owner.is_some_and(|uid| uid != process.uid) {
@@ -291,17 +271,17 @@ impl Run {
                 owner: process.uid,
             });
         }
-        if process.pgrp != pgid {
+        if process.stat.pgrp != pgid {
             return Err(AttachRefused::OtherGroup {
                 pid,
-                actual: process.pgrp,
+                actual: process.stat.pgrp,
                 named: pgid,
             });
         }
         Ok(Run {
             pid,
             pgid,
-            session: process.session,
+            session: process.stat.session,
             owner,
         })
     }
@@ -321,7 +301,7 @@ impl Run {
     }
 
     fn place(&self, p: &Process) -> Place {
-        if p.exited || !self.in_group(p.pgrp, p.session) {
+        if p.stat.exited || !self.in_group(p.stat.pgrp, p.stat.session) {
             Place::Outside
         } else if protected(p.pid) || self.owner.is_some_and(|uid| uid != p.uid) {
             Place::Foreign
@@ -332,9 +312,7 @@ impl Run {
 
     /// Every live process in the run's group, with its place.
     fn scan(&self) -> impl Iterator<Item = (Process, Place)> + '_ {
-        let entries = std::fs::read_dir("/proc").into_iter().flatten().flatten();
-        entries
-            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        procfs::pids()
             .filter_map(|pid| Process::read(pid, |pgrp, sid| self.in_group(pgrp, sid)))
             .map(|p| (p, self.place(&p)))
             .filter(|(_, place)| *place != Place::Outside)
@@ -390,10 +368,10 @@ impl Run {
             for (p, place) in self.scan() {
                 if place == Place::Foreign {
                     foreign += 1;
-                } else if !signalled.contains(&(p.pid, p.start)) {
+                } else if !signalled.contains(&(p.pid, p.stat.start)) {
                     fresh += 1;
                     if self.signal_one(p.pid, signal) {
-                        signalled.insert((p.pid, p.start));
+                        signalled.insert((p.pid, p.stat.start));
                     }
                 }
             }

@@ -6,6 +6,7 @@
 pub mod codec;
 pub mod error;
 pub mod message;
+pub mod procfs;
 pub mod socket_path;
 pub mod strict;
 pub mod timing;

@@ -16,7 +16,8 @@ use runlock_client::{
     escape, CallError, Client, ConnectError, ANSWER_TIMEOUT, BACKEND_ANSWER_TIMEOUT,
 };
 use runlock_protocol::{
-    timing::kill_grace, AgentMessage, ClientMessage, Envelope, ErrorCode, Lease, OnUnavailable,
+    procfs, timing::kill_grace, AgentMessage, ClientMessage, Envelope, ErrorCode, Lease,
+    OnUnavailable,
 };
 use std::collections::HashMap;
 use std::future::Future;
@@ -603,23 +604,10 @@ fn command_line(command: &[String]) -> String {
 /// Whether a process of `group` has yet to exit. A zombie has let go of all
 /// it held and does not count; `killpg(group, None)` would count it.
 fn group_has_live_members(group: Pid) -> bool {
-    let group = group.to_string();
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return false;
-    };
-    entries.flatten().any(|entry| {
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            return false;
-        };
-        // After the command's name: state, parent, group.
-        let mut fields = stat
-            .rsplit_once(')')
-            .map_or("", |(_, rest)| rest)
-            .split_whitespace();
-        let state = fields.next();
-        let pgrp = fields.nth(1);
-        pgrp == Some(group.as_str()) && !matches!(state, Some("Z" | "X"))
-    })
+    let group = u32::try_from(group.as_raw()).unwrap_or(0);
+    procfs::pids()
+        .filter_map(procfs::Stat::read)
+        .any(|stat| stat.pgrp == group && !stat.exited)
 }
 
 #[cfg(test)]

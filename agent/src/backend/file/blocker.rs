@@ -5,6 +5,7 @@
 //! neither `/proc/locks` nor another user's `/proc/PID`.
 
 use super::transport::range_lock;
+use runlock_protocol::procfs;
 use std::fmt;
 use std::fs::File;
 use std::os::unix::fs::MetadataExt;
@@ -27,7 +28,7 @@ impl Blocker {
             .map(|sent| sent != Err(nix::errno::Errno::ESRCH));
         Blocker {
             pid: Some(pid),
-            uid: uid_of(pid),
+            uid: procfs::real_uid(pid),
             exited: alive == Ok(false),
         }
     }
@@ -108,18 +109,6 @@ fn holder_in(table: &str, device: &str) -> Option<u32> {
                 .then(|| fields.get(4)?.parse::<u32>().ok())
                 .flatten()
         })
-}
-
-/// The real uid of `pid`, where its `/proc` entry can be read.
-fn uid_of(pid: u32) -> Option<u32> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))?
-        .split_whitespace()
-        .next()?
-        .parse()
-        .ok()
 }
 
 #[cfg(test)]
