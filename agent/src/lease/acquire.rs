@@ -748,13 +748,7 @@ mod tests {
         let registry = agent(backend.clone(), "agent-1");
         let (first, _first_events) = connect(&registry, ROOT);
         let (second, mut second_events) = connect(&registry, ROOT);
-        let shared = registry.clone();
-        let first_force = tokio::spawn(async move {
-            let never = CancellationToken::new();
-            shared
-                .acquire(first, request(&["k"], Duration::ZERO, true), &never)
-                .await
-        });
+        let first_force = spawn_acquire(&registry, first, request(&["k"], Duration::ZERO, true));
         // The first force has reached the store once its record is there.
         let key = Key::new("k").expect("valid");
         let waited = tokio::time::timeout(Duration::from_secs(10), async {
@@ -771,13 +765,7 @@ mod tests {
             }
         });
         waited.await.expect("the first force reached the store");
-        let shared = registry.clone();
-        let second_force = tokio::spawn(async move {
-            let never = CancellationToken::new();
-            shared
-                .acquire(second, request(&["k"], Duration::ZERO, true), &never)
-                .await
-        });
+        let second_force = spawn_acquire(&registry, second, request(&["k"], Duration::ZERO, true));
         // The second force is registered, and waits for the run it displaced.
         let registered = tokio::time::timeout(Duration::from_secs(10), async {
             while registry.list().is_empty() {
@@ -822,12 +810,7 @@ mod tests {
         let (old, mut old_events) = connect(&registry, ROOT);
         take(&registry, old, &["k"]).await.expect("free");
         let (forcer, _forcer_events) = connect(&registry, ROOT);
-        let shared = registry.clone();
-        let force = tokio::spawn(async move {
-            let never = CancellationToken::new();
-            let asked = request(&["k"], Duration::ZERO, true);
-            shared.acquire(forcer, asked, &never).await
-        });
+        let force = spawn_acquire(&registry, forcer, request(&["k"], Duration::ZERO, true));
         let lost = tokio::time::timeout(Duration::from_secs(1), old_events.recv()).await;
         assert!(matches!(lost, Ok(Some(Event::Lost { .. }))), "{lost:?}");
         // The displaced run takes its time to stop: slot 0 stays the forcer's

@@ -158,6 +158,39 @@ mod tests {
         })
     }
 
+    /// A run (`old`) that holds "k" on `registry`, and another connection
+    /// (`new`) to force it there; with their events.
+    async fn held_here(registry: &Registry) -> ((ConnId, Events), (ConnId, Events)) {
+        let (old, old_events) = connect(registry, ROOT);
+        take(registry, old, &["k"]).await.expect("free");
+        ((old, old_events), connect(registry, ROOT))
+    }
+
+    /// Lets the displaced run (`old`, on `holder`) run on for `running`, the
+    /// force not answered meanwhile, then stops it: how long after that the
+    /// force was answered.
+    async fn answered_after_it_stops(
+        holder: &Registry,
+        old: ConnId,
+        forced: tokio::task::JoinHandle<Instant>,
+        running: Duration,
+    ) -> Duration {
+        tokio::time::sleep(running).await;
+        assert!(
+            !forced.is_finished(),
+            "answered while the displaced run still ran"
+        );
+        let stopped = Instant::now();
+        holder.close_connection(old).await;
+        let answered = tokio::time::timeout(Duration::from_secs(5), forced)
+            .await
+            .expect("answered once the displaced run stopped")
+            .expect("ran");
+        answered
+            .checked_duration_since(stopped)
+            .expect("answered after the run stopped, not before")
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_force_through_another_agent_is_answered_once_the_run_it_displaced_has_stopped() {
         let (a, b) = two_agents();
@@ -181,23 +214,8 @@ mod tests {
         let lost = tokio::time::timeout(Duration::from_secs(12), old_events.recv()).await;
         assert!(matches!(lost, Ok(Some(Event::Lost { .. }))), "{lost:?}");
         // The run takes its time to stop; the forced run is not answered meanwhile.
-        tokio::time::sleep(Duration::from_secs(4)).await;
-        assert!(
-            !forced.is_finished(),
-            "answered while the displaced run still ran"
-        );
-        let stopped = Instant::now();
-        a.close_connection(old).await;
-        let answered = tokio::time::timeout(Duration::from_secs(5), forced)
-            .await
-            .expect("answered soon after the displaced run stopped")
-            .expect("ran");
-        assert!(answered >= stopped);
-        assert!(
-            answered - stopped < Duration::from_secs(1),
-            "{:?}",
-            answered - stopped
-        );
+        let after = answered_after_it_stops(&a, old, forced, Duration::from_secs(4)).await;
+        assert!(after < Duration::from_secs(1), "{after:?}");
     }
 
     #[tokio::test(start_paused = true)]
@@ -221,9 +239,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_forcer_that_leaves_keeps_the_key_until_the_run_it_displaced_has_stopped() {
         let registry = registry();
-        let (old, _old_events) = connect(&registry, ROOT);
-        take(&registry, old, &["k"]).await.expect("free");
-        let (new, _new_events) = connect(&registry, ROOT);
+        let ((old, _old_events), (new, _new_events)) = held_here(&registry).await;
         let gone = CancellationToken::new();
         let forced = {
             let (registry, gone) = (registry.clone(), gone.clone());
@@ -251,21 +267,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_force_here_is_answered_once_the_run_it_displaced_here_has_stopped() {
         let registry = registry();
-        let (old, _old_events) = connect(&registry, ROOT);
-        take(&registry, old, &["k"]).await.expect("free");
-        let (new, _new_events) = connect(&registry, ROOT);
+        let ((old, _old_events), (new, _new_events)) = held_here(&registry).await;
         let forced = force(&registry, new);
-        tokio::time::sleep(Duration::from_secs(3)).await;
-        assert!(
-            !forced.is_finished(),
-            "answered while the displaced run still ran"
-        );
-        let stopped = Instant::now();
-        registry.close_connection(old).await;
-        let answered = tokio::time::timeout(Duration::from_secs(1), forced)
-            .await
-            .expect("answered once the run stopped")
-            .expect("ran");
-        assert!(answered - stopped < Duration::from_millis(100));
+        let after = answered_after_it_stops(&registry, old, forced, Duration::from_secs(3)).await;
+        assert!(after < Duration::from_millis(100), "{after:?}");
     }
 }

@@ -230,19 +230,11 @@ mod tests {
         let (holder, _e1) = connect(&registry, ROOT);
         let (waiter, _e2) = connect(&registry, ROOT);
         let held = take(&registry, holder, &["k"]).await.expect("free");
-        let task = {
-            let registry = registry.clone();
-            tokio::spawn(async move {
-                let never = CancellationToken::new();
-                registry
-                    .acquire(
-                        waiter,
-                        request(&["k"], Duration::from_secs(60), false),
-                        &never,
-                    )
-                    .await
-            })
-        };
+        let task = spawn_acquire(
+            &registry,
+            waiter,
+            request(&["k"], Duration::from_secs(60), false),
+        );
         while waiting(&registry, "k") < 1 {
             tokio::task::yield_now().await;
         }

@@ -461,12 +461,11 @@ mod tests {
         take_slots(&registry, a, 2).await.expect("slot 0");
         let second = take_slots(&registry, b, 2).await.expect("slot 1");
         let (waiter, _ew) = connect(&registry, ROOT);
-        let shared = registry.clone();
-        let task = tokio::spawn(async move {
-            let never = CancellationToken::new();
-            let req = slots(&["w"], 2, Duration::from_secs(60), false);
-            shared.acquire(waiter, req, &never).await
-        });
+        let task = spawn_acquire(
+            &registry,
+            waiter,
+            slots(&["w"], 2, Duration::from_secs(60), false),
+        );
         while waiting(&registry, "w") < 1 {
             tokio::task::yield_now().await;
         }
@@ -495,12 +494,11 @@ mod tests {
                 .expect("a slot is free");
         }
         let (first, _e1) = connect(&registry, ROOT);
-        let shared = registry.clone();
-        let _first = tokio::spawn(async move {
-            let never = CancellationToken::new();
-            let req = slots(&["w"], 2, Duration::from_secs(3600), false);
-            shared.acquire(first, req, &never).await
-        });
+        let _first = spawn_acquire(
+            &registry,
+            first,
+            slots(&["w"], 2, Duration::from_secs(3600), false),
+        );
         while waiting(&registry, "w") < 1 {
             tokio::task::yield_now().await;
         }
@@ -675,28 +673,21 @@ mod tests {
                 .expect("released");
         }
         let (conn, _e) = connect(&registry, ROOT);
-        let err = take_slots(&registry, conn, 2)
-            .await
-            .expect_err("slots 2 to 4 are held with 5");
-        assert_eq!(err.code(), ErrorCode::SlotsMismatch, "{err}");
-        let err = registry
-            .acquire(
-                conn,
-                slots(&["w"], 2, Duration::ZERO, true),
-                &CancellationToken::new(),
-            )
-            .await
-            .expect_err("nor by force");
-        assert_eq!(err.code(), ErrorCode::SlotsMismatch, "{err}");
-        let forced = registry
-            .acquire(
-                conn,
+        let never = CancellationToken::new();
+        for (req, what) in [
+            (
+                slots(&["w"], 2, Duration::ZERO, false),
+                "slots 2 to 4 are held with 5",
+            ),
+            (slots(&["w"], 2, Duration::ZERO, true), "nor by force"),
+            (
                 request(&["w"], Duration::ZERO, true),
-                &CancellationToken::new(),
-            )
-            .await
-            .expect_err("a plain force neither");
-        assert_eq!(forced.code(), ErrorCode::SlotsMismatch, "{forced}");
+                "a plain force neither",
+            ),
+        ] {
+            let err = registry.acquire(conn, req, &never).await.expect_err(what);
+            assert_eq!(err.code(), ErrorCode::SlotsMismatch, "{what}: {err}");
+        }
         assert_eq!(registry.list().len(), 3, "the three holders untouched");
     }
 

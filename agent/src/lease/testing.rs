@@ -79,6 +79,17 @@ pub(super) async fn take(
         .map(|g| g.leases)
 }
 
+/// `req` acquired on a task of its own and never cancelled: a run that
+/// waits, or a force that waits for the run it displaced.
+pub(super) fn spawn_acquire(
+    registry: &Arc<Registry>,
+    conn: ConnId,
+    req: AcquireRequest,
+) -> tokio::task::JoinHandle<Result<Granted, LeaseError>> {
+    let registry = registry.clone();
+    tokio::spawn(async move { registry.acquire(conn, req, &CancellationToken::new()).await })
+}
+
 pub(super) fn waiting(registry: &Registry, key: &str) -> usize {
     let key = Key::new(key).expect("valid");
     registry.state().queues.len(&key)
