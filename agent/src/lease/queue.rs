@@ -230,14 +230,12 @@ mod tests {
         let (holder, _e1) = connect(&registry, ROOT);
         let (waiter, _e2) = connect(&registry, ROOT);
         let held = take(&registry, holder, &["k"]).await.expect("free");
-        let task = spawn_acquire(
+        let task = spawn_queued(
             &registry,
             waiter,
             request(&["k"], Duration::from_secs(60), false),
-        );
-        while waiting(&registry, "k") < 1 {
-            tokio::task::yield_now().await;
-        }
+        )
+        .await;
         // Let the waiter's polling back off to its cap, so only the wake-up can be fast.
         tokio::time::sleep(Duration::from_secs(5)).await;
         let released_at = Instant::now();

@@ -461,14 +461,8 @@ mod tests {
         take_slots(&registry, a, 2).await.expect("slot 0");
         let second = take_slots(&registry, b, 2).await.expect("slot 1");
         let (waiter, _ew) = connect(&registry, ROOT);
-        let task = spawn_acquire(
-            &registry,
-            waiter,
-            slots(&["w"], 2, Duration::from_secs(60), false),
-        );
-        while waiting(&registry, "w") < 1 {
-            tokio::task::yield_now().await;
-        }
+        let asked = slots(&["w"], 2, Duration::from_secs(60), false);
+        let task = spawn_queued(&registry, waiter, asked).await;
         registry
             .release(b, &[second.lease_id])
             .await
@@ -494,14 +488,8 @@ mod tests {
                 .expect("a slot is free");
         }
         let (first, _e1) = connect(&registry, ROOT);
-        let _first = spawn_acquire(
-            &registry,
-            first,
-            slots(&["w"], 2, Duration::from_secs(3600), false),
-        );
-        while waiting(&registry, "w") < 1 {
-            tokio::task::yield_now().await;
-        }
+        let asked = slots(&["w"], 2, Duration::from_secs(3600), false);
+        let _first = spawn_queued(&registry, first, asked).await;
         let (second, _e2) = connect(&registry, ROOT);
         let never = CancellationToken::new();
         let err = registry

@@ -90,6 +90,26 @@ pub(super) fn spawn_acquire(
     tokio::spawn(async move { registry.acquire(conn, req, &CancellationToken::new()).await })
 }
 
+/// [`spawn_acquire`] of a request that waits, returned once it is in its
+/// (first) key's queue.
+pub(super) async fn spawn_queued(
+    registry: &Arc<Registry>,
+    conn: ConnId,
+    req: AcquireRequest,
+) -> tokio::task::JoinHandle<Result<Granted, LeaseError>> {
+    let key = req.keys[0].clone();
+    let before = waiting(registry, &key);
+    let task = spawn_acquire(registry, conn, req);
+    // Yields, not a timeout: paused time does not advance while a task runs.
+    for _ in 0..100_000 {
+        if waiting(registry, &key) > before {
+            return task;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("the request never joined the queue of {key}");
+}
+
 pub(super) fn waiting(registry: &Registry, key: &str) -> usize {
     let key = Key::new(key).expect("valid");
     registry.state().queues.len(&key)
