@@ -104,7 +104,9 @@ stop_server() {
 # written 0600 as PostgreSQL requires of its own.
 test_ca() {
     local dir=$1 out
-    command -v openssl >/dev/null || { echo "test_ca: openssl is not installed" >&2; return 1; }
+    # Installed if missing, as each script here installs what it runs.
+    bash "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib/need.sh" openssl openssl ||
+        { echo "test_ca: openssl is not installed, and apt-get could not install it" >&2; return 1; }
     # openssl talks on stderr even when all is well: shown only on failure.
     out=$(
         exec 2>&1
