@@ -95,6 +95,23 @@ async fn run_left_by_its_agent(dir: &tempfile::TempDir) -> std::os::fd::OwnedFd 
     grant.lock.expect("a lock for the run")
 }
 
+/// Waits (5 s at most) until nothing holds the run lock of "k" in `dir`,
+/// once its descriptors here are dropped. They are not always the last: a
+/// child that another test of this process forks meanwhile holds a copy of
+/// each until its exec closes them (O_CLOEXEC), and with it the lock.
+fn until_run_lock_is_free(dir: &Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let lock = std::fs::File::open(dir.join("k.run")).expect("open k.run");
+    while !flock(&lock, libc::LOCK_EX | libc::LOCK_NB).expect("flock") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "k's run lock is still held 5 s after its last descriptor here was dropped"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    flock(&lock, libc::LOCK_UN).expect("unlock");
+}
+
 fn record_at(dir: &Path, name: &str) -> FileRecord {
     serde_json::from_slice(&std::fs::read(dir.join(name)).expect("read")).expect("a record")
 }
@@ -206,6 +223,7 @@ async fn a_record_left_held_by_a_run_that_ended_alone_reads_as_free() {
     let old = opened(&dir);
     let run = old.take("k", "l1", TTL).await;
     drop((old, run)); // agent and run both gone, the record still says held
+    until_run_lock_is_free(dir.path());
     assert_eq!(record_at(dir.path(), "k.lock").state, KeyState::Held);
     let new = opened(&dir);
     let record = new.inspect(&key).await.expect("inspect");
@@ -224,6 +242,7 @@ async fn the_history_records_a_run_that_ended_with_no_agent_as_expired() {
         let grant = one.take("k", "l1", TTL).await;
         drop(grant.lock);
     }
+    until_run_lock_is_free(dir.path());
     let two = opened(&dir);
     two.acquire(&spec("k", "l2", false, TTL))
         .await
@@ -309,6 +328,7 @@ async fn a_lease_whose_run_ended_or_of_another_user_is_not_adopted() {
     ));
     // The run ends while no agent runs: its record still names it.
     drop(run);
+    until_run_lock_is_free(dir.path());
     assert_eq!(record_at(dir.path(), "k.lock").state, KeyState::Held);
     assert!(matches!(
         new.adopt(&lease("k", "l1", 1), &adopter("new-agent")).await,
@@ -328,6 +348,7 @@ async fn a_lock_taken_by_a_new_holder_mid_acquire_is_not_taken_for_the_run() {
     let dir = tempfile::tempdir().expect("tempdir");
     let run = run_left_by_its_agent(&dir).await;
     drop(run); // the run ends
+    until_run_lock_is_free(dir.path());
 
     // A new holder, between taking the key's lock and writing its record,
     // as every acquisition is: inside the gate, shared.
