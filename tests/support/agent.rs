@@ -242,9 +242,7 @@ impl TestAgent {
             // From root, std drops the supplementary groups too.
             command.uid(uid).gid(gid);
         }
-        let child = command
-            .spawn()
-            .with_context(|| format!("starting {}", bins.runlockd.display()))?;
+        let child = spawn_written(&mut command).await?;
         let mut agent = TestAgent {
             dir,
             socket,
@@ -584,5 +582,32 @@ impl Drop for TestAgent {
             self.backend,
             self.log()
         );
+    }
+}
+
+/// Spawns `command`, whose program may have just been written (a copy
+/// installed by a test). Until a child that another test of this process
+/// forks meanwhile has exec'd, it holds a copy of every descriptor, the
+/// writer's too, and exec refuses a file open for writing (ETXTBSY); so
+/// that refusal is waited out, for 5 s at most.
+async fn spawn_written(command: &mut Command) -> anyhow::Result<Child> {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        match command.spawn() {
+            Err(err)
+                if err.raw_os_error() == Some(libc::ETXTBSY)
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+            spawned => {
+                let program = command
+                    .as_std()
+                    .get_program()
+                    .to_string_lossy()
+                    .into_owned();
+                return spawned.with_context(|| format!("starting {program}"));
+            }
+        }
     }
 }
