@@ -93,10 +93,15 @@ pub struct RunArgs {
     )]
     pub keys: Vec<String>,
     /// Also hold the state ID of every extract-load block of COMMAND, a
-    /// `meltano run`, derived as Meltano does; its --force/-f (or
-    /// MELTANO_RUN_FORCE) becomes runlock's --force
+    /// `meltano run` (or `meltano el`/`elt --state-id`), derived as Meltano
+    /// derives it from the project, its .env and the environment; its
+    /// --force/-f (or MELTANO_RUN_FORCE) becomes runlock's --force
     #[arg(long)]
     pub meltano: bool,
+    /// With --meltano: print the keys, one a line, and exit without running
+    /// COMMAND or asking the agent
+    #[arg(long, requires = "meltano")]
+    pub print_keys: bool,
     /// Wait up to DUR for held keys (e.g. 30s, 10m) instead of failing at once
     #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "0s")]
     pub wait: Duration,

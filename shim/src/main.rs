@@ -4,7 +4,6 @@ mod agent;
 mod commands;
 mod format;
 mod host_config;
-mod meltano;
 mod signals;
 
 use clap::Parser;

@@ -44,13 +44,20 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
             )
         })?;
         let env = |name: &str| std::env::var(name).ok();
-        let meltano = crate::meltano::invocation(&args.command, &env, &cwd)
+        let meltano = runlock_meltano::invocation(&args.command, &env, &cwd)
             .map_err(|why| Failure::new(exit::EXIT_USAGE, format!("--meltano: {why}")))?;
         args.keys.extend(meltano.state_ids);
         args.force |= meltano.force;
     }
     for key in &args.keys {
         super::valid_key(key)?;
+    }
+    // What would be locked, for people and tests: nothing runs.
+    if args.print_keys {
+        for key in &args.keys {
+            println!("{key}");
+        }
+        return Ok(ExitCode::SUCCESS);
     }
     let mut signals = Signals::install().map_err(|e| {
         Failure::new(
