@@ -1,14 +1,14 @@
 //! `runlockd check-config --from-meltano PROJECT_DIR`: a Meltano project's
 //! `state_backend` settings as the agent's TOML, so that an operator moves a
-//! project onto runlock without retyping. Settings come from meltano.yml,
-//! then the `MELTANO_STATE_BACKEND_*` variables, which win as in Meltano.
+//! project onto runlock without retyping. Settings are read as Meltano reads
+//! them (runlock-meltano: the process environment, then the project's
+//! `.env`, then meltano.yml), and the output says where each came from.
 //! Secrets are never copied: the output names the variable that carries
 //! each one into the agent's environment instead.
 
 use crate::backend::{redact_uri, split_userinfo};
-use anyhow::Context;
+use runlock_meltano::{Project, Setting};
 use std::path::{Path, PathBuf};
-use yaml_serde::Value;
 
 /// Meltano's `state_backend` settings the agent has a counterpart for, by
 /// their dotted names under `state_backend`.
@@ -27,27 +27,22 @@ const SETTINGS: &[&str] = &[
 /// A project's `state_backend` settings, each with where it was found.
 #[derive(Debug, Default)]
 pub struct StateBackend {
-    found: Vec<(&'static str, String, String)>,
+    found: Vec<(&'static str, Setting)>,
     /// The project directory: relative key-file paths are Meltano's, from there.
     project: PathBuf,
 }
 
 impl StateBackend {
-    /// Reads `project`'s meltano.yml, then the variables `env` looks up.
+    /// Reads `project`'s settings as Meltano does, with the variables `env` looks up.
     pub fn read(project: &Path, env: &dyn Fn(&str) -> Option<String>) -> anyhow::Result<Self> {
-        let file = project.join("meltano.yml");
-        let text = std::fs::read_to_string(&file)
-            .with_context(|| format!("reading {}", file.display()))?;
-        let yaml: Value = yaml_serde::from_str(&text)
-            .with_context(|| format!("{} is not YAML", file.display()))?;
-        let block = yaml.get("state_backend");
+        let meltano = Project::open(project, None, env).map_err(anyhow::Error::msg)?;
         let mut found = Vec::new();
         for &name in SETTINGS {
-            let variable = env_name(name);
-            if let Some(value) = env(&variable).filter(|value| !value.is_empty()) {
-                found.push((name, value, variable));
-            } else if let Some(value) = block.and_then(|block| setting(block, name)) {
-                found.push((name, value, format!("meltano.yml's state_backend.{name}")));
+            let setting = meltano
+                .setting(&format!("state_backend.{name}"), env)
+                .map_err(anyhow::Error::msg)?;
+            if let Some(setting) = setting {
+                found.push((name, setting));
             }
         }
         Ok(StateBackend {
@@ -56,18 +51,31 @@ impl StateBackend {
         })
     }
 
+    /// The value of `name`; a setting set to nothing counts as unset here.
     fn get(&self, name: &str) -> Option<&str> {
         self.found
             .iter()
-            .find(|(found, ..)| *found == name)
-            .map(|(_, value, _)| value.as_str())
+            .find(|(found, _)| *found == name)
+            .map(|(_, setting)| setting.value.as_str())
+            .filter(|value| !value.is_empty())
     }
 
-    fn from(&self, name: &str) -> &str {
+    /// `state_backend.NAME (SOURCE)`, for a comment about the setting.
+    fn from(&self, name: &str) -> String {
+        let source = self
+            .found
+            .iter()
+            .find(|(found, _)| *found == name)
+            .map_or_else(String::new, |(_, setting)| setting.source.to_string());
+        format!("state_backend.{name} ({source})")
+    }
+
+    /// One comment line per setting read, with where it came from.
+    fn sources(&self) -> String {
         self.found
             .iter()
-            .find(|(found, ..)| *found == name)
-            .map_or("", |(.., source)| source.as_str())
+            .map(|(name, setting)| format!("#   state_backend.{name}: {}\n", setting.source))
+            .collect()
     }
 
     /// The agent's TOML for these settings: non-secret settings as values,
@@ -75,18 +83,19 @@ impl StateBackend {
     pub fn to_agent_toml(&self) -> anyhow::Result<String> {
         let Some(uri) = self.get("uri") else {
             anyhow::bail!(
-                "the project sets no state_backend.uri (meltano.yml or MELTANO_STATE_BACKEND_URI): \
+                "the project sets no state_backend.uri (meltano.yml, .env or MELTANO_STATE_BACKEND_URI): \
                  Meltano keeps its state in the system database, which runlock cannot lock on; \
                  choose a backend URI for the agent"
             );
         };
         let scheme = uri.split_once("://").map_or(uri, |(scheme, _)| scheme);
         let mut out = format!(
-            "# runlockd configuration for the Meltano project {}\n\
-             # (the URI from {}). Secrets are not copied: set the\n\
-             # variables named below in the agent's environment.\n",
+            "# runlockd configuration for the Meltano project {}, from the\n\
+             # settings Meltano reads there:\n{}\
+             # Secrets are not copied: set the variables named below in the\n\
+             # agent's environment.\n",
             self.project.display(),
-            self.from("uri")
+            self.sources()
         );
         match scheme {
             "s3" => self.s3(uri, &mut out),
@@ -197,29 +206,6 @@ fn postgres(uri: &str, out: &mut String) {
     }
 }
 
-/// `MELTANO_STATE_BACKEND_` and the setting's name, as Meltano forms it.
-fn env_name(setting: &str) -> String {
-    format!(
-        "MELTANO_STATE_BACKEND_{}",
-        setting.replace('.', "_").to_ascii_uppercase()
-    )
-}
-
-/// `name` under `block`, nested (`s3: {endpoint_url: …}`) or dotted (`s3.endpoint_url: …`).
-fn setting(block: &Value, name: &str) -> Option<String> {
-    let nested = name
-        .split('.')
-        .try_fold(block, |value, part| value.get(part));
-    let value = nested.or_else(|| block.get(name))?;
-    match value {
-        Value::String(text) => Some(text.clone()),
-        Value::Null => None,
-        other => yaml_serde::to_string(other)
-            .ok()
-            .map(|text| text.trim().to_string()),
-    }
-}
-
 /// `text` as a TOML basic string.
 fn quoted(text: &str) -> String {
     toml::Value::String(text.to_string()).to_string()
@@ -261,6 +247,37 @@ mod tests {
             toml.contains("endpoint_url = \"http://env:9000\""),
             "{toml}"
         );
+    }
+
+    #[test]
+    fn dotenv_is_read_as_meltano_config_set_writes_it_and_each_source_is_named() {
+        // `meltano config set meltano state_backend.uri …` writes to .env.
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(
+            dir.path().join("meltano.yml"),
+            "state_backend:\n  s3:\n    endpoint_url: http://yml:9000\n",
+        )
+        .expect("write");
+        std::fs::write(
+            dir.path().join(".env"),
+            "MELTANO_STATE_BACKEND_URI='s3://from-dotenv/p'\n\
+             MELTANO_STATE_BACKEND_S3_AWS_SECRET_ACCESS_KEY=\"s3cr3t\"\n",
+        )
+        .expect("write");
+        let none = |_: &str| None;
+        let toml = StateBackend::read(dir.path(), &none)
+            .and_then(|found| found.to_agent_toml())
+            .expect("imported");
+        for want in [
+            "backend = \"s3://from-dotenv/p\"",
+            "#   state_backend.uri: .env (MELTANO_STATE_BACKEND_URI)\n",
+            "#   state_backend.s3.endpoint_url: meltano.yml\n",
+            "#   state_backend.s3.aws_secret_access_key: .env (MELTANO_STATE_BACKEND_S3_AWS_SECRET_ACCESS_KEY)\n",
+            "set AWS_SECRET_ACCESS_KEY",
+        ] {
+            assert!(toml.contains(want), "{want:?} missing: {toml}");
+        }
+        assert!(!toml.contains("s3cr3t"), "{toml}");
     }
 
     #[test]
