@@ -150,6 +150,52 @@ plugins:
         Ok(Unwrapped(command.spawn().context("starting meltano")?))
     }
 
+    /// Chooses a second environment, `prod`, the way `meltano environment`
+    /// and `meltano config set` users do: in the project's `.env`, with the
+    /// add-on's state backend (`runlock+file://`, in the project) beside it.
+    fn choose_prod_in_dotenv(&self) -> Result<()> {
+        let file = self.root().join("meltano.yml");
+        let yml = std::fs::read_to_string(&file)?;
+        std::fs::write(
+            &file,
+            yml.replace("- name: dev\n", "- name: dev\n- name: prod\n"),
+        )?;
+        let state = self.root().join("state");
+        std::fs::create_dir_all(&state)?;
+        std::fs::write(
+            self.root().join(".env"),
+            format!(
+                "# written as `meltano config set` writes it\n\
+                 export MELTANO_ENVIRONMENT='prod'\n\
+                 MELTANO_STATE_BACKEND_URI='runlock+file://{}'\n",
+                state.display()
+            ),
+        )?;
+        Ok(())
+    }
+
+    /// `meltano run tap-hold target-jsonl` without the shim, locked by the
+    /// add-on through `agent`.
+    fn through_the_add_on(&self, agent: &TestAgent) -> Result<Run> {
+        let mut command = Command::new(&self.meltano);
+        self.meltano_env(&mut command);
+        command
+            .env("RUNLOCK_SOCKET", agent.socket())
+            .args(["run", "tap-hold", "target-jsonl"]);
+        Run::spawn(command)
+    }
+
+    /// What `runlock run --meltano --print-keys` derives here.
+    async fn printed_keys(&self, agent: &TestAgent) -> Result<String> {
+        let mut command = agent.runlock()?;
+        self.meltano_env(&mut command);
+        command.args(["run", "--meltano", "--print-keys", "--", &self.meltano]);
+        command.args(["run", "tap-hold", "target-jsonl"]);
+        let out = Run::spawn(command)?.finish().await?;
+        out.expect_code(0)?;
+        Ok(out.stdout)
+    }
+
     /// The taps that have started so far (their pids).
     fn started(&self) -> Vec<u32> {
         std::fs::read_to_string(self.root().join("side"))
@@ -321,5 +367,56 @@ async fn an_unwrapped_meltano_run_holds_off_a_wrapped_one_through_its_system_db(
     let after = after.finish().await?;
     ensure!(status.code() == Some(0), "{after:?}");
     ensure!(project.started().len() == 2, "{after:?}");
+    Ok(())
+}
+
+/// A project whose `.env` chooses the environment: runlock locks the state
+/// ID Meltano itself uses there (`prod:…`, not the default's `dev:…`), so a
+/// wrapped run on one host and a run locked by the add-on on another
+/// exclude each other, in both orders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dotenv_environment_is_locked_under_meltanos_key_wrapped_or_by_the_add_on() -> Result<()>
+{
+    const PROD: &str = "prod:tap-hold-to-target-jsonl";
+    let (host_a, host_b) = (Project::new()?, Project::new()?);
+    host_a.choose_prod_in_dotenv()?;
+    host_b.choose_prod_in_dotenv()?;
+    let (_locks, a, b) = FileBackendDir::with_two_agents().await?;
+    ensure!(host_a.printed_keys(&a).await? == format!("{PROD}\n"));
+
+    // Wrapped on A, then the add-on's run on B is refused before its tap.
+    let mut wrapped = host_a.wrapped(&a, &[])?;
+    host_a.wait_started(1).await?;
+    let refused = host_b
+        .through_the_add_on(&b)?
+        .finish_within(MELTANO_START)
+        .await?;
+    ensure!(!refused.status.success(), "it ran: {refused:?}");
+    ensure!(
+        refused
+            .stderr
+            .contains(&format!("'{PROD}' is already running"))
+            && refused.stderr.contains(&host_name()?),
+        "the refusal names neither the key nor its holder: {refused:?}"
+    );
+    ensure!(host_b.started().is_empty(), "a second tap ran: {refused:?}");
+    host_a.release()?;
+    let status = within(MELTANO_START, "the wrapped run to end", wrapped.wait()).await??;
+    ensure!(status.code() == Some(0), "{:?}", wrapped.finish().await?);
+
+    // The add-on's run on B holds; the wrapped run on A is refused (75).
+    std::fs::remove_file(host_a.root().join("release"))?;
+    let mut by_add_on = host_b.through_the_add_on(&b)?;
+    host_b.wait_started(1).await?;
+    let second = host_a.wrapped(&a, &[])?.finish().await?;
+    second.expect_code(75)?;
+    ensure!(
+        second.stderr.contains(&format!("\"{PROD}\" is held")),
+        "{second:?}"
+    );
+    ensure!(host_a.started().len() == 1, "a second tap ran: {second:?}");
+    host_b.release()?;
+    let status = within(MELTANO_START, "the add-on's run to end", by_add_on.wait()).await??;
+    ensure!(status.code() == Some(0), "{:?}", by_add_on.finish().await?);
     Ok(())
 }
