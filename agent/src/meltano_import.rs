@@ -1,13 +1,13 @@
 //! `runlockd check-config --from-meltano PROJECT_DIR`: a Meltano project's
 //! `state_backend` settings as the agent's TOML, so that an operator moves a
 //! project onto runlock without retyping. Settings are read as Meltano reads
-//! them (runlock-meltano: the process environment, then the project's
+//! them (runlock-meltano-project: the process environment, then the project's
 //! `.env`, then meltano.yml), and the output says where each came from.
 //! Secrets are never copied: the output names the variable that carries
 //! each one into the agent's environment instead.
 
 use crate::backend::{redact_uri, split_userinfo};
-use runlock_meltano::{Project, Setting};
+use runlock_meltano_project::{Project, Setting};
 use std::path::{Path, PathBuf};
 
 /// Meltano's `state_backend` settings the agent has a counterpart for, by

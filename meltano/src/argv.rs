@@ -183,9 +183,11 @@ pub fn parse(command: &[String], env: &Env<'_>) -> Result<Command, String> {
                 force: el.flag("--force", &with_wrapper)?,
             }
         }
-        other => return Err(format!(
+        other => {
+            return Err(format!(
             "--meltano expects `meltano run`, `meltano el` or `meltano elt`, not `meltano {other}`"
-        )),
+        ))
+        }
     };
     Ok(Command {
         cwd: global.value("--cwd", &|_| None),
@@ -329,10 +331,7 @@ impl Parsed {
         let given = self.given.iter().rev().find(|(n, _)| *n == name);
         match given {
             Some((_, value)) => value.clone(),
-            None => self
-                .variable(name)
-                .and_then(env)
-                .filter(|v| !v.is_empty()),
+            None => self.variable(name).and_then(env).filter(|v| !v.is_empty()),
         }
     }
 

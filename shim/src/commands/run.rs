@@ -44,7 +44,7 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
             )
         })?;
         let env = |name: &str| std::env::var(name).ok();
-        let meltano = runlock_meltano::invocation(&args.command, &env, &cwd)
+        let meltano = runlock_meltano_project::invocation(&args.command, &env, &cwd)
             .map_err(|why| Failure::new(exit::EXIT_USAGE, format!("--meltano: {why}")))?;
         args.keys.extend(meltano.state_ids);
         args.force |= meltano.force;
