@@ -118,3 +118,36 @@ test_matrix!(
     [s3: S3, azure: Azure, gcs: Gcs];
     a_store_that_ignores_a_condition_is_never_trusted,
 );
+
+/// A store that refuses every conditional write that comes alone, but lets
+/// concurrent ones all through (it checks, then writes): the agent's proof
+/// races writers, so no run is granted on it, and both the run and
+/// check-config say what the store lacks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_atomic_only_one_request_at_a_time_is_never_trusted() -> Result<()> {
+    let agent = TestAgent::start("memory-cas://racy").await?;
+    let run = agent
+        .run(&[&key("racy")], &[], "echo ran")?
+        .finish()
+        .await?;
+    run.expect_code(69)?;
+    ensure!(!run.stdout.contains("ran"), "{run:?}");
+    let check = runlockd(&["check-config", "--backend", "memory-cas://racy"], &[]).await?;
+    check.expect_code(78)?;
+    for (whose, text) in [
+        ("the run", &run.stderr),
+        ("the agent's log", &agent.log()),
+        ("check-config", &check.stderr),
+    ] {
+        ensure!(
+            text.contains("cannot be trusted to lock")
+                && text.contains("concurrent")
+                && text.contains("two steps"),
+            "{whose} does not say what the store lacks:\n{text}"
+        );
+    }
+    // The same engine over a store that is atomic under concurrency: all works.
+    let sound = TestAgent::start("memory-cas://").await?;
+    sound.run_to_success(&key("sound")).await?;
+    Ok(())
+}

@@ -150,7 +150,17 @@ const TEST_SCHEMES: &[Scheme] = &[Scheme {
     names: &["memory-cas"],
     example: "memory-cas://",
     feature: Some("test-support"),
-    open: Some(|_, _, _| Box::pin(on_object_store(cas::MemoryCasStore::new()))),
+    // `memory-cas://racy`: a store the proof must refuse (cas/racy.rs).
+    open: Some(|_, rest, _| {
+        let racy = rest == "racy";
+        Box::pin(async move {
+            if racy {
+                on_object_store(cas::RacyCasStore::default()).await
+            } else {
+                on_object_store(cas::MemoryCasStore::new()).await
+            }
+        })
+    }),
 }];
 #[cfg(not(feature = "test-support"))]
 const TEST_SCHEMES: &[Scheme] = &[];

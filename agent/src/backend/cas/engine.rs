@@ -126,11 +126,11 @@ impl CasEngine {
         let verdict = self
             .verdict
             .get_or_try_init(|| async {
-                let (verdict, probe) = proof::prove(self.store.as_ref(), &self.prefix).await;
+                let (verdict, probes) = proof::prove(self.store.as_ref(), &self.prefix).await;
                 // Off the start path: the first grant need not wait for it.
                 let store = self.store.clone();
                 tokio::spawn(
-                    async move { proof::remove_probe_later(store.as_ref(), &probe).await },
+                    async move { proof::remove_probe_later(store.as_ref(), &probes).await },
                 );
                 match verdict {
                     Ok(()) => Ok(None),

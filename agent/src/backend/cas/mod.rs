@@ -9,6 +9,8 @@ mod gcs;
 #[cfg(any(test, feature = "test-support"))]
 mod memory;
 mod proof;
+#[cfg(any(test, feature = "test-support"))]
+mod racy;
 mod read_cache;
 #[cfg(feature = "s3")]
 mod s3;
@@ -27,6 +29,8 @@ pub use gcs::GcsStore;
 #[cfg(any(test, feature = "test-support"))]
 pub use memory::MemoryCasStore;
 pub use proof::Unproven;
+#[cfg(any(test, feature = "test-support"))]
+pub use racy::RacyCasStore;
 #[cfg(feature = "s3")]
 pub use s3::S3Store;
 #[cfg(object_store)]

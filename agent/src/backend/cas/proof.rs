@@ -8,15 +8,26 @@
 //! read, and must stamp a write with a time no older than the write (expiry
 //! is judged by it).
 //!
-//! Each proof writes a probe object of its own (`probe-<random>`), removed
-//! once the verdict is in: agents that start together on one store never
-//! write one object, so none breaks another's proof (invariant 9), and on a
-//! store that limits writes per object (GCS) the proof keeps to its pace.
-//! It is on every agent's start path, so it asks what it must and no more:
-//! five requests (create, create again, replace, stale replace, read), and
-//! the agent removes the probe afterwards, off that path and at a random
-//! moment within 10 s, so that agents starting together do not remove theirs
-//! during their first grants ([`remove_probe_later`]).
+//! Refusing one request at a time is not enough: in 2026 several
+//! self-hosted S3 stores (SeaweedFS, RustFS, versitygw) were found to check a
+//! condition and then write, in two steps, so that two concurrent conditional
+//! writes of one object both succeeded. So the proof also races writers:
+//! [`RACERS`] creates-if-absent of each of [`RACES`] new objects at once, then
+//! as many replaces of each against the version its create left, and exactly
+//! one writer must win each race.
+//!
+//! Each proof writes objects of its own (`probe-<random>`, and
+//! `probe-<random>-race-N`), removed once the verdict is in: agents that
+//! start together on one store never write one object, so none breaks
+//! another's proof (invariant 9), and on a store that limits writes per
+//! object (GCS) the proof keeps to its pace. It is on every agent's start
+//! path, so it asks what it must and no more: five requests one after the
+//! other (create, create again, replace, stale replace, read), with the
+//! creates' races beside them and the replaces' races after them, two
+//! round trips more; the agent removes the objects afterwards, off that
+//! path and at a random moment within 10 s, so that agents starting
+//! together do not remove theirs during their first grants
+//! ([`remove_probe_later`]).
 //!
 //! Only a definite answer condemns a store: an error or a timeout leaves the
 //! question open, and it is asked again at the next acquire.
@@ -46,14 +57,94 @@ pub enum Unproven {
     Unanswered(String),
 }
 
-/// Puts `store` through the checks on a probe object of this proof's own
-/// under `prefix`; returns the verdict and the probe's name, for
+/// How many writers race for one object, and on how many objects: a store
+/// that checks and writes in two steps lets every racer through that checks
+/// before the first writes, so a few racers, a few times, find it; few
+/// enough for every agent's start path when a fleet starts together.
+pub const RACERS: usize = 4;
+pub const RACES: usize = 3;
+
+/// Puts `store` through the checks on probe objects of this proof's own
+/// under `prefix`; returns the verdict and the objects' names, for
 /// [`remove_probe`].
-pub async fn prove(store: &dyn CasStore, prefix: &str) -> (Result<(), Unproven>, String) {
+pub async fn prove(store: &dyn CasStore, prefix: &str) -> (Result<(), Unproven>, Vec<String>) {
     let writer = uuid::Uuid::new_v4().simple().to_string();
     let name = format!("{prefix}{PROBE}{writer}");
-    let verdict = checks(store, &name, &writer).await;
-    (verdict, name)
+    let raced: Vec<String> = (0..RACES)
+        .map(|race| format!("{name}-race-{race}"))
+        .collect();
+    let creates = async {
+        let created = race(store, &raced, &writer, None).await;
+        (created, tokio::time::Instant::now())
+    };
+    let (checked, (created, created_at)) = tokio::join!(checks(store, &name, &writer), creates);
+    let verdict = match (checked, created) {
+        (Ok(()), Ok(versions)) => {
+            // A store that wants writes of one object apart gets them apart
+            // (the checks beside the creates mostly waited as long already).
+            tokio::time::sleep_until(created_at + store.site().min_write_interval).await;
+            race(store, &raced, &writer, Some(&versions))
+                .await
+                .map(drop)
+        }
+        (Err(Unproven::Lacks(what)), _) | (_, Err(Unproven::Lacks(what))) => {
+            Err(Unproven::Lacks(what))
+        }
+        (Err(unanswered), _) | (_, Err(unanswered)) => Err(unanswered),
+    };
+    let mut names = vec![name];
+    names.extend(raced);
+    (verdict, names)
+}
+
+/// [`RACERS`] writers at once on each of `names`: creates if absent, or with
+/// `versions`, replaces of each against its version. Exactly one must win
+/// each race; returns the winners' versions.
+async fn race(
+    store: &dyn CasStore,
+    names: &[String],
+    writer: &str,
+    versions: Option<&[String]>,
+) -> Result<Vec<String>, Unproven> {
+    let races = names.iter().enumerate().map(|(i, name)| async move {
+        let racers = (0..RACERS).map(|racer| {
+            let body = format!("{{\"runlock_probe\":\"{writer}\",\"racer\":{racer}}}\n");
+            let when = match versions {
+                Some(versions) => Precondition::Matches(&versions[i]),
+                None => Precondition::Absent,
+            };
+            store.put(name, body.into_bytes(), when)
+        });
+        futures::future::join_all(racers).await
+    });
+    let what = match versions {
+        Some(_) => "replaces of one object, each only if its version was the one all saw",
+        None => "creates of one new object, each only if it was absent",
+    };
+    let mut won = Vec::new();
+    for answers in futures::future::join_all(races).await {
+        let wins: Vec<&String> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
+        match wins[..] {
+            [winner] => won.push(winner.clone()),
+            [] => {
+                return Err(match answers.into_iter().find_map(Result::err) {
+                    Some(CasError::Conflict) | None => Unproven::Unanswered(format!(
+                        "none of {RACERS} concurrent {what} succeeded"
+                    )),
+                    Some(err) => unanswered(err),
+                })
+            }
+            _ => {
+                return Err(lacks(&format!(
+                    "{} of {RACERS} concurrent {what} all succeeded (it checks the condition \
+                     and writes in two steps), so two agents racing for one key would both \
+                     be granted it",
+                    wins.len()
+                )))
+            }
+        }
+    }
+    Ok(won)
 }
 
 /// How long after its proof an agent removes its probe object, at most: a
@@ -62,19 +153,22 @@ pub async fn prove(store: &dyn CasStore, prefix: &str) -> (Result<(), Unproven>,
 pub const REMOVAL_SPREAD: Duration = Duration::from_secs(10);
 
 /// [`remove_probe`], at a random moment within [`REMOVAL_SPREAD`].
-pub async fn remove_probe_later(store: &dyn CasStore, name: &str) {
+pub async fn remove_probe_later(store: &dyn CasStore, names: &[String]) {
     tokio::time::sleep(REMOVAL_SPREAD.mul_f64(fastrand::f64())).await;
-    remove_probe(store, name).await;
+    remove_probe(store, names).await;
 }
 
-/// Removes the probe object `name` once the store allows another write of
-/// it. A probe left behind (its agent stopped first) costs a few bytes and
+/// Removes the probe objects `names` once the store allows another write of
+/// them. A probe left behind (its agent stopped first) costs a few bytes and
 /// misleads nobody: removing it is tidiness, never part of the verdict.
-pub async fn remove_probe(store: &dyn CasStore, name: &str) {
+pub async fn remove_probe(store: &dyn CasStore, names: &[String]) {
     tokio::time::sleep(store.site().min_write_interval).await;
-    if let Err(err) = store.delete(name).await {
-        tracing::debug!("could not remove the probe object {name}: {err}");
-    }
+    let removals = names.iter().map(|name| async move {
+        if let Err(err) = store.delete(name).await {
+            tracing::debug!("could not remove the probe object {name}: {err}");
+        }
+    });
+    futures::future::join_all(removals).await;
 }
 
 async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Unproven> {
@@ -320,8 +414,8 @@ mod tests {
     }
 
     async fn verdict(store: &dyn CasStore) -> Result<(), Unproven> {
-        let (verdict, probe) = prove(store, "locks/").await;
-        remove_probe(store, &probe).await;
+        let (verdict, probes) = prove(store, "locks/").await;
+        remove_probe(store, &probes).await;
         verdict
     }
 
@@ -380,6 +474,21 @@ mod tests {
         }
     }
 
+    #[tokio::test]
+    async fn a_store_atomic_only_one_request_at_a_time_is_refused() {
+        let store = crate::backend::cas::RacyCasStore::default();
+        match verdict(&store).await {
+            Err(Unproven::Lacks(what)) => {
+                assert!(
+                    what.contains(&format!("{RACERS} of {RACERS} concurrent creates")),
+                    "{what}"
+                );
+                assert!(what.contains("two steps"), "{what}");
+            }
+            other => panic!("a racy store was trusted: {other:?}"),
+        }
+    }
+
     #[tokio::test(start_paused = true)]
     async fn agents_checking_one_store_at_once_all_come_to_trust_it() {
         let store = Arc::new(FaultyStore::random(
@@ -414,10 +523,15 @@ mod tests {
         for (name, at) in writes {
             by_object.entry(name).or_default().push(at);
         }
-        assert_eq!(by_object.len(), 50, "one probe object per proof");
+        assert_eq!(
+            by_object.len(),
+            50 * (1 + RACES),
+            "a probe object and the raced ones per proof"
+        );
         for (name, times) in &by_object {
             assert!(name.starts_with("locks/probe-"), "{name}");
-            // Create, update, removal: no object written faster than the store allows.
+            // Create, update (or a race's winners), removal: no object
+            // written faster than the store allows.
             assert_eq!(times.len(), 3, "{name}: {times:?}");
             for pair in times.windows(2) {
                 assert!(
