@@ -11,8 +11,39 @@ pub fn expand(
 ) -> Result<String, String> {
     let mut out = String::new();
     let mut rest = text;
-    while let Some(dollar) = rest.find('$') {
-        let after = &rest[dollar + 1..];
+    while let Some(found) = next_variable(rest) {
+        if found.escaped {
+            out.push_str(&rest[..found.start - 1]);
+            out.push_str(&rest[found.start..found.end]);
+        } else {
+            out.push_str(&rest[..found.start]);
+            out.push_str(&value_of(found.name)?.unwrap_or_default());
+        }
+        rest = &rest[found.end..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Whether an expansion of `text` would change it (a variable, or an escaped one).
+pub fn has_variable(text: &str) -> bool {
+    next_variable(text).is_some()
+}
+
+/// A variable in text: `$` at `start`, its name, and where it ends.
+struct Variable<'a> {
+    start: usize,
+    end: usize,
+    name: &'a str,
+    /// A backslash stands before the `$`.
+    escaped: bool,
+}
+
+fn next_variable(text: &str) -> Option<Variable<'_>> {
+    let mut from = 0;
+    while let Some(at) = text[from..].find('$') {
+        let start = from + at;
+        let after = &text[start + 1..];
         let (name, len) = if let Some(braced) = after.strip_prefix('{') {
             let name_len = braced.find(|c: char| !is_word(c)).unwrap_or(braced.len());
             if name_len > 0 && braced[name_len..].starts_with('}') {
@@ -28,23 +59,17 @@ pub fn expand(
         } else {
             ("", 0)
         };
-        if name.is_empty() {
-            out.push_str(&rest[..=dollar]);
-            rest = after;
-            continue;
+        if !name.is_empty() {
+            return Some(Variable {
+                start,
+                end: start + 1 + len,
+                name,
+                escaped: text[..start].ends_with('\\'),
+            });
         }
-        let written = &rest[dollar..dollar + 1 + len];
-        if rest[..dollar].ends_with('\\') {
-            out.push_str(&rest[..dollar - 1]);
-            out.push_str(written);
-        } else {
-            out.push_str(&rest[..dollar]);
-            out.push_str(&value_of(name)?.unwrap_or_default());
-        }
-        rest = &rest[dollar + 1 + len..];
+        from = start + 1;
     }
-    out.push_str(rest);
-    Ok(out)
+    None
 }
 
 /// Python's `\w` on text: letters, digits and `_`.
@@ -54,15 +79,16 @@ fn is_word(c: char) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::expand;
+    use super::{expand, has_variable};
 
     #[test]
     fn variables_expand_as_meltano_expands_them() {
         let mut value_of = |name: &str| Ok((name == "A" || name == "low").then(|| "x".to_string()));
-        let text = r"${A}-$A-$B-${low}-$low-\$A-\${A}-$-${}-$A_1";
+        let text = r"${A}-$A-$B-${low}-$low-\$A-\${A}-$-${}-$A_1-\\$A";
         assert_eq!(
             expand(text, &mut value_of).expect("expands"),
-            "x-x--x-$low-$A-${A}-$-${}-"
+            r"x-x--x-$low-$A-${A}-$-${}--\$A"
         );
+        assert!(has_variable(r"\$A") && has_variable("${a}") && !has_variable("$a-$"));
     }
 }

@@ -141,10 +141,14 @@ mod tests {
     }
 
     #[test]
-    fn a_suffix_taking_a_plugins_variable_is_refused() {
+    fn a_suffix_whose_value_depends_on_the_plugins_meltano_reads_is_refused() {
         let line = "meltano --environment canary run tap-gitlab target-jsonl";
         let err = ids(line, &[("TAP_VAR", "x")]).expect_err("refused");
         assert!(err.contains("$TAP_VAR"), "{err}");
+        // Meltano expands the suffix again for each plugin it reads.
+        let line = "meltano --environment staging run tap-gitlab target-jsonl";
+        let err = ids(line, &[("RUN_SUFFIX", "$OTHER")]).expect_err("refused");
+        assert!(err.contains("expands again"), "{err}");
     }
 
     #[test]

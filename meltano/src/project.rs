@@ -54,22 +54,6 @@ pub(crate) struct Environment {
     pub name: String,
     #[serde(default)]
     pub state_id_suffix: Option<String>,
-    #[serde(default)]
-    env: BTreeMap<String, Value>,
-    #[serde(default)]
-    config: Option<EnvironmentConfig>,
-}
-
-#[derive(Debug, Default, Deserialize)]
-struct EnvironmentConfig {
-    #[serde(default)]
-    plugins: BTreeMap<String, Vec<PluginEnv>>,
-}
-
-#[derive(Debug, Deserialize)]
-struct PluginEnv {
-    #[serde(default)]
-    env: BTreeMap<String, Value>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -215,20 +199,14 @@ impl Project {
         self.file.env.get(name).map(scalar)
     }
 
-    /// Whether a plugin's or an environment's `env:` sets `name`: values
-    /// that reach Meltano's expansions in an order that depends on the plugin.
-    pub(crate) fn set_by_a_plugin_or_environment(&self, name: &str) -> bool {
-        let plugins = self.file.plugins.values().flatten();
-        plugins.clone().any(|p| p.env.contains_key(name))
-            || self.file.environments.iter().any(|e| {
-                e.env.contains_key(name)
-                    || e.config.as_ref().is_some_and(|c| {
-                        c.plugins
-                            .values()
-                            .flatten()
-                            .any(|p| p.env.contains_key(name))
-                    })
-            })
+    /// Whether a plugin's `env:` sets `name`: a value that reaches Meltano's
+    /// expansions or not depending on the plugin it reads first.
+    pub(crate) fn set_by_a_plugin(&self, name: &str) -> bool {
+        self.file
+            .plugins
+            .values()
+            .flatten()
+            .any(|p| p.env.contains_key(name))
     }
 
     /// Block names with job names replaced by their tasks.

@@ -7,7 +7,7 @@
 //! chooses it, and the blocks are read as `BlockParser` reads them.
 
 use crate::argv::{Command, Subcommand};
-use crate::expand::expand;
+use crate::expand::{expand, has_variable};
 use crate::project::{Found, Project};
 use crate::Env;
 
@@ -127,9 +127,12 @@ fn selected_environment(
 
 /// The environment's `state_id_suffix`, expanded as Meltano's plugin
 /// settings expand it: from meltano.yml's `env:`, the process environment,
-/// then `.env`. A variable that a plugin's or an environment's `env:` sets,
-/// or one of Meltano's own, takes a value that depends on which plugin
-/// Meltano reads first: refused, not guessed.
+/// then `.env` (an environment's own `env:` comes in only after). Refused,
+/// not guessed, where Meltano's answer depends on the plugins it reads: a
+/// variable a plugin's `env:` sets or one of Meltano's own (its value is
+/// the first plugin's), and a suffix that holds a variable still after one
+/// expansion (`\$A`, or a value with a `$` in it), since Meltano expands
+/// it again for each plugin it reads.
 fn environment_suffix(
     project: &Project,
     environment: &str,
@@ -142,28 +145,37 @@ fn environment_suffix(
         return Ok(None);
     };
     let strict = project.strict_env_var_mode(env);
+    let refused = |why: String| {
+        format!(
+            "environment {environment:?}'s state_id_suffix {written:?} {why}; \
+             pass --state-id-suffix or --key instead"
+        )
+    };
     let suffix = expand(&written, &mut |var| {
         if var == "MELTANO_ENVIRONMENT" {
             return Ok(Some(environment.to_string()));
         }
-        if var.starts_with("MELTANO_") || project.set_by_a_plugin_or_environment(var) {
-            return Err(format!(
-                "environment {environment:?}'s state_id_suffix takes ${var}, whose value Meltano \
-                 takes from the plugin it reads first; pass --state-id-suffix or --key instead"
-            ));
+        if var.starts_with("MELTANO_") || project.set_by_a_plugin(var) {
+            return Err(refused(format!(
+                "takes ${var}, whose value Meltano takes from the plugin it reads first"
+            )));
         }
         let value = project
             .project_env(var)
             .or_else(|| env(var))
             .or_else(|| project.dotenv.get(var).cloned());
         if value.is_none() && strict {
-            return Err(format!(
-                "environment {environment:?}'s state_id_suffix takes ${var}, which is not set, \
-                 and strict_env_var_mode makes Meltano refuse that"
-            ));
+            return Err(refused(format!(
+                "takes ${var}, which is not set, and strict_env_var_mode makes Meltano refuse that"
+            )));
         }
         Ok(value)
     })?;
+    if has_variable(&suffix) {
+        return Err(refused(format!(
+            "is {suffix:?} once expanded, which Meltano expands again for each plugin it reads"
+        )));
+    }
     Ok(Some(suffix).filter(|s| !s.is_empty()))
 }
 
