@@ -219,6 +219,7 @@ mod tests {
                 "mapping",
             ),
             ("meltano run dbt-postgres:run", "no extractor-to-loader"),
+            ("meltano run stringy", "block \"t\""),
             (
                 "meltano --environment nope run tap-gitlab target-jsonl",
                 "not in the project",

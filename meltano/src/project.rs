@@ -45,8 +45,6 @@ struct ProjectFile {
     jobs: Vec<Job>,
     #[serde(default)]
     env: BTreeMap<String, Value>,
-    #[serde(default)]
-    include_paths: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -91,11 +89,28 @@ enum Tasks {
 }
 
 impl Tasks {
-    /// Meltano's `flat_args`: every task split at each single space, in order.
+    /// Meltano's `flat_args`: every task of a list split at each single
+    /// space, in order. A job whose `tasks` is one string is iterated as
+    /// Python iterates a string, a character at a time (so Meltano finds no
+    /// block `t` for `tasks: tap target`).
     fn flat_args(&self, into: &mut Vec<String>) {
         match self {
+            Tasks::One(text) => {
+                for c in text.chars() {
+                    match c {
+                        ' ' => into.extend([String::new(), String::new()]),
+                        c => into.push(c.to_string()),
+                    }
+                }
+            }
+            Tasks::Many(tasks) => tasks.iter().for_each(|t| t.split_into(into)),
+        }
+    }
+
+    fn split_into(&self, into: &mut Vec<String>) {
+        match self {
             Tasks::One(text) => into.extend(text.split(' ').map(str::to_string)),
-            Tasks::Many(tasks) => tasks.iter().for_each(|t| t.flat_args(into)),
+            Tasks::Many(tasks) => tasks.iter().for_each(|t| t.split_into(into)),
         }
     }
 }
@@ -140,23 +155,23 @@ impl Project {
     /// the root) or the root's `.env`.
     pub fn open(root: &Path, env_file: Option<&str>, env: &Env<'_>) -> Result<Project, String> {
         let meltano_yml = root.join("meltano.yml");
-        let yml = read_yaml(&meltano_yml)?;
-        let mut file: ProjectFile = yaml_serde::from_value(yml.clone())
-            .map_err(|e| format!("cannot read {}: {e}", meltano_yml.display()))?;
-        for pattern in std::mem::take(&mut file.include_paths) {
+        let mut yml = read_yaml(&meltano_yml)?;
+        // Meltano merges every included file into meltano.yml at depth:
+        // mappings merged, lists extended, anything else replaced.
+        let patterns: Vec<String> = yml
+            .get("include_paths")
+            .and_then(|p| yaml_serde::from_value(p.clone()).ok())
+            .unwrap_or_default();
+        for pattern in patterns {
             for path in included(root, &pattern)? {
-                if path == meltano_yml {
-                    continue;
-                }
-                let part: ProjectFile = yaml_serde::from_value(read_yaml(&path)?)
-                    .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-                file.environments.extend(part.environments);
-                file.jobs.extend(part.jobs);
-                for (kind, plugins) in part.plugins {
-                    file.plugins.entry(kind).or_default().extend(plugins);
+                if path != meltano_yml {
+                    deep_merge(&mut yml, read_yaml(&path)?)
+                        .map_err(|why| format!("cannot include {}: {why}", path.display()))?;
                 }
             }
         }
+        let file: ProjectFile = yaml_serde::from_value(yml.clone())
+            .map_err(|e| format!("cannot read {}: {e}", meltano_yml.display()))?;
         if let Some(bad) = file.environments.iter().find(|e| e.name.contains(':')) {
             return Err(format!(
                 "environment {:?} contains ':', which Meltano refuses",
@@ -276,6 +291,36 @@ fn read_yaml(path: &Path) -> Result<Value, String> {
     } else {
         value
     })
+}
+
+/// Meltano's `deep_merge` of `part` into `base`.
+fn deep_merge(base: &mut Value, part: Value) -> Result<(), String> {
+    let (Value::Mapping(base), Value::Mapping(part)) = (base, part) else {
+        return Err("not a mapping".into());
+    };
+    for (key, value) in part {
+        match value {
+            Value::Mapping(_) => {
+                let entry = base
+                    .entry(key)
+                    .or_insert_with(|| Value::Mapping(Default::default()));
+                deep_merge(entry, value)?;
+            }
+            Value::Sequence(items) => {
+                let entry = base
+                    .entry(key)
+                    .or_insert_with(|| Value::Sequence(Vec::new()));
+                match entry {
+                    Value::Sequence(list) => list.extend(items),
+                    _ => return Err("a list where meltano.yml has no list".into()),
+                }
+            }
+            other => {
+                base.insert(key, other);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The files an `include_paths` pattern names, relative to the root.

@@ -59,6 +59,10 @@ plugins:
     inherit_from: target-jsonl
 jobs:
 - name: smoke
+  tasks:
+  - tap-smoke-test target-jsonl
+# One string, not a list: Meltano reads it a character at a time.
+- name: stringy
   tasks: tap-smoke-test target-jsonl
 "#;
 
