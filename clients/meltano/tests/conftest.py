@@ -33,6 +33,9 @@ REPO = HERE.parent.parent.parent
 #: The state ID (and so the run lock's key) of the hosts' pipeline.
 STATE_ID = "dev:tap-counter-to-target-state"
 
+#: The state ID of the hosts' other pipeline (``tap-other``, the same tap).
+OTHER_STATE_ID = "dev:tap-other-to-target-state"
+
 #: Bounds each wait on a Meltano run.
 MELTANO_BOUND_S = 90.0
 
@@ -183,6 +186,8 @@ class Host:
             "    namespace: tap_counter\n"
             f"    executable: {self.root / 'tap-counter'}\n"
             "    capabilities: [state]\n"
+            "  - name: tap-other\n"
+            "    inherit_from: tap-counter\n"
             "  loaders:\n"
             "  - name: target-state\n"
             "    namespace: target_state\n"

@@ -15,7 +15,11 @@ from pathlib import Path
 from typing import List
 
 import runlock
-from conftest import MELTANO_BOUND_S, STATE_ID, Host, Run, Store, file_store
+from conftest import MELTANO_BOUND_S, OTHER_STATE_ID, STATE_ID, Host, Run, Store, file_store
+
+#: A run refused because another holds its key: skipped, not failed (EX_TEMPFAIL,
+#: as the shim exits for a held key).
+SKIPPED = 75
 
 #: A duplicate run must be refused at once: well within Meltano's own start-up.
 REFUSAL_BOUND_S = 30.0
@@ -34,18 +38,19 @@ def committed(host: Host, expected: object) -> None:
         assert time.monotonic() < deadline, f"the state stayed {state!r}, not {expected!r}"
 
 
-def refused_naming(second: Run, first: Run, host: Host) -> float:
-    """Waits for ``second`` and checks it was refused at once, naming
-    ``first`` as the holder, before its tap started; returns how long it took."""
-    started = time.monotonic()
+def refused_naming(second: Run, first: Run, host: Host, state_id: str = STATE_ID, started: int = 0) -> float:
+    """Waits for ``second`` and checks it was refused at once, as a skipped
+    run (exit 75), naming ``first`` as the holder of ``state_id``, before its
+    tap started (``started`` taps had before it); returns how long it took."""
+    start = time.monotonic()
     status = second.wait()
-    took = time.monotonic() - started
+    took = time.monotonic() - start
     out = second.output()
-    assert status == 1, out
-    assert f"{STATE_ID!r} is already running" in out, out
+    assert status == SKIPPED, out
+    assert f"{state_id!r} is already running" in out, out
     assert f"pid {first.pid} on {socket.gethostname()}" in out, out
     assert " since " in out and "Traceback" not in out, out
-    assert host.started() == [], "the second run's tap ran"
+    assert len(host.started()) == started, "the refused run's tap ran"
     assert took < REFUSAL_BOUND_S, took
     return took
 
@@ -92,6 +97,38 @@ def test_runs_that_read_no_state_are_locked_as_meltano_starts_them(runlockd: Pat
         a.release_taps()
         assert first.wait() == 0, first.output()
         assert a.state() == {"singer_state": {"run": "a", "step": "last"}}
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_refused_pipeline_ends_a_run_of_several_with_75_and_a_failure_still_with_1(
+    runlockd: Path, workdir: Path
+) -> None:
+    store = file_store(workdir)
+    a = Host("a", runlockd, workdir, store)
+    b = Host("b", runlockd, workdir, store)
+    try:
+        holder = a.meltano("run", "tap-other", "target-state", TAP_TAG="a")
+        a.wait_started(1, holder)
+
+        # B's taps do not hold: its first pipeline runs to its end, then
+        # Meltano starts the second one's job, held by A.
+        b.release_taps()
+        both = b.meltano("run", "tap-counter", "target-state", "tap-other", "target-state", TAP_TAG="b")
+        refused_naming(both, holder, b, OTHER_STATE_ID, started=1)
+        assert b.state() == {"singer_state": {"run": "b", "step": "last"}}, "the first pipeline's state"
+
+        # A real failure is one still: Meltano's status, 1.
+        failed = b.run("b", TAP_FAIL="1")
+        assert failed.wait() == 1, failed.output()
+        assert "already running" not in failed.output(), failed.output()
+        assert len(b.started()) == 2
+
+        # A forced run of the held pipeline runs, and ends as Meltano does.
+        forced = b.meltano("run", "tap-other", "target-state", "--force", TAP_TAG="forced")
+        assert forced.wait() == 0, forced.output()
+        assert len(b.started()) == 3
     finally:
         a.close()
         b.close()
@@ -151,7 +188,7 @@ def test_a_run_wrapped_by_the_shim_takes_the_key_once(hosts: List[Host], runlock
     a.wait_started(1, wrapped)
     committed(b, {"singer_state": {"run": "a"}})
     refused = b.run("b")
-    assert refused.wait() != 0
+    assert refused.wait() == SKIPPED
     assert f"{STATE_ID!r} is already running" in refused.output(), refused.output()
 
     a.release_taps()

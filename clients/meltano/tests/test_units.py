@@ -14,7 +14,9 @@ import click
 import pytest
 import runlock
 from conftest import serve_this_process
+from meltano.core.error import MeltanoError
 from meltano.core.job.job import Job, State
+from meltano.core.runner import RunnerError
 from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager, UnsupportedStateBackendURIError
 from runlock.testing import Agent
 
@@ -291,3 +293,32 @@ def test_a_job_start_locks_its_state_id_only_under_a_runlock_state_backend(
         asyncio.run(held_inside(session))
     assert session.saved == []
     first.release_all()
+
+
+def test_a_run_refused_as_held_is_skipped_and_every_other_refusal_fails() -> None:
+    held = RunHeld(STATE_ID, None)
+    # Meltano's CLI ends with a MeltanoError's exit_code(); `meltano run` ends
+    # any RunnerError of a block with 1 before that.
+    assert held.exit_code() == 75
+    assert isinstance(held, MeltanoError) and not isinstance(held, RunnerError)
+    for failure in (
+        StaleRun(STATE_ID, 1, "forced", None),
+        LockUnavailable(STATE_ID, runlock.RunlockError("cannot reach the agent")),
+    ):
+        assert isinstance(failure, RunnerError) and failure.exit_code() == 1
+
+
+def test_a_refusal_is_logged_without_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    root = logging.getLogger()
+    for error, quiet in ((RunHeld(STATE_ID, None), True), (RunHeld(STATE_ID, None), False), (ValueError("x"), False)):
+        if quiet:
+            error.log_without_traceback()  # type: ignore[union-attr]
+        caplog.clear()
+        try:
+            raise error
+        except Exception:
+            # As Meltano's job log handler logs an exception of a block.
+            root.error(str(error), exc_info=True)
+        [record] = caplog.records
+        assert record.getMessage() == str(error)
+        assert (record.exc_info is None) == quiet, error
