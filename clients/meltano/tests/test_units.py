@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, Optional
+from typing import Callable, Dict, Iterable, Iterator, Optional
 
 import click
 import pytest
@@ -17,11 +18,12 @@ from conftest import serve_this_process
 from meltano.core.error import MeltanoError
 from meltano.core.job.job import Job, State
 from meltano.core.runner import RunnerError
+from meltano.core.state_store.filesystem import LocalFilesystemStateStoreManager
 from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager, UnsupportedStateBackendURIError
 from runlock.testing import Agent
 
 from runlock_meltano import LockUnavailable, RunHeld, RunlockStateStoreManager, StaleRun
-from runlock_meltano import invocation, job_start, runs, settings, state_lock
+from runlock_meltano import fence, invocation, job_start, runs, settings, state_lock
 from runlock_meltano.inner import inner_uri
 from runlock_meltano.invocation import Invocation
 from runlock_meltano.runs import RunLocks, shim_token
@@ -32,13 +34,17 @@ FORCED = Invocation(runs_pipelines=True, force=True)
 
 
 class MemoryStore(StateStoreManager):
-    """Meltano's part, in memory: what the add-on hands writes to."""
+    """The store under the add-on, in memory: what it hands writes to. Not
+    one of Meltano's own, so the add-on takes its lock too (inside its own)."""
 
     label = "Memory"
 
-    def __init__(self) -> None:
+    def __init__(self, observe: Callable[[], object] = lambda: None) -> None:
         super().__init__()
         self.states: Dict[str, MeltanoState] = {}
+        #: Each time its lock was taken: the state ID, and what ``observe`` said then.
+        self.locked: list[tuple[str, object]] = []
+        self.observe = observe
 
     def set(self, state: MeltanoState) -> None:
         self.states[state.state_id] = state
@@ -52,8 +58,10 @@ class MemoryStore(StateStoreManager):
     def get_state_ids(self, pattern: Optional[str] = None) -> Iterable[str]:
         return list(self.states)
 
-    def acquire_lock(self, state_id: str, *, retry_seconds: float) -> Iterator[None]:  # type: ignore[override]
-        raise AssertionError("the add-on takes the state lock itself")
+    @contextmanager
+    def acquire_lock(self, state_id: str, *, retry_seconds: float) -> Iterator[None]:
+        self.locked.append((state_id, self.observe()))
+        yield
 
 
 @pytest.fixture
@@ -322,3 +330,28 @@ def test_a_refusal_is_logged_without_its_traceback(caplog: pytest.LogCaptureFixt
         [record] = caplog.records
         assert record.getMessage() == str(error)
         assert (record.exc_info is None) == quiet, error
+
+
+def test_an_add_ons_store_keeps_its_own_lock_inside_runlocks(agent: Agent) -> None:
+    store = MemoryStore(observe=lambda: sorted(lease.key for lease in runlock.status()))
+    backend = manager(store, RUN)
+    assert not backend.fence.meltanos_own
+    backend.update(state("run"))
+    backend.clear(STATE_ID)
+    both = sorted([STATE_ID, state_lock.key(STATE_ID)])
+    assert store.locked == [(STATE_ID, both), (STATE_ID, both)]
+    assert store.states == {}
+    backend.runs.release_all()
+
+
+def test_a_fence_in_the_store_is_kept_for_meltanos_own_stores_only(workdir: Path) -> None:
+    own = LocalFilesystemStateStoreManager(uri=f"file://{workdir}", lock_timeout_seconds=10)
+
+    class BuiltOnMeltanos(type(own)):  # type: ignore[misc]
+        """An add-on's store built on Meltano's class: it may keep state otherwise."""
+
+    assert type(fence.for_store(own)) is fence.FileFence and fence.for_store(own).meltanos_own
+    for other in (BuiltOnMeltanos(uri=f"file://{workdir}", lock_timeout_seconds=10), MemoryStore()):
+        kept = fence.for_store(other)
+        assert type(kept) is fence.StoreFence and not kept.meltanos_own
+
