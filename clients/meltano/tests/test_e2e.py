@@ -1,6 +1,7 @@
 """End to end: the real Meltano with the add-on, two projects as two hosts,
-each with its own agent and system database, sharing one store (file:// and
-s3:// through moto, where Meltano's own S3 store writes the state)."""
+each with its own agent and system database, sharing one store (file://,
+s3:// through moto, where Meltano's own S3 store writes the state, and a
+third party's store, dummy://)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ import sys
 import time
 from pathlib import Path
 from typing import List
+from urllib.parse import quote
 
 import runlock
-from conftest import MELTANO_BOUND_S, OTHER_STATE_ID, STATE_ID, Host, Run, Store, file_store
+from conftest import MELTANO_BOUND_S, OTHER_STATE_ID, STATE_ID, Host, Run, Store, dummy_store, file_store
 
 #: A run refused because another holds its key: skipped, not failed (EX_TEMPFAIL,
 #: as the shim exits for a held key).
@@ -132,6 +134,38 @@ def test_a_refused_pipeline_ends_a_run_of_several_with_75_and_a_failure_still_wi
     finally:
         a.close()
         b.close()
+
+
+def test_a_third_partys_state_backend_keeps_the_state_under_its_own_lock(runlockd: Path, workdir: Path) -> None:
+    """``runlock+dummy://``: Meltano's look-up finds the add-on for a scheme
+    another package installed, and the add-on hands the state to that
+    package's store, with its setting, taking the store's own lock inside
+    runlock's around each write (that store refusing nothing itself)."""
+    host = Host("a", runlockd, workdir, dummy_store(workdir))
+    try:
+        host.release_taps()
+        run = host.run("a")
+        assert run.wait() == 0, run.output()
+        assert host.state() == {"singer_state": {"run": "a", "step": "last"}}
+        root = workdir / "dummy"
+        stored = json.loads((root / (quote(STATE_ID, safe="") + ".state")).read_text())
+        assert stored["completed"] == {"singer_state": {"run": "a", "step": "last"}}, stored
+        log = host.agent.log()
+        assert f"acquired key={STATE_ID} " in log and f"acquired key=meltano-state-write:{STATE_ID} " in log, log
+        held = set()
+        writes = 0
+        for line in (root / "journal").read_text().splitlines():
+            what, state_id = line.split(" ", 1)
+            if what == "lock":
+                held.add(state_id)
+            elif what == "unlock":
+                held.discard(state_id)
+            else:
+                assert state_id in held, f"{line!r} outside the store's own lock"
+                writes += 1
+        assert writes >= 2, "Meltano wrote the state once per STATE message"
+    finally:
+        host.close()
 
 
 def test_a_killed_run_frees_the_key_at_once_and_its_state_stays(hosts: List[Host]) -> None:

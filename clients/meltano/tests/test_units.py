@@ -5,8 +5,10 @@ the state lock, the policy when no agent answers, and the URI forms."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import os
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Dict, Iterable, Iterator, Optional
@@ -18,12 +20,13 @@ from conftest import serve_this_process
 from meltano.core.error import MeltanoError
 from meltano.core.job.job import Job, State
 from meltano.core.runner import RunnerError
+from meltano.core.state_store import StateBackend
 from meltano.core.state_store.filesystem import LocalFilesystemStateStoreManager
 from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager, UnsupportedStateBackendURIError
 from runlock.testing import Agent
 
 from runlock_meltano import LockUnavailable, RunHeld, RunlockStateStoreManager, StaleRun
-from runlock_meltano import fence, invocation, job_start, runs, settings, state_lock
+from runlock_meltano import fence, invocation, job_start, runs, schemes, settings, state_lock
 from runlock_meltano.inner import inner_uri
 from runlock_meltano.invocation import Invocation
 from runlock_meltano.runs import RunLocks, shim_token
@@ -355,3 +358,28 @@ def test_a_fence_in_the_store_is_kept_for_meltanos_own_stores_only(workdir: Path
         kept = fence.for_store(other)
         assert type(kept) is fence.StoreFence and not kept.meltanos_own
 
+
+def test_every_installed_state_backend_gets_its_runlock_scheme() -> None:
+    assert schemes.wrapped_names(["file", "dummy", "runlock+file", "runlock+x", "dummy"]) == ["runlock+dummy"]
+    manager_path = "runlock_meltano.backend:RunlockStateStoreManager"
+    # Meltano's library (the backport before Python 3.12) and the standard one.
+    libraries: list = [importlib.metadata]
+    if sys.version_info < (3, 12):
+        import importlib_metadata
+
+        libraries.append(importlib_metadata)
+    for library in libraries:
+        found = library.entry_points(group=schemes.GROUP)
+        # tests/scripts/meltano.sh installs the dummy backend (tests/fixtures/).
+        assert {"dummy", "runlock+dummy", "runlock+file", "runlock+systemdb"} <= found.names, found.names
+        assert found["runlock+dummy"].value == manager_path
+        assert found["runlock+dummy"].load() is RunlockStateStoreManager
+        assert not any(name.startswith("runlock+runlock+") for name in found.names)
+        # The finder's distribution declares only what no package does.
+        added = library.distribution(schemes.NAME).entry_points
+        assert "runlock+dummy" in added.names and "runlock+file" not in added.names
+        assert library.version("meltano")  # other look-ups find what they did
+    assert StateBackend.get_manager_factory(scheme="runlock+dummy") is RunlockStateStoreManager
+    schemes.install()
+    schemes.install()
+    assert sum(1 for finder in sys.meta_path if getattr(finder, schemes.MARK, False)) == 1
