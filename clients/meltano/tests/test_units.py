@@ -379,6 +379,8 @@ def test_every_installed_state_backend_gets_its_runlock_scheme() -> None:
         added = library.distribution(schemes.NAME).entry_points
         assert "runlock+dummy" in added.names and "runlock+file" not in added.names
         assert library.version("meltano")  # other look-ups find what they did
+        elsewhere = library.distributions(path=[str(Path(__file__).parent)])
+        assert schemes.NAME not in {dist.metadata["Name"] for dist in elsewhere}
     assert StateBackend.get_manager_factory(scheme="runlock+dummy") is RunlockStateStoreManager
     schemes.install()
     schemes.install()

@@ -112,6 +112,10 @@ class WrappedBackendsFinder:
         name = getattr(context, "name", None)
         if name is not None and re.sub(r"[-_.]+", "-", name).lower() != NAME:
             return
+        # A search of other directories (another environment's) does not find it.
+        path = vars(context).get("path") if context is not None else None
+        if path is not None and path != sys.path:
+            return
         if getattr(self._scanning, "active", False):
             return  # this finder's own scan of the installed backends
         if self._backport is not None and isinstance(context, self._backport.DistributionFinder.Context):
