@@ -1,5 +1,6 @@
 //! The deployment examples, checked against the real binaries:
-//! `deploy/kubernetes/`'s CronJob (its socket, flags and environment), the
+//! `deploy/kubernetes/`'s CronJob (its socket, flags and environment, and
+//! its pipeline's shell: a held key a success, SIGTERM handed on), the
 //! stand-in Meltano project that runs an example's command line through a
 //! real agent (also used by tests/systemd.rs for `systemd/examples/`), and
 //! the monitoring in `deploy/prometheus/` and `deploy/grafana/`: promtool on
@@ -9,12 +10,16 @@
 use crate::metrics::{agent_with_metrics, promtool, scrape};
 use crate::support::agent::{temp_dir, AgentOptions};
 use crate::support::bins::bins;
+use crate::support::client::{acquire, release};
 use crate::support::run::Finished;
 use crate::support::{closed_port, Run, TestAgent};
 use anyhow::{bail, ensure, Context, Result};
+use nix::sys::signal::Signal;
+use runlock_protocol::AgentMessage;
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
+use tempfile::TempDir;
 use tokio::process::Command;
 use yaml_serde::Value;
 
@@ -72,6 +77,9 @@ pub async fn run_example_line(
 
 /// The manifest's pod: its agent sidecar and its pipeline container.
 struct Pod {
+    /// The Job's spec (its podFailurePolicy, …).
+    job: Value,
+    /// The pod template's spec.
     spec: Value,
 }
 
@@ -81,9 +89,10 @@ impl Pod {
         let text = std::fs::read_to_string(&path)?;
         let cronjob: Value = yaml_serde::from_str(&text).context("parsing the manifest")?;
         ensure!(cronjob["kind"].as_str() == Some("CronJob"), "not a CronJob");
-        let spec = cronjob["spec"]["jobTemplate"]["spec"]["template"]["spec"].clone();
+        let job = cronjob["spec"]["jobTemplate"]["spec"].clone();
+        let spec = job["template"]["spec"].clone();
         ensure!(spec.is_mapping(), "no pod template in the CronJob");
-        Ok(Pod { spec })
+        Ok(Pod { job, spec })
     }
 
     /// The init container with `restartPolicy: Always`: a native sidecar.
@@ -250,7 +259,7 @@ async fn the_agent_accepts_the_manifests_flags_and_environment() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pipeline_container_runs_locked_through_the_sidecar() -> Result<()> {
     let pod = Pod::load()?;
-    let (sidecar, pipeline) = (pod.sidecar()?, pod.pipeline()?);
+    let sidecar = pod.sidecar()?;
     // The sidecar's own flags, on a test socket and memory:// instead of S3.
     let flags = without_flags(
         &strings(&sidecar["command"])?[1..],
@@ -273,13 +282,137 @@ async fn the_pipeline_container_runs_locked_through_the_sidecar() -> Result<()> 
         .kill_on_drop(true);
     Run::spawn(command)?.finish().await?.expect_code(0)?;
 
-    let out = run_example_line(&agent, &strings(&pipeline["command"])?, &env_of(pipeline)).await?;
+    let (run, _project) = spawn_pipeline_container(&pod, &agent, &[])?;
+    let out = run.finish().await?;
     out.expect_code(0)?;
     ensure!(
         out.stdout.trim() == format!("keys {EXAMPLE_KEY}"),
         "{out:?}\n{}",
         agent.log()
     );
+    Ok(())
+}
+
+/// The stand-in `meltano` of the pipeline container: it prints the keys it
+/// was given, then exits with `$STANDIN_EXIT` (0 when unset), or, with
+/// `$STANDIN_HOLD` set, waits for SIGTERM, says so and exits 143, as a
+/// stopped meltano does.
+const STANDIN_MELTANO: &str = r#"#!/bin/sh
+trap 'echo "meltano got TERM"; kill "$sleeper" 2>/dev/null; exit 143' TERM
+echo "keys $RUNLOCK_KEY"
+if [ -n "$STANDIN_HOLD" ]; then
+    sleep 60 &
+    sleeper=$!
+    wait "$sleeper"
+fi
+exit "${STANDIN_EXIT:-0}"
+"#;
+
+/// Starts the pipeline container's command as the container runs it (PID 1
+/// aside), through `agent`: its `runlock` and `meltano` found on PATH (the
+/// built shim, and [`STANDIN_MELTANO`]), in a copy of the examples'
+/// project, with the container's environment (its `RUNLOCK_SOCKET` the
+/// agent's) and `extra`. The project lives as long as the `TempDir`.
+fn spawn_pipeline_container(
+    pod: &Pod,
+    agent: &TestAgent,
+    extra: &[(&str, &str)],
+) -> Result<(Run, TempDir)> {
+    let pipeline = pod.pipeline()?;
+    let command = strings(&pipeline["command"])?;
+    let (program, args) = command
+        .split_first()
+        .context("the pipeline has no command")?;
+    let project = temp_dir()?;
+    std::fs::copy(repo_path(PROJECT)?, project.path().join("meltano.yml"))?;
+    let bin = project.path().join("bin");
+    std::fs::create_dir(&bin)?;
+    std::os::unix::fs::symlink(&bins()?.runlock, bin.join("runlock"))?;
+    let meltano = bin.join("meltano");
+    std::fs::write(&meltano, STANDIN_MELTANO)?;
+    std::fs::set_permissions(&meltano, std::fs::Permissions::from_mode(0o755))?;
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let mut container = Command::new(program);
+    container
+        .args(args)
+        .current_dir(project.path())
+        .env_remove("MELTANO_ENVIRONMENT")
+        .env_remove("MELTANO_PROJECT_ROOT")
+        .env_remove("MELTANO_RUN_STATE_ID_SUFFIX")
+        .envs(env_of(pipeline))
+        .env("RUNLOCK_SOCKET", agent.socket())
+        .env("PATH", path)
+        .envs(extra.iter().copied());
+    Ok((Run::spawn(container)?, project))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_container_ends_a_skipped_run_with_0_and_any_other_status_as_it_is(
+) -> Result<()> {
+    let pod = Pod::load()?;
+    let agent = TestAgent::start("memory://").await?;
+
+    // Another run holds the key: runlock exits 75, which the Job must not
+    // count as a failure (nor retry), so the container ends with 0.
+    let mut holder = agent.client().await?;
+    let AgentMessage::Acquired { leases, .. } = holder.call(acquire(&[EXAMPLE_KEY])).await? else {
+        bail!("the holder could not acquire {EXAMPLE_KEY}");
+    };
+    let (run, _project) = spawn_pipeline_container(&pod, &agent, &[])?;
+    let out = run.finish().await?;
+    out.expect_code(0)?;
+    ensure!(!out.stdout.contains("keys"), "meltano ran: {out:?}");
+    ensure!(
+        out.stderr.contains("is held") && out.stderr.contains("skipped: another run holds the key"),
+        "no holder named, or no line saying the run was skipped: {out:?}"
+    );
+    let ids = leases.iter().map(|l| l.lease_id.clone()).collect();
+    let AgentMessage::Released { .. } = holder.call(release(ids)).await? else {
+        bail!("the holder could not release {EXAMPLE_KEY}");
+    };
+
+    // Any other status is the run's own: a failed meltano fails the Job.
+    let (run, _project) = spawn_pipeline_container(&pod, &agent, &[("STANDIN_EXIT", "3")])?;
+    let out = run.finish().await?;
+    out.expect_code(3)?;
+    ensure!(
+        out.stdout.trim() == format!("keys {EXAMPLE_KEY}") && !out.stderr.contains("skipped"),
+        "{out:?}"
+    );
+
+    // 76 (this run lost its lock) fails the Job at once, without a retry.
+    let fails_job_on = |code: i64| {
+        seq(&pod.job["podFailurePolicy"]["rules"]).any(|rule| {
+            rule["action"].as_str() == Some("FailJob")
+                && rule["onExitCodes"]["containerName"].as_str() == Some("pipeline")
+                && rule["onExitCodes"]["operator"].as_str() == Some("In")
+                && seq(&rule["onExitCodes"]["values"]).any(|v| v.as_i64() == Some(code))
+        })
+    };
+    ensure!(fails_job_on(76), "no FailJob rule for 76 on the pipeline");
+    ensure!(
+        pod.job["backoffLimit"].as_i64().is_some_and(|n| n >= 1),
+        "with no retries at all, the FailJob rule would say nothing"
+    );
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pipeline_container_hands_sigterm_on_to_meltano() -> Result<()> {
+    let pod = Pod::load()?;
+    let agent = TestAgent::start("memory://").await?;
+    let (mut run, _project) = spawn_pipeline_container(&pod, &agent, &[("STANDIN_HOLD", "1")])?;
+    run.expect_line(&format!("keys {EXAMPLE_KEY}")).await?;
+    // What the kubelet sends the container's PID 1 when the pod is deleted.
+    run.signal(Signal::SIGTERM)?;
+    let out = run.finish().await?;
+    out.expect_code(143)?;
+    ensure!(out.stdout.contains("meltano got TERM"), "{out:?}");
+    ensure!(!out.stderr.contains("skipped"), "{out:?}");
     Ok(())
 }
 

@@ -562,15 +562,24 @@ async fn pipeline_example_runs_locked_on_the_socket_the_agents_unit_listens_on()
             .any(|(k, v)| k == "RUNLOCK_SOCKET" && v == listens),
         "the example's RUNLOCK_SOCKET is not {listens}: {env:?}"
     );
-    // 75 (held elsewhere) counts as success; 76 (lost) must not.
-    let success = settings
-        .iter()
-        .find(|(k, _)| k == "SuccessExitStatus")
-        .map(|(_, v)| v.split_whitespace().map(String::from).collect::<Vec<_>>())
-        .unwrap_or_default();
+    // 75 (held elsewhere: skipped, from the shim or the Meltano add-on)
+    // counts as success and is never restarted; 76 (lost) must fail.
+    let statuses = |name: &str| {
+        settings
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.split_whitespace().map(String::from).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let success = statuses("SuccessExitStatus");
     ensure!(
         success.iter().any(|c| c == "75") && !success.iter().any(|c| c == "76"),
         "SuccessExitStatus={success:?}"
+    );
+    let no_restart = statuses("RestartPreventExitStatus");
+    ensure!(
+        no_restart.iter().any(|c| c == "75"),
+        "RestartPreventExitStatus={no_restart:?}"
     );
 
     let exec = settings

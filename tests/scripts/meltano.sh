@@ -12,7 +12,9 @@
 #                              `meltano install` runs per test)
 #
 # Into Meltano's venv it also installs this checkout's Python client and the
-# Meltano add-on (clients/python, clients/meltano) every time (a few seconds;
+# Meltano add-on (clients/python, clients/meltano), and the third-party state
+# backend the add-on's tests wrap (clients/meltano/tests/fixtures/
+# dummy_state_backend, scheme `dummy`), every time (a few seconds;
 # the venv must hold this checkout's code, not an earlier one's), Meltano's
 # `s3`, `gcs` and `azure` extras (the client libraries of its cloud state
 # stores), its `postgres` extra (psycopg, for a system database on
@@ -46,7 +48,8 @@ meltano_install() {
     echo "meltano $MELTANO_VERSION: $RUNLOCK_TEST_MELTANO" >&2
 }
 
-# meltano_addon_install VENV: clients/python and clients/meltano into VENV.
+# meltano_addon_install VENV: clients/python, clients/meltano and the add-on's
+# test state backend into VENV.
 meltano_addon_install() {
     local venv=$1 repo scratch rc=0
     repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -60,7 +63,8 @@ meltano_addon_install() {
     cp "$repo/Cargo.toml" "$scratch/" &&
         cp -r "$repo/clients/python" "$repo/clients/meltano" "$scratch/clients/" &&
         "$venv/bin/pip" install -q --disable-pip-version-check --no-deps --force-reinstall \
-            "$scratch/clients/python" "$scratch/clients/meltano" >"$scratch/log" 2>&1 ||
+            "$scratch/clients/python" "$scratch/clients/meltano" \
+            "$scratch/clients/meltano/tests/fixtures/dummy_state_backend" >"$scratch/log" 2>&1 ||
         { cat "$scratch/log" >&2; rc=1; }
     rm -rf "$scratch"
     return $rc

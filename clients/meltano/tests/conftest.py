@@ -1,7 +1,8 @@
 """Fixtures for the add-on's tests: real ``runlockd`` agents on temporary
-sockets, and Meltano projects ("hosts") that use the add-on, on ``file://``
-and on ``s3://`` (moto at ``RUNLOCK_TEST_S3_ENDPOINT``, which scripts/test
-starts; without it the s3 tests fail, as a missing emulator must).
+sockets, and Meltano projects ("hosts") that use the add-on, on ``file://``,
+on ``s3://`` (moto at ``RUNLOCK_TEST_S3_ENDPOINT``, which scripts/test
+starts; without it the s3 tests fail, as a missing emulator must), and on a
+third party's store (``dummy://``, tests/fixtures/dummy_state_backend).
 
 Run in Meltano's venv, where tests/scripts/meltano.sh installed Meltano, the
 client and this add-on (clients/meltano/run-tests.sh does it all).
@@ -32,6 +33,9 @@ REPO = HERE.parent.parent.parent
 
 #: The state ID (and so the run lock's key) of the hosts' pipeline.
 STATE_ID = "dev:tap-counter-to-target-state"
+
+#: The state ID of the hosts' other pipeline (``tap-other``, the same tap).
+OTHER_STATE_ID = "dev:tap-other-to-target-state"
 
 #: Bounds each wait on a Meltano run.
 MELTANO_BOUND_S = 90.0
@@ -108,9 +112,20 @@ def s3_store() -> Store:
     return Store("s3", f"s3://{bucket}/locks", f"runlock+s3://{bucket}/state", env, settings)
 
 
-@pytest.fixture(params=["file", "s3"])
+def dummy_store(workdir: Path) -> Store:
+    """A third party's state backend (tests/fixtures/dummy_state_backend,
+    which tests/scripts/meltano.sh installs), given its one setting."""
+    return Store(
+        "dummy", f"file://{workdir / 'locks'}", f"runlock+dummy://{workdir / 'dummy'}",
+        meltano_settings="  dummy:\n    suffix: .state\n",
+    )
+
+
+@pytest.fixture(params=["file", "s3", "dummy"])
 def store(request: pytest.FixtureRequest, workdir: Path) -> Store:
-    return file_store(workdir) if request.param == "file" else s3_store()
+    if request.param == "s3":
+        return s3_store()
+    return file_store(workdir) if request.param == "file" else dummy_store(workdir)
 
 
 class Run:
@@ -183,6 +198,8 @@ class Host:
             "    namespace: tap_counter\n"
             f"    executable: {self.root / 'tap-counter'}\n"
             "    capabilities: [state]\n"
+            "  - name: tap-other\n"
+            "    inherit_from: tap-counter\n"
             "  loaders:\n"
             "  - name: target-state\n"
             "    namespace: target_state\n"

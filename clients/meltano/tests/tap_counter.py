@@ -5,7 +5,8 @@ started (``started PID``) in the file ``$TAP_SIDE``, emits one record and the
 state ``{"run": $TAP_TAG}``, then holds until the file ``$TAP_SIDE.release``
 exists (60 s at most) and emits ``{"run": $TAP_TAG, "step": "last"}``. With
 ``$TAP_HOLD_FIRST`` set, it holds before its first state instead, so that
-its run writes no state until released.
+its run writes no state until released. With ``$TAP_FAIL`` set, it fails
+(exit 1) as soon as it has recorded that it started: a real failure.
 """
 
 import json
@@ -33,6 +34,8 @@ def main(argv):
             state = json.load(handle)
     with open(side, "a") as out:
         out.write(f"seen {os.getpid()} {json.dumps(state)}\nstarted {os.getpid()}\n")
+    if os.environ.get("TAP_FAIL"):
+        sys.exit(1)
     emit({"type": "SCHEMA", "stream": "s", "schema": {"properties": {"id": {"type": "integer"}}}, "key_properties": ["id"]})
     emit({"type": "RECORD", "stream": "s", "record": {"id": 1}})
     hold_first = bool(os.environ.get("TAP_HOLD_FIRST"))

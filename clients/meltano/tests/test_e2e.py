@@ -1,6 +1,7 @@
 """End to end: the real Meltano with the add-on, two projects as two hosts,
-each with its own agent and system database, sharing one store (file:// and
-s3:// through moto, where Meltano's own S3 store writes the state)."""
+each with its own agent and system database, sharing one store (file://,
+s3:// through moto, where Meltano's own S3 store writes the state, and a
+third party's store, dummy://)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,14 @@ import sys
 import time
 from pathlib import Path
 from typing import List
+from urllib.parse import quote
 
 import runlock
-from conftest import MELTANO_BOUND_S, STATE_ID, Host, Run, Store, file_store
+from conftest import MELTANO_BOUND_S, OTHER_STATE_ID, STATE_ID, Host, Run, Store, dummy_store, file_store
+
+#: A run refused because another holds its key: skipped, not failed (EX_TEMPFAIL,
+#: as the shim exits for a held key).
+SKIPPED = 75
 
 #: A duplicate run must be refused at once: well within Meltano's own start-up.
 REFUSAL_BOUND_S = 30.0
@@ -34,18 +40,19 @@ def committed(host: Host, expected: object) -> None:
         assert time.monotonic() < deadline, f"the state stayed {state!r}, not {expected!r}"
 
 
-def refused_naming(second: Run, first: Run, host: Host) -> float:
-    """Waits for ``second`` and checks it was refused at once, naming
-    ``first`` as the holder, before its tap started; returns how long it took."""
-    started = time.monotonic()
+def refused_naming(second: Run, first: Run, host: Host, state_id: str = STATE_ID, started: int = 0) -> float:
+    """Waits for ``second`` and checks it was refused at once, as a skipped
+    run (exit 75), naming ``first`` as the holder of ``state_id``, before its
+    tap started (``started`` taps had before it); returns how long it took."""
+    start = time.monotonic()
     status = second.wait()
-    took = time.monotonic() - started
+    took = time.monotonic() - start
     out = second.output()
-    assert status == 1, out
-    assert f"{STATE_ID!r} is already running" in out, out
+    assert status == SKIPPED, out
+    assert f"{state_id!r} is already running" in out, out
     assert f"pid {first.pid} on {socket.gethostname()}" in out, out
     assert " since " in out and "Traceback" not in out, out
-    assert host.started() == [], "the second run's tap ran"
+    assert len(host.started()) == started, "the refused run's tap ran"
     assert took < REFUSAL_BOUND_S, took
     return took
 
@@ -95,6 +102,70 @@ def test_runs_that_read_no_state_are_locked_as_meltano_starts_them(runlockd: Pat
     finally:
         a.close()
         b.close()
+
+
+def test_a_refused_pipeline_ends_a_run_of_several_with_75_and_a_failure_still_with_1(
+    runlockd: Path, workdir: Path
+) -> None:
+    store = file_store(workdir)
+    a = Host("a", runlockd, workdir, store)
+    b = Host("b", runlockd, workdir, store)
+    try:
+        holder = a.meltano("run", "tap-other", "target-state", TAP_TAG="a")
+        a.wait_started(1, holder)
+
+        # B's taps do not hold: its first pipeline runs to its end, then
+        # Meltano starts the second one's job, held by A.
+        b.release_taps()
+        both = b.meltano("run", "tap-counter", "target-state", "tap-other", "target-state", TAP_TAG="b")
+        refused_naming(both, holder, b, OTHER_STATE_ID, started=1)
+        assert b.state() == {"singer_state": {"run": "b", "step": "last"}}, "the first pipeline's state"
+
+        # A real failure is one still: Meltano's status, 1.
+        failed = b.run("b", TAP_FAIL="1")
+        assert failed.wait() == 1, failed.output()
+        assert "already running" not in failed.output(), failed.output()
+        assert len(b.started()) == 2
+
+        # A forced run of the held pipeline runs, and ends as Meltano does.
+        forced = b.meltano("run", "tap-other", "target-state", "--force", TAP_TAG="forced")
+        assert forced.wait() == 0, forced.output()
+        assert len(b.started()) == 3
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_third_partys_state_backend_keeps_the_state_under_its_own_lock(runlockd: Path, workdir: Path) -> None:
+    """``runlock+dummy://``: Meltano's look-up finds the add-on for a scheme
+    another package installed, and the add-on hands the state to that
+    package's store, with its setting, taking the store's own lock inside
+    runlock's around each write (that store refusing nothing itself)."""
+    host = Host("a", runlockd, workdir, dummy_store(workdir))
+    try:
+        host.release_taps()
+        run = host.run("a")
+        assert run.wait() == 0, run.output()
+        assert host.state() == {"singer_state": {"run": "a", "step": "last"}}
+        root = workdir / "dummy"
+        stored = json.loads((root / (quote(STATE_ID, safe="") + ".state")).read_text())
+        assert stored["completed"] == {"singer_state": {"run": "a", "step": "last"}}, stored
+        log = host.agent.log()
+        assert f"acquired key={STATE_ID} " in log and f"acquired key=meltano-state-write:{STATE_ID} " in log, log
+        held = set()
+        writes = 0
+        for line in (root / "journal").read_text().splitlines():
+            what, state_id = line.split(" ", 1)
+            if what == "lock":
+                held.add(state_id)
+            elif what == "unlock":
+                held.discard(state_id)
+            else:
+                assert state_id in held, f"{line!r} outside the store's own lock"
+                writes += 1
+        assert writes >= 2, "Meltano wrote the state once per STATE message"
+    finally:
+        host.close()
 
 
 def test_a_killed_run_frees_the_key_at_once_and_its_state_stays(hosts: List[Host]) -> None:
@@ -151,7 +222,7 @@ def test_a_run_wrapped_by_the_shim_takes_the_key_once(hosts: List[Host], runlock
     a.wait_started(1, wrapped)
     committed(b, {"singer_state": {"run": "a"}})
     refused = b.run("b")
-    assert refused.wait() != 0
+    assert refused.wait() == SKIPPED
     assert f"{STATE_ID!r} is already running" in refused.output(), refused.output()
 
     a.release_taps()

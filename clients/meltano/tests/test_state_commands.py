@@ -3,7 +3,8 @@
 projects side by side, one with ``state_backend.uri`` = URI and one with
 ``runlock+URI``, run the same commands over the same existing state, and
 their stores are compared after each (their raw contents, and the output
-of ``get``, ``list`` and ``export``), on ``file://``, ``s3://`` (moto) and
+of ``get``, ``list`` and ``export``), on ``file://``, ``s3://`` (moto), a
+third party's store (``dummy://``, tests/fixtures/dummy_state_backend) and
 the system database on SQLite and on PostgreSQL."""
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ def pair(kind: str, workdir: Path) -> Tuple[Project, Snapshot, Project, Snapshot
     for name in ("plain", "runlock"):
         prefix = "runlock+" if name == "runlock" else ""
         extra = ""
+        extra_settings = ""
         snapshot: Snapshot
         if kind == "file":
             where = workdir / f"{name}-state"
@@ -140,6 +142,13 @@ def pair(kind: str, workdir: Path) -> Tuple[Project, Snapshot, Project, Snapshot
                 f"  s3:\n    endpoint_url: {endpoint}\n    aws_access_key_id: test\n    aws_secret_access_key: test\n"
             )
             snapshot = lambda bucket=bucket: s3_objects(bucket)  # noqa: E731
+        elif kind == "dummy":
+            # A third party's store (tests/fixtures/dummy_state_backend), with
+            # its setting; its journal of locks and writes is compared too.
+            where = workdir / f"{name}-state"
+            uri = f"{prefix}dummy://{where}"
+            extra_settings = "  dummy:\n    suffix: .state\n"
+            snapshot = lambda where=where: files_under(where)  # noqa: E731
         elif kind == "sqlite":
             uri = "runlock+systemdb://" if prefix else "systemdb"
             db = workdir / name / ".meltano" / "meltano.db"
@@ -150,7 +159,7 @@ def pair(kind: str, workdir: Path) -> Tuple[Project, Snapshot, Project, Snapshot
             extra = f"database_uri: {database}\n"
             snapshot = lambda database=database: pg_rows(database)  # noqa: E731
         project = Project(workdir / name, uri, extra)
-        if kind == "s3":
+        if extra_settings:
             with open(project.root / "meltano.yml", "a") as handle:
                 handle.write(extra_settings)
         made.append((project, snapshot))
@@ -208,7 +217,7 @@ def agent(runlockd: Path, workdir: Path) -> Iterator[Agent]:
         yield started
 
 
-@pytest.mark.parametrize("kind", ["file", "s3", "sqlite", "postgres"])
+@pytest.mark.parametrize("kind", ["file", "s3", "dummy", "sqlite", "postgres"])
 def test_each_state_subcommand_leaves_what_the_plain_backend_leaves(kind: str, agent: Agent, workdir: Path) -> None:
     plain, plain_snapshot, locked, locked_snapshot = pair(kind, workdir)
     plain.env = base_env({})
@@ -226,6 +235,9 @@ def test_each_state_subcommand_leaves_what_the_plain_backend_leaves(kind: str, a
             assert code_a == 0 and code_b == 0, (args, err_a, err_b)
         assert plain_snapshot() == locked_snapshot()
         assert plain_snapshot(), "no existing state"
+        if kind == "dummy":
+            # The store's setting reached it through the add-on: its files' suffix.
+            assert "alpha.state" in locked_snapshot(), locked_snapshot()
 
         for args, stdin in STEPS:
             (code_a, out_a, err_a), (code_b, out_b, err_b) = both(args, stdin)
@@ -238,3 +250,4 @@ def test_each_state_subcommand_leaves_what_the_plain_backend_leaves(kind: str, a
         locked.close()
     # The runlock+ project did go through the add-on: its state locks.
     assert "acquired key=meltano-state-write:alpha " in agent.log(), agent.log()
+

@@ -5,21 +5,28 @@ the state lock, the policy when no agent answers, and the URI forms."""
 from __future__ import annotations
 
 import asyncio
+import importlib.metadata
 import logging
 import os
+import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, Optional
+from typing import Callable, Dict, Iterable, Iterator, Optional
 
 import click
 import pytest
 import runlock
 from conftest import serve_this_process
+from meltano.core.error import MeltanoError
 from meltano.core.job.job import Job, State
+from meltano.core.runner import RunnerError
+from meltano.core.state_store import StateBackend
+from meltano.core.state_store.filesystem import LocalFilesystemStateStoreManager
 from meltano.core.state_store.base import MeltanoState, StateIDLockedError, StateStoreManager, UnsupportedStateBackendURIError
 from runlock.testing import Agent
 
 from runlock_meltano import LockUnavailable, RunHeld, RunlockStateStoreManager, StaleRun
-from runlock_meltano import invocation, job_start, runs, settings, state_lock
+from runlock_meltano import fence, invocation, job_start, runs, schemes, settings, state_lock
 from runlock_meltano.inner import inner_uri
 from runlock_meltano.invocation import Invocation
 from runlock_meltano.runs import RunLocks, shim_token
@@ -30,13 +37,17 @@ FORCED = Invocation(runs_pipelines=True, force=True)
 
 
 class MemoryStore(StateStoreManager):
-    """Meltano's part, in memory: what the add-on hands writes to."""
+    """The store under the add-on, in memory: what it hands writes to. Not
+    one of Meltano's own, so the add-on takes its lock too (inside its own)."""
 
     label = "Memory"
 
-    def __init__(self) -> None:
+    def __init__(self, observe: Callable[[], object] = lambda: None) -> None:
         super().__init__()
         self.states: Dict[str, MeltanoState] = {}
+        #: Each time its lock was taken: the state ID, and what ``observe`` said then.
+        self.locked: list[tuple[str, object]] = []
+        self.observe = observe
 
     def set(self, state: MeltanoState) -> None:
         self.states[state.state_id] = state
@@ -50,8 +61,10 @@ class MemoryStore(StateStoreManager):
     def get_state_ids(self, pattern: Optional[str] = None) -> Iterable[str]:
         return list(self.states)
 
-    def acquire_lock(self, state_id: str, *, retry_seconds: float) -> Iterator[None]:  # type: ignore[override]
-        raise AssertionError("the add-on takes the state lock itself")
+    @contextmanager
+    def acquire_lock(self, state_id: str, *, retry_seconds: float) -> Iterator[None]:
+        self.locked.append((state_id, self.observe()))
+        yield
 
 
 @pytest.fixture
@@ -291,3 +304,84 @@ def test_a_job_start_locks_its_state_id_only_under_a_runlock_state_backend(
         asyncio.run(held_inside(session))
     assert session.saved == []
     first.release_all()
+
+
+def test_a_run_refused_as_held_is_skipped_and_every_other_refusal_fails() -> None:
+    held = RunHeld(STATE_ID, None)
+    # Meltano's CLI ends with a MeltanoError's exit_code(); `meltano run` ends
+    # any RunnerError of a block with 1 before that.
+    assert held.exit_code() == 75
+    assert isinstance(held, MeltanoError) and not isinstance(held, RunnerError)
+    for failure in (
+        StaleRun(STATE_ID, 1, "forced", None),
+        LockUnavailable(STATE_ID, runlock.RunlockError("cannot reach the agent")),
+    ):
+        assert isinstance(failure, RunnerError) and failure.exit_code() == 1
+
+
+def test_a_refusal_is_logged_without_its_traceback(caplog: pytest.LogCaptureFixture) -> None:
+    root = logging.getLogger()
+    for error, quiet in ((RunHeld(STATE_ID, None), True), (RunHeld(STATE_ID, None), False), (ValueError("x"), False)):
+        if quiet:
+            error.log_without_traceback()  # type: ignore[union-attr]
+        caplog.clear()
+        try:
+            raise error
+        except Exception:
+            # As Meltano's job log handler logs an exception of a block.
+            root.error(str(error), exc_info=True)
+        [record] = caplog.records
+        assert record.getMessage() == str(error)
+        assert (record.exc_info is None) == quiet, error
+
+
+def test_an_add_ons_store_keeps_its_own_lock_inside_runlocks(agent: Agent) -> None:
+    store = MemoryStore(observe=lambda: sorted(lease.key for lease in runlock.status()))
+    backend = manager(store, RUN)
+    assert not backend.fence.meltanos_own
+    backend.update(state("run"))
+    backend.clear(STATE_ID)
+    both = sorted([STATE_ID, state_lock.key(STATE_ID)])
+    assert store.locked == [(STATE_ID, both), (STATE_ID, both)]
+    assert store.states == {}
+    backend.runs.release_all()
+
+
+def test_a_fence_in_the_store_is_kept_for_meltanos_own_stores_only(workdir: Path) -> None:
+    own = LocalFilesystemStateStoreManager(uri=f"file://{workdir}", lock_timeout_seconds=10)
+
+    class BuiltOnMeltanos(type(own)):  # type: ignore[misc]
+        """An add-on's store built on Meltano's class: it may keep state otherwise."""
+
+    assert type(fence.for_store(own)) is fence.FileFence and fence.for_store(own).meltanos_own
+    for other in (BuiltOnMeltanos(uri=f"file://{workdir}", lock_timeout_seconds=10), MemoryStore()):
+        kept = fence.for_store(other)
+        assert type(kept) is fence.StoreFence and not kept.meltanos_own
+
+
+def test_every_installed_state_backend_gets_its_runlock_scheme() -> None:
+    assert schemes.wrapped_names(["file", "dummy", "runlock+file", "runlock+x", "dummy"]) == ["runlock+dummy"]
+    manager_path = "runlock_meltano.backend:RunlockStateStoreManager"
+    # Meltano's library (the backport before Python 3.12) and the standard one.
+    libraries: list = [importlib.metadata]
+    if sys.version_info < (3, 12):
+        import importlib_metadata
+
+        libraries.append(importlib_metadata)
+    for library in libraries:
+        found = library.entry_points(group=schemes.GROUP)
+        # tests/scripts/meltano.sh installs the dummy backend (tests/fixtures/).
+        assert {"dummy", "runlock+dummy", "runlock+file", "runlock+systemdb"} <= found.names, found.names
+        assert found["runlock+dummy"].value == manager_path
+        assert found["runlock+dummy"].load() is RunlockStateStoreManager
+        assert not any(name.startswith("runlock+runlock+") for name in found.names)
+        # The finder's distribution declares only what no package does.
+        added = library.distribution(schemes.NAME).entry_points
+        assert "runlock+dummy" in added.names and "runlock+file" not in added.names
+        assert library.version("meltano")  # other look-ups find what they did
+        elsewhere = library.distributions(path=[str(Path(__file__).parent)])
+        assert schemes.NAME not in {dist.metadata["Name"] for dist in elsewhere}
+    assert StateBackend.get_manager_factory(scheme="runlock+dummy") is RunlockStateStoreManager
+    schemes.install()
+    schemes.install()
+    assert sum(1 for finder in sys.meta_path if getattr(finder, schemes.MARK, False)) == 1

@@ -1,23 +1,26 @@
 """runlock inside Meltano: a state backend (``state_backend.uri:
-runlock+s3://…``, ``runlock+file://…``, …) that locks each run's state ID
-through the host's runlockd as Meltano starts the run, takes Meltano's
-state lock through it, and refuses state writes from a run whose lease is
-no longer current. See README.md.
+runlock+s3://…``, ``runlock+file://…``, ``runlock+NAME://…`` for any state
+backend installed) that locks each run's state ID through the host's
+runlockd as Meltano starts the run, takes Meltano's state lock through it,
+and refuses state writes from a run whose lease is no longer current. See
+README.md.
 """
 
 from __future__ import annotations
 
 import typing as t
 
-from . import job_start
+from . import job_start, schemes
 
 if t.TYPE_CHECKING:
     from .backend import RunlockStateStoreManager
     from .errors import LockUnavailable, RunHeld, StaleRun
 
 # Meltano imports the add-on at start-up, for every command (its setting,
-# settings.py): the moment to hook the start of Meltano's jobs.
+# settings.py): the moment to hook the start of Meltano's jobs, and to offer
+# runlock+NAME for every state backend installed, before Meltano looks one up.
 job_start.install()
+schemes.install()
 
 __all__ = ["RunlockStateStoreManager", "RunHeld", "StaleRun", "LockUnavailable"]
 

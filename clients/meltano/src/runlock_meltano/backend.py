@@ -20,7 +20,8 @@ from .state_lock import state_lock
 
 
 class RunlockStateStoreManager(StateStoreManager):
-    """``state_backend.uri: runlock+s3://bucket/prefix`` (or file, gs, azure, systemdb)."""
+    """``state_backend.uri: runlock+s3://bucket/prefix`` (or file, gs, azure,
+    systemdb, or any state backend installed: ``runlock+NAME://…``)."""
 
     def __init__(
         self,
@@ -98,6 +99,13 @@ class RunlockStateStoreManager(StateStoreManager):
         # The run lock first, so that a run that writes before it reads is
         # refused as a duplicate run, not queued behind a state write.
         self._enter(state_id)
+        if not self.fence.meltanos_own:
+            # An add-on's store: runlock's lock, then the store's own, which
+            # may do what the store needs done (and keeps out its writers
+            # without the add-on).
+            with state_lock(state_id), self.inner.acquire_lock(state_id, retry_seconds=retry_seconds):
+                yield
+            return
         if isinstance(self.inner, BaseFilesystemStateStoreManager):
             # As Meltano's own acquire_lock, which this one replaces: deleting
             # a local state ID removes its directory, which must exist.

@@ -20,6 +20,11 @@ refused as soon as the newer run has started. Other stores (databases
 other than PostgreSQL and SQLite, add-ons' stores) keep the agent check
 alone (runs.py).
 
+A fence writes the store's objects itself, so it is kept only for Meltano's
+own managers, by their exact class: an add-on's manager, even one built on
+Meltano's classes, may keep its state otherwise, and is written through its
+own ``set`` and ``delete`` only, under its own lock (backend.py).
+
 In ``state.json`` the token is one more key, ``runlock_token``, beside
 Meltano's ``completed`` and ``partial``, which Meltano's reader ignores. A
 write from a ``meltano state`` command keeps the token it finds; Meltano's
@@ -69,8 +74,11 @@ class StoreFence:
     """No fence in the store: writes go to Meltano's store as they are (the
     agent check before them is all). Subclasses make the store decide."""
 
-    def __init__(self, inner: StateStoreManager):
+    def __init__(self, inner: StateStoreManager, *, meltanos_own: bool = True):
         self.inner = inner
+        #: Whether ``inner`` is one of Meltano's own stores, whose lock the
+        #: add-on's replaces; an add-on's store keeps its own lock as well.
+        self.meltanos_own = meltanos_own
 
     def register(self, state_id: str, token: int, overtaken: Overtaken) -> None:
         """Records ``token`` as the state ID's newest run. ``overtaken(recorded)``
@@ -91,7 +99,8 @@ class StoreFence:
 
 def for_store(inner: StateStoreManager) -> StoreFence:
     """The fence that ``inner``'s store can keep."""
-    if isinstance(inner, LocalFilesystemStateStoreManager):
+    kind = type(inner)
+    if kind is LocalFilesystemStateStoreManager:
         return FileFence(inner)
     # A cloud store's module is imported when its manager exists, and only
     # then: it imports its client library (Meltano's s3, gcs, azure extras).
@@ -100,12 +109,11 @@ def for_store(inner: StateStoreManager) -> StoreFence:
         ("meltano.core.state_store.google.backend", "GCSStateStoreManager", GCSFence),
         ("meltano.core.state_store.azure.backend", "AZStorageStateStoreManager", AzureFence),
     ):
-        manager = getattr(sys.modules.get(module), name, None)
-        if isinstance(manager, type) and isinstance(inner, manager):
+        if kind is getattr(sys.modules.get(module), name, None):
             return fence(inner)
-    if isinstance(inner, DBStateStoreManager) and DBFence.supports(inner):
-        return DBFence(inner)
-    return StoreFence(inner)
+    if isinstance(inner, DBStateStoreManager) and kind is DBStateStoreManager:
+        return DBFence(inner) if DBFence.supports(inner) else StoreFence(inner)
+    return StoreFence(inner, meltanos_own=False)
 
 
 def encode(state: MeltanoState, token: int | None) -> str:

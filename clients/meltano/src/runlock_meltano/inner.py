@@ -26,7 +26,7 @@ def inner_uri(uri: str) -> str:
     if not scheme or scheme.startswith(PREFIX):
         raise UnsupportedStateBackendURIError(
             f"{redact(uri)!r} names no store: use runlock+file://, runlock+s3://, runlock+gs://, "
-            "runlock+azure:// or runlock+systemdb://"
+            "runlock+azure://, runlock+systemdb://, or runlock+ before the URI of any state backend installed"
         )
     return inner
 
@@ -59,9 +59,11 @@ def redact(uri: str) -> str:
 
 
 def open_inner(uri: str, settings: dict[str, t.Any]) -> StateStoreManager:
-    """Meltano's manager for the inner URI, given the settings Meltano gave
-    this one (``state_backend.*``) and the inner scheme's own
-    (``state_backend.s3.*`` and so on), read from the active project."""
+    """The manager Meltano would use for the inner URI: its own, or an
+    add-on's (any ``meltano.state_backends`` entry point), found as Meltano
+    finds it, given the settings Meltano gave this one (``state_backend.*``)
+    and the inner scheme's own (``state_backend.s3.*``, an add-on's
+    ``state_backend.NAME.*``), read from the active project."""
     inner = inner_uri(uri)
     scheme = urlparse(inner).scheme
     project = Project.find()
@@ -74,11 +76,12 @@ def open_inner(uri: str, settings: dict[str, t.Any]) -> StateStoreManager:
 
 
 def scheme_settings(project: Project, namespace: str) -> dict[str, t.Any]:
-    """``state_backend.NAMESPACE.NAME`` settings as ``{NAME: value}``."""
-    prefix = f"state_backend.{namespace}."
+    """``state_backend.NAMESPACE.….NAME`` settings as ``{NAME: value}``, as
+    Meltano gives them to the store of that namespace (the last part names it)."""
     service = project.settings
-    return {
-        definition.name[len(prefix):]: service.get(definition.name)
-        for definition in service.setting_definitions
-        if definition.name.startswith(prefix)
-    }
+    found = {}
+    for definition in service.setting_definitions:
+        parts = definition.name.split(".")
+        if len(parts) >= 3 and parts[0] == "state_backend" and parts[1] == namespace:
+            found[parts[-1]] = service.get(definition.name)
+    return found

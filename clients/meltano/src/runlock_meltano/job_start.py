@@ -72,10 +72,16 @@ def locking(original: JobRun) -> JobRun:
         if uri is not None and uri.startswith(PREFIX):
             # Here, not with this module: Meltano imports it for every command.
             from . import runs
+            from .errors import RunHeld
 
             # Raises RunHeld before Meltano marks the job running, so a refused
-            # run leaves no job behind in the system database.
-            runs.RUN_LOCKS.ensure(job.job_name)
+            # run leaves no job behind in the system database, and Meltano's
+            # CLI ends with RunHeld's exit status (75: skipped).
+            try:
+                runs.RUN_LOCKS.ensure(job.job_name)
+            except RunHeld as held:
+                held.log_without_traceback()
+                raise
         return original(job, session)
 
     setattr(run, ORIGINAL, original)
