@@ -10,6 +10,7 @@ mod attach;
 mod azure;
 mod azure_credentials;
 mod backends;
+mod book;
 mod bad_input;
 mod config;
 mod crash_release;

@@ -40,6 +40,7 @@ pub mod rewriting_proxy;
 pub mod run;
 pub mod store_requests;
 pub mod stores;
+pub mod transcript;
 
 pub use agent::{AgentOptions, TestAgent};
 pub use run::Run;
