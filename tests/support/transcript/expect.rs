@@ -31,6 +31,8 @@ pub struct Mismatch {
     pub expected: Option<String>,
     /// The actual line there (None: the output ended too soon).
     pub actual: Option<String>,
+    /// Whether `...` looked for `expected` from `line` to the end in vain.
+    pub searched: bool,
 }
 
 impl std::fmt::Display for Mismatch {
@@ -39,6 +41,14 @@ impl std::fmt::Display for Mismatch {
             Some(line) => format!("{line:?}"),
             None => "(the end of the output)".to_string(),
         };
+        if self.searched {
+            return write!(
+                f,
+                "no output line from line {} on matches what `...` is followed by:\n  expected: {}",
+                self.line,
+                show(&self.expected)
+            );
+        }
         write!(
             f,
             "first mismatch at output line {}:\n  expected: {}\n  actual:   {}",
@@ -77,9 +87,10 @@ pub fn first_mismatch(expected: &[String], actual: &str, names: &Names) -> Optio
                 Some(k) => j = k,
                 None => {
                     return Some(Mismatch {
-                        line: actual.len() + 1,
+                        line: j + 1,
                         expected: Some(next.to_string()),
                         actual: None,
+                        searched: true,
                     })
                 }
             }
@@ -91,6 +102,7 @@ pub fn first_mismatch(expected: &[String], actual: &str, names: &Names) -> Optio
                 line: j + 1,
                 expected: Some(expected[i].to_string()),
                 actual: None,
+                searched: false,
             });
         };
         if !line_matches(&pieces(expected[i], names), line) {
@@ -98,6 +110,7 @@ pub fn first_mismatch(expected: &[String], actual: &str, names: &Names) -> Optio
                 line: j + 1,
                 expected: Some(expected[i].to_string()),
                 actual: Some(line.to_string()),
+                searched: false,
             });
         }
         i += 1;
@@ -107,6 +120,7 @@ pub fn first_mismatch(expected: &[String], actual: &str, names: &Names) -> Optio
         line: j + 1,
         expected: None,
         actual: Some(line.to_string()),
+        searched: false,
     })
 }
 
@@ -242,9 +256,10 @@ mod tests {
         assert_eq!(
             check("a\n...\nz", "a\nb"),
             Some(Mismatch {
-                line: 3,
+                line: 2,
                 expected: Some("z".into()),
                 actual: None,
+                searched: true,
             })
         );
     }
@@ -257,6 +272,7 @@ mod tests {
                 line: 2,
                 expected: Some("b".into()),
                 actual: Some("x".into()),
+                searched: false,
             })
         );
         assert_eq!(
@@ -265,6 +281,7 @@ mod tests {
                 line: 2,
                 expected: None,
                 actual: Some("extra".into()),
+                searched: false,
             })
         );
         assert_eq!(check("a\n\n", "a\n"), None);

@@ -163,7 +163,8 @@ impl Transcript {
         let total = self.steps.len();
         let started = Instant::now();
         for (done, step) in self.steps.clone().iter().enumerate() {
-            self.step(step, &mut shells, &names).with_context(|| {
+            let step_started = Instant::now();
+            let printed = self.step(step, &mut shells, &names).with_context(|| {
                 format!(
                     "{} steps of {} ran as the page shows ({:.1?}); then",
                     done,
@@ -171,6 +172,12 @@ impl Transcript {
                     started.elapsed()
                 )
             })?;
+            // Shown with --nocapture: where a page's time goes, and what it printed.
+            eprintln!(
+                "{:>7.2?}  {}\n{printed}",
+                step_started.elapsed(),
+                step.shown()
+            );
         }
         if let Some(unused) = self.instead.iter().find(|s| !s.used) {
             bail!(
@@ -229,13 +236,15 @@ impl Transcript {
         step: &Step,
         shells: &mut BTreeMap<String, Session>,
         names: &Names,
-    ) -> Result<()> {
+    ) -> Result<String> {
         let path = self.path.clone();
         let place = |line: usize| format!("{}:{line}", path.display());
         match step {
             Step::Setup(command) => {
                 let text = self.stand_in(&command.text);
-                let Some(text) = text else { return Ok(()) };
+                let Some(text) = text else {
+                    return Ok(String::new());
+                };
                 for (name, shell) in shells.iter_mut() {
                     let ran = shell
                         .run(&text, self.limit)
@@ -299,9 +308,10 @@ impl Transcript {
                         output
                     );
                 }
+                return Ok(output);
             }
         }
-        Ok(())
+        Ok(String::new())
     }
 
     /// The text to run for `text`: its stand-in's, if it has one.

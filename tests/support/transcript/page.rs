@@ -20,6 +20,17 @@ pub enum Step {
     Wait(Command),
 }
 
+impl Step {
+    /// The step as the page writes it, for the runner's report.
+    pub fn shown(&self) -> String {
+        match self {
+            Step::Setup(command) => format!("(each shell) {}", command.text),
+            Step::Shown { command, .. } => command.shown(),
+            Step::Wait(command) => format!("(until it succeeds) {}", command.shown()),
+        }
+    }
+}
+
 /// A command as the page writes it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Command {
