@@ -9,7 +9,9 @@
 //!   here-document (`<<'EOF'`) to its end. The lines after a command, up to
 //!   the next command or the end of the block, are what it prints, stdout
 //!   and stderr together as a terminal shows them. A command ending in `&`
-//!   runs in the background, and its lines are awaited as they come.
+//!   runs in the background, and its lines are awaited as they come. Its
+//!   exit status is what it prints: a page shows it (`; echo "exit status
+//!   $?"`) where it matters.
 //! - A ```bash block is setup that every shell runs (each host does it),
 //!   line by line; each line must exit 0, and its output is not compared.
 //! - `<!-- transcript wait PROMPT$ COMMAND -->`, a line between blocks (it is
@@ -45,14 +47,14 @@ mod session;
 use crate::bins::bins;
 use anyhow::{bail, Context, Result};
 use expect::{first_mismatch, Names};
-pub use page::Step;
+use page::Step;
 use session::Session;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
-/// How long one command may take unless the test says otherwise.
+/// How long one command (or one `wait`, all its tries) may take.
 const STEP_LIMIT: Duration = Duration::from_secs(60);
 
 /// How often a `wait` directive tries its command again.
