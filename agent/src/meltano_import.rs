@@ -88,6 +88,9 @@ impl StateBackend {
                  choose a backend URI for the agent"
             );
         };
+        // The Meltano add-on's `runlock+SCHEME://…` keeps state in SCHEME's
+        // store, with SCHEME's settings: that store is the agent's too.
+        let uri = uri.strip_prefix("runlock+").unwrap_or(uri);
         let scheme = uri.split_once("://").map_or(uri, |(scheme, _)| scheme);
         let mut out = format!(
             "# runlockd configuration for the Meltano project {}, from the\n\
@@ -302,6 +305,20 @@ mod tests {
             toml.contains("PGPASSWORD") && !toml.contains(":pw@"),
             "{toml}"
         );
+    }
+
+    #[test]
+    fn the_add_ons_uri_names_the_store_it_wraps() {
+        let toml = imported(
+            "state_backend:\n  uri: runlock+s3://b/p\n  s3:\n    endpoint_url: http://e:9000\n",
+            &[],
+        )
+        .expect("imported");
+        assert!(toml.contains("backend = \"s3://b/p\""), "{toml}");
+        assert!(toml.contains("endpoint_url = \"http://e:9000\""), "{toml}");
+        let err =
+            imported("state_backend:\n  uri: runlock+systemdb://\n", &[]).expect_err("refused");
+        assert!(err.to_string().contains("system database"), "{err}");
     }
 
     #[test]
