@@ -26,6 +26,7 @@ mod legacy;
 mod lifecycle;
 mod listing;
 mod meltano;
+mod meltano_differential;
 mod meltano_e2e;
 mod metrics;
 mod package;
