@@ -152,5 +152,15 @@ def backend_shapes() -> List[BackendShape]:
         build("nothing", []),
         build("only-endpoint", [("dotenv", ENDPOINT, "http://127.0.0.1:9000")]),
         build("uri-variable-unset", [("yml", URI, "${NO_SUCH_BUCKET_URI}")]),
+        included_env_shape(),
     ]
     return shapes
+
+
+def included_env_shape() -> BackendShape:
+    """The URI's variable in an included file's top-level env: (merged into meltano.yml's)."""
+    shape = build("uri-included-yml-env", [("yml", ENDPOINT, "http://127.0.0.1:9000")])
+    shape.files["proj/meltano.yml"] += "include_paths:\n- extra/env.meltano.yml\n"
+    shape.files["proj/extra/env.meltano.yml"] = to_yaml({"env": {variable(URI): S3}})
+    shape.summary = "uri in an included file's env:, s3.endpoint_url in yml"
+    return shape

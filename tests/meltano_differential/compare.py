@@ -135,23 +135,33 @@ def expected_backend(uri: str) -> str:
     return uri
 
 
+# Settings whose values may be shown (the URI without its keys or password).
+NOT_SECRET = {"state_backend.uri", "state_backend.s3.endpoint_url", "state_backend.azure.storage_account_url"}
+
+
+def shown(name: str, value: Any) -> str:
+    if name not in NOT_SECRET or not isinstance(value, str):
+        return ""
+    return f" = {expected_backend(value) if name == 'state_backend.uri' else value}"
+
+
 def backend_verdict(settings: Optional[Dict[str, List[Any]]], meltano_error: Optional[str], secrets: List[str],
                     runlockd: Answer) -> Verdict:
     if settings is None:
         return Verdict(False, "Meltano could not read the settings", meltano_error or "", runlock_text(runlockd))
     found = {name: (STORES[store], variable, value) for name, (value, store, variable) in settings.items()
              if store in STORES}
-    meltano_said = "; ".join(f"{name}: {source}{f' ({var})' if source != 'meltano.yml' else ''}"
-                             for name, (source, var, _) in sorted(found.items())) or "nothing"
+    meltano_said = "; ".join(f"{name}: {source}{f' ({var})' if source != 'meltano.yml' else ''}{shown(name, value)}"
+                             for name, (source, var, value) in sorted(found.items())) or "nothing"
     said = runlock_text(runlockd) if runlockd.code != 0 else "; ".join(
-        f"{name}: {source}{f' ({var})' if var else ''}" for name, (source, var) in sorted(header(runlockd.stdout).items()))
+        f"{name}: {source}{f' ({var})' if var else ''}" for name, (source, var) in sorted(header(runlockd.stdout).items())
+    ) or "lists no setting"
 
     def verdict(passed: bool, category: str) -> Verdict:
         return Verdict(passed, category, meltano_said, said)
 
     output = runlockd.stdout + runlockd.stderr
-    shown = [secret for secret in secrets if secret in output]
-    if shown:
+    if any(secret in output for secret in secrets):
         return verdict(False, "runlockd shows a secret")
     uri = found.get("state_backend.uri")
     # Found but empty (an empty variable, or one a missing variable emptied)

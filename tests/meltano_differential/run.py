@@ -154,7 +154,8 @@ def migrated_database(oracle: Oracle, work: Path) -> Path:
 
 def describe(shape: Shape) -> str:
     env = " ".join(f"{k}={v!r}" for k, v in shape.env.items())
-    return f"[{shape.summary}] meltano {' '.join(repr(a) if not a or ' ' in a else a for a in shape.args)}" \
+    words = shape.launcher + shape.args
+    return f"[{shape.summary}] {' '.join(repr(a) if not a or ' ' in a else a for a in words)}" \
            f" (cwd {shape.cwd}{', ' + env if env else ''})"
 
 
@@ -199,7 +200,7 @@ def main() -> int:
             shutil.rmtree(work, ignore_errors=True)
     if args.answers:
         for shape_id, inputs, verdict in verdicts:
-            print(f"{shape_id}\t{inputs}\tMeltano: {verdict.meltano}\trunlock: {verdict.runlock}")
+            print(f"{shape_id}\t{inputs}\tMeltano: {verdict.meltano}\t{program(shape_id)}: {verdict.runlock}")
         return 0
     return report(verdicts, len(run_shapes), len(settings_shapes), time.monotonic() - started, args.summary)
 
@@ -219,7 +220,7 @@ def compare_all(args: argparse.Namespace, oracles: List[Oracle], work: Path, run
         if not args.runlock:
             return Answer(None, "", "not run")
         shape_dir = dirs[shape.id]
-        argv = [args.runlock, "run", "--meltano", "--print-keys", "--", "meltano",
+        argv = [args.runlock, "run", "--meltano", "--print-keys", "--", *shape.launcher,
                 *(substitute(a, shape_dir) for a in shape.args)]
         return run_program(argv, shape_dir / shape.cwd, shape_env(work, shape_dir, shape.env))
 
@@ -264,10 +265,14 @@ def compare_all(args: argparse.Namespace, oracles: List[Oracle], work: Path, run
     return verdicts
 
 
+def program(shape_id: str) -> str:
+    return "runlockd" if shape_id.startswith("backend-") else "runlock"
+
+
 def report(verdicts: List[Tuple[str, str, Verdict]], run_count: int, backend_count: int, seconds: float,
            summary: Optional[str]) -> int:
     failures = [(shape_id, inputs, v) for shape_id, inputs, v in verdicts if not v.passed]
-    lines = [f"{shape_id}\t{inputs}\tMeltano: {v.meltano}\trunlock: {v.runlock}\t({v.category})"
+    lines = [f"{shape_id}\t{inputs}\tMeltano: {v.meltano}\t{program(shape_id)}: {v.runlock}\t({v.category})"
              for shape_id, inputs, v in failures]
     REPORT.write_text("".join(line + "\n" for line in lines))
     for line in lines:

@@ -39,6 +39,8 @@ class Shape:
     env: Dict[str, str]
     # After `meltano`, as runlock sees them.
     args: List[str]
+    # What runlock sees before them: `meltano`, perhaps behind a wrapper.
+    launcher: List[str]
     # As Meltano is asked: a dry run, and without what does not change the keys.
     oracle_args: List[str]
     oracle_env: Dict[str, str]
@@ -58,6 +60,8 @@ class Draft:
     dotenv_newline: str = "\n"
     env: Dict[str, str] = field(default_factory=dict)
     global_opts: List[str] = field(default_factory=list)
+    # How runlock's command line starts the `meltano` the oracle runs.
+    launcher: List[str] = field(default_factory=lambda: ["meltano"])
     command: str = "run"
     command_opts: List[str] = field(default_factory=list)
     blocks: List[str] = field(default_factory=lambda: ["tap-a", "target-a"])
@@ -160,6 +164,10 @@ def env(**variables: str) -> Apply:
     return lambda d: d.env.update(variables)
 
 
+def launcher(*words: str) -> Apply:
+    return lambda d: setattr(d, "launcher", list(words))
+
+
 def dotenv(*lines: str) -> Apply:
     return lambda d: d.dotenv_add(*lines)
 
@@ -212,6 +220,9 @@ ENVIRONMENT = [
     v("flag-missing", glob("--environment", "nope"), alone=True),
     v("flag-after-run", opts("--environment", "prod"), alone=True),
     v("flag-over-process", glob("--environment", "staging"), env(MELTANO_ENVIRONMENT="prod")),
+    v("flag-twice", glob("--environment", "staging", "--environment=prod")),
+    v("env-launcher", launcher("env", "MELTANO_ENVIRONMENT=prod", "meltano")),
+    v("path-launcher", launcher("/opt/meltano/bin/meltano"), glob("--environment", "prod")),
     v("process", env(MELTANO_ENVIRONMENT="prod")),
     v("process-empty", env(MELTANO_ENVIRONMENT="")),
     v("process-empty-over-dotenv", env(MELTANO_ENVIRONMENT=""), dotenv("MELTANO_ENVIRONMENT=prod"), alone=True),
@@ -245,6 +256,7 @@ ENVIRONMENT = [
     v("default-missing", yml("default_environment", "nope"), alone=True),
     v("default-process", env(MELTANO_DEFAULT_ENVIRONMENT="prod")),
     v("default-dotenv", dotenv("MELTANO_DEFAULT_ENVIRONMENT=prod")),
+    v("default-yml-env", yml("env", {"MELTANO_DEFAULT_ENVIRONMENT": "prod"})),
     v("default-process-no-yml", no_default, env(MELTANO_DEFAULT_ENVIRONMENT="prod")),
     v("default-var-process", yml("default_environment", "${DEFENV}"), env(DEFENV="prod")),
     v("default-var-dotenv", yml("default_environment", "${DEFENV}"), dotenv("DEFENV=prod")),
@@ -274,6 +286,12 @@ PLUGIN_ENV_WHY = (
 SETTING_WHY = (
     "the variable is a MELTANO_* setting or plugin variable that Meltano adds for "
     "the first plugin whose settings it reads; runlock cannot know its value"
+)
+
+EXPANSIONS_WHY = (
+    "Meltano expands state_id_suffix again each time it reads a plugin's settings, "
+    "so an escaped $ or a $ in a variable's value is expanded by a later reading: "
+    "how many there are depends on the plugins"
 )
 
 SUFFIX = [
@@ -307,9 +325,17 @@ SUFFIX = [
     v("yml-env-over-process", suffix("${SUF}"), yml("env", {"SUF": "green"}), env(SUF="red"), alone=True),
     v("process-over-dotenv", suffix("${SUF}"), env(SUF="green"), dotenv("SUF=red"), alone=True),
     v("environment-env-only", suffix("${SUF}"), env_env({"SUF": "green"}), alone=True),
+    v("environment-env-only-inherited", suffix("${SUF}"), env_env({"SUF": "green"}), blocks("tap-b", "target-a"),
+      alone=True),
     v("lowercase-bare", suffix("$suf"), env(suf="green"), alone=True),
     v("lowercase-braced", suffix("${suf}"), env(suf="green")),
-    v("escaped", suffix("\\$SUF"), env(SUF="green"), alone=True),
+    v("escaped", suffix("\\$SUF"), env(SUF="green"), refuse("SUF", EXPANSIONS_WHY), alone=True),
+    v("escaped-twice", suffix("\\\\$SUF"), env(SUF="green"), refuse("SUF", EXPANSIONS_WHY), alone=True),
+    v("escaped-twice-more-plugins", suffix("\\\\$SUF"), env(SUF="green"), blocks("tap-b", "m1", "target-b"),
+      refuse("SUF", EXPANSIONS_WHY), alone=True),
+    v("value-with-dollar", suffix("${SUF}"), dotenv("SUF=$OTHER"), env(OTHER="deep"), refuse("SUF", EXPANSIONS_WHY),
+      alone=True),
+    v("yml-env-run-suffix-ignored", yml("env", {"MELTANO_RUN_STATE_ID_SUFFIX": "s4"}), alone=True),
     v("composite", suffix("x-${SUF}-$OTHER"), env(SUF="a"), dotenv("OTHER=b")),
     v("environment-name", suffix("${MELTANO_ENVIRONMENT}-s"), alone=True),
     v("plugin-env-extractor", suffix("${PLUGSUF}"), plugin_env("extractors", "tap-a", {"PLUGSUF": "x"}),
@@ -506,6 +532,9 @@ STATE_ID = [
     v("none", refuse("--state-id", EPHEMERAL_WHY)),
     v("flag-empty", opts("--state-id", ""), refuse("--state-id", EPHEMERAL_WHY)),
     v("dotenv-only", dotenv("MELTANO_STATE_ID=dotenv-id"), refuse("--state-id", EPHEMERAL_WHY)),
+    v("yml-env-only", yml("env", {"MELTANO_STATE_ID": "yml-id"}), refuse("--state-id", EPHEMERAL_WHY)),
+    v("process-empty", env(MELTANO_STATE_ID=""), refuse("--state-id", EPHEMERAL_WHY)),
+    v("env-launcher", launcher("env", "MELTANO_STATE_ID=launcher-id", "meltano")),
 ]
 
 EL_COMMANDS = [
@@ -550,6 +579,11 @@ def build(shape_id: str, picks: List[Tuple[str, Variant]]) -> Shape:
     elif draft.command in ("el", "elt"):
         oracle_args.insert(at, "--dry")
     oracle_env = {k: val for k, val in draft.env.items() if k not in draft.oracle_drops_env}
+    # An `env NAME=VALUE meltano` launcher's variables are Meltano's too.
+    if draft.launcher[:1] == ["env"]:
+        for assignment in draft.launcher[1:-1]:
+            name, value = assignment.split("=", 1)
+            oracle_env[name] = value
     summary = " ".join(f"{dim}={variant.tag}" for dim, variant in picks if not plain(variant))
     return Shape(
         id=shape_id,
@@ -558,6 +592,7 @@ def build(shape_id: str, picks: List[Tuple[str, Variant]]) -> Shape:
         cwd=draft.cwd,
         env=draft.env,
         args=args,
+        launcher=draft.launcher,
         oracle_args=oracle_args,
         oracle_env=oracle_env,
         refuse=draft.refuse,
@@ -587,7 +622,8 @@ def shapes() -> List[Shape]:
     seen = set()
     unique = []
     for shape in result:
-        key = (tuple(shape.args), tuple(sorted(shape.env.items())), tuple(sorted(shape.files.items())), shape.cwd)
+        key = (tuple(shape.launcher + shape.args), tuple(sorted(shape.env.items())),
+               tuple(sorted(shape.files.items())), shape.cwd)
         if key not in seen:
             seen.add(key)
             unique.append(shape)
