@@ -58,7 +58,7 @@ async fn runlock_locks_the_state_ids_meltano_forms() -> Result<()> {
         .with_context(|| format!("running {}", python.display()))?;
     let stdout = String::from_utf8_lossy(&output.stdout);
     let stderr = String::from_utf8_lossy(&output.stderr);
-    // The summary (and the report, when something failed) belongs in the log.
+    // The summary, and the report of what failed, belong in the log.
     eprintln!("{stdout}");
     let summary: Summary = serde_json::from_str(
         &std::fs::read_to_string(&summary_file)
@@ -76,7 +76,8 @@ async fn runlock_locks_the_state_ids_meltano_forms() -> Result<()> {
     );
     ensure!(
         summary.failed_run == 0 && summary.failed_backend == 0,
-        "{} run/el/elt and {} state_backend shapes differ from Meltano:\n{stdout}",
+        "{} run/el/elt and {} state_backend shapes differ from Meltano (the report \
+         is printed above, and kept in /tmp/meltano-diff-report.txt)",
         summary.failed_run,
         summary.failed_backend
     );
