@@ -22,6 +22,7 @@ imported here too (``meltano_forks.learn``), so the next child has them.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -61,6 +62,9 @@ def in_child(cwd: str, env: Dict[str, str], work: Callable[[], Any]) -> Dict[str
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
             tempfile.NamedTemporaryFile() as result, tempfile.TemporaryFile() as imported:
         sys.stdout.flush()
+        # Everything imported so far is the child's too: frozen, the child's
+        # collector leaves it alone instead of walking (and copying) it.
+        gc.freeze()
         pid = os.fork()
         if pid == 0:
             code = 1

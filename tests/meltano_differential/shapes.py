@@ -23,7 +23,7 @@ from project_files import to_yaml
 PROJECT_ID = "5a1b2c3d-0000-4000-8000-000000000000"
 SEED = 44
 # Shapes combining several non-plain variants, on top of each variant once.
-COMBINED = 100
+COMBINED = 70
 RUN_ID = "0e7c4a52-3b7e-4a6c-9f11-2f5d8a1b9c00"
 
 
