@@ -123,7 +123,9 @@ def header(stdout: str) -> Dict[str, Tuple[str, Optional[str]]]:
 
 
 def expected_backend(uri: str) -> str:
-    """The URI as the agent's TOML carries it: no S3 keys, no database password."""
+    """The URI as the agent's TOML carries it: the store the Meltano add-on's
+    `runlock+SCHEME://` wraps, no S3 keys, no database password."""
+    uri = uri.removeprefix("runlock+")
     parts = urlsplit(uri)
     if "@" not in parts.netloc:
         return uri
@@ -142,7 +144,15 @@ NOT_SECRET = {"state_backend.uri", "state_backend.s3.endpoint_url", "state_backe
 def shown(name: str, value: Any) -> str:
     if name not in NOT_SECRET or not isinstance(value, str):
         return ""
-    return f" = {expected_backend(value) if name == 'state_backend.uri' else value}"
+    return f" = {redacted(value)}"
+
+
+def redacted(uri: str) -> str:
+    """`uri` without the user information, where keys and passwords are."""
+    parts = urlsplit(uri)
+    if "@" not in parts.netloc:
+        return uri
+    return uri.replace(parts.netloc.rsplit("@", 1)[0] + "@", "***@", 1)
 
 
 def backend_verdict(settings: Optional[Dict[str, List[Any]]], meltano_error: Optional[str], secrets: List[str],
@@ -166,7 +176,7 @@ def backend_verdict(settings: Optional[Dict[str, List[Any]]], meltano_error: Opt
     uri = found.get("state_backend.uri")
     # Found but empty (an empty variable, or one a missing variable emptied)
     # is no URI either.
-    if uri is None or not uri[2] or uri[2] == "systemdb":
+    if uri is None or not uri[2] or expected_backend(uri[2]).startswith("systemdb"):
         return verdict(runlockd.code == NO_CONFIG, "no usable URI: runlockd refuses"
                        if runlockd.code == NO_CONFIG else "runlockd accepts a project with no usable URI")
     if runlockd.code != 0:
