@@ -270,6 +270,12 @@ ENVIRONMENT = [
     v("default-var-dotenv", yml("default_environment", "${DEFENV}"), dotenv("DEFENV=prod")),
     v("default-var-yml-env", yml("default_environment", "${DEFENV}"), yml("env", {"DEFENV": "prod"})),
     v("default-var-unset", yml("default_environment", "${DEFENV}"), alone=True),
+    # Meltano expands default_environment with the project's settings only:
+    # neither a plugin's env: nor the MELTANO_* setting variables take part.
+    v("default-var-plugin-env", yml("default_environment", "${DEFENV}"),
+      lambda d: d.plugin("extractors", "tap-a").__setitem__("env", {"DEFENV": "prod"}), alone=True),
+    v("default-var-setting", yml("default_environment", "${MELTANO_CLI_LOG_LEVEL}"),
+      lambda d: d.yml["environments"].append({"name": "info"}), alone=True),
 ]
 
 
