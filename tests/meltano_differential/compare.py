@@ -109,7 +109,12 @@ def run_verdict(refuse: Optional[str], meltano: MeltanoAnswer, runlock: Answer) 
 
 # --- state_backend ---------------------------------------------------------
 STORES = {"MELTANO_YML": "meltano.yml", "DOTENV": ".env", "ENV": "the environment"}
-HEADER = re.compile(r"^#\s+(state_backend\.[\w.]+): (meltano\.yml|\.env|the environment)(?: \((\w+)\))?\s*$")
+HEADER = re.compile(
+    r"^#\s+(state_backend\.[\w.]+): (meltano\.yml's env:|meltano\.yml|\.env|the environment)(?: \((\w+)\))?\s*$"
+)
+#: runlockd names meltano.yml's top-level `env:` apart, to say where to look;
+#: Meltano's settings count it as the environment (its ENV store).
+SAME_STORE = {"meltano.yml's env:": "the environment"}
 
 
 def header(stdout: str) -> Dict[str, Tuple[str, Optional[str]]]:
@@ -118,7 +123,7 @@ def header(stdout: str) -> Dict[str, Tuple[str, Optional[str]]]:
     for line in stdout.splitlines():
         match = HEADER.match(line)
         if match:
-            found[match[1]] = (match[2], match[3])
+            found[match[1]] = (SAME_STORE.get(match[2], match[2]), match[3])
     return found
 
 
