@@ -6,14 +6,22 @@
 
 use crate::support::client::RawClient;
 use crate::support::run::HOLD;
-use crate::support::stores::{Azure, Etcd, Gcs, PgBouncer, Postgres, Space, Store, S3};
+use crate::support::stores::{Azure, Etcd, Gcs, Ministack, PgBouncer, Postgres, Space, Store, S3};
 use crate::support::{key, Deadline, TestAgent, WAIT};
 use anyhow::{ensure, Result};
 use runlock_protocol::{AgentMessage, ClientMessage};
 use std::time::Duration;
 
 test_matrix!(
-    [s3: S3, azure: Azure, gcs: Gcs, postgres: Postgres, pgbouncer: PgBouncer, etcd: Etcd];
+    [
+        s3: S3,
+        ministack: Ministack,
+        azure: Azure,
+        gcs: Gcs,
+        postgres: Postgres,
+        pgbouncer: PgBouncer,
+        etcd: Etcd,
+    ];
     agents_started_together_are_each_granted_their_own_key,
 );
 

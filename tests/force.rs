@@ -8,7 +8,7 @@
 
 use crate::support::hosts::Place;
 use crate::support::run::Finished;
-use crate::support::stores::{Azure, Etcd, Gcs, Postgres, Space, Store, S3};
+use crate::support::stores::{Azure, Etcd, Gcs, Ministack, Postgres, Space, Store, S3};
 use crate::support::{key, TestAgent};
 use anyhow::{ensure, Result};
 use std::time::{Duration, Instant};
@@ -26,7 +26,7 @@ async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_down() 
 
 // Leases that outlive their agent: a dead host's run stops at its deadline.
 test_matrix!(
-    [s3: S3, azure: Azure, gcs: Gcs, postgres: Postgres, etcd: Etcd];
+    [s3: S3, ministack: Ministack, azure: Azure, gcs: Gcs, postgres: Postgres, etcd: Etcd];
     a_forced_run_waits_out_the_deadline_of_a_run_whose_host_is_gone,
 );
 

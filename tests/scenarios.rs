@@ -5,14 +5,16 @@
 //! started by `scripts/test`; without them these tests fail (they never skip).
 
 use crate::support::run::{Ready, HOLD};
-use crate::support::stores::{Azure, Etcd, Gcs, PgBouncer, Postgres, Space, Store, RECORDS, S3};
+use crate::support::stores::{
+    Azure, Etcd, Gcs, Ministack, PgBouncer, Postgres, Space, Store, RECORDS, S3,
+};
 use crate::support::{host_name, key, AgentOptions, Deadline, TestAgent, WAIT};
 use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 test_matrix!(
-    [s3: S3, azure: Azure, gcs: Gcs, postgres: Postgres, etcd: Etcd];
+    [s3: S3, ministack: Ministack, azure: Azure, gcs: Gcs, postgres: Postgres, etcd: Etcd];
     a_conflict_names_the_holder_on_the_other_host,
     a_killed_run_frees_its_key_for_the_other_host_at_once,
     a_lost_host_s_lease_is_taken_over_after_its_ttl_and_not_before,
@@ -41,7 +43,7 @@ mod through_pgbouncer {
 
 // The object stores' records sit beside Meltano's own state files.
 test_matrix!(
-    [s3: S3, azure: Azure, gcs: Gcs];
+    [s3: S3, ministack: Ministack, azure: Azure, gcs: Gcs];
     records_read_back_with_the_store_s_own_tools_as_json_beside_meltano_state,
     the_history_costs_no_store_request,
 );

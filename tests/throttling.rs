@@ -7,14 +7,14 @@
 
 use crate::metrics::{metrics_address, scrape, value};
 use crate::support::rewriting_proxy::{Canned, RequestHead, RewritingProxy};
-use crate::support::stores::{unique_name, Azure, Gcs, Store, S3};
+use crate::support::stores::{unique_name, Azure, Gcs, Ministack, Store, S3};
 use crate::support::{key, AgentOptions, TestAgent};
 use anyhow::{ensure, Result};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 test_matrix!(
-    [s3: S3, gcs: Gcs, azure: Azure];
+    [s3: S3, ministack: Ministack, gcs: Gcs, azure: Azure];
     a_throttling_store_is_waited_out_counted_and_named,
 );
 
@@ -68,7 +68,7 @@ async fn a_throttling_store_is_waited_out_counted_and_named(store: impl Store) -
         Arc::new(AtomicUsize::new(0)),
         Arc::new(AtomicBool::new(false)),
     );
-    let canned = slow_down(store.name());
+    let canned = slow_down(store.backend());
     let answer = {
         let (requests, all) = (requests.clone(), all.clone());
         Arc::new(move |_: &RequestHead| {
@@ -91,7 +91,7 @@ async fn a_throttling_store_is_waited_out_counted_and_named(store: impl Store) -
     served.expect_output("served\n")?;
     let series = format!(
         "runlock_store_throttled_total{{store=\"{}\"}}",
-        store.name()
+        store.backend()
     );
     let counted = value(&scrape(metrics).await?, &series).unwrap_or(0.0);
     ensure!(counted >= 1.0, "{series} is {counted}");
@@ -102,7 +102,7 @@ async fn a_throttling_store_is_waited_out_counted_and_named(store: impl Store) -
         .run_refused(&[&key("throttled-out")], &["--wait", "3s"], 69)
         .await?;
     ensure!(
-        refused.stderr.contains(named(store.name())) && !refused.stderr.contains("trusted"),
+        refused.stderr.contains(named(store.backend())) && !refused.stderr.contains("trusted"),
         "the refusal does not name the throttling: {refused:?}"
     );
     let more = value(&scrape(metrics).await?, &series).unwrap_or(0.0);

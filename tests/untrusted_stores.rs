@@ -9,7 +9,7 @@
 
 use crate::config::runlockd;
 use crate::support::rewriting_proxy::{RequestHead, Rewrite, RewritingProxy};
-use crate::support::stores::{azure, unique_name, Azure, Gcs, Store, S3};
+use crate::support::stores::{azure, unique_name, Azure, Gcs, Ministack, Store, S3};
 use crate::support::{key, AgentOptions, TestAgent};
 use anyhow::{ensure, Context, Result};
 use std::sync::Arc;
@@ -115,7 +115,7 @@ async fn a_store_that_ignores_a_condition_is_never_trusted(store: impl Store) ->
 
 // As the test `a_store_that_ignores_a_condition_is_never_trusted::STORE`.
 test_matrix!(
-    [s3: S3, azure: Azure, gcs: Gcs];
+    [s3: S3, ministack: Ministack, azure: Azure, gcs: Gcs];
     a_store_that_ignores_a_condition_is_never_trusted,
 );
 

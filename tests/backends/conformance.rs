@@ -4,7 +4,7 @@
 //! one space stand for two hosts' agents, and a third, opened once the first
 //! is dropped, for the next agent of the first host.
 
-use crate::support::stores::{Azure, Etcd, Gcs, PgBouncer, Postgres, Space, Store, S3};
+use crate::support::stores::{Azure, Etcd, Gcs, Ministack, PgBouncer, Postgres, Space, Store, S3};
 use anyhow::{bail, ensure, Context, Result};
 use runlock_agent::backend::cas::{AzureOptions, CasEngine, S3Options};
 use runlock_agent::backend::testing::{adopter, gcs_on_emulator, lease, spec};
@@ -215,6 +215,7 @@ async fn file_keeps_the_contract() -> Result<()> {
 test_matrix!(
     [
         s3: S3,
+        ministack: Ministack,
         azure: Azure,
         gcs: Gcs,
         postgres: Postgres,

@@ -26,6 +26,7 @@ import proc
 # name: (script, start, stop, pid variables)
 SCRIPTS = {
     "s3": ("moto.sh", "moto_start", "moto_stop"),
+    "ministack": ("ministack.sh", "ministack_start", "ministack_stop"),
     "azure": ("azurite.sh", "azurite_start", "azurite_stop"),
     "gs": ("fake_gcs.sh", "fake_gcs_start", "fake_gcs_stop"),
     "postgres": ("postgres.sh", "pg_start", "pg_stop"),
@@ -34,6 +35,8 @@ SCRIPTS = {
              "export RUNLOCK_TEST_ETCD_ENDPOINT=$CHAOS_ETCD_URL", "etcd_stop"),
 }
 NAMES = ["file"] + list(SCRIPTS)
+# The S3 emulators (two, written apart), and the variable naming each one's endpoint.
+S3_ENDPOINTS = {"s3": "RUNLOCK_TEST_S3_ENDPOINT", "ministack": "RUNLOCK_TEST_MINISTACK_ENDPOINT"}
 SPACE = "runlock-chaos"  # bucket, container, database, etcd prefix
 
 
@@ -67,8 +70,8 @@ class Backend:
             f'trap "{stop}" EXIT\n'
             f'(umask 077; env -0 >"{envfile}")\n'
             # The processes to pause: the variables that name them.
-            f'echo "${{MOTO_PID:-}} ${{AZURITE_PID:-}} ${{FAKE_GCS_PID:-}} ${{ETCD_PIDS:-}}" '
-            f'>"{pidfile}"\n'
+            f'echo "${{MOTO_PID:-}} ${{MINISTACK_PID:-}} ${{AZURITE_PID:-}} '
+            f'${{FAKE_GCS_PID:-}} ${{ETCD_PIDS:-}}" >"{pidfile}"\n'
             f'echo ready\n'
             f'read -r _ || true\n'
         )
@@ -111,11 +114,12 @@ class Backend:
     async def _prepare(self):
         """Makes the bucket, container or database, as the Rust tests do."""
         v = self.vars
-        if self.name == "s3":
-            url = urllib.parse.urlparse(v["RUNLOCK_TEST_S3_ENDPOINT"])
+        if self.name in S3_ENDPOINTS:
+            endpoint = v[S3_ENDPOINTS[self.name]]
+            url = urllib.parse.urlparse(endpoint)
             self.upstream = (url.hostname, url.port)
-            # moto accepts an unsigned bucket creation (tests/support/stores/s3.rs).
-            req = urllib.request.Request(f"{v['RUNLOCK_TEST_S3_ENDPOINT']}/{SPACE}", method="PUT")
+            # Both accept an unsigned bucket creation (tests/support/stores/s3.rs).
+            req = urllib.request.Request(f"{endpoint}/{SPACE}", method="PUT")
             await asyncio.to_thread(lambda: urllib.request.urlopen(req, timeout=10).read())
         elif self.name == "gs":
             url = urllib.parse.urlparse(v["RUNLOCK_TEST_GCS_ENDPOINT"])
@@ -174,7 +178,7 @@ class Backend:
         if self.name == "file":
             return f"file://{os.path.join(self.workdir, 'file-backend', 'locks')}", {}
         at = f"127.0.0.1:{proxy_port}"
-        if self.name == "s3":
+        if self.name in S3_ENDPOINTS:
             return f"s3://{SPACE}/chaos", {
                 "AWS_ENDPOINT_URL": f"http://{at}", "AWS_ENDPOINT_URL_S3": f"http://{at}",
                 "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",

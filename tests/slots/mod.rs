@@ -8,7 +8,7 @@
 
 use crate::support::hosts::{Hosts, Place};
 use crate::support::run::Run;
-use crate::support::stores::{Azure, Etcd, Gcs, Postgres, S3};
+use crate::support::stores::{Azure, Etcd, Gcs, Ministack, Postgres, S3};
 use crate::support::{key, Deadline, TestAgent};
 use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
@@ -37,7 +37,7 @@ on_every_place!(
 
 // Leases that outlive their agent: a dead host's slots are freed by expiry.
 test_matrix!(
-    [s3: S3, azure: Azure, gcs: Gcs, postgres: Postgres, etcd: Etcd];
+    [s3: S3, ministack: Ministack, azure: Azure, gcs: Gcs, postgres: Postgres, etcd: Etcd];
     a_lost_host_s_slots_are_taken_over_after_the_ttl_and_not_before,
 );
 

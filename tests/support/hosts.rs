@@ -25,6 +25,7 @@ macro_rules! on_every_place {
                 memory: $crate::hosts::Local($crate::agent::Backend::Memory),
                 memory_cas: $crate::hosts::Local($crate::agent::Backend::MemoryCas),
                 s3: $crate::hosts::OnStore($crate::stores::S3),
+                ministack: $crate::hosts::OnStore($crate::stores::Ministack),
                 azure: $crate::hosts::OnStore($crate::stores::Azure),
                 gcs: $crate::hosts::OnStore($crate::stores::Gcs),
                 postgres: $crate::hosts::OnStore($crate::stores::Postgres),

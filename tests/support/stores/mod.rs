@@ -14,7 +14,7 @@ pub use azure::Azure;
 pub use etcd::Etcd;
 pub use gcs::Gcs;
 pub use postgres::{PgBouncer, Postgres};
-pub use s3::{env_for as s3_env_for, S3};
+pub use s3::{env_for as s3_env_for, Ministack, S3};
 
 use super::agent::{AgentOptions, TestAgent};
 use super::Deadline;
@@ -106,9 +106,14 @@ pub trait Objects: Send + Sync {
 pub trait Store: Send + Sync + 'static {
     /// Which store this is, and where `scripts/test` says its instance is.
     fn kind(&self) -> Kind;
-    /// "s3", "azure", "gcs", "postgres", "pgbouncer", "etcd".
+    /// "s3", "ministack", "azure", "gcs", "postgres", "pgbouncer", "etcd".
     fn name(&self) -> &'static str {
         self.kind().name
+    }
+    /// The agent's name for this kind of store, as its metrics label it
+    /// ("s3" for both S3 emulators).
+    fn backend(&self) -> &'static str {
+        self.name()
     }
     /// The instance `scripts/test` started; an error saying how to start it
     /// when its variable is unset.

@@ -1,6 +1,9 @@
-//! S3 through moto, which `scripts/test` starts (tests/scripts/moto.sh) and
-//! names in `RUNLOCK_TEST_S3_ENDPOINT`; records are read back with boto3
-//! (`RUNLOCK_TEST_PYTHON`), the way a person would with AWS's own tools.
+//! S3 through two emulators written apart: moto, which `scripts/test` starts
+//! (tests/scripts/moto.sh) and names in `RUNLOCK_TEST_S3_ENDPOINT`, and
+//! ministack (tests/scripts/ministack.sh, `RUNLOCK_TEST_MINISTACK_ENDPOINT`),
+//! so that the agent's S3 backend is held to S3's behaviour rather than to one
+//! emulator's. Records are read back with boto3 from each emulator's own venv,
+//! the way a person would with AWS's own tools. All but the server is shared.
 
 use super::{
     object_uri, python_sdk::PythonSdk, Endpoint, Failure, Kind, Objects, OwnServer, Store,
@@ -8,13 +11,65 @@ use super::{
 use crate::closed_port;
 use crate::http;
 use anyhow::Result;
+use std::path::Path;
 use tokio::process::Command;
 
 /// The S3 store, as moto serves it.
 #[derive(Debug, Clone, Copy)]
 pub struct S3;
 
-const SCRIPT: &str = "moto.sh";
+/// The S3 store, as ministack serves it.
+#[derive(Debug, Clone, Copy)]
+pub struct Ministack;
+
+/// What sets one S3 emulator apart from another; the rest of [`Store`] is
+/// the same for both.
+pub trait Emulator: Send + Sync + 'static {
+    /// Its name, the variable holding the shared instance's endpoint, its script.
+    const KIND: Kind;
+    /// boto3, from the emulator's venv.
+    fn boto3(&self) -> &'static PythonSdk;
+    /// A server of a test's own on `port`, from the venv of `python` (the
+    /// one with boto3), and the path that answers once it is ready.
+    fn server(&self, python: &Path, port: u16) -> (Command, &'static str);
+}
+
+impl Emulator for S3 {
+    const KIND: Kind = Kind::new("s3", "RUNLOCK_TEST_S3_ENDPOINT", "moto.sh");
+
+    fn boto3(&self) -> &'static PythonSdk {
+        &MOTO_BOTO3
+    }
+
+    fn server(&self, python: &Path, port: u16) -> (Command, &'static str) {
+        let mut command = Command::new(python.with_file_name("moto_server"));
+        command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+        (command, "/moto-api/")
+    }
+}
+
+impl Emulator for Ministack {
+    const KIND: Kind = Kind::new(
+        "ministack",
+        "RUNLOCK_TEST_MINISTACK_ENDPOINT",
+        "ministack.sh",
+    );
+
+    fn boto3(&self) -> &'static PythonSdk {
+        &MINISTACK_BOTO3
+    }
+
+    fn server(&self, python: &Path, port: u16) -> (Command, &'static str) {
+        // As tests/scripts/ministack.sh starts it: S3 alone, on loopback.
+        let mut command = Command::new(python.with_file_name("ministack"));
+        command
+            .env("GATEWAY_PORT", port.to_string())
+            .env("BIND_HOST", "127.0.0.1")
+            .env("SERVICES", "s3")
+            .env("LOG_LEVEL", "WARNING");
+        (command, "/_ministack/health")
+    }
+}
 
 /// The environment an agent (or boto3) needs to use `endpoint` as its S3.
 pub fn env_for(endpoint: &str) -> Vec<(String, String)> {
@@ -52,31 +107,41 @@ def write(bucket, key, body):
     s3.put_object(Bucket=bucket, Key=key, Body=body)
 "#;
 
-const BOTO3: PythonSdk = PythonSdk {
+const MOTO_BOTO3: PythonSdk = PythonSdk {
     name: "boto3",
-    python: ("RUNLOCK_TEST_PYTHON", SCRIPT),
+    python: ("RUNLOCK_TEST_PYTHON", S3::KIND.script),
+    script: BOTO,
+    env: env_for,
+};
+
+const MINISTACK_BOTO3: PythonSdk = PythonSdk {
+    name: "boto3",
+    python: ("RUNLOCK_TEST_MINISTACK_PYTHON", Ministack::KIND.script),
     script: BOTO,
     env: env_for,
 };
 
 #[async_trait::async_trait]
-impl Store for S3 {
+impl<E: Emulator> Store for E {
     fn kind(&self) -> Kind {
-        Kind::new("s3", "RUNLOCK_TEST_S3_ENDPOINT", SCRIPT)
+        E::KIND
+    }
+
+    fn backend(&self) -> &'static str {
+        "s3"
     }
 
     async fn start_own(&self) -> Result<OwnServer> {
-        let server = std::path::Path::new(&BOTO3.python()?).with_file_name("moto_server");
+        let python = self.boto3().python()?;
         let port = closed_port()?;
-        let mut command = Command::new(server);
-        command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+        let (command, ready_path) = self.server(Path::new(&python), port);
         let url = format!("http://127.0.0.1:{port}");
-        let ready = super::http_ready(format!("{url}/moto-api/"), super::not_an_error);
+        let ready = super::http_ready(format!("{url}{ready_path}"), super::not_an_error);
         OwnServer::spawn(command, Endpoint { url }, None, ready).await
     }
 
     async fn create(&self, at: &Endpoint, name: &str) -> Result<()> {
-        // moto accepts an unsigned bucket creation (EMULATORS.md).
+        // Both emulators accept an unsigned bucket creation (EMULATORS.md).
         http::request("PUT", &format!("{}/{name}", at.url), &[], "")
             .await?
             .success("creating a bucket")
@@ -92,7 +157,7 @@ impl Store for S3 {
     }
 
     fn objects(&self) -> &dyn Objects {
-        &BOTO3
+        self.boto3()
     }
 
     async fn failures(&self, at: &Endpoint) -> Result<Vec<Failure>> {
@@ -105,7 +170,8 @@ impl Store for S3 {
                 *value = secret.to_string();
             }
         }
-        // moto checks no signatures, so a wrong key cannot be shown here.
+        // Neither emulator checks signatures (ministack only with AUTH=true,
+        // and IAM users to match), so a wrong key cannot be shown here.
         Ok(vec![
             Failure {
                 what: "a missing bucket".into(),
