@@ -42,8 +42,12 @@ impl Emulator for S3 {
     }
 
     fn server(&self, python: &Path, port: u16) -> (Command, &'static str) {
-        let mut command = Command::new(python.with_file_name("moto_server"));
-        command.args(["-H", "127.0.0.1", "-p", &port.to_string()]);
+        // As tests/scripts/moto.sh starts it: moto_server as it comes lets
+        // concurrent conditional PUTs of one object all succeed, which the
+        // agent's proof catches under load and then refuses the store.
+        let serial = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/moto_serial.py");
+        let mut command = Command::new(python);
+        command.args([serial, "-H", "127.0.0.1", "-p", &port.to_string()]);
         (command, "/moto-api/")
     }
 }
