@@ -12,7 +12,9 @@ from typing import Iterator, List
 import pytest
 from conftest import dummy_store
 from meltano.core.project import Project
+from meltano.core.state_store.base import MeltanoState
 from meltano.core.state_store.db import DBStateStoreManager
+from meltano.core.state_store.filesystem import LocalFilesystemStateStoreManager
 from meltano.core.state_store.s3.backend import S3StateStoreManager
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import Engine
@@ -153,3 +155,19 @@ def test_every_other_store_is_the_one_meltano_builds_for_the_inner_uri(
     if scheme == "s3":
         assert isinstance(built.inner, S3StateStoreManager)
         assert built.inner.endpoint_url == "http://127.0.0.1:1" and built.inner.lock_timeout_seconds == 7
+
+
+def test_it_answers_as_the_store_it_wraps_but_for_a_managers_operations(workdir: Path) -> None:
+    store = LocalFilesystemStateStoreManager(uri=f"file://{workdir / 'state'}", lock_timeout_seconds=7)
+    built = RunlockStateStoreManager("runlock+" + store.uri, inner=store)
+    assert isinstance(built, LocalFilesystemStateStoreManager) and isinstance(built, RunlockStateStoreManager)
+    assert type(built) is RunlockStateStoreManager
+    assert built.state_dir == store.state_dir and built.lock_timeout_seconds == 7
+    assert built.label == f"{store.label}, locked by runlock"
+    assert type(built).get is RunlockStateStoreManager.get
+    with pytest.raises(AttributeError):
+        built.no_such_attribute  # noqa: B018
+    # A manager's operations are the add-on's: a write through its fence.
+    built.set(MeltanoState(STATE_ID, partial_state={}, completed_state={"singer_state": {"x": 1}}))
+    got = store.get(STATE_ID)
+    assert got is not None and got.completed_state == {"singer_state": {"x": 1}}

@@ -48,6 +48,22 @@ class RunlockStateStoreManager(StateStoreManager):
         self.fence = fence.for_store(self.inner)
         self._registered: set[str] = set()
 
+    # It answers as the store it wraps to whoever asks which store it is, or
+    # for the store's own attributes (``isinstance(m, S3StateStoreManager)``,
+    # ``m.bucket``, ``m.session``), as Meltano's own tests do: only the
+    # operations of a state store manager, defined here, are runlock's.
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return type(self.inner)
+
+    def __getattr__(self, name: str) -> t.Any:
+        # Called only for what this class does not define; ``inner`` itself
+        # is missing only while __init__ runs.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
     @property
     def label(self) -> str:
         return f"{self.inner.label}, locked by runlock"
