@@ -48,8 +48,12 @@ REPLACED_BY_DESIGN = {
 #: What a plain run of Meltano's tests may end with.
 PLAIN_OK = {"passed", "xfailed", "skipped"}
 
-#: Bounds each run (a plain one takes 1 to 2 minutes on a busy 2-core host).
+#: Bounds each run (both at once take 2 to 4 minutes on a busy 2-core host).
 RUN_BOUND_S = 900
+
+# Each run is one pytest process, the two at once. pytest-xdist made it
+# slower on 2 cores: two workers per run took 142 s where this took 108 s
+# (load average 12), each worker importing Meltano and its fixtures again.
 
 
 def start(name: str, sdist: Path, work: Path, env: dict[str, str], plugins: list[str]) -> tuple[subprocess.Popen[bytes], Path, Path]:
