@@ -14,11 +14,14 @@ nor leave SQLite's one writer lock to Meltano's session in the same process.
 So the add-on wraps that function when it is imported (at Meltano's
 start-up, for its setting: settings.py): for a ``runlock+`` URI, it calls
 Meltano's own function with the URI without ``runlock+`` and the same
-session, and wraps what comes back. The add-on opens no connection of its own; when Meltano hands no
-session, Meltano's function opens one, as it does for plain ``systemdb``.
-Should a later Meltano not have the function, nothing is wrapped, and
-Meltano's call of the entry point builds the store as before
-(:func:`meltanos_manager`, without a session).
+session, and wraps what comes back. The add-on opens no connection of its
+own; when Meltano hands no session, Meltano's function opens one, as it
+does for plain ``systemdb``. Where Meltano calls the entry point itself
+(from a reference to its function taken before the add-on was imported),
+the store is built by Meltano's function too, from the active project's
+settings, without a session (:func:`meltanos_manager`). A Meltano without
+the function gets an error naming it: its store could not be built as
+Meltano builds it.
 """
 
 from __future__ import annotations
@@ -31,13 +34,13 @@ from urllib.parse import urlparse
 
 from .inner import PREFIX, inner_uri, redact
 
-#: Meltano's name for its system database store (``meltano.core.state_store.SYSTEMDB``).
-SYSTEMDB = "systemdb"
-
 if t.TYPE_CHECKING:
     from meltano.core.state_store.base import StateStoreManager
 
 _log = logging.getLogger("runlock_meltano")
+
+#: Meltano's name for its system database store (``meltano.core.state_store.SYSTEMDB``).
+SYSTEMDB = "systemdb"
 
 #: Meltano's function, and the modules that bind it by name (Meltano 4.4.1:
 #: its StateService's module), so that a module imported earlier calls the
