@@ -252,11 +252,11 @@ class Host:
     def release_taps(self) -> None:
         Path(str(self.side) + ".release").touch()
 
-    def state(self) -> object:
+    def state(self, state_id: str = STATE_ID) -> object:
         """``meltano state get`` (no run lock is taken)."""
         meltano = str(Path(sys.executable).parent / "meltano")
         done = subprocess.run(
-            [meltano, "state", "get", STATE_ID], cwd=self.root, env=self.env(),
+            [meltano, "state", "get", state_id], cwd=self.root, env=self.env(),
             capture_output=True, text=True, timeout=MELTANO_BOUND_S,
         )
         assert done.returncode == 0, done.stderr

@@ -252,6 +252,49 @@ def test_the_system_database_form_keeps_state_in_meltanos_database(runlockd: Pat
         host.close()
 
 
+def test_on_sqlite_a_run_and_a_state_command_do_not_wait_on_each_others_database_lock(
+    runlockd: Path, workdir: Path
+) -> None:
+    """``runlock+systemdb://`` on SQLite, Meltano's default system database,
+    which lets one writer at a time: the add-on works in the session Meltano
+    hands it, and leaves no write of its own uncommitted. So while a run
+    holds its key, its state read and its token recorded in the fence, its
+    tap blocked, a `meltano state set` of another pipeline goes through, and
+    the run then goes on to its end. A write that waited on the other's lock
+    past SQLite's busy timeout (5 s) would fail: "database is locked"."""
+    store = Store("systemdb", f"file://{workdir / 'locks'}", "runlock+systemdb://")
+    host = Host("a", runlockd, workdir, store)
+    try:
+        before = {"singer_state": {"run": "before"}}
+        seeded = host.meltano("state", "set", "--force", STATE_ID, json.dumps(before))
+        assert seeded.wait() == 0, seeded.output()
+        run = host.run("a", TAP_HOLD_FIRST="1")
+        host.wait_started(1, run)
+        assert host.seen() == [before["singer_state"]]
+
+        by_hand = {"singer_state": {"set": "by hand"}}
+        start = time.monotonic()
+        done = host.meltano("state", "set", "--force", OTHER_STATE_ID, json.dumps(by_hand))
+        assert done.wait() == 0, done.output()
+        took = time.monotonic() - start
+        assert run.proc.poll() is None, f"the run ended before its tap was released: {run.output()}"
+        assert host.state(OTHER_STATE_ID) == by_hand
+        print(f"\n`meltano state set` beside a holding run: {took:.2f} s, Meltano's start-up included")
+
+        host.release_taps()
+        assert run.wait() == 0, run.output()
+        assert host.state() == {"singer_state": {"run": "a", "step": "last"}}
+        # The fence was kept in Meltano's database, through its session: the run's token.
+        db = sqlite3.connect(host.root / ".meltano" / "meltano.db")
+        try:
+            [(token,)] = db.execute("SELECT token FROM runlock_fence WHERE state_id = ?", (STATE_ID,))
+        finally:
+            db.close()
+        assert token == runlock.inspect(STATE_ID, socket=host.agent.socket).token, token
+    finally:
+        host.close()
+
+
 def test_meltanos_own_check_goes_on_working_beside_it(runlockd: Path, workdir: Path) -> None:
     host = Host("a", runlockd, workdir, file_store(workdir))
     try:

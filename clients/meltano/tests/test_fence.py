@@ -251,13 +251,17 @@ def test_a_state_command_keeps_the_recorded_token(agent: Agent, workdir: Path) -
     run.runs.release_all()
 
 
-def test_the_system_database_session_it_opens_is_closed_with_it(
-    agent: Agent, workdir: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("built_by", ["meltanos function", "the entry point"])
+def test_a_system_database_session_meltano_opens_for_the_store_is_closed_with_it(
+    built_by: str, agent: Agent, workdir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Meltano hands a session only to its own system database store, not to
-    an add-on's: the add-on opens one, and closes it when Meltano closes the
-    store (StateService.close), so no connection is left behind."""
+    """Where Meltano hands no session (``StateService(project)``, or its
+    call of the entry point itself, with settings alone), Meltano's function
+    opens one for the store, as for plain systemdb, which no one else holds:
+    the add-on closes it when Meltano closes the store (StateService.close),
+    so no connection is left behind."""
     import psycopg
+    from meltano.core import state_store
     from meltano.core.project import Project
 
     database = pg_database()
@@ -279,7 +283,13 @@ def test_the_system_database_session_it_opens_is_closed_with_it(
         assert row is not None
         return int(row[0])
 
-    backend = RunlockStateStoreManager("runlock+systemdb://", runs=RunLocks(current=lambda: NOT_A_RUN, env={}))
+    if built_by == "the entry point":
+        backend = RunlockStateStoreManager("runlock+systemdb://", runs=RunLocks(current=lambda: NOT_A_RUN, env={}))
+    else:
+        built = state_store.state_store_manager_from_project_settings(Project.find().settings)
+        assert type(built) is RunlockStateStoreManager
+        backend = built
+        backend.runs = RunLocks(current=lambda: NOT_A_RUN, env={})
     backend.update(state("by hand"))
     assert completed(backend) == {"singer_state": {"run": "by hand"}}
     assert connections() == 1

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import typing as t
 
-from . import job_start, schemes
+from . import building, job_start, schemes
 
 if t.TYPE_CHECKING:
     from .backend import RunlockStateStoreManager
     from .errors import LockUnavailable, RunHeld, StaleRun
 
 # Meltano imports the add-on at start-up, for every command (its setting,
-# settings.py): the moment to hook the start of Meltano's jobs, and to offer
-# runlock+NAME for every state backend installed, before Meltano looks one up.
+# settings.py): the moment to hook the start of Meltano's jobs, to offer
+# runlock+NAME for every state backend installed, before Meltano looks one
+# up, and to build a runlock+ store around Meltano's own, with its session.
 job_start.install()
 schemes.install()
+building.install()
 
 __all__ = ["RunlockStateStoreManager", "RunHeld", "StaleRun", "LockUnavailable"]
 

@@ -14,14 +14,22 @@ from meltano.core.state_store.db import DBStateStoreManager
 from meltano.core.state_store.filesystem import BaseFilesystemStateStoreManager
 
 from . import fence
-from .inner import open_inner
+from .building import meltanos_manager
 from .runs import RUN_LOCKS, RunLocks
 from .state_lock import state_lock
 
 
 class RunlockStateStoreManager(StateStoreManager):
     """``state_backend.uri: runlock+s3://bucket/prefix`` (or file, gs, azure,
-    systemdb, or any state backend installed: ``runlock+NAME://…``)."""
+    systemdb, or any state backend installed: ``runlock+NAME://…``), around
+    ``inner``, the manager Meltano built for the URI after ``runlock+``
+    (building.py). Without ``inner`` (Meltano called the entry point itself,
+    with settings alone), it is built as Meltano builds it, from the active
+    project's settings, without a session.
+
+    ``owns_session``: the system database session of ``inner`` was opened by
+    Meltano for this store alone (none was handed to it), and is closed with
+    it."""
 
     def __init__(
         self,
@@ -29,16 +37,32 @@ class RunlockStateStoreManager(StateStoreManager):
         *,
         inner: StateStoreManager | None = None,
         runs: RunLocks | None = None,
+        owns_session: bool = False,
         **settings: t.Any,
     ):
         super().__init__()
         self.uri = uri
-        # A system database session opened here is this manager's to close.
-        self._owns_session = inner is None
-        self.inner = inner if inner is not None else open_inner(uri, settings)
+        self._owns_session = owns_session or inner is None
+        self.inner = inner if inner is not None else meltanos_manager(uri)
         self.runs = runs if runs is not None else RUN_LOCKS
         self.fence = fence.for_store(self.inner)
         self._registered: set[str] = set()
+
+    # It answers as the store it wraps to whoever asks which store it is, or
+    # for the store's own attributes (``isinstance(m, S3StateStoreManager)``,
+    # ``m.bucket``, ``m.session``), as Meltano's own tests do: only the
+    # operations of a state store manager, defined here, are runlock's.
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        return type(self.inner)
+
+    def __getattr__(self, name: str) -> t.Any:
+        # Called only for what this class does not define; ``inner`` itself
+        # is missing only while __init__ runs.
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
 
     @property
     def label(self) -> str:

@@ -1,18 +1,13 @@
-"""Meltano's own state store for the scheme inside ``runlock+SCHEME://…``:
-state stays where it was, in Meltano's format, read and written by the code
-Meltano would use without the add-on.
+"""The URI inside ``runlock+SCHEME://…``, whose store (Meltano's own, or
+an add-on's) keeps the state where it was, in its own format; and URIs
+fit for messages. The store is built as Meltano builds it (building.py).
 """
 
 from __future__ import annotations
 
-import typing as t
 from urllib.parse import urlparse
 
-from meltano.core.db import project_engine
-from meltano.core.project import Project
-from meltano.core.state_store import SCHEME_TO_NAMESPACE, SYSTEMDB, StateBackend
-from meltano.core.state_store.base import StateStoreManager, UnsupportedStateBackendURIError
-from meltano.core.state_store.db import DBStateStoreManager
+from meltano.core.state_store.base import UnsupportedStateBackendURIError
 
 PREFIX = "runlock+"
 
@@ -56,32 +51,3 @@ def redact(uri: str) -> str:
     if fragment:
         rest += "#***"
     return rest
-
-
-def open_inner(uri: str, settings: dict[str, t.Any]) -> StateStoreManager:
-    """The manager Meltano would use for the inner URI: its own, or an
-    add-on's (any ``meltano.state_backends`` entry point), found as Meltano
-    finds it, given the settings Meltano gave this one (``state_backend.*``)
-    and the inner scheme's own (``state_backend.s3.*``, an add-on's
-    ``state_backend.NAME.*``), read from the active project."""
-    inner = inner_uri(uri)
-    scheme = urlparse(inner).scheme
-    project = Project.find()
-    if scheme == SYSTEMDB:
-        return DBStateStoreManager(session=project_engine(project)[1]())
-    factory = StateBackend.get_manager_factory(scheme=scheme)
-    namespace = SCHEME_TO_NAMESPACE.get(scheme, scheme)
-    kwargs = {**settings, **scheme_settings(project, namespace), "uri": inner}
-    return factory(**kwargs)
-
-
-def scheme_settings(project: Project, namespace: str) -> dict[str, t.Any]:
-    """``state_backend.NAMESPACE.….NAME`` settings as ``{NAME: value}``, as
-    Meltano gives them to the store of that namespace (the last part names it)."""
-    service = project.settings
-    found = {}
-    for definition in service.setting_definitions:
-        parts = definition.name.split(".")
-        if len(parts) >= 3 and parts[0] == "state_backend" and parts[1] == namespace:
-            found[parts[-1]] = service.get(definition.name)
-    return found
