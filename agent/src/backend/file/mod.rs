@@ -7,8 +7,8 @@
 //! can keep or drop the lock, nothing else. `KEY.lock` records the holder,
 //! the fencing token and the `KEY.run` (device and inode) the grant locked,
 //! and only agents open it, each write made while holding the key's lock,
-//! whole beside it and renamed over it (`replace.rs`: a full disk leaves the
-//! old record). `KEY.tokens` keeps the highest token ever reserved
+//! whole into a spare beside it and exchanged with it in one rename
+//! (`replace.rs`: a full disk leaves the old record). `KEY.tokens` keeps the highest token ever reserved
 //! (`tokens.rs`).
 //!
 //! A `KEY.run` removed (a cleanup job ageing the directory) or replaced
@@ -277,7 +277,7 @@ impl Inner {
     }
 
     /// Writes the record of a key whose lock this agent holds, whole beside
-    /// it and renamed over it: a failed write leaves the old record as it was.
+    /// it and exchanged with it: a failed write leaves the old record as it was.
     /// Never synced: the block it hands tokens from is kept durably in
     /// `KEY.tokens` first, and a lost record costs no token.
     fn write(&self, dir: &File, name: &str, record: &FileRecord) -> BackendResult<()> {

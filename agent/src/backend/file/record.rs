@@ -1,5 +1,5 @@
 //! A key's record file: the shared JSON record with the token block it
-//! reserves, written whole beside its name and renamed over it under the
+//! reserves, written whole beside its name and exchanged with it under the
 //! key's lock (`replace.rs`).
 
 use super::super::record::LockRecord;
