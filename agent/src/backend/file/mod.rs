@@ -567,12 +567,22 @@ impl Inner {
         };
         let (name, lock_name) = (file_name(&lease.key), lock_name(&lease.key));
         let dir = self.dir()?;
-        let _gate = self.open_gate(&dir, false)?;
-        let ours = flock(&held.lock, libc::LOCK_EX | libc::LOCK_NB)
-            .map_err(|e| self.io_error("locking", &lock_name, e))?
-            && self.same_inode(&dir, &held.lock, &lock_name)?;
-        if !ours {
-            return Ok(()); // someone else holds the key, or the run still does (an adopted lease)
+        let gate = self.open_gate(&dir, false)?;
+        let locked = flock(&held.lock, libc::LOCK_EX | libc::LOCK_NB)
+            .map_err(|e| self.io_error("locking", &lock_name, e))?;
+        if !locked {
+            return Ok(()); // the run still holds it (an adopted lease)
+        }
+        if !self.same_inode(&dir, &held.lock, &lock_name)? {
+            // Our file was removed or replaced. A force's record names its
+            // own lease; one that still names ours is freed, or no run would
+            // be granted while ours seems to live. Exclusive, as for a force:
+            // no grant is then between its lock and its record.
+            drop(gate);
+            let result = (self.open_gate(&dir, true))
+                .and_then(|_gate| self.free_record(&dir, &name, lease, &held.agent_id, ending));
+            let _ = flock(&held.lock, libc::LOCK_UN);
+            return result;
         }
         let result = self.free_record(&dir, &name, lease, &held.agent_id, ending);
         let _ = flock(&held.lock, libc::LOCK_UN);

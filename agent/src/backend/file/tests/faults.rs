@@ -192,3 +192,30 @@ async fn a_key_whose_run_file_was_removed_is_taken_over_by_force() {
     assert_eq!(record.forced_from, Some(first.holder.token));
     drop(first);
 }
+
+/// The run whose `KEY.run` was removed ends and its agent releases it: the
+/// record says so, and the key goes on at once, whatever the kernel tells
+/// of the old file.
+#[tokio::test]
+async fn a_run_whose_file_was_removed_is_released_as_its_record_says() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let one = opened(&dir);
+    let first = one.take("k", "l1", TTL).await;
+    std::fs::remove_file(dir.path().join("k.run")).expect("cleaned up");
+    drop(first.lock);
+    one.release(&lease("k", "l1", first.holder.token))
+        .await
+        .expect("release");
+    let record = record_at(dir.path(), "k.lock");
+    assert_eq!((record.state, record.token), (KeyState::Free, 1));
+    let two = opened(&dir);
+    assert_eq!(two.take("k", "l2", TTL).await.holder.token, 2);
+    assert_eq!(
+        history_lines(&two, "k").await,
+        [
+            "Granted 1 host-of-l1",
+            "Released 1 host-of-l1",
+            "Granted 2 host-of-l2"
+        ]
+    );
+}
