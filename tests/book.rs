@@ -5,7 +5,7 @@
 
 use crate::support::stores::{azure, Azure, Gcs, Postgres, Space, Store, S3};
 use crate::support::transcript::Transcript;
-use anyhow::{Context, Result};
+use anyhow::Result;
 
 /// The README's five-minute tour, on `file://`, one host.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -24,10 +24,7 @@ const BUCKET: &str = "meltano-state";
 /// database on the shared PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn meltano_on_two_hosts_sharing_s3_goes_as_the_page_shows() -> Result<()> {
-    let meltano = std::env::var("RUNLOCK_TEST_MELTANO").context(
-        "RUNLOCK_TEST_MELTANO is not set: run the tests through scripts/test, or \
-         `source tests/scripts/meltano.sh; meltano_install` first",
-    )?;
+    let meltano = crate::support::meltano_installed("RUNLOCK_TEST_MELTANO")?;
     let (s3, azurite, gcs, postgres) = tokio::try_join!(
         S3.start_own(),
         Azure.start_own(),

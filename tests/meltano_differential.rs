@@ -33,10 +33,7 @@ struct Summary {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn runlock_locks_the_state_ids_meltano_forms() -> Result<()> {
-    let meltano = std::env::var("RUNLOCK_TEST_MELTANO").context(
-        "RUNLOCK_TEST_MELTANO is not set: run the tests through scripts/test, or \
-         `source tests/scripts/meltano.sh; meltano_install` first",
-    )?;
+    let meltano = crate::support::meltano_installed("RUNLOCK_TEST_MELTANO")?;
     let python = Path::new(&meltano).with_file_name("python");
     let bins = bins()?;
     let harness = Path::new(env!("CARGO_MANIFEST_DIR")).join("meltano_differential/run.py");

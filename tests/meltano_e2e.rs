@@ -26,15 +26,6 @@ const STATE_ID: &str = "dev:tap-hold-to-target-jsonl";
 /// a project's first command, its system-database migrations) takes seconds.
 const MELTANO_START: Duration = Duration::from_secs(60);
 
-fn installed(var: &str) -> Result<String> {
-    std::env::var(var).with_context(|| {
-        format!(
-            "{var} is not set: run the tests through scripts/test, or \
-             `source tests/scripts/meltano.sh; meltano_install` first"
-        )
-    })
-}
-
 /// A throwaway Meltano project. Dropping it releases any tap still holding.
 struct Project {
     dir: TempDir,
@@ -43,8 +34,8 @@ struct Project {
 
 impl Project {
     fn new() -> Result<Project> {
-        let meltano = installed("RUNLOCK_TEST_MELTANO")?;
-        let target = installed("RUNLOCK_TEST_TARGET_JSONL")?;
+        let meltano = crate::support::meltano_installed("RUNLOCK_TEST_MELTANO")?;
+        let target = crate::support::meltano_installed("RUNLOCK_TEST_TARGET_JSONL")?;
         // Built before any tap starts: a tap holds for 60 s at most.
         bins()?;
         let dir = temp_dir()?;

@@ -110,6 +110,19 @@ pub fn setpriv(uid: u32, gid: u32, groups: &[u32]) -> tokio::process::Command {
     command
 }
 
+/// What tests/scripts/meltano.sh installed and exported in `var`
+/// (`RUNLOCK_TEST_MELTANO`, `RUNLOCK_TEST_TARGET_JSONL`): a missing install
+/// fails the test, it is never skipped.
+pub fn meltano_installed(var: &str) -> anyhow::Result<String> {
+    use anyhow::Context;
+    std::env::var(var).with_context(|| {
+        format!(
+            "{var} is not set: run the tests through scripts/test, or \
+             `source tests/scripts/meltano.sh; meltano_install` first"
+        )
+    })
+}
+
 /// A fresh key name for a test, so that no two tests' keys meet even in one backend.
 pub fn key(name: &str) -> String {
     format!("test:{name}")
