@@ -1,22 +1,12 @@
-//! `file://DIR`: three files per key. `KEY.run` is empty and exists only to
+//! `file://DIR`: two files per key. `KEY.run` is empty and exists only to
 //! be locked (`flock`, exclusive); the run holds that locked open file
 //! description itself (the agent hands it over, `Grant::lock`), as
 //! `flock(1)`'s children do, so the key is held exactly as long as the run's
 //! processes live, whether or not an agent does, and a kernel lock has no
 //! deadline to miss. The run's descriptor is read-only on the empty file: it
-//! can keep or drop the lock, nothing else. `KEY.lock` records the holder,
-//! the fencing token and the `KEY.run` (device and inode) the grant locked,
-//! and only agents open it, each write made while holding the key's lock,
-//! whole into a spare beside it and exchanged with it in one rename
-//! (`replace.rs`: a full disk leaves the old record). `KEY.tokens` keeps the highest token ever reserved
-//! (`tokens.rs`).
-//!
-//! A `KEY.run` removed (a cleanup job ageing the directory) or replaced
-//! while its run holds it would let the next agent lock a new file beside
-//! that run: a record held through another inode than the name's is
-//! believed while the kernel lists a lock on that inode (`/proc/locks`), or,
-//! where it does not say, while the holder's process lives. The holder's
-//! agent sees its file gone at its next renewal, as after a force.
+//! can keep or drop the lock, nothing else. `KEY.lock` records the holder
+//! and the fencing token, and only agents open it, each write made while
+//! holding the key's lock.
 //!
 //! Force cannot break another process's kernel lock, so it renames a new,
 //! locked `KEY.run` over the old one; the old holder still locks the
@@ -26,14 +16,11 @@
 //! read the same previous token.
 //!
 //! Making every token durable (`fdatasync`) would double the cost of an
-//! acquisition, so tokens are reserved in durable blocks: `KEY.tokens` is
-//! raised, synced, to the end of each block before its first token is handed
-//! out, and a record says up to which token it has promised (`reserved`) and
-//! on which boot it was written; within a block and a boot a record is
-//! written without a sync (the page cache survives an agent's crash), and
-//! after a reboot, when an unsynced write may have been lost, or when the
-//! record is gone (removed, moved aside), the next token starts above
-//! `KEY.tokens`.
+//! acquisition, so tokens are reserved in durable blocks: a record says up to
+//! which token it has promised (`reserved`) and on which boot it was written;
+//! within a block and a boot a token is written without a sync (the page
+//! cache survives an agent's crash), and after a reboot, when an unsynced
+//! write may have been lost, the next token starts above the whole block.
 //!
 //! The directory is opened once and every name is looked up relative to it
 //! (`openat`, `renameat`, `fstatat`) with `O_NOFOLLOW`: the agent runs as root
@@ -54,12 +41,10 @@ mod blocker;
 mod dir;
 mod errors;
 mod record;
-mod replace;
 mod reports;
 mod settings;
 #[cfg(test)]
 mod tests;
-mod tokens;
 mod transport;
 mod view;
 
@@ -74,7 +59,7 @@ use anyhow::Context as _;
 use async_trait::async_trait;
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::Mode;
-use record::{boot_id, held_record, read_bytes, record_bytes, FileRecord, RunFile};
+use record::{boot_id, held_record, read_bytes, read_record_settled, write_record, FileRecord};
 use runlock_protocol::{EventKind, Key, KeyEvent, KeyRecord, KeyState, Scope};
 use settings::{open_dir, DIR_MODE, FILE_MODE};
 use std::collections::HashMap;
@@ -86,7 +71,7 @@ use std::os::unix::io::{AsRawFd, FromRawFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use transport::{file_name, flock, flock_excludes, lock_name, ofd_lock_within, tokens_name};
+use transport::{file_name, flock, flock_excludes, lock_name, ofd_lock_within};
 
 /// A directory of lock files.
 #[derive(Clone)]
@@ -233,55 +218,25 @@ impl Inner {
         }
         serde_json::from_slice(&bytes).map(Some).map_err(|e| {
             BackendError::Corrupt(format!(
-                "lock file {} is not a runlock record ({e}); runlock leaves it as it is: \
-                 moved aside, the key is free again, its next token above every one it \
-                 handed out ({} keeps them)",
-                self.path(name).display(),
-                name.strip_suffix(".lock").unwrap_or(name).to_string() + ".tokens"
+                "lock file {} is not a runlock record ({e}); move it aside to free the key",
+                self.path(name).display()
             ))
         })
     }
 
-    /// The record named `name` in `dir`; `None` when there is none yet.
-    fn current_record(&self, dir: &File, name: &str) -> BackendResult<Option<FileRecord>> {
-        match self.try_open(dir, name, OFlag::O_RDONLY)? {
-            Some(file) => self.read_record(&file, name),
-            None => Ok(None),
-        }
-    }
-
-    /// Reads a record another agent may be replacing this instant, opening
-    /// its name again at each look: until `wanted` takes it, for a few
-    /// milliseconds at most (a record an earlier version wrote in place may
-    /// be read torn, and is read again too). `Ok(None)`: there is none, or
-    /// none was wanted.
-    fn read_settled(
+    /// Writes the record of a key whose lock this agent holds into `file`, the
+    /// record file; a new one is made durable with its directory entry.
+    fn write(
         &self,
         dir: &File,
+        file: &File,
         name: &str,
-        mut wanted: impl FnMut(&FileRecord) -> bool,
-    ) -> BackendResult<Option<FileRecord>> {
-        for _ in 0..50 {
-            let Some(file) = self.try_open(dir, name, OFlag::O_RDONLY)? else {
-                return Ok(None);
-            };
-            let bytes = read_bytes(&file).map_err(|e| self.io_error("reading", name, e))?;
-            if let Ok(record) = serde_json::from_slice::<FileRecord>(&bytes) {
-                if wanted(&record) {
-                    return Ok(Some(record));
-                }
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        Ok(None)
-    }
-
-    /// Writes the record of a key whose lock this agent holds, whole beside
-    /// it and exchanged with it: a failed write leaves the old record as it was.
-    /// Never synced: the block it hands tokens from is kept durably in
-    /// `KEY.tokens` first, and a lost record costs no token.
-    fn write(&self, dir: &File, name: &str, record: &FileRecord) -> BackendResult<()> {
-        replace::replace(dir, name, &record_bytes(record), false)
+        record: &FileRecord,
+        durable: bool,
+    ) -> BackendResult<()> {
+        let new = file.metadata().map(|m| m.len() == 0).unwrap_or(false);
+        write_record(file, record, durable || new)
+            .and_then(|_| if new { dir.sync_all() } else { Ok(()) })
             .map_err(|e| self.io_error("writing", name, e))
     }
 
@@ -320,45 +275,17 @@ impl Inner {
             if !self.same_inode(&dir, &lock, &lock_name)? {
                 continue;
             }
-            let granted = self.current_record(&dir, &name).and_then(|previous| {
-                let run =
-                    RunFile::of(&lock).map_err(|e| self.io_error("checking", &lock_name, e))?;
-                let beside = previous.as_ref().filter(|p| self.holds_another_run(p, run));
-                let forced_from = match beside {
-                    Some(live) if spec.force => Some(live.token),
-                    Some(live) => {
-                        let incident = history::last_incident(&live.history);
-                        return Err(BackendError::Held(
-                            live.holder.clone().map(Box::new),
-                            incident,
-                        ));
-                    }
-                    None => None,
-                };
-                let block = self.token_block(&dir, &spec.key, previous.as_ref())?;
-                let (holder, record) = held_record(
-                    spec,
-                    previous.as_ref(),
-                    block,
-                    run,
-                    forced_from,
-                    &self.boot_id,
-                );
-                self.write(&dir, &name, &record)?;
-                // Its run holds a file we have no description of: nothing to wait on.
-                let displaced =
-                    beside
-                        .and_then(|live| live.holder.clone())
-                        .map(|holder| Displaced {
-                            token: holder.token,
-                            holder: Some(holder),
-                            ttl: (live_ttl(beside)).unwrap_or(spec.ttl),
-                            lock: None,
-                        });
-                Ok((holder, displaced))
-            });
-            let (holder, displaced) = match granted {
-                Ok(granted) => granted,
+            let granted = self
+                .open(&dir, &name, OFlag::O_RDWR | OFlag::O_CREAT)
+                .and_then(|file| {
+                    let previous = self.read_record(&file, &name)?;
+                    let (holder, record, durable) =
+                        held_record(spec, previous.as_ref(), None, &self.boot_id);
+                    self.write(&dir, &file, &name, &record, durable)?;
+                    Ok(holder)
+                });
+            let holder = match granted {
+                Ok(holder) => holder,
                 Err(err) => {
                     let _ = flock(&lock, libc::LOCK_UN);
                     return Err(err);
@@ -370,26 +297,8 @@ impl Inner {
                 holder,
                 sent,
                 lock: Some(run),
-                displaced,
+                displaced: None,
             });
-        }
-    }
-
-    /// Whether `record` says the key is held through a `KEY.run` other than
-    /// `run` (removed or replaced since, by a cleanup job or by hand) whose
-    /// run still holds it: the lock now free under that name proves nothing,
-    /// and a grant through it would run beside that run.
-    fn holds_another_run(&self, record: &FileRecord, run: RunFile) -> bool {
-        let Some(recorded) = record.store.run else {
-            return false; // written before records named their file
-        };
-        if record.state != KeyState::Held || recorded == run {
-            return false;
-        }
-        match blocker::inode_locked(recorded.dev, recorded.ino) {
-            Some(locked) => locked,
-            // The kernel does not say: the run's shim, while it lives.
-            None => (record.holder.as_ref()).is_some_and(|h| blocker::process_lives(h.pid)),
         }
     }
 
@@ -430,12 +339,16 @@ impl Inner {
     /// or, should the holder let go meanwhile, the lock, taken: waiting on
     /// for a held record would keep a waiter from a free key.
     fn holder_record(&self, dir: &File, lock: &File, name: &str) -> BackendResult<Refused> {
+        let Some(file) = self.try_open(dir, name, OFlag::O_RDONLY)? else {
+            return Ok(Refused::Held(None));
+        };
         let mut taken = false;
-        let record = self.read_settled(dir, name, |r| {
+        let record = read_record_settled(&file, |r| {
             taken = r.state != KeyState::Held
                 && flock(lock, libc::LOCK_EX | libc::LOCK_NB).unwrap_or(false);
             taken || r.state == KeyState::Held
-        })?;
+        })
+        .map_err(|e| self.io_error("reading", name, e))?;
         Ok(match taken {
             true => Refused::LetGo,
             false => Refused::Held(record.map(Box::new)),
@@ -478,7 +391,11 @@ impl Inner {
         // locked its descriptor again) is taken over from the record as it is.
         let current = match current {
             Some(current) => Some(current),
-            None => self.read_settled(dir, &name, |_| true)?,
+            None => match self.try_open(dir, &name, OFlag::O_RDONLY)? {
+                Some(file) => read_record_settled(&file, |_| true)
+                    .map_err(|e| self.io_error("reading", &name, e))?,
+                None => None,
+            },
         };
         let current = current.ok_or_else(|| {
             BackendError::Corrupt(format!(
@@ -505,28 +422,20 @@ impl Inner {
             );
             return Err(self.io_error("replacing", &lock_name, e));
         }
-        let block = self.token_block(dir, &spec.key, Some(&current))?;
-        let run = RunFile::of(&lock).map_err(|e| self.io_error("checking", &lock_name, e))?;
-        let (holder, record) = held_record(
-            spec,
-            Some(&current),
-            block,
-            run,
-            Some(current.token),
-            &self.boot_id,
-        );
-        self.write(dir, &name, &record)?;
+        let (holder, record, durable) =
+            held_record(spec, Some(&current), Some(current.token), &self.boot_id);
+        let file = self.open(dir, &name, OFlag::O_RDWR | OFlag::O_CREAT)?;
+        self.write(dir, &file, &name, &record, durable)?;
         let run = self.run_copy(&lock, &lock_name)?;
         self.remember(&spec.lease_id, lock, &spec.holder.agent_id);
         // A process no record names (not a run) has no agent to stop it.
-        let ttl = live_ttl(Some(&current)).unwrap_or(spec.ttl);
         let displaced = (current.state == KeyState::Held)
             .then_some(current.holder)
             .flatten()
             .map(|holder| Displaced {
                 token: holder.token,
                 holder: Some(holder),
-                ttl,
+                ttl: (current.store.ttl_ms).map_or(spec.ttl, Duration::from_millis),
                 lock: Some(Arc::new(old)),
             });
         Ok(Grant {
@@ -567,22 +476,12 @@ impl Inner {
         };
         let (name, lock_name) = (file_name(&lease.key), lock_name(&lease.key));
         let dir = self.dir()?;
-        let gate = self.open_gate(&dir, false)?;
-        let locked = flock(&held.lock, libc::LOCK_EX | libc::LOCK_NB)
-            .map_err(|e| self.io_error("locking", &lock_name, e))?;
-        if !locked {
-            return Ok(()); // the run still holds it (an adopted lease)
-        }
-        if !self.same_inode(&dir, &held.lock, &lock_name)? {
-            // Our file was removed or replaced. A force's record names its
-            // own lease; one that still names ours is freed, or no run would
-            // be granted while ours seems to live. Exclusive, as for a force:
-            // no grant is then between its lock and its record.
-            drop(gate);
-            let result = (self.open_gate(&dir, true))
-                .and_then(|_gate| self.free_record(&dir, &name, lease, &held.agent_id, ending));
-            let _ = flock(&held.lock, libc::LOCK_UN);
-            return result;
+        let _gate = self.open_gate(&dir, false)?;
+        let ours = flock(&held.lock, libc::LOCK_EX | libc::LOCK_NB)
+            .map_err(|e| self.io_error("locking", &lock_name, e))?
+            && self.same_inode(&dir, &held.lock, &lock_name)?;
+        if !ours {
+            return Ok(()); // someone else holds the key, or the run still does (an adopted lease)
         }
         let result = self.free_record(&dir, &name, lease, &held.agent_id, ending);
         let _ = flock(&held.lock, libc::LOCK_UN);
@@ -599,7 +498,10 @@ impl Inner {
         agent_id: &str,
         ending: &Ending,
     ) -> BackendResult<()> {
-        let Some(mut record) = self.current_record(dir, name)? else {
+        let Some(file) = self.try_open(dir, name, OFlag::O_RDWR)? else {
+            return Ok(());
+        };
+        let Some(mut record) = self.read_record(&file, name)? else {
             return Ok(());
         };
         let ours = record.held_by(&lease.lease_id, lease.token)
@@ -613,7 +515,7 @@ impl Inner {
         record.end(ending);
         record.store.ttl_ms = None;
         // Not synced: a lost `free` record is harmless, the kernel lock is the truth.
-        self.write(dir, name, &record)
+        self.write(dir, &file, name, &record, false)
     }
 
     /// Takes over a lease granted through an agent that has stopped, whose
@@ -635,7 +537,10 @@ impl Inner {
         let lock = self
             .try_open(&dir, &lock_name, OFlag::O_RDONLY)?
             .ok_or(BackendError::LeaseMismatch)?;
-        let Some(mut record) = self.current_record(&dir, &name)?.filter(|r| {
+        let file = self
+            .try_open(&dir, &name, OFlag::O_RDWR)?
+            .ok_or(BackendError::LeaseMismatch)?;
+        let Some(mut record) = self.read_record(&file, &name)?.filter(|r| {
             r.held_by(&lease.lease_id, lease.token) && r.holder.as_ref().is_some_and(|h| by.owns(h))
         }) else {
             return Err(BackendError::LeaseMismatch);
@@ -664,16 +569,11 @@ impl Inner {
         );
         history::push(&mut record.history, adopted);
         record.holder = Some(holder.clone());
-        self.write(&dir, &name, &record)?;
+        self.write(&dir, &file, &name, &record, false)?;
         let ttl = Duration::from_millis(record.store.ttl_ms.unwrap_or(60_000));
         self.remember(&lease.lease_id, lock, &by.agent_id);
         Ok(Adopted::new(holder, tokio::time::Instant::now(), ttl))
     }
-}
-
-/// The TTL a record's holder was granted with.
-fn live_ttl(record: Option<&FileRecord>) -> Option<Duration> {
-    record?.store.ttl_ms.map(Duration::from_millis)
 }
 
 impl Profiled for FileBackend {

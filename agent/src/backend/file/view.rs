@@ -7,14 +7,23 @@ impl Inner {
     pub(super) fn history(&self, key: &Key) -> BackendResult<Vec<KeyEvent>> {
         let name = file_name(key);
         let dir = self.dir()?;
-        let record = self.read_settled(&dir, &name, |_| true)?;
+        let Some(file) = self.try_open(&dir, &name, OFlag::O_RDONLY)? else {
+            return Ok(Vec::new());
+        };
+        let record =
+            read_record_settled(&file, |_| true).map_err(|e| self.io_error("reading", &name, e))?;
         Ok(record.map(|r| r.history).unwrap_or_default())
     }
 
     pub(super) fn inspect(&self, key: &Key) -> BackendResult<KeyRecord> {
         let name = file_name(key);
         let dir = self.dir()?;
-        match self.read_settled(&dir, &name, |_| true)? {
+        let Some(file) = self.try_open(&dir, &name, OFlag::O_RDONLY)? else {
+            return Ok(KeyRecord::free(key, Scope::Host));
+        };
+        match read_record_settled(&file, |_| true)
+            .map_err(|e| self.io_error("reading", &name, e))?
+        {
             Some(record) => self.shown(&dir, key, record),
             None => Ok(KeyRecord::free(key, Scope::Host)),
         }
@@ -126,14 +135,14 @@ impl Inner {
         name: &str,
     ) -> Result<Option<(KeyRecord, Vec<KeyEvent>)>, String> {
         let file_name = format!("{name}.lock");
-        let exists = self
+        let Some(file) = self
             .try_open(dir, &file_name, OFlag::O_RDONLY)
-            .map_err(|e| e.to_string())?;
-        if exists.is_none() {
-            return Ok(None);
-        }
-        let record = (self.read_settled(dir, &file_name, |_| true))
             .map_err(|e| e.to_string())?
+        else {
+            return Ok(None);
+        };
+        let record = read_record_settled(&file, |_| true)
+            .map_err(|e| self.io_error("reading", &file_name, e).to_string())?
             .ok_or_else(|| format!("{} is not a lock record", self.path(&file_name).display()))?;
         let key = Key::parse_record(&record.key).map_err(|e| {
             format!(

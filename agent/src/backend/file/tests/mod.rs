@@ -4,7 +4,6 @@
 //! have files of their own.
 
 mod directory;
-mod faults;
 mod tokens;
 
 use super::*;
