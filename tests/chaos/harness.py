@@ -141,6 +141,17 @@ class Harness:
             os.unlink(errpath)
         return code
 
+    def _kill_run(self, r):
+        # The command may have entered before its datagram was read (r.pid unknown
+        # yet): its group is then found under the shim, and the kill is always
+        # recorded, or the checker sees a section that never ended.
+        r.killed = True
+        groups = [r.pid] if r.pid else [c for c in proc.children_of(r.shim.pid)]
+        r.shim.signal(signal.SIGKILL)
+        for g in groups:
+            self._killpg(g)
+        self.ledger.write("K", r.id)
+
     @staticmethod
     def _killpg(pgid):
         try:
@@ -199,12 +210,7 @@ class Harness:
             r = rs[f["pick"] % len(rs)]
             self.ledger.write("F", seq, kind, "start", r.agent, r.key, f"run={r.id}")
             if kind == "run_kill":
-                r.killed = True
-                groups = [r.pid] if r.pid else [c for c in proc.children_of(r.shim.pid)]
-                r.shim.signal(signal.SIGKILL)
-                for g in groups:
-                    self._killpg(g)
-                self.ledger.write("K", r.id)
+                self._kill_run(r)
             else:
                 r.shim.signal(signal.SIGKILL)
             self.ledger.write("F", seq, kind, "end", r.agent, r.key, f"run={r.id}")
@@ -418,10 +424,7 @@ class Harness:
         self.stopping = True
         self.faults_off = True
         for r in list(self.runs.values()):
-            r.shim.signal(signal.SIGKILL)
-            if r.pid:
-                self._killpg(r.pid)
-                self.ledger.write("K", r.id)
+            self._kill_run(r)
         for a in self.agents:
             await a.stop()
         for px in self.proxies:
