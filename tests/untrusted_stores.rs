@@ -27,8 +27,8 @@ impl Condition {
     /// What the refusing agent says the store lacks.
     fn named(self) -> &'static str {
         match self {
-            Condition::Absent => "create it only if absent",
-            Condition::Matches => "no longer current",
+            Condition::Absent => "ignores If-None-Match: * or its equivalent",
+            Condition::Matches => "ignores If-Match or its equivalent",
         }
     }
 }

@@ -11,23 +11,22 @@
 //! Refusing one request at a time is not enough: in 2026 several
 //! self-hosted S3 stores (SeaweedFS, RustFS, versitygw) were found to check a
 //! condition and then write, in two steps, so that two concurrent conditional
-//! writes of one object both succeeded. So the proof also races writers:
-//! [`RACERS`] creates-if-absent of each of [`RACES`] new objects at once, then
-//! as many replaces of each against the version its create left, and exactly
-//! one writer must win each race.
+//! writes of one object both succeeded. So every conditional write of the
+//! proof is a race: [`RACERS`] creates-if-absent of the new probe object at
+//! once, then as many replaces against the version the winning create left,
+//! and exactly one writer must win each. A race's losers are the proof's
+//! "create again" and "stale replace": a store that ignores a condition, or
+//! checks it apart from the write, lets them win too.
 //!
-//! Each proof writes objects of its own (`probe-<random>`, and
-//! `probe-<random>-race-N`), removed once the verdict is in: agents that
-//! start together on one store never write one object, so none breaks
-//! another's proof (invariant 9), and on a store that limits writes per
-//! object (GCS) the proof keeps to its pace. It is on every agent's start
-//! path, so it asks what it must and no more: five requests one after the
-//! other (create, create again, replace, stale replace, read), with the
-//! creates' races beside them and the replaces' races after them, two
-//! round trips more; the agent removes the objects afterwards, off that
-//! path and at a random moment within 10 s, so that agents starting
-//! together do not remove theirs during their first grants
-//! ([`remove_probe_later`]).
+//! Each proof writes an object of its own (`probe-<random>`), removed once
+//! the verdict is in: agents that start together on one store never write
+//! one object, so none breaks another's proof (invariant 9), and on a store
+//! that limits writes per object (GCS) the proof keeps to its pace. It is on
+//! every agent's start path, so it asks what it must and no more: three round
+//! trips (the creates' race, the replaces' race, a read), five requests with
+//! two racers; the agent removes the object afterwards, off that path and at
+//! a random moment within 10 s, so that agents starting together do not
+//! remove theirs during their first grants ([`remove_probe_later`]).
 //!
 //! Only a definite answer condemns a store: an error or a timeout leaves the
 //! question open, and it is asked again at the next acquire.
@@ -57,108 +56,62 @@ pub enum Unproven {
     Unanswered(String),
 }
 
-/// How many writers race for one object, and on how many objects: a store
-/// that checks and writes in two steps lets every racer through that checks
-/// before the first writes, so two racers find it. No more: 200 agents
-/// starting together with 4 racers on each of 2 objects opened up to 9
-/// connections each and moto stopped accepting (BENCHMARKS.md, "Meltano
-/// keys, …").
+/// How many writers race for the probe object: a store that checks and
+/// writes in two steps lets every racer through that checks before the first
+/// writes, so two find it. No more: 200 agents starting together with 4
+/// racers on each of 2 objects opened up to 9 connections each and moto
+/// stopped accepting (BENCHMARKS.md, "Fleet").
 pub const RACERS: usize = 2;
-pub const RACES: usize = 1;
 
-/// Puts `store` through the checks on probe objects of this proof's own
-/// under `prefix`; returns the verdict and the objects' names, for
+/// Puts `store` through the checks on a probe object of this proof's own
+/// under `prefix`; returns the verdict and the object's name, for
 /// [`remove_probe`].
 pub async fn prove(store: &dyn CasStore, prefix: &str) -> (Result<(), Unproven>, Vec<String>) {
     let writer = uuid::Uuid::new_v4().simple().to_string();
     let name = format!("{prefix}{PROBE}{writer}");
-    let raced: Vec<String> = (0..RACES)
-        .map(|race| format!("{name}-race-{race}"))
-        .collect();
-    let creates = async {
-        let created = race(store, &raced, &writer, None).await;
-        (created, tokio::time::Instant::now())
-    };
-    let (checked, (created, created_at)) = tokio::join!(checks(store, &name, &writer), creates);
-    let verdict = match (checked, created) {
-        (Ok(()), Ok(created)) => {
-            // A store that wants writes of one object apart gets them apart
-            // (the checks beside the creates mostly waited as long already).
-            tokio::time::sleep_until(created_at + store.site().min_write_interval).await;
-            // A race whose answers were lost (a timeout) shows nothing: the
-            // replaces race on the objects whose creates had a winner.
-            let (names, versions): (Vec<String>, Vec<String>) = raced
-                .iter()
-                .zip(created)
-                .filter_map(|(name, won)| Some((name.clone(), won?)))
-                .unzip();
-            match race(store, &names, &writer, Some(&versions)).await {
-                Ok(replaced) if replaced.iter().any(Option::is_some) => Ok(()),
-                Ok(_) => Err(Unproven::Unanswered(
-                    "no race of concurrent writes got its answers".to_string(),
-                )),
-                Err(unproven) => Err(unproven),
-            }
-        }
-        (Err(Unproven::Lacks(what)), _) | (_, Err(Unproven::Lacks(what))) => {
-            Err(Unproven::Lacks(what))
-        }
-        (Err(unanswered), _) | (_, Err(unanswered)) => Err(unanswered),
-    };
-    let mut names = vec![name];
-    names.extend(raced);
-    (verdict, names)
+    let verdict = checks(store, &name, &writer).await;
+    (verdict, vec![name])
 }
 
-/// [`RACERS`] writers at once on each of `names`: creates if absent, or with
-/// `versions`, replaces of each against its version. Two winners of one race
-/// condemn the store; each race's winner's version, or `None` where no
-/// winner was seen (answers lost), which shows nothing either way.
+/// [`RACERS`] conditional writes of `name` at once, one of `bodies` each:
+/// creates if absent, or replaces against one version. Two winners condemn
+/// the store; the winner (its index and version), or `None` where none was
+/// seen (refused, or answers lost).
 async fn race(
     store: &dyn CasStore,
-    names: &[String],
-    writer: &str,
-    versions: Option<&[String]>,
-) -> Result<Vec<Option<String>>, Unproven> {
-    // Each body differs from every other, the create's too: a store whose
-    // version is a hash of the content (S3's ETag) gives equal bodies one version.
-    let step = if versions.is_some() {
-        "replace"
-    } else {
-        "create"
-    };
-    let races = names.iter().enumerate().map(|(i, name)| async move {
-        let racers = (0..RACERS).map(|racer| {
-            let body = format!("{{\"runlock_probe\":\"{writer}\",\"step\":\"{step} {racer}\"}}\n");
-            let when = match versions {
-                Some(versions) => Precondition::Matches(&versions[i]),
-                None => Precondition::Absent,
-            };
-            store.put(name, body.into_bytes(), when)
-        });
-        futures::future::join_all(racers).await
-    });
-    let what = match versions {
-        Some(_) => "replaces of one object, each only if its version was the one all saw",
-        None => "creates of one new object, each only if it was absent",
-    };
-    let mut won = Vec::new();
-    for answers in futures::future::join_all(races).await {
-        let wins: Vec<&String> = answers.iter().filter_map(|a| a.as_ref().ok()).collect();
-        match wins[..] {
-            [winner] => won.push(Some(winner.clone())),
-            [] => won.push(None),
-            _ => {
-                return Err(lacks(&format!(
-                    "{} of {RACERS} concurrent {what} all succeeded (it checks the condition \
-                     and writes in two steps), so two agents racing for one key would both \
-                     be granted it",
-                    wins.len()
-                )))
-            }
-        }
+    name: &str,
+    bodies: &[String],
+    when: Precondition<'_>,
+) -> Result<Option<(usize, String)>, Unproven> {
+    let racers = bodies
+        .iter()
+        .map(|body| store.put(name, body.clone().into_bytes(), when));
+    let answers = futures::future::join_all(racers).await;
+    let wins: Vec<(usize, String)> = answers
+        .into_iter()
+        .enumerate()
+        .filter_map(|(racer, answer)| Some((racer, answer.ok()?)))
+        .collect();
+    if wins.len() > 1 {
+        let (what, ignored) = match when {
+            Precondition::Absent => (
+                "creates of one new object, each only if it was absent",
+                "If-None-Match: *",
+            ),
+            Precondition::Matches(_) => (
+                "replaces of one object, each only if its version was the one all saw",
+                "If-Match",
+            ),
+        };
+        return Err(lacks(&format!(
+            "{} of {} concurrent {what} all succeeded (it ignores {ignored} or its \
+             equivalent, or checks the condition and writes in two steps), so two agents \
+             racing for one key would both be granted it",
+            wins.len(),
+            bodies.len()
+        )));
     }
-    Ok(won)
+    Ok(wins.into_iter().next())
 }
 
 /// How long after its proof an agent removes its probe object, at most: a
@@ -186,85 +139,45 @@ pub async fn remove_probe(store: &dyn CasStore, names: &[String]) {
 }
 
 async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Unproven> {
+    // Each body differs from every other: a store whose version is a hash of
+    // the content (S3's ETag) gives equal bodies one version.
     let body = |step: &str| format!("{{\"runlock_probe\":\"{writer}\",\"step\":\"{step}\"}}\n");
-    // The name is new, so the create comes first, without a read before it,
-    // and its answer names the version: the final read checks what a read
-    // would have.
-    let created = body("create");
-    let mut current = match store
-        .put(name, created.clone().into(), Precondition::Absent)
-        .await
-    {
-        Ok(version) => Some(Stored {
-            body: created.clone().into(),
+    let bodies = |step: &str| -> Vec<String> {
+        (0..RACERS)
+            .map(|racer| body(&format!("{step} {racer}")))
+            .collect()
+    };
+    // The name is new, so the creates come first, without a read before
+    // them, and the winner's answer names the version.
+    let creates = bodies("create");
+    let mut current = race(store, name, &creates, Precondition::Absent)
+        .await?
+        .map(|(won, version)| Stored {
+            body: creates[won].clone().into(),
             version,
             last_modified: None,
-        }),
-        // Only a retried create of this new name finds it: read what is there.
-        Err(CasError::Conflict) => None,
-        Err(err) => return Err(unanswered(err)),
-    };
-
-    match store
-        .put(name, body("create again").into(), Precondition::Absent)
-        .await
-    {
-        Err(CasError::Conflict) => {}
-        Ok(_) => {
-            return Err(lacks(
-                "it wrote over an existing object when asked to create it only if absent \
-                 (If-None-Match: * or its equivalent was ignored)",
-            ))
-        }
-        Err(err) => return Err(unanswered(err)),
-    }
+        });
 
     for attempt in 0..ATTEMPTS {
         let before = match current.take() {
             Some(known) => known,
-            None => existing(store, name, &created).await?,
+            // No create was seen to win (answers lost): read what is there.
+            None => existing(store, name, &body("create")).await?,
         };
         // The create (or the last update) was a write of this object too.
         tokio::time::sleep(store.site().min_write_interval).await;
-        let update = body(&format!("update {attempt}"));
+        let updates = bodies(&format!("update {attempt}"));
         let sent = std::time::Instant::now();
-        let version = match store
-            .put(
-                name,
-                update.clone().into(),
-                Precondition::Matches(&before.version),
-            )
-            .await
-        {
-            Ok(version) => version,
-            Err(CasError::Conflict) => {
-                back_off().await; // the store changed it under us: read again
-                continue;
-            }
-            Err(err) => return Err(unanswered(err)),
+        let when = Precondition::Matches(&before.version);
+        let Some((won, version)) = race(store, name, &updates, when).await? else {
+            back_off().await; // changed under us, or the answers were lost
+            continue;
         };
         if version == before.version {
             return Err(lacks(
                 "a write left the object's version unchanged, so a write made against \
                  the old version cannot be refused",
             ));
-        }
-        match store
-            .put(
-                name,
-                body("stale").into(),
-                Precondition::Matches(&before.version),
-            )
-            .await
-        {
-            Err(CasError::Conflict) => {}
-            Ok(_) => {
-                return Err(lacks(
-                    "it replaced an object when asked to only if its version was one that \
-                     is no longer current (If-Match or its equivalent was ignored)",
-                ))
-            }
-            Err(err) => return Err(unanswered(err)),
         }
         let Read { object, date } = store.get(name).await.map_err(unanswered)?;
         let Some(after) = object else {
@@ -276,7 +189,13 @@ async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Un
                 "a read after a write returned the object as it was before the write",
             ));
         }
-        if after.body != update.as_bytes() {
+        if after.body != updates[won].as_bytes() {
+            if updates.iter().any(|lost| after.body == lost.as_bytes()) {
+                return Err(lacks(
+                    "a replace it refused, or made against a version that was no longer \
+                     current, was written over the one it accepted",
+                ));
+            }
             back_off().await; // written since by someone else: nothing learnt
             continue;
         }
@@ -449,14 +368,14 @@ mod tests {
                     ignores_if_none_match: true,
                     ..Broken::default()
                 },
-                "only if absent",
+                "If-None-Match",
             ),
             (
                 Broken {
                     ignores_if_match: true,
                     ..Broken::default()
                 },
-                "no longer current",
+                "If-Match or",
             ),
             (
                 Broken {
@@ -603,14 +522,10 @@ mod tests {
         for (name, at) in writes {
             by_object.entry(name).or_default().push(at);
         }
-        assert_eq!(
-            by_object.len(),
-            50 * (1 + RACES),
-            "a probe object and the raced ones per proof"
-        );
+        assert_eq!(by_object.len(), 50, "a probe object per proof");
         for (name, times) in &by_object {
             assert!(name.starts_with("locks/probe-"), "{name}");
-            // Create, update (or a race's winners), removal: no object
+            // The races' winners (create, update), removal: no object
             // written faster than the store allows.
             assert_eq!(times.len(), 3, "{name}: {times:?}");
             for pair in times.windows(2) {
