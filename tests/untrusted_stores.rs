@@ -151,3 +151,23 @@ async fn a_store_atomic_only_one_request_at_a_time_is_never_trusted() -> Result<
     sound.run_to_success(&key("sound")).await?;
     Ok(())
 }
+
+/// A store whose check-then-write window opens only under load: the two
+/// racers of every agent's start do not meet it, so runs are granted, but
+/// `check-config`, racing many writers on several objects, refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_config_races_harder_than_the_start() -> Result<()> {
+    let uri = "memory-cas://racy-under-load";
+    let agent = TestAgent::start(uri).await?;
+    agent.run_to_success(&key("under-load")).await?;
+    let check = runlockd(&["check-config", "--backend", uri], &[]).await?;
+    check.expect_code(78)?;
+    ensure!(
+        check.stderr.contains("cannot be trusted to lock")
+            && check.stderr.contains("8 concurrent")
+            && check.stderr.contains("two steps"),
+        "check-config does not say what the store lacks:\n{}",
+        check.stderr
+    );
+    Ok(())
+}

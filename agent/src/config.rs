@@ -377,6 +377,7 @@ impl Config {
                 gcs: settings.gcs,
                 postgres: settings.postgres,
                 etcd: settings.etcd,
+                ..BackendOptions::default()
             },
             ttl: args.ttl.or(settings.ttl).unwrap_or(Duration::from_secs(30)),
             on_unavailable,

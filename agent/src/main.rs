@@ -72,12 +72,17 @@ fn from_meltano(project: &std::path::Path) -> ExitCode {
     }
 }
 
-/// Opens and checks the backend as the agent would at start, and says on
+/// Opens and checks the backend as the agent would at start (an object
+/// store's proof racing more writers: a person asked), and says on
 /// stderr whether it can serve runs: 0 if so, 69 (EX_UNAVAILABLE) if it
 /// cannot be reached now, 78 (EX_CONFIG) if it cannot be used at all, as
 /// given or because it broke a guarantee a lock rests on.
 async fn check_backend(config: &Config) -> ExitCode {
-    let opened = backend::open(config.backend.expose(), &config.backend_options).await;
+    let options = backend::BackendOptions {
+        proof: backend::cas::Proof::THOROUGH,
+        ..config.backend_options.clone()
+    };
+    let opened = backend::open(config.backend.expose(), &options).await;
     let backend::Opened { store, readiness } = match opened {
         Ok(opened) => opened,
         Err(err) => {

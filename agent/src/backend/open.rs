@@ -81,9 +81,9 @@ const SCHEMES: &[Scheme] = &[
         example: "s3://bucket/prefix",
         feature: Some("s3"),
         open: built!("s3", |uri, _, options| {
-            Box::pin(
-                async move { on_object_store(cas::S3Store::open(uri, &options.s3).await?).await },
-            )
+            Box::pin(async move {
+                on_object_store(cas::S3Store::open(uri, &options.s3).await?, options).await
+            })
         }),
     },
     Scheme {
@@ -91,9 +91,9 @@ const SCHEMES: &[Scheme] = &[
         example: "azure://container/prefix",
         feature: Some("azure"),
         open: built!("azure", |uri, _, options| {
-            Box::pin(
-                async move { on_object_store(cas::AzureStore::open(uri, &options.azure)?).await },
-            )
+            Box::pin(async move {
+                on_object_store(cas::AzureStore::open(uri, &options.azure)?, options).await
+            })
         }),
     },
     Scheme {
@@ -101,7 +101,9 @@ const SCHEMES: &[Scheme] = &[
         example: "gs://bucket/prefix",
         feature: Some("gcs"),
         open: built!("gcs", |uri, _, options| {
-            Box::pin(async move { on_object_store(cas::GcsStore::open(uri, &options.gcs)?).await })
+            Box::pin(async move {
+                on_object_store(cas::GcsStore::open(uri, &options.gcs)?, options).await
+            })
         }),
     },
     Scheme {
@@ -150,14 +152,18 @@ const TEST_SCHEMES: &[Scheme] = &[Scheme {
     names: &["memory-cas"],
     example: "memory-cas://",
     feature: Some("test-support"),
-    // `memory-cas://racy`: a store the proof must refuse (cas/racy.rs).
-    open: Some(|_, rest, _| {
-        let racy = rest == "racy";
+    // `memory-cas://racy`: a store the proof must refuse;
+    // `memory-cas://racy-under-load`, one only check-config's can (cas/racy.rs).
+    open: Some(|_, rest, options| {
+        let racy = match rest {
+            "racy" => Some(cas::RacyCasStore::default()),
+            "racy-under-load" => Some(cas::RacyCasStore::under_load()),
+            _ => None,
+        };
         Box::pin(async move {
-            if racy {
-                on_object_store(cas::RacyCasStore::default()).await
-            } else {
-                on_object_store(cas::MemoryCasStore::new()).await
+            match racy {
+                Some(racy) => on_object_store(racy, options).await,
+                None => on_object_store(cas::MemoryCasStore::new(), options).await,
             }
         })
     }),
@@ -240,10 +246,10 @@ fn ready(backend: impl Backend + Profiled) -> anyhow::Result<Opened> {
 /// The object-store lease engine over `store`: once the store's own check
 /// passed, the engine's proof that it refuses conflicting writes.
 #[cfg(any(object_store, feature = "test-support"))]
-async fn on_object_store(store: impl CasStore) -> anyhow::Result<Opened> {
+async fn on_object_store(store: impl CasStore, options: &BackendOptions) -> anyhow::Result<Opened> {
     let probed = within_probe_timeout(async { store.probe().await.map_err(|e| e.to_string()) });
     let probed = probed.await;
-    let engine = Arc::new(cas::CasEngine::new(Arc::new(store)));
+    let engine = Arc::new(cas::CasEngine::new(Arc::new(store)).proving(options.proof));
     let readiness = match probed {
         Readiness::Ready => match tokio::time::timeout(PROBE_TIMEOUT, engine.prove()).await {
             Ok(Ok(())) => Readiness::Ready,

@@ -19,6 +19,9 @@ pub struct BackendOptions {
     pub postgres: PostgresOptions,
     /// `[etcd]`.
     pub etcd: EtcdOptions,
+    /// How hard an object store's proof tries: not configured, but
+    /// thorough for `check-config`.
+    pub proof: super::cas::Proof,
 }
 
 /// The configuration file's `[s3]` settings; each overrides the SDK's own

@@ -88,6 +88,8 @@ pub struct CasEngine {
     /// lock; `Some`, the guarantee it lacks. Never trusted before, or after
     /// that.
     verdict: tokio::sync::OnceCell<Option<String>>,
+    /// How hard the proof tries.
+    proof: proof::Proof,
 }
 
 fn unavailable(err: CasError) -> BackendError {
@@ -116,7 +118,13 @@ impl CasEngine {
             known: Mutex::new(std::collections::HashSet::new()),
             listed_reads: ReadCache::default(),
             verdict: tokio::sync::OnceCell::new(),
+            proof: proof::Proof::AT_START,
         }
+    }
+
+    /// The engine, proving its store as hard as `proof` says.
+    pub fn proving(self, proof: proof::Proof) -> CasEngine {
+        CasEngine { proof, ..self }
     }
 
     /// Whether the store has shown that it refuses the writes this engine
@@ -126,7 +134,8 @@ impl CasEngine {
         let verdict = self
             .verdict
             .get_or_try_init(|| async {
-                let (verdict, probes) = proof::prove(self.store.as_ref(), &self.prefix).await;
+                let (verdict, probes) =
+                    proof::prove(self.store.as_ref(), &self.prefix, self.proof).await;
                 // Off the start path: the first grant need not wait for it.
                 let store = self.store.clone();
                 tokio::spawn(

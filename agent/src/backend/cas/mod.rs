@@ -28,7 +28,7 @@ pub use engine::{CasEngine, CasRecord, Lapse, CLOCK_RESOLUTION};
 pub use gcs::GcsStore;
 #[cfg(any(test, feature = "test-support"))]
 pub use memory::MemoryCasStore;
-pub use proof::Unproven;
+pub use proof::{Proof, Unproven};
 #[cfg(any(test, feature = "test-support"))]
 pub use racy::RacyCasStore;
 #[cfg(feature = "s3")]

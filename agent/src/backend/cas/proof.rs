@@ -12,11 +12,12 @@
 //! self-hosted S3 stores (SeaweedFS, RustFS, versitygw) were found to check a
 //! condition and then write, in two steps, so that two concurrent conditional
 //! writes of one object both succeeded. So every conditional write of the
-//! proof is a race: [`RACERS`] creates-if-absent of the new probe object at
+//! proof is a race: two creates-if-absent of the new probe object at
 //! once, then as many replaces against the version the winning create left,
 //! and exactly one writer must win each. A race's losers are the proof's
 //! "create again" and "stale replace": a store that ignores a condition, or
-//! checks it apart from the write, lets them win too.
+//! checks it apart from the write, lets them win too. `runlockd
+//! check-config` races more writers on more objects ([`Proof::THOROUGH`]).
 //!
 //! Each proof writes an object of its own (`probe-<random>`), removed once
 //! the verdict is in: agents that start together on one store never write
@@ -56,24 +57,71 @@ pub enum Unproven {
     Unanswered(String),
 }
 
-/// How many writers race for the probe object: a store that checks and
-/// writes in two steps lets every racer through that checks before the first
-/// writes, so two find it. No more: 200 agents starting together with 4
-/// racers on each of 2 objects opened up to 9 connections each and moto
-/// stopped accepting (BENCHMARKS.md, "Fleet").
-pub const RACERS: usize = 2;
-
-/// Puts `store` through the checks on a probe object of this proof's own
-/// under `prefix`; returns the verdict and the object's name, for
-/// [`remove_probe`].
-pub async fn prove(store: &dyn CasStore, prefix: &str) -> (Result<(), Unproven>, Vec<String>) {
-    let writer = uuid::Uuid::new_v4().simple().to_string();
-    let name = format!("{prefix}{PROBE}{writer}");
-    let verdict = checks(store, &name, &writer).await;
-    (verdict, vec![name])
+/// How hard a proof tries: how many writers race in each of its races, and
+/// how many probe objects it puts through the checks at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Proof {
+    pub racers: usize,
+    pub objects: usize,
 }
 
-/// [`RACERS`] conditional writes of `name` at once, one of `bodies` each:
+impl Proof {
+    /// On every agent's start path: a store that checks and writes in two
+    /// steps lets every racer through that checks before the first writes,
+    /// so two find it. No more: 200 agents starting together with 4 racers
+    /// on each of 2 objects opened up to 9 connections each and moto stopped
+    /// accepting (BENCHMARKS.md, "Fleet").
+    pub const AT_START: Proof = Proof {
+        racers: 2,
+        objects: 1,
+    };
+    /// `runlockd check-config`, asked once by a person: many writers on
+    /// several objects at once, so that a window between check and write too
+    /// short for two racers to meet is met.
+    pub const THOROUGH: Proof = Proof {
+        racers: 8,
+        objects: 4,
+    };
+}
+
+impl Default for Proof {
+    fn default() -> Proof {
+        Proof::AT_START
+    }
+}
+
+/// Puts `store` through the checks on probe objects of this proof's own
+/// under `prefix`, `proof.objects` at once; returns the verdict (the first
+/// guarantee found broken, else the first open question) and the objects'
+/// names, for [`remove_probe`].
+pub async fn prove(
+    store: &dyn CasStore,
+    prefix: &str,
+    proof: Proof,
+) -> (Result<(), Unproven>, Vec<String>) {
+    let writers: Vec<String> = (0..proof.objects.max(1))
+        .map(|_| uuid::Uuid::new_v4().simple().to_string())
+        .collect();
+    let names: Vec<String> = writers
+        .iter()
+        .map(|writer| format!("{prefix}{PROBE}{writer}"))
+        .collect();
+    let checked = names
+        .iter()
+        .zip(&writers)
+        .map(|(name, writer)| checks(store, name, writer, proof.racers));
+    let verdicts = futures::future::join_all(checked).await;
+    let condemned = verdicts
+        .iter()
+        .find(|verdict| matches!(verdict, Err(Unproven::Lacks(_))));
+    let verdict = match condemned {
+        Some(condemned) => condemned.clone(),
+        None => verdicts.into_iter().find(Result::is_err).unwrap_or(Ok(())),
+    };
+    (verdict, names)
+}
+
+/// Conditional writes of `name` at once, one of `bodies` each:
 /// creates if absent, or replaces against one version. Two winners condemn
 /// the store; the winner (its index and version), or `None` where none was
 /// seen (refused, or answers lost).
@@ -138,12 +186,17 @@ pub async fn remove_probe(store: &dyn CasStore, names: &[String]) {
     futures::future::join_all(removals).await;
 }
 
-async fn checks(store: &dyn CasStore, name: &str, writer: &str) -> Result<(), Unproven> {
+async fn checks(
+    store: &dyn CasStore,
+    name: &str,
+    writer: &str,
+    racers: usize,
+) -> Result<(), Unproven> {
     // Each body differs from every other: a store whose version is a hash of
     // the content (S3's ETag) gives equal bodies one version.
     let body = |step: &str| format!("{{\"runlock_probe\":\"{writer}\",\"step\":\"{step}\"}}\n");
     let bodies = |step: &str| -> Vec<String> {
-        (0..RACERS)
+        (0..racers.max(2))
             .map(|racer| body(&format!("{step} {racer}")))
             .collect()
     };
@@ -347,7 +400,7 @@ mod tests {
     }
 
     async fn verdict(store: &dyn CasStore) -> Result<(), Unproven> {
-        let (verdict, probes) = prove(store, "locks/").await;
+        let (verdict, probes) = prove(store, "locks/", Proof::AT_START).await;
         remove_probe(store, &probes).await;
         verdict
     }
@@ -478,14 +531,24 @@ mod tests {
         let store = crate::backend::cas::RacyCasStore::default();
         match verdict(&store).await {
             Err(Unproven::Lacks(what)) => {
-                assert!(
-                    what.contains(&format!("{RACERS} of {RACERS} concurrent creates")),
-                    "{what}"
-                );
+                assert!(what.contains("2 of 2 concurrent creates"), "{what}");
                 assert!(what.contains("two steps"), "{what}");
             }
             other => panic!("a racy store was trusted: {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn only_the_thorough_proof_finds_a_store_racy_under_load() {
+        let store = crate::backend::cas::RacyCasStore::under_load();
+        assert_eq!(verdict(&store).await, Ok(()), "two racers meet no window");
+        let (thorough, probes) = prove(&store, "locks/", Proof::THOROUGH).await;
+        remove_probe(&store, &probes).await;
+        match thorough {
+            Err(Unproven::Lacks(what)) => assert!(what.contains("two steps"), "{what}"),
+            other => panic!("a store racy under load passed the thorough proof: {other:?}"),
+        }
+        assert_eq!(store.names(), Vec::<String>::new(), "every probe removed");
     }
 
     #[tokio::test(start_paused = true)]
