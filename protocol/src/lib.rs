@@ -9,6 +9,7 @@ pub mod message;
 pub mod procfs;
 pub mod socket_path;
 pub mod strict;
+pub mod tcp_peers;
 pub mod timing;
 pub mod types;
 
