@@ -326,6 +326,8 @@ async fn shim_refuses_invalid_keys_with_64_naming_the_rule() -> Result<()> {
         (long.as_str(), "at most 512 bytes"),
         ("tab\there", "control character"),
         ("nl\nhere", "control character"),
+        ("night\u{200b}ly", "invisible character"),
+        ("rtl\u{202e}here", "invisible character"),
     ] {
         let out = agent
             .runlock_output(&["run", "--key", bad, "--", "echo", "must-not-run"])

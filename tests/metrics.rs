@@ -4,7 +4,9 @@
 
 use crate::agent_process::runlockd_refusing;
 use crate::support::agent::{temp_dir, FileBackendDir};
-use crate::support::{http, key, AgentOptions, Deadline, TestAgent, WAIT};
+use crate::support::{
+    http, key, nobody_holds_connections, AgentOptions, Deadline, TestAgent, WAIT,
+};
 use anyhow::{bail, ensure, Context, Result};
 use nix::sys::signal::Signal;
 use runlock_agent::metrics::exposition::differences;
@@ -333,6 +335,43 @@ async fn only_get_metrics_is_served() -> Result<()> {
         answer.status == 405,
         "DELETE /metrics answered {}",
         answer.status
+    );
+    Ok(())
+}
+
+/// Any user of the host can connect to the metrics port: one holding every
+/// connection it can, idle, leaves Prometheus its scrape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_holding_every_metrics_connection_it_can_leaves_prometheus_its_scrape() -> Result<()>
+{
+    let (_agent, addr, _locks) = agent_with_metrics("30s").await?;
+    let _hog = nobody_holds_connections(addr, 40).await?;
+    // At once: the agent closes an idle connection after 10 s.
+    scrape(addr)
+        .await
+        .context("a scrape while nobody holds connections")?;
+    Ok(())
+}
+
+/// Metrics carry no authentication: an address beyond loopback is warned of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_on_an_address_beyond_loopback_are_warned_of() -> Result<()> {
+    const WARNING: &str = "without authentication";
+    let (agent, _, _locks) = agent_with_metrics("30s").await?;
+    ensure!(
+        !agent.log().contains(WARNING),
+        "a loopback address warned:\n{}",
+        agent.log()
+    );
+    let locks = FileBackendDir::new()?;
+    let mut options = AgentOptions::new(locks.uri());
+    options.args = ["--metrics", "0.0.0.0:0"].map(String::from).to_vec();
+    let agent = TestAgent::start_with(options).await?;
+    let log = agent.log();
+    ensure!(
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains(WARNING) && l.contains("0.0.0.0:")),
+        "no warning for metrics on 0.0.0.0:\n{log}"
     );
     Ok(())
 }

@@ -98,6 +98,51 @@ async fn the_exit_78_message_hides_a_password_whatever_it_holds() -> Result<()> 
     Ok(())
 }
 
+/// Every user of the host reads a process's arguments: a password in
+/// `--backend` is warned of, naming where to give it instead, and one given
+/// there is not.
+#[tokio::test]
+async fn a_password_on_the_command_line_is_warned_of_and_one_in_the_environment_is_not(
+) -> Result<()> {
+    const WARNING: &str = "holds a password, which every user of this host can read";
+    let password = format!("{}{}", HALVES.0, HALVES.1);
+    for uri in [
+        format!("postgresql://runlock:{password}@db.test/meltano"),
+        format!("postgresql://db.test/meltano?user=runlock&password={password}"),
+    ] {
+        let out = runlockd(&["check-config", "--backend", &uri], &[]).await?;
+        ensure!(
+            out.stderr
+                .contains(&format!("warning: --backend {WARNING}"))
+                && out.stderr.contains("RUNLOCK_BACKEND"),
+            "{uri}: no warning: {out:?}"
+        );
+        ensure_hidden(&uri, &format!("{}{}", out.stdout, out.stderr))?;
+        let out = runlockd(&["check-config"], &[("RUNLOCK_BACKEND", &uri)]).await?;
+        ensure!(
+            !out.stderr.contains(WARNING),
+            "{uri} from the environment: {out:?}"
+        );
+    }
+    let user_only = "postgresql://runlock@db.test/meltano";
+    let out = runlockd(&["check-config", "--backend", user_only], &[]).await?;
+    ensure!(!out.stderr.contains(WARNING), "a user name alone: {out:?}");
+    let systemdb = format!("postgresql+psycopg2://meltano:{password}@db.test/meltano");
+    let flags = [
+        "check-config",
+        "--backend",
+        "memory://",
+        "--legacy-meltano-systemdb",
+    ];
+    let out = runlockd(&[&flags[..], &[systemdb.as_str()]].concat(), &[]).await?;
+    ensure!(
+        out.stderr
+            .contains(&format!("--legacy-meltano-systemdb {WARNING}")),
+        "no warning for the system database: {out:?}"
+    );
+    Ok(())
+}
+
 /// The AWS SDK and the HTTP and TLS stacks under it log headers, strings to
 /// sign and signatures at `debug` and `trace`; only the agent's own crates
 /// may log below `info`, so `RUST_LOG=trace` shows none of it.

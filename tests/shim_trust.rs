@@ -19,11 +19,11 @@ use tokio::net::UnixListener;
 use tokio_util::codec::Framed;
 
 /// A program name a terminal would obey: clear the screen, set the window
-/// title, reverse the rest of the line. No whitespace, so it survives any
-/// cut of a command down to its program name.
-const HOSTILE_PROGRAM: &str = "sh\x1b[2J\x1b]0;pwned\x07\u{202e}";
+/// title, reverse the rest of the line, hide a character. No whitespace, so
+/// it survives any cut of a command down to its program name.
+const HOSTILE_PROGRAM: &str = "sh\x1b[2J\x1b]0;pwned\x07\u{202e}\u{200b}";
 /// How the shim shows it.
-const ESCAPED_PROGRAM: &str = r"sh\x1b[2J\x1b]0;pwned\x07\u{202e}";
+const ESCAPED_PROGRAM: &str = r"sh\x1b[2J\x1b]0;pwned\x07\u{202e}\u{200b}";
 /// An argument that would print a forged status row.
 const FORGED_ROW: &str = "x\ntest:forged 1 1 1 root 2026-01-01T00:00:00.000Z rm -rf /";
 
@@ -33,13 +33,13 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 const BACKEND_ANSWER_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Fails unless `bytes` are UTF-8 with no control character but line ends,
-/// and no bidi override or isolate; returns the text.
+/// and no invisible one (a bidi override or isolate, a zero-width space);
+/// returns the text.
 fn terminal_safe(what: &str, bytes: &[u8]) -> Result<String> {
     let text = String::from_utf8(bytes.to_vec()).with_context(|| format!("{what}: not UTF-8"))?;
-    let raw = text.chars().find(|&c| {
-        (c.is_control() && c != '\n')
-            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
-    });
+    let raw = text
+        .chars()
+        .find(|&c| (c.is_control() && c != '\n') || runlock_protocol::is_invisible(c));
     ensure!(raw.is_none(), "{what} prints a raw {raw:?}: {text:?}");
     Ok(text)
 }
@@ -59,8 +59,10 @@ async fn what_another_user_holds_reaches_roots_terminal_escaped() -> Result<()> 
     let program = agent.dir().join(HOSTILE_PROGRAM);
     std::os::unix::fs::symlink("/bin/sh", &program)?;
     let program = program.to_str().context("a UTF-8 path")?.to_string();
-    let k = key("escaped\u{202e}key");
-    let escaped_key = r"test:escaped\u{202e}key";
+    // No key holds a control or invisible character (bad_input::
+    // shim_refuses_invalid_keys_with_64_naming_the_rule): the command does.
+    let k = key("escaped-key");
+    let escaped_key = "test:escaped-key";
     let args = [
         "run", "--key", &k, "--", &program, "-c", HOLD, "sh", FORGED_ROW,
     ];

@@ -5,15 +5,20 @@ use crate::support::agent::Backend;
 use crate::support::browser::Browser;
 use crate::support::http;
 use crate::support::run::HOLD;
-use crate::support::{host_name, key, Run, TestAgent};
+use crate::support::{host_name, key, nobody_holds_connections, Run, TestAgent};
 use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
 use serde_json::Value;
 
 /// `runlock ui` on a free port through `agent`, and the address it printed.
 async fn start_ui(agent: &TestAgent) -> Result<(Run, String)> {
+    start_ui_on(agent, &[]).await
+}
+
+/// `runlock ui ARGS` through `agent`, and the address it printed.
+async fn start_ui_on(agent: &TestAgent, args: &[&str]) -> Result<(Run, String)> {
     let mut command = agent.runlock()?;
-    command.arg("ui");
+    command.arg("ui").args(args);
     let mut ui = Run::spawn(command)?;
     let url = ui.line().await?;
     ensure!(
@@ -21,6 +26,16 @@ async fn start_ui(agent: &TestAgent) -> Result<(Run, String)> {
         "runlock ui printed {url:?}"
     );
     Ok((ui, url))
+}
+
+/// Waits for the page to show a listing it got.
+async fn wait_live(page: &mut Browser) -> Result<()> {
+    page.wait_for(
+        "document.body?.dataset.live === 'true'",
+        "the page to be live",
+    )
+    .await?;
+    Ok(())
 }
 
 /// A JavaScript string literal of `text`.
@@ -212,7 +227,16 @@ async fn the_server_answers_only_with_its_token_and_to_its_own_host() -> Result<
     .await?;
     ensure!(foreign.status == 403, "a foreign Host: {foreign:?}");
 
-    // With the token, in the address or in the cookie the page sets.
+    // With the token in the address; the page itself needs it too, while its
+    // script and style are the same for everyone.
+    let page = |path: &str| format!("{base}{path}");
+    ensure!(
+        status(http::get(&page("/")).await?) == 403,
+        "the page without a token"
+    );
+    for path in ["/app.js", "/style.css"] {
+        ensure!(status(http::get(&page(path)).await?) == 200, "{path}");
+    }
     let answer = http::get(&state(&format!("?token={token}"))).await?;
     let body: Value = serde_json::from_str(&answer.success("the state")?)?;
     ensure!(
@@ -222,13 +246,10 @@ async fn the_server_answers_only_with_its_token_and_to_its_own_host() -> Result<
                 .is_some_and(|b| b.starts_with("file://")),
         "{body}"
     );
-    let cookie = format!("runlock_ui_{port}={token}");
-    let by_cookie = http::request("GET", &state(""), &[("cookie", &cookie)], "").await?;
-    ensure!(by_cookie.status == 200, "the cookie: {by_cookie:?}");
     let localhost = http::request(
         "GET",
-        &state(""),
-        &[("cookie", &cookie), ("host", &format!("localhost:{port}"))],
+        &state(&format!("?token={token}")),
+        &[("host", &format!("localhost:{port}"))],
         "",
     )
     .await?;
@@ -240,5 +261,108 @@ async fn the_server_answers_only_with_its_token_and_to_its_own_host() -> Result<
         .await?;
     out.expect_code(64)?;
     ensure!(out.stderr.contains("loopback"), "{out:?}");
+    Ok(())
+}
+
+/// A browser sends a cookie of 127.0.0.1 to every port of it, whoever
+/// listens there: the page keeps its token in its address, in no cookie.
+#[tokio::test]
+async fn the_page_gives_the_browser_no_cookie_for_other_ports_to_receive() -> Result<()> {
+    let agent = TestAgent::start_on(Backend::File).await?;
+    let (_ui, url) = start_ui(&agent).await?;
+    let mut page = Browser::open(&url).await?;
+    wait_live(&mut page).await?;
+    let cookies = page
+        .call(
+            "Network.getCookies",
+            serde_json::json!({ "urls": [url, "http://127.0.0.1:1/", "http://localhost:1/"] }),
+        )
+        .await?;
+    ensure!(
+        cookies["cookies"].as_array().is_some_and(Vec::is_empty),
+        "the browser keeps cookies that other ports would receive: {cookies}"
+    );
+    Ok(())
+}
+
+/// On port 80 a browser names the host without a port (`Host: 127.0.0.1`).
+#[tokio::test]
+async fn the_page_on_port_80_is_served_to_a_browser() -> Result<()> {
+    let agent = TestAgent::start_on(Backend::File).await?;
+    let (_ui, url) = start_ui_on(&agent, &["--listen", "127.0.0.1:80"])
+        .await
+        .context("runlock ui on port 80 (the tests run as root; is the port in use?)")?;
+    // As a person would type it, and as the browser shows it.
+    let url = url.replacen("127.0.0.1:80/", "127.0.0.1/", 1);
+    let mut page = Browser::open(&url).await?;
+    wait_live(&mut page).await?;
+    Ok(())
+}
+
+/// Any user of the host can connect to the page's port, token or not: one
+/// holding every connection it can, idle, leaves the page to its own user.
+#[tokio::test]
+async fn a_user_holding_every_connection_it_can_leaves_the_page_to_its_own_user() -> Result<()> {
+    let agent = TestAgent::start_on(Backend::File).await?;
+    let (_ui, url) = start_ui(&agent).await?;
+    let (base, token) = url.split_once("/?token=").context("no token")?;
+    let addr = base.trim_start_matches("http://").parse()?;
+    let _hog = nobody_holds_connections(addr, 40).await?;
+    // At once: the server closes an idle connection after 10 s.
+    http::get(&format!("{base}/api/state?token={token}"))
+        .await
+        .context("the state while nobody holds connections")?
+        .success("the state while nobody holds connections")?;
+    Ok(())
+}
+
+/// Whoever can write to the store writes the slot numbers in it: the page
+/// draws a lane for each slot up to a run's, so a number far past a key's
+/// bounds would hang it. Each is read as the slot its record is.
+#[tokio::test]
+async fn slot_numbers_a_store_holds_past_every_bound_are_read_as_their_records() -> Result<()> {
+    let agent = TestAgent::start_on(Backend::File).await?;
+    let k = key("ui-slot-number");
+    agent
+        .run(&[&k], &[], "true")?
+        .finish()
+        .await?
+        .expect_code(0)?;
+    // The record's file: its name encodes the key.
+    let locks = agent.dir().join("locks");
+    let path = std::fs::read_dir(&locks)?
+        .filter_map(|entry| Some(entry.ok()?.path()))
+        .find(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.contains("ui-slot-number") && n.ends_with(".lock"))
+        })
+        .with_context(|| format!("no record of {k} in {}", locks.display()))?;
+    let mut record: Value = serde_json::from_str(&std::fs::read_to_string(&path)?)?;
+    let history = record["history"].as_array_mut().context("no history")?;
+    ensure!(!history.is_empty(), "the run left no history: {record}");
+    for event in history {
+        event["slot"] = Value::from(u32::MAX - 1);
+    }
+    std::fs::write(&path, serde_json::to_vec_pretty(&record)?)?;
+
+    let (_ui, url) = start_ui(&agent).await?;
+    let mut page = Browser::open(&url).await?;
+    let lanes = format!(
+        "[...document.querySelectorAll('#timeline .tl-row')].find(r => r.dataset.key === {k})
+           ?.querySelectorAll('.lane').length ?? null",
+        k = js(&k)
+    );
+    let lanes = page
+        .wait_for(&lanes, "the key's row in the timeline")
+        .await?;
+    ensure!(lanes == 1, "the key has {lanes} lanes");
+    let out = agent.runlock_output(&["history", &k, "--json"]).await?;
+    out.expect_code(0)?;
+    ensure!(
+        !out.stdout.contains(&(u32::MAX - 1).to_string()),
+        "history shows the stored number: {}",
+        out.stdout
+    );
     Ok(())
 }

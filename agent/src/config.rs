@@ -99,6 +99,38 @@ pub struct Args {
     pub legacy_meltano_systemdb: Option<Secret>,
 }
 
+/// For each flag given on the command line with a password in it, a warning
+/// saying where to give it instead: every user of the host can read a
+/// process's arguments (`/proc/PID/cmdline`, `ps`).
+pub fn secrets_on_command_line(args: &Args, matches: &clap::ArgMatches) -> Vec<String> {
+    let flags = [
+        ("backend", "RUNLOCK_BACKEND", &args.backend),
+        (
+            "legacy_meltano_systemdb",
+            "RUNLOCK_LEGACY_MELTANO_SYSTEMDB",
+            &args.legacy_meltano_systemdb,
+        ),
+    ];
+    flags
+        .into_iter()
+        .filter(|(id, _, value)| {
+            matches.value_source(id) == Some(clap::parser::ValueSource::CommandLine)
+                && value
+                    .as_ref()
+                    .is_some_and(|v| crate::backend::holds_secret(v.expose()))
+        })
+        .map(|(id, variable, _)| {
+            let flag = id.replace('_', "-");
+            format!(
+                "--{flag} holds a password, which every user of this host can read in the \
+                 agent's command line (/proc/PID/cmdline, ps): set {variable} in the \
+                 agent's environment (a systemd EnvironmentFile= or drop-in, mode 0600) or \
+                 `{id} = \"...\"` in its configuration file instead"
+            )
+        })
+        .collect()
+}
+
 /// What runlockd can do besides serving.
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum Command {

@@ -2,8 +2,8 @@
 //! socket, and serve until SIGINT or SIGTERM.
 
 use anyhow::Context;
-use clap::Parser;
-use runlock_agent::config::{Args, Command, Config};
+use clap::{CommandFactory, FromArgMatches};
+use runlock_agent::config::{self, Args, Command, Config};
 use runlock_agent::lease::{Identity, Policy, Registry};
 use runlock_agent::legacy::MeltanoGuard;
 use runlock_agent::meltano_import::StateBackend;
@@ -14,7 +14,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let matches = Args::command().get_matches();
+    let args = Args::from_arg_matches(&matches).unwrap_or_else(|err| err.exit());
+    let exposed = config::secrets_on_command_line(&args, &matches);
     if let Some(Command::CheckConfig {
         from_meltano: Some(project),
     }) = &args.command
@@ -39,10 +41,16 @@ fn main() -> ExitCode {
         }
     };
     if let Some(Command::CheckConfig { .. }) = args.command {
+        for warning in &exposed {
+            eprintln!("runlockd: warning: {warning}");
+        }
         print!("{}", config.to_redacted_toml());
         return runtime.block_on(check_backend(&config));
     }
     telemetry::init(config.log_format);
+    for warning in &exposed {
+        tracing::warn!("{warning}");
+    }
     match runtime.block_on(run(config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(Stop::Config(err)) => {

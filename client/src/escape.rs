@@ -7,10 +7,11 @@ use std::borrow::Cow;
 use std::fmt::Write;
 
 /// Whether a terminal could act on `c` or show it as something else:
-/// C0 controls, DEL, C1 controls, and the bidi overrides and isolates that
-/// reorder the rest of the line.
+/// C0 controls, DEL, C1 controls, and the characters no key may hold for not
+/// being seen (zero-width ones, the bidi marks, overrides and isolates that
+/// reorder the rest of the line, line and paragraph separators).
 fn is_unsafe(c: char) -> bool {
-    c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    c.is_control() || runlock_protocol::is_invisible(c)
 }
 
 /// `text` with every unsafe character as a visible escape: `\n`, `\r`,
@@ -64,14 +65,20 @@ mod tests {
         assert_eq!(escape(hostile), r"a\u{202a}\u{202e}b\u{2066}\u{2069}c");
         // The neighbours of those ranges are ordinary text.
         assert_eq!(
-            escape("\u{2029}\u{202f}\u{2065}\u{206a}").chars().count(),
+            escape("\u{2027}\u{202f}\u{2065}\u{2070}").chars().count(),
             4
         );
     }
 
     #[test]
+    fn zero_width_and_separator_characters_become_visible_escapes() {
+        let hidden = "night\u{200b}ly\u{feff}\u{2028}\u{ad}";
+        assert_eq!(escape(hidden), r"night\u{200b}ly\u{feff}\u{2028}\u{ad}");
+    }
+
+    #[test]
     fn the_result_holds_no_unsafe_character() {
-        let every: String = (0u32..0x2100).filter_map(char::from_u32).collect();
+        let every: String = (0u32..0x11_0000).filter_map(char::from_u32).collect();
         let escaped = escape(&every);
         assert!(!escaped.chars().any(super::is_unsafe), "{escaped:?}");
     }

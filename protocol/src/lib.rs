@@ -9,6 +9,7 @@ pub mod message;
 pub mod procfs;
 pub mod socket_path;
 pub mod strict;
+pub mod tcp_peers;
 pub mod timing;
 pub mod types;
 
@@ -16,9 +17,9 @@ pub use codec::{AgentCodec, BodyError, MessageCodec, ShimCodec};
 pub use error::{ErrorCode, ProtocolError, WireError};
 pub use message::{AgentMessage, ClientMessage, Envelope};
 pub use types::{
-    Clock, EventKind, Holder, InvalidKey, Key, KeyEvent, KeyListing, KeyRecord, KeyState, Lease,
-    LeaseInfo, LostReason, OnLost, OnUnavailable, Refusal, Scope, Waiter, MAX_LISTED_REFUSALS,
-    MAX_LISTED_WAITERS, MAX_SLOTS,
+    is_invisible, Clock, EventKind, Holder, InvalidKey, Key, KeyEvent, KeyListing, KeyRecord,
+    KeyState, Lease, LeaseInfo, LostReason, OnLost, OnUnavailable, Refusal, Scope, Waiter,
+    MAX_LISTED_REFUSALS, MAX_LISTED_WAITERS, MAX_SLOTS,
 };
 
 /// The protocol version this build speaks; see SPEC.md for when it changes.

@@ -6,7 +6,8 @@ use std::fmt;
 /// The longest key, in bytes of UTF-8.
 pub const MAX_KEY_LEN: usize = 512;
 
-/// A validated lock key: UTF-8, 1 to 512 bytes, no control characters.
+/// A validated lock key: UTF-8, 1 to 512 bytes, no control characters and
+/// no invisible ones.
 ///
 /// Keys travel as plain strings so that the agent can answer an invalid one
 /// with `invalid_key` rather than failing to decode the whole request.
@@ -28,6 +29,13 @@ pub enum InvalidKey {
         "invalid key: a key must not contain control characters (found U+{0:04X} at byte {1})"
     )]
     ControlCharacter(u32, usize),
+    /// The key holds a character that is not seen: a format character
+    /// (zero-width, bidirectional) or a line or paragraph separator.
+    #[error(
+        "invalid key: a key must not contain invisible characters, which would make it look like \
+         another (found U+{0:04X} at byte {1})"
+    )]
+    InvisibleCharacter(u32, usize),
 }
 
 impl Key {
@@ -42,6 +50,9 @@ impl Key {
         }
         if let Some((at, c)) = key.char_indices().find(|(_, c)| c.is_control()) {
             return Err(InvalidKey::ControlCharacter(c as u32, at));
+        }
+        if let Some((at, c)) = key.char_indices().find(|&(_, c)| is_invisible(c)) {
+            return Err(InvalidKey::InvisibleCharacter(c as u32, at));
         }
         Ok(Key(key))
     }
@@ -103,6 +114,43 @@ impl Key {
 
 /// Joins a key and a slot number in a slot record's key.
 const SLOT_SEPARATOR: char = '\u{1f}';
+
+/// The code points of Unicode's general categories Cf (format: zero-width
+/// spaces and joiners, bidirectional marks, embeddings and isolates, tags)
+/// and Zl, Zp (line and paragraph separators), as of Unicode 16.0 (SPEC
+/// 8.1). None is seen where a key is printed, and a bidirectional one
+/// reorders what follows, so a key holding one looks like another key.
+const INVISIBLE: &[(char, char)] = &[
+    ('\u{00AD}', '\u{00AD}'),
+    ('\u{0600}', '\u{0605}'),
+    ('\u{061C}', '\u{061C}'),
+    ('\u{06DD}', '\u{06DD}'),
+    ('\u{070F}', '\u{070F}'),
+    ('\u{0890}', '\u{0891}'),
+    ('\u{08E2}', '\u{08E2}'),
+    ('\u{180E}', '\u{180E}'),
+    ('\u{200B}', '\u{200F}'),
+    ('\u{2028}', '\u{202E}'),
+    ('\u{2060}', '\u{2064}'),
+    ('\u{2066}', '\u{206F}'),
+    ('\u{FEFF}', '\u{FEFF}'),
+    ('\u{FFF9}', '\u{FFFB}'),
+    ('\u{110BD}', '\u{110BD}'),
+    ('\u{110CD}', '\u{110CD}'),
+    ('\u{13430}', '\u{1343F}'),
+    ('\u{1BCA0}', '\u{1BCA3}'),
+    ('\u{1D173}', '\u{1D17A}'),
+    ('\u{E0001}', '\u{E0001}'),
+    ('\u{E0020}', '\u{E007F}'),
+];
+
+/// Whether `c` is one of the characters no key may hold for not being seen
+/// (SPEC 8.1); what prints peers' text escapes them too.
+pub fn is_invisible(c: char) -> bool {
+    INVISIBLE
+        .iter()
+        .any(|&(first, last)| (first..=last).contains(&c))
+}
 
 /// The most slots a key may have.
 pub const MAX_SLOTS: u32 = 64;
@@ -493,6 +541,22 @@ mod tests {
         assert!(Key::new("a".repeat(512)).is_ok());
         assert_eq!(Key::new("a\nb"), Err(InvalidKey::ControlCharacter(10, 1)));
         assert!(Key::new("dev:tap-x-to-target-y:é").is_ok());
+        assert_eq!(
+            Key::new("nightly\u{200B}"),
+            Err(InvalidKey::InvisibleCharacter(0x200B, 7))
+        );
+        for c in [
+            '\u{AD}',
+            '\u{202E}',
+            '\u{2028}',
+            '\u{2066}',
+            '\u{FEFF}',
+            '\u{E0041}',
+        ] {
+            assert!(Key::new(format!("a{c}b")).is_err(), "U+{:04X}", c as u32);
+        }
+        // Visible marks and emoji stay keys: only what is not seen is refused.
+        assert!(Key::new("café-❤\u{FE0F}-नमस्ते").is_ok());
         assert!(InvalidKey::Empty.to_string().contains("must not be empty"));
     }
 }

@@ -110,6 +110,31 @@ pub fn setpriv(uid: u32, gid: u32, groups: &[u32]) -> tokio::process::Command {
     command
 }
 
+/// `nobody`, in no group, holding `count` TCP connections to `addr` open
+/// and sending nothing on them, once it has opened them all: any user of a
+/// host can do this to a port on its loopback. Killed when dropped.
+pub async fn nobody_holds_connections(
+    addr: std::net::SocketAddr,
+    count: usize,
+) -> anyhow::Result<Run> {
+    let script = format!(
+        "for i in $(seq {count}); do exec {{fd}}<>/dev/tcp/{ip}/{port} || exit 1; done; \
+         echo ready; read -r _",
+        ip = addr.ip(),
+        port = addr.port()
+    );
+    let mut command = setpriv(65534, 65534, &[]);
+    command.args(["bash", "-c", &script]);
+    let mut run = Run::spawn(command)?;
+    let line = run.line().await?;
+    anyhow::ensure!(
+        line == "ready",
+        "nobody did not open its connections to {addr}: {line:?} {}",
+        run.stderr_so_far()
+    );
+    Ok(run)
+}
+
 /// What tests/scripts/meltano.sh installed and exported in `var`
 /// (`RUNLOCK_TEST_MELTANO`, `RUNLOCK_TEST_TARGET_JSONL`): a missing install
 /// fails the test, it is never skipped.

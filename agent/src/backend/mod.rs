@@ -37,8 +37,8 @@ pub use options::{
 pub use postgres::PostgresBackend;
 pub use report::{ReportName, StoredReport, MAX_REPORT_LEN};
 pub use secret::Secret;
-pub use uri::redact_uri;
 pub(crate) use uri::split_userinfo;
+pub use uri::{holds_secret, redact_uri};
 
 use async_trait::async_trait;
 use runlock_protocol::{ErrorCode, EventKind, Holder, Key, KeyEvent, KeyRecord, Scope};

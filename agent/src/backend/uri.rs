@@ -54,6 +54,21 @@ pub fn redact_uri(uri: &str) -> String {
     shown
 }
 
+/// Whether `uri` holds a password or a secret parameter (a user name alone is
+/// no secret, though [`redact_uri`] hides it too).
+pub fn holds_secret(uri: &str) -> bool {
+    let rest = uri.split_once("://").map_or(uri, |(_, rest)| rest);
+    let password = split_userinfo(rest)
+        .0
+        .is_some_and(|user| user.contains(':'));
+    password
+        || (uri.split(['?', '&']).skip(1)).any(|param| {
+            param
+                .split_once('=')
+                .is_some_and(|(name, _)| is_secret_param(name))
+        })
+}
+
 fn is_secret_param(name: &str) -> bool {
     let name = percent_encoding::percent_decode_str(name)
         .decode_utf8_lossy()
@@ -106,6 +121,26 @@ mod tests {
                 let shown = redact_uri(&uri);
                 assert!(!shown.contains(password), "{uri} shown as {shown}");
             }
+        }
+    }
+
+    #[test]
+    fn a_password_or_a_secret_parameter_is_a_secret_and_a_user_name_is_not() {
+        for uri in [
+            "postgresql://runlock:pw@db/x",
+            "postgresql://db/x?user=u&password=pw",
+            "azure://c/p?sv=1&sig=abc",
+            "etcd://u:p@h1:2379/locks",
+        ] {
+            assert!(holds_secret(uri), "{uri}");
+        }
+        for uri in [
+            "postgresql://runlock@db/x?sslmode=require",
+            "s3://bucket/prefix?region=eu-west-1",
+            "file:///var/lib/runlock",
+            "/var/lib/meltano/meltano.db",
+        ] {
+            assert!(!holds_secret(uri), "{uri}");
         }
     }
 

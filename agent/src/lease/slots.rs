@@ -34,6 +34,28 @@ pub(super) enum SlotRefusal {
     Backend(BackendError),
 }
 
+/// The slot a holder or event read from slot record `slot` names: that one,
+/// whatever the store says (another agent, or anyone who can write to the
+/// store, wrote it, and a page draws a lane for each slot up to it); none
+/// for a plain key's.
+fn placed(named: Option<u32>, slot: u32) -> Option<u32> {
+    (slot > 0 || named.is_some()).then_some(slot)
+}
+
+/// A record read from slot record `slot`, its slot numbers bounded: each
+/// names `slot`, and no count is over [`MAX_SLOTS`].
+fn bounded(mut record: KeyRecord, slot: u32) -> KeyRecord {
+    for holder in record.holder.iter_mut().chain(&mut record.holders) {
+        holder.slot = placed(holder.slot, slot);
+        holder.slots = holder.slots.map(|n| n.clamp(1, MAX_SLOTS));
+    }
+    if let Some(incident) = &mut record.incident {
+        incident.slot = placed(incident.slot, slot);
+    }
+    record.slots = record.slots.map(|n| n.clamp(1, MAX_SLOTS));
+    record
+}
+
 /// The count a holder took its key with: a plain key is a key with one slot.
 pub(super) fn count_of(holder: &Holder) -> u32 {
     holder.slots.unwrap_or(1)
@@ -153,7 +175,8 @@ impl Registry {
             Ok(grant) => Ok((spec, grant)),
             Err(BackendError::Held(Some(holder), incident)) => {
                 let mut holder = *holder;
-                holder.slot.get_or_insert(slot);
+                holder.slot = Some(slot);
+                holder.slots = holder.slots.map(|n| n.clamp(1, MAX_SLOTS));
                 match count_of(&holder) == n {
                     true => Err(SlotRefusal::Held(vec![holder], incident)),
                     false => Err(SlotRefusal::Mismatch(count_of(&holder), vec![holder])),
@@ -184,7 +207,7 @@ impl Registry {
         use futures::StreamExt;
         let reads = slots.map(|slot| {
             let record = key.slot_record(slot);
-            async move { self.backend.inspect(&record).await }
+            async move { (self.backend.inspect(&record).await).map(|r| bounded(r, slot)) }
         });
         futures::stream::iter(reads)
             .buffered(READS_IN_FLIGHT)
@@ -199,7 +222,7 @@ impl Registry {
     /// that exist, looked for a few at a time (slots are taken lowest
     /// first, so they are found contiguous).
     pub(super) async fn slot_records(&self, key: &Key) -> BackendResult<Vec<KeyRecord>> {
-        let first = self.backend.inspect(key).await?;
+        let first = bounded(self.backend.inspect(key).await?, 0);
         let mut records = vec![first];
         let mut known = records[0].holder.as_ref().map(count_of);
         if known.is_none() {
@@ -350,7 +373,8 @@ fn merge_histories(slots: Vec<Vec<KeyEvent>>) -> Vec<KeyEvent> {
             return merged;
         };
         if let Some(mut event) = heads[slot].next() {
-            event.slot.get_or_insert(slot as u32);
+            // The slot it was read from, whatever the store says.
+            event.slot = Some(slot as u32);
             merged.push(event);
         }
     }
@@ -376,6 +400,50 @@ mod tests {
             .acquire(conn, slots(&["w"], n, Duration::ZERO, false), &never)
             .await?;
         Ok(granted.leases[0].clone())
+    }
+
+    #[test]
+    fn slot_numbers_read_from_a_store_are_bounded_by_where_they_were_read() {
+        use runlock_protocol::{Clock, KeyEvent, KeyRecord, KeyState, Scope, MAX_SLOTS};
+        let far = Some(u32::MAX - 1);
+        let key = Key::new("w").expect("a valid key");
+        let mut holder = crate::backend::fixtures::spec("w", "l1", false, Duration::ZERO).holder;
+        (holder.slot, holder.slots) = (far, far);
+        let event = KeyEvent {
+            kind: EventKind::Forced,
+            at_ms: 1,
+            clock: Clock::Agent,
+            token: 2,
+            from_token: Some(1),
+            host: "h".into(),
+            agent_id: "a".into(),
+            pid: 1,
+            uid: 0,
+            user: "root".into(),
+            reason: String::new(),
+            slot: far,
+        };
+        let record = KeyRecord {
+            state: KeyState::Held,
+            holder: Some(holder.clone()),
+            holders: vec![holder],
+            incident: Some(Box::new(event.clone())),
+            slots: far,
+            ..KeyRecord::free(&key, Scope::Global)
+        };
+        let plain = super::bounded(record.clone(), 0);
+        let third = super::bounded(record, 3);
+        for (record, slot) in [(plain, 0), (third, 3)] {
+            let holder = record.holder.as_ref().expect("a holder");
+            assert_eq!(holder.slot, Some(slot));
+            assert_eq!(holder.slots, Some(MAX_SLOTS));
+            assert_eq!(record.holders[0].slot, Some(slot));
+            assert_eq!(record.incident.as_ref().and_then(|i| i.slot), Some(slot));
+            assert_eq!(record.slots, Some(MAX_SLOTS));
+        }
+        let merged = super::merge_histories(vec![vec![event.clone()], vec![event]]);
+        let slots: Vec<_> = merged.iter().map(|e| e.slot).collect();
+        assert_eq!(slots, [Some(0), Some(1)]);
     }
 
     #[tokio::test]

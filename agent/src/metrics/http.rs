@@ -1,5 +1,5 @@
-//! The tiny HTTP server for `GET /metrics`: bounded connections, one
-//! request each, cut off after a while.
+//! The tiny HTTP server for `GET /metrics`: bounded connections, a share of
+//! them per peer, one request each, cut off after a while.
 
 use super::{Metrics, GLOBAL};
 use crate::listener::next_connection;
@@ -11,17 +11,21 @@ use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::encoding::prometheus_text;
+use runlock_protocol::tcp_peers::{Peer, PeerSlots};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 /// Scrapes served at once; more connections are closed unanswered.
 const MAX_CONNECTIONS: usize = 16;
+/// Scrapes served at once to one peer (a local user, or another host): any
+/// user of the host can connect, and one must not hold every connection
+/// while Prometheus is turned away. Prometheus scrapes one at a time.
+const MAX_CONNECTIONS_PER_PEER: usize = 4;
 /// A scrape (headers in, exposition out) may take this long before it is cut off.
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
@@ -42,6 +46,16 @@ pub async fn start(
         .with_context(|| format!("reading the address of the metrics listener on {addr}"))?;
     let metrics = GLOBAL.get_or_init(|| Arc::new(Metrics::new())).clone();
     tracing::info!(addr = %bound, "metrics listening on {bound}");
+    if !bound.ip().is_loopback() {
+        // Nothing in them is secret, but anyone who reaches the port may
+        // scrape them, and take the connections Prometheus needs.
+        tracing::warn!(
+            addr = %bound,
+            "metrics on {bound} are served without authentication to anyone who can reach \
+             that address: bind them to loopback (127.0.0.1) or to an interface only \
+             Prometheus reaches, or firewall the port"
+        );
+    }
     tasks.spawn(serve(listener, metrics, shutdown));
     Ok(bound)
 }
@@ -49,14 +63,20 @@ pub async fn start(
 /// Serves scrapes until `shutdown`, then waits for those begun (each ends
 /// at `shutdown` too).
 async fn serve(listener: TcpListener, metrics: Arc<Metrics>, shutdown: CancellationToken) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = PeerSlots::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER);
     let scrapes = TaskTracker::new();
     loop {
         let Some(stream) = next_connection(|| listener.accept(), "metrics", &shutdown).await else {
             break;
         };
-        // Too many scrapes at once: closing the extra ones keeps this bounded.
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        let peer = match (stream.local_addr(), stream.peer_addr()) {
+            (Ok(local), Ok(remote)) => Peer::of(local, remote),
+            // Gone already.
+            _ => continue,
+        };
+        // Too many scrapes at once, or from that peer: closing the extra
+        // ones keeps this bounded and shared.
+        let Some(slot) = slots.take(peer) else {
             continue;
         };
         let (metrics, shutdown) = (metrics.clone(), shutdown.clone());

@@ -111,6 +111,10 @@ def test_invalid_key(agent: Agent) -> None:
     assert caught.value.key == "dev\nx" and caught.value.code == "invalid_key"
     with pytest.raises(runlock.InvalidKey):
         runlock.inspect("x" * 513, socket=agent.socket)
+    # A zero-width space would make a key look like another.
+    with pytest.raises(runlock.InvalidKey) as caught:
+        runlock.lock("night\u200bly", socket=agent.socket)
+    assert "invisible" in str(caught.value)
 
 
 def test_unreachable_socket_is_unavailable(tmp_path: Path) -> None:

@@ -74,7 +74,7 @@ class Unavailable(RunlockError):
 
 
 class InvalidKey(RunlockError):
-    """A key breaks the key rules (1 to 512 bytes of UTF-8, no control characters)."""
+    """A key breaks the key rules (1 to 512 bytes of UTF-8, no control or invisible characters)."""
 
 
 class Forbidden(RunlockError):

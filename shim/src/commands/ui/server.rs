@@ -1,24 +1,29 @@
 //! The page's HTTP server: its three assets and `/api/state`, each only for
-//! a request that carries the secret token and names our own address as its
-//! Host. Bounded like the agent's metrics server: a cap on connections, one
-//! request per connection, and timeouts.
+//! a request that names our own address as its Host, and the page and its
+//! state only for one that carries the secret token. Bounded like the agent's
+//! metrics server: a cap on connections and a share of it per local user,
+//! one request per connection, and timeouts.
 
 use super::state::StateSource;
 use bytes::Bytes;
 use http_body_util::Full;
 use hyper::body::Incoming;
-use hyper::header::{self, HeaderMap, HeaderValue};
+use hyper::header::{self, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
+use runlock_protocol::tcp_peers::{Peer, PeerSlots};
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
 /// Requests served at once (a few tabs poll one each); more are closed unanswered.
 const MAX_CONNECTIONS: usize = 32;
+/// Requests served at once to one local user: any user of the host can
+/// connect, token or not, and one must not hold every connection while the
+/// page's own user is turned away. A browser opens at most 6 to one host.
+const MAX_CONNECTIONS_PER_USER: usize = 8;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// A request waits for the listing that runs, which pages through the store
 /// (each page bounded at 60 s by the shim); past this it is cut off.
@@ -35,44 +40,62 @@ const CSP: &str = "default-src 'self'; base-uri 'none'; form-action 'none'; fram
 
 /// Who may be answered, and with what.
 pub struct Site {
-    /// The Host values our own address goes by; any other is a page of
+    /// The host names our own address goes by; any other is a page of
     /// another origin reaching us through DNS rebinding.
-    hosts: Vec<String>,
+    names: Vec<String>,
+    port: u16,
     token: String,
-    /// Per port: another `runlock ui` on this host has its own token.
-    cookie_name: String,
     state: StateSource,
 }
 
 impl Site {
     pub fn new(addr: SocketAddr, token: String, state: StateSource) -> Site {
         let port = addr.port();
-        let mut hosts = vec![addr.to_string(), format!("localhost:{port}")];
+        let ip = match addr.ip() {
+            std::net::IpAddr::V6(ip) => format!("[{ip}]"),
+            ip => ip.to_string(),
+        };
+        let mut names = vec![ip, "localhost".to_string()];
         if addr.ip().is_ipv4() {
-            hosts.push(format!("127.0.0.1:{port}"));
+            names.push("127.0.0.1".to_string());
         }
         Site {
-            hosts,
+            names,
+            port,
             token,
-            cookie_name: format!("runlock_ui_{port}"),
             state,
         }
     }
 }
 
+impl Site {
+    /// Whether a Host header names our address. A browser leaves out the
+    /// scheme's own port, so `127.0.0.1` is port 80.
+    fn is_ours(&self, host: &str) -> bool {
+        let (name, port) = match host.rsplit_once(':') {
+            Some((name, port)) if !port.contains(']') => (name, port.parse().ok()),
+            _ => (host, Some(80)),
+        };
+        port == Some(self.port) && self.names.iter().any(|n| n.eq_ignore_ascii_case(name))
+    }
+}
+
 /// Serves `site` on `listener` until the future is dropped.
 pub async fn serve(listener: TcpListener, site: Arc<Site>) {
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let slots = PeerSlots::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_USER);
     loop {
-        let stream = match listener.accept().await {
-            Ok((stream, _)) => stream,
+        let (stream, remote) = match listener.accept().await {
+            Ok(accepted) => accepted,
             Err(err) => {
                 eprintln!("runlock ui: cannot accept a connection: {err}");
                 tokio::time::sleep(ACCEPT_BACKOFF).await;
                 continue;
             }
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        let Ok(local) = stream.local_addr() else {
+            continue;
+        };
+        let Some(slot) = slots.take(Peer::of(local, remote)) else {
             continue;
         };
         let site = site.clone();
@@ -102,15 +125,20 @@ async fn route(req: &Request<Incoming>, site: &Site) -> Response<Full<Bytes>> {
         .headers()
         .get(header::HOST)
         .and_then(|h| h.to_str().ok());
-    if !host.is_some_and(|h| site.hosts.iter().any(|ours| ours.eq_ignore_ascii_case(h))) {
+    if !host.is_some_and(|h| site.is_ours(h)) {
         return text(
             StatusCode::FORBIDDEN,
             "forbidden: this page answers only to its own address (the Host header names another)\n",
         );
     }
-    let from_query = query_token(req.uri().query().unwrap_or(""));
-    let presented = from_query.or_else(|| cookie_token(req.headers(), &site.cookie_name));
-    if !presented.is_some_and(|t| same_secret(t, &site.token)) {
+    // The script and style are the same for everyone, and the page's own
+    // script carries the token from its address to `/api/state`. No cookie:
+    // a browser sends a cookie of 127.0.0.1 to every port of it, whoever
+    // listens there.
+    let path = req.uri().path();
+    let presented = query_token(req.uri().query().unwrap_or(""));
+    let public = matches!(path, "/app.js" | "/style.css");
+    if !public && !presented.is_some_and(|t| same_secret(t, &site.token)) {
         return text(
             StatusCode::FORBIDDEN,
             "forbidden: open the address runlock ui printed, with its token\n",
@@ -123,7 +151,7 @@ async fn route(req: &Request<Incoming>, site: &Site) -> Response<Full<Bytes>> {
             .insert(header::ALLOW, HeaderValue::from_static("GET"));
         return response;
     }
-    let mut response = match req.uri().path() {
+    match path {
         "/" => asset(INDEX_HTML, "text/html; charset=utf-8"),
         "/app.js" => asset(APP_JS, "text/javascript; charset=utf-8"),
         "/style.css" => asset(STYLE_CSS, "text/css; charset=utf-8"),
@@ -139,19 +167,7 @@ async fn route(req: &Request<Incoming>, site: &Site) -> Response<Full<Bytes>> {
             response
         }
         _ => text(StatusCode::NOT_FOUND, "not found\n"),
-    };
-    // The first visit brings the token in its address; the cookie lets the
-    // page's own requests (and a reload) in without it.
-    if from_query.is_some() {
-        let cookie = format!(
-            "{}={}; Path=/; HttpOnly; SameSite=Strict",
-            site.cookie_name, site.token
-        );
-        if let Ok(value) = HeaderValue::from_str(&cookie) {
-            response.headers_mut().insert(header::SET_COOKIE, value);
-        }
     }
-    response
 }
 
 fn asset(body: &'static str, content_type: &'static str) -> Response<Full<Bytes>> {
@@ -190,16 +206,6 @@ fn query_token(query: &str) -> Option<&str> {
         .find_map(|pair| pair.strip_prefix("token="))
 }
 
-/// The value of cookie `name`.
-fn cookie_token<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .find_map(|pair| pair.trim().strip_prefix(name)?.strip_prefix('='))
-}
-
 /// Compares in time that does not depend on where they differ, so the token
 /// cannot be guessed a byte at a time.
 fn same_secret(presented: &str, token: &str) -> bool {
@@ -216,26 +222,41 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_token_is_read_from_the_query_or_our_own_cookie() {
+    fn the_token_is_read_from_the_query() {
         assert_eq!(query_token("a=1&token=abc"), Some("abc"));
         assert_eq!(query_token("mytoken=abc"), None);
-        let mut headers = HeaderMap::new();
-        headers.insert(
-            header::COOKIE,
-            HeaderValue::from_static("runlock_ui_1=other; runlock_ui_8080=abc"),
-        );
-        assert_eq!(cookie_token(&headers, "runlock_ui_8080"), Some("abc"));
-        assert_eq!(cookie_token(&headers, "runlock_ui_80"), None);
         assert!(same_secret("abc", "abc"));
         assert!(!same_secret("abd", "abc") && !same_secret("ab", "abc"));
     }
 
     #[test]
     fn the_site_answers_to_its_address_and_localhost_only() {
-        let addr: SocketAddr = "127.0.0.1:8080".parse().expect("an address");
-        let site = Site::new(addr, "t".into(), StateSource::new("/nonexistent".into()));
-        assert!(site.hosts.contains(&"127.0.0.1:8080".to_string()));
-        assert!(site.hosts.contains(&"localhost:8080".to_string()));
-        assert!(!site.hosts.iter().any(|h| h.contains("evil")));
+        let site = |addr: &str| {
+            let addr: SocketAddr = addr.parse().expect("an address");
+            Site::new(addr, "t".into(), StateSource::new("/nonexistent".into()))
+        };
+        let ours = site("127.0.0.1:8080");
+        for host in ["127.0.0.1:8080", "localhost:8080", "LocalHost:8080"] {
+            assert!(ours.is_ours(host), "{host}");
+        }
+        for host in [
+            "127.0.0.1:8081",
+            "127.0.0.1",
+            "evil.example:8080",
+            "127.0.0.1:8080x",
+        ] {
+            assert!(!ours.is_ours(host), "{host}");
+        }
+        // Port 80 is the one a browser leaves out of the Host header.
+        let on_80 = site("127.0.0.1:80");
+        for host in ["127.0.0.1", "localhost", "127.0.0.1:80"] {
+            assert!(on_80.is_ours(host), "{host}");
+        }
+        let v6 = site("[::1]:80");
+        for host in ["[::1]", "[::1]:80", "localhost"] {
+            assert!(v6.is_ours(host), "{host}");
+        }
+        assert!(!v6.is_ours("[::2]"));
+        assert!(site("[::1]:8080").is_ours("[::1]:8080"));
     }
 }

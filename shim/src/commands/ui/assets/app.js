@@ -19,6 +19,10 @@ const ENDINGS = [
 ];
 
 let lastUpdate = null; // Date of the last good answer
+// The token comes in the page's address and goes with each request for the
+// state (no cookie: a browser would send it to every port of 127.0.0.1).
+const STATE_URL = "/api/state?token=" +
+  encodeURIComponent(new URLSearchParams(location.search).get("token") || "");
 
 function el(tag, className, text) {
   const node = document.createElement(tag);
@@ -201,7 +205,7 @@ function stale(why) {
 async function poll() {
   let next = POLL_MS;
   try {
-    const response = await fetch("/api/state", {
+    const response = await fetch(STATE_URL, {
       cache: "no-store",
       signal: AbortSignal.timeout(ANSWER_LIMIT_MS),
     });
