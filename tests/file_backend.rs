@@ -175,6 +175,11 @@ async fn a_run_file_removed_under_a_live_run_is_never_granted_beside_it() -> Res
     );
     let lost = holder.finish().await?;
     lost.expect_stopped()?;
+    // Its own record names it still: nobody took the key over.
+    ensure!(
+        lost.stderr.contains("no longer held") && !lost.stderr.contains("taken over"),
+        "the loss is not said as it is: {lost:?}"
+    );
     let token = b.token_of_a_run(&k).await?;
     ensure!(token > ready.token(), "{token} after {}", ready.token());
     Ok(())
