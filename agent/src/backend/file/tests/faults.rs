@@ -140,19 +140,44 @@ async fn a_record_from_before_tokens_were_kept_apart_keeps_its_block_at_the_next
     assert_eq!(kept.trim(), (1028 + TOKEN_BLOCK).to_string());
 }
 
-/// `KEY.run` removed (a cleanup job, tmpfiles ageing /tmp) while a run holds
-/// it: a run through another agent creates a new one and locks it, yet is
-/// not granted beside the run the record names; once that run ends it is.
+/// Two agents on one directory; through `one`, a run holds "k" (lease l1,
+/// token 1) by `run`, and its `k.run` has been removed (a cleanup job,
+/// tmpfiles ageing /tmp). `old`: another description of that file, opened
+/// before, to see whether it is still locked.
+struct RemovedUnderARun {
+    dir: tempfile::TempDir,
+    one: FileBackend,
+    two: FileBackend,
+    run: File,
+    old: File,
+}
+
+async fn removed_under_a_run() -> RemovedUnderARun {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (one, two) = (opened(&dir), opened(&dir));
+    let first = one.take("k", "l1", TTL).await;
+    assert_eq!(first.holder.token, 1);
+    let run = File::from(first.lock.expect("a lock for the run"));
+    let old = File::open(dir.path().join("k.run")).expect("open k.run");
+    std::fs::remove_file(dir.path().join("k.run")).expect("cleaned up");
+    RemovedUnderARun {
+        dir,
+        one,
+        two,
+        run,
+        old,
+    }
+}
+
+/// A run through another agent creates a new `KEY.run` and locks it, yet
+/// is not granted beside the run the record names; once that run ends it is.
 #[tokio::test]
 async fn a_key_whose_run_file_was_removed_is_not_granted_beside_its_live_run() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let one = opened(&dir);
-    let two = opened(&dir);
-    let first = one.take("k", "l1", TTL).await;
-    let run = File::from(first.lock.expect("a lock for the run"));
-    std::fs::remove_file(dir.path().join("k.run")).expect("cleaned up");
+    let RemovedUnderARun {
+        dir, one, two, run, ..
+    } = removed_under_a_run().await;
     match two.acquire(&spec("k", "l2", false, TTL)).await {
-        Err(BackendError::Held(Some(h), _)) => assert_eq!(h.token, first.holder.token),
+        Err(BackendError::Held(Some(h), _)) => assert_eq!(h.token, 1),
         other => panic!("granted beside a live run: {other:?}"),
     }
     // Replaced by another file (the refused agent made one): refused as well.
@@ -177,21 +202,15 @@ async fn a_key_whose_run_file_was_removed_is_not_granted_beside_its_live_run() {
 /// until that run has stopped: the run's file is listed as locked until then.
 #[tokio::test]
 async fn a_key_whose_run_file_was_removed_is_taken_over_by_force_once_its_run_stops() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let one = opened(&dir);
-    let two = opened(&dir);
-    let first = one.take("k", "l1", TTL).await;
-    let run = File::from(first.lock.expect("a lock for the run"));
-    std::fs::remove_file(dir.path().join("k.run")).expect("cleaned up");
+    let RemovedUnderARun { dir, two, run, .. } = removed_under_a_run().await;
     let forced = two
         .acquire(&spec("k", "l2", true, TTL))
         .await
         .expect("force");
     assert_eq!(forced.holder.token, 2);
     let displaced = forced.displaced.expect("the live run was displaced");
-    assert_eq!(displaced.token, first.holder.token);
-    let record = record_at(dir.path(), "k.lock");
-    assert_eq!(record.forced_from, Some(first.holder.token));
+    assert_eq!(displaced.token, 1);
+    assert_eq!(record_at(dir.path(), "k.lock").forced_from, Some(1));
     let k = key_k();
     let stopped = || two.displaced_stopped(&k, &displaced);
     assert!(!stopped().await.expect("looked"), "the run still holds it");
@@ -205,13 +224,13 @@ async fn a_key_whose_run_file_was_removed_is_taken_over_by_force_once_its_run_st
 /// until it has stopped; then the history says what happened.
 #[tokio::test]
 async fn a_lease_ended_after_its_run_file_was_removed_keeps_the_key_until_its_run_stops() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let one = opened(&dir);
-    let two = opened(&dir);
-    let first = one.take("k", "l1", TTL).await;
-    let run = File::from(first.lock.expect("a lock for the run"));
-    let old = File::open(dir.path().join("k.run")).expect("open k.run");
-    std::fs::remove_file(dir.path().join("k.run")).expect("cleaned up");
+    let RemovedUnderARun {
+        dir: _dir,
+        one,
+        two,
+        run,
+        old,
+    } = removed_under_a_run().await;
     one.end(&lease("k", "l1", 1), &Ending::Released)
         .await
         .expect("ended");
