@@ -8,15 +8,16 @@
 //! the fencing token and the `KEY.run` (device and inode) the grant locked,
 //! and only agents open it, each write made while holding the key's lock,
 //! whole into a spare beside it and exchanged with it in one rename
-//! (`replace.rs`: a full disk leaves the old record). `KEY.tokens` keeps the highest token ever reserved
-//! (`tokens.rs`).
+//! (`replace.rs`: a full disk leaves the old record). `KEY.tokens` keeps
+//! the highest token ever reserved (`tokens.rs`).
 //!
 //! A `KEY.run` removed (a cleanup job ageing the directory) or replaced
 //! while its run holds it would let the next agent lock a new file beside
 //! that run: a record held through another inode than the name's is
-//! believed while the kernel lists a lock on that inode (`/proc/locks`), or,
-//! where it does not say, while the holder's process lives. The holder's
-//! agent sees its file gone at its next renewal, as after a force.
+//! believed while that run may still hold it (`run_file.rs`), and a force
+//! waits for it as for any run it displaces. The holder's agent sees its
+//! file gone at its next renewal, as after a force, and ending that lease
+//! touches neither the run's lock nor the record.
 //!
 //! Force cannot break another process's kernel lock, so it renames a new,
 //! locked `KEY.run` over the old one; the old holder still locks the
