@@ -144,6 +144,47 @@ async fn release_through_another_agent_stops_the_run_at_its_next_renewal() -> Re
     Ok(())
 }
 
+/// A key's `KEY.run` removed while its run holds it (a cleanup job ageing
+/// the directory): a run through another agent makes and locks a new one,
+/// yet is refused as held, naming the run; that run's agent sees its file
+/// gone at its next renewal and stops it (76); then the key is free, above
+/// its token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_file_removed_under_a_live_run_is_never_granted_beside_it() -> Result<()> {
+    let locks = FileBackendDir::new()?;
+    // A TTL of 3 s renews (and so notices) about every second.
+    let a = TestAgent::start_with(AgentOptions::with_ttl(locks.uri(), "3s")).await?;
+    let b = TestAgent::start(locks.uri()).await?;
+    let k = key("run-file-removed");
+    let (holder, ready) = a.hold(&k).await?;
+    let run_file = std::fs::read_dir(locks.path())?
+        .map(|entry| entry.map(|e| e.path()))
+        .collect::<std::io::Result<Vec<_>>>()?
+        .into_iter()
+        .find(|path| {
+            let name = path.file_name().unwrap_or_default().to_string_lossy();
+            name.contains("run-file-removed") && name.ends_with(".run")
+        })
+        .context("the key's run file")?;
+    std::fs::remove_file(&run_file)?;
+
+    let refused = b.run_refused(&[&k], &[], 75).await?;
+    ensure!(
+        refused.stderr.contains(&holder.pid()?.to_string()),
+        "the live run is not named: {refused:?}"
+    );
+    let lost = holder.finish().await?;
+    lost.expect_stopped()?;
+    // Its own record names it still: nobody took the key over.
+    ensure!(
+        lost.stderr.contains("no longer held") && !lost.stderr.contains("taken over"),
+        "the loss is not said as it is: {lost:?}"
+    );
+    let token = b.token_of_a_run(&k).await?;
+    ensure!(token > ready.token(), "{token} after {}", ready.token());
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn held_error_names_a_holder_on_another_agent_even_behind_a_local_waiter() -> Result<()> {
     let (_locks, a, b) = FileBackendDir::with_two_agents().await?;

@@ -173,10 +173,14 @@ class Backend:
             pids.extend(proc.descendants_of(p))
         return pids
 
+    def lock_dir(self):
+        """`file`'s lock directory."""
+        return os.path.join(self.workdir, "file-backend", "locks")
+
     def agent_setup(self, index, proxy_port):
         """(backend URI, environment) for agent `index`, whose proxy listens on `proxy_port`."""
         if self.name == "file":
-            return f"file://{os.path.join(self.workdir, 'file-backend', 'locks')}", {}
+            return f"file://{self.lock_dir()}", {}
         at = f"127.0.0.1:{proxy_port}"
         if self.name in S3_ENDPOINTS:
             return f"s3://{SPACE}/chaos", {

@@ -9,7 +9,8 @@
   before it: a --force on its key; and, on a backend whose leases live in a
   store, a fault of its own agent (kill, SIGTERM, network) or a backend pause.
   (On file:// the run holds the kernel lock itself, so the book says no agent
-  restart may stop it (docs/src/restarts.md): only a force explains a 76 there.)
+  restart may stop it (docs/src/restarts.md): only a force, or its key's
+  `KEY.run` removed under it, explains a 76 there.)
 
 A forced-out run is the run of the token just below a forced run's, still
 inside when that force began; they are counted, with their exits, for the
@@ -241,6 +242,8 @@ def check(path):
                 continue
             k = fault["kind"]
             if k == "force" and fault["key"] == key:
+                why = fault
+            elif k == "run_file_removed":  # every key's, held or not
                 why = fault
             elif backend != "file" and (
                     k == "backend_pause"

@@ -263,6 +263,17 @@ class Harness:
             self.counts[kind] += 1
             await self.run_once(key, via, "force", 5 + f["pick"] % 300, self.o.wait)
             return
+        elif kind == "run_file_removed":
+            start()
+            removed = 0
+            for entry in os.scandir(self.backend.lock_dir()):
+                if entry.name.endswith(".run") and not entry.name.startswith("."):
+                    try:
+                        os.unlink(entry.path)
+                        removed += 1
+                    except FileNotFoundError:
+                        pass
+            end(d=f"removed={removed}")
         elif kind == "backend_pause":
             if self.pausing:
                 self.skipped[kind] += 1

@@ -26,16 +26,20 @@ NETWORK_FAULTS = {
     "net_lost": 1.2,       # an answer lost after its request reached the store
     "net_reset": 1.2,      # an RST in the middle of a response
 }
+# file:// only: a cleanup job (tmpfiles ageing the directory) removes every
+# key's `KEY.run`, held or not (issue 45).
+FILE_FAULTS = {
+    "run_file_removed": 0.6,
+}
 
-KINDS = list(PROCESS_FAULTS) + list(NETWORK_FAULTS)
+KINDS = list(PROCESS_FAULTS) + list(NETWORK_FAULTS) + list(FILE_FAULTS)
 
 
 def make(seed, seconds, agents, network, interval):
     """Faults as dicts {at, kind, agent, pick, ...}, `at` in seconds from the start."""
     rng = random.Random(f"runlock-chaos-{seed}")
     weights = dict(PROCESS_FAULTS)
-    if network:
-        weights.update(NETWORK_FAULTS)
+    weights.update(NETWORK_FAULTS if network else FILE_FAULTS)
     kinds, w = list(weights), list(weights.values())
     faults, at, seq = [], 0.0, 0
     while True:

@@ -202,9 +202,8 @@ pub struct Displaced {
     /// Its time to live: its run is stopped by its agent, or stops itself
     /// at its deadline, within this (and the grace) of the force's write.
     pub ttl: Duration,
-    /// `file://`: our own open file description of the lock file the run
-    /// holds, renamed away by the force; lockable once the run has stopped.
-    pub lock: Option<Arc<std::fs::File>>,
+    /// `file://`: what tells that the run has stopped, its lock file.
+    pub lock: Option<file::RunLock>,
 }
 
 /// Who takes a lease over with [`Backend::adopt`]: the adopting agent, and

@@ -140,9 +140,11 @@ impl Registry {
         let lookup = tokio::time::timeout(LOOKUP_TIMEOUT, self.backend.inspect(&lease.key));
         let record = lookup.await.ok().and_then(Result::ok);
         let (loss, holder) = match record {
+            // A record still naming this lease (`file://`: its lock file
+            // was removed) names nobody who took it.
             Some(KeyRecord {
                 holder: Some(h), ..
-            }) => {
+            }) if h.token != lease.token => {
                 let loss = Loss::TakenOver {
                     user: h.user.clone(),
                     host: h.host.clone(),

@@ -176,7 +176,10 @@ impl CasEngine {
     fn parse(&self, name: &str, stored: &Stored) -> BackendResult<CasRecord> {
         serde_json::from_slice(&stored.body).map_err(|e| {
             BackendError::Corrupt(format!(
-                "{name} in {} is not a runlock record ({e}); move it aside to free the key",
+                "{name} in {} is not a runlock record ({e}); runlock leaves it as it is: \
+                 moved aside or deleted, it would free the key at token 1 again; write in \
+                 its place a record of state \"free\" (as another key's free record) whose \
+                 token is at least its last",
                 self.store.site().description
             ))
         })
@@ -1063,7 +1066,11 @@ mod tests {
             .expect("put");
         let engine = CasEngine::new(store.clone());
         match engine.acquire(&spec("k", "l1", false, TTL)).await {
-            Err(BackendError::Corrupt(msg)) => assert!(msg.contains("k.json"), "{msg}"),
+            // Moved aside, it would hand out its tokens again: never advised.
+            Err(BackendError::Corrupt(msg)) => assert!(
+                msg.contains("k.json") && msg.contains("token is at least its last"),
+                "{msg}"
+            ),
             other => panic!("expected corrupt, got {other:?}"),
         }
         let read = store.get("k.json").await.expect("get");

@@ -23,15 +23,19 @@ pub(super) struct Blocker {
 
 impl Blocker {
     fn of_pid(pid: u32) -> Blocker {
-        let alive = i32::try_from(pid)
-            .map(|p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None))
-            .map(|sent| sent != Err(nix::errno::Errno::ESRCH));
         Blocker {
             pid: Some(pid),
             uid: procfs::real_uid(pid),
-            exited: alive == Ok(false),
+            exited: !process_lives(pid),
         }
     }
+}
+
+/// Whether a process `pid` exists (one the agent may not signal does).
+pub(super) fn process_lives(pid: u32) -> bool {
+    let sent =
+        i32::try_from(pid).map(|p| nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), None));
+    !matches!(sent, Ok(Err(nix::errno::Errno::ESRCH)))
 }
 
 impl fmt::Display for Blocker {
@@ -66,18 +70,37 @@ pub(super) fn range_blocker(file: &File, kind: libc::c_int) -> Blocker {
     }
 }
 
+/// A file as `/proc/locks` names it: `MAJ:MIN:INODE`.
+fn locks_name(dev: u64, ino: u64) -> String {
+    format!("{:02x}:{:02x}:{ino}", libc::major(dev), libc::minor(dev))
+}
+
+/// Whether any process holds a lock on the file `dev`, `ino` (whose name
+/// may be gone), as `/proc/locks` lists it; `None` where the agent cannot
+/// read it. Read a few times before it is believed free: one read can skip
+/// a line (see [`flock_blocker`]).
+pub(super) fn inode_locked(dev: u64, ino: u64) -> Option<bool> {
+    let device = locks_name(dev, ino);
+    let mut read = false;
+    for _ in 0..3 {
+        let Ok(table) = std::fs::read_to_string("/proc/locks") else {
+            continue;
+        };
+        read = true;
+        if holder_in(&table, &device).is_some() {
+            return Some(true);
+        }
+    }
+    read.then_some(false)
+}
+
 /// The holder of a lock on `file` as `/proc/locks` lists it: the process
 /// that took a `flock` (or classic POSIX) lock; an OFD lock shows -1.
 pub(super) fn flock_blocker(file: &File) -> Blocker {
     let Ok(meta) = file.metadata() else {
         return Blocker::default();
     };
-    let device = format!(
-        "{:02x}:{:02x}:{}",
-        libc::major(meta.dev()),
-        libc::minor(meta.dev()),
-        meta.ino()
-    );
+    let device = locks_name(meta.dev(), meta.ino());
     // The kernel hands the table out a page at a time, and a lock taken or
     // dropped meanwhile shifts the rest: on a busy host one read can skip
     // the very line asked for. A few reads find it.

@@ -1,12 +1,23 @@
-//! `file://DIR`: two files per key. `KEY.run` is empty and exists only to
+//! `file://DIR`: three files per key. `KEY.run` is empty and exists only to
 //! be locked (`flock`, exclusive); the run holds that locked open file
 //! description itself (the agent hands it over, `Grant::lock`), as
 //! `flock(1)`'s children do, so the key is held exactly as long as the run's
 //! processes live, whether or not an agent does, and a kernel lock has no
 //! deadline to miss. The run's descriptor is read-only on the empty file: it
-//! can keep or drop the lock, nothing else. `KEY.lock` records the holder
-//! and the fencing token, and only agents open it, each write made while
-//! holding the key's lock.
+//! can keep or drop the lock, nothing else. `KEY.lock` records the holder,
+//! the fencing token and the `KEY.run` (device and inode) the grant locked,
+//! and only agents open it, each write made while holding the key's lock,
+//! whole into a spare beside it and exchanged with it in one rename
+//! (`replace.rs`: a full disk leaves the old record). `KEY.tokens` keeps
+//! the highest token ever reserved (`tokens.rs`).
+//!
+//! A `KEY.run` removed (a cleanup job ageing the directory) or replaced
+//! while its run holds it would let the next agent lock a new file beside
+//! that run: a record held through another inode than the name's is
+//! believed while that run may still hold it (`run_file.rs`), and a force
+//! waits for it as for any run it displaces. The holder's agent sees its
+//! file gone at its next renewal, as after a force, and ending that lease
+//! touches neither the run's lock nor the record.
 //!
 //! Force cannot break another process's kernel lock, so it renames a new,
 //! locked `KEY.run` over the old one; the old holder still locks the
@@ -16,11 +27,14 @@
 //! read the same previous token.
 //!
 //! Making every token durable (`fdatasync`) would double the cost of an
-//! acquisition, so tokens are reserved in durable blocks: a record says up to
-//! which token it has promised (`reserved`) and on which boot it was written;
-//! within a block and a boot a token is written without a sync (the page
-//! cache survives an agent's crash), and after a reboot, when an unsynced
-//! write may have been lost, the next token starts above the whole block.
+//! acquisition, so tokens are reserved in durable blocks: `KEY.tokens` is
+//! raised, synced, to the end of each block before its first token is handed
+//! out, and a record says up to which token it has promised (`reserved`) and
+//! on which boot it was written; within a block and a boot a record is
+//! written without a sync (the page cache survives an agent's crash), and
+//! after a reboot, when an unsynced write may have been lost, or when the
+//! record is gone (removed, moved aside), the next token starts above
+//! `KEY.tokens`.
 //!
 //! The directory is opened once and every name is looked up relative to it
 //! (`openat`, `renameat`, `fstatat`) with `O_NOFOLLOW`: the agent runs as root
@@ -41,10 +55,13 @@ mod blocker;
 mod dir;
 mod errors;
 mod record;
+mod replace;
 mod reports;
+mod run_file;
 mod settings;
 #[cfg(test)]
 mod tests;
+mod tokens;
 mod transport;
 mod view;
 
@@ -59,7 +76,11 @@ use anyhow::Context as _;
 use async_trait::async_trait;
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::Mode;
-use record::{boot_id, held_record, read_bytes, read_record_settled, write_record, FileRecord};
+use record::{
+    boot_id, held_record, read_bytes, read_record_settled, record_bytes, settle, FileRecord,
+};
+use run_file::RunFile;
+pub use run_file::RunLock;
 use runlock_protocol::{EventKind, Key, KeyEvent, KeyRecord, KeyState, Scope};
 use settings::{open_dir, DIR_MODE, FILE_MODE};
 use std::collections::HashMap;
@@ -71,7 +92,7 @@ use std::os::unix::io::{AsRawFd, FromRawFd};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use transport::{file_name, flock, flock_excludes, lock_name, ofd_lock_within};
+use transport::{file_name, flock, flock_excludes, lock_name, ofd_lock_within, tokens_name};
 
 /// A directory of lock files.
 #[derive(Clone)]
@@ -88,6 +109,8 @@ struct Inner {
     held: Mutex<HashMap<String, Held>>,
     /// This boot's id, or "" where the kernel gives none (every block is then durable).
     boot_id: String,
+    /// `/proc/locks` names this directory's files as `stat` does (`run_file.rs`).
+    kernel_lists_locks: bool,
 }
 
 /// A lease's lock file, open read-only: the locked description the run also
@@ -123,11 +146,12 @@ impl FileBackend {
             .create(&dir)
             .with_context(|| format!("creating lock directory {}", dir.display()))?;
         let dir_fd = open_dir(&dir)?;
-        let inner = Inner {
+        let mut inner = Inner {
             dir,
             dir_fd: Mutex::new(Arc::new(dir_fd)),
             held: Mutex::new(HashMap::new()),
             boot_id,
+            kernel_lists_locks: false,
         };
         let dir = inner.dir()?;
         match inner.open(&dir, GATE_FILE, OFlag::O_RDWR | OFlag::O_CREAT) {
@@ -151,6 +175,9 @@ impl FileBackend {
             OFlag::O_RDONLY | OFlag::O_CREAT | OFlag::O_EXCL,
         )?;
         let second = inner.open(&dir, &probe, OFlag::O_RDONLY);
+        inner.kernel_lists_locks = flock(&first, libc::LOCK_EX | libc::LOCK_NB).unwrap_or(false)
+            && run_file::kernel_lists_locks(&first);
+        let _ = flock(&first, libc::LOCK_UN);
         let _ = nix::unistd::unlinkat(
             Some(dir.as_raw_fd()),
             probe.as_str(),
@@ -211,32 +238,76 @@ impl Inner {
     }
 
     /// The key's record; `None` when it was never written.
-    fn read_record(&self, file: &File, name: &str) -> BackendResult<Option<FileRecord>> {
-        let bytes = read_bytes(file).map_err(|e| self.io_error("reading", name, e))?;
-        if bytes.is_empty() {
-            return Ok(None);
-        }
-        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-            BackendError::Corrupt(format!(
-                "lock file {} is not a runlock record ({e}); move it aside to free the key",
-                self.path(name).display()
-            ))
-        })
-    }
-
-    /// Writes the record of a key whose lock this agent holds into `file`, the
-    /// record file; a new one is made durable with its directory entry.
-    fn write(
+    fn read_record(
         &self,
         dir: &File,
         file: &File,
         name: &str,
-        record: &FileRecord,
-        durable: bool,
-    ) -> BackendResult<()> {
-        let new = file.metadata().map(|m| m.len() == 0).unwrap_or(false);
-        write_record(file, record, durable || new)
-            .and_then(|_| if new { dir.sync_all() } else { Ok(()) })
+    ) -> BackendResult<Option<FileRecord>> {
+        let bytes = read_bytes(file).map_err(|e| self.io_error("reading", name, e))?;
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| self.not_a_record(dir, name, e))
+    }
+
+    /// A record that cannot be read (written by hand, or cut by a version
+    /// that wrote in place): left as it is, with what freeing the key takes
+    /// without handing out any of its tokens again.
+    fn not_a_record(&self, dir: &File, name: &str, why: serde_json::Error) -> BackendError {
+        let tokens = format!("{}.tokens", name.strip_suffix(".lock").unwrap_or(name));
+        let then = match self.kept_tokens(dir, &tokens) {
+            Ok(kept) if kept > 0 => format!(
+                "moved aside, it frees the key, whose next token is then above {kept}, the \
+                 highest it reserved ({tokens} keeps it)"
+            ),
+            _ => format!(
+                "no {tokens} keeps the key's highest token, so its next token could not \
+                 be told: to free the key, first write a number at least as high as its last \
+                 token into {tokens}, then move it aside"
+            ),
+        };
+        BackendError::Corrupt(format!(
+            "lock file {} is not a runlock record ({why}); runlock leaves it as it is: {then}",
+            self.path(name).display()
+        ))
+    }
+
+    /// The record named `name` in `dir`; `None` when there is none yet.
+    fn current_record(&self, dir: &File, name: &str) -> BackendResult<Option<FileRecord>> {
+        match self.try_open(dir, name, OFlag::O_RDONLY)? {
+            Some(file) => self.read_record(dir, &file, name),
+            None => Ok(None),
+        }
+    }
+
+    /// Reads a record another agent may be replacing this instant, opening
+    /// its name again at each look (a description opened before a write is
+    /// left on the old record): until `wanted` takes it, for a few
+    /// milliseconds at most. `Ok(None)`: there is none, or none was wanted.
+    fn read_settled(
+        &self,
+        dir: &File,
+        name: &str,
+        wanted: impl FnMut(&FileRecord) -> bool,
+    ) -> BackendResult<Option<FileRecord>> {
+        let look = || match self.try_open(dir, name, OFlag::O_RDONLY)? {
+            Some(file) => read_bytes(&file)
+                .map(Some)
+                .map_err(|e| self.io_error("reading", name, e)),
+            None => Ok(None),
+        };
+        settle(look, wanted)
+    }
+
+    /// Writes the record of a key whose lock this agent holds, whole beside
+    /// it and exchanged with it: a failed write leaves the old record as it was.
+    /// Never synced: the block it hands tokens from is kept durably in
+    /// `KEY.tokens` first, and a lost record costs no token.
+    fn write(&self, dir: &File, name: &str, record: &FileRecord) -> BackendResult<()> {
+        replace::replace(dir, name, &record_bytes(record), false)
             .map_err(|e| self.io_error("writing", name, e))
     }
 
@@ -275,17 +346,47 @@ impl Inner {
             if !self.same_inode(&dir, &lock, &lock_name)? {
                 continue;
             }
-            let granted = self
-                .open(&dir, &name, OFlag::O_RDWR | OFlag::O_CREAT)
-                .and_then(|file| {
-                    let previous = self.read_record(&file, &name)?;
-                    let (holder, record, durable) =
-                        held_record(spec, previous.as_ref(), None, &self.boot_id);
-                    self.write(&dir, &file, &name, &record, durable)?;
-                    Ok(holder)
+            let granted = self.current_record(&dir, &name).and_then(|previous| {
+                let run =
+                    RunFile::of(&lock).map_err(|e| self.io_error("checking", &lock_name, e))?;
+                let beside = previous.as_ref().filter(|p| self.holds_another_run(p, run));
+                let forced_from = match beside {
+                    Some(live) if spec.force => Some(live.token),
+                    Some(live) => {
+                        let incident = history::last_incident(&live.history);
+                        return Err(BackendError::Held(
+                            live.holder.clone().map(Box::new),
+                            incident,
+                        ));
+                    }
+                    None => None,
+                };
+                let block = self.token_block(&dir, &spec.key, previous.as_ref())?;
+                let (holder, record) = held_record(
+                    spec,
+                    previous.as_ref(),
+                    block,
+                    run,
+                    forced_from,
+                    &self.boot_id,
+                );
+                self.write(&dir, &name, &record)?;
+                // Its run holds a file nobody can open again: the kernel,
+                // or its process, says when it has stopped.
+                let displaced = beside.and_then(|live| {
+                    let holder = live.holder.clone()?;
+                    let run = RunLock::Unnamed(live.store.run?, holder.pid);
+                    Some(Displaced {
+                        token: holder.token,
+                        holder: Some(holder),
+                        ttl: live_ttl(beside).unwrap_or(spec.ttl),
+                        lock: Some(run),
+                    })
                 });
-            let holder = match granted {
-                Ok(holder) => holder,
+                Ok((holder, displaced))
+            });
+            let (holder, displaced) = match granted {
+                Ok(granted) => granted,
                 Err(err) => {
                     let _ = flock(&lock, libc::LOCK_UN);
                     return Err(err);
@@ -297,9 +398,23 @@ impl Inner {
                 holder,
                 sent,
                 lock: Some(run),
-                displaced: None,
+                displaced,
             });
         }
+    }
+
+    /// Whether `record` says the key is held through a `KEY.run` other than
+    /// `run` (removed or replaced since, by a cleanup job or by hand) whose
+    /// run still holds it: the lock now free under that name proves nothing,
+    /// and a grant through it would run beside that run.
+    fn holds_another_run(&self, record: &FileRecord, run: RunFile) -> bool {
+        let Some(recorded) = record.store.run else {
+            return false; // written before records named their file
+        };
+        if record.state != KeyState::Held || recorded == run {
+            return false;
+        }
+        (record.holder.as_ref()).is_some_and(|h| self.run_lives(recorded, h.pid))
     }
 
     /// Tries the key's lock. A refusal is believed only once it has lasted
@@ -320,13 +435,10 @@ impl Inner {
         if attempt()? {
             return Ok(true);
         }
-        let held = match self.try_open(dir, name, OFlag::O_RDONLY)? {
-            Some(file) => matches!(
-                self.read_record(&file, name),
-                Ok(Some(r)) if r.state == KeyState::Held
-            ),
-            None => false,
-        };
+        let held = matches!(
+            self.current_record(dir, name),
+            Ok(Some(r)) if r.state == KeyState::Held
+        );
         if held {
             return Ok(false);
         }
@@ -339,16 +451,12 @@ impl Inner {
     /// or, should the holder let go meanwhile, the lock, taken: waiting on
     /// for a held record would keep a waiter from a free key.
     fn holder_record(&self, dir: &File, lock: &File, name: &str) -> BackendResult<Refused> {
-        let Some(file) = self.try_open(dir, name, OFlag::O_RDONLY)? else {
-            return Ok(Refused::Held(None));
-        };
         let mut taken = false;
-        let record = read_record_settled(&file, |r| {
+        let record = self.read_settled(dir, name, |r| {
             taken = r.state != KeyState::Held
                 && flock(lock, libc::LOCK_EX | libc::LOCK_NB).unwrap_or(false);
             taken || r.state == KeyState::Held
-        })
-        .map_err(|e| self.io_error("reading", name, e))?;
+        })?;
         Ok(match taken {
             true => Refused::LetGo,
             false => Refused::Held(record.map(Box::new)),
@@ -391,11 +499,7 @@ impl Inner {
         // locked its descriptor again) is taken over from the record as it is.
         let current = match current {
             Some(current) => Some(current),
-            None => match self.try_open(dir, &name, OFlag::O_RDONLY)? {
-                Some(file) => read_record_settled(&file, |_| true)
-                    .map_err(|e| self.io_error("reading", &name, e))?,
-                None => None,
-            },
+            None => self.read_settled(dir, &name, |_| true)?,
         };
         let current = current.ok_or_else(|| {
             BackendError::Corrupt(format!(
@@ -422,21 +526,29 @@ impl Inner {
             );
             return Err(self.io_error("replacing", &lock_name, e));
         }
-        let (holder, record, durable) =
-            held_record(spec, Some(&current), Some(current.token), &self.boot_id);
-        let file = self.open(dir, &name, OFlag::O_RDWR | OFlag::O_CREAT)?;
-        self.write(dir, &file, &name, &record, durable)?;
+        let block = self.token_block(dir, &spec.key, Some(&current))?;
+        let run = RunFile::of(&lock).map_err(|e| self.io_error("checking", &lock_name, e))?;
+        let (holder, record) = held_record(
+            spec,
+            Some(&current),
+            block,
+            run,
+            Some(current.token),
+            &self.boot_id,
+        );
+        self.write(dir, &name, &record)?;
         let run = self.run_copy(&lock, &lock_name)?;
         self.remember(&spec.lease_id, lock, &spec.holder.agent_id);
         // A process no record names (not a run) has no agent to stop it.
+        let ttl = live_ttl(Some(&current)).unwrap_or(spec.ttl);
         let displaced = (current.state == KeyState::Held)
             .then_some(current.holder)
             .flatten()
             .map(|holder| Displaced {
                 token: holder.token,
                 holder: Some(holder),
-                ttl: (current.store.ttl_ms).map_or(spec.ttl, Duration::from_millis),
-                lock: Some(Arc::new(old)),
+                ttl,
+                lock: Some(RunLock::Open(Arc::new(old))),
             });
         Ok(Grant {
             holder,
@@ -481,7 +593,13 @@ impl Inner {
             .map_err(|e| self.io_error("locking", &lock_name, e))?
             && self.same_inode(&dir, &held.lock, &lock_name)?;
         if !ours {
-            return Ok(()); // someone else holds the key, or the run still does (an adopted lease)
+            // The run still holds it (an adopted lease), or our `KEY.run` was
+            // taken over, removed or replaced. Then the lock taken above is
+            // the run's own, which a lease lost is ended while the run is
+            // still being stopped: dropping it, or freeing the record, would
+            // let a grant in beside that run (a forcer waits on that lock; a
+            // waiter believes the record while the kernel lists it).
+            return Ok(());
         }
         let result = self.free_record(&dir, &name, lease, &held.agent_id, ending);
         let _ = flock(&held.lock, libc::LOCK_UN);
@@ -498,10 +616,7 @@ impl Inner {
         agent_id: &str,
         ending: &Ending,
     ) -> BackendResult<()> {
-        let Some(file) = self.try_open(dir, name, OFlag::O_RDWR)? else {
-            return Ok(());
-        };
-        let Some(mut record) = self.read_record(&file, name)? else {
+        let Some(mut record) = self.current_record(dir, name)? else {
             return Ok(());
         };
         let ours = record.held_by(&lease.lease_id, lease.token)
@@ -515,7 +630,7 @@ impl Inner {
         record.end(ending);
         record.store.ttl_ms = None;
         // Not synced: a lost `free` record is harmless, the kernel lock is the truth.
-        self.write(dir, &file, name, &record, false)
+        self.write(dir, name, &record)
     }
 
     /// Takes over a lease granted through an agent that has stopped, whose
@@ -537,10 +652,7 @@ impl Inner {
         let lock = self
             .try_open(&dir, &lock_name, OFlag::O_RDONLY)?
             .ok_or(BackendError::LeaseMismatch)?;
-        let file = self
-            .try_open(&dir, &name, OFlag::O_RDWR)?
-            .ok_or(BackendError::LeaseMismatch)?;
-        let Some(mut record) = self.read_record(&file, &name)?.filter(|r| {
+        let Some(mut record) = self.current_record(&dir, &name)?.filter(|r| {
             r.held_by(&lease.lease_id, lease.token) && r.holder.as_ref().is_some_and(|h| by.owns(h))
         }) else {
             return Err(BackendError::LeaseMismatch);
@@ -569,11 +681,16 @@ impl Inner {
         );
         history::push(&mut record.history, adopted);
         record.holder = Some(holder.clone());
-        self.write(&dir, &file, &name, &record, false)?;
+        self.write(&dir, &name, &record)?;
         let ttl = Duration::from_millis(record.store.ttl_ms.unwrap_or(60_000));
         self.remember(&lease.lease_id, lock, &by.agent_id);
         Ok(Adopted::new(holder, tokio::time::Instant::now(), ttl))
     }
+}
+
+/// The TTL a record's holder was granted with.
+fn live_ttl(record: Option<&FileRecord>) -> Option<Duration> {
+    record?.store.ttl_ms.map(Duration::from_millis)
 }
 
 impl Profiled for FileBackend {
@@ -647,16 +764,15 @@ impl Backend for FileBackend {
     }
 
     async fn displaced_stopped(&self, _: &Key, displaced: &Displaced) -> BackendResult<bool> {
-        let Some(old) = &displaced.lock else {
+        let Some(run) = displaced.lock.clone() else {
             return Ok(true);
         };
-        // Free once every process holding the run's description has let go.
-        let free = flock(old.as_ref(), libc::LOCK_EX | libc::LOCK_NB)
-            .map_err(|e| BackendError::Unavailable(format!("locking a taken-over lock: {e}")))?;
-        if free {
-            let _ = flock(old.as_ref(), libc::LOCK_UN);
-        }
-        Ok(free)
+        self.blocking(move |inner| {
+            inner
+                .displaced_stopped(&run)
+                .map_err(|e| BackendError::Unavailable(format!("locking a taken-over lock: {e}")))
+        })
+        .await
     }
 }
 

@@ -18,6 +18,11 @@ pub(super) fn lock_name(key: &Key) -> String {
     format!("{}.run", key_name::escaped(key))
 }
 
+/// The name of the file that keeps the highest token reserved for a key.
+pub(super) fn tokens_name(key: &Key) -> String {
+    format!("{}.tokens", key_name::escaped(key))
+}
+
 /// Takes (`LOCK_EX`), tries (`| LOCK_NB`) or drops (`LOCK_UN`) a `flock`
 /// lock; `Ok(false)` when another description holds it.
 pub(super) fn flock(file: &File, operation: libc::c_int) -> io::Result<bool> {

@@ -46,13 +46,20 @@ impl Inner {
         // lock says whether anyone still holds the key. Shared, and only for
         // an instant, so it never stands in a holder's way for long.
         let lock_name = lock_name(key);
-        let locked = match self.try_open(dir, &lock_name, OFlag::O_RDONLY)? {
-            Some(lock) => {
+        let lock = self.try_open(dir, &lock_name, OFlag::O_RDONLY)?;
+        let named = lock.as_ref().map(RunFile::of).transpose();
+        let named = named.map_err(|e| self.io_error("checking", &lock_name, e))?;
+        let locked = match (record.store.run, lock) {
+            // Its lock file was removed or replaced while it ran (a cleanup job).
+            (Some(run), _) if named != Some(run) => {
+                (record.holder.as_ref()).is_some_and(|h| self.run_lives(run, h.pid))
+            }
+            (_, Some(lock)) => {
                 let free = flock(&lock, libc::LOCK_SH | libc::LOCK_NB)
                     .map_err(|e| self.io_error("checking", &lock_name, e))?;
                 !free
             }
-            None => false,
+            (_, None) => false,
         };
         if locked {
             answer.state = KeyState::Held;

@@ -118,7 +118,8 @@ impl PostgresBackend {
             serde_json::from_str(&text).map_err(|err| {
                 BackendError::Corrupt(format!(
                     "the row of {key:?} in {} names a holder runlock cannot read ({err}); \
-                     delete the row to free the key",
+                     to free the key, set its state to 'free' and its lease_id and holder \
+                     to NULL, keeping its token (a row deleted hands its tokens out again)",
                     self.table
                 ))
             })

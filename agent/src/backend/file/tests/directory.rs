@@ -28,14 +28,26 @@ async fn a_corrupt_record_is_reported_not_overwritten() {
     let dir = tempfile::tempdir().expect("tempdir");
     let backend = opened(&dir);
     std::fs::write(dir.path().join("k.lock"), b"not json").expect("write");
-    match backend.acquire(&spec("k", "l1", false, TTL)).await {
-        Err(BackendError::Corrupt(msg)) => assert!(msg.contains("k.lock"), "{msg}"),
-        other => panic!("expected corrupt, got {other:?}"),
-    }
+    let ask = spec("k", "l1", false, TTL);
+    let refused = || backend.acquire(&ask);
+    // Moved aside with no `k.tokens`, it would hand its tokens out again.
+    let msg = corrupt_naming(refused().await, "k.lock");
+    assert!(
+        msg.contains("first write a number") && msg.contains("k.tokens"),
+        "{msg}"
+    );
+    std::fs::write(dir.path().join("k.tokens"), b"2048\n").expect("write");
+    let msg = corrupt_naming(refused().await, "k.lock");
+    assert!(
+        msg.contains("moved aside") && msg.contains("above 2048"),
+        "{msg}"
+    );
     assert_eq!(
         std::fs::read(dir.path().join("k.lock")).expect("read"),
         b"not json"
     );
+    std::fs::rename(dir.path().join("k.lock"), dir.path().join("k.aside")).expect("aside");
+    assert_eq!(backend.take("k", "l2", TTL).await.holder.token, 2049);
 }
 
 fn corrupt_naming(result: BackendResult<Grant>, name: &str) -> String {

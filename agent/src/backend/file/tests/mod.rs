@@ -4,6 +4,7 @@
 //! have files of their own.
 
 mod directory;
+mod faults;
 mod tokens;
 
 use super::*;

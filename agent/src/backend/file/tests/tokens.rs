@@ -18,28 +18,45 @@ fn tokens_come_from_durable_blocks_and_a_new_boot_starts_above_the_block() {
             ttl_ms: None,
             reserved,
             boot_id: boot.into(),
+            kept: true,
+            run: None,
         },
     };
-    assert_eq!(next_token(None, "a"), (1, TOKEN_BLOCK, true));
+    assert_eq!(next_token(None, 0, "a"), (1, TOKEN_BLOCK, true));
     assert_eq!(
-        next_token(Some(&record(1, 1024, "a")), "a"),
+        next_token(Some(&record(1, 1024, "a")), 0, "a"),
         (2, 1024, false)
     );
     assert_eq!(
-        next_token(Some(&record(1023, 1024, "a")), "a"),
+        next_token(Some(&record(1023, 1024, "a")), 0, "a"),
         (1024, 1024, false)
     );
     assert_eq!(
-        next_token(Some(&record(1024, 1024, "a")), "a"),
+        next_token(Some(&record(1024, 1024, "a")), 0, "a"),
         (1025, 2048, true)
     );
     // After a reboot the record may lag behind what was handed out.
     assert_eq!(
-        next_token(Some(&record(3, 1024, "a")), "b"),
+        next_token(Some(&record(3, 1024, "a")), 0, "b"),
         (1025, 2048, true)
     );
     // A record from before blocks (no reservation) goes on from its token.
-    assert_eq!(next_token(Some(&record(7, 0, "")), "b"), (8, 1031, true));
+    assert_eq!(next_token(Some(&record(7, 0, "")), 0, "b"), (8, 1031, true));
+    // A record whose block `KEY.tokens` does not keep reserves one it keeps.
+    let unkept = FileRecord {
+        store: TokenBlock {
+            kept: false,
+            ..record(3, 1024, "a").store
+        },
+        ..record(3, 1024, "a")
+    };
+    assert_eq!(next_token(Some(&unkept), 0, "a"), (1025, 2048, true));
+    // With no record, or a reservation to make, `KEY.tokens` is the floor.
+    assert_eq!(next_token(None, 5120, "a"), (5121, 6144, true));
+    assert_eq!(
+        next_token(Some(&record(1024, 1024, "a")), 5120, "a"),
+        (5121, 6144, true)
+    );
 }
 
 #[tokio::test]
