@@ -71,7 +71,7 @@ class FileCounter:
             json.dump({"value": state[0], "token": state[1], "writer": state[2]}, f)
         os.rename(part, path)
 
-    def cas(self, key, token, writer, fenced):
+    def cas(self, key, token, writer, fenced, reads):
         fd = os.open(os.path.join(self.dir, f"{key}.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC,
                      0o644)
         try:
@@ -85,6 +85,7 @@ class FileCounter:
                         raise Unavailable("the counter's flock stayed taken") from None
                     time.sleep(0.002)
             read = self.read(key)
+            reads[read[0]] = read
             new = next_state(read, token, writer, fenced)
             if new is not None:
                 self._replace(key, new, writer)
@@ -156,8 +157,9 @@ class S3Counter:
     def read(self, key):
         return self._get(key)[0]
 
-    def cas(self, key, token, writer, fenced):
+    def cas(self, key, token, writer, fenced, reads):
         read, etag = self._get(key)
+        reads[read[0]] = read  # before the write, whose answer may be lost
         new = next_state(read, token, writer, fenced)
         # Not written when someone wrote in between, too: increment() reads again.
         return read, new is not None and self._put(key, new, {"If-Match": etag})
@@ -190,7 +192,7 @@ class PgCounter:
         [[v, t, w]] = self._sql(f"SELECT value, token, writer FROM {self.TABLE} WHERE key = '{key}';")
         return int(v), int(t), w
 
-    def cas(self, key, token, writer, fenced):
+    def cas(self, key, token, writer, fenced, reads):
         # One transaction: the row locked as read, then the write, fenced in the
         # statement itself (next_state's rules, in SQL).
         fence = f"AND token <= {token} " if fenced else ""
@@ -201,7 +203,14 @@ class PgCounter:
             f"WHERE key = '{key}' {fence}AND writer <> '{writer}' RETURNING value;\n"
             "COMMIT;\n")
         v, t, w = rows[0]
-        return (int(v), int(t), w), len(rows) > 1
+        read = reads[int(v)] = (int(v), int(t), w)
+        return read, len(rows) > 1
+
+
+# Each store's cas(key, token, writer, fenced, reads) reads the counter, adds
+# what it read to `reads` (value -> state: what a write replaced, known even
+# when the write's answer is lost), writes next_state's result in the store's
+# one conditional step, and returns (state read, whether it wrote).
 
 
 def next_state(read, token, writer, fenced):
@@ -230,15 +239,22 @@ def increment(store, key, token, writer, fenced=True):
     replaced, conflicts) or ("refused", value found, (value, token, writer) found,
     conflicts). ``fenced=False`` leaves out the token check: a client that does
     not fence, which the checker must catch. Raises Unavailable when the store
-    did not answer (the write may have landed)."""
+    did not answer within DEADLINE_S (the write may have landed)."""
     _safe(key, writer, token)
     token = int(token)
     reads = {}
     conflicts = 0
     deadline = time.monotonic() + DEADLINE_S
     while True:
-        read, written = store.cas(key, token, writer, fenced)
-        reads[read[0]] = read
+        try:
+            read, written = store.cas(key, token, writer, fenced, reads)
+        except Unavailable:
+            # The write may have landed (a connection dropped after the request
+            # went out): the next read says, since the counter names its writer.
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+            continue
         if read[2] == writer:
             return "written", read[0], reads.get(read[0] - 1), conflicts
         if written:
