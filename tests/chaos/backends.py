@@ -38,6 +38,8 @@ NAMES = ["file"] + list(SCRIPTS)
 # The S3 emulators (two, written apart), and the variable naming each one's endpoint.
 S3_ENDPOINTS = {"s3": "RUNLOCK_TEST_S3_ENDPOINT", "ministack": "RUNLOCK_TEST_MINISTACK_ENDPOINT"}
 SPACE = "runlock-chaos"  # bucket, container, database, etcd prefix
+# The stores the runs keep a counter in (counter.py), which each run increments.
+COUNTED = {"file", "s3", "ministack", "postgres"}
 
 
 class Backend:
@@ -154,6 +156,7 @@ class Backend:
                                          "ON_ERROR_STOP=1", "-c", f'CREATE DATABASE "{SPACE}"'])
             if code != 0:
                 raise RuntimeError(f"postgres: CREATE DATABASE failed: {out[-500:]!r}")
+            self.psql = psql
             self.pg_dir = os.path.dirname(os.path.dirname(v["RUNLOCK_TEST_PG_CA"]))
         elif self.name == "etcd":
             url = urllib.parse.urlparse(v["RUNLOCK_TEST_ETCD_ENDPOINT"])
@@ -201,6 +204,19 @@ class Backend:
         if self.name == "etcd":
             return f"etcd://{at}/{SPACE}", {}
         raise ValueError(self.name)
+
+    def counter_env(self, proxy_port=None):
+        """The environment of counter.py for a run whose side of its agent's proxy
+        is `proxy_port` (None: the store itself); {} where no counter is kept."""
+        if self.name not in COUNTED:
+            return {}
+        if self.name == "file":
+            return {"CHAOS_COUNTER": f"file:{os.path.join(self.workdir, 'file-backend', 'counters')}"}
+        at = f"127.0.0.1:{proxy_port}" if proxy_port else "%s:%d" % self.upstream
+        if self.name == "postgres":
+            return {"CHAOS_COUNTER": f"pg:postgresql://postgres@{at}/{SPACE}?sslmode=disable",
+                    "CHAOS_PSQL": self.psql}
+        return {"CHAOS_COUNTER": f"s3:http://{at}/{SPACE}"}
 
     async def stop(self):
         if self.controller is None:

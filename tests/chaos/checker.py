@@ -12,6 +12,14 @@
   restart may stop it (docs/src/restarts.md): only a force, or its key's
   `KEY.run` removed under it, explains a 76 there.)
 
+- The counter (where the store keeps one: counter.py): every increment that
+  landed is known (a run's outcome line says so, or a later state of the
+  counter names its run), each made one value, none was made twice or lost
+  (the final value is the number of increments that landed), and their
+  tokens strictly increase in the order they landed. A run holding the lock
+  is never refused by the fence; a late write (the write of a forced-out run
+  arriving after its forcer's) is always refused.
+
 A forced-out run is the run of the token just below a forced run's, still
 inside when that force began; they are counted, with their exits, for the
 summary, and checked like every other run: no overlap, no token regression.
@@ -50,6 +58,9 @@ def check(path):
     phases = {}
     last_t = 0
     bad_lines = []
+    intents = {}  # run -> (key, token, role, line)
+    outcomes = {}  # run -> (key, token, outcome, value, read (value, token, writer), conflicts, line)
+    counts = {}  # key -> the counter's final (value, token, writer, line)
 
     def run(rid):
         if rid not in runs:
@@ -94,6 +105,14 @@ def check(path):
                     downs[agent].append((down_since.pop(agent), t))
             elif kind == "P":
                 phases[f[0]] = t
+            elif kind == "I":
+                intents[f[0]] = (f[1], int(f[2]), f[3], where)
+            elif kind == "W":
+                read = None if f[5] == "-" else (int(f[5]), int(f[6]), f[7])
+                outcomes[f[0]] = (f[1], int(f[2]), f[3], None if f[4] == "-" else int(f[4]),
+                                  read, f[8], where)
+            elif kind == "V":
+                counts[f[0]] = (int(f[1]), int(f[2]), f[3], where)
             else:
                 bad_lines.append(where)
         except (IndexError, ValueError):
@@ -275,8 +294,12 @@ def check(path):
                           f"(exit {r.exit[1] if r and r.exit else 'none'})",
                           r and r.spawn and r.spawn[4], r and r.exit and r.exit[2])
 
+    counter = check_counter(keys, intents, outcomes, counts, violation) \
+        if conf.get("counter") == "1" else None
+
     n_sections = sum(len(v) for v in sections.values())
     return {
+        "counter": counter,
         "backend": backend,
         "sections": n_sections,
         "slot_sections": sum(len(v) for v in slot_sections.values()),
@@ -290,6 +313,84 @@ def check(path):
         "lost": lost,
         "lost_explained_by": dict(explained_by),
         "violations": violations,
+    }
+
+
+def check_counter(keys, intents, outcomes, finals, violation):
+    """The counter's history, per key, from what runs wrote and read (see the top)."""
+    made = defaultdict(dict)  # key -> value -> (token, writer, line)
+
+    def seen(key, value, token, writer, where):
+        if value == 0:
+            return
+        was = made[key].setdefault(value, (token, writer, where))
+        if was[:2] != (token, writer):
+            violation(f"counter {key}: value {value} was made twice, by run {was[1]} (token "
+                      f"{was[0]}) and by run {writer} (token {token}): an update was lost",
+                      was[2], where)
+
+    refused = defaultdict(int)
+    for rid, (key, token, outcome, value, read, _, where) in outcomes.items():
+        if outcome == "written":
+            seen(key, value, token, rid, where)
+            if read is not None:
+                seen(key, *read, where)
+        elif outcome == "refused":
+            seen(key, *read, where)
+            role = intents.get(rid, (None, None, "?"))[2]
+            refused[role] += 1
+            if role != "late":
+                violation(f"counter {key}: run {rid} held the lock with token {token} and the "
+                          f"fence refused its write: the counter had token {read[1]} already",
+                          intents.get(rid, (0, 0, 0, None))[3], where)
+    for key, (value, token, writer, where) in finals.items():
+        seen(key, value, token, writer, where)
+
+    landed = {}  # run -> (key, value)
+    for key in keys:
+        if key not in finals:
+            violation(f"counter {key} was not read at the end")
+            continue
+        final = finals[key][0]
+        last = (0, "init")
+        for value in range(1, max([final] + list(made[key])) + 1):
+            got = made[key].get(value)
+            if value > final:
+                if got:
+                    violation(f"counter {key}: run {got[1]} made value {value}, above the final "
+                              f"value {final}: an update was lost", got[2], finals[key][3])
+                continue
+            if got is None:
+                violation(f"counter {key}: no run recorded or read value {value} (final {final})",
+                          finals[key][3])
+                continue
+            token, writer, where = got
+            if token <= last[0]:
+                violation(f"counter {key}: value {value} was written with token {token} by run "
+                          f"{writer}, after token {last[0]} (run {last[1]}): applied out of "
+                          "token order", where)
+            if writer in landed:
+                violation(f"counter {key}: run {writer}'s increment landed twice", where)
+            if writer not in intents:
+                violation(f"counter {key}: value {value} was written by {writer}, which no run "
+                          "says it meant to write", where)
+            landed[writer] = (key, value)
+            last = (token, writer)
+
+    completed = [r for r, o in outcomes.items() if o[2] == "written"]
+    late = [r for r, i in intents.items() if i[2] == "late"]
+    return {
+        "increments": len(landed),
+        "completed": len(completed),
+        # Runs killed (or cut off from the store) between intent and outcome.
+        "unknown_landed": sum(1 for r in landed if outcomes.get(r, (0, 0, "?"))[2] != "written"),
+        "unknown_not_landed": sum(1 for r in intents if r not in landed
+                                  and outcomes.get(r, (0, 0, "?"))[2] in ("?", "error")),
+        "late_writes": len(late),
+        "late_refused": refused["late"],
+        "late_landed": sum(1 for r in late if r in landed),
+        "conflicts": sum(int(o[5]) for o in outcomes.values() if o[5].isdigit()),
+        "final": {k: v[0] for k, v in sorted(finals.items())},
     }
 
 

@@ -24,6 +24,7 @@ import schedule as schedule_mod
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CRITICAL = os.path.join(HERE, "critical.py")
+COUNTER = os.path.join(HERE, "counter.py")
 HUNG = -1000  # the exit code the ledger gets for a shim that outlived its bound
 
 
@@ -40,6 +41,8 @@ class RunInfo:
     enter_ns: Optional[int] = None
     hold_ms: int = 0
     killed: bool = False
+    token: Optional[str] = None
+    wrote: bool = False  # its increment of the counter landed
 
 
 class Harness:
@@ -83,10 +86,13 @@ class Harness:
             if parts[0] == "E" and len(parts) > 8:
                 r.pid = int(parts[8])
                 r.enter_ns = int(parts[1])
+                r.token = parts[4]
                 r.inside = True
                 r.entered.set()
             elif parts[0] == "L":
                 r.inside = False
+            elif parts[0] == "W" and len(parts) > 5:
+                r.wrote = parts[5] == "written"
 
     def hold_ms(self, rng):
         x = rng.random()
@@ -112,7 +118,7 @@ class Harness:
             "CHAOS_LEDGER": self.ledger.path, "CHAOS_NOTIFY": self.dpath,
             "CHAOS_RUN": rid, "CHAOS_AGENT": str(agent.index),
             "CHAOS_FORCED": "1" if role == "force" else "0", "CHAOS_HOLD_MS": str(hold),
-            "CHAOS_SLOTS": str(slots),
+            "CHAOS_SLOTS": str(slots), **self.counter_envs[agent.index],
         }
         errpath = os.path.join(self.shim_err, rid)
         with open(errpath, "wb") as err:
@@ -261,7 +267,14 @@ class Harness:
             self.ledger.write("F", seq, kind, "start", via.index, key, f"holder={victim.id}")
             self.ledger.write("F", seq, kind, "end", via.index, key, "")
             self.counts[kind] += 1
-            await self.run_once(key, via, "force", 5 + f["pick"] % 300, self.o.wait)
+            made = asyncio.get_running_loop().create_future()
+            code = await self.run_once(key, via, "force", 5 + f["pick"] % 300, self.o.wait,
+                                       made=made)
+            forcer = made.result()
+            # The write the displaced run had sent lands now, after the forced run's:
+            # the fence must refuse it (its token is lower than the one stored).
+            if code == 0 and forcer.wrote and victim.token and victim.token != "none":
+                await self.late_write(victim)
             return
         elif kind == "run_file_removed":
             start()
@@ -327,6 +340,25 @@ class Harness:
                 end()
         self.counts[kind] += 1
 
+    async def late_write(self, victim):
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+               "CHAOS_LEDGER": self.ledger.path, "CHAOS_NOTIFY": self.dpath,
+               "CHAOS_RUN": f"late-{victim.id}",
+               "RUNLOCK_KEY": victim.key, "RUNLOCK_TOKEN": victim.token, "CHAOS_LATE": "1",
+               **self.counter_envs[victim.agent]}
+        child = proc.Child(self.reaper, [self.python, "-I", "-S", CRITICAL], env=env)
+        if await child.wait(60) is None:
+            child.signal_group(signal.SIGKILL)
+            self.notes.append(f"the late write of run {victim.id} still ran after 60 s; killed")
+
+    async def counters(self, what):
+        """counter.py `what` (init, final) on the store itself, every key's counter."""
+        env = dict(os.environ, CHAOS_LEDGER=self.ledger.path, **self.backend.counter_env())
+        code, out = await self.backend._run(
+            [self.python, "-I", "-S", COUNTER, what] + self.keys, env=env)
+        if code != 0:
+            raise RuntimeError(f"counter.py {what} exited {code}: {out[-500:]!r}")
+
     async def faults(self, plan, t0):
         loop = asyncio.get_running_loop()
         pending = set()
@@ -364,19 +396,26 @@ class Harness:
         skewed = n_agents - 1 if self.o.skew else None
         plan = schedule_mod.make(self.o.seed, self.o.seconds, n_agents, self.backend.network,
                                  self.o.fault_interval)
-        self.ledger.write("C", f"backend={self.name}", f"ttl_ms={self.ttl * 1000}",
+        self.counted = self.name in backends.COUNTED
+        self.ledger.write("C", f"backend={self.name}", f"counter={int(self.counted)}",
+                          f"ttl_ms={self.ttl * 1000}",
                           f"slack_ms={self.o.slack_ms}", f"keys={','.join(self.keys)}",
                           f"agents={n_agents}", f"seed={self.o.seed}",
                           f"schedule={schedule_mod.digest(plan)}")
         ok = False
         try:
             await self.backend.start()
+            if self.counted:
+                await self.counters("init")
+            self.counter_envs = []
             for i in range(n_agents):
                 port = None
                 if self.backend.network:
                     px = proxy_mod.Proxy(f"agent{i}", *self.backend.upstream)
                     port = await px.start()
                     self.proxies.append(px)
+                self.counter_envs.append(
+                    self.backend.counter_env(self.proxies[i].side_port if port else None))
                 uri, env = self.backend.agent_setup(i, port)
                 self.agents.append(agents_mod.Agent(
                     i, self.bindir, self.workdir, self.reaper, self.ledger, uri, env, self.ttl,
@@ -417,6 +456,8 @@ class Harness:
             codes = await asyncio.gather(*(
                 self.run_once(k, self.agents[i % n_agents], "final", 10, wait_s)
                 for i, k in enumerate(self.keys)))
+            if self.counted:
+                await self.counters("final")
             self.ledger.write("P", "done")
             ok = True
         finally:

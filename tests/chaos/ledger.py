@@ -4,6 +4,14 @@ CLOCK_MONOTONIC nanoseconds in the second field.
 Written by the runs themselves (critical.py):
   E  t run key token lease agent forced pid   entered the critical section
   L  t run key token reason                   left it (done, or term: SIGTERM)
+  I  t run key token role                     about to increment the key's counter
+                                               (role: section, or late: a forced-out
+                                               run's write arriving late)
+  W  t run key token outcome value V T R n    what came of it: written (value: the one
+                                               made; V T R: the counter it replaced),
+                                               refused (V T R: the counter found, with
+                                               a higher token), error (- for the rest,
+                                               then why); n: conditional writes retried
 Written by the harness:
   C  t name=value ...                          the run's settings
   S  t run agent key role                      a shim started (role: work, force, final)
@@ -12,6 +20,7 @@ Written by the harness:
   F  t seq kind phase agent key detail         a fault began (phase start) or ended (end)
   A  t agent state                             an agent went down or came up
   P  t name                                    a phase: faults_on, faults_off, final, done
+  V  t key value token run                     a counter's final state, read at the end
 """
 
 import os

@@ -8,6 +8,11 @@ discarded and the connection closed), or a reset in the middle of a response
 (part of it forwarded, then an RST from an SO_LINGER 0 close). The proxy
 works on bytes, not on any one protocol: a "request" is the next chunk a
 client sends, a "response" the next chunk the server sends back.
+
+A second port (`side_port`) carries the runs' own traffic to the store (the
+counter, counter.py) through the same latency, drops and blackholes; an
+answer lost or reset is armed against the agent, so only its connections
+take those.
 """
 
 import asyncio
@@ -37,7 +42,7 @@ class Conn:
         self.proxy = proxy
         self.client = client_writer
         self.server = None
-        self.mode = None  # None, "lost", "reset": what happens to the next response
+        self.mode = None  # None, "lost", "reset" (the next response), "side" (none)
         self.dead = False  # caught in a blackhole: discards all, aborted when it ends
         self.closed = False
 
@@ -55,7 +60,9 @@ class Proxy:
         self.upstream = (upstream_host, upstream_port)
         self.conns = set()
         self.server = None
+        self.side = None
         self.port = None
+        self.side_port = None
         self.latency_s = 0.0
         self.latency_until = 0.0
         self.blackhole_until = 0.0
@@ -65,17 +72,21 @@ class Proxy:
 
     async def start(self):
         self.server = await asyncio.start_server(self._accept, "127.0.0.1", 0)
+        self.side = await asyncio.start_server(
+            lambda r, w: self._accept(r, w, side=True), "127.0.0.1", 0)
         self.port = self.server.sockets[0].getsockname()[1]
+        self.side_port = self.side.sockets[0].getsockname()[1]
         return self.port
 
     async def close(self):
-        if self.server is not None:
-            self.server.close()
+        servers = [s for s in (self.server, self.side) if s is not None]
+        for s in servers:
+            s.close()
         for conn in list(self.conns):
             conn.close()
-        if self.server is not None:
+        for s in servers:
             try:
-                await asyncio.wait_for(self.server.wait_closed(), 2)
+                await asyncio.wait_for(s.wait_closed(), 2)
             except asyncio.TimeoutError:
                 pass
 
@@ -115,8 +126,10 @@ class Proxy:
 
     # --- forwarding -------------------------------------------------------
 
-    async def _accept(self, reader, writer):
+    async def _accept(self, reader, writer, side=False):
         conn = Conn(self, writer)
+        if side:
+            conn.mode = "side"  # never takes an armed fault
         self.conns.add(conn)
         try:
             if self.blackholed():

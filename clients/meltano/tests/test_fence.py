@@ -7,7 +7,10 @@ Meltano processes (each its own run locks and its own store client).
 The race the agent check alone leaves open: run A's write passes the check,
 pauses before the store takes it, a forced run B takes the key over and
 reads the state, and A's write then lands. Here A is paused at that very
-point, and the store must refuse its write."""
+point, and the store must refuse its write; and, with several runs adding
+themselves to one state meanwhile, no update may be lost or applied out of
+token order (the chaos harness's counter, tests/chaos/counter.py, through
+Meltano's own stores)."""
 
 from __future__ import annotations
 
@@ -329,3 +332,103 @@ def test_a_system_database_it_may_not_add_its_table_to_keeps_the_agent_check(
         run.update(state("stale"))
     assert completed(forced) == {"singer_state": {"run": "forced"}}
     forced.runs.release_all()
+
+
+def counted(tokens: List[int]) -> MeltanoState:
+    """A state that counts its writes and lists, in order, the tokens of the runs that made them."""
+    counter = {"count": len(tokens), "tokens": tokens}
+    return MeltanoState(STATE_ID, partial_state={}, completed_state={"singer_state": counter})
+
+
+def read_tokens(backend: RunlockStateStoreManager) -> Tuple[int, List[int]]:
+    """As a run starts: its token (taking the lock), and the tokens the state lists."""
+    held = backend.runs.ensure(STATE_ID)
+    assert held is not None and held.token is not None
+    got = backend.get(STATE_ID)
+    return held.token, list(got.completed_state["singer_state"]["tokens"]) if got is not None else []
+
+
+def increment(backend: RunlockStateStoreManager) -> int:
+    """One run's read-modify-write of the counted state; returns its token."""
+    token, tokens = read_tokens(backend)
+    backend.update(counted(tokens + [token]))
+    return token
+
+
+def test_concurrent_runs_and_a_forced_one_lose_no_update_and_apply_none_out_of_token_order(
+    agent: Agent, opener: Opener, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Meltano processes (threads, each its own run locks and store client)
+    add themselves to one state, each under the state ID's lock, while one
+    run's write is held past every check and a forced run takes over: the
+    store refuses that write, and every other write is in the state, once,
+    in token order. The chaos harness's counter workload, through Meltano's
+    own state stores (scripts/chaos runs it on runlock's)."""
+    from runlock_meltano import RunHeld, fence
+
+    writers, rounds = 3, 3
+    accepted: List[int] = []
+    lock = threading.Lock()
+
+    def run_rounds() -> None:
+        deadline = time.monotonic() + 4 * WAIT_S
+        done = 0
+        while done < rounds:
+            assert time.monotonic() < deadline, "never got the state ID's lock"
+            backend = manager(opener, RUN)
+            try:
+                token = increment(backend)
+            except RunHeld:
+                time.sleep(0.02)  # another run has it: this one is skipped, and run again
+                continue
+            finally:
+                backend.runs.release_all()
+                backend.close()
+            with lock:
+                accepted.append(token)
+            done += 1
+
+    # A first run writes the state: a forced run records its token in a state
+    # there is (with none yet, there is nothing for a stale write to overwrite).
+    first = manager(opener, RUN)
+    accepted.append(increment(first))
+    first.runs.release_all()
+    first.close()
+    paused = Paused()
+    monkeypatch.setattr(fence, "before_store_write", paused, raising=False)
+    stale = manager(opener, RUN)
+    thread, errors = in_thread(paused, lambda: accepted.append(increment(stale)))  # refused
+    assert paused.reached.wait(WAIT_S), "the held run's write never reached the store's fence"
+    others = [threading.Thread(target=run_rounds, daemon=True) for _ in range(writers)]
+    for other in others:
+        other.start()
+
+    # A forced run takes over and reads the state, as its tap starts (its
+    # token recorded in the store); the held write then lands (one process's
+    # writes take turns: the add-on's state_lock), and the forced run writes
+    # what it read, plus itself: had the held write landed, it would be lost.
+    forced = manager(opener, FORCED)
+    token, tokens = read_tokens(forced)
+    paused.go()
+    thread.join(WAIT_S)
+    forced.update(counted(tokens + [token]))
+    with lock:
+        accepted.append(token)
+    forced.runs.release_all()
+    forced.close()
+    for other in others:
+        other.join(5 * WAIT_S)
+    assert not thread.is_alive() and not any(other.is_alive() for other in others)
+    stale.runs.release_all()
+    stale.close()
+
+    final = completed(manager(opener, NOT_A_RUN))
+    assert isinstance(final, dict)
+    written = final["singer_state"]
+    # No update lost (the held write, had it landed, would be), none twice,
+    # and in token order; then that every run's write was counted.
+    assert written["count"] == len(accepted), (written, accepted)
+    assert sorted(written["tokens"]) == sorted(accepted), (written, accepted)
+    assert all(a < b for a, b in zip(written["tokens"], written["tokens"][1:])), written
+    assert len(errors) == 1 and isinstance(errors[0], StaleRun), errors
+    assert len(accepted) == writers * rounds + 2
