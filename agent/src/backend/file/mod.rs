@@ -40,6 +40,7 @@
 mod blocker;
 mod dir;
 mod errors;
+mod listed_names;
 mod record;
 mod reports;
 mod settings;
@@ -88,6 +89,8 @@ struct Inner {
     held: Mutex<HashMap<String, Held>>,
     /// This boot's id, or "" where the kernel gives none (every block is then durable).
     boot_id: String,
+    /// The names each listing in progress read on its first page.
+    listed_names: listed_names::ListedNames,
 }
 
 /// A lease's lock file, open read-only: the locked description the run also
@@ -128,6 +131,7 @@ impl FileBackend {
             dir_fd: Mutex::new(Arc::new(dir_fd)),
             held: Mutex::new(HashMap::new()),
             boot_id,
+            listed_names: Default::default(),
         };
         let dir = inner.dir()?;
         match inner.open(&dir, GATE_FILE, OFlag::O_RDWR | OFlag::O_CREAT) {
