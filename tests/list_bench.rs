@@ -15,7 +15,7 @@
 //! count is PostgreSQL's statistics, which a pooled server connection
 //! reports late: it can read low (0 for a listing of 300 keys, here).
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, ensure, Result};
 use runlock_protocol::AgentMessage;
 use runlock_tests::agent::Backend;
 use runlock_tests::bench_args::run_store_bench;
@@ -125,12 +125,8 @@ async fn timed_listing(agent: &TestAgent, args: &[&str], n: usize) -> Result<(u6
 /// N free keys in a lock directory, listed with `--all`.
 async fn file_listing(n: usize) -> Result<Vec<Round>> {
     let agent = TestAgent::start_on(Backend::File).await?;
-    let dir = std::path::PathBuf::from(
-        agent
-            .backend()
-            .strip_prefix("file://")
-            .context("a file:// agent")?,
-    );
+    // `start_on(Backend::File)` keeps the lock directory beside the socket.
+    let dir = agent.dir().join("locks");
     let first = "pipelines/run-000000";
     agent
         .run(&[first], &[], "true")?

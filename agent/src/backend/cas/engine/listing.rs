@@ -35,17 +35,10 @@ impl CasEngine {
             .filter(|(name, _)| after.is_none_or(|after| name.as_str() > after))
             .take(limit)
             .collect();
-        let reads = names
+        let records: Vec<Listed> = self
+            .read_listed(names)
+            .await?
             .into_iter()
-            .map(|(name, version)| async move { self.listed(&name, version.as_deref()).await });
-        let records: Vec<Listed> = futures::stream::iter(reads)
-            .buffered(LIST_READS_IN_FLIGHT)
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
-            .flatten()
             .filter(|listed| listed.belongs_under(prefix))
             .collect();
         let next = match (page.next, from.hashed || prefix.is_empty()) {
@@ -87,6 +80,16 @@ impl CasEngine {
                 None => break,
             }
         }
+        self.read_listed(names).await
+    }
+
+    /// The records `names` (below the records' prefix, each with the
+    /// version its listing gave) as a listing shows them, in order, read
+    /// [`LIST_READS_IN_FLIGHT`] at once; those gone since are left out.
+    async fn read_listed(
+        &self,
+        names: Vec<(String, Option<String>)>,
+    ) -> BackendResult<Vec<Listed>> {
         let reads = names
             .into_iter()
             .map(|(name, version)| async move { self.listed(&name, version.as_deref()).await });
