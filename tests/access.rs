@@ -25,6 +25,17 @@ pub(crate) async fn agent(config: &str) -> Result<TestAgent> {
 
 /// Like [`agent`], on `backend`.
 pub(crate) async fn agent_on(backend: &str, config: &str) -> Result<TestAgent> {
+    agent_on_with_env(backend, config, &[], &[]).await
+}
+
+/// Like [`agent_on`], with more arguments and the environment a network
+/// store needs.
+pub(crate) async fn agent_on_with_env(
+    backend: &str,
+    config: &str,
+    args: &[&str],
+    env: &[(String, String)],
+) -> Result<TestAgent> {
     let dir = crate::support::agent::temp_dir()?;
     let file = dir.path().join("runlockd.toml");
     std::fs::write(&file, config)?;
@@ -35,7 +46,8 @@ pub(crate) async fn agent_on(backend: &str, config: &str) -> Result<TestAgent> {
         "--socket-group".into(),
         RUNLOCK_GROUP.to_string(),
     ];
-    let agent = TestAgent::start_with(options).await?;
+    options.args.extend(args.iter().map(|a| a.to_string()));
+    let agent = TestAgent::start_with_env(options, env).await?;
     std::fs::set_permissions(agent.dir(), std::fs::Permissions::from_mode(0o755))?;
     drop(dir);
     Ok(agent)

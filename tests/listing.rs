@@ -427,7 +427,7 @@ async fn a_page_that_fails_says_which_and_the_pages_before_it_are_shown(
 
 /// The fleet page lists every few seconds: on an object store, whose listing
 /// gives each object's version, a record unchanged since the last listing
-/// costs no read.
+/// costs no read, a slot's record as much as a key's.
 async fn a_listing_reads_again_only_the_records_that_changed(store: impl Store) -> Result<()> {
     const KEYS: usize = 20;
     let at = store.shared()?;
@@ -454,6 +454,9 @@ async fn a_listing_reads_again_only_the_records_that_changed(store: impl Store) 
         AgentMessage::Acquired { leases, .. } => leases,
         other => anyhow::bail!("acquire: {other:?}"),
     };
+    // A key with slots, two of its four held: listed once, from five records.
+    let slot_holders = take_slots(&agent, "reads/slots", 4, 2).await?;
+    const LISTED: usize = KEYS + 1;
     let listing_reads = || {
         let reads = reads.clone();
         let agent = &agent;
@@ -465,12 +468,12 @@ async fn a_listing_reads_again_only_the_records_that_changed(store: impl Store) 
     };
     let (listed, first) = listing_reads().await?;
     ensure!(
-        listed == KEYS && first >= KEYS,
+        listed == LISTED && first >= KEYS + 2,
         "{listed} listed with {first} reads"
     );
     let (listed, second) = listing_reads().await?;
     ensure!(
-        listed == KEYS && second == 0,
+        listed == LISTED && second == 0,
         "{listed} listed with {second} reads"
     );
     let released = client
@@ -482,8 +485,249 @@ async fn a_listing_reads_again_only_the_records_that_changed(store: impl Store) 
     );
     let (listed, third) = listing_reads().await?;
     ensure!(
-        listed == KEYS && third == 1,
+        listed == LISTED && third == 1,
         "{listed} listed with {third} reads"
     );
+    drop(slot_holders);
+    Ok(())
+}
+
+/// The keys that `ListKeys` pages through with events since 0, as `runlock
+/// ui` and the Python client ask; at most `pages` replies, so that a listing
+/// that stopped moving fails here instead of asking forever.
+async fn keys_with_events(
+    client: &mut RawClient,
+    prefix: &str,
+    pages: usize,
+) -> Result<Vec<runlock_protocol::KeyListing>> {
+    let mut cursor = None;
+    let mut listed = Vec::new();
+    for _ in 0..pages {
+        let page = client
+            .call(ClientMessage::ListKeys {
+                prefix: prefix.to_string(),
+                cursor: cursor.take(),
+                free: true,
+                events_since_ms: Some(0),
+            })
+            .await?;
+        let AgentMessage::Keys { keys, cursor: next } = page else {
+            anyhow::bail!("list_keys: {page:?}");
+        };
+        listed.extend(keys);
+        match next {
+            Some(next) => cursor = Some(next),
+            None => return Ok(listed),
+        }
+    }
+    anyhow::bail!(
+        "the listing had not ended after {pages} pages: {} keys so far",
+        listed.len()
+    )
+}
+
+/// 64 slots, each keeping 32 events with strings as long as the agent shows
+/// them: the key's events alone are about 2 MiB, twice a frame. A listing
+/// that asks for events ends, lists the key after it too, and says how many
+/// of its events it left out; `runlock list` shows every key.
+#[tokio::test]
+async fn a_key_larger_than_a_frame_is_cut_and_the_listing_goes_on() -> Result<()> {
+    let agent = TestAgent::start_on(Backend::File).await?;
+    // `start_on(Backend::File)` keeps the lock directory beside the socket.
+    let dir = agent.dir().join("locks");
+    release_slots(take_slots(&agent, "big/key", 64, 64).await?).await?;
+    for key in ["big/a", "big/z"] {
+        agent
+            .run(&[key], &[], "true")?
+            .finish()
+            .await?
+            .expect_code(0)?;
+    }
+    let long = "x".repeat(250);
+    let mut newest = 0;
+    let mut rewritten = 0;
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        if !(name.starts_with("big%2Fkey") && name.ends_with(".lock")) {
+            continue;
+        }
+        let mut record: Value = serde_json::from_slice(&std::fs::read(&path)?)?;
+        let first = record["history"][0].clone();
+        let at = first["at_ms"].as_u64().context("an event's time")?;
+        let events: Vec<Value> = (0..32)
+            .map(|i| {
+                let mut event = first.clone();
+                event["at_ms"] = (at + i).into();
+                for field in ["host", "agent_id", "user", "reason"] {
+                    event[field] = long.clone().into();
+                }
+                event
+            })
+            .collect();
+        record["history"] = events.into();
+        std::fs::write(&path, serde_json::to_vec(&record)?)?;
+        newest = newest.max(at + 31);
+        rewritten += 1;
+    }
+    ensure!(rewritten == 64, "{rewritten} slot records");
+
+    let mut client = agent.client().await?;
+    let listed = keys_with_events(&mut client, "big/", 10).await?;
+    let keys: Vec<&str> = listed.iter().map(|k| k.key.as_str()).collect();
+    ensure!(keys == ["big/a", "big/key", "big/z"], "{keys:?}");
+    let big = &listed[1];
+    let record = big.record.as_ref().context("the large key's record")?;
+    ensure!(record.slots == Some(64), "{:?}", record.slots);
+    ensure!(
+        !big.events.is_empty()
+            && big.events_omitted > 0
+            && big.events.len() + big.events_omitted as usize == 64 * 32,
+        "{} events, {} omitted",
+        big.events.len(),
+        big.events_omitted
+    );
+    ensure!(
+        big.events.iter().map(|e| e.at_ms).max() == Some(newest),
+        "the newest events are kept"
+    );
+    let shown = list_json(&agent, &["--all", "big/"]).await?;
+    ensure!(names(&shown) == ["big/a", "big/key", "big/z"], "{shown}");
+    Ok(())
+}
+
+/// A socket member (`nobody`) lists, inspects and reads the history of a
+/// few free keys of 16 slots in a loop over 120 connections, for three TTLs,
+/// while root's run holds a key on S3 with the shortest TTL the store
+/// allows. Each user's store reads are answered one at a time (an
+/// `inspect` reads every slot, whatever a listing keeps), so root's run
+/// keeps its lease and exits 0, and the member's reads still end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_s_listing_loops_do_not_cost_root_s_run_its_lease() -> Result<()> {
+    use crate::access::{agent_on_with_env, NOBODY, RUNLOCK_GROUP};
+    const LOOPS: usize = 120;
+    const SLOTTED: [&str; 3] = ["fair/a", "fair/b", "fair/c"];
+    let space = Space::create(S3, "list-fair").await?;
+    let agent = agent_on_with_env(&space.uri(""), "", &["--ttl", "5s"], &space.env()).await?;
+    for key in SLOTTED {
+        release_slots(take_slots(&agent, key, 16, 16).await?).await?;
+    }
+    let (run, _) = agent.hold("root-run").await?;
+
+    let answered = Arc::new(AtomicUsize::new(0));
+    let mut loops = Vec::new();
+    for _ in 0..LOOPS {
+        let mut member =
+            RawClient::connect_as(agent.socket(), NOBODY, NOBODY, &[RUNLOCK_GROUP]).await?;
+        member.hello().await?;
+        loops.push(tokio::spawn(read_in_a_loop(
+            member,
+            &SLOTTED,
+            answered.clone(),
+        )));
+    }
+    // The attack lasts three TTLs: root's run renews nine times meanwhile.
+    tokio::time::sleep(std::time::Duration::from_secs(15)).await;
+    for member in &loops {
+        member.abort();
+    }
+    run.end_and_expect_success().await?;
+    for member in loops {
+        match member.await {
+            Err(stopped) if stopped.is_cancelled() => {}
+            Err(panicked) => return Err(panicked.into()),
+            Ok(failed) => failed.context("a member's loop of reads")?,
+        }
+    }
+    // Waiting its turns, the member is still answered.
+    let answered = answered.load(Ordering::SeqCst);
+    ensure!(answered > 0, "none of the member's reads was answered");
+    Ok(())
+}
+
+/// `list_keys` of every `fair/` key with events, page after page, then
+/// `inspect` and `history` of each of `keys`, again and again, each answer
+/// counted in `answered`; returns only on a failure.
+async fn read_in_a_loop(
+    mut member: RawClient,
+    keys: &[&str],
+    answered: Arc<AtomicUsize>,
+) -> Result<()> {
+    loop {
+        let mut cursor = None;
+        loop {
+            let page = member
+                .call_within(
+                    std::time::Duration::from_secs(600),
+                    ClientMessage::ListKeys {
+                        prefix: "fair/".to_string(),
+                        cursor: cursor.take(),
+                        free: true,
+                        events_since_ms: Some(0),
+                    },
+                )
+                .await?;
+            answered.fetch_add(1, Ordering::SeqCst);
+            match page {
+                AgentMessage::Keys {
+                    cursor: Some(next), ..
+                } => cursor = Some(next),
+                AgentMessage::Keys { cursor: None, .. } => break,
+                other => anyhow::bail!("list_keys: {other:?}"),
+            }
+        }
+        for key in keys {
+            let key = key.to_string();
+            let long = std::time::Duration::from_secs(600);
+            let record = member
+                .call_within(long, ClientMessage::Inspect { key: key.clone() })
+                .await?;
+            ensure!(matches!(record, AgentMessage::Record(_)), "{record:?}");
+            answered.fetch_add(1, Ordering::SeqCst);
+            let events = member
+                .call_within(long, ClientMessage::History { key, limit: None })
+                .await?;
+            ensure!(matches!(events, AgentMessage::Events { .. }), "{events:?}");
+            answered.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// `count` slots of `key`, taken as a key of `slots`, each through a
+/// connection of its own as runs would: each connection and its lease id.
+async fn take_slots(
+    agent: &TestAgent,
+    key: &str,
+    slots: u32,
+    count: usize,
+) -> Result<Vec<(RawClient, String)>> {
+    let mut taken = Vec::new();
+    for _ in 0..count {
+        let mut client = agent.client().await?;
+        let mut take = acquire(&[key]);
+        if let ClientMessage::Acquire { slots: asked, .. } = &mut take {
+            *asked = slots;
+        }
+        match client.call_within(MANY_KEYS_WAIT, take).await? {
+            AgentMessage::Acquired { leases, .. } => {
+                taken.push((client, leases[0].lease_id.clone()))
+            }
+            other => anyhow::bail!("taking a slot of {key}: {other:?}"),
+        }
+    }
+    Ok(taken)
+}
+
+/// Releases the slots [`take_slots`] took, leaving their records free.
+async fn release_slots(taken: Vec<(RawClient, String)>) -> Result<()> {
+    for (mut client, lease) in taken {
+        let released = client
+            .call_within(MANY_KEYS_WAIT, release(vec![lease]))
+            .await?;
+        ensure!(
+            matches!(released, AgentMessage::Released { count: 1 }),
+            "{released:?}"
+        );
+    }
     Ok(())
 }

@@ -1,11 +1,13 @@
 //! How much of the agent one peer may take: connections in all and per user,
-//! the time it has to say hello or finish a frame, and the descriptors kept
-//! back for the backend. A peer over a limit is told the agent is busy and
-//! which limit it hit; it never makes the agent fail another user's request.
+//! the time it has to say hello or finish a frame, the store reads it may
+//! have in flight, and the descriptors kept back for the backend. A peer
+//! over a limit is told the agent is busy and which limit it hit, or waits
+//! its turn; it never makes the agent fail another user's request.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 /// The operator's limits (`[limits]` in the configuration file).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +35,13 @@ pub const HELLO_FRAME_LEN: usize = 4096;
 /// Descriptors kept back from connections: the backend's sockets and files,
 /// the listener, refusals, logs.
 pub const DESCRIPTOR_HEADROOM: usize = 256;
+/// Requests that read the store for a peer (`list_keys`, `inspect`,
+/// `history`) one user (root and the agent's own not counted) has answered
+/// at once; the user's others wait their turn. However many connections a
+/// user's loop opens, it then costs the store one such request at a time,
+/// and the renewals of every other user's runs keep the store's capacity
+/// they need.
+pub const STORE_READS_PER_USER: usize = 1;
 
 /// Raises the soft descriptor limit to the hard one; returns the soft limit
 /// now in force. Where raising is refused (a seccomp filter such as
@@ -63,6 +72,8 @@ pub struct Admission {
     descriptor_cap: usize,
     privileged: [u32; 2],
     counts: Mutex<Counts>,
+    /// Each user's turns at having the store read, while any is taken or awaited.
+    store_reads: Mutex<HashMap<u32, Arc<Semaphore>>>,
 }
 
 #[derive(Default)]
@@ -90,6 +101,7 @@ impl Admission {
             descriptor_cap,
             privileged: [0, agent_uid],
             counts: Mutex::new(Counts::default()),
+            store_reads: Mutex::new(HashMap::new()),
         })
     }
 
@@ -141,10 +153,39 @@ impl Ticket {
     pub fn limits(&self) -> Limits {
         self.admission.limits
     }
+
+    /// Waits for this user's turn to have the store read for it
+    /// ([`STORE_READS_PER_USER`]), which lasts until the permit is dropped.
+    /// Turns are handed out in the order they were asked for; root and the
+    /// agent's user take theirs at once (`None`).
+    pub async fn store_read_turn(&self) -> Option<OwnedSemaphorePermit> {
+        if self.privileged {
+            return None;
+        }
+        let turns = {
+            let mut reads = self
+                .admission
+                .store_reads
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            reads
+                .entry(self.uid)
+                .or_insert_with(|| Arc::new(Semaphore::new(STORE_READS_PER_USER)))
+                .clone()
+        };
+        // invariant: these semaphores are never closed, so this is always Some.
+        turns.acquire_owned().await.ok()
+    }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
+        // A user's turns with none taken or awaited are as good as new ones.
+        self.admission
+            .store_reads
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|_, turns| Arc::strong_count(turns) > 1);
         let mut counts = self
             .admission
             .counts
@@ -190,6 +231,40 @@ mod tests {
         let _agent = admission.admit(999).expect("agent user");
         drop(a);
         admission.admit(1000).expect("a place was freed");
+    }
+
+    #[tokio::test]
+    async fn a_user_s_store_reads_take_turns_and_leave_other_users_alone() {
+        let admission = Admission::new(limits(16, 8), 10_000, 999);
+        let (a1, a2) = (
+            admission.admit(1000).expect("a"),
+            admission.admit(1000).expect("a"),
+        );
+        let b = admission.admit(1001).expect("b");
+        let first = a1.store_read_turn().await.expect("a turn");
+        let mut second = Box::pin(a2.store_read_turn());
+        assert!(
+            futures::poll!(second.as_mut()).is_pending(),
+            "a user's second read waits for the first"
+        );
+        let _other = b
+            .store_read_turn()
+            .await
+            .expect("another user is not held up");
+        let root = admission.admit(0).expect("root");
+        let _held = root.store_read_turn().await;
+        assert!(
+            futures::poll!(Box::pin(root.store_read_turn())).is_ready(),
+            "root takes its turns at once"
+        );
+        drop(first);
+        drop(second.await.expect("its turn comes once the first is done"));
+        drop((a1, a2));
+        assert_eq!(
+            admission.store_reads.lock().expect("lock").len(),
+            1,
+            "only a user with a read in flight keeps its turns"
+        );
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use crate::connection::serve_connection;
 use crate::lease::{PeerCred, Registry};
-use crate::limits::{Admission, Ticket};
+use crate::limits::Admission;
 use crate::listener::next_connection;
 use futures::SinkExt;
 use runlock_protocol::{AgentCodec, AgentMessage, Envelope, ErrorCode, WireError};
@@ -52,7 +52,7 @@ pub async fn serve(
         };
         match admission.admit(peer.uid) {
             Ok(ticket) => {
-                tracker.spawn(admitted(
+                tracker.spawn(serve_connection(
                     stream,
                     peer,
                     ticket,
@@ -97,17 +97,6 @@ pub async fn serve(
             "lease tasks still running after the drain period"
         );
     }
-}
-
-async fn admitted(
-    stream: UnixStream,
-    peer: PeerCred,
-    ticket: Ticket,
-    registry: Arc<Registry>,
-    shutdown: CancellationToken,
-) {
-    serve_connection(stream, peer, ticket.limits(), registry, shutdown).await;
-    drop(ticket);
 }
 
 /// Refusals are logged at most once a second, with how many went unlogged:

@@ -317,6 +317,10 @@ pub struct KeyListing {
     /// oldest first (every slot's, for a key with slots).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<KeyEvent>,
+    /// How many of those events, the oldest, were left out so that the
+    /// entry fits one frame (a key with many slots keeps many events).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub events_omitted: u32,
     /// How many acquires wait for the key through the answering agent.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub waiting_here: u32,

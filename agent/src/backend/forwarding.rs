@@ -4,7 +4,7 @@
 
 use super::{
     AcquireSpec, Adopted, Adopter, Backend, BackendResult, Displaced, Ending, Grant, LeaseRef,
-    ListPage, PageAsk, Profile, Profiled, ProfiledBackend, Renewed, ReportName, Reports,
+    ListPage, Listed, PageAsk, Profile, Profiled, ProfiledBackend, Renewed, ReportName, Reports,
     StoredReport,
 };
 use async_trait::async_trait;
@@ -70,6 +70,10 @@ impl<H: Hooks> Backend for Forwarding<H> {
 
     async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         self.inner.backend.list(ask).await
+    }
+
+    async fn list_slots(&self, key: &Key) -> BackendResult<Option<Vec<Listed>>> {
+        self.inner.backend.list_slots(key).await
     }
 
     async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> BackendResult<Adopted> {

@@ -443,6 +443,13 @@ pub trait Backend: Reports + Send + Sync + 'static {
     /// record the store keeps, held or free. A record that cannot be read is
     /// listed with why, never left out; a failing store request fails the page.
     async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage>;
+    /// The records of `key`'s slots from 1 up that the store keeps, as
+    /// [`Backend::list`] reads them: where a listing gives versions, a record
+    /// unchanged since the last read is not read again. `None`: the store
+    /// has nothing cheaper than reading each slot as `inspect` does.
+    async fn list_slots(&self, _key: &Key) -> BackendResult<Option<Vec<Listed>>> {
+        Ok(None)
+    }
     /// Takes over a lease granted through an agent that has stopped, if the
     /// store still holds it, unexpired, with this id and token, for the
     /// adopter's user (`LeaseMismatch` otherwise, so that a stranger learns

@@ -5,7 +5,7 @@
 mod wire;
 
 use crate::lease::{AcquireRequest, ConnId, Event, Events, Granted, KeysQuery, PeerCred, Registry};
-use crate::limits::{Limits, HELLO_FRAME_LEN};
+use crate::limits::{Limits, Ticket, HELLO_FRAME_LEN};
 use crate::process::Peer;
 use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
@@ -31,15 +31,17 @@ type AcquireResult = Result<Granted, WireError>;
 /// What reading the next frame gives: none at EOF, a body or why it is not one.
 type Frame = Option<Result<Result<Envelope<ClientMessage>, BodyError>, ProtocolError>>;
 
-/// Serves one accepted connection from `peer` until the peer goes or `shutdown`
-/// (cancelled by the server once it has handed the leases over).
+/// Serves one accepted connection from `peer`, admitted with `ticket`, until
+/// the peer goes or `shutdown` (cancelled by the server once it has handed
+/// the leases over).
 pub async fn serve_connection(
     stream: UnixStream,
     peer: PeerCred,
-    limits: Limits,
+    ticket: Ticket,
     registry: Arc<Registry>,
     shutdown: CancellationToken,
 ) {
+    let limits = ticket.limits();
     let groups = peer_groups(&stream);
     // The process that connected, by pidfd: whatever later reuses its pid is not it.
     let shim = Peer::of(&stream, peer.pid);
@@ -53,6 +55,7 @@ pub async fn serve_connection(
         shim,
         groups,
         limits,
+        ticket,
         frame_timer: FrameTimer::new(limits.handshake_timeout),
         takes_locks: false,
     }
@@ -100,6 +103,8 @@ struct Connection {
     shim: Peer,
     groups: Vec<u32>,
     limits: Limits,
+    /// Its place among the connections, and its user's turns at store reads.
+    ticket: Ticket,
     frame_timer: FrameTimer,
     /// The peer said `takes_locks`: its grants carry the locks for its run.
     takes_locks: bool,
@@ -563,6 +568,7 @@ impl Connection {
                     free,
                     events_since_ms,
                 };
+                let _turn = self.ticket.store_read_turn().await;
                 self.registry
                     .list_keys_for(conn, query)
                     .await
@@ -572,14 +578,17 @@ impl Connection {
                     })
                     .map_err(wire_error)
             }
-            ClientMessage::Inspect { key } => self
-                .registry
-                .inspect_for(conn, &key)
-                .await
-                .map(AgentMessage::Record)
-                .map_err(wire_error),
+            ClientMessage::Inspect { key } => {
+                let _turn = self.ticket.store_read_turn().await;
+                self.registry
+                    .inspect_for(conn, &key)
+                    .await
+                    .map(AgentMessage::Record)
+                    .map_err(wire_error)
+            }
             ClientMessage::History { key, limit } => {
                 let limit = usize::try_from(limit.unwrap_or(0)).unwrap_or(usize::MAX);
+                let _turn = self.ticket.store_read_turn().await;
                 self.registry
                     .history(&key, limit)
                     .await

@@ -356,7 +356,7 @@ impl Registry {
 
 /// One list of the slots' events: at each step the earliest next event of
 /// any slot (the lower slot on a tie), so each slot keeps its own order.
-fn merge_histories(slots: Vec<Vec<KeyEvent>>) -> Vec<KeyEvent> {
+pub(super) fn merge_histories(slots: Vec<Vec<KeyEvent>>) -> Vec<KeyEvent> {
     let total = slots.iter().map(Vec::len).sum();
     let mut merged = Vec::with_capacity(total);
     let mut heads: Vec<std::iter::Peekable<std::vec::IntoIter<KeyEvent>>> = slots

@@ -4,7 +4,7 @@
 use super::{Metrics, Operation, GLOBAL};
 use crate::backend::{
     AcquireSpec, Adopted, Adopter, Backend, BackendResult, Displaced, Ending, Grant, LeaseRef,
-    ListPage, PageAsk, ProfiledBackend, Renewed, ReportName, Reports, StoredReport,
+    ListPage, Listed, PageAsk, ProfiledBackend, Renewed, ReportName, Reports, StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Key, KeyEvent, KeyRecord};
@@ -83,6 +83,11 @@ impl Backend for TimedBackend {
 
     async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         self.timed(Operation::List, self.inner.list(ask)).await
+    }
+
+    async fn list_slots(&self, key: &Key) -> BackendResult<Option<Vec<Listed>>> {
+        self.timed(Operation::List, self.inner.list_slots(key))
+            .await
     }
 
     async fn adopt(&self, lease: &LeaseRef, by: &Adopter) -> BackendResult<Adopted> {

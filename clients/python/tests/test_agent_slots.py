@@ -5,6 +5,7 @@ count is refused as a mismatch; one slot is broken or freed alone."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -219,3 +220,39 @@ def second_id(leases: List[runlock.Lease]) -> str:
     ids = {lease.agent.agent_id for lease in leases}
     assert len(ids) == 1, ids
     return ids.pop()
+
+
+def test_a_key_larger_than_a_frame_is_listed_cut_and_the_listing_ends(
+    runlockd: Path, workdir: Path
+) -> None:
+    """64 slots, each keeping 32 events whose strings are as long as the agent
+    shows them: the key's events alone are about 2 MiB, twice a frame. A
+    listing that asks for events ends, shows every key (the one after the
+    large one too), and says how many of its events it left out."""
+    locks = workdir / "locks"
+    with Agent(runlockd, workdir, f"file://{locks}") as agent:
+        with ExitStack() as stack:
+            for n in range(64):
+                stack.enter_context(runlock.lock("big:key", slots=64, socket=agent.socket))
+        for key in ("big:a", "big:z"):
+            runlock.lock(key, socket=agent.socket).release()
+        long = "x" * 250
+        newest = 0
+        for path in locks.glob("big%3Akey*.lock"):
+            record = json.loads(path.read_text())
+            first = record["history"][0]
+            record["history"] = [
+                {**first, "at_ms": first["at_ms"] + i, "host": long, "agent_id": long, "user": long,
+                 "reason": long}
+                for i in range(32)
+            ]
+            path.write_text(json.dumps(record))
+            newest = max(newest, first["at_ms"] + 31)
+        listed = list(runlock.list_keys("big:", free=True, events_since_ms=0, socket=agent.socket))
+        assert sorted(k.key for k in listed) == ["big:a", "big:key", "big:z"]
+        big = next(k for k in listed if k.key == "big:key")
+        assert big.record is not None and big.record.slots == 64
+        assert big.events and big.events_omitted > 0
+        assert len(big.events) + big.events_omitted == 64 * 32
+        # The newest are kept.
+        assert max(e.at_ms for e in big.events) == newest

@@ -122,6 +122,31 @@ def test_oversized_frame_from_the_agent_is_a_loss(tmp_path: Path) -> None:
     thread.join(BOUND_S)
 
 
+def test_a_listing_that_stops_moving_fails_instead_of_asking_forever(tmp_path: Path) -> None:
+    path = str(tmp_path / "fake.sock")
+
+    def script(conn: socket.socket) -> None:
+        first = read(conn)
+        key = {"key": "a", "record": {"key": "a", "state": "free", "token": 1, "scope": "host"}}
+        send(conn, {"id": first["id"], "type": "keys", "keys": [key], "cursor": "c1"})
+        # An agent that cannot fit the next key, answering the same cursor forever.
+        while True:
+            body = _wire.read_frame(conn)
+            if body is None:
+                return
+            request = _wire.decode_body(body)
+            assert request["cursor"] == "c1"
+            send(conn, {"id": request["id"], "type": "keys", "keys": [], "cursor": "c1"})
+
+    thread = serve(path, script)
+    listed = []
+    with pytest.raises(runlock.ProtocolError, match="no progress"):
+        for key in runlock.list_keys(socket=path):
+            listed.append(key.key)
+    assert listed == ["a"]
+    thread.join(BOUND_S)
+
+
 def test_unsupported_version_is_a_protocol_error(tmp_path: Path) -> None:
     path = str(tmp_path / "fake.sock")
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

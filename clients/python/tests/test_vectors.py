@@ -285,6 +285,15 @@ def test_history_events_and_incident() -> None:
     assert parse("agent-record-held.msgpack").record.incident is None  # type: ignore[union-attr]
 
 
+def test_a_listing_says_how_many_events_it_left_out() -> None:
+    whole = parse("agent-keys.msgpack")
+    assert isinstance(whole, messages.Keys)
+    assert [k.events_omitted for k in whole.keys] == [0, 0]
+    cut = parse("agent-keys-events-omitted.msgpack")
+    assert isinstance(cut, messages.Keys) and cut.cursor is None
+    assert cut.keys[0].events_omitted == 2047 and len(cut.keys[0].events) == 1
+
+
 def slot_holder(pid: int, token: int, slot: int, slots: int) -> runlock.Holder:
     """A holder of the slot vectors, which differ only in these fields."""
     return runlock.Holder(

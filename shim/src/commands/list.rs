@@ -63,12 +63,23 @@ pub async fn read_all(
     loop {
         let request = ClientMessage::ListKeys {
             prefix: prefix.to_string(),
-            cursor: cursor.take(),
+            cursor: cursor.clone(),
             free,
             events_since_ms,
         };
         let page = listing.pages + 1;
         match client.call_within(PAGE_ANSWER_TIMEOUT, request).await {
+            // An agent that cannot move on would be asked forever.
+            Ok(AgentMessage::Keys { keys, cursor: next })
+                if keys.is_empty() && next.is_some() && next == cursor =>
+            {
+                let failure = Failure::new(
+                    crate::exit::EXIT_SOFTWARE,
+                    format!("page {page} of the listing made no progress: the agent gave back the same cursor"),
+                );
+                listing.failed = Some((page, failure));
+                return Ok(listing);
+            }
             Ok(AgentMessage::Keys { keys, cursor: next }) => {
                 listing.keys.extend(keys);
                 listing.pages = page;
@@ -364,6 +375,74 @@ mod tests {
         assert_eq!(short(2 * 86_400_000), "2d 0h");
         assert_eq!(state_cell(KeyState::Held, Some(4), 2, 3), "2/4 held +3");
         assert_eq!(state_cell(KeyState::Free, None, 0, 0), "free");
+    }
+
+    /// An agent that answers every `list_keys` after the first with no key
+    /// and the cursor it was sent, as one that cannot fit its next key did.
+    async fn stuck_agent(stream: tokio::net::UnixStream) {
+        use runlock_protocol::codec::{decode_body, encode_body};
+        use runlock_protocol::{Envelope, KeyRecord, Scope};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut stream = stream;
+        for page in 0.. {
+            let Ok(len) = stream.read_u32().await else {
+                return;
+            };
+            let mut body = vec![0; len as usize];
+            if stream.read_exact(&mut body).await.is_err() {
+                return;
+            }
+            let request: Envelope<ClientMessage> = decode_body(&body).expect("a request");
+            let key = || KeyListing {
+                key: "a".into(),
+                record: Some(KeyRecord::free(
+                    &runlock_protocol::Key::new("a").expect("key"),
+                    Scope::Host,
+                )),
+                unreadable: None,
+                events: Vec::new(),
+                events_omitted: 0,
+                waiting_here: 0,
+                waiters: Vec::new(),
+                refused: Vec::new(),
+            };
+            let reply = AgentMessage::Keys {
+                keys: if page == 0 { vec![key()] } else { Vec::new() },
+                cursor: Some("stuck".into()),
+            };
+            let bytes = encode_body(&Envelope {
+                id: request.id,
+                body: reply,
+            })
+            .expect("encodes");
+            let mut frame = (bytes.len() as u32).to_be_bytes().to_vec();
+            frame.extend(bytes);
+            if stream.write_all(&frame).await.is_err() {
+                return;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_listing_that_stops_moving_ends_with_that_page_failed() {
+        let (ours, theirs) = tokio::net::UnixStream::pair().expect("a socket pair");
+        let agent = tokio::spawn(stuck_agent(theirs));
+        let mut client = Client::new(ours);
+        let listing = read_all(&mut client, "", false, None)
+            .await
+            .expect("the first page");
+        assert_eq!(listing.keys.len(), 1);
+        let (page, failure) = listing.failed.expect("the second page failed");
+        assert_eq!(page, 2);
+        assert!(
+            failure.message.contains("no progress"),
+            "{}",
+            failure.message
+        );
+        drop(client);
+        agent
+            .await
+            .expect("the fake agent ends with the connection");
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::backend::history::{self, Before, Stamp};
 use crate::backend::retry::RetryBudget;
 use crate::backend::{
     key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities,
-    Displaced, Ending, Grant, LeaseRef, ListPage, PageAsk, Profile, Profiled, Renewed,
+    Displaced, Ending, Grant, LeaseRef, ListPage, Listed, PageAsk, Profile, Profiled, Renewed,
 };
 use async_trait::async_trait;
 use pacer::Pacer;
@@ -641,6 +641,10 @@ impl Backend for CasEngine {
 
     async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         self.list_page(ask).await
+    }
+
+    async fn list_slots(&self, key: &Key) -> BackendResult<Option<Vec<Listed>>> {
+        self.listed_slots(key).await.map(Some)
     }
 }
 

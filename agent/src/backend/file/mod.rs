@@ -54,6 +54,7 @@
 mod blocker;
 mod dir;
 mod errors;
+mod listed_names;
 mod record;
 mod replace;
 mod reports;
@@ -111,6 +112,8 @@ struct Inner {
     boot_id: String,
     /// `/proc/locks` names this directory's files as `stat` does (`run_file.rs`).
     kernel_lists_locks: bool,
+    /// The names each listing in progress read on its first page.
+    listed_names: listed_names::ListedNames,
 }
 
 /// A lease's lock file, open read-only: the locked description the run also
@@ -152,6 +155,7 @@ impl FileBackend {
             held: Mutex::new(HashMap::new()),
             boot_id,
             kernel_lists_locks: false,
+            listed_names: Default::default(),
         };
         let dir = inner.dir()?;
         match inner.open(&dir, GATE_FILE, OFlag::O_RDWR | OFlag::O_CREAT) {

@@ -69,38 +69,46 @@ impl Inner {
     }
 
     /// A page of the records whose names `from` lists, in name order (a
-    /// key's name without `.lock`, so that its slots follow it).
+    /// key's name without `.lock`, so that its slots follow it). The
+    /// directory is read on a listing's first page; its later pages go on
+    /// through the names read then (`ListedNames`).
     pub(super) fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         let (prefix, from, limit) = (ask.prefix, ask.from, ask.limit);
         let Some(wanted) = key_name::listed_names(prefix, from.hashed) else {
             return Ok(ListPage::default());
         };
         let dir = self.dir()?;
-        let mut names = self.record_names(&dir, &wanted, from.after.as_deref())?;
-        names.sort_unstable();
+        let (names, token) = self.listed_names.names(from.page.as_deref(), &wanted, || {
+            self.record_names(&dir, &wanted)
+        })?;
+        let start = match from.after.as_deref() {
+            Some(after) => names.partition_point(|name| name.as_str() <= after),
+            None => 0,
+        };
         let mut records = Vec::new();
         let mut last = None;
-        for name in names {
+        for name in &names[start..] {
             if records.len() == limit {
                 let next = ListFrom {
+                    page: Some(token),
                     after: last,
-                    ..from.clone()
+                    hashed: from.hashed,
                 };
                 return Ok(ListPage {
                     records,
                     next: Some(next),
                 });
             }
-            let read = self.read_listed(&dir, &name);
+            let read = self.read_listed(&dir, name);
             last = Some(name.clone());
             let listed = match read {
                 Ok(None) => continue, // removed since the directory was read
                 Ok(Some(view)) => Listed {
-                    name,
+                    name: name.clone(),
                     read: Ok(view),
                 },
                 Err(why) => Listed {
-                    name,
+                    name: name.clone(),
                     read: Err(why),
                 },
             };
@@ -116,19 +124,12 @@ impl Inner {
     }
 
     /// The names (without `.lock`) of the records that start with `wanted`,
-    /// after `after`, unsorted.
-    pub(super) fn record_names(
-        &self,
-        dir: &File,
-        wanted: &str,
-        after: Option<&str>,
-    ) -> BackendResult<Vec<String>> {
+    /// unsorted.
+    pub(super) fn record_names(&self, dir: &File, wanted: &str) -> BackendResult<Vec<String>> {
         let names = self.names_in(dir)?.into_iter().filter_map(|name| {
             let stem = name.strip_suffix(".lock")?;
             // Our own dot files (the force gate) are no key's.
-            let record = !stem.starts_with('.')
-                && stem.starts_with(wanted)
-                && after.is_none_or(|after| stem > after);
+            let record = !stem.starts_with('.') && stem.starts_with(wanted);
             record.then(|| stem.to_string())
         });
         Ok(names.collect())

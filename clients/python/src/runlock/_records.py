@@ -139,6 +139,8 @@ class KeyListing:
     unreadable: Optional[str] = None
     #: Its events since the ``events_since_ms`` asked for, oldest first.
     events: Tuple[KeyEvent, ...] = ()
+    #: How many older events were left out so that the key fits one frame.
+    events_omitted: int = field(default=0, metadata=U32)
     #: How many acquires wait for it through the answering agent.
     waiting_here: int = field(default=0, metadata=U32)
     #: The acquires waiting for it through any agent, longest waiting first.

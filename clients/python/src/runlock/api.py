@@ -519,6 +519,9 @@ def list_keys(
             yield from reply.keys
             if reply.cursor is None:
                 return
+            if not reply.keys and reply.cursor == cursor:
+                # An agent that cannot move on would be asked forever.
+                raise ProtocolError(f"list_keys made no progress at cursor {cursor!r}")
             cursor = reply.cursor
     finally:
         conn.close()

@@ -186,6 +186,7 @@ pub(super) fn vectors() -> Vec<Vector> {
                             record: Some(dev_a_held()),
                             unreadable: None,
                             events: vec![event(EventKind::Granted, 4242, 12, "etl")],
+                            events_omitted: 0,
                             waiting_here: 1,
                             waiters: vec![Waiter {
                                 host: "runner-02".into(),
@@ -208,12 +209,35 @@ pub(super) fn vectors() -> Vec<Vector> {
                             record: None,
                             unreadable: Some("dev%3Ab.json is not a runlock record".into()),
                             events: Vec::new(),
+                            events_omitted: 0,
                             waiting_here: 0,
                             waiters: Vec::new(),
                             refused: Vec::new(),
                         },
                     ],
                     cursor: Some(r#"{"page":"token-3"}"#.into()),
+                },
+            ),
+        },
+        Vector {
+            name: "agent-keys-events-omitted",
+            meaning: "Answers request 12, the last page: `dev:a`'s events since the time asked \
+                      would not fit one frame, so only the newest is sent and `events_omitted` \
+                      says how many older ones were left out (2047).",
+            message: agent(
+                Some(12),
+                AgentMessage::Keys {
+                    keys: vec![KeyListing {
+                        key: "dev:a".into(),
+                        record: Some(dev_a_held()),
+                        unreadable: None,
+                        events: vec![event(EventKind::Granted, 4242, 12, "etl")],
+                        events_omitted: 2047,
+                        waiting_here: 0,
+                        waiters: Vec::new(),
+                        refused: Vec::new(),
+                    }],
+                    cursor: None,
                 },
             ),
         },

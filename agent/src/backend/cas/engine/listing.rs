@@ -35,17 +35,10 @@ impl CasEngine {
             .filter(|(name, _)| after.is_none_or(|after| name.as_str() > after))
             .take(limit)
             .collect();
-        let reads = names
+        let records: Vec<Listed> = self
+            .read_listed(names)
+            .await?
             .into_iter()
-            .map(|(name, version)| async move { self.listed(&name, version.as_deref()).await });
-        let records: Vec<Listed> = futures::stream::iter(reads)
-            .buffered(LIST_READS_IN_FLIGHT)
-            .collect::<Vec<_>>()
-            .await
-            .into_iter()
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
-            .flatten()
             .filter(|listed| listed.belongs_under(prefix))
             .collect();
         let next = match (page.next, from.hashed || prefix.is_empty()) {
@@ -61,6 +54,54 @@ impl CasEngine {
             (None, true) => None,
         };
         Ok(ListPage { records, next })
+    }
+
+    /// [`crate::backend::Backend::list_slots`]: one listing of the names
+    /// `key`'s slot records start with (the key's name and `#`, which no
+    /// other key's name holds), each read only where changed since.
+    pub(super) async fn listed_slots(&self, key: &Key) -> BackendResult<Vec<Listed>> {
+        let key_prefix = format!("{}#", key_name::escaped(key));
+        let listed = format!("{}{key_prefix}", self.prefix);
+        let mut names = Vec::new();
+        let mut page = None;
+        loop {
+            let found = self
+                .store
+                .list(&listed, page.as_deref(), 1000)
+                .await
+                .map_err(unavailable)?;
+            names.extend(found.names.into_iter().filter_map(|(name, version)| {
+                let name = name.strip_prefix(self.prefix.as_str())?;
+                name.ends_with(RECORD_SUFFIX)
+                    .then(|| (name.to_string(), version))
+            }));
+            match found.next {
+                Some(next) => page = Some(next),
+                None => break,
+            }
+        }
+        self.read_listed(names).await
+    }
+
+    /// The records `names` (below the records' prefix, each with the
+    /// version its listing gave) as a listing shows them, in order, read
+    /// [`LIST_READS_IN_FLIGHT`] at once; those gone since are left out.
+    async fn read_listed(
+        &self,
+        names: Vec<(String, Option<String>)>,
+    ) -> BackendResult<Vec<Listed>> {
+        let reads = names
+            .into_iter()
+            .map(|(name, version)| async move { self.listed(&name, version.as_deref()).await });
+        Ok(futures::stream::iter(reads)
+            .buffered(LIST_READS_IN_FLIGHT)
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .flatten()
+            .collect())
     }
 
     /// The record in `read`, the record of `key` at `name`, as `inspect`
