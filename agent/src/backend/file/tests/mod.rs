@@ -70,6 +70,79 @@ async fn force_takes_over_and_the_old_holder_sees_the_loss_at_renewal() {
     );
 }
 
+/// A forcer's agent killed while it waits for the run it displaced: its
+/// own `KEY.run` is then free, and its record names it; yet that run still
+/// holds the file the force renamed away, so no run is granted beside it,
+/// and a second force waits for it too.
+#[tokio::test]
+async fn a_forcer_whose_agent_died_waiting_lets_no_run_in_beside_the_run_it_displaced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (one, two, three) = (opened(&dir), opened(&dir), opened(&dir));
+    let first = one.take("k", "l1", TTL).await;
+    let run = File::from(first.lock.expect("a lock for the run"));
+    let forced = two
+        .acquire(&spec("k", "l2", true, TTL))
+        .await
+        .expect("force");
+    assert!(forced.displaced.is_some());
+    // SIGKILLed before its run was answered: every description it had is closed.
+    drop((forced, two));
+    match three.acquire(&spec("k", "l3", false, TTL)).await {
+        Err(BackendError::Held(..)) => {}
+        other => panic!("granted beside the displaced run: {other:?}"),
+    }
+    assert_eq!(
+        three.inspect(&key_k()).await.expect("inspect").state,
+        KeyState::Held
+    );
+    let again = three
+        .acquire(&spec("k", "l4", true, TTL))
+        .await
+        .expect("force");
+    let displaced = again.displaced.expect("the displaced run still runs");
+    let k = key_k();
+    assert!(!three
+        .displaced_stopped(&k, &displaced)
+        .await
+        .expect("looked"));
+    flock(&run, libc::LOCK_UN).expect("the run stops");
+    assert!(three
+        .displaced_stopped(&k, &displaced)
+        .await
+        .expect("looked"));
+}
+
+/// A force of a forcer still waiting for the run it displaced waits for
+/// that run as well as for the forcer's.
+#[tokio::test]
+async fn a_force_of_a_waiting_forcer_waits_for_the_run_that_forcer_displaced() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (one, two, three) = (opened(&dir), opened(&dir), opened(&dir));
+    let first = one.take("k", "l1", TTL).await;
+    let run = File::from(first.lock.expect("a lock for the run"));
+    let forced = two
+        .acquire(&spec("k", "l2", true, TTL))
+        .await
+        .expect("force");
+    let again = three
+        .acquire(&spec("k", "l3", true, TTL))
+        .await
+        .expect("force");
+    let displaced = again.displaced.expect("two runs displaced");
+    // The first forcer, forced out while it waited, lets go of its file.
+    drop((forced, two));
+    let k = key_k();
+    assert!(!three
+        .displaced_stopped(&k, &displaced)
+        .await
+        .expect("looked"));
+    flock(&run, libc::LOCK_UN).expect("the run stops");
+    assert!(three
+        .displaced_stopped(&k, &displaced)
+        .await
+        .expect("looked"));
+}
+
 /// An agent's backend on the lock directory `dir`.
 fn opened(dir: &tempfile::TempDir) -> FileBackend {
     FileBackend::open(dir.path().into()).expect("open")
