@@ -224,3 +224,45 @@ async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_gone() 
     );
     Ok(())
 }
+
+/// `file://`: a force through another agent renames a new `KEY.run` over
+/// the held one and waits for the run it displaced; that agent is SIGKILLed
+/// meanwhile, which frees the forcer's `KEY.run`. No run through any agent
+/// is granted beside the displaced run, which still holds the file the
+/// force renamed away (the chaos run of seed 7 granted one, 233 ms beside
+/// it); once it has stopped, the key is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_file_a_forcer_killed_while_it_waits_lets_no_run_in_beside_the_run_it_displaced(
+) -> Result<()> {
+    use crate::support::agent::FileBackendDir;
+    use crate::support::{AgentOptions, Deadline};
+    let locks = FileBackendDir::new()?;
+    // A TTL long enough that the holder's agent does not notice the force
+    // (at its renewal, TTL/3) before the test is done with it.
+    let options = || AgentOptions::with_ttl(locks.uri(), "60s");
+    let a = TestAgent::start_with(options()).await?;
+    let mut b = TestAgent::start_with(options()).await?;
+    let c = TestAgent::start_with(options()).await?;
+    let k = key("force-file-forcer-killed");
+    let (_dir, witness) = witness("force-file-forcer-killed")?;
+    let env = [("WITNESS", witness.as_str())];
+    let (mut holder, _ready) = a.run_attached_with_env(&[&k], HOLDER, &env).await?;
+
+    let forced = b.run_with_env(&[&k], &["--force"], FORCED, &env)?;
+    let told = Deadline::new(Duration::from_secs(15), "the forced run's notice");
+    while !forced.stderr_so_far().contains("is taken over; waiting") {
+        told.tick().await?;
+    }
+    b.kill().await?;
+    let forced = forced.finish().await?;
+    ensure!(
+        !forced.stdout.contains("alone") && !forced.stdout.contains("beside"),
+        "the forced command ran though its agent was killed: {forced:?}"
+    );
+    for agent in [&c, &a] {
+        agent.run_refused(&[&k], &[], 75).await?;
+    }
+    holder.end();
+    holder.finish().await?.expect_code(0)?;
+    c.run_to_success(&k).await
+}

@@ -70,6 +70,89 @@ async fn force_takes_over_and_the_old_holder_sees_the_loss_at_renewal() {
     );
 }
 
+/// Three agents on one directory: a run holds "k" through `one`, and a
+/// force through `two` (`forced`) waits for it to stop.
+struct ForcedWhileRunning {
+    _dir: tempfile::TempDir,
+    _holders_agent: FileBackend,
+    two: FileBackend,
+    three: FileBackend,
+    run: File,
+    forced: Grant,
+}
+
+async fn forced_while_running() -> ForcedWhileRunning {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (one, two, three) = (opened(&dir), opened(&dir), opened(&dir));
+    let first = one.take("k", "l1", TTL).await;
+    let run = File::from(first.lock.expect("a lock for the run"));
+    let forced = two
+        .acquire(&spec("k", "l2", true, TTL))
+        .await
+        .expect("force");
+    assert!(forced.displaced.is_some());
+    ForcedWhileRunning {
+        _dir: dir,
+        _holders_agent: one,
+        two,
+        three,
+        run,
+        forced,
+    }
+}
+
+/// A force through `backend` that displaced `displaced` is told it has
+/// stopped once `run` lets go of its lock, and not before.
+async fn stopped_once_it_lets_go(backend: &FileBackend, displaced: &Displaced, run: &File) {
+    let k = key_k();
+    let stopped = || backend.displaced_stopped(&k, displaced);
+    assert!(!stopped().await.expect("looked"), "the run still holds it");
+    flock(run, libc::LOCK_UN).expect("the run stops");
+    assert!(stopped().await.expect("looked"));
+}
+
+/// A forcer's agent killed while it waits for the run it displaced: its
+/// own `KEY.run` is then free, and its record names it; yet that run still
+/// holds the file the force renamed away, so no run is granted beside it,
+/// and a second force waits for it too.
+#[tokio::test]
+async fn a_forcer_whose_agent_died_waiting_lets_no_run_in_beside_the_run_it_displaced() {
+    let setup = forced_while_running().await;
+    let (three, run) = (&setup.three, &setup.run);
+    // SIGKILLed before its run was answered: every description it had is closed.
+    drop((setup.forced, setup.two));
+    match three.acquire(&spec("k", "l3", false, TTL)).await {
+        Err(BackendError::Held(..)) => {}
+        other => panic!("granted beside the displaced run: {other:?}"),
+    }
+    assert_eq!(
+        three.inspect(&key_k()).await.expect("inspect").state,
+        KeyState::Held
+    );
+    let again = three
+        .acquire(&spec("k", "l4", true, TTL))
+        .await
+        .expect("force");
+    let displaced = again.displaced.expect("the displaced run still runs");
+    stopped_once_it_lets_go(three, &displaced, run).await;
+}
+
+/// A force of a forcer still waiting for the run it displaced waits for
+/// that run as well as for the forcer's.
+#[tokio::test]
+async fn a_force_of_a_waiting_forcer_waits_for_the_run_that_forcer_displaced() {
+    let setup = forced_while_running().await;
+    let (three, run) = (&setup.three, &setup.run);
+    let again = three
+        .acquire(&spec("k", "l3", true, TTL))
+        .await
+        .expect("force");
+    let displaced = again.displaced.expect("two runs displaced");
+    // The first forcer, forced out while it waited, lets go of its file.
+    drop((setup.forced, setup.two));
+    stopped_once_it_lets_go(three, &displaced, run).await;
+}
+
 /// An agent's backend on the lock directory `dir`.
 fn opened(dir: &tempfile::TempDir) -> FileBackend {
     FileBackend::open(dir.path().into()).expect("open")
