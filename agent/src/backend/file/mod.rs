@@ -22,12 +22,9 @@
 //! Force cannot break another process's kernel lock, so it renames a new,
 //! locked `KEY.run` over the old one; the old holder still locks the
 //! unlinked inode and learns of the loss at its next check, when the name no
-//! longer names its inode. The forced record names that run (device and
-//! inode, pid) until a grant finds it stopped: should the forcer's agent die
-//! while it waits, the forcer's `KEY.run` is free while that run goes on.
-//! `.force.lock` orders a force against every other record write (shared
-//! for those, exclusive for force), so no two grants read the same previous
-//! token.
+//! longer names its inode. `.force.lock` orders a force against every other
+//! record write (shared for those, exclusive for force), so no two grants
+//! read the same previous token.
 //!
 //! Making every token durable (`fdatasync`) would double the cost of an
 //! acquisition, so tokens are reserved in durable blocks: `KEY.tokens` is
@@ -83,8 +80,8 @@ use nix::sys::stat::Mode;
 use record::{
     boot_id, held_record, read_bytes, read_record_settled, record_bytes, settle, FileRecord,
 };
+use run_file::RunFile;
 pub use run_file::RunLock;
-use run_file::{DisplacedRun, RunFile};
 use runlock_protocol::{EventKind, Key, KeyEvent, KeyRecord, KeyState, Scope};
 use settings::{open_dir, DIR_MODE, FILE_MODE};
 use std::collections::HashMap;
@@ -356,10 +353,7 @@ impl Inner {
             let granted = self.current_record(&dir, &name).and_then(|previous| {
                 let run =
                     RunFile::of(&lock).map_err(|e| self.io_error("checking", &lock_name, e))?;
-                let running = (previous.as_ref())
-                    .map(|p| self.runs_beside(p, run))
-                    .unwrap_or_default();
-                let beside = previous.as_ref().filter(|_| !running.is_empty());
+                let beside = previous.as_ref().filter(|p| self.holds_another_run(p, run));
                 let forced_from = match beside {
                     Some(live) if spec.force => Some(live.token),
                     Some(live) => {
@@ -378,22 +372,20 @@ impl Inner {
                     block,
                     run,
                     forced_from,
-                    running.clone(),
                     &self.boot_id,
                 );
                 self.write(&dir, &name, &record)?;
-                // Their runs hold files nobody can open again: the kernel,
-                // or their processes, say when they have stopped.
-                let displaced = beside.map(|live| Displaced {
-                    token: live.token,
-                    holder: live.holder.clone(),
-                    ttl: live_ttl(beside).unwrap_or(spec.ttl),
-                    lock: Some(RunLock::all(
-                        running
-                            .iter()
-                            .map(|d| RunLock::Unnamed(d.run, d.pid))
-                            .collect(),
-                    )),
+                // Its run holds a file nobody can open again: the kernel,
+                // or its process, says when it has stopped.
+                let displaced = beside.and_then(|live| {
+                    let holder = live.holder.clone()?;
+                    let run = RunLock::Unnamed(live.store.run?, holder.pid);
+                    Some(Displaced {
+                        token: holder.token,
+                        holder: Some(holder),
+                        ttl: live_ttl(beside).unwrap_or(spec.ttl),
+                        lock: Some(run),
+                    })
                 });
                 Ok((holder, displaced))
             });
@@ -415,24 +407,18 @@ impl Inner {
         }
     }
 
-    /// The runs a grant through `run` after `record` would run beside: its
-    /// holder's, held through a `KEY.run` other than `run` (removed or
-    /// replaced since, by a cleanup job or by hand), and the runs its forces
-    /// displaced (its forcer's agent may have died waiting for them): the
-    /// lock now free under that name proves nothing about those.
-    fn runs_beside(&self, record: &FileRecord, run: RunFile) -> Vec<DisplacedRun> {
-        let mut running = self.still_running(&record.store.displaced);
-        let elsewhere = (record.state == KeyState::Held)
-            .then_some(record.store.run) // none: written before records named their file
-            .flatten()
-            .filter(|&recorded| recorded != run);
-        if let (Some(recorded), Some(holder)) = (elsewhere, &record.holder) {
-            running.extend(self.still_running(&[DisplacedRun {
-                run: recorded,
-                pid: holder.pid,
-            }]));
+    /// Whether `record` says the key is held through a `KEY.run` other than
+    /// `run` (removed or replaced since, by a cleanup job or by hand) whose
+    /// run still holds it: the lock now free under that name proves nothing,
+    /// and a grant through it would run beside that run.
+    fn holds_another_run(&self, record: &FileRecord, run: RunFile) -> bool {
+        let Some(recorded) = record.store.run else {
+            return false; // written before records named their file
+        };
+        if record.state != KeyState::Held || recorded == run {
+            return false;
         }
-        running
+        (record.holder.as_ref()).is_some_and(|h| self.run_lives(recorded, h.pid))
     }
 
     /// Tries the key's lock. A refusal is believed only once it has lasted
@@ -546,44 +532,28 @@ impl Inner {
         }
         let block = self.token_block(dir, &spec.key, Some(&current))?;
         let run = RunFile::of(&lock).map_err(|e| self.io_error("checking", &lock_name, e))?;
-        // A process no record names (not a run) has no agent to stop it.
-        let live_holder = (current.state == KeyState::Held)
-            .then_some(current.holder.clone())
-            .flatten();
-        // The runs earlier forces displaced go on being waited for: the
-        // holder forced out here may be a forcer still waiting for them.
-        let mut running = self.still_running(&current.store.displaced);
-        let mut stops: Vec<RunLock> = (running.iter())
-            .map(|d| RunLock::Unnamed(d.run, d.pid))
-            .collect();
-        if let Some(holder) = &live_holder {
-            let old_run =
-                RunFile::of(&old).map_err(|e| self.io_error("checking", &lock_name, e))?;
-            running.push(DisplacedRun {
-                run: old_run,
-                pid: holder.pid,
-            });
-            stops.push(RunLock::Open(Arc::new(old)));
-        }
         let (holder, record) = held_record(
             spec,
             Some(&current),
             block,
             run,
             Some(current.token),
-            running,
             &self.boot_id,
         );
         self.write(dir, &name, &record)?;
         let run = self.run_copy(&lock, &lock_name)?;
         self.remember(&spec.lease_id, lock, &spec.holder.agent_id);
+        // A process no record names (not a run) has no agent to stop it.
         let ttl = live_ttl(Some(&current)).unwrap_or(spec.ttl);
-        let displaced = (!stops.is_empty()).then(|| Displaced {
-            token: current.token,
-            holder: live_holder,
-            ttl,
-            lock: Some(RunLock::all(stops)),
-        });
+        let displaced = (current.state == KeyState::Held)
+            .then_some(current.holder)
+            .flatten()
+            .map(|holder| Displaced {
+                token: holder.token,
+                holder: Some(holder),
+                ttl,
+                lock: Some(RunLock::Open(Arc::new(old))),
+            });
         Ok(Grant {
             holder,
             sent: tokio::time::Instant::now(),
@@ -663,9 +633,6 @@ impl Inner {
         }
         record.end(ending);
         record.store.ttl_ms = None;
-        // A lease is ended only once the runs it displaced have stopped
-        // (the agent waits for them first), and their inodes may be reused.
-        record.store.displaced.clear();
         // Not synced: a lost `free` record is harmless, the kernel lock is the truth.
         self.write(dir, name, &record)
     }

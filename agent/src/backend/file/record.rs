@@ -3,7 +3,7 @@
 //! key's lock (`replace.rs`).
 
 use super::super::record::LockRecord;
-use super::run_file::{DisplacedRun, RunFile};
+use super::run_file::RunFile;
 use crate::backend::history::{self, Before, Stamp};
 use crate::backend::AcquireSpec;
 use runlock_protocol::{Holder, KeyState};
@@ -34,10 +34,6 @@ pub(super) struct TokenBlock {
     /// the file was removed or replaced, not that its run let go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) run: Option<RunFile>,
-    /// The runs forces took the key from that were still running when this
-    /// record was written: no grant runs beside one (`DisplacedRun`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub(super) displaced: Vec<DisplacedRun>,
 }
 
 /// The record each key's file holds, as JSON a person can read.
@@ -97,15 +93,13 @@ pub(super) fn record_bytes(record: &FileRecord) -> Vec<u8> {
 
 /// The record (and its holder) that grants `spec` after `previous` with
 /// `token` from the block up to `reserved`, locked through `run`. `forced_from`: the live
-/// holder's token it takes the key over from; `displaced`: the runs it
-/// takes it from, still running.
+/// holder's token it takes the key over from.
 pub(super) fn held_record(
     spec: &AcquireSpec,
     previous: Option<&FileRecord>,
     (token, reserved): (u64, u64),
     run: RunFile,
     forced_from: Option<u64>,
-    displaced: Vec<DisplacedRun>,
     boot_id: &str,
 ) -> (Holder, FileRecord) {
     let mut events = previous.map(|p| p.history.clone()).unwrap_or_default();
@@ -143,7 +137,6 @@ pub(super) fn held_record(
             boot_id: boot_id.to_string(),
             kept: true,
             run: Some(run),
-            displaced,
         },
     };
     (holder, record)

@@ -30,16 +30,6 @@ impl RunFile {
     }
 }
 
-/// A run a force took its key from, as a forced record keeps it until a
-/// grant finds it stopped: should the forcer's agent die while it waits for
-/// that run, the forcer's own `KEY.run` is free while the run goes on in
-/// the file the force renamed away.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub(super) struct DisplacedRun {
-    pub(super) run: RunFile,
-    pub(super) pid: u32,
-}
-
 /// What tells that a run taken over (`Displaced::lock`) has stopped.
 #[derive(Debug, Clone)]
 pub enum RunLock {
@@ -49,19 +39,6 @@ pub enum RunLock {
     /// A `KEY.run` whose name was removed before the force, so that no
     /// description of it can be opened; and the pid of the run's holder.
     Unnamed(RunFile, u32),
-    /// Several runs (a force of a force, before the first's run stopped):
-    /// stopped once every one has.
-    All(Vec<RunLock>),
-}
-
-impl RunLock {
-    /// What tells that every one of `stops` has stopped.
-    pub(super) fn all(mut stops: Vec<RunLock>) -> RunLock {
-        match stops.len() {
-            1 => stops.remove(0),
-            _ => RunLock::All(stops),
-        }
-    }
 }
 
 impl Inner {
@@ -77,13 +54,6 @@ impl Inner {
         listed.unwrap_or_else(|| process_lives(pid))
     }
 
-    /// The runs of `runs` that may still be running.
-    pub(super) fn still_running(&self, runs: &[DisplacedRun]) -> Vec<DisplacedRun> {
-        (runs.iter().copied())
-            .filter(|d| self.run_lives(d.run, d.pid))
-            .collect()
-    }
-
     /// Whether the run `displaced` from has stopped.
     pub(super) fn displaced_stopped(&self, run: &RunLock) -> io::Result<bool> {
         match run {
@@ -95,14 +65,6 @@ impl Inner {
                 Ok(free)
             }
             RunLock::Unnamed(run, pid) => Ok(!self.run_lives(*run, *pid)),
-            RunLock::All(runs) => {
-                for run in runs {
-                    if !self.displaced_stopped(run)? {
-                        return Ok(false);
-                    }
-                }
-                Ok(true)
-            }
         }
     }
 }

@@ -61,8 +61,6 @@ impl Inner {
             }
             (_, None) => false,
         };
-        // Or its forcer's agent died waiting for the run it displaced.
-        let locked = locked || !self.still_running(&record.store.displaced).is_empty();
         if locked {
             answer.state = KeyState::Held;
             answer.holder = record.holder;
