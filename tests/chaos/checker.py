@@ -24,6 +24,18 @@ A forced-out run is the run of the token just below a forced run's, still
 inside when that force began; they are counted, with their exits, for the
 summary, and checked like every other run: no overlap, no token regression.
 
+One overlap is the design's limit, not the lock's, and is counted apart
+(`orphaned`), not failed: on a store whose leases outlive their agent, a run
+whose shim was SIGKILLed (`shim_kill`) while its agent was down (or whose
+agent then went down) has nobody left to stop it: the shim enforces the
+lease's deadline while its agent is away, and the agent enforces `--on-lost`
+once the shim is gone, but a restarted agent knows no run whose shim did not
+reattach (docs/src/restarts.md). Its lease expires, and the next run, forced
+or not, enters after TTL + grace beside the command, which goes on until it
+ends by itself. Only an overlap whose earlier run was left so before the
+later one entered is counted so; on file:// the run holds its lock itself,
+and every overlap fails.
+
 Run by itself: python3 tests/chaos/checker.py LEDGER
 """
 
@@ -46,6 +58,7 @@ class Run:
         self.end = None
         self.forced_at = None
         self.forced_by = None
+        self.shim_killed = None  # t of a shim_kill of this run
 
 
 def check(path):
@@ -94,6 +107,8 @@ def check(path):
                                                 "start": t, "end": None, "lines": []})
                 if phase == "start":
                     fault["start"] = t
+                    if fkind == "shim_kill" and len(f) > 5 and f[5].startswith("run="):
+                        run(f[5][len("run="):]).shim_killed = t
                 else:
                     fault["end"] = t
                 fault["lines"].append(where)
@@ -155,7 +170,21 @@ def check(path):
         else:
             sections[r.enter[1]].append(r)
 
+    def orphaned_at(r):
+        """When run `r` was left with neither its shim nor the agent that
+        granted it (see the top), or None."""
+        if backend == "file" or r.shim_killed is None or not r.spawn:
+            return None
+        killed = r.shim_killed
+        for down, up in downs[r.spawn[1]]:
+            # Down when its shim was killed (none reattached it), or down
+            # afterwards (the next agent never heard of it), while it ran.
+            if up > killed and down < r.end:
+                return max(killed, down)
+        return None
+
     overlaps = 0
+    orphaned = []
     regressions = 0
     waits = []
     forced_out = []
@@ -187,6 +216,10 @@ def check(path):
             for a in active:
                 ta, tb = tokens.get(a.id), tokens.get(b.id)
                 p = a if ta is None or tb is None or ta < tb else b
+                left = orphaned_at(a) if p is a else None
+                if left is not None and left <= b.enter[0]:
+                    orphaned.append((a, b, (min(a.end, b.end) - b.enter[0]) / 1e6))
+                    continue
                 overlaps += 1
                 violation(f"overlap on key {key}: run {b.id} (token {b.enter[2]}) entered while "
                           f"run {a.id} (token {a.enter[2]}) was inside "
@@ -305,6 +338,10 @@ def check(path):
         "slot_sections": sum(len(v) for v in slot_sections.values()),
         "over_count": too_many,
         "overlaps": overlaps,
+        # Overlaps with a run nobody was left to stop, as documented (see the top).
+        "orphaned": [f"run {b.id} (token {b.enter[2]}) entered beside run {a.id} (token "
+                     f"{a.enter[2]}), whose shim was killed while its agent was away "
+                     f"({ms:.1f} ms together)" for a, b, ms in orphaned],
         "regressions": regressions,
         "forced_out": len(forced_out),
         "forced_out_exits": dict(forced_exits),
