@@ -13,7 +13,7 @@ use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
 use runlock_agent::backend::MemoryBackend;
 use runlock_agent::connection::serve_connection;
-use runlock_agent::limits::Limits;
+use runlock_agent::limits::{Admission, Limits};
 use runlock_agent::lease::{Identity, PeerCred, Policy, Registry};
 use runlock_protocol::{ClientMessage, Envelope, ShimCodec, PROTOCOL_VERSION};
 use std::sync::{Arc, LazyLock};
@@ -77,10 +77,15 @@ async fn serve(data: &[u8]) {
         uid: NOBODY,
         gid: NOBODY,
     };
+    // An admission of its own for each input: no input's connection counts
+    // against the next's.
+    let ticket = Admission::new(Limits::default(), 1 << 20, 0)
+        .admit(NOBODY)
+        .expect("a first connection is admitted");
     let served = tokio::spawn(serve_connection(
         agent_end,
         cred,
-        Limits::default(),
+        ticket,
         registry.clone(),
         CancellationToken::new(),
     ));
