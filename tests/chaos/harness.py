@@ -58,6 +58,9 @@ class Harness:
         self.slot_keys = [f"slots-{i}" for i in range(2)] if opts.slots else []
         self.ttl = opts.ttl
         self.runs = {}
+        # Runs whose shim alone was killed: their commands go on, untracked
+        # by self.runs once the shim's exit is recorded.
+        self.shimless = []
         self.next_run = 0
         self.stopping = False
         self.faults_off = False
@@ -219,6 +222,7 @@ class Harness:
                 self._kill_run(r)
             else:
                 r.shim.signal(signal.SIGKILL)
+                self.shimless.append(r)
             self.ledger.write("F", seq, kind, "end", r.agent, r.key, f"run={r.id}")
         elif kind in ("agent_kill", "agent_term"):
             if agent.busy or not agent.up.is_set():
@@ -477,6 +481,12 @@ class Harness:
         self.faults_off = True
         for r in list(self.runs.values()):
             self._kill_run(r)
+        # A command whose shim was killed may still be inside: its kill at
+        # the end is recorded too, or its section would look unended.
+        for r in self.shimless:
+            if proc.pid_alive(r.pid):
+                self._killpg(r.pid)
+                self.ledger.write("K", r.id)
         for a in self.agents:
             await a.stop()
         for px in self.proxies:
