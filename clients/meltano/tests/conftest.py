@@ -22,11 +22,14 @@ import time
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional
 
 import pytest
 from runlock import testing
 from runlock.testing import Agent
+
+if TYPE_CHECKING:
+    from meltano.core.project import Project
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent.parent
@@ -306,3 +309,20 @@ def s3_bucket() -> str:
     bucket = f"runlock-mel-{secrets.token_hex(6)}"
     urllib.request.urlopen(urllib.request.Request(f"{endpoint}/{bucket}", method="PUT"), timeout=10).close()
     return bucket
+
+
+def project_with(workdir: Path, monkeypatch: pytest.MonkeyPatch, database_uri: str, state_backend: str) -> Project:
+    """A Meltano project in ``workdir`` on the system database
+    ``database_uri``, with ``state_backend`` (YAML, indented under
+    ``state_backend:``), found as Meltano finds it."""
+    from meltano.core.project import Project
+
+    root = workdir / "project"
+    root.mkdir()
+    (root / "meltano.yml").write_text(
+        "project_id: runlock-tests\nsend_anonymous_usage_stats: false\n"
+        f"database_uri: {database_uri}\nstate_backend:\n{state_backend}"
+    )
+    monkeypatch.setattr(Project, "_default", None)
+    monkeypatch.setenv("MELTANO_PROJECT_ROOT", str(root))
+    return Project.find()

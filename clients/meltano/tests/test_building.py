@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
-from conftest import dummy_store
+from conftest import dummy_store, project_with
 from meltano.core.project import Project
 from meltano.core.state_store.base import MeltanoState
 from meltano.core.state_store.db import DBStateStoreManager
@@ -23,20 +23,6 @@ from sqlalchemy.orm import Session
 from runlock_meltano import RunlockStateStoreManager, building
 
 STATE_ID = "dev:tap-x-to-target-y"
-
-
-def project_with(workdir: Path, monkeypatch: pytest.MonkeyPatch, state_backend: str) -> Project:
-    """A Meltano project in ``workdir``, with a SQLite system database and
-    ``state_backend`` (YAML, indented under ``state_backend:``)."""
-    root = workdir / "project"
-    root.mkdir()
-    (root / "meltano.yml").write_text(
-        "project_id: runlock-building\nsend_anonymous_usage_stats: false\n"
-        f"database_uri: sqlite:///{workdir / 'meltano.db'}\nstate_backend:\n{state_backend}"
-    )
-    monkeypatch.setattr(Project, "_default", None)
-    monkeypatch.setenv("MELTANO_PROJECT_ROOT", str(root))
-    return Project.find()
 
 
 def build(project: Project, session: object = None) -> RunlockStateStoreManager:
@@ -82,7 +68,7 @@ def test_a_system_database_store_works_in_meltanos_own_session(
     opens no connection to the database besides Meltano's."""
     from meltano.core.job_state import JobState
 
-    project = project_with(workdir, monkeypatch, "  uri: runlock+systemdb://\n")
+    project = project_with(workdir, monkeypatch, f"sqlite:///{workdir / 'meltano.db'}", "  uri: runlock+systemdb://\n")
     engine = create_engine(f"sqlite:///{workdir / 'meltano.db'}")
     JobState.__table__.create(engine)  # type: ignore[attr-defined]
     connection = engine.connect()
@@ -112,7 +98,7 @@ def test_a_system_database_store_handed_no_session_gets_meltanos_and_closes_it(
     """Meltano hands no session (its upgrade's StateService, say): its own
     function opens one for the store, as for plain systemdb, and the add-on
     closes it with the store, since no one else has it."""
-    project = project_with(workdir, monkeypatch, "  uri: runlock+systemdb://\n")
+    project = project_with(workdir, monkeypatch, f"sqlite:///{workdir / 'meltano.db'}", "  uri: runlock+systemdb://\n")
     built = build(project)
     assert type(built.inner) is DBStateStoreManager
     closed: List[object] = []
@@ -139,7 +125,7 @@ def test_every_other_store_is_the_one_meltano_builds_for_the_inner_uri(
         "s3": "  s3:\n    endpoint_url: http://127.0.0.1:1\n    aws_access_key_id: id\n    aws_secret_access_key: key\n",
         "dummy": dummy_store(workdir).meltano_settings,
     }[scheme]
-    project = project_with(workdir, monkeypatch, f"  uri: runlock+{inner}\n  lock_timeout_seconds: 7\n{own}")
+    project = project_with(workdir, monkeypatch, f"sqlite:///{workdir / 'meltano.db'}", f"  uri: runlock+{inner}\n  lock_timeout_seconds: 7\n{own}")
     built = build(project)
 
     # Meltano's own build, for the plain URI.

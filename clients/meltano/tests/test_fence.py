@@ -24,7 +24,7 @@ from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import pytest
 import runlock
-from conftest import pg_database, s3_bucket, serve_this_process
+from conftest import pg_database, project_with, s3_bucket, serve_this_process
 from meltano.core.state_store.base import MeltanoState, StateStoreManager
 from runlock.testing import Agent
 
@@ -269,14 +269,7 @@ def test_a_system_database_session_meltano_opens_for_the_store_is_closed_with_it
 
     database = pg_database()
     make_state_table(database)
-    root = workdir / "project"
-    root.mkdir()
-    (root / "meltano.yml").write_text(
-        "project_id: runlock-fence\nsend_anonymous_usage_stats: false\n"
-        f"database_uri: {database}\nstate_backend:\n  uri: runlock+systemdb://\n"
-    )
-    monkeypatch.setattr(Project, "_default", None)
-    monkeypatch.setenv("MELTANO_PROJECT_ROOT", str(root))
+    project_with(workdir, monkeypatch, database, "  uri: runlock+systemdb://\n")
     name = database.rsplit("/", 1)[1]
     admin = os.environ["RUNLOCK_TEST_PG_URI"]
 
