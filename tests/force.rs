@@ -24,6 +24,12 @@ async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_down() 
     on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_gone().await
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_file_a_forcer_killed_while_it_waits_lets_no_run_in_beside_the_run_it_displaced(
+) -> Result<()> {
+    on_file_a_forcer_killed_while_it_waits_leaves_the_displaced_run_alone().await
+}
+
 // Leases that outlive their agent: a dead host's run stops at its deadline.
 test_matrix!(
     [s3: S3, ministack: Ministack, azure: Azure, gcs: Gcs, postgres: Postgres, etcd: Etcd];
@@ -221,6 +227,76 @@ async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_gone() 
         forced.stderr.contains(&format!("token {})", ready.token()))
             && forced.stderr.contains("no deadline"),
         "the forced run did not say what it waited for: {forced:?}"
+    );
+    Ok(())
+}
+
+/// `file://`: a forcer's agent killed while it waits for the run it
+/// displaced (whose own agent is down, so that run goes on) takes its lock on
+/// the new `KEY.run` with it. The run it displaced still holds the old one,
+/// renamed away: neither a plain run nor a second force through a third
+/// agent may start beside it; the second force waits for it, as the first did.
+async fn on_file_a_forcer_killed_while_it_waits_leaves_the_displaced_run_alone() -> Result<()> {
+    use crate::support::agent::FileBackendDir;
+    use crate::support::{AgentOptions, Deadline};
+    let locks = FileBackendDir::new()?;
+    let options = |socket: Option<std::path::PathBuf>| AgentOptions {
+        socket,
+        ..AgentOptions::with_ttl(locks.uri(), "2s")
+    };
+    let mut a = TestAgent::start_with(options(None)).await?;
+    let mut b = TestAgent::start_with(options(None)).await?;
+    let c = TestAgent::start_with(options(None)).await?;
+    let k = key("force-file-forcer-killed");
+    let (_dir, witness) = witness("force-file-forcer-killed")?;
+    let env = [("WITNESS", witness.as_str())];
+    let (holder, ready) = a.run_attached_with_env(&[&k], HOLDER, &env).await?;
+    a.kill().await?;
+
+    let waiting =
+        |run: &crate::support::run::Run| run.stderr_so_far().contains("is taken over; waiting");
+    let first = b.run_with_env(&[&k], &["--force"], FORCED, &env)?;
+    let told = Deadline::new(Duration::from_secs(15), "the first force's notice");
+    while !waiting(&first) {
+        told.tick().await?;
+    }
+    b.kill().await?;
+    let first = first.finish().await?;
+    ensure!(
+        !first.stdout.contains("alone") && !first.stdout.contains("beside"),
+        "the first forced command ran although its agent died while it waited: {first:?}"
+    );
+
+    let plain = c.run_with_env(&[&k], &[], FORCED, &env)?.finish().await?;
+    plain.expect_code(75)?;
+    let names_holder = plain.stderr.lines().any(|line| {
+        let line = line.trim();
+        line.starts_with("token:") && line.ends_with(&format!(" {}", ready.token()))
+    });
+    ensure!(
+        names_holder,
+        "the refusal does not name the run still holding the key: {plain:?}"
+    );
+
+    let mut second = c.run_with_env(&[&k], &["--force"], FORCED, &env)?;
+    let told = Deadline::new(Duration::from_secs(15), "the second force's notice");
+    while !waiting(&second) {
+        told.tick().await?;
+    }
+    let started = tokio::time::timeout(Duration::from_secs(3), second.line()).await;
+    ensure!(
+        started.is_err(),
+        "the second force started while the run it displaced held its lock: {started:?}"
+    );
+    // The displaced run's agent comes back: its shim reattaches, is told
+    // the key was taken, and stops the run; the second force then starts alone.
+    let _back = TestAgent::start_with(options(Some(a.socket().to_path_buf()))).await?;
+    holder.finish().await?.expect_code(76)?;
+    let second = second.finish().await?;
+    second.expect_code(0)?;
+    ensure!(
+        second.stdout.starts_with("alone "),
+        "the second force started beside the run it displaced: {second:?}"
     );
     Ok(())
 }

@@ -19,11 +19,13 @@
 //! file gone at its next renewal, as after a force, and ending that lease
 //! touches neither the run's lock nor the record.
 //!
-//! Force cannot break another process's kernel lock, so it renames a new,
-//! locked `KEY.run` over the old one; the old holder still locks the
-//! unlinked inode and learns of the loss at its next check, when the name no
-//! longer names its inode. `.force.lock` orders a force against every other
-//! record write (shared for those, exclusive for force), so no two grants
+//! Force cannot break another process's kernel lock, so it puts a new,
+//! locked `KEY.run` in place of the old one, which it keeps as
+//! `.KEY.run.TOKEN` and lists in the record until its run has stopped
+//! (`displaced.rs`); the old holder still locks that inode and learns of the
+//! loss at its next check, when the name no longer names its inode.
+//! `.force.lock` orders a force against every other record write (shared
+//! for those, exclusive for force), so no two grants
 //! read the same previous token.
 //!
 //! Making every token durable (`fdatasync`) would double the cost of an
@@ -53,6 +55,7 @@
 
 mod blocker;
 mod dir;
+mod displaced;
 mod errors;
 mod listed_names;
 mod record;
@@ -75,6 +78,7 @@ use super::{
 };
 use anyhow::Context as _;
 use async_trait::async_trait;
+use displaced::{DisplacedRun, Running};
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::Mode;
 use record::{
@@ -353,20 +357,19 @@ impl Inner {
             let granted = self.current_record(&dir, &name).and_then(|previous| {
                 let run =
                     RunFile::of(&lock).map_err(|e| self.io_error("checking", &lock_name, e))?;
-                let beside = previous.as_ref().filter(|p| self.holds_another_run(p, run));
-                let forced_from = match beside {
-                    Some(live) if spec.force => Some(live.token),
-                    Some(live) => {
-                        let incident = history::last_incident(&live.history);
-                        return Err(BackendError::Held(
-                            live.holder.clone().map(Box::new),
-                            incident,
-                        ));
-                    }
-                    None => None,
-                };
+                let checked = self.check_displaced(&dir, &spec.key, previous.as_ref(), run)?;
+                if let (false, Some(live)) = (spec.force, checked.running.first()) {
+                    let incident = previous
+                        .as_ref()
+                        .and_then(|p| history::last_incident(&p.history));
+                    return Err(BackendError::Held(
+                        Some(Box::new(live.run.holder.clone())),
+                        incident,
+                    ));
+                }
+                let forced_from = checked.running.first().map(|live| live.run.holder.token);
                 let block = self.token_block(&dir, &spec.key, previous.as_ref())?;
-                let (holder, record) = held_record(
+                let (holder, mut record) = held_record(
                     spec,
                     previous.as_ref(),
                     block,
@@ -374,20 +377,11 @@ impl Inner {
                     forced_from,
                     &self.boot_id,
                 );
+                record.store.displaced = checked.running.iter().map(|r| r.run.clone()).collect();
                 self.write(&dir, &name, &record)?;
-                // Its run holds a file nobody can open again: the kernel,
-                // or its process, says when it has stopped.
-                let displaced = beside.and_then(|live| {
-                    let holder = live.holder.clone()?;
-                    let run = RunLock::Unnamed(live.store.run?, holder.pid);
-                    Some(Displaced {
-                        token: holder.token,
-                        holder: Some(holder),
-                        ttl: live_ttl(beside).unwrap_or(spec.ttl),
-                        lock: Some(run),
-                    })
-                });
-                Ok((holder, displaced))
+                self.remove_aside(&dir, &checked.stopped);
+                let ttl = live_ttl(previous.as_ref()).unwrap_or(spec.ttl);
+                Ok((holder, displaced::waited_for(&checked.running, ttl)))
             });
             let (holder, displaced) = match granted {
                 Ok(granted) => granted,
@@ -405,20 +399,6 @@ impl Inner {
                 displaced,
             });
         }
-    }
-
-    /// Whether `record` says the key is held through a `KEY.run` other than
-    /// `run` (removed or replaced since, by a cleanup job or by hand) whose
-    /// run still holds it: the lock now free under that name proves nothing,
-    /// and a grant through it would run beside that run.
-    fn holds_another_run(&self, record: &FileRecord, run: RunFile) -> bool {
-        let Some(recorded) = record.store.run else {
-            return false; // written before records named their file
-        };
-        if record.state != KeyState::Held || recorded == run {
-            return false;
-        }
-        (record.holder.as_ref()).is_some_and(|h| self.run_lives(recorded, h.pid))
     }
 
     /// Tries the key's lock. A refusal is believed only once it has lasted
@@ -511,20 +491,20 @@ impl Inner {
                 self.path(&name).display()
             ))
         })?;
+        let old_run = RunFile::of(&old).map_err(|e| self.io_error("checking", &lock_name, e))?;
+        let checked = self.check_displaced(dir, &spec.key, Some(&current), old_run)?;
+        // A process no record names (not a run) has no agent to stop it.
+        let taken_from = (current.state == KeyState::Held)
+            .then(|| current.holder.clone())
+            .flatten();
         let temp = format!(".take-{}", uuid::Uuid::new_v4());
         let lock = self.open(dir, &temp, OFlag::O_RDONLY | OFlag::O_CREAT | OFlag::O_EXCL)?;
-        let dir_fd = Some(dir.as_raw_fd());
-        let placed = flock(&lock, libc::LOCK_EX | libc::LOCK_NB).and_then(|_| {
-            Ok(nix::fcntl::renameat(
-                dir_fd,
-                temp.as_str(),
-                dir_fd,
-                lock_name.as_str(),
-            )?)
-        });
+        let aside = taken_from.as_ref().map(|holder| holder.token);
+        let placed = flock(&lock, libc::LOCK_EX | libc::LOCK_NB)
+            .and_then(|_| Ok(self.put_in_place(dir, &spec.key, &temp, aside)?));
         if let Err(e) = placed {
             let _ = nix::unistd::unlinkat(
-                dir_fd,
+                Some(dir.as_raw_fd()),
                 temp.as_str(),
                 nix::unistd::UnlinkatFlags::NoRemoveDir,
             );
@@ -532,7 +512,7 @@ impl Inner {
         }
         let block = self.token_block(dir, &spec.key, Some(&current))?;
         let run = RunFile::of(&lock).map_err(|e| self.io_error("checking", &lock_name, e))?;
-        let (holder, record) = held_record(
+        let (holder, mut record) = held_record(
             spec,
             Some(&current),
             block,
@@ -540,25 +520,29 @@ impl Inner {
             Some(current.token),
             &self.boot_id,
         );
+        let taken = taken_from.map(|holder| Running {
+            run: DisplacedRun {
+                holder,
+                run: old_run,
+            },
+            lock: RunLock::Open(Arc::new(old)),
+        });
+        let others = checked
+            .running
+            .into_iter()
+            .filter(|r| Some(r.run.holder.token) != aside);
+        let running: Vec<Running> = taken.into_iter().chain(others).collect();
+        record.store.displaced = running.iter().map(|r| r.run.clone()).collect();
         self.write(dir, &name, &record)?;
+        self.remove_aside(dir, &checked.stopped);
         let run = self.run_copy(&lock, &lock_name)?;
         self.remember(&spec.lease_id, lock, &spec.holder.agent_id);
-        // A process no record names (not a run) has no agent to stop it.
         let ttl = live_ttl(Some(&current)).unwrap_or(spec.ttl);
-        let displaced = (current.state == KeyState::Held)
-            .then_some(current.holder)
-            .flatten()
-            .map(|holder| Displaced {
-                token: holder.token,
-                holder: Some(holder),
-                ttl,
-                lock: Some(RunLock::Open(Arc::new(old))),
-            });
         Ok(Grant {
             holder,
             sent: tokio::time::Instant::now(),
             lock: Some(run),
-            displaced,
+            displaced: displaced::waited_for(&running, ttl),
         })
     }
 

@@ -3,6 +3,7 @@
 //! key's lock (`replace.rs`).
 
 use super::super::record::LockRecord;
+use super::displaced::DisplacedRun;
 use super::run_file::RunFile;
 use crate::backend::history::{self, Before, Stamp};
 use crate::backend::AcquireSpec;
@@ -34,6 +35,10 @@ pub(super) struct TokenBlock {
     /// the file was removed or replaced, not that its run let go.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(super) run: Option<RunFile>,
+    /// The runs this record's holder took the key from by force that may
+    /// still run, the newest first (`displaced.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub(super) displaced: Vec<DisplacedRun>,
 }
 
 /// The record each key's file holds, as JSON a person can read.
@@ -137,6 +142,7 @@ pub(super) fn held_record(
             boot_id: boot_id.to_string(),
             kept: true,
             run: Some(run),
+            displaced: Vec::new(),
         },
     };
     (holder, record)

@@ -39,6 +39,9 @@ pub enum RunLock {
     /// A `KEY.run` whose name was removed before the force, so that no
     /// description of it can be opened; and the pid of the run's holder.
     Unnamed(RunFile, u32),
+    /// Several runs, each displaced by a force whose agent died before the
+    /// run stopped (`displaced.rs`): stopped once all have.
+    All(Vec<RunLock>),
 }
 
 impl Inner {
@@ -65,6 +68,14 @@ impl Inner {
                 Ok(free)
             }
             RunLock::Unnamed(run, pid) => Ok(!self.run_lives(*run, *pid)),
+            RunLock::All(runs) => {
+                for run in runs {
+                    if !self.displaced_stopped(run)? {
+                        return Ok(false);
+                    }
+                }
+                Ok(true)
+            }
         }
     }
 }

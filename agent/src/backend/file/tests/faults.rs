@@ -284,3 +284,61 @@ async fn without_proc_locks_a_removed_run_file_is_held_while_its_holder_lives() 
     assert_eq!(two.take("k", "l3", TTL).await.holder.token, 2);
     drop(first);
 }
+
+/// A forcer's agent that dies while it waits for the run it displaced
+/// takes its lock on the new `KEY.run` with it. The record lists the
+/// displaced run, whose file a second name keeps: no plain run is granted
+/// beside it, and a second force waits for it too; once it has stopped, the
+/// next grant drops it from the record and removes its second name.
+#[tokio::test]
+async fn a_run_displaced_by_a_forcer_that_died_keeps_the_key_until_it_stops() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (one, three) = (opened(&dir), opened(&dir));
+    let first = one.take("k", "l1", TTL).await;
+    let run = File::from(first.lock.expect("a lock for the run"));
+    {
+        let two = opened(&dir);
+        let forced = two
+            .acquire(&spec("k", "l2", true, TTL))
+            .await
+            .expect("force");
+        assert_eq!(forced.displaced.expect("displaced").token, 1);
+        assert!(dir.path().join(".k.run.1").exists(), "the run's file kept");
+        // The forcer's agent dies: its description of the new file, and
+        // the one it would have handed to its run, close.
+    }
+    assert_eq!(record_at(dir.path(), "k.lock").store.displaced.len(), 1);
+    match three.acquire(&spec("k", "l3", false, TTL)).await {
+        Err(BackendError::Held(Some(h), _)) => assert_eq!(h.token, 1),
+        other => panic!("granted beside the displaced run: {other:?}"),
+    }
+    let again = three
+        .acquire(&spec("k", "l4", true, TTL))
+        .await
+        .expect("a second force");
+    let displaced = again.displaced.expect("the displaced run is waited for");
+    assert_eq!(displaced.token, 1);
+    let k = key_k();
+    assert!(!three
+        .displaced_stopped(&k, &displaced)
+        .await
+        .expect("looked"));
+    flock(&run, libc::LOCK_UN).expect("the displaced run lets go");
+    assert!(three
+        .displaced_stopped(&k, &displaced)
+        .await
+        .expect("looked"));
+    drop((run, again.lock));
+    three
+        .end(&lease("k", "l4", again.holder.token), &Ending::Released)
+        .await
+        .expect("released");
+    let next = three.take("k", "l5", TTL).await;
+    assert!(next.displaced.is_none());
+    assert!(record_at(dir.path(), "k.lock").store.displaced.is_empty());
+    assert!(
+        !dir.path().join(".k.run.1").exists(),
+        "the second name removed"
+    );
+    drop(one);
+}

@@ -20,6 +20,7 @@ fn tokens_come_from_durable_blocks_and_a_new_boot_starts_above_the_block() {
             boot_id: boot.into(),
             kept: true,
             run: None,
+            displaced: Vec::new(),
         },
     };
     assert_eq!(next_token(None, 0, "a"), (1, TOKEN_BLOCK, true));
