@@ -28,6 +28,11 @@ pub fn group(key: &str) -> Group {
     }
 }
 
+/// How the page names `key` within its group: a state write by its state ID.
+pub fn label(key: &str) -> &str {
+    key.strip_prefix(STATE_WRITE_PREFIX).unwrap_or(key)
+}
+
 /// `a` against `b`, their runs of ASCII digits compared as numbers and the
 /// rest byte by byte; keys equal so (`src02`, `src2`) fall back to bytes, so
 /// that the order is total.
@@ -117,7 +122,12 @@ mod tests {
             group("meltano-state-write:dev:tap-a-to-b"),
             Group::StateWrites
         );
+        assert_eq!(
+            label("meltano-state-write:dev:tap-a-to-b"),
+            "dev:tap-a-to-b"
+        );
         assert_eq!(group("dev:tap-a-to-b"), Group::Pipelines);
+        assert_eq!(label("dev:tap-a-to-b"), "dev:tap-a-to-b");
         // Only as a prefix: a state ID may mention it.
         assert_eq!(group("dev:meltano-state-write:x"), Group::Pipelines);
         assert!(Group::Pipelines < Group::StateWrites);

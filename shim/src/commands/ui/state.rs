@@ -130,6 +130,8 @@ struct State {
 struct KeyView {
     key: String,
     group: Group,
+    /// The key as its group's rows name it ([`order::label`]).
+    label: String,
     /// `held`, `free` or `unreadable`.
     state: &'static str,
     unreadable: Option<String>,
@@ -202,6 +204,7 @@ fn key_state(key: &KeyListing) -> Option<KeyView> {
         return Some(KeyView {
             key: key.key.clone(),
             group: order::group(&key.key),
+            label: order::label(&key.key).to_string(),
             state: "unreadable",
             unreadable: key.unreadable.clone(),
             slots: None,
@@ -220,6 +223,7 @@ fn key_state(key: &KeyListing) -> Option<KeyView> {
     Some(KeyView {
         key: key.key.clone(),
         group: order::group(&key.key),
+        label: order::label(&key.key).to_string(),
         state: if held { "held" } else { "free" },
         unreadable: None,
         slots: record.slots,

@@ -19,9 +19,8 @@ const ENDINGS = [
 ];
 
 // The Meltano add-on's locks around each state write (group "state_writes")
-// are shown apart, each by its state ID: the key less this prefix.
-const STATE_WRITE_PREFIX = "meltano-state-write:";
-const STATE_WRITE_GROUP = "Meltano state writes (" + STATE_WRITE_PREFIX + "STATE_ID, the add-on's own locks)";
+// are shown apart, each labelled by its state ID.
+const STATE_WRITE_GROUP = "Meltano state writes (meltano-state-write:STATE_ID, the add-on's own locks)";
 
 let lastUpdate = null; // Date of the last good answer
 // The token comes in the page's address and goes with each request for the
@@ -52,12 +51,6 @@ function span(ms) {
   return Math.floor(s / 3600) + "h " + Math.floor((s % 3600) / 60) + "m";
 }
 
-// How a key reads in its group.
-function keyLabel(key) {
-  const internal = key.group === "state_writes" && key.key.startsWith(STATE_WRITE_PREFIX);
-  return internal ? key.key.slice(STATE_WRITE_PREFIX.length) : key.key;
-}
-
 function drawLegend() {
   const legend = document.getElementById("legend");
   for (const [ending, name] of ENDINGS) {
@@ -78,7 +71,7 @@ function drawHeld(state) {
     key.holders.forEach((h, i) => {
       const row = el("tr", i === 0 ? "key" : "slot");
       row.dataset.key = key.key;
-      const label = i === 0 ? keyLabel(key) : "slot " + h.slot;
+      const label = i === 0 ? key.label : "slot " + h.slot;
       const cells = [
         [label, "key"],
         [i === 0 ? slots : "", "num"],
@@ -203,7 +196,7 @@ function drawAxis(view, win) {
 function timelineRow(key, view) {
   const row = el("div", "tl-row");
   row.dataset.key = key.key;
-  const label = el("div", "tl-label", keyLabel(key));
+  const label = el("div", "tl-label", key.label);
   label.title = key.key;
   const track = el("div", "tl-track");
   const laneCount = Math.max(key.slots || 1, ...key.runs.map((r) => (r.slot || 0) + 1));
