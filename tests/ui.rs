@@ -536,6 +536,24 @@ async fn the_timeline_fits_its_window_to_the_runs_and_reads_in_order() -> Result
         rows == serde_json::json!([src1, src10]),
         "the last hour shows {rows}"
     );
+
+    // The address keeps the window picked, beside the token: opened again,
+    // as after a reload, it shows the same.
+    let address = page.evaluate("location.href").await?;
+    let address = address.as_str().context("no address")?;
+    ensure!(
+        address.starts_with(&url) && address.ends_with("#window=1h"),
+        "the address after picking 1 h: {address}"
+    );
+    let mut again = Browser::open(address).await?;
+    wait_live(&mut again).await?;
+    let shown = again
+        .evaluate("[document.body.dataset.window, document.querySelector('#windows [aria-pressed=true]').dataset.window]")
+        .await?;
+    ensure!(
+        shown == serde_json::json!(["1h", "1h"]),
+        "the address with #window=1h shows [window, button pressed] {shown}"
+    );
     drop((held, writing));
     Ok(())
 }

@@ -121,8 +121,15 @@ const STEPS_MIN = [5, 10, 15, 30, 60, 120, 180, 360, 720];
 // Space between two axis labels, in px.
 const LABEL_GAP_PX = 12;
 
-let chosenWindow = null; // the window the user picked; null: the one that fits the runs
+// The window the user picked, null for the one that fits the runs; kept in
+// the address's fragment (beside the token in its query), so a reload keeps it.
+let chosenWindow = windowInAddress();
 let lastState = null; // the last listing, drawn again when the window or width changes
+
+function windowInAddress() {
+  const name = new URLSearchParams(location.hash.slice(1)).get("window");
+  return WINDOWS.some((w) => w.name === name) ? name : null;
+}
 
 // The smallest window that holds every run and refusal of the state (a
 // run begun before the state's start needs the largest).
@@ -175,13 +182,22 @@ function drawAxis(view, win) {
   sample.remove();
   const pxPerMinute = axis.clientWidth / (win.ms / 60000);
   const stepMin = STEPS_MIN.find((m) => m * pxPerMinute >= labelPx + LABEL_GAP_PX);
-  if (stepMin === undefined) return;
+  const timeline = document.querySelector(".timeline");
+  if (stepMin === undefined) {
+    timeline.style.removeProperty("--grid-step");
+    timeline.style.removeProperty("--grid-first");
+    return;
+  }
   const step = stepMin * 60000;
   // Steps counted from local midnight, so marks read 09:00, not 09:30 in a
   // half-hour time zone.
   const offset = -new Date(view.since_ms).getTimezoneOffset() * 60000;
+  const first = Math.ceil((view.since_ms + offset) / step) * step - offset;
+  // A faint line down every track at each step, for reading a bar's time.
+  timeline.style.setProperty("--grid-step", (stepMin * pxPerMinute).toFixed(3) + "px");
+  timeline.style.setProperty("--grid-first", (((first - view.since_ms) / 60000) * pxPerMinute).toFixed(3) + "px");
   const placed = [start.getBoundingClientRect(), now.getBoundingClientRect()];
-  for (let t = Math.ceil((view.since_ms + offset) / step) * step - offset; t < view.now_ms; t += step) {
+  for (let t = first; t < view.now_ms; t += step) {
     const mark = axisMark(clock(t).slice(0, 5), t, view, "");
     axis.insertBefore(mark, now);
     const box = mark.getBoundingClientRect();
@@ -269,6 +285,8 @@ function drawWindows() {
   for (const button of document.querySelectorAll("#windows button")) {
     button.addEventListener("click", () => {
       chosenWindow = button.dataset.window === "fit" ? null : button.dataset.window;
+      const fragment = chosenWindow ? "#window=" + chosenWindow : "";
+      history.replaceState(null, "", location.pathname + location.search + fragment);
       if (lastState) drawTimeline(lastState);
     });
   }
