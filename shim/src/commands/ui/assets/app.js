@@ -166,7 +166,7 @@ function crowded(a, b) {
   return a.left < b.right + LABEL_GAP_PX && b.left < a.right + LABEL_GAP_PX;
 }
 
-// The window's ends, then local times at the widest-spaced step that fits;
+// The window's ends, then local times at the smallest step whose labels fit;
 // every label is measured where it is laid out, and one that would crowd
 // another already placed is left out.
 function drawAxis(view, win) {
