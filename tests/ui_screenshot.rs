@@ -22,7 +22,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+/// libfaketime's library for a program of many threads, as the agent is
+/// (Debian's libfaketime, which `scripts/test` installs with `faketime`).
+fn libfaketime() -> String {
+    let arch = std::env::consts::ARCH;
+    format!("/usr/lib/{arch}-linux-gnu/faketime/libfaketimeMT.so.1")
+}
 /// How much faster the earlier agents' clocks go.
 const SPEED: u32 = 600;
 
@@ -50,7 +55,7 @@ pub(crate) async fn agent_in_the_past_minutes(
     speed: u32,
 ) -> Result<TestAgent> {
     let env = [
-        ("LD_PRELOAD", LIBFAKETIME.to_string()),
+        ("LD_PRELOAD", libfaketime()),
         ("FAKETIME", format!("-{minutes_ago}m x{speed}")),
         // Its timers keep real time: only the clock it records events by moves.
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
