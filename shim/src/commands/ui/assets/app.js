@@ -84,6 +84,7 @@ function drawHeld(state) {
         [i === 0 && key.waiters.length > 0 ? key.waiters.length : "", "num waiting"],
       ];
       for (const [text, cls] of cells) row.append(el("td", cls, text));
+      if (i === 0) row.firstChild.title = key.key;
       if (i === 0 && key.waiters.length > 0) {
         row.lastChild.title = key.waiters
           .map((w) => w.user + "@" + w.host + " (pid " + w.pid + ") for " + span(state.now_ms - w.since_ms))
