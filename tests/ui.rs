@@ -1,11 +1,12 @@
 //! `runlock ui`: the live page, read in headless Chromium as a person sees it
 //! (issue 29), and its server's refusals, on `file://` (no emulator).
 
-use crate::support::agent::Backend;
+use crate::support::agent::{Backend, FileBackendDir};
 use crate::support::browser::Browser;
 use crate::support::http;
 use crate::support::run::HOLD;
-use crate::support::{host_name, key, nobody_holds_connections, Run, TestAgent};
+use crate::support::{host_name, key, nobody_holds_connections, AgentOptions, Run, TestAgent};
+use crate::ui_screenshot::agent_in_the_past_minutes;
 use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
 use serde_json::Value;
@@ -364,5 +365,195 @@ async fn slot_numbers_a_store_holds_past_every_bound_are_read_as_their_records()
         "history shows the stored number: {}",
         out.stdout
     );
+    Ok(())
+}
+
+/// The keys of the timeline's rows in `group`'s container, in order.
+fn timeline_keys(container: &str) -> String {
+    format!("[...document.querySelectorAll('#{container} .tl-row')].map(r => r.dataset.key)")
+}
+
+/// Lays the page out `width` px wide, as a window that wide shows it, and
+/// waits for the timeline to be drawn again at that width.
+pub(crate) async fn set_width(page: &mut Browser, width: u32) -> Result<()> {
+    let metrics = serde_json::json!({
+        "width": width, "height": 800, "deviceScaleFactor": 1, "mobile": false,
+    });
+    page.call("Emulation.setDeviceMetricsOverride", metrics)
+        .await?;
+    let drawn = format!(
+        "innerWidth === {width} && (a => a.dataset.width === String(a.clientWidth))(document.getElementById('axis'))"
+    );
+    page.wait_for(&drawn, &format!("the timeline drawn {width} px wide"))
+        .await?;
+    Ok(())
+}
+
+/// Shows the timeline over `window` (`fit`, `1h`, `6h`, `24h`) as a person
+/// does, with its button, and waits for it to be drawn over `shown`.
+pub(crate) async fn choose_window(page: &mut Browser, window: &str, shown: &str) -> Result<()> {
+    let click = format!(
+        "document.querySelector('#windows button[data-window={w}]').click()",
+        w = js(window)
+    );
+    page.evaluate(&click).await?;
+    let drawn = format!(
+        "document.body.dataset.window === {s} \
+         && document.querySelector('#windows [aria-pressed=true]')?.dataset.window === {w}",
+        s = js(shown),
+        w = js(window)
+    );
+    page.wait_for(&drawn, &format!("the {window} button to show {shown}"))
+        .await?;
+    Ok(())
+}
+
+/// Checks that the axis's labels, as laid out, stand inside its track and
+/// no two of them touch; returns their texts.
+pub(crate) async fn axis_labels_apart(page: &mut Browser) -> Result<Vec<String>> {
+    let marks = page
+        .evaluate(
+            "(() => { const axis = document.getElementById('axis').getBoundingClientRect(); \
+               return { axis: [axis.left, axis.right], marks: [...document.querySelectorAll('#axis .axis-mark')] \
+                 .map(m => { const b = m.getBoundingClientRect(); \
+                   return { text: m.textContent, left: b.left, right: b.right, top: b.top, bottom: b.bottom }; }) }; })()",
+        )
+        .await?;
+    let (left, right) = (marks["axis"][0].as_f64(), marks["axis"][1].as_f64());
+    let (left, right) = (left.context("axis box")?, right.context("axis box")?);
+    let marks = marks["marks"].as_array().context("no marks")?;
+    let edge = |m: &Value, side: &str| m[side].as_f64().unwrap_or(f64::NAN);
+    for (i, a) in marks.iter().enumerate() {
+        ensure!(
+            edge(a, "left") >= left - 0.5 && edge(a, "right") <= right + 0.5,
+            "axis label {a} is outside the axis [{left}, {right}]"
+        );
+        for b in &marks[i + 1..] {
+            let apart = edge(a, "right") <= edge(b, "left")
+                || edge(b, "right") <= edge(a, "left")
+                || edge(a, "bottom") <= edge(b, "top")
+                || edge(b, "bottom") <= edge(a, "top");
+            ensure!(apart, "axis labels overlap: {a} and {b}");
+        }
+    }
+    let texts: Vec<String> = marks
+        .iter()
+        .filter_map(|m| m["text"].as_str().map(str::to_string))
+        .collect();
+    ensure!(
+        texts.len() >= 3,
+        "the axis has fewer than two ends and a time: {texts:?}"
+    );
+    Ok(texts)
+}
+
+/// The window fits the runs: 6 h for a run 3 hours ago; keys run in numbered
+/// series read src1, src2, src10; the Meltano add-on's state-write key is
+/// shown in its own group; and at every window, 1280 or 800 px wide, no two
+/// of the axis's labels touch.
+#[tokio::test]
+async fn the_timeline_fits_its_window_to_the_runs_and_reads_in_order() -> Result<()> {
+    let dir = FileBackendDir::new()?;
+    let (src1, src2, src10) = (key("src1"), key("src2"), key("src10"));
+    let state_write = format!("meltano-state-write:{src2}");
+    // src2 ran 3 hours ago, by the clock of the agent it ran through.
+    let past = agent_in_the_past_minutes(&dir, 180, 1).await?;
+    past.run(&[&src2], &[], "true")?
+        .finish()
+        .await?
+        .expect_code(0)?;
+    drop(past);
+
+    let agent = TestAgent::start_with_env(AgentOptions::new(dir.uri()), &[]).await?;
+    agent
+        .run(&[&src10], &[], "true")?
+        .finish()
+        .await?
+        .expect_code(0)?;
+    let mut held = agent.run(&[&src1], &[], HOLD)?;
+    held.ready().await?;
+    let mut writing = agent.run(&[&state_write], &[], HOLD)?;
+    writing.ready().await?;
+    let (_ui, url) = start_ui(&agent).await?;
+    let mut page = Browser::open(&url).await?;
+
+    let rows = format!("(k => k.length === 3 && k)({})", timeline_keys("timeline"));
+    let rows = page.wait_for(&rows, "three keys' rows").await?;
+    ensure!(
+        rows == serde_json::json!([src1, src2, src10]),
+        "the timeline's pipelines read {rows}"
+    );
+    let chosen = page
+        .evaluate(
+            "[document.body.dataset.window, document.getElementById('timeline-title').textContent]",
+        )
+        .await?;
+    ensure!(
+        chosen == serde_json::json!(["6h", "Last 6 hours"]),
+        "a run 3 hours ago and runs now are shown over {chosen}"
+    );
+
+    // The state write: apart from the pipelines, under its own heading, by its state ID.
+    let writes = page
+        .evaluate(&format!(
+            "[{keys}, [...document.querySelectorAll('#timeline-state-writes .tl-label')].map(l => l.textContent), \
+              document.getElementById('state-writes').hidden, \
+              [...document.querySelectorAll('#held-state-writes tr')].map(r => r.dataset.key ?? r.innerText), \
+              [...document.querySelectorAll('#held-pipelines tr')].map(r => r.dataset.key)]",
+            keys = timeline_keys("timeline-state-writes")
+        ))
+        .await?;
+    ensure!(
+        writes[0] == serde_json::json!([state_write])
+            && writes[1] == serde_json::json!([src2])
+            && writes[2] == false
+            && writes[3].as_array().map(Vec::len) == Some(2)
+            && writes[3][0].as_str().is_some_and(|h| h.starts_with("Meltano state writes"))
+            && writes[3][1] == state_write.as_str()
+            && writes[4] == serde_json::json!([src1]),
+        "the state write is not apart from the pipelines \
+         ([its timeline row, its label, hidden, its held rows, the pipelines' held rows]): {writes}"
+    );
+
+    for width in [1280, 800] {
+        set_width(&mut page, width).await?;
+        for (window, shown) in [("1h", "1h"), ("24h", "24h"), ("fit", "6h")] {
+            choose_window(&mut page, window, shown).await?;
+            let labels = axis_labels_apart(&mut page)
+                .await
+                .with_context(|| format!("{width} px wide, over {shown}"))?;
+            ensure!(
+                labels.first().map(String::as_str) == Some(&format!("−{shown}")[..]),
+                "the axis over {shown} begins {labels:?}"
+            );
+        }
+    }
+
+    // The last hour leaves out the run of 3 hours ago.
+    choose_window(&mut page, "1h", "1h").await?;
+    let rows = page.evaluate(&timeline_keys("timeline")).await?;
+    ensure!(
+        rows == serde_json::json!([src1, src10]),
+        "the last hour shows {rows}"
+    );
+
+    // The address keeps the window picked, beside the token: opened again,
+    // as after a reload, it shows the same.
+    let address = page.evaluate("location.href").await?;
+    let address = address.as_str().context("no address")?;
+    ensure!(
+        address.starts_with(&url) && address.ends_with("#window=1h"),
+        "the address after picking 1 h: {address}"
+    );
+    let mut again = Browser::open(address).await?;
+    wait_live(&mut again).await?;
+    let shown = again
+        .evaluate("[document.body.dataset.window, document.querySelector('#windows [aria-pressed=true]').dataset.window]")
+        .await?;
+    ensure!(
+        shown == serde_json::json!(["1h", "1h"]),
+        "the address with #window=1h shows [window, button pressed] {shown}"
+    );
+    drop((held, writing));
     Ok(())
 }

@@ -6,18 +6,28 @@
 //! as fast: a run held for 2 s then reads as 20 minutes on the page's 24 h
 //! axis. Every agent shares one `file://` directory, so the last agent, on
 //! the real clock, lists the whole day. The sleeps here make the runs' lengths.
+//!
+//! Before it writes the picture it reads the page as a person would: the
+//! window fitted to the day, the keys in order, the Meltano add-on's state
+//! writes apart, and the axis's labels apart, 1280 and 800 px wide.
 
 use crate::support::agent::FileBackendDir;
-use crate::support::browser::Browser;
+use crate::support::browser::{Browser, WINDOW};
 use crate::support::run::HOLD;
 use crate::support::{AgentOptions, Run, TestAgent};
-use anyhow::{Context, Result};
+use crate::ui::{axis_labels_apart, set_width};
+use anyhow::{ensure, Context, Result};
 use nix::sys::signal::Signal;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-const LIBFAKETIME: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+/// libfaketime's library for a program of many threads, as the agent is
+/// (Debian's libfaketime, which `scripts/test` installs with `faketime`).
+fn libfaketime() -> String {
+    let arch = std::env::consts::ARCH;
+    format!("/usr/lib/{arch}-linux-gnu/faketime/libfaketimeMT.so.1")
+}
 /// How much faster the earlier agents' clocks go.
 const SPEED: u32 = 600;
 
@@ -25,20 +35,27 @@ const GITHUB: &str = "dev:tap-github-to-target-postgres";
 const SALESFORCE: &str = "dev:tap-salesforce-to-target-snowflake";
 const WAREHOUSE: &str = "warehouse";
 const DBT: &str = "prod:dbt-build";
-const EXPORT: &str = "reports:daily-export";
+const EXPORT: &str = "reports:region2-export";
+/// After region2 in a person's order, before it in bytes.
+const EXPORT_10: &str = "reports:region10-export";
+
+/// The key the Meltano add-on locks while a pipeline's run writes its state.
+fn state_write(pipeline: &str) -> String {
+    format!("meltano-state-write:{pipeline}")
+}
 
 /// An agent on `dir` whose clock starts `hours_ago` and runs `speed` times as fast.
 async fn agent_in_the_past(dir: &FileBackendDir, hours_ago: u32, speed: u32) -> Result<TestAgent> {
     agent_in_the_past_minutes(dir, hours_ago * 60, speed).await
 }
 
-async fn agent_in_the_past_minutes(
+pub(crate) async fn agent_in_the_past_minutes(
     dir: &FileBackendDir,
     minutes_ago: u32,
     speed: u32,
 ) -> Result<TestAgent> {
     let env = [
-        ("LD_PRELOAD", LIBFAKETIME.to_string()),
+        ("LD_PRELOAD", libfaketime()),
         ("FAKETIME", format!("-{minutes_ago}m x{speed}")),
         // Its timers keep real time: only the clock it records events by moves.
         ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
@@ -121,13 +138,14 @@ async fn forced(
     run.finish().await?.expect_code(76)
 }
 
-/// The extract-load blocks a key's pipeline runs (`meltano run` arguments).
+/// The extract-load blocks a key's pipeline runs (`meltano run` arguments);
+/// a state write is its pipeline's.
 fn el(key: &str) -> String {
-    match key {
+    match key.strip_prefix("meltano-state-write:").unwrap_or(key) {
         GITHUB => "tap-github target-postgres",
         SALESFORCE => "tap-salesforce target-snowflake",
         DBT => "dbt-postgres:build",
-        EXPORT => "tap-postgres target-s3-csv",
+        EXPORT | EXPORT_10 => "tap-postgres target-s3-csv",
         _ => "tap-x target-warehouse",
     }
     .to_string()
@@ -143,10 +161,13 @@ async fn screenshot_for_the_book() -> Result<()> {
     let dir = FileBackendDir::new()?;
     let p = Pipelines::new()?;
     let slots = ["--slots", "3"];
+    let (github_write, salesforce_write) = (state_write(GITHUB), state_write(SALESFORCE));
 
     let a = agent_in_the_past(&dir, 22, SPEED).await?;
     tokio::try_join!(
         hold(&p, &a, GITHUB, &[], 3.0),
+        hold(&p, &a, &github_write, &[], 0.5),
+        hold(&p, &a, EXPORT_10, &[], 2.0),
         hold(&p, &a, WAREHOUSE, &slots, 4.0),
         hold(&p, &a, WAREHOUSE, &slots, 2.0),
         hold(&p, &a, DBT, &[], 5.0),
@@ -178,6 +199,8 @@ async fn screenshot_for_the_book() -> Result<()> {
     let d = agent_in_the_past(&dir, 7, SPEED).await?;
     tokio::try_join!(
         hold(&p, &d, EXPORT, &[], 2.0),
+        hold(&p, &d, EXPORT_10, &[], 3.0),
+        hold(&p, &d, &salesforce_write, &[], 0.5),
         hold(&p, &d, GITHUB, &[], 4.0),
         hold(&p, &d, SALESFORCE, &[], 3.0),
         hold(&p, &d, WAREHOUSE, &slots, 3.0),
@@ -189,6 +212,7 @@ async fn screenshot_for_the_book() -> Result<()> {
     tokio::try_join!(
         crash(&p, &e, DBT, 1.5),
         hold(&p, &e, GITHUB, &[], 2.0),
+        hold(&p, &e, &github_write, &[], 0.5),
         hold(&p, &e, WAREHOUSE, &slots, 3.0),
     )?;
     drop(e);
@@ -206,6 +230,8 @@ async fn screenshot_for_the_book() -> Result<()> {
         held.push(p.start(&now, key, extra, &el).await?);
         tokio::time::sleep(Duration::from_secs(4)).await;
     }
+    // The held pipeline writes its state: a moment's lock, as Meltano's are.
+    hold(&p, &now, &github_write, &[], 0.3).await?;
     let waiter = p.spawn(&now, GITHUB, &["--wait", "2h"], &el(GITHUB))?;
     now.run(&[SALESFORCE], &[], "true")?
         .finish()
@@ -223,6 +249,28 @@ async fn screenshot_for_the_book() -> Result<()> {
         "the page to show the waiter and the day's runs",
     )
     .await?;
+    let order = page
+        .evaluate(
+            "[document.body.dataset.window, \
+              [...document.querySelectorAll('#timeline .tl-row')].map(r => r.dataset.key), \
+              [...document.querySelectorAll('#timeline-state-writes .tl-row')].map(r => r.dataset.key)]",
+        )
+        .await?;
+    let want = serde_json::json!([
+        "24h",
+        [GITHUB, SALESFORCE, DBT, EXPORT, EXPORT_10, WAREHOUSE],
+        [github_write, salesforce_write],
+    ]);
+    ensure!(
+        order == want,
+        "the page reads [window, pipelines, state writes] {order}, not {want}"
+    );
+    for width in [800, WINDOW.0] {
+        set_width(&mut page, width).await?;
+        axis_labels_apart(&mut page)
+            .await
+            .with_context(|| format!("{width} px wide"))?;
+    }
     page.screenshot(&out).await?;
     println!("wrote {}", out.display());
     drop((held, waiter));

@@ -2,6 +2,7 @@
 //! each key's runs of the last 24 hours, read at most once per
 //! [`FRESH_FOR`] however many tabs poll, and never twice at once.
 
+use super::order::{self, Group};
 use super::runs::{self, Run};
 use crate::commands::list;
 use runlock_client::Client;
@@ -119,7 +120,8 @@ struct State {
     /// `false` when a page failed; `error` then says which and why.
     complete: bool,
     error: Option<String>,
-    /// Keys held now, or with events or refusals in the window, or unreadable; sorted.
+    /// Keys held now, or with events or refusals in the window, or
+    /// unreadable; by group, then in [`order::natural`] order.
     keys: Vec<KeyView>,
 }
 
@@ -127,6 +129,9 @@ struct State {
 #[derive(Serialize)]
 struct KeyView {
     key: String,
+    group: Group,
+    /// The key as its group's rows name it ([`order::label`]).
+    label: String,
     /// `held`, `free` or `unreadable`.
     state: &'static str,
     unreadable: Option<String>,
@@ -163,7 +168,10 @@ struct RefusalView {
 
 impl State {
     fn new(client: &Client, mut listing: list::Listing, now_ms: u64, took: Duration) -> State {
-        listing.keys.sort_by(|a, b| a.key.cmp(&b.key));
+        listing.keys.sort_by(|a, b| {
+            let (a, b) = (&a.key, &b.key);
+            (order::group(a).cmp(&order::group(b))).then_with(|| order::natural(a, b))
+        });
         let keys = listing.keys.iter().filter_map(key_state).collect();
         State {
             now_ms,
@@ -195,6 +203,8 @@ fn key_state(key: &KeyListing) -> Option<KeyView> {
     let Some(record) = &key.record else {
         return Some(KeyView {
             key: key.key.clone(),
+            group: order::group(&key.key),
+            label: order::label(&key.key).to_string(),
             state: "unreadable",
             unreadable: key.unreadable.clone(),
             slots: None,
@@ -212,6 +222,8 @@ fn key_state(key: &KeyListing) -> Option<KeyView> {
     }
     Some(KeyView {
         key: key.key.clone(),
+        group: order::group(&key.key),
+        label: order::label(&key.key).to_string(),
         state: if held { "held" } else { "free" },
         unreadable: None,
         slots: record.slots,
