@@ -150,3 +150,19 @@ func (f *fields) array(name string, required bool, read func(*fields)) {
 		}
 	}
 }
+
+// objectOf reads the nested map name with read; nil when it is absent.
+func objectOf[T any](f *fields, name string, read func(*fields) T) *T {
+	var got T
+	if f.object(name, false, func(inner *fields) { got = read(inner) }) {
+		return &got
+	}
+	return nil
+}
+
+// arrayOf reads each map of the array name with read.
+func arrayOf[T any](f *fields, name string, required bool, read func(*fields) T) []T {
+	var all []T
+	f.array(name, required, func(inner *fields) { all = append(all, read(inner)) })
+	return all
+}

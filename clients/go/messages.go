@@ -23,32 +23,12 @@ type Holder struct {
 	Slots        *uint32
 }
 
-func readHolder(h *Holder) func(*fields) {
-	return func(f *fields) {
-		*h = Holder{
-			Host: f.str("host"), AgentID: f.str("agent_id"), PID: f.u32("pid"), UID: f.u32("uid"),
-			GID: f.u32Or("gid", 0), User: f.str("user"), Command: f.str("command"),
-			AcquiredAtMs: f.u64("acquired_at_ms"), Token: f.u64("token"), Slot: f.optU32("slot"), Slots: f.optU32("slots"),
-		}
+func readHolder(f *fields) Holder {
+	return Holder{
+		Host: f.str("host"), AgentID: f.str("agent_id"), PID: f.u32("pid"), UID: f.u32("uid"),
+		GID: f.u32Or("gid", 0), User: f.str("user"), Command: f.str("command"),
+		AcquiredAtMs: f.u64("acquired_at_ms"), Token: f.u64("token"), Slot: f.optU32("slot"), Slots: f.optU32("slots"),
 	}
-}
-
-func optHolder(f *fields, name string) *Holder {
-	var h Holder
-	if f.object(name, false, readHolder(&h)) {
-		return &h
-	}
-	return nil
-}
-
-func holders(f *fields, name string) []Holder {
-	var all []Holder
-	f.array(name, false, func(inner *fields) {
-		var h Holder
-		readHolder(&h)(inner)
-		all = append(all, h)
-	})
-	return all
 }
 
 // Grant is one key granted by acquire (SPEC 7.2 Lease); Slot for a key with
@@ -76,25 +56,13 @@ type KeyEvent struct {
 	Slot      *uint32
 }
 
-func readEvent(e *KeyEvent) func(*fields) {
-	return func(f *fields) {
-		reason, _ := f.optStr("reason", false)
-		*e = KeyEvent{
-			Kind: f.str("kind"), AtMs: f.u64("at_ms"), Clock: f.str("clock"), Token: f.u64("token"),
-			FromToken: f.optU64("from_token"), Host: f.str("host"), AgentID: f.str("agent_id"),
-			PID: f.u32("pid"), UID: f.u32("uid"), User: f.str("user"), Reason: reason, Slot: f.optU32("slot"),
-		}
+func readEvent(f *fields) KeyEvent {
+	reason, _ := f.optStr("reason", false)
+	return KeyEvent{
+		Kind: f.str("kind"), AtMs: f.u64("at_ms"), Clock: f.str("clock"), Token: f.u64("token"),
+		FromToken: f.optU64("from_token"), Host: f.str("host"), AgentID: f.str("agent_id"),
+		PID: f.u32("pid"), UID: f.u32("uid"), User: f.str("user"), Reason: reason, Slot: f.optU32("slot"),
 	}
-}
-
-func events(f *fields, name string, required bool) []KeyEvent {
-	var all []KeyEvent
-	f.array(name, required, func(inner *fields) {
-		var e KeyEvent
-		readEvent(&e)(inner)
-		all = append(all, e)
-	})
-	return all
 }
 
 // KeyRecord is a key's record in the backend, as inspect reports it (SPEC
@@ -112,16 +80,11 @@ type KeyRecord struct {
 	Holders     []Holder
 }
 
-func readRecord(r *KeyRecord) func(*fields) {
-	return func(f *fields) {
-		*r = KeyRecord{
-			Key: f.str("key"), State: f.str("state"), Token: f.u64("token"), Holder: optHolder(f, "holder"),
-			ExpiresInMs: f.optU64("expires_in_ms"), Scope: f.str("scope"), Slots: f.optU32("slots"), Holders: holders(f, "holders"),
-		}
-		var incident KeyEvent
-		if f.object("incident", false, readEvent(&incident)) {
-			r.Incident = &incident
-		}
+func readRecord(f *fields) KeyRecord {
+	return KeyRecord{
+		Key: f.str("key"), State: f.str("state"), Token: f.u64("token"), Holder: objectOf(f, "holder", readHolder),
+		ExpiresInMs: f.optU64("expires_in_ms"), Scope: f.str("scope"), Incident: objectOf(f, "incident", readEvent),
+		Slots: f.optU32("slots"), Holders: arrayOf(f, "holders", false, readHolder),
 	}
 }
 
@@ -167,26 +130,38 @@ type KeyListing struct {
 	Refused       []Refusal
 }
 
-func readListing(l *KeyListing) func(*fields) {
-	return func(f *fields) {
-		unreadable, _ := f.optStr("unreadable", false)
-		*l = KeyListing{
-			Key: f.str("key"), Unreadable: unreadable, Events: events(f, "events", false),
-			EventsOmitted: f.u32Or("events_omitted", 0), WaitingHere: f.u32Or("waiting_here", 0),
-		}
-		var record KeyRecord
-		if f.object("record", false, readRecord(&record)) {
-			l.Record = &record
-		}
-		f.array("waiters", false, func(w *fields) {
-			l.Waiters = append(l.Waiters, Waiter{Host: w.str("host"), UID: w.u32("uid"), User: w.str("user"), PID: w.u32("pid"), SinceMs: w.u64("since_ms")})
-		})
-		f.array("refused", false, func(r *fields) {
-			host, _ := r.optStr("host", false)
-			waited, _ := r.uint("waited_ms", maxU64, false)
-			l.Refused = append(l.Refused, Refusal{AtMs: r.u64("at_ms"), Host: host, UID: r.u32("uid"), User: r.str("user"), PID: r.u32("pid"), WaitedMs: waited})
-		})
+func readListing(f *fields) KeyListing {
+	unreadable, _ := f.optStr("unreadable", false)
+	return KeyListing{
+		Key: f.str("key"), Record: objectOf(f, "record", readRecord), Unreadable: unreadable,
+		Events: arrayOf(f, "events", false, readEvent), EventsOmitted: f.u32Or("events_omitted", 0),
+		WaitingHere: f.u32Or("waiting_here", 0), Waiters: arrayOf(f, "waiters", false, readWaiter),
+		Refused: arrayOf(f, "refused", false, readRefusal),
 	}
+}
+
+func readWaiter(f *fields) Waiter {
+	return Waiter{Host: f.str("host"), UID: f.u32("uid"), User: f.str("user"), PID: f.u32("pid"), SinceMs: f.u64("since_ms")}
+}
+
+func readRefusal(f *fields) Refusal {
+	host, _ := f.optStr("host", false)
+	waited, _ := f.uint("waited_ms", maxU64, false)
+	return Refusal{AtMs: f.u64("at_ms"), Host: host, UID: f.u32("uid"), User: f.str("user"), PID: f.u32("pid"), WaitedMs: waited}
+}
+
+func readGrant(f *fields) Grant {
+	return Grant{Key: f.str("key"), LeaseID: f.str("lease_id"), Token: f.u64("token"), Slot: f.optU32("slot")}
+}
+
+func readLeaseInfo(f *fields) LeaseInfo {
+	info := LeaseInfo{Key: f.str("key"), LeaseID: f.str("lease_id"), TTLMs: f.u64("ttl_ms"), ChildPID: f.optU32("child_pid")}
+	if holder := objectOf(f, "holder", readHolder); holder != nil {
+		info.Holder = *holder
+	} else {
+		f.fail("missing field holder")
+	}
+	return info
 }
 
 // Welcome is the agent's answer to hello (SPEC 6.2).
@@ -284,40 +259,30 @@ func parseAgent(m *Map) (*agentMessage, error) {
 			LeasesSurviveAgent: f.boolOr("leases_survive_agent", false),
 		}
 	case "acquired":
-		f.array("leases", true, func(g *fields) {
-			msg.Grants = append(msg.Grants, Grant{Key: g.str("key"), LeaseID: g.str("lease_id"), Token: g.u64("token"), Slot: g.optU32("slot")})
-		})
+		msg.Grants = arrayOf(f, "leases", true, readGrant)
 		msg.TTLMs, msg.ValidFor, msg.Locks = f.u64("ttl_ms"), f.optU64("valid_for_ms"), f.u32Or("locks", 0)
 	case "released":
 		msg.Count = f.u32("count")
 	case "leases":
-		f.array("leases", true, func(l *fields) {
-			info := LeaseInfo{Key: l.str("key"), LeaseID: l.str("lease_id"), TTLMs: l.u64("ttl_ms"), ChildPID: l.optU32("child_pid")}
-			l.object("holder", true, readHolder(&info.Holder))
-			msg.Leases = append(msg.Leases, info)
-		})
+		msg.Leases = arrayOf(f, "leases", true, readLeaseInfo)
 		msg.Omitted = f.u32Or("omitted", 0)
 	case "record":
-		msg.Record = &KeyRecord{}
-		readRecord(msg.Record)(f)
+		record := readRecord(f)
+		msg.Record = &record
 	case "events":
-		msg.Key, msg.Events = f.str("key"), events(f, "events", true)
+		msg.Key, msg.Events = f.str("key"), arrayOf(f, "events", true, readEvent)
 	case "keys":
-		f.array("keys", true, func(k *fields) {
-			var listing KeyListing
-			readListing(&listing)(k)
-			msg.Keys = append(msg.Keys, listing)
-		})
+		msg.Keys = arrayOf(f, "keys", true, readListing)
 		if cursor, ok := f.optStr("cursor", false); ok {
 			msg.Cursor = &cursor
 		}
 	case "error":
 		key, _ := f.optStr("key", false)
-		msg.Err = &Error{Code: f.str("code"), Message: f.str("message"), Key: key, Holder: optHolder(f, "holder"), Holders: holders(f, "holders")}
+		msg.Err = &Error{Code: f.str("code"), Message: f.str("message"), Key: key, Holder: objectOf(f, "holder", readHolder), Holders: arrayOf(f, "holders", false, readHolder)}
 	case "lost":
-		msg.Lost = &LostEvent{LeaseID: f.str("lease_id"), Key: f.str("key"), Reason: f.str("reason"), Message: f.str("message"), Holder: optHolder(f, "holder")}
+		msg.Lost = &LostEvent{LeaseID: f.str("lease_id"), Key: f.str("key"), Reason: f.str("reason"), Message: f.str("message"), Holder: objectOf(f, "holder", readHolder)}
 	case "forcing":
-		msg.Forcing = &Forcing{Key: f.str("key"), Holder: optHolder(f, "holder"), WaitMs: f.optU64("wait_ms")}
+		msg.Forcing = &Forcing{Key: f.str("key"), Holder: objectOf(f, "holder", readHolder), WaitMs: f.optU64("wait_ms")}
 	case "renewed":
 		msg.Renewed = &Renewed{LeaseID: f.str("lease_id"), ValidForMs: f.u64("valid_for_ms")}
 	case "attached", "pong", "restarting":

@@ -3,7 +3,7 @@
 
 import { EventEmitter } from "node:events";
 import { Connection, LIST_PAGE_TIMEOUT_MS, REPLY_SLACK_MS, type Ending } from "./connection.js";
-import { LockLost, ProtocolError, RunlockError } from "./errors.js";
+import { LockLost, ProtocolError, RunlockError, Unavailable } from "./errors.js";
 import * as messages from "./messages.js";
 import type {
   AgentMessage,
@@ -120,6 +120,10 @@ export class Lease extends EventEmitter<{ lost: [LostEvent]; renewed: [Renewed] 
     this.lost.catch(() => {}); // observed through signal, check() and release() too
     conn.onEvent = (event) => this.onEvent(event);
     conn.onEnd = (ending) => this.onEnd(ending);
+    if (conn.closed) {
+      // It ended before this lease was there to hear it (the same read as the grant).
+      this.onEnd({ restarting: false, error: new Unavailable(`the agent at ${conn.path} closed the connection`) });
+    }
   }
 
   /** The keys held, sorted. */
