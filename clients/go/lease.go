@@ -276,10 +276,20 @@ func (c Client) Lock(ctx context.Context, keys []string, opts LockOptions) (*Lea
 	if err != nil {
 		return nil, err
 	}
+	// Events before the lease is built (a lost may come in the same read as
+	// the grant) wait for it.
+	var earlyMu sync.Mutex
+	var early []*agentMessage
 	conn.setHandlers(func(msg *agentMessage) {
-		if msg.Forcing != nil && opts.OnForcing != nil {
-			opts.OnForcing(*msg.Forcing)
+		if msg.Forcing != nil {
+			if opts.OnForcing != nil {
+				opts.OnForcing(*msg.Forcing)
+			}
+			return
 		}
+		earlyMu.Lock()
+		early = append(early, msg)
+		earlyMu.Unlock()
 	}, nil)
 	msg, err := conn.request(ctx, func(id uint64) *Map { return acquireRequest(id, keys, fields) }, opts.Wait+replySlack, true)
 	if err == nil {
@@ -299,6 +309,11 @@ func (c Client) Lock(ctx context.Context, keys []string, opts LockOptions) (*Lea
 		lease.active[g.LeaseID] = g
 	}
 	conn.setHandlers(lease.onEvent, lease.onEnd)
+	earlyMu.Lock()
+	for _, msg := range early {
+		lease.onEvent(msg)
+	}
+	earlyMu.Unlock()
 	if conn.closed() { // ended before the handlers were in place
 		lease.onEnd(false, unavailable("the agent at %s closed the connection", conn.path))
 	}

@@ -106,6 +106,7 @@ export class Lease extends EventEmitter<{ lost: [LostEvent]; renewed: [Renewed] 
     private readonly conn: Connection,
     acquired: Reply<"acquired">,
     private readonly onLost: ((event: LostEvent) => void) | undefined,
+    early: readonly AgentMessage[] = [],
   ) {
     super();
     this.grants = acquired.leases;
@@ -120,6 +121,8 @@ export class Lease extends EventEmitter<{ lost: [LostEvent]; renewed: [Renewed] 
     this.lost.catch(() => {}); // observed through signal, check() and release() too
     conn.onEvent = (event) => this.onEvent(event);
     conn.onEnd = (ending) => this.onEnd(ending);
+    // Events that came in the same read as the grant, before this lease was there.
+    for (const event of early) this.onEvent(event);
     if (conn.closed) {
       // It ended before this lease was there to hear it (the same read as the grant).
       this.onEnd({ restarting: false, error: new Unavailable(`the agent at ${conn.path} closed the connection`) });
@@ -235,12 +238,14 @@ export async function lock(keys: string | readonly string[], options: LockOption
     slots: uint32(options.slots, "slots"),
   };
   const conn = await Connection.open(resolveSocket(options.socket));
+  const early: AgentMessage[] = [];
   conn.onEvent = (event) => {
     if (event.type === "forcing") options.onForcing?.({ key: event.key, holder: event.holder, waitMs: event.waitMs });
+    else early.push(event); // the lease's, once it is built
   };
   try {
     const reply = await conn.request((id) => messages.acquire(id, list, fields), (waitMs ?? 0) + REPLY_SLACK_MS, true);
-    return new Lease(conn, expect(reply, "acquired"), options.onLost);
+    return new Lease(conn, expect(reply, "acquired"), options.onLost, early);
   } catch (err) {
     conn.close();
     throw err;
