@@ -398,6 +398,7 @@ func TestAKilledHoldersKeyIsFreeWithinTheShimsBound(t *testing.T) {
 		if err := child.Start(); err != nil {
 			t.Fatal(err)
 		}
+		defer child.Process.Kill() // whatever fails below, no holder is left behind
 		line, err := bufio.NewReader(out).ReadString('\n')
 		if err != nil || !strings.HasPrefix(line, "held ") {
 			t.Fatalf("the holder said %q (%v)", line, err)

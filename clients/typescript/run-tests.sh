@@ -53,4 +53,4 @@ TS
     && node --input-type=module -e 'import("runlock").then((m) => { if (typeof m.lock !== "function") process.exit(1); })')
 
 echo "-- node --test"
-node --test --test-reporter=spec --test-concurrency=2 build/test/*.test.js
+node --test --test-reporter=spec --test-concurrency=2 --test-timeout=120000 build/test/*.test.js

@@ -193,10 +193,11 @@ for (const backend of ["memory", "file"] as BackendName[]) {
         await assert.rejects(lock("k", { socket: "/nonexistent/agent.sock", slots: 2 ** 32 }), RangeError);
       }));
 
-    test("a killed holder's key is free within the shim's bound", () =>
+    test("a killed holder's key is free within the shim's bound", (t) =>
       withAgent(backend, async ({ socket }) => {
         const holder = join(fileURLToPath(import.meta.url), "..", "holder.js");
         const child = spawn(process.execPath, [holder, socket, "dev:crash"], { stdio: ["ignore", "pipe", "inherit"] });
+        t.after(() => child.kill("SIGKILL")); // whatever fails below, no holder is left behind
         const [line] = (await once(child.stdout!, "data")) as [Buffer];
         assert.match(line.toString(), /^held \d+/);
         assert.equal((await inspect("dev:crash", { socket })).holder?.pid, child.pid);
