@@ -6,7 +6,9 @@ package runlock
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -76,17 +78,20 @@ type testAgent struct {
 	exited chan struct{}
 }
 
-// startAgent runs a runlockd on backend ("memory" or "file") in a fresh
-// directory under /tmp (a socket path must stay under ~108 bytes); the test's
-// cleanup stops it.
-func startAgent(t testing.TB, backend string) *testAgent {
+// startAgent runs a runlockd on backend ("memory", "file", or a URI whose
+// environment env gives) in a fresh directory under /tmp (a socket path must
+// stay under ~108 bytes); the test's cleanup stops it.
+func startAgent(t testing.TB, backend string, env ...string) *testAgent {
 	dir, err := os.MkdirTemp("/tmp", "runlock-go-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := &testAgent{socket: filepath.Join(dir, "agent.sock"), dir: dir, exited: make(chan struct{})}
-	uri := "memory://"
-	if backend == "file" {
+	uri := backend
+	switch backend {
+	case "memory":
+		uri = "memory://"
+	case "file":
 		uri = "file://" + filepath.Join(dir, "locks")
 	}
 	config := filepath.Join(dir, "agent.toml")
@@ -105,6 +110,7 @@ func startAgent(t testing.TB, backend string) *testAgent {
 			a.proc.Env = append(a.proc.Env, kv)
 		}
 	}
+	a.proc.Env = append(a.proc.Env, env...)
 	if err := a.proc.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -152,5 +158,38 @@ func (a *testAgent) stop(sig syscall.Signal) {
 	case <-time.After(agentStartTimeout):
 		_ = a.proc.Process.Kill()
 		<-a.exited
+	}
+}
+
+// s3Backend is a fresh bucket in moto at RUNLOCK_TEST_S3_ENDPOINT
+// (scripts/test starts it) and the environment an agent needs to use it, as
+// clients/python's tests do. Without the emulator the test is skipped, and
+// fails in CI rather than pass unnoticed.
+func s3Backend(t *testing.T) (string, []string) {
+	endpoint := os.Getenv("RUNLOCK_TEST_S3_ENDPOINT")
+	if endpoint == "" {
+		why := "RUNLOCK_TEST_S3_ENDPOINT is not set (source tests/scripts/moto.sh; moto_start)"
+		if os.Getenv("CI") != "" {
+			t.Fatal(why)
+		}
+		t.Skip(why)
+	}
+	bucket := fmt.Sprintf("runlock-go-%d", time.Now().UnixNano())
+	// moto accepts an unsigned bucket creation, as the Rust tests use it.
+	request, err := http.NewRequest(http.MethodPut, endpoint+"/"+bucket, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	response, err := (&http.Client{Timeout: 10 * time.Second}).Do(request)
+	if err != nil {
+		t.Fatal(err)
+	}
+	response.Body.Close()
+	if response.StatusCode/100 != 2 {
+		t.Fatalf("creating bucket %s: %s", bucket, response.Status)
+	}
+	return "s3://" + bucket + "/locks", []string{
+		"AWS_ENDPOINT_URL=" + endpoint, "AWS_ENDPOINT_URL_S3=" + endpoint, "AWS_ACCESS_KEY_ID=test",
+		"AWS_SECRET_ACCESS_KEY=test", "AWS_REGION=us-east-1", "AWS_EC2_METADATA_DISABLED=true",
 	}
 }

@@ -442,6 +442,28 @@ func TestAnAgentThatStopsTakesTheLeaseWithIt(t *testing.T) {
 	}
 }
 
+func TestRenewalsAreToldOnS3(t *testing.T) {
+	uri, env := s3Backend(t)
+	agent := startAgent(t, uri, env...)
+	renewals := make(chan Renewed, 16)
+	lease := mustLock(t, Client{Socket: agent.socket}, LockOptions{TTL: time.Second, OnRenewed: func(r Renewed) { renewals <- r }}, "dev:renewed")
+	if !lease.Agent.LeasesSurviveAgent || lease.ValidFor() == nil || *lease.ValidFor() > time.Second {
+		t.Errorf("acquired: survive %v, valid for %v", lease.Agent.LeasesSurviveAgent, lease.ValidFor())
+	}
+	select { // the agent renews every TTL/3
+	case r := <-renewals:
+		if r.LeaseID != lease.LeaseID() || r.ValidForMs == 0 || r.ValidForMs > 1000 {
+			t.Errorf("renewed: %+v", r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no renewal reported")
+	}
+	if lease.ValidFor() == nil || *lease.ValidFor() > time.Second {
+		t.Errorf("valid for %v", lease.ValidFor())
+	}
+	mustRelease(t, lease)
+}
+
 // until polls condition every 20 ms until it holds, for at most 10 s.
 func until(t *testing.T, condition func() bool) {
 	t.Helper()

@@ -44,15 +44,16 @@ export class Agent {
   private readonly logPath: string;
   private exited: Promise<number | null>;
 
-  private constructor(readonly dir: string, backend: BackendName | string, name: string) {
+  private constructor(readonly dir: string, backend: BackendName | string, name: string, extraEnv: Record<string, string>) {
     this.socket = join(dir, `${name}.sock`);
     this.backend = backend === "memory" ? "memory://" : backend === "file" ? `file://${join(dir, "locks")}` : backend;
     this.logPath = join(dir, `${name}.log`);
     const config = join(dir, `${name}.toml`);
     writeFileSync(config, "");
-    const env = Object.fromEntries(
-      Object.entries(process.env).filter(([k]) => !NOT_INHERITED.some((prefix) => k.startsWith(prefix))),
-    );
+    const env = {
+      ...Object.fromEntries(Object.entries(process.env).filter(([k]) => !NOT_INHERITED.some((prefix) => k.startsWith(prefix)))),
+      ...extraEnv,
+    };
     const log = openSync(this.logPath, "w");
     this.proc = spawn(runlockd(), ["--config", config, "--socket", this.socket, "--backend", this.backend], {
       env,
@@ -62,9 +63,10 @@ export class Agent {
     this.exited = new Promise((done) => this.proc.once("exit", (code) => done(code)));
   }
 
-  /** Starts an agent in `dir` and waits (bounded) until its socket accepts. */
-  static async start(dir: string, backend: BackendName | string, name = "agent"): Promise<Agent> {
-    const agent = new Agent(dir, backend, name);
+  /** Starts an agent in `dir` on `backend` (a name, or a URI with the
+   * environment it needs) and waits (bounded) until its socket accepts. */
+  static async start(dir: string, backend: BackendName | string, name = "agent", env: Record<string, string> = {}): Promise<Agent> {
+    const agent = new Agent(dir, backend, name, env);
     const deadline = Date.now() + AGENT_START_TIMEOUT_MS;
     for (;;) {
       if (agent.proc.exitCode !== null) throw new Error(`runlockd exited: ${agent.log()}`);
@@ -113,4 +115,30 @@ export async function withAgent(backend: BackendName, body: (agent: Agent) => Pr
     await agent.stop();
     rmSync(dir, { recursive: true, force: true });
   }
+}
+
+/** A fresh bucket in moto at RUNLOCK_TEST_S3_ENDPOINT (scripts/test starts it)
+ * and what an agent needs to use it, as clients/python's tests do; undefined
+ * without the emulator, which fails in CI rather than pass unnoticed. */
+export async function s3Backend(): Promise<{ uri: string; env: Record<string, string> } | undefined> {
+  const endpoint = process.env["RUNLOCK_TEST_S3_ENDPOINT"];
+  if (!endpoint) {
+    if (process.env["CI"]) throw new Error("RUNLOCK_TEST_S3_ENDPOINT is not set (source tests/scripts/moto.sh; moto_start)");
+    return undefined;
+  }
+  const bucket = `runlock-ts-${Math.random().toString(16).slice(2, 10)}`;
+  // moto accepts an unsigned bucket creation, as the Rust tests use it.
+  const created = await fetch(`${endpoint}/${bucket}`, { method: "PUT", signal: AbortSignal.timeout(10_000) });
+  if (!created.ok) throw new Error(`creating bucket ${bucket}: ${created.status}`);
+  return {
+    uri: `s3://${bucket}/locks`,
+    env: {
+      AWS_ENDPOINT_URL: endpoint,
+      AWS_ENDPOINT_URL_S3: endpoint,
+      AWS_ACCESS_KEY_ID: "test",
+      AWS_SECRET_ACCESS_KEY: "test",
+      AWS_REGION: "us-east-1",
+      AWS_EC2_METADATA_DISABLED: "true",
+    },
+  };
 }

@@ -3,6 +3,7 @@
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { once } from "node:events";
+import { rmSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
 import { fileURLToPath } from "node:url";
@@ -23,8 +24,9 @@ import {
   type Forcing,
   type Lease,
   type LostEvent,
+  type Renewed,
 } from "../src/index.js";
-import { Agent, withAgent, workdir, type BackendName } from "./agent.js";
+import { Agent, s3Backend, withAgent, workdir, type BackendName } from "./agent.js";
 
 /** How soon a killed holder's key must be free: the shim's bound (tests/crash_release.rs). */
 const CRASH_RELEASE_BOUND_MS = 5_000;
@@ -229,6 +231,27 @@ for (const backend of ["memory", "file"] as BackendName[]) {
     });
   });
 }
+
+test("on s3:// (leases that outlive the agent) renewals are told and say how long the lease stands", async (t) => {
+  const backend = await s3Backend();
+  if (backend === undefined) return t.skip("RUNLOCK_TEST_S3_ENDPOINT is not set (source tests/scripts/moto.sh; moto_start)");
+  const dir = workdir();
+  const agent = await Agent.start(dir, backend.uri, "agent", backend.env);
+  try {
+    const lease = await lock("dev:renewed", { socket: agent.socket, ttlMs: 1_000 });
+    assert.equal(lease.agent.leasesSurviveAgent, true);
+    assert.ok(lease.validForMs !== undefined && lease.validForMs <= 1_000);
+    // The agent renews every TTL/3.
+    const [renewed] = (await once(lease, "renewed")) as [Renewed];
+    assert.equal(renewed.leaseId, lease.leaseId);
+    assert.ok(renewed.validForMs > 0 && renewed.validForMs <= 1_000);
+    assert.equal(lease.validForMs, renewed.validForMs);
+    await lease.release();
+  } finally {
+    await agent.stop();
+    rmSync(dir, { recursive: true, force: true });
+  }
+});
 
 test("no agent at the socket is Unavailable, without a code", async () => {
   const err = await lock("k", { socket: join(workdir(), "none.sock") }).catch((e: unknown) => e);
