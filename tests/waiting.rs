@@ -15,11 +15,15 @@ use tokio::sync::mpsc;
 async fn plain_seconds_are_a_wait_as_flock_takes_them() -> Result<()> {
     let agent = TestAgent::start("memory://").await?;
     let (holder, _) = agent.hold("dev:seconds").await?;
-    for (wait, waited) in [("0.5", "500ms"), ("1", "1s"), ("700ms", "700ms")] {
-        let out = agent
+    let waiter_of = &agent;
+    let waiting = |wait: &'static str| async move {
+        waiter_of
             .run(&["dev:seconds"], &["--wait", wait], "echo ran")?
             .finish()
-            .await?;
+            .await
+    };
+    for (wait, waited) in [("0.5", "500ms"), ("1", "1s"), ("700ms", "700ms")] {
+        let out = waiting(wait).await?;
         out.expect_code(75)?;
         ensure!(
             out.stderr
@@ -28,10 +32,7 @@ async fn plain_seconds_are_a_wait_as_flock_takes_them() -> Result<()> {
         );
     }
     for bad in ["-1", "soon", "NaN"] {
-        let out = agent
-            .run(&["dev:seconds"], &["--wait", bad], "echo ran")?
-            .finish()
-            .await?;
+        let out = waiting(bad).await?;
         out.expect_code(64)?;
         ensure!(
             out.stdout.is_empty(),

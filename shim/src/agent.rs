@@ -139,10 +139,11 @@ fn holder_lines(h: &Holder, indent: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn holder(slot: Option<u32>, pid: u32, token: u64) -> Holder {
+    /// etl@runner-01's run, for the notices' tests.
+    pub(crate) fn holder(slot: Option<u32>, pid: u32, token: u64) -> Holder {
         Holder {
             host: "runner-01".into(),
             agent_id: "a".into(),

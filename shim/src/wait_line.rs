@@ -203,19 +203,7 @@ mod tests {
     use super::*;
 
     fn holder(pid: u32, slot: Option<u32>) -> Holder {
-        Holder {
-            host: "runner-01".into(),
-            agent_id: "a".into(),
-            pid,
-            uid: 1000,
-            gid: 1000,
-            user: "etl".into(),
-            command: "load".into(),
-            acquired_at_ms: 0,
-            token: 7,
-            slot,
-            slots: slot.map(|_| 3),
-        }
+        crate::agent::tests::holder(slot, pid, 7)
     }
 
     #[test]
