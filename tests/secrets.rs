@@ -178,3 +178,50 @@ async fn an_s3_trace_log_holds_no_secret_and_no_client_library_detail() -> Resul
     }
     Ok(())
 }
+
+/// Issue 46: with no credentials anywhere, an S3 store says so and where the
+/// SDK looked, instead of passing on the last place's failure ("failed to
+/// load credentials from IMDS"), and shows no part of a lone secret key.
+#[tokio::test]
+async fn s3_without_credentials_says_none_were_found_and_where_it_looked() -> Result<()> {
+    const LONE_SECRET: &str = "l0ne-s3cret-without-its-key-id";
+    let home = crate::support::agent::temp_dir()?;
+    let imds = format!("http://127.0.0.1:{}", crate::support::closed_port()?);
+    let mut command = tokio::process::Command::new(&crate::support::bins::bins()?.runlockd);
+    // Nothing inherited: no credentials, profile or role of the machine's.
+    command
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("HOME", home.path())
+        .env("AWS_REGION", "us-east-1")
+        // The instance metadata service answers nothing here, at once.
+        .env("AWS_EC2_METADATA_SERVICE_ENDPOINT", &imds)
+        .env("AWS_SECRET_ACCESS_KEY", LONE_SECRET)
+        .args([
+            "check-config",
+            "--backend",
+            "s3://runlock-test-bucket/locks",
+        ]);
+    let out = crate::support::run::Run::spawn(command)?.finish().await?;
+    out.expect_code(69)?;
+    let error = out
+        .stderr
+        .lines()
+        .find(|line| line.starts_with("runlockd: error:"))
+        .with_context(|| format!("no error: {out:?}"))?;
+    for said in [
+        "no AWS credentials found for S3 at AWS region us-east-1: looked in ",
+        "the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)",
+        "profile \"default\" of ~/.aws/credentials",
+        "web identity",
+        "the instance metadata service (IMDS)",
+        "[s3] access_key_id",
+    ] {
+        ensure!(error.contains(said), "{said:?} not in {error}");
+    }
+    ensure!(
+        !out.stderr.contains(LONE_SECRET) && !out.stdout.contains(LONE_SECRET),
+        "the secret is shown: {out:?}"
+    );
+    Ok(())
+}

@@ -19,7 +19,13 @@ struct Group<'a> {
     lines: Vec<Line<'a>>,
 }
 
-pub fn render(example: &str, path: &str, version: &str, date: &str) -> anyhow::Result<String> {
+pub fn render(
+    example: &str,
+    path: &str,
+    version: &str,
+    date: &str,
+    sections: &crate::sections::Sections,
+) -> anyhow::Result<String> {
     let (header, groups) = parse(example)?;
     let mut page = Roff::new();
     page.control(
@@ -55,13 +61,8 @@ pub fn render(example: &str, path: &str, version: &str, date: &str) -> anyhow::R
         render_group(&mut page, group);
     }
 
-    page.control("SH", ["FILES"])
-        .control("TP", [])
-        .text([bold(path)])
-        .text([roman(
-            "Read by runlockd at start, and by runlock for socket and on_unavailable.",
-        )])
-        .control("SH", ["SEE ALSO"])
+    sections.render(&mut page);
+    page.control("SH", ["SEE ALSO"])
         .text([roman("runlockd(8), runlock(1)")]);
     Ok(page.render())
 }
@@ -218,7 +219,14 @@ mod tests {
 
     #[test]
     fn every_setting_is_named_under_its_section_with_its_comment() {
-        let page = render(EXAMPLE, "/etc/x.toml", "1.2.3", "2026-01-02").expect("renders");
+        let page = render(
+            EXAMPLE,
+            "/etc/x.toml",
+            "1.2.3",
+            "2026-01-02",
+            &crate::sections::config_file(),
+        )
+        .expect("renders");
         assert!(page.contains(".TH RUNLOCKD.TOML 5 2026-01-02 \"runlock 1.2.3\" runlock"));
         assert!(page.contains("/etc/x.toml: the example. More.\n.PP\nSecond paragraph."));
         assert!(page.contains(
@@ -231,8 +239,14 @@ mod tests {
 
     #[test]
     fn a_line_that_is_neither_comment_nor_setting_is_refused() {
-        let err =
-            render("# Head.\n\nnot a setting\n", "/x", "1", "2026-01-02").expect_err("refused");
+        let err = render(
+            "# Head.\n\nnot a setting\n",
+            "/x",
+            "1",
+            "2026-01-02",
+            &crate::sections::config_file(),
+        )
+        .expect_err("refused");
         assert!(err.to_string().contains("line 3"), "{err}");
     }
 

@@ -3,17 +3,18 @@
 //! the commented example configuration, so that none is written twice.
 
 mod config_page;
+mod sections;
 
 use anyhow::Context;
 use clap::CommandFactory;
 use clap_complete::Shell;
-use clap_mangen::roff::{bold, roman, Roff};
+use clap_mangen::roff::{roman, Roff};
 use clap_mangen::Man;
 use std::path::{Path, PathBuf};
 
 /// The commented example configuration: the conffile and runlockd.toml(5).
 const EXAMPLE_CONFIG: &str = include_str!("../../systemd/runlockd.toml");
-const CONFIG_PATH: &str = "/etc/runlock/runlockd.toml";
+use sections::{Sections, CONFIG_PATH};
 
 fn main() -> anyhow::Result<()> {
     let out = PathBuf::from(
@@ -30,11 +31,34 @@ fn main() -> anyhow::Result<()> {
     let date = page_date()?;
     let shim = shim_command();
     let agent = agent_command();
-    write_pages(&man, shim.clone(), "1", &date, &shim_see_also())?;
-    write_pages(&man, agent.clone(), "8", &date, &agent_see_also())?;
+    write_pages(
+        &man,
+        shim.clone(),
+        "1",
+        &date,
+        &shim_see_also(),
+        &|name, _| sections::shim(name),
+    )?;
+    // The agent's flags are global: its subcommands read the same variables.
+    let variables = sections::variables_of(&agent);
+    write_pages(
+        &man,
+        agent.clone(),
+        "8",
+        &date,
+        &agent_see_also(),
+        &|name, _| sections::agent(name, variables.clone()),
+    )?;
     write(
         &man.join("runlockd.toml.5"),
-        config_page::render(EXAMPLE_CONFIG, CONFIG_PATH, version(), &date)?.as_bytes(),
+        config_page::render(
+            EXAMPLE_CONFIG,
+            CONFIG_PATH,
+            version(),
+            &date,
+            &sections::config_file(),
+        )?
+        .as_bytes(),
     )?;
 
     for mut command in [shim, agent] {
@@ -123,21 +147,23 @@ fn completion_file(shell: Shell, name: &str) -> String {
 }
 
 /// One page for the command and one for each subcommand (NAME-SUB), as
-/// clap_mangen's own generate_to does, in `section`, each ending with FILES
-/// and SEE ALSO.
+/// clap_mangen's own generate_to does, in `section`, each ending with the
+/// `sections` of its name, and SEE ALSO.
 fn write_pages(
     dir: &Path,
     command: clap::Command,
     section: &str,
     date: &str,
     see: &[&str],
+    sections: &dyn Fn(&str, &clap::Command) -> Sections,
 ) -> anyhow::Result<()> {
     let mut command = command;
     command.build();
     let name = command.get_name().to_owned();
     let subcommands: Vec<clap::Command> = command.get_subcommands().cloned().collect();
     let mut see_also: Vec<String> = see.iter().map(|s| (*s).to_owned()).collect();
-    let page = render_page(command, section, date, &see_also)?;
+    let own = sections(&name, &command);
+    let page = render_page(command, section, date, &see_also, &own)?;
     write(&dir.join(format!("{name}.{section}")), &page)?;
 
     see_also.insert(0, format!("{name}({section})"));
@@ -146,7 +172,8 @@ fn write_pages(
             .get_display_name()
             .unwrap_or_else(|| sub.get_name())
             .to_owned();
-        let page = render_page(sub, section, date, &see_also)?;
+        let own = sections(&page_name, &sub);
+        let page = render_page(sub, section, date, &see_also, &own)?;
         write(&dir.join(format!("{page_name}.{section}")), &page)?;
     }
     Ok(())
@@ -157,6 +184,7 @@ fn render_page(
     section: &str,
     date: &str,
     see_also: &[String],
+    sections: &Sections,
 ) -> anyhow::Result<Vec<u8>> {
     let has_options = command.get_arguments().any(|a| !a.is_hide_set());
     let has_subcommands = command.has_subcommands();
@@ -166,14 +194,9 @@ fn render_page(
         .date(date)
         .source(format!("runlock {}", version()))
         .manual("runlock");
-    let mut files_and_see_also = Roff::new();
-    files_and_see_also
-        .control("SH", ["FILES"])
-        .control("TP", [])
-        .text([bold(CONFIG_PATH)])
-        .text([roman(
-            "The agent's settings, and where the shim finds the agent's socket; see runlockd.toml(5).",
-        )])
+    let mut ending = Roff::new();
+    sections.render(&mut ending);
+    ending
         .control("SH", ["SEE ALSO"])
         .text([roman(see_also.join(", "))]);
 
@@ -194,7 +217,7 @@ fn render_page(
     if has_subcommands {
         part(&|w| man.render_subcommands_section(w))?;
     }
-    part(&|w| files_and_see_also.to_writer(w))?;
+    part(&|w| ending.to_writer(w))?;
     if has_version {
         part(&|w| man.render_version_section(w))?;
     }

@@ -57,16 +57,7 @@ pub fn call_failure(err: CallError, what: &str) -> Failure {
 
 /// What the shim says while a forced acquire waits for the run it displaces.
 pub fn forcing_notice(key: &str, holder: Option<&Holder>, wait_ms: Option<u64>) -> String {
-    let whose = match holder {
-        Some(h) => format!(
-            "the run of {}@{} (pid {}, token {})",
-            escape(&h.user),
-            escape(&h.host),
-            h.pid,
-            h.token
-        ),
-        None => "the run it was held by".to_string(),
-    };
+    let whose = holder.map_or_else(|| "the run it was held by".to_string(), run_of);
     let how_long = match wait_ms {
         Some(ms) => format!("at most {}s", ms.div_ceil(1000)),
         // file://: a kernel lock has no deadline, only an end.
@@ -77,6 +68,18 @@ pub fn forcing_notice(key: &str, holder: Option<&Holder>, wait_ms: Option<u64>) 
     format!(
         "{:?} is taken over; waiting for {whose} to stop: {how_long}",
         escape(key),
+    )
+}
+
+/// A holder in one phrase, as the shim's notices name it:
+/// `the run of etl@runner-01 (pid 4242, token 7)`.
+pub fn run_of(h: &Holder) -> String {
+    format!(
+        "the run of {}@{} (pid {}, token {})",
+        escape(&h.user),
+        escape(&h.host),
+        h.pid,
+        h.token
     )
 }
 
@@ -136,10 +139,11 @@ fn holder_lines(h: &Holder, indent: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn holder(slot: Option<u32>, pid: u32, token: u64) -> Holder {
+    /// etl@runner-01's run, for the notices' tests.
+    pub(crate) fn holder(slot: Option<u32>, pid: u32, token: u64) -> Holder {
         Holder {
             host: "runner-01".into(),
             agent_id: "a".into(),

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 /// runlock: run a command only while holding a lock that runlockd keeps for it.
 #[derive(Debug, Parser)]
-#[command(name = "runlock", version, about)]
+#[command(name = "runlock", version, about, after_help = crate::exit::help(true))]
 pub struct Cli {
     /// Agent socket [default: $RUNLOCK_SOCKET, else /run/runlock/agent.sock for
     /// root, else $XDG_RUNTIME_DIR/runlock/agent.sock]
@@ -20,14 +20,17 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run COMMAND while holding every --key; the lock ends when the run's last process exits
+    #[command(after_help = crate::exit::help(true))]
     Run(RunArgs),
     /// Show the leases held through this host's agent
+    #[command(after_help = crate::exit::help(false))]
     Status {
         /// Print JSON
         #[arg(long)]
         json: bool,
     },
     /// List the keys held in the store, from every host that shares it
+    #[command(after_help = crate::exit::help(false))]
     List {
         /// Only keys that start with this
         #[arg(value_name = "PREFIX", default_value = "")]
@@ -40,6 +43,7 @@ pub enum Command {
         json: bool,
     },
     /// Show a key's record in the backend: free or held, holder, token, expiry
+    #[command(after_help = crate::exit::help(false))]
     Inspect {
         /// The key
         key: String,
@@ -48,6 +52,7 @@ pub enum Command {
         json: bool,
     },
     /// Show the latest grants, releases, forces, breaks, expiries and losses of KEY
+    #[command(after_help = crate::exit::help(false))]
     History {
         /// The key
         key: String,
@@ -66,12 +71,14 @@ pub enum Command {
     /// address carries a secret token (other users on this host can reach a
     /// loopback port): open the address printed, as it is. When the agent or
     /// this server stops answering, the page says since when its data is stale.
+    #[command(after_help = crate::exit::help(false))]
     Ui {
         /// Where to serve: a loopback address only (127.0.0.1:PORT or [::1]:PORT)
         #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
         listen: std::net::SocketAddr,
     },
     /// Break the lease on KEY, whoever holds it (root and the agent's user only)
+    #[command(after_help = crate::exit::help(false))]
     Release {
         /// The key
         key: String,
@@ -102,8 +109,10 @@ pub struct RunArgs {
     /// COMMAND or asking the agent
     #[arg(long, requires = "meltano")]
     pub print_keys: bool,
-    /// Wait up to DUR for held keys (e.g. 30s, 10m) instead of failing at once
-    #[arg(long, value_name = "DUR", value_parser = parse_duration, default_value = "0s")]
+    /// Wait up to DUR for held keys instead of failing at once: seconds as
+    /// flock's -w takes them (5, 0.5), a duration (30s, 10m), or `infinity`
+    /// to wait as long as it takes
+    #[arg(long, value_name = "DUR", value_parser = parse_wait, default_value = "0")]
     pub wait: Duration,
     /// Lease time to live [default: the agent's]
     #[arg(long, value_name = "DUR", value_parser = parse_duration)]
@@ -149,6 +158,35 @@ impl From<OnLostArg> for runlock_protocol::OnLost {
     }
 }
 
+/// The wait that has no bound: the longest the protocol carries (some 584
+/// million years), so that an agent of any version waits it as it is.
+pub const WAIT_FOREVER: Duration = Duration::from_millis(u64::MAX);
+
+/// `--wait`: plain seconds as flock(1)'s `-w` (`5`, `0.5`), a duration as
+/// `--ttl` takes (`30s`, `10m`), or `infinity` (systemd's word for a time
+/// span without end; `inf` too, as a float reads it).
+fn parse_wait(text: &str) -> Result<Duration, String> {
+    let seconds = match text.trim().parse::<f64>() {
+        Ok(seconds) => seconds,
+        Err(_) => return parse_duration(text),
+    };
+    if seconds == f64::INFINITY {
+        return Ok(WAIT_FOREVER);
+    }
+    if seconds.is_nan() || seconds < 0.0 {
+        return Err("a wait is 0 or more seconds, or infinity".to_string());
+    }
+    // Whole milliseconds, as the wire counts them; past its range it is refused.
+    let millis = (seconds * 1000.0).round();
+    if millis >= u64::MAX as f64 {
+        return Err(format!(
+            "too long: the protocol carries at most {}ms (write infinity to wait without bound)",
+            u64::MAX
+        ));
+    }
+    Ok(Duration::from_millis(millis as u64))
+}
+
 /// A duration the protocol can carry: whole milliseconds in a u64 (a longer
 /// one is refused here, so that it cannot wrap to a short one on the wire).
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -172,6 +210,25 @@ pub fn millis(duration: Duration) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_wait_is_seconds_as_flock_takes_them_a_duration_or_infinity() {
+        for (text, want) in [
+            ("5", Duration::from_secs(5)),
+            ("0.5", Duration::from_millis(500)),
+            ("0", Duration::ZERO),
+            ("5s", Duration::from_secs(5)),
+            ("2m", Duration::from_secs(120)),
+            ("1500ms", Duration::from_millis(1500)),
+            ("infinity", WAIT_FOREVER),
+            ("inf", WAIT_FOREVER),
+        ] {
+            assert_eq!(parse_wait(text), Ok(want), "{text}");
+        }
+        for bad in ["-1", "NaN", "-inf", "1e30", "soon", "5 parsecs"] {
+            assert!(parse_wait(bad).is_err(), "{bad} accepted");
+        }
+    }
 
     #[test]
     fn a_duration_the_wire_cannot_carry_is_refused_not_wrapped() {

@@ -5,6 +5,7 @@ mod commands;
 mod format;
 mod host_config;
 mod signals;
+mod wait_line;
 
 use clap::Parser;
 use runlock_shim::{cli, exit};

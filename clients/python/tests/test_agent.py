@@ -3,6 +3,7 @@ the restart tests on file:// and s3://)."""
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import signal
@@ -61,6 +62,60 @@ def test_timeout_after_waiting_names_the_holder(agent: Agent) -> None:
             runlock.lock("dev:busy", socket=agent.socket, wait=0.3)
     assert isinstance(caught.value, runlock.Held)
     assert caught.value.holder is not None and caught.value.holder.token == lease.token
+
+
+def test_held_prints_its_holder_as_the_shim_does(agent: Agent, runlockd: Path) -> None:
+    with runlock.lock("dev:shown", socket=agent.socket, command="pytest holder") as lease:
+        with pytest.raises(runlock.Timeout) as caught:
+            runlock.lock("dev:shown", socket=agent.socket, wait=0.1)
+        shim = subprocess.run(
+            [str(runlockd.parent / "runlock"), "--socket", str(agent.socket), "run"]
+            + ["--key", "dev:shown", "--", "true"],
+            capture_output=True,
+            text=True,
+            timeout=BOUND_S,
+        )
+    assert shim.returncode == 75, shim.stderr
+    printed = str(caught.value).splitlines()
+    assert printed[0] == caught.value.message
+    for line in [
+        f"  host:    {socket.gethostname()}",
+        f"  pid:     {os.getpid()}",
+        f"  command: pytest holder",
+        f"  token:   {lease.token}",
+    ]:
+        assert line in printed, f"{line!r} not in {printed}"
+    assert any(line.startswith(f"  user:    ") and f"(uid {os.getuid()})" in line for line in printed)
+    # The same fields in the same words as the shim's exit-75 message; the
+    # "since" line too, but for how long ago, which may have ticked on.
+    by_field = lambda lines: {l.split(":")[0].strip(): l for l in lines if l.startswith("  ")}
+    ours, shims = by_field(printed), by_field(shim.stderr.splitlines())
+    assert ours.keys() == shims.keys() == {"host", "pid", "user", "command", "since", "token"}
+    for name in ("host", "pid", "user", "command", "token"):
+        assert ours[name] == shims[name]
+    assert ours["since"].split(" (")[0] == shims["since"].split(" (")[0]
+
+
+def test_an_infinite_wait_waits_until_the_holder_releases(agent: Agent) -> None:
+    first = runlock.lock("dev:forever", socket=agent.socket)
+    done: "queue.Queue[object]" = queue.Queue()
+
+    def waiter() -> None:
+        try:
+            with runlock.lock("dev:forever", socket=agent.socket, wait=math.inf) as lease:
+                done.put(lease.token)
+        except BaseException as err:  # reported to the main thread
+            done.put(err)
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    # Still waiting while the key is held (about blocking, not synchronisation).
+    with pytest.raises(queue.Empty):
+        done.get(timeout=0.3)
+    first.release()
+    token = done.get(timeout=BOUND_S)
+    assert isinstance(token, int) and token > first.token, token
+    thread.join(BOUND_S)
 
 
 def test_wait_succeeds_once_the_holder_releases(agent: Agent) -> None:

@@ -79,7 +79,14 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
     // its own bound on the backend operations of each key, it is wedged.
     let per_key = BACKEND_ANSWER_TIMEOUT.saturating_mul(args.keys.len().max(1) as u32);
     let answer_within = args.wait.saturating_add(per_key);
-    let acquired = acquire(&mut client, asked, answer_within, &mut signals).await;
+    // A forced acquire says what it waits for in its own notice.
+    let shown_wait = if args.force {
+        Duration::ZERO
+    } else {
+        args.wait
+    };
+    let waiting = crate::wait_line::show(socket, &args.keys, shown_wait);
+    let acquired = acquire(&mut client, asked, answer_within, &mut signals, waiting).await;
     let (leases, ttl, valid_for, locks) = match acquired {
         Ok(Ok(granted)) => granted,
         Ok(Err(signal)) => return Ok(ExitCode::from(exit::for_signal(signal as i32))),
@@ -285,17 +292,20 @@ fn request(args: &RunArgs) -> ClientMessage {
 }
 
 /// Waits (at most `limit`) for the answer to the acquire sent as `id`: what
-/// `acquired` said, or `Ok(Err(signal))` when a signal came first.
+/// `acquired` said, or `Ok(Err(signal))` when a signal came first; `waiting`
+/// shows the wait meanwhile, and is dropped (ended) with it.
 async fn acquire(
     client: &mut Client,
     id: u64,
     limit: Duration,
     signals: &mut Signals,
+    waiting: impl Future<Output = std::convert::Infallible>,
 ) -> Result<Result<Acquired, Signal>, Failure> {
     let reply = tokio::select! {
         reply = client.reply_within(id, limit) => reply,
         // Closing the connection (by returning) abandons the wait in the agent.
         signal = signals.next() => return Ok(Err(signal)),
+        never = waiting => match never {},
     };
     match reply {
         Ok(AgentMessage::Acquired {
@@ -467,7 +477,8 @@ async fn reattach(
     }
 }
 
-async fn poll_some<T>(future: &mut Option<Pin<Box<dyn Future<Output = T>>>>) -> T {
+/// The future in `future`, or never when there is none.
+pub(crate) async fn poll_some<T>(future: &mut Option<Pin<Box<dyn Future<Output = T>>>>) -> T {
     match future {
         Some(future) => future.await,
         None => std::future::pending().await,

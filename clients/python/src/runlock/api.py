@@ -61,6 +61,15 @@ def _millis(seconds: float, what: str) -> int:
     return millis
 
 
+def _wait_millis(wait: float) -> int:
+    """``wait`` in the wire's milliseconds: ``math.inf`` is the wait without
+    bound (the longest the protocol carries), as ``--wait infinity`` is the
+    shim's."""
+    if wait == math.inf:
+        return _MAX_MILLIS
+    return _millis(wait, "wait")
+
+
 _MAX_U32 = (1 << 32) - 1
 
 
@@ -422,7 +431,8 @@ def lock(
     """Takes one key (a ``str``) or several (a list: all or none, in sorted order).
 
     ``wait`` is how many seconds to wait while a key is held (0: raise
-    :class:`~runlock.Held` at once; after waiting, :class:`~runlock.Timeout`).
+    :class:`~runlock.Held` at once; after waiting, :class:`~runlock.Timeout`;
+    ``math.inf``: as long as it takes, as the shim's ``--wait infinity``).
     ``ttl`` is the lease's time to live in seconds (the agent's default when
     None); the agent renews it while the connection is open. ``force`` takes
     the keys from their holders (needs force rights). ``command`` is recorded
@@ -440,7 +450,7 @@ def lock(
     key_list = [keys] if isinstance(keys, str) else list(keys)
     if not key_list or not all(isinstance(k, str) for k in key_list):
         raise ValueError("keys must be a str or a non-empty sequence of str")
-    wait_ms = _millis(wait, "wait")
+    wait_ms = _wait_millis(wait)
     ttl_ms = None if ttl is None else _millis(ttl, "ttl")
     _uint32(slots, "slots")
     conn = Connection(resolve(socket))
@@ -455,7 +465,9 @@ def lock(
             command=_default_command() if command is None else command,
             slots=slots,
         )
-        reply, fds = conn.request_fds(request, timeout=wait_ms / 1000 + REPLY_SLACK_S)
+        # Waiting without bound, the agent's answer has no deadline either.
+        reply_within = None if wait_ms == _MAX_MILLIS else wait_ms / 1000 + REPLY_SLACK_S
+        reply, fds = conn.request_fds(request, timeout=reply_within)
         if not isinstance(reply, messages.Acquired):
             raise ProtocolError(f"unexpected answer to acquire: {reply!r}")
         if fds and len(fds) != len(reply.leases):

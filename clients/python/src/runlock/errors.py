@@ -8,6 +8,9 @@ catches every failure of this package. Agent errors map from their wire ``code``
 
 from __future__ import annotations
 
+import time
+import unicodedata
+from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Type
 
 if TYPE_CHECKING:  # only for annotations: messages imports this module
@@ -49,6 +52,68 @@ class NamesHolders(RunlockError):
         super().__init__(message, code=code or self.default_code, key=key)
         self.holder = holder
         self.holders = list(holders)
+
+    def __str__(self) -> str:
+        """The message, then each holder's fields on lines of their own, as
+        the shim prints them for exit 75: host, pid, user, command, since,
+        token (and the slot, for a key with slots)."""
+        holders = self.holders or ([self.holder] if self.holder is not None else [])
+        text = _escape(self.message)
+        for h in holders:
+            indent = "  "
+            if h.slot is not None:
+                of = f" (of {h.slots})" if h.slots is not None else ""
+                text += f"\n  slot {h.slot}{of}:"
+                indent = "    "
+            text += _holder_lines(h, indent)
+        return text
+
+
+def _holder_lines(h: "Holder", indent: str) -> str:
+    return "".join(
+        f"\n{indent}{name + ':':<8} {value}"
+        for name, value in (
+            ("host", _escape(h.host)),
+            ("pid", h.pid),
+            ("user", f"{_escape(h.user)} (uid {h.uid})"),
+            ("command", _escape(h.command)),
+            ("since", _since(h.acquired_at_ms)),
+            ("token", h.token),
+        )
+    )
+
+
+def _escape(text: str) -> str:
+    """``text`` with every character a terminal could act on or hide
+    (controls, zero-width and bidi marks, line separators) as a visible
+    escape, as the shim writes it: a holder's fields come from other users."""
+    out = []
+    for c in text:
+        if c in "\n\r\t":
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}[c])
+        elif unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp"):
+            out.append(f"\\x{ord(c):02x}" if ord(c) < 0x80 else f"\\u{{{ord(c):x}}}")
+        else:
+            out.append(c)
+    return "".join(out)
+
+
+def _since(ms: int) -> str:
+    """``2026-11-30T04:05:06.000Z (3m 2s ago)``."""
+    try:
+        at = datetime.fromtimestamp(ms / 1000, timezone.utc)
+    except (OverflowError, OSError, ValueError):
+        return f"{ms}ms after the epoch"
+    text = at.strftime("%Y-%m-%dT%H:%M:%S") + f".{ms % 1000:03d}Z"
+    ago = int(time.time() - ms / 1000)
+    if ago < 0:
+        return text
+    days, rest = divmod(ago, 86400)
+    parts = [f"{days}day{'s' if days != 1 else ''}"] if days else []
+    for amount, unit in ((rest // 3600, "h"), (rest // 60 % 60, "m"), (rest % 60, "s")):
+        if amount:
+            parts.append(f"{amount}{unit}")
+    return f"{text} ({' '.join(parts) or '0s'} ago)"
 
 
 class Held(NamesHolders):

@@ -7,6 +7,7 @@ use super::S3Store;
 use crate::backend::cas::root_cause;
 use crate::backend::failure;
 use crate::backend::retry::TIMEOUTS;
+use aws_credential_types::provider::error::CredentialsError;
 use aws_sdk_s3::config::http::HttpResponse;
 use aws_sdk_s3::error::{ProvideErrorMetadata, SdkError};
 use std::error::Error as StdError;
@@ -29,6 +30,20 @@ impl S3Store {
         format!("bucket {} does not exist at {}", self.bucket, self.location)
     }
 
+    /// The SDK found no credentials: named as such, with where it looked,
+    /// rather than as the last place's failure (IMDS's, most often).
+    fn no_credentials_message(&self, cause: &str) -> String {
+        match &self.credentials_looked_in {
+            Some(looked_in) => format!(
+                "no AWS credentials found for S3 at {}: looked in {looked_in} (the last \
+                 said: {cause}); set one of them, or [s3] access_key_id and \
+                 secret_access_key in the configuration file",
+                self.location
+            ),
+            None => format!("no AWS credentials for S3 at {}: {cause}", self.location),
+        }
+    }
+
     /// Sorts an SDK error; `name` is the object the request was about.
     pub(super) fn classify<E>(&self, err: SdkError<E, HttpResponse>, name: &str) -> Failure
     where
@@ -39,6 +54,9 @@ impl S3Store {
         } else {
             format!("s3://{}/{name}", self.bucket)
         };
+        if let Some(cause) = credentials_failure(&err) {
+            return Failure::Transient(self.no_credentials_message(&cause));
+        }
         match &err {
             SdkError::ServiceError(service) => {
                 let status = service.raw().status().as_u16();
@@ -129,4 +147,17 @@ impl S3Store {
             )),
         }
     }
+}
+
+/// Why the SDK could not get credentials, when that is why `err` happened
+/// (the credential chain's own error is among its causes).
+fn credentials_failure(err: &(dyn StdError + 'static)) -> Option<String> {
+    let mut cause = Some(err);
+    while let Some(current) = cause {
+        if current.is::<CredentialsError>() {
+            return Some(root_cause(current));
+        }
+        cause = current.source();
+    }
+    None
 }

@@ -49,6 +49,9 @@ pub struct S3Store {
     site: Site,
     /// Where the bucket is, for messages: the endpoint, or the AWS region.
     location: String,
+    /// Where the SDK looks for credentials, for the message when it finds
+    /// none; `None` for static keys.
+    credentials_looked_in: Option<String>,
 }
 
 impl S3Store {
@@ -148,11 +151,15 @@ impl S3Store {
         };
         // No pace of its own: it takes a write of an object as soon as asked.
         let site = Site::object_store("s3", &bucket, &prefix, reached, Duration::ZERO);
+        let profile_env = std::env::var("AWS_PROFILE").ok();
+        let credentials_looked_in =
+            CredentialSource::of(options)?.looked_in(profile_env.as_deref());
         Ok(S3Store {
             client,
             bucket,
             site,
             location,
+            credentials_looked_in,
         })
     }
 }

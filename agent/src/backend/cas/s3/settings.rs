@@ -29,6 +29,25 @@ impl<'a> CredentialSource<'a> {
         }
     }
 
+    /// Where the SDK looks for credentials from this source, for the message
+    /// that none were found; `None` for static keys, which are always there.
+    pub(super) fn looked_in(&self, profile_env: Option<&str>) -> Option<String> {
+        match self {
+            CredentialSource::Static { .. } => None,
+            CredentialSource::Profile(profile) => Some(format!(
+                "profile {profile:?} ([s3] profile) of ~/.aws/credentials and ~/.aws/config"
+            )),
+            CredentialSource::DefaultChain => Some(format!(
+                "the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY), profile {:?} \
+                 of ~/.aws/credentials and ~/.aws/config (AWS_PROFILE), web identity \
+                 (AWS_WEB_IDENTITY_TOKEN_FILE and AWS_ROLE_ARN), the container's \
+                 credentials (AWS_CONTAINER_CREDENTIALS_FULL_URI or _RELATIVE_URI) and \
+                 the instance metadata service (IMDS)",
+                profile_env.filter(|p| !p.is_empty()).unwrap_or("default")
+            )),
+        }
+    }
+
     /// What `check-config` says of it: the key id at most, never the secret.
     pub(super) fn describe(&self) -> String {
         match self {

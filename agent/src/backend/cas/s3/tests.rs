@@ -1,7 +1,7 @@
 //! The S3 adapter's own tests: URIs and the reading of answers.
 
 use super::errors::{Failure, Handled};
-use super::settings::parse_uri;
+use super::settings::{parse_uri, CredentialSource};
 use super::*;
 use crate::backend::failure::refusal_and_message;
 use aws_sdk_s3::config::http::HttpResponse;
@@ -36,7 +36,30 @@ fn store() -> S3Store {
             Duration::ZERO,
         ),
         location: "http://s3.test".into(),
+        credentials_looked_in: CredentialSource::DefaultChain.looked_in(None),
     }
+}
+
+#[test]
+fn no_credentials_is_said_as_such_with_where_the_sdk_looked() {
+    use aws_credential_types::provider::error::CredentialsError;
+    let imds = CredentialsError::provider_error("failed to load credentials from IMDS");
+    let err = SdkError::<PutObjectError, HttpResponse>::dispatch_failure(ConnectorError::other(
+        Box::new(imds),
+        None,
+    ));
+    let Failure::Transient(message) = store().classify(err, "k") else {
+        panic!("not transient");
+    };
+    assert!(
+        message.starts_with("no AWS credentials found for S3 at http://s3.test: looked in the environment (AWS_ACCESS_KEY_ID"),
+        "{message}"
+    );
+    assert!(message.contains("profile \"default\""), "{message}");
+    assert!(
+        message.contains("(the last said: failed to load credentials from IMDS)"),
+        "{message}"
+    );
 }
 
 /// The store's reading of an answer `status` with error `code`; the error's
