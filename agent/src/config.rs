@@ -33,7 +33,7 @@ const MAX_DRAIN_TIMEOUT: Duration = Duration::from_secs(600);
 /// runlockd: the runlock agent. Holds locks for the runs on this host and
 /// serves `runlock` over a Unix socket.
 #[derive(Debug, Parser)]
-#[command(name = "runlockd", version, about)]
+#[command(name = "runlockd", version, about, after_help = crate::exit_status::help(false))]
 pub struct Args {
     /// What to do instead of serving.
     #[command(subcommand)]
@@ -135,6 +135,7 @@ pub fn secrets_on_command_line(args: &Args, matches: &clap::ArgMatches) -> Vec<S
 #[derive(Debug, Clone, clap::Subcommand)]
 pub enum Command {
     /// Print the effective configuration (secrets redacted) and exit.
+    #[command(after_help = crate::exit_status::help(true))]
     CheckConfig {
         /// Instead, print the configuration matching this Meltano project's
         /// state_backend settings (meltano.yml, MELTANO_STATE_BACKEND_*).

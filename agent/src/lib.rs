@@ -6,6 +6,7 @@ pub mod access;
 pub mod backend;
 pub mod config;
 pub mod connection;
+pub mod exit_status;
 mod handoff;
 pub mod lease;
 pub mod legacy;

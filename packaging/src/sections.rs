@@ -199,31 +199,7 @@ fn shim_examples(name: &str) -> Vec<(&'static str, &'static str)> {
 /// with `variables` the ones its flags read (from its clap definitions).
 pub fn agent(name: &str, variables: Vec<(String, String)>) -> Sections {
     let check = name == "runlockd-check-config";
-    let mut exit_status = vec![
-        (
-            "0",
-            if check {
-                "the configuration can be used and the backend is ready"
-            } else {
-                "stopped by SIGTERM or SIGINT, its runs drained"
-            },
-        ),
-        (
-            "69",
-            "check-config: the backend cannot be reached now (EX_UNAVAILABLE)",
-        ),
-        (
-            "78",
-            "a configuration it cannot use: a bad setting or file, a backend URI it cannot \
-             open or trust (EX_CONFIG)",
-        ),
-    ];
-    if !check {
-        exit_status.insert(
-            1,
-            ("1", "a failure of the moment after start (see the log)"),
-        );
-    }
+    let exit_status = runlock_agent::exit_status::statuses(check);
     let mut environment = variables;
     environment.extend(owned(vec![
         (
