@@ -114,5 +114,24 @@ async fn every_man_page_has_exit_status_environment_files_and_examples() -> Resu
     ] {
         ensure!(agent.contains(wanted), "runlockd.8 lacks {wanted}");
     }
+    // The agent's --help names what its page does, from the same table.
+    for (args, check) in [
+        (&["--help"][..], false),
+        (&["check-config", "--help"][..], true),
+    ] {
+        let help = Command::new(&bins.runlockd).args(args).output().await?;
+        ensure!(help.status.success(), "runlockd {args:?}: {help:?}");
+        let help = String::from_utf8(help.stdout)?;
+        let listed = help
+            .split_once("Exit status:")
+            .with_context(|| format!("runlockd {args:?} names no exit status:\n{help}"))?
+            .1;
+        for (status, meaning) in runlock_agent::exit_status::statuses(check) {
+            ensure!(
+                listed.contains(&format!("  {status:<6} {meaning}")),
+                "runlockd {args:?} lacks {status}:\n{help}"
+            );
+        }
+    }
     Ok(())
 }
