@@ -68,29 +68,25 @@ pub(crate) async fn etcd_rows(_scratch: &Path) -> Result<Rows> {
 
     // The same client crate and etcd: one conditional put, as an acquire's
     // transaction is (an acquire also grants its lease first).
-    let mut client = etcd_client::Client::connect([endpoint.as_str()], None).await?;
+    let client = runlock_agent::backend::testing::etcd_client(&endpoint).await?;
     let raw_key = format!("runlock-bench-raw-{}", std::process::id());
     let body = vec![b'x'; 300];
     let raw = time_raw(0, |revision| {
-        use etcd_client::{Compare, CompareOp, Txn, TxnOp};
+        use runlock_agent::backend::testing::etcd_rpc::{Compare, Txn, TxnOp};
         let txn = Txn::new()
-            .when([Compare::mod_revision(
-                raw_key.as_str(),
-                CompareOp::Equal,
-                revision,
-            )])
+            .when([Compare::mod_revision(raw_key.as_str(), revision)])
             .and_then([TxnOp::put(raw_key.as_str(), body.clone(), None)]);
-        let mut client = client.clone();
+        let client = client.clone();
         async move {
             let answer = client.txn(txn).await?;
-            if !answer.succeeded() {
+            if !answer.succeeded {
                 bail!("the raw transaction's condition failed");
             }
-            Ok(answer.header().context("no header")?.revision())
+            Ok(answer.revision())
         }
     })
     .await?;
-    client.delete(raw_key.as_str(), None).await?;
+    client.delete(raw_key.as_str()).await?;
     rows.extend(beside_raw(
         "etcd",
         "raw conditional put (one Txn), same client crate",

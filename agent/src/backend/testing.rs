@@ -23,6 +23,28 @@ pub fn etcd_lease_seconds(ttl: std::time::Duration) -> i64 {
     super::etcd::lease_seconds(ttl)
 }
 
+/// The etcd client the backend talks through, for tests that read or write
+/// beside it.
+#[cfg(feature = "etcd")]
+pub use super::etcd::rpc as etcd_rpc;
+
+/// A client of the etcd at `url` (`http://host:port`), without a user.
+#[cfg(feature = "etcd")]
+pub async fn etcd_client(url: &str) -> Result<etcd_rpc::Client, etcd_rpc::Error> {
+    etcd_rpc::Client::connect(etcd_rpc::Settings {
+        endpoints: &[url.to_string()],
+        tls: None,
+        user: None,
+        connect_timeout: TIMEOUTS.connect,
+        timeout: TIMEOUTS.attempt,
+        keep_alive: (
+            std::time::Duration::from_secs(10),
+            std::time::Duration::from_secs(5),
+        ),
+    })
+    .await
+}
+
 /// Whether an etcd backend's watch on its prefix is established.
 #[cfg(feature = "etcd")]
 pub fn etcd_watching(backend: &super::EtcdBackend) -> bool {

@@ -3,7 +3,6 @@
 //! permission (named, never the password).
 
 use super::{endpoint, fresh_prefix, open_at, take, TTL};
-use etcd_client::{Client, ConnectOptions, Permission};
 use runlock_agent::backend::testing::{lease, spec};
 use runlock_agent::backend::{Backend, BackendError, EtcdBackend, EtcdOptions};
 use std::path::PathBuf;
@@ -97,28 +96,29 @@ async fn a_wrong_password_and_a_missing_permission_are_named_without_the_passwor
     let root = std::env::var("RUNLOCK_TEST_ETCD_ROOT_PASSWORD").expect("set by etcd.sh");
     let prefix = fresh_prefix("auth");
     let reader = format!("reader-{}", fastrand::u32(..));
-    let mut admin = Client::connect(
-        [format!("http://{host}")],
-        Some(ConnectOptions::new().with_user("root", root)),
-    )
-    .await
-    .expect("root connects");
-    admin.role_add(&reader).await.expect("role");
-    admin
-        .role_grant_permission(
-            &reader,
-            Permission::read(format!("{prefix}/")).with_prefix(),
-        )
-        .await
-        .expect("grant");
-    admin
-        .user_add(&reader, "reader-secret", None)
-        .await
-        .expect("user");
-    admin
-        .user_grant_role(&reader, &reader)
-        .await
-        .expect("user role");
+    let as_root = |args: &[&str]| {
+        let ctl = std::env::var("RUNLOCK_TEST_ETCDCTL").expect("set by etcd.sh");
+        let done = std::process::Command::new(ctl)
+            .args(["--endpoints", &host, "--command-timeout", "5s"])
+            .args(["--user", &format!("root:{root}")])
+            .args(args)
+            .output()
+            .expect("etcdctl runs");
+        let said = String::from_utf8_lossy(&done.stderr);
+        assert!(done.status.success(), "etcdctl {args:?}: {said}");
+    };
+    as_root(&["role", "add", &reader]);
+    let under = format!("{prefix}/");
+    as_root(&[
+        "role",
+        "grant-permission",
+        &reader,
+        "--prefix=true",
+        "read",
+        &under,
+    ]);
+    as_root(&["user", "add", &format!("{reader}:reader-secret")]);
+    as_root(&["user", "grant-role", &reader, &reader]);
 
     let wrong = EtcdBackend::open(
         &format!("etcd://{reader}:not-the-secret@{host}/{prefix}"),

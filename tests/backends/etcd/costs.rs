@@ -3,8 +3,9 @@
 //! raft, and list pages of one transaction; counted on etcd's `/metrics`.
 
 use super::{endpoint, fresh_prefix, key, open, open_at, take, TTL};
-use etcd_client::Client;
-use runlock_agent::backend::testing::{adopter, etcd_lease_seconds, etcd_watching, lease, spec};
+use runlock_agent::backend::testing::{
+    adopter, etcd_client, etcd_lease_seconds, etcd_rpc::Get, etcd_watching, lease, spec,
+};
 use runlock_agent::backend::{Backend, BackendError, EtcdBackend, EtcdOptions};
 use runlock_protocol::KeyState;
 use std::time::Duration;
@@ -79,18 +80,13 @@ async fn an_agents_keys_share_one_etcd_lease_and_renewing_them_all_costs_one_kee
         let (name, id) = (format!("k{n}"), format!("l{n}"));
         held.push(take(&one, &name, &id, ttl).await);
     }
-    let mut etcd = Client::connect([url.as_str()], None)
-        .await
-        .expect("connects");
+    let etcd = etcd_client(&url).await.expect("connects");
     let listed = etcd
-        .get(
-            format!("{prefix}/k"),
-            Some(etcd_client::GetOptions::new().with_prefix()),
-        )
+        .get(Get::key(format!("{prefix}/k")).with_prefix())
         .await
         .expect("lists");
-    let leases: std::collections::HashSet<i64> = listed.kvs().iter().map(|kv| kv.lease()).collect();
-    assert_eq!(listed.kvs().len(), KEYS);
+    let leases: std::collections::HashSet<i64> = listed.kvs.iter().map(|kv| kv.lease()).collect();
+    assert_eq!(listed.kvs.len(), KEYS);
     assert_eq!(
         leases.len(),
         1,
@@ -258,7 +254,7 @@ async fn list_pages_through_held_released_slot_and_unreadable_records() -> anyho
     let (one, two) = (open(&prefix), open(&prefix));
     let at = format!("http://{}", endpoint("RUNLOCK_TEST_ETCD_ENDPOINT"));
     crate::backends::listing::lists_every_record(&one, &two, || async {
-        let mut etcd = Client::connect([at], None).await?;
+        let etcd = etcd_client(&at).await?;
         etcd.put(format!("{prefix}/app%2Fbad"), "not a record", None)
             .await?;
         Ok(())
@@ -287,7 +283,7 @@ async fn a_page_of_list_is_one_transaction_and_skips_what_is_not_a_record() -> a
     // Escaped, far longer than a name may be: named by its hash.
     let long = format!("app/{}", "é".repeat(150));
     one.acquire(&spec(&long, "long", false, TTL)).await?;
-    let mut etcd = Client::connect([url.as_str()], None).await?;
+    let etcd = etcd_client(&url).await?;
     for beside in [
         format!("{prefix}/.force/app%2Fk1"),
         format!("{prefix}/.stopped/app%2Fk1/3"),

@@ -10,9 +10,8 @@
 mod connecting;
 mod costs;
 
-use etcd_client::Client;
 use runlock_agent::backend::testing::{
-    adopter, etcd_force_marker, etcd_lease_seconds, lease, spec,
+    adopter, etcd_client, etcd_force_marker, etcd_lease_seconds, etcd_rpc::Get, lease, spec,
 };
 use runlock_agent::backend::{
     AcquireSpec, Backend, BackendError, EtcdBackend, EtcdOptions, LeaseRef,
@@ -139,7 +138,7 @@ async fn in_the_middle_of_a_force_the_key_is_held_for_the_forcer() {
     let (forcer, waiter) = (open(&prefix), open(&prefix));
     let marker = etcd_force_marker(&forcer, &key("k"));
     let at = format!("http://{}", endpoint("RUNLOCK_TEST_ETCD_ENDPOINT"));
-    let mut etcd = Client::connect([at], None).await.expect("connects");
+    let etcd = etcd_client(&at).await.expect("connects");
     etcd.put(marker.as_str(), b"{}".to_vec(), None)
         .await
         .expect("marker written");
@@ -147,9 +146,7 @@ async fn in_the_middle_of_a_force_the_key_is_held_for_the_forcer() {
         waiter.acquire(&spec("k", "w1", false, TTL)).await,
         Err(BackendError::Held(None, _))
     ));
-    etcd.delete(marker.as_str(), None)
-        .await
-        .expect("marker deleted");
+    etcd.delete(marker.as_str()).await.expect("marker deleted");
     let granted = waiter
         .acquire(&spec("k", "w1", false, TTL))
         .await
@@ -160,8 +157,8 @@ async fn in_the_middle_of_a_force_the_key_is_held_for_the_forcer() {
         .await
         .expect("forced");
     assert!(forced.holder.token > granted.holder.token);
-    let read = etcd.get(marker.as_str(), None).await.expect("read");
-    assert!(read.kvs().is_empty());
+    let read = etcd.get(Get::key(marker.as_str())).await.expect("read");
+    assert!(read.kvs.is_empty());
 }
 
 #[tokio::test]

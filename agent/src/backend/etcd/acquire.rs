@@ -73,21 +73,17 @@ impl EtcdBackend {
             let events = kept.after_grant(grant.clone());
             let create = Txn::new()
                 .when([
-                    Compare::create_revision(name.clone(), CompareOp::Equal, 0),
-                    Compare::create_revision(marker.clone(), CompareOp::Equal, 0),
-                    Compare::mod_revision(history_key.clone(), CompareOp::Equal, kept.revision),
+                    Compare::create_revision(name.clone(), 0),
+                    Compare::create_revision(marker.clone(), 0),
+                    Compare::mod_revision(history_key.clone(), kept.revision),
                 ])
                 .and_then([
-                    TxnOp::put(
-                        name.clone(),
-                        body.clone(),
-                        Some(PutOptions::new().with_lease(lease.id)),
-                    ),
+                    TxnOp::put(name.clone(), body.clone(), Some(lease.id)),
                     TxnOp::put(history_key.clone(), history::body(&spec.key, &events), None),
                 ])
                 .or_else([
-                    TxnOp::get(name.clone(), None),
-                    TxnOp::get(history_key.clone(), None),
+                    TxnOp::get(Get::key(name.clone())),
+                    TxnOp::get(Get::key(history_key.clone())),
                 ]);
             let answer = match self.transact_as_is(create).await {
                 Ok(answer) => answer,
@@ -102,17 +98,14 @@ impl EtcdBackend {
                     return Err(self.connection.unavailable(problem));
                 }
             };
-            if answer.succeeded() {
+            if answer.succeeded {
                 self.seen_held(&name, Some(false));
-                let revision = answer.header().map(|h| h.revision()).unwrap_or(0);
+                let revision = answer.revision();
                 let events = history::filled(events, revision as u64);
                 self.keep(&history_key, Kept::written(revision, events));
                 return Ok(self.granted(spec, lease, revision as u64, epoch, None));
             }
-            let mut read = answer.op_responses().into_iter().map(|r| match r {
-                TxnOpResponse::Get(mut got) => got.take_kvs().into_iter().next(),
-                _ => None,
-            });
+            let mut read = answer.firsts();
             let (current, history_kv) = (read.next().flatten(), read.next().flatten());
             let now = self.read_history(&history_key, history_kv.as_ref())?;
             let incident = shared::last_incident(&now.events);
@@ -204,50 +197,46 @@ impl EtcdBackend {
             history,
             event,
         } = *forced;
-        let with_lease = || Some(PutOptions::new().with_lease(lease));
         let delete = Txn::new()
             .when([
-                Compare::mod_revision(name, CompareOp::Equal, current.mod_revision()),
-                Compare::create_revision(marker, CompareOp::Equal, 0),
+                Compare::mod_revision(name, current.mod_revision()),
+                Compare::create_revision(marker, 0),
             ])
             .and_then([
-                TxnOp::delete(name, None),
-                TxnOp::put(marker, body, with_lease()),
-                TxnOp::get(history, None),
+                TxnOp::delete(name),
+                TxnOp::put(marker, body, Some(lease)),
+                TxnOp::get(Get::key(history)),
             ]);
         let deleted = self.transact(delete).await?;
-        if !deleted.succeeded() {
+        if !deleted.succeeded {
             return Ok(None);
         }
         // The history as the delete saw it: only the forcer, holding the
         // marker, writes it before the key is created again.
-        let history_kv = deleted.op_responses().into_iter().find_map(|r| match r {
-            TxnOpResponse::Get(mut got) => got.take_kvs().into_iter().next(),
-            _ => None,
-        });
+        let history_kv = deleted.firsts().flatten().next();
         let kept = self.read_history(history, history_kv.as_ref())?;
         let mut events = kept.events.clone();
         shared::push(&mut events, event.clone());
         let create = Txn::new()
             .when([
-                Compare::value(marker, CompareOp::Equal, body),
-                Compare::create_revision(name, CompareOp::Equal, 0),
-                Compare::mod_revision(history, CompareOp::Equal, kept.revision),
+                Compare::value(marker, body),
+                Compare::create_revision(name, 0),
+                Compare::mod_revision(history, kept.revision),
             ])
             .and_then([
-                TxnOp::put(name, body, with_lease()),
-                TxnOp::delete(marker, None),
+                TxnOp::put(name, body, Some(lease)),
+                TxnOp::delete(marker),
                 TxnOp::put(history, history::body(key, &events), None),
             ])
             // Only an agent of an older version, which knows no marker, can
             // have created the key (or written no history) meanwhile: give
             // the marker up, read again.
-            .or_else([TxnOp::delete(marker, None)]);
+            .or_else([TxnOp::delete(marker)]);
         let created = self.transact(create).await?;
-        if !created.succeeded() {
+        if !created.succeeded {
             return Ok(None);
         }
-        let revision = created.header().map(|h| h.revision()).unwrap_or(0);
+        let revision = created.revision();
         let events = history::filled(events, revision as u64);
         self.keep(history, Kept::written(revision, events));
         Ok(Some(revision as u64))
@@ -260,18 +249,15 @@ impl EtcdBackend {
     fn abandon(&self, names: [&str; 2], body: &[u8], lease: EtcdLease) {
         let deletes = names.map(|name| {
             Txn::new()
-                .when([
-                    Compare::value(name, CompareOp::Equal, body),
-                    Compare::lease(name, CompareOp::Equal, lease.id),
-                ])
-                .and_then([TxnOp::delete(name, None)])
+                .when([Compare::value(name, body), Compare::lease(name, lease.id)])
+                .and_then([TxnOp::delete(name)])
         });
         let connection = self.connection.clone();
         tokio::spawn(async move {
             for delete in deletes {
                 let _ = tokio::time::timeout(
                     TIMEOUTS.operation,
-                    connection.call(|mut c| {
+                    connection.call(|c| {
                         let delete = delete.clone();
                         async move { c.txn(delete).await }
                     }),

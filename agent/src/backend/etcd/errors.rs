@@ -2,6 +2,7 @@
 //! try, refused, or a lease gone, in words that name the members and what to
 //! check, never the password.
 
+use super::rpc;
 use super::transport::Connection;
 use crate::backend::failure::Failure;
 use crate::backend::BackendError;
@@ -16,16 +17,16 @@ pub(super) struct LeaseGone;
 pub(super) type Problem = Failure<LeaseGone>;
 
 impl Connection {
-    pub(super) fn classify(&self, err: etcd_client::Error) -> Problem {
-        use etcd_client::Error as E;
+    pub(super) fn classify(&self, err: rpc::Error) -> Problem {
+        use rpc::Error as E;
         match err {
-            E::GRpcStatus(status) if tls_refused(&cause_of(&status, status.message())) => {
+            E::Status(status) if tls_refused(&cause_of(&status, status.message())) => {
                 self.tls_refusal(&cause_of(&status, status.message()))
             }
-            E::GRpcStatus(status) if status.message() == "transport error" => {
+            E::Status(status) if status.message() == "transport error" => {
                 Problem::Transient(cause_of(&status, status.message()))
             }
-            E::GRpcStatus(status) => {
+            E::Status(status) => {
                 let message = status.message().to_string();
                 match status.code() {
                     Code::Cancelled
@@ -60,16 +61,13 @@ impl Connection {
                     _ => Problem::Refused(format!("{} answered: {message}", self.place)),
                 }
             }
-            E::LeaseKeepAliveError(message) if message.contains("not found") => {
-                Problem::Expected(LeaseGone)
-            }
-            E::TransportError(_) | E::IoError(_) if tls_refused(&error_chain(&err)) => {
+            E::LeaseGone => Problem::Expected(LeaseGone),
+            E::Transport(err) if tls_refused(&error_chain(&err)) => {
                 self.tls_refusal(&error_chain(&err))
             }
-            E::TransportError(_) | E::IoError(_) | E::LeaseKeepAliveError(_) | E::WatchError(_) => {
-                Problem::Transient(error_chain(&err))
-            }
-            other => Problem::Refused(format!("{}: {}", self.place, error_chain(&other))),
+            E::Transport(err) => Problem::Transient(error_chain(&err)),
+            ended @ E::Ended(_) => Problem::Transient(ended.to_string()),
+            E::Setup(err) => Problem::Refused(format!("{}: {}", self.place, error_chain(&err))),
         }
     }
 

@@ -13,9 +13,9 @@
 //! key too long to spell (named by its hash) names its key in its first
 //! event, for `list` to show. Agents that know no such field ignore it.
 
+use super::rpc::KeyValue;
 use crate::backend::history::{self, Stamp};
 use crate::backend::key_name;
-use etcd_client::KeyValue;
 use runlock_protocol::{EventKind, Key, KeyEvent};
 use serde::{Deserialize, Serialize};
 

@@ -38,6 +38,7 @@ mod listing;
 mod record;
 mod releases;
 mod reports;
+pub mod rpc;
 mod session;
 mod settings;
 #[cfg(test)]
@@ -56,12 +57,10 @@ use crate::backend::history::{self as shared, Stamp};
 use crate::backend::retry::TIMEOUTS;
 use async_trait::async_trait;
 use errors::{LeaseGone, Problem};
-use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse,
-};
 use futures::StreamExt;
 use history::Kept;
 use record::EtcdRecord;
+use rpc::{Compare, Get, KeyValue, Txn, TxnOp, TxnResponse};
 use runlock_protocol::{timing, EventKind, Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
 use session::Sessions;
 use std::collections::{HashMap, HashSet};
@@ -182,14 +181,14 @@ impl EtcdBackend {
         let prefix = self.connection.prefix.clone();
         self.bounded(async {
             self.connection
-                .call(|mut c| {
+                .call(|c| {
                     let prefix = prefix.clone();
                     async move {
-                        let only_one = GetOptions::new()
+                        let only_one = Get::key(prefix)
                             .with_prefix()
                             .with_keys_only()
                             .with_limit(1);
-                        c.get(prefix, Some(only_one)).await
+                        c.get(only_one).await
                     }
                 })
                 .await
@@ -317,15 +316,12 @@ impl EtcdBackend {
         history_key: &str,
     ) -> BackendResult<Option<BackendError>> {
         let read = Txn::new().and_then([
-            TxnOp::get(name, None),
-            TxnOp::get(history_key, None),
-            TxnOp::get(marker, None),
+            TxnOp::get(Get::key(name)),
+            TxnOp::get(Get::key(history_key)),
+            TxnOp::get(Get::key(marker)),
         ]);
         let answer = self.transact(read).await?;
-        let mut got = answer.op_responses().into_iter().map(|r| match r {
-            TxnOpResponse::Get(mut got) => got.take_kvs().into_iter().next(),
-            _ => None,
-        });
+        let mut got = answer.firsts();
         let (current, history_kv, forcing) = (
             got.next().flatten(),
             got.next().flatten(),
@@ -368,7 +364,7 @@ impl EtcdBackend {
         )
     }
 
-    async fn transact(&self, txn: Txn) -> BackendResult<etcd_client::TxnResponse> {
+    async fn transact(&self, txn: Txn) -> BackendResult<TxnResponse> {
         self.transact_as_is(txn)
             .await
             .map_err(|p| self.connection.unavailable(p))
@@ -376,9 +372,9 @@ impl EtcdBackend {
 
     /// [`Self::transact`], its failure as etcd's, for a caller that handles
     /// one of them itself.
-    async fn transact_as_is(&self, txn: Txn) -> Result<etcd_client::TxnResponse, Problem> {
+    async fn transact_as_is(&self, txn: Txn) -> Result<TxnResponse, Problem> {
         self.connection
-            .call(|mut c| {
+            .call(|c| {
                 let txn = txn.clone();
                 async move { c.txn(txn).await }
             })
@@ -391,12 +387,12 @@ impl EtcdBackend {
         name: &str,
         history_key: &str,
     ) -> BackendResult<(Option<KeyValue>, Kept)> {
-        let both = Txn::new().and_then([TxnOp::get(name, None), TxnOp::get(history_key, None)]);
+        let both = Txn::new().and_then([
+            TxnOp::get(Get::key(name)),
+            TxnOp::get(Get::key(history_key)),
+        ]);
         let answer = self.transact(both).await?;
-        let mut read = answer.op_responses().into_iter().map(|r| match r {
-            TxnOpResponse::Get(mut got) => got.take_kvs().into_iter().next(),
-            _ => None,
-        });
+        let mut read = answer.firsts();
         let (kv, history_kv) = (read.next().flatten(), read.next().flatten());
         let kept = self.read_history(history_key, history_kv.as_ref())?;
         self.keep(history_key, kept.clone());
@@ -404,11 +400,11 @@ impl EtcdBackend {
     }
 
     async fn read(&self, name: &str) -> BackendResult<Option<KeyValue>> {
-        let mut got = self
+        let got = self
             .connection
-            .request(|mut c| async move { c.get(name, None).await })
+            .request(|c| async move { c.get(Get::key(name)).await })
             .await?;
-        Ok(got.take_kvs().into_iter().next())
+        Ok(got.kvs.into_iter().next())
     }
 }
 
@@ -445,14 +441,10 @@ impl Backend for EtcdBackend {
         // up waiting) goes by itself.
         let granted = self
             .connection
-            .request(|mut c| async move { c.lease_grant(STOPPED_WORD_SECONDS, None).await })
+            .request(|c| async move { c.lease_grant(STOPPED_WORD_SECONDS).await })
             .await?;
-        let put = PutOptions::new().with_lease(granted.id());
         self.connection
-            .request(|mut c| {
-                let put = put.clone();
-                async move { c.put(name.as_str(), "stopped", Some(put)).await }
-            })
+            .request(|c| async move { c.put(name.as_str(), "stopped", Some(granted)).await })
             .await?;
         Ok(())
     }
@@ -462,9 +454,9 @@ impl Backend for EtcdBackend {
         // Read and removed in one request.
         let deleted = self
             .connection
-            .request(|mut c| async move { c.delete(name.as_str(), None).await })
+            .request(|c| async move { c.delete(name.as_str()).await })
             .await?;
-        Ok(deleted.deleted() > 0)
+        Ok(deleted > 0)
     }
 
     async fn acquire(&self, spec: &AcquireSpec) -> BackendResult<Grant> {
@@ -528,11 +520,11 @@ impl Backend for EtcdBackend {
         let history_key = self.history_name(&lease.key);
         let kept = self.kept(&history_key);
         let ours = [
-            Compare::lease(name.clone(), CompareOp::Equal, id),
-            Compare::create_revision(name.clone(), CompareOp::Equal, lease.token as i64),
+            Compare::lease(name.clone(), id),
+            Compare::create_revision(name.clone(), lease.token as i64),
         ];
         let mut when = ours.to_vec();
-        let mut then = vec![TxnOp::delete(name.clone(), None)];
+        let mut then = vec![TxnOp::delete(name.clone())];
         let mut events = kept.events.clone();
         // Without the event that began it (a history not current here), the
         // key alone is deleted, as when the history changed meanwhile.
@@ -541,11 +533,7 @@ impl Backend for EtcdBackend {
             .and_then(|began| ending.event_after(began, Stamp::agent_now()));
         if let Some(event) = event.clone() {
             shared::push(&mut events, event);
-            when.push(Compare::mod_revision(
-                history_key.clone(),
-                CompareOp::Equal,
-                kept.revision,
-            ));
+            when.push(Compare::mod_revision(history_key.clone(), kept.revision));
             then.push(TxnOp::put(
                 history_key.clone(),
                 history::body(&lease.key, &events),
@@ -554,8 +542,8 @@ impl Backend for EtcdBackend {
         }
         self.bounded(async {
             let ended = self.transact(Txn::new().when(when).and_then(then)).await?;
-            if ended.succeeded() {
-                let revision = ended.header().map(|h| h.revision()).unwrap_or(0);
+            if ended.succeeded {
+                let revision = ended.revision();
                 if event.is_some() {
                     self.keep(&history_key, Kept::written(revision, events));
                 }
@@ -563,7 +551,7 @@ impl Backend for EtcdBackend {
             }
             let delete = Txn::new()
                 .when(ours)
-                .and_then([TxnOp::delete(name.clone(), None)]);
+                .and_then([TxnOp::delete(name.clone())]);
             self.transact(delete).await.map(|_| ())
         })
         .await
@@ -647,15 +635,11 @@ impl Backend for EtcdBackend {
             // Rewritten only if untouched since the read: a force in between wins.
             let rewrite = Txn::new()
                 .when([
-                    Compare::mod_revision(name.clone(), CompareOp::Equal, kv.mod_revision()),
-                    Compare::mod_revision(history_key.clone(), CompareOp::Equal, kept.revision),
+                    Compare::mod_revision(name.clone(), kv.mod_revision()),
+                    Compare::mod_revision(history_key.clone(), kept.revision),
                 ])
                 .and_then([
-                    TxnOp::put(
-                        name.clone(),
-                        record.body(),
-                        Some(PutOptions::new().with_lease(ours.id)),
-                    ),
+                    TxnOp::put(name.clone(), record.body(), Some(ours.id)),
                     TxnOp::put(
                         history_key.clone(),
                         history::body(&lease.key, &events),
@@ -663,10 +647,10 @@ impl Backend for EtcdBackend {
                     ),
                 ]);
             let written = self.transact(rewrite).await?;
-            if !written.succeeded() {
+            if !written.succeeded {
                 return Err(BackendError::LeaseMismatch);
             }
-            let revision = written.header().map(|h| h.revision()).unwrap_or(0);
+            let revision = written.revision();
             self.keep(&history_key, Kept::written(revision, events));
             self.hold(&lease.key, &lease.lease_id, ours.id, lease.token, epoch);
             Ok(Adopted::new(holder, ours.sent, ttl))

@@ -20,7 +20,7 @@ impl Reports for EtcdBackend {
         let name = &format!("{}{}", self.reports_under(), agent.file_name());
         self.bounded(async {
             self.connection
-                .request(|mut c| {
+                .request(|c| {
                     let body = body.clone();
                     async move { c.put(name.as_str(), body, None).await }
                 })
@@ -39,19 +39,18 @@ impl Reports for EtcdBackend {
         let mut reports = Vec::new();
         self.bounded(async {
             loop {
-                let options = GetOptions::new()
+                let page = Get::key(start.as_slice())
                     .with_range(end.clone())
                     .with_limit(REPORTS_PAGE);
-                let from = start.as_slice();
-                let mut answer = self
+                let answer = self
                     .connection
-                    .request(|mut c| {
-                        let options = options.clone();
-                        async move { c.get(from, Some(options)).await }
+                    .request(|c| {
+                        let page = page.clone();
+                        async move { c.get(page).await }
                     })
                     .await?;
-                let more = answer.more();
-                let kvs = answer.take_kvs();
+                let more = answer.more;
+                let kvs = answer.kvs;
                 for kv in &kvs {
                     let agent = kv
                         .key_str()
@@ -76,7 +75,7 @@ impl Reports for EtcdBackend {
         let name = &format!("{}{}", self.reports_under(), agent.file_name());
         self.bounded(async {
             self.connection
-                .request(|mut c| async move { c.delete(name.as_str(), None).await })
+                .request(|c| async move { c.delete(name.as_str()).await })
                 .await?;
             Ok(())
         })

@@ -105,14 +105,14 @@ impl Sessions {
         let sent = Instant::now();
         let granted = self
             .connection
-            .request(|mut c| async move { c.lease_grant(seconds, None).await })
+            .request(|c| async move { c.lease_grant(seconds).await })
             .await?;
         let mut by_ttl = self.by_ttl();
         // Leases of TTLs no longer held go with their last key: drop the
         // ones etcd has surely let run out, so that the map stays small.
         by_ttl.retain(|_, s| !s.run_out());
-        by_ttl.insert(ttl, Arc::new(Session::new(granted.id(), ttl, sent)));
-        Ok((granted.id(), sent))
+        by_ttl.insert(ttl, Arc::new(Session::new(granted, ttl, sent)));
+        Ok((granted, sent))
     }
 
     /// Renews a key on lease `id`: when etcd's clock for it last restarted.
@@ -146,7 +146,7 @@ impl Sessions {
         let sent = Instant::now();
         let id = session.id;
         self.connection
-            .call(|mut c| async move { c.lease_keep_alive(id).await.map(|_| ()) })
+            .call(|c| async move { c.lease_keep_alive(id).await })
             .await?;
         *session.kept.lock().unwrap_or_else(|e| e.into_inner()) = sent;
         Ok(sent)

@@ -6,8 +6,8 @@
 //! when the agent starts, so a missing one stops it with its name.
 
 use crate::backend::EtcdOptions;
-use etcd_client::{Certificate, Identity, TlsOptions};
 use std::path::{Path, PathBuf};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity};
 
 /// The client certificate file to present, if any: `[etcd] cert_file`, else `ETCDCTL_CERT`.
 pub fn client_certificate(options: &EtcdOptions) -> Option<PathBuf> {
@@ -19,7 +19,7 @@ pub fn client_certificate(options: &EtcdOptions) -> Option<PathBuf> {
 }
 
 /// The TLS settings for `options` and the URI's `?tls=`, or `None` for plain HTTP.
-pub fn settings(asked: bool, options: &EtcdOptions) -> anyhow::Result<Option<TlsOptions>> {
+pub fn settings(asked: bool, options: &EtcdOptions) -> anyhow::Result<Option<ClientTlsConfig>> {
     let env = |name: &str| {
         std::env::var_os(name)
             .filter(|v| !v.is_empty())
@@ -31,7 +31,7 @@ pub fn settings(asked: bool, options: &EtcdOptions) -> anyhow::Result<Option<Tls
     if !asked && ca.is_none() && cert.is_none() && key.is_none() {
         return Ok(None);
     }
-    let mut tls = TlsOptions::new();
+    let mut tls = ClientTlsConfig::new();
     tls = match &ca {
         Some(ca) => tls.ca_certificate(Certificate::from_pem(read(ca, "CA")?)),
         None => tls.with_native_roots(),

@@ -4,16 +4,17 @@
 
 use super::errors::{LeaseGone, Problem};
 use super::record::EtcdRecord;
+use super::rpc::{self, Client, Watch};
 use super::watched::Watched;
 use crate::backend::retry::{RetryBudget, TIMEOUTS, TRANSIENT};
 use crate::backend::{BackendResult, Secret};
-use etcd_client::{Client, ConnectOptions, EventType, TlsOptions, WatchFilterType, WatchOptions};
 use runlock_protocol::Key;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
+use tonic::transport::ClientTlsConfig;
 
 /// The pauses between attempts to watch again after a failure.
 const REWATCH: RetryBudget = RetryBudget {
@@ -32,31 +33,26 @@ pub(super) struct Connection {
     pub(super) user: Option<(String, Secret)>,
     pub(super) client: tokio::sync::Mutex<Option<Client>>,
     /// `None` for plain HTTP.
-    pub(super) tls: Option<TlsOptions>,
+    pub(super) tls: Option<ClientTlsConfig>,
     /// `etcd at host:port,…`, for messages.
     pub(super) place: String,
     pub(super) prefix: String,
 }
 impl Connection {
-    pub(super) async fn client(&self) -> Result<Client, etcd_client::Error> {
+    pub(super) async fn client(&self) -> Result<Client, rpc::Error> {
         let mut slot = self.client.lock().await;
         if let Some(client) = slot.as_ref() {
             return Ok(client.clone());
         }
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(TIMEOUTS.connect)
-            .with_timeout(TIMEOUTS.attempt)
-            .with_keep_alive(PING_INTERVAL, PING_TIMEOUT);
-        if let Some(tls) = &self.tls {
-            options = options.with_tls(tls.clone());
-        }
-        if let Some((user, password)) = &self.user {
-            // Tokens expire (etcd's --auth-token-ttl): get a new one when refused.
-            options = options
-                .with_user(user.clone(), password.expose())
-                .with_auto_token_refresh(true);
-        }
-        let client = Client::connect(&self.endpoints, Some(options)).await?;
+        let client = Client::connect(rpc::Settings {
+            endpoints: &self.endpoints,
+            tls: self.tls.as_ref(),
+            user: self.user.as_ref(),
+            connect_timeout: TIMEOUTS.connect,
+            timeout: TIMEOUTS.attempt,
+            keep_alive: (PING_INTERVAL, PING_TIMEOUT),
+        })
+        .await?;
         *slot = Some(client.clone());
         Ok(client)
     }
@@ -74,7 +70,7 @@ impl Connection {
     pub(super) async fn call<T, F, Fut>(&self, request: F) -> Result<T, Problem>
     where
         F: Fn(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
+        Fut: Future<Output = Result<T, rpc::Error>>,
     {
         let request = &request;
         TRANSIENT
@@ -103,7 +99,7 @@ impl Connection {
     pub(super) async fn request<T, F, Fut>(&self, request: F) -> BackendResult<T>
     where
         F: Fn(Client) -> Fut,
-        Fut: Future<Output = Result<T, etcd_client::Error>>,
+        Fut: Future<Output = Result<T, rpc::Error>>,
     {
         self.call(request).await.map_err(|p| self.unavailable(p))
     }
@@ -154,51 +150,49 @@ async fn watch_once(
     next_revision: &mut i64,
     failures: &mut u32,
 ) -> Result<(), String> {
-    let describe = |err: etcd_client::Error| match connection.classify(err) {
+    let describe = |err: rpc::Error| match connection.classify(err) {
         Problem::Transient(why) | Problem::Refused(why) => why,
         Problem::Expected(LeaseGone) => "lease gone".to_string(),
     };
-    let mut options = WatchOptions::new()
-        .with_prefix()
-        .with_prev_key()
-        .with_filters([WatchFilterType::NoPut]);
-    if *next_revision > 0 {
-        options = options.with_start_revision(*next_revision);
-    }
-    let prefix = connection.prefix.clone();
+    let watch = Watch::deletions_under(connection.prefix.as_str(), *next_revision);
     let mut stream = tokio::time::timeout(TIMEOUTS.attempt, async {
-        let mut client = connection.client().await?;
-        client.watch(prefix, Some(options)).await
+        let client = connection.client().await?;
+        client.watch(watch).await
     })
     .await
     .map_err(|_| format!("no answer within {} s", TIMEOUTS.attempt.as_secs()))?
     .map_err(describe)?;
-    while let Some(answer) = stream.message().await.map_err(describe)? {
-        if answer.canceled() {
-            if answer.compact_revision() > 0 {
+    while let Some(answer) = stream
+        .message()
+        .await
+        .map_err(|status| describe(status.into()))?
+    {
+        if answer.canceled {
+            if answer.compact_revision > 0 {
                 *next_revision = 0; // what was missed is gone: watch from now
             }
-            return Err(format!("etcd ended the watch: {}", answer.cancel_reason()));
+            return Err(format!("etcd ended the watch: {}", answer.cancel_reason));
         }
-        if answer.created() {
+        if answer.created {
             watched.up();
         }
         // Watching again: the next failure is news worth a warning.
         *failures = 0;
-        for event in answer.events() {
-            if event.event_type() != EventType::Delete {
+        for event in &answer.events {
+            if !event.is_delete() {
                 continue;
             }
-            if let Some(kv) = event.kv() {
+            if let Some(kv) = &event.kv {
                 *next_revision = kv.mod_revision() + 1;
             }
-            if let Some(prev) = event.prev_kv() {
+            if let Some(prev) = &event.prev_kv {
                 if let Ok(name) = prev.key_str() {
                     watched.deleted(name, prev.create_revision());
                 }
             }
             let key = event
-                .prev_kv()
+                .prev_kv
+                .as_ref()
                 .and_then(|kv| serde_json::from_slice::<EtcdRecord>(kv.value()).ok())
                 .and_then(|record| Key::parse_record(&record.key).ok());
             if let Some(key) = key {

@@ -37,22 +37,15 @@ impl EtcdBackend {
             .collect();
         // One more than the page, to tell whether another follows.
         let within = |(start, end): &listing::Range| {
-            let options = GetOptions::new()
+            let page = Get::key(start.clone())
                 .with_range(end.clone())
                 .with_limit(limit as i64 + 1);
-            TxnOp::get(start.clone(), Some(options))
+            TxnOp::get(page)
         };
         let read = Txn::new().and_then(ranges.iter().map(within).collect::<Vec<_>>());
         self.bounded(async {
             let answer = self.transact(read).await?;
-            let mut got: Vec<Vec<KeyValue>> = answer
-                .op_responses()
-                .into_iter()
-                .map(|r| match r {
-                    TxnOpResponse::Get(mut got) => got.take_kvs(),
-                    _ => Vec::new(),
-                })
-                .collect();
+            let mut got: Vec<Vec<KeyValue>> = answer.reads().collect();
             // The histories read are not kept (`keep`) as the condition of
             // this agent's next write: that would hold every key's here.
             let histories = got.pop().unwrap_or_default();
@@ -146,9 +139,9 @@ impl EtcdBackend {
         }
         let left = self
             .connection
-            .call(|mut c| async move { c.lease_time_to_live(id, None).await })
+            .call(|c| async move { c.lease_time_to_live(id).await })
             .await;
-        left.ok().map(|l| l.ttl().max(0) as u64)
+        left.ok().map(|l| l.max(0) as u64)
     }
 
     /// The record and history a listing read of `name` (below the prefix),
