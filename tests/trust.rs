@@ -364,12 +364,16 @@ async fn a_members_slot_waiters_on_s3_neither_stop_nor_starve_roots_runs() -> Re
     std::fs::set_permissions(agent.dir(), std::fs::Permissions::from_mode(0o755))?;
     let w = key("slot-flood");
     let hold = ["run", "--slots", SLOTS, "--key", &w, "--", "sh", "-c", HOLD];
+    // One at a time: started together, the member's 32 acquisitions take
+    // turns (a user's slot takes are one at a time), each reading the key's
+    // 32 slot records, and on a loaded machine the last ones outwaited the
+    // shim's 15 s for an answer. The waiters below are the flood this test
+    // is about.
     let mut holders = Vec::new();
     for _ in 0..32 {
-        holders.push(as_nobody(&agent, &[RUNLOCK_GROUP], &hold)?);
-    }
-    for holder in &mut holders {
+        let mut holder = as_nobody(&agent, &[RUNLOCK_GROUP], &hold)?;
         holder.ready().await?;
+        holders.push(holder);
     }
     let wait = [
         "run", "--slots", SLOTS, "--wait", "60s", "--key", &w, "--", "true",
