@@ -25,8 +25,8 @@
 //! (`displaced.rs`); the old holder still locks that inode and learns of the
 //! loss at its next check, when the name no longer names its inode.
 //! `.force.lock` orders a force against every other record write (shared
-//! for those, exclusive for force), so no two grants
-//! read the same previous token.
+//! for those, exclusive for force), so no two grants read the same previous
+//! token.
 //!
 //! Making every token durable (`fdatasync`) would double the cost of an
 //! acquisition, so tokens are reserved in durable blocks: `KEY.tokens` is
