@@ -5,7 +5,7 @@
 use crate::support::agent::Backend;
 use crate::support::client::{acquire, release, RawClient};
 use crate::support::rewriting_proxy::{Canned, RequestHead, RewritingProxy};
-use crate::support::run::HOLD;
+use crate::support::run::{Run, HOLD};
 use crate::support::stores::{
     unique_name, Azure, Etcd, Gcs, Ministack, Postgres, Space, Store, RECORDS, S3,
 };
@@ -36,10 +36,15 @@ test_matrix!(
 const MANY_KEYS_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// `runlock list ARGS --json` through `agent`, parsed; it must succeed.
+/// A listing reads one record per key, so it is given as long as an acquire
+/// of many keys: 600 keys on a loaded Azurite or moto took more than the
+/// usual 15 s in CI.
 async fn list_json(agent: &TestAgent, args: &[&str]) -> Result<Value> {
     let mut all = vec!["list", "--json"];
     all.extend_from_slice(args);
-    let out = agent.runlock_output(&all).await?;
+    let mut command = agent.runlock()?;
+    command.args(&all);
+    let out = Run::spawn(command)?.finish_within(MANY_KEYS_WAIT).await?;
     out.expect_code(0)?;
     serde_json::from_str(out.stdout.trim())
         .with_context(|| format!("list --json printed non-JSON: {out:?}"))
