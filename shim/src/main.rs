@@ -1,14 +1,7 @@
 //! runlock, the shim: wraps a command in a lock held by this host's runlockd.
 
-mod agent;
-mod commands;
-mod format;
-mod host_config;
-mod signals;
-mod wait_line;
-
 use clap::Parser;
-use runlock_shim::{cli, exit};
+use runlock_shim::{cli, commands, exit, host_config};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -50,7 +43,7 @@ fn main() -> ExitCode {
             cli::Command::History { key, limit, json } => {
                 commands::history::run(&socket, &key, limit, json).await
             }
-            cli::Command::Ui { listen } => commands::ui::run(&socket, listen).await,
+            cli::Command::Ui { listen } => Err(commands::ui::run(&socket, listen)),
             cli::Command::Release { key, slot } => {
                 commands::release::run(&socket, &key, slot).await
             }

@@ -211,6 +211,30 @@ async fn installed_package_verifies_renders_completes_and_locks() -> Result<()> 
         );
     }
 
+    // `runlock ui` hands over to the page's program where the package put it:
+    // only runlock-ui refuses a listen address that is not loopback.
+    let ui = within(
+        WAIT,
+        "runlock ui",
+        Command::new(&installed_runlock)
+            .args([
+                "--socket",
+                "/nonexistent.sock",
+                "ui",
+                "--listen",
+                "0.0.0.0:0",
+            ])
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await??;
+    ensure!(
+        ui.status.code() == Some(64)
+            && String::from_utf8_lossy(&ui.stderr).contains("only on a loopback address"),
+        "the installed runlock ui: {}",
+        text(&ui)
+    );
+
     // The pages describe the installed binaries: every flag their --help names.
     for (page, binary, args) in [
         ("man1/runlock.1.gz", &installed_runlock, &["--help"][..]),

@@ -61,6 +61,7 @@ const FILES: &[&str] = &[
     "usr/lib/systemd/system/runlockd.socket",
     "usr/lib/sysusers.d/runlock.conf",
     "usr/lib/tmpfiles.d/runlock.conf",
+    "usr/libexec/runlock/runlock-ui",
     "usr/share/bash-completion/completions/runlock",
     "usr/share/bash-completion/completions/runlockd",
     "usr/share/doc/runlock/changelog.gz",
@@ -212,7 +213,7 @@ async fn package_holds_its_files_and_control_fields() -> Result<()> {
         let (mode, owner, path) = (fields[0], fields[1], fields[fields.len() - 1]);
         let path = path.trim_start_matches("./");
         ensure!(owner == "root/root", "{path} is owned by {owner}");
-        let want = if path.starts_with("usr/bin/") {
+        let want = if path.starts_with("usr/bin/") || path.starts_with("usr/libexec/") {
             "-rwxr-xr-x"
         } else {
             "-rw-r--r--"

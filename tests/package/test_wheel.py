@@ -73,7 +73,7 @@ class InstalledWheels(unittest.TestCase):
         )
 
     def test_the_binaries_are_the_venvs_and_static(self) -> None:
-        for name in ("runlock", "runlockd"):
+        for name in ("runlock", "runlock-ui", "runlockd"):
             found = shutil.which(name, path=self.env["PATH"])
             self.assertEqual(found, str(VENV_BIN / name))
             # No dynamic loader: the binary runs on any Linux of its architecture.
@@ -93,6 +93,12 @@ class InstalledWheels(unittest.TestCase):
         self.assertEqual(done.returncode, EXIT_HELD, done.stderr)
         self.assertIn("held", done.stderr)
         self.assertEqual(self.runlock.inspect("k", socket=self.socket).state, "free")
+
+    def test_runlock_ui_hands_over_to_the_venvs_page_program(self) -> None:
+        # Only runlock-ui refuses an address that is not loopback.
+        done = self.shim("ui", "--listen", "0.0.0.0:0")
+        self.assertEqual(done.returncode, 64, done.stderr)
+        self.assertIn("only on a loopback address", done.stderr)
 
     def test_the_client_is_the_venvs_and_holds_a_key_the_shim_respects(self) -> None:
         installed = Path(self.runlock.__file__).resolve()

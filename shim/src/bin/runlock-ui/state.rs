@@ -2,11 +2,11 @@
 //! each key's runs of the last 24 hours, read at most once per
 //! [`FRESH_FOR`] however many tabs poll, and never twice at once.
 
-use super::order::{self, Group};
 use super::runs::{self, Run};
-use crate::commands::list;
 use runlock_client::Client;
 use runlock_protocol::{Holder, KeyListing, KeyState};
+use runlock_shim::commands::list;
+use runlock_shim::order::{self, Group};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -74,7 +74,7 @@ impl StateSource {
         };
         let mut client = match inner.client.take() {
             Some(client) => client,
-            None => match crate::agent::connect(&self.socket).await {
+            None => match runlock_shim::agent::connect(&self.socket).await {
                 Ok(client) => client,
                 Err(err) => return failed(err.message),
             },

@@ -1,16 +1,19 @@
-//! `runlock ui [--listen ADDR]`: a live page of the fleet on a loopback port,
-//! for the user who runs it, fed through this host's agent's socket with
-//! that user's rights (the agent gets no listener of its own for it).
+//! `runlock-ui`, what `runlock ui [--listen ADDR]` hands over to: a live
+//! page of the fleet on a loopback port, for the user who runs it, fed
+//! through this host's agent's socket with that user's rights (the agent
+//! gets no listener of its own for it). A program apart from `runlock`, so
+//! that the shim every run starts links no HTTP server.
 
-mod order;
 mod runs;
 mod server;
 mod state;
 
-use crate::exit::{Failure, EXIT_SOFTWARE, EXIT_USAGE};
+use clap::Parser;
+use runlock_shim::exit::{Failure, EXIT_SOFTWARE, EXIT_USAGE};
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::path::Path;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
 use tokio::net::TcpListener;
@@ -19,7 +22,45 @@ use tokio::signal::unix::{signal, SignalKind};
 /// The token's length: 128 bits, beyond guessing from another local account.
 const TOKEN_BYTES: usize = 16;
 
-pub async fn run(socket: &Path, listen: SocketAddr) -> Result<ExitCode, Failure> {
+/// Started by `runlock ui`, which has resolved the socket as every
+/// `runlock` command does.
+#[derive(Parser)]
+#[command(name = "runlock-ui", version, about = "The page `runlock ui` serves")]
+struct Args {
+    /// The agent's socket
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    /// Where to serve: a loopback address only (127.0.0.1:PORT or [::1]:PORT)
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    listen: SocketAddr,
+}
+
+fn main() -> ExitCode {
+    let args = match Args::try_parse() {
+        Ok(args) => args,
+        Err(err) => {
+            let _ = err.print();
+            return if err.use_stderr() {
+                ExitCode::from(EXIT_USAGE)
+            } else {
+                ExitCode::SUCCESS
+            };
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => return Failure::new(EXIT_SOFTWARE, format!("cannot start: {err}")).report(),
+    };
+    match runtime.block_on(serve(&args.socket, args.listen)) {
+        Ok(code) => code,
+        Err(failure) => failure.report(),
+    }
+}
+
+async fn serve(socket: &Path, listen: SocketAddr) -> Result<ExitCode, Failure> {
     // Any address but loopback would show everyone on the network the
     // fleet's hosts and commands, and carry the token over plain HTTP.
     if !listen.ip().is_loopback() {
