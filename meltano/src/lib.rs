@@ -2,7 +2,7 @@
 //! `meltano run|el|elt` command line will use (`runlock run --meltano`) and
 //! the project's settings with where each came from (`runlockd
 //! check-config --from-meltano`). Meltano 4.4's own code is the reference:
-//! each module names the function it follows, and tests/meltano_differential
+//! each module names the function it follows, and tests/meltano/differential
 //! compares the two on generated projects. What runlock cannot know for
 //! certain is refused with the input named, never guessed.
 
