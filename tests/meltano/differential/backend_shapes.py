@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional
 from project_files import to_yaml
 from shapes import PROJECT_ID
 
-# The settings runlockd has a counterpart for (agent/src/meltano_import.rs).
+# The settings runlockd has a counterpart for (agent/src/meltano/state_backend.rs).
 NAMES = [
     "state_backend.uri",
     "state_backend.s3.aws_access_key_id",
