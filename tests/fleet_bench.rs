@@ -1,7 +1,7 @@
 //! `scripts/fleet STORE N`: N real agents (release build) started together on
 //! one store's emulator, as a fleet's pods start at the top of the hour, and
 //! one table of what happened (BENCHMARKS.md, "Fleet"). Nothing here asserts
-//! a figure; `tests/fleet.rs` holds the invariant with a smaller herd.
+//! a figure; `tests/stores/fleet.rs` holds the invariant with a smaller herd.
 //!
 //! The workload (issue 28):
 //! 1. every agent starts at once and runs one command on a key of its own

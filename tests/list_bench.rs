@@ -1,7 +1,7 @@
 //! `cargo bench -p runlock-tests --bench listing -- STORE N`: how long
 //! `runlock list` takes, and how many store requests it costs, with N keys
 //! held in one store (BENCHMARKS.md, "Listing"). Nothing here asserts a
-//! figure; `tests/listing.rs` holds what a listing must be.
+//! figure; `tests/shim/listing.rs` holds what a listing must be.
 //!
 //! `file` lists N free keys with `runlock list --all` instead: an agent
 //! holds a kernel lock's descriptor per key held, and the machine allows

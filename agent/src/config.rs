@@ -7,8 +7,8 @@ use crate::backend::{
     AzureOptions, BackendOptions, EtcdOptions, GcsOptions, PostgresOptions, S3Options, Secret,
 };
 use crate::lease::DEFAULT_POLL_INTERVAL;
-use crate::legacy::MeltanoSystemDb;
 use crate::limits::Limits;
+use crate::meltano::guard::MeltanoSystemDb;
 use crate::telemetry::LogFormat;
 use anyhow::Context;
 use clap::Parser;

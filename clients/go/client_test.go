@@ -19,7 +19,7 @@ import (
 )
 
 // crashReleaseBound is how soon a killed holder's key must be free: the
-// shim's bound (tests/crash_release.rs).
+// shim's bound (tests/shim/crash_release.rs).
 const crashReleaseBound = 5 * time.Second
 
 // holderEnv makes the test binary a process that takes a key and holds it

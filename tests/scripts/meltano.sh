@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs the real Meltano and target-jsonl, each into a cached venv of its
-# own (their pinned dependencies conflict in one), for tests/meltano_e2e.rs.
+# own (their pinned dependencies conflict in one), for tests/meltano/e2e.rs.
 #
 # Sourced by scripts/test:   source tests/scripts/meltano.sh; meltano_install
 # Run by itself:             bash tests/scripts/meltano.sh   (installs, prints the exports)

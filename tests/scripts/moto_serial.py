@@ -3,7 +3,7 @@
 moto_server answers on a thread per connection, and its PutObject checks
 If-None-Match / If-Match and then writes with no lock between: two agents
 racing for one key could both be told 200 (the chaos harness saw it once in
-9,217 runs, RELIABILITY.md). A real store applies a conditional write
+9,217 runs, docs/src/reliability.md). A real store applies a conditional write
 atomically, so the tests' moto must too. Writes (anything but GET and HEAD)
 to one path take that path's lock, so a condition and its write are one step;
 reads and writes to other objects go on beside them, as on a real store (an

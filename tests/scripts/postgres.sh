@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Starts a throwaway PostgreSQL cluster (tests/scripts/EMULATORS.md) for
 # the postgresql:// backend's tests and for the tests that read a Meltano
-# system database on PostgreSQL (tests/legacy.rs).
+# system database on PostgreSQL (tests/meltano/legacy.rs).
 #
 # Sourced by scripts/test:   source tests/scripts/postgres.sh; pg_start; ...; pg_stop
 # Run by itself:             bash tests/scripts/postgres.sh   (starts it, prints the

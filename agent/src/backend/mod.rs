@@ -265,7 +265,7 @@ pub enum BackendError {
     #[error("{0}")]
     HeldUnrecorded(String),
     /// A guard around the store found the key held by a run no lease
-    /// names (`legacy::MeltanoGuard`: a Meltano run runlock does not wrap).
+    /// names (`meltano::guard::MeltanoGuard`: a Meltano run runlock does not wrap).
     #[error("held by {}", .0.what)]
     HeldOutside(Box<Outsider>),
     /// The lease is no longer ours: taken over, broken or expired.

@@ -28,7 +28,7 @@ import {
 } from "../src/index.js";
 import { Agent, s3Backend, withAgent, workdir, type BackendName } from "./agent.js";
 
-/** How soon a killed holder's key must be free: the shim's bound (tests/crash_release.rs). */
+/** How soon a killed holder's key must be free: the shim's bound (tests/shim/crash_release.rs). */
 const CRASH_RELEASE_BOUND_MS = 5_000;
 
 for (const backend of ["memory", "file"] as BackendName[]) {

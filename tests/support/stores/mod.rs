@@ -1,4 +1,4 @@
-//! The stores the scenario suite (`tests/scenarios.rs`) runs against, behind
+//! The stores the scenario suite (`tests/shim/scenarios.rs`) runs against, behind
 //! one trait: each store says how to reach the instance `scripts/test`
 //! started, how to start one of a test's own, how to make a fresh space in it,
 //! and how to read its lock records with the store's own tools.

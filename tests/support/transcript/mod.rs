@@ -1,6 +1,6 @@
 //! Runs the shell transcripts of a markdown page (a book page, the README's
 //! tour) with the real programs, so that what the page shows is what they
-//! print at that step. `tests/book.rs` runs the pages.
+//! print at that step. `tests/shipped/book.rs` runs the pages.
 //!
 //! What it reads in the page:
 //! - A ```console block is a transcript. `PROMPT$ COMMAND` is a command: the

@@ -1,6 +1,6 @@
 //! The etcd backend's own tests that need no etcd: URIs, credentials,
 //! records, and an unreachable cluster. Those against a real etcd are in
-//! tests/backends/etcd/.
+//! tests/stores/backends/etcd/.
 
 use super::settings::{credentials, parse_uri};
 use super::*;

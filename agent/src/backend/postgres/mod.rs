@@ -8,7 +8,7 @@
 //! or the agent goes away").
 
 // The client (settings, TLS, errors) is built whatever the features: the
-// Meltano system-database check (`legacy.rs`) speaks PostgreSQL too.
+// Meltano system-database check (`meltano/guard.rs`) speaks PostgreSQL too.
 #[cfg(feature = "postgres")]
 mod backend;
 mod errors;

@@ -1,5 +1,5 @@
 //! The GCS adapter's own tests that need no emulator: URIs, answers and
-//! credentials. Those against fake-gcs-server are in tests/backends/gcs.rs.
+//! credentials. Those against fake-gcs-server are in tests/stores/backends/gcs.rs.
 
 use super::settings::{self, emulator_url, parse_uri};
 use super::transport::{encode, generation_of, Answer};
