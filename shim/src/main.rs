@@ -4,6 +4,7 @@ mod agent;
 mod commands;
 mod format;
 mod host_config;
+mod order;
 mod signals;
 mod wait_line;
 

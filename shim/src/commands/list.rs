@@ -31,8 +31,7 @@ pub async fn run(socket: &Path, prefix: &str, all: bool, json: bool) -> Result<E
     }
     let mut client = agent::connect(socket).await?;
     let mut listing = read_all(&mut client, prefix, all, None).await?;
-    // The store's order puts keys named by their hash first; people read by key.
-    listing.keys.sort_by(|a, b| a.key.cmp(&b.key));
+    in_reading_order(&mut listing.keys);
     let text = match json {
         true => json_text(&listing),
         false => table_text(&listing, all),
@@ -43,6 +42,12 @@ pub async fn run(socket: &Path, prefix: &str, all: bool, json: bool) -> Result<E
         Some((_, failure)) => Err(failure),
         None => Ok(ExitCode::SUCCESS),
     }
+}
+
+/// The store's order puts keys named by their hash first; people read by
+/// key, numbers by their value, as `runlock ui` shows them.
+fn in_reading_order(keys: &mut [KeyListing]) {
+    keys.sort_by(|a, b| crate::order::natural(&a.key, &b.key));
 }
 
 /// Every page, until the last or the first that fails; a failure on the
@@ -443,6 +448,24 @@ mod tests {
         agent
             .await
             .expect("the fake agent ends with the connection");
+    }
+
+    #[test]
+    fn keys_are_listed_numbers_by_their_value_as_the_page_shows_them() {
+        let listed = |key: &str| KeyListing {
+            key: key.into(),
+            record: None,
+            unreadable: None,
+            events: Vec::new(),
+            events_omitted: 0,
+            waiting_here: 0,
+            waiters: Vec::new(),
+            refused: Vec::new(),
+        };
+        let mut keys: Vec<KeyListing> = ["src10", "src2", "b", "src1"].map(listed).into();
+        in_reading_order(&mut keys);
+        let names: Vec<&str> = keys.iter().map(|k| k.key.as_str()).collect();
+        assert_eq!(names, ["b", "src1", "src2", "src10"]);
     }
 
     #[test]

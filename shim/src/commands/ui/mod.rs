@@ -2,7 +2,6 @@
 //! for the user who runs it, fed through this host's agent's socket with
 //! that user's rights (the agent gets no listener of its own for it).
 
-mod order;
 mod runs;
 mod server;
 mod state;

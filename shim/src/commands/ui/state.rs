@@ -2,9 +2,9 @@
 //! each key's runs of the last 24 hours, read at most once per
 //! [`FRESH_FOR`] however many tabs poll, and never twice at once.
 
-use super::order::{self, Group};
 use super::runs::{self, Run};
 use crate::commands::list;
+use crate::order::{self, Group};
 use runlock_client::Client;
 use runlock_protocol::{Holder, KeyListing, KeyState};
 use serde::Serialize;
