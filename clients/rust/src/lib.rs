@@ -6,27 +6,20 @@
 //! shim and the tests use this crate.
 //!
 //! ```no_run
-//! use runlock_client::protocol::{socket_path, AgentMessage, ClientMessage};
+//! use runlock_client::protocol::{socket_path, AcquireRequest, AgentMessage, ClientMessage};
+//! use runlock_client::protocol::ReleaseRequest;
 //! use runlock_client::{Client, ClientInfo, CallError};
 //!
 //! # async fn nightly_backup() -> Result<(), Box<dyn std::error::Error>> {
 //! let socket = socket_path::resolve(None, None)?;
 //! let info = ClientInfo { name: "backup 1.0".into(), takes_locks: false };
 //! let mut client = Client::connect(&socket, &info).await?;
-//! let acquire = ClientMessage::Acquire {
-//!     keys: vec!["backup:nightly".into()],
-//!     ttl_ms: None,
-//!     wait_ms: 0,
-//!     force: false,
-//!     command: "backup".into(),
-//!     on_lost: Default::default(),
-//!     slots: 1,
-//! };
+//! let acquire = ClientMessage::Acquire(AcquireRequest::new(["backup:nightly"]));
 //! match client.call(acquire).await {
 //!     Ok(AgentMessage::Acquired { leases, .. }) => {
 //!         // ... the work the lock protects; watch client.events for `lost` ...
-//!         let lease_ids = leases.into_iter().map(|lease| lease.lease_id).collect();
-//!         client.call(ClientMessage::Release { lease_ids, key: None, slot: None }).await?;
+//!         let lease_ids = leases.into_iter().map(|lease| lease.lease_id);
+//!         client.call(ClientMessage::Release(ReleaseRequest::leases(lease_ids))).await?;
 //!     }
 //!     Ok(other) => eprintln!("unexpected reply: {other:?}"),
 //!     Err(CallError::Agent(refused)) => eprintln!("not acquired: {}", refused.message),

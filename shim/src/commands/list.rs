@@ -8,7 +8,9 @@ use crate::exit::Failure;
 use crate::exit::EXIT_UNAVAILABLE;
 use runlock_client::escape;
 use runlock_client::{CallError, Client};
-use runlock_protocol::{AgentMessage, ClientMessage, Holder, KeyListing, KeyState};
+use runlock_protocol::{
+    AgentMessage, ClientMessage, Holder, KeyListing, KeyState, ListKeysRequest,
+};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -66,12 +68,12 @@ pub async fn read_all(
     };
     let mut cursor = None;
     loop {
-        let request = ClientMessage::ListKeys {
+        let request = ClientMessage::ListKeys(ListKeysRequest {
             prefix: prefix.to_string(),
             cursor: cursor.clone(),
             free,
             events_since_ms,
-        };
+        });
         let page = listing.pages + 1;
         match client.call_within(PAGE_ANSWER_TIMEOUT, request).await {
             // An agent that cannot move on would be asked forever.

@@ -16,8 +16,8 @@ use runlock_client::{
     escape, CallError, Client, ConnectError, ANSWER_TIMEOUT, BACKEND_ANSWER_TIMEOUT,
 };
 use runlock_protocol::{
-    procfs, timing::kill_grace, AgentMessage, ClientMessage, Envelope, ErrorCode, Lease,
-    OnUnavailable,
+    procfs, timing::kill_grace, AcquireRequest, AgentMessage, ClientMessage, Envelope, ErrorCode,
+    Lease, OnUnavailable, ReleaseRequest,
 };
 use std::collections::HashMap;
 use std::future::Future;
@@ -208,12 +208,8 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
         unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_UN) };
     }
     if watch.agent_open {
-        let lease_ids = leases.iter().map(|l| l.lease_id.clone()).collect();
-        let release = client.call(ClientMessage::Release {
-            slot: None,
-            lease_ids,
-            key: None,
-        });
+        let lease_ids = leases.iter().map(|l| l.lease_id.clone());
+        let release = client.call(ClientMessage::Release(ReleaseRequest::leases(lease_ids)));
         // A lease already lost answers not_owner, which is fine: the run is over either way.
         let _ = tokio::time::timeout(RELEASE_WAIT, release).await;
     } else if !watch.lost && locks.is_empty() {
@@ -280,7 +276,7 @@ type Acquired = (Vec<Lease>, Duration, Option<Duration>, Vec<OwnedFd>);
 
 /// The `acquire` for every key.
 fn request(args: &RunArgs) -> ClientMessage {
-    ClientMessage::Acquire {
+    ClientMessage::Acquire(AcquireRequest {
         slots: args.slots,
         keys: args.keys.clone(),
         ttl_ms: args.ttl.map(cli::millis),
@@ -288,7 +284,7 @@ fn request(args: &RunArgs) -> ClientMessage {
         force: args.force,
         command: command_line(&args.command),
         on_lost: args.on_lost.into(),
-    }
+    })
 }
 
 /// Waits (at most `limit`) for the answer to the acquire sent as `id`: what
