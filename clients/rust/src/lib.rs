@@ -17,7 +17,7 @@
 //! let acquire = ClientMessage::Acquire(AcquireRequest::new(["backup:nightly"]));
 //! match client.call(acquire).await {
 //!     Ok(AgentMessage::Acquired { leases, .. }) => {
-//!         // ... the work the lock protects; watch client.events for `lost` ...
+//!         // ... the work the lock protects; read the client (a Stream) for `lost` ...
 //!         let lease_ids = leases.into_iter().map(|lease| lease.lease_id);
 //!         client.call(ClientMessage::Release(ReleaseRequest::leases(lease_ids))).await?;
 //!     }
@@ -38,7 +38,7 @@ mod error;
 mod escape;
 mod fd_stream;
 
-pub use client::{Client, ClientInfo, ANSWER_TIMEOUT, BACKEND_ANSWER_TIMEOUT};
+pub use client::{Client, ClientInfo, Incoming, ANSWER_TIMEOUT, BACKEND_ANSWER_TIMEOUT};
 pub use error::{CallError, ConnectError, MissingLocks};
 pub use escape::escape;
 pub use fd_stream::FdStream;
