@@ -12,6 +12,7 @@ mod azure_credentials;
 mod backends;
 mod bad_input;
 mod book;
+mod client_example;
 mod config;
 mod crash_release;
 mod deploy;
