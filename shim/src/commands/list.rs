@@ -384,6 +384,20 @@ mod tests {
         assert_eq!(state_cell(KeyState::Free, None, 0, 0), "free");
     }
 
+    /// `key` as a page lists it, with `record`, and nothing else known of it.
+    fn listed(key: &str, record: Option<runlock_protocol::KeyRecord>) -> KeyListing {
+        KeyListing {
+            key: key.into(),
+            record,
+            unreadable: None,
+            events: Vec::new(),
+            events_omitted: 0,
+            waiting_here: 0,
+            waiters: Vec::new(),
+            refused: Vec::new(),
+        }
+    }
+
     /// An agent that answers every `list_keys` after the first with no key
     /// and the cursor it was sent, as one that cannot fit its next key did.
     async fn stuck_agent(stream: tokio::net::UnixStream) {
@@ -400,18 +414,10 @@ mod tests {
                 return;
             }
             let request: Envelope<ClientMessage> = decode_body(&body).expect("a request");
-            let key = || KeyListing {
-                key: "a".into(),
-                record: Some(KeyRecord::free(
-                    &runlock_protocol::Key::new("a").expect("key"),
-                    Scope::Host,
-                )),
-                unreadable: None,
-                events: Vec::new(),
-                events_omitted: 0,
-                waiting_here: 0,
-                waiters: Vec::new(),
-                refused: Vec::new(),
+            let key = || {
+                let free =
+                    KeyRecord::free(&runlock_protocol::Key::new("a").expect("key"), Scope::Host);
+                listed("a", Some(free))
             };
             let reply = AgentMessage::Keys {
                 keys: if page == 0 { vec![key()] } else { Vec::new() },
@@ -454,17 +460,9 @@ mod tests {
 
     #[test]
     fn keys_are_listed_numbers_by_their_value_as_the_page_shows_them() {
-        let listed = |key: &str| KeyListing {
-            key: key.into(),
-            record: None,
-            unreadable: None,
-            events: Vec::new(),
-            events_omitted: 0,
-            waiting_here: 0,
-            waiters: Vec::new(),
-            refused: Vec::new(),
-        };
-        let mut keys: Vec<KeyListing> = ["src10", "src2", "b", "src1"].map(listed).into();
+        let mut keys: Vec<KeyListing> = ["src10", "src2", "b", "src1"]
+            .map(|key| listed(key, None))
+            .into();
         in_reading_order(&mut keys);
         let names: Vec<&str> = keys.iter().map(|k| k.key.as_str()).collect();
         assert_eq!(names, ["b", "src1", "src2", "src10"]);
