@@ -4,9 +4,10 @@
 //! the run through an agent restart by reattaching before the leases'
 //! deadline, release when the command exits, and exit with its status.
 //!
-//! In phases, each a function: [`connect`] (asking for the keys), [`wait_for_lock`],
-//! [`start`] (the command), [`supervise`] (its exit, signals, the agent's
-//! events), [`finish`] (the lost run's group, the release, the exit code).
+//! In phases, each a function: `connect` (asking for the keys),
+//! `wait_for_lock`, `start` (the command), `supervise` (its exit, signals,
+//! the agent's events), `finish` (the lost run's group, the release, the
+//! exit code).
 
 use crate::agent::{self, describe_wire_error, unexpected};
 use crate::cli::{self, OnLostArg, RunArgs};
@@ -189,7 +190,7 @@ struct Run {
 
 /// Starts the command holding the agent connection and its locks, then
 /// names it to the agent (`attach`), not waiting for the answer: the
-/// command already runs, and [`supervise`] reads it.
+/// command already runs, and `supervise` reads it.
 async fn start(mut client: Client, held: Held, args: &RunArgs) -> Result<Run, Failure> {
     let fd = client.as_raw_fd();
     let child = spawn(
