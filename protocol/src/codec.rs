@@ -20,8 +20,6 @@ const HEADER_LEN: usize = 4;
 pub struct BodyError {
     /// The `id` field, when the body was a map with one.
     pub id: Option<u64>,
-    /// The `type` field, when the body was a map with one.
-    pub kind: Option<String>,
     /// What was wrong, for people.
     pub reason: String,
 }
@@ -80,13 +78,14 @@ pub fn decode_body<T: DeserializeOwned>(body: &[u8]) -> Result<Envelope<T>, Body
         struct Header {
             #[serde(default)]
             id: Option<u64>,
+            // Not kept, but read: a header whose `type` is not a string is
+            // not one, and its `id` is not echoed.
             #[serde(default, rename = "type")]
-            kind: Option<String>,
+            _type: Option<String>,
         }
         let header: Option<Header> = rmp_serde::from_slice(body).ok();
         BodyError {
-            id: header.as_ref().and_then(|h| h.id),
-            kind: header.and_then(|h| h.kind),
+            id: header.and_then(|h| h.id),
             reason,
         }
     })
@@ -216,7 +215,6 @@ mod tests {
         let first = agent.decode(&mut buf).expect("frame").expect("complete");
         let err = first.expect_err("bad body");
         assert_eq!(err.id, Some(9));
-        assert_eq!(err.kind.as_deref(), Some("acquire"));
         let second = agent.decode(&mut buf).expect("frame").expect("complete");
         assert_eq!(second.expect_err("garbage").id, None);
     }

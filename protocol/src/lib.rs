@@ -15,7 +15,9 @@ pub mod types;
 
 pub use codec::{AgentCodec, BodyError, MessageCodec, ShimCodec};
 pub use error::{ErrorCode, ProtocolError, WireError};
-pub use message::{AgentMessage, ClientMessage, Envelope};
+pub use message::{
+    AcquireRequest, AgentMessage, ClientMessage, Envelope, ListKeysRequest, ReleaseRequest,
+};
 pub use types::{
     is_invisible, Clock, EventKind, Holder, InvalidKey, Key, KeyEvent, KeyListing, KeyRecord,
     KeyState, Lease, LeaseInfo, LostReason, OnLost, OnUnavailable, Refusal, Scope, Waiter,

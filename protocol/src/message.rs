@@ -71,41 +71,9 @@ pub enum ClientMessage {
         takes_locks: bool,
     },
     /// Takes every key in `keys`, all or nothing, in sorted order.
-    Acquire {
-        /// The keys to take.
-        keys: Vec<String>,
-        /// Time to live of the leases; the agent's default when absent.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        ttl_ms: Option<u64>,
-        /// How long to wait for held keys; 0 answers `held` at once.
-        #[serde(default, skip_serializing_if = "is_zero")]
-        wait_ms: u64,
-        /// Take the keys over from their holders.
-        #[serde(default, skip_serializing_if = "is_false")]
-        force: bool,
-        /// The command line the leases protect, for the holder record.
-        #[serde(default)]
-        command: String,
-        /// What the agent does to an attached run whose client is gone when a lease is lost.
-        #[serde(default)]
-        on_lost: OnLost,
-        /// How many holders each key admits at once (1: a plain key).
-        #[serde(default = "one", skip_serializing_if = "is_one")]
-        slots: u32,
-    },
-    /// Releases leases this connection holds (`lease_ids`), or breaks whoever
-    /// holds `key` (subject to force rights).
-    Release {
-        /// Leases of this connection to release.
-        #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        lease_ids: Vec<String>,
-        /// A key to break, whoever holds it.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        key: Option<String>,
-        /// With `key`: the slot to break, for a key with slots.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        slot: Option<u32>,
-    },
+    Acquire(AcquireRequest),
+    /// Releases leases this connection holds, or breaks whoever holds a key.
+    Release(ReleaseRequest),
     /// Names the run's process, so the agent can stop it when a lease is lost
     /// after the client itself is gone. Applies to every lease of the connection.
     Attach {
@@ -141,25 +109,104 @@ pub enum ClientMessage {
     },
     /// Lists the keys recorded in the backend, from every host, a page at a
     /// time: held ones, and with `free` the others too.
-    ListKeys {
-        /// Only keys that start with this.
-        #[serde(default, skip_serializing_if = "String::is_empty")]
-        prefix: String,
-        /// Where the previous `keys` reply said to go on; absent: from the start.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        cursor: Option<String>,
-        /// List free keys too (released, expired, never held since).
-        #[serde(default, skip_serializing_if = "is_false")]
-        free: bool,
-        /// Include each key's events at or after this time (ms since the epoch).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        events_since_ms: Option<u64>,
-    },
+    ListKeys(ListKeysRequest),
     /// Asks for a `pong`.
     Ping,
     /// A `type` this build does not know: answered with `unsupported`.
     #[serde(other)]
     Unknown,
+}
+
+/// `acquire`: every key in `keys`, all or nothing, in sorted order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AcquireRequest {
+    /// The keys to take.
+    pub keys: Vec<String>,
+    /// Time to live of the leases; the agent's default when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ttl_ms: Option<u64>,
+    /// How long to wait for held keys; 0 answers `held` at once.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub wait_ms: u64,
+    /// Take the keys over from their holders.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub force: bool,
+    /// The command line the leases protect, for the holder record.
+    #[serde(default)]
+    pub command: String,
+    /// What the agent does to an attached run whose client is gone when a lease is lost.
+    #[serde(default)]
+    pub on_lost: OnLost,
+    /// How many holders each key admits at once (1: a plain key).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub slots: u32,
+}
+
+impl AcquireRequest {
+    /// Takes `keys` at once or not at all, with the agent's default TTL:
+    /// no waiting, no force, plain keys. Set the other fields to change that.
+    pub fn new(keys: impl IntoIterator<Item = impl Into<String>>) -> AcquireRequest {
+        AcquireRequest {
+            keys: keys.into_iter().map(Into::into).collect(),
+            ttl_ms: None,
+            wait_ms: 0,
+            force: false,
+            command: String::new(),
+            on_lost: OnLost::default(),
+            slots: 1,
+        }
+    }
+}
+
+/// `release`: leases of this connection (`lease_ids`), or a break of whoever
+/// holds `key` (subject to force rights); one or the other.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReleaseRequest {
+    /// Leases of this connection to release.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub lease_ids: Vec<String>,
+    /// A key to break, whoever holds it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key: Option<String>,
+    /// With `key`: the slot to break, for a key with slots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub slot: Option<u32>,
+}
+
+impl ReleaseRequest {
+    /// Releases the leases `lease_ids` of this connection.
+    pub fn leases(lease_ids: impl IntoIterator<Item = impl Into<String>>) -> ReleaseRequest {
+        ReleaseRequest {
+            lease_ids: lease_ids.into_iter().map(Into::into).collect(),
+            ..ReleaseRequest::default()
+        }
+    }
+
+    /// Breaks whoever holds `key`: its holder, or with `slot` that slot's.
+    pub fn break_key(key: impl Into<String>, slot: Option<u32>) -> ReleaseRequest {
+        ReleaseRequest {
+            key: Some(key.into()),
+            slot,
+            ..ReleaseRequest::default()
+        }
+    }
+}
+
+/// `list_keys`: one page of the keys recorded in the backend.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ListKeysRequest {
+    /// Only keys that start with this.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prefix: String,
+    /// Where the previous `keys` reply said to go on; absent: from the start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cursor: Option<String>,
+    /// List free keys too (released, expired, never held since).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub free: bool,
+    /// Include each key's events at or after this time (ms since the epoch).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub events_since_ms: Option<u64>,
 }
 
 /// What the agent sends: replies (with the request's id) and events (without).

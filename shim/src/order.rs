@@ -1,6 +1,6 @@
-//! The order the page lists keys in, as a person reads them: numbers in a
-//! key by their value (`src2` before `src10`), and the Meltano add-on's own
-//! keys in a group apart from the pipelines'.
+//! The order `runlock list` and `runlock ui` show keys in, as a person reads
+//! them: numbers in a key by their value (`src2` before `src10`); the page
+//! also shows the Meltano add-on's own keys in a group apart from the pipelines'.
 
 use serde::Serialize;
 use std::cmp::Ordering;

@@ -7,7 +7,8 @@ use crate::support::client::{acquire, encode, frame, hello, release, RawClient};
 use crate::support::{key, TestAgent};
 use anyhow::{bail, ensure, Context, Result};
 use runlock_protocol::{
-    AgentMessage, ClientMessage, Envelope, ErrorCode, WireError, MAX_FRAME_LEN,
+    AcquireRequest, AgentMessage, ClientMessage, Envelope, ErrorCode, ListKeysRequest,
+    ReleaseRequest, WireError, MAX_FRAME_LEN,
 };
 use serde_json::json;
 
@@ -244,7 +245,7 @@ async fn a_second_outstanding_acquire_is_refused_and_the_first_goes_on() -> Resu
     };
     let mut waiter = agent.client().await?;
     let first = waiter
-        .send(ClientMessage::Acquire {
+        .send(ClientMessage::Acquire(AcquireRequest {
             slots: 1,
             keys: vec![k.clone()],
             ttl_ms: None,
@@ -252,7 +253,7 @@ async fn a_second_outstanding_acquire_is_refused_and_the_first_goes_on() -> Resu
             force: false,
             command: String::new(),
             on_lost: Default::default(),
-        })
+        }))
         .await?;
     let second = waiter.send(acquire(&["another-key"])).await?;
     let reply = waiter.reply(second).await?;
@@ -377,37 +378,39 @@ async fn shim_usage_errors_exit_64() -> Result<()> {
 
 /// A `list_keys` that goes on from `cursor`.
 fn list_from(cursor: &str) -> ClientMessage {
-    ClientMessage::ListKeys {
+    ClientMessage::ListKeys(ListKeysRequest {
         prefix: String::new(),
         cursor: Some(cursor.to_string()),
         free: true,
         events_since_ms: None,
-    }
+    })
 }
 
 #[tokio::test]
 async fn malformed_requests_get_bad_request_and_the_connection_stays() -> Result<()> {
     let agent = TestAgent::start_on(Backend::File).await?;
     let mut client = agent.client().await?;
-    let with_ttl = |ttl_ms| ClientMessage::Acquire {
-        slots: 1,
-        keys: vec![key("ttl")],
-        ttl_ms: Some(ttl_ms),
-        wait_ms: 0,
-        force: false,
-        command: String::new(),
-        on_lost: Default::default(),
+    let with_ttl = |ttl_ms| {
+        ClientMessage::Acquire(AcquireRequest {
+            slots: 1,
+            keys: vec![key("ttl")],
+            ttl_ms: Some(ttl_ms),
+            wait_ms: 0,
+            force: false,
+            command: String::new(),
+            on_lost: Default::default(),
+        })
     };
     for request in [
         acquire(&[]),
         with_ttl(999),
         with_ttl(86_400_001),
         release(Vec::new()),
-        ClientMessage::Release {
+        ClientMessage::Release(ReleaseRequest {
             slot: None,
             lease_ids: vec!["x".into()],
             key: Some("k".into()),
-        },
+        }),
         // A listing cursor the agent never gave: malformed, oversized, or
         // of another shape.
         list_from(r#"{"page": 3"#),
@@ -419,12 +422,12 @@ async fn malformed_requests_get_bad_request_and_the_connection_stays() -> Result
     }
     // A prefix no key can start with is refused as a key would be.
     let reply = client
-        .call(ClientMessage::ListKeys {
+        .call(ClientMessage::ListKeys(ListKeysRequest {
             prefix: "bad\u{1}prefix".into(),
             cursor: None,
             free: false,
             events_since_ms: None,
-        })
+        }))
         .await?;
     expect_error(&reply, ErrorCode::InvalidKey)?;
     // An on_lost the agent does not know makes the body undecodable; its id is echoed.

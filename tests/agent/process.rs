@@ -203,8 +203,8 @@ async fn ttl_flag_sets_the_default_lease_ttl() -> Result<()> {
         "{reply:?}"
     );
     let mut own = acquire(&[&key("own-ttl")]);
-    if let ClientMessage::Acquire { ttl_ms, .. } = &mut own {
-        *ttl_ms = Some(5000);
+    if let ClientMessage::Acquire(req) = &mut own {
+        req.ttl_ms = Some(5000);
     }
     let reply = client.call(own).await?;
     ensure!(

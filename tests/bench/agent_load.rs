@@ -26,7 +26,7 @@ pub(crate) async fn many_leases(_scratch: &Path) -> Result<Rows> {
             .map(|i| format!("lease-{i}"))
             .collect();
         let asked = keys.len();
-        let request = ClientMessage::Acquire {
+        let request = ClientMessage::Acquire(AcquireRequest {
             slots: 1,
             keys,
             ttl_ms: None,
@@ -34,7 +34,7 @@ pub(crate) async fn many_leases(_scratch: &Path) -> Result<Rows> {
             force: false,
             command: "bench".into(),
             on_lost: OnLost::Term,
-        };
+        });
         match conn.call(request).await? {
             AgentMessage::Acquired { leases, .. } if leases.len() == asked => {}
             other => bail!("acquire of {asked} keys: {other:?}"),

@@ -9,7 +9,7 @@
 use anyhow::{bail, Context, Result};
 use futures::{SinkExt, StreamExt};
 use runlock_protocol::{
-    AgentMessage, ClientMessage, Envelope, MessageCodec, OnLost, PROTOCOL_VERSION,
+    AcquireRequest, AgentMessage, ClientMessage, Envelope, MessageCodec, OnLost, PROTOCOL_VERSION,
 };
 use runlock_tests::bins::bins;
 use runlock_tests::client::RawClient;

@@ -164,7 +164,7 @@ pub(crate) fn acquire(key: &str, wait_ms: u64) -> ClientMessage {
 }
 
 pub(crate) fn acquire_slots(key: &str, wait_ms: u64, slots: u32) -> ClientMessage {
-    ClientMessage::Acquire {
+    ClientMessage::Acquire(AcquireRequest {
         slots,
         keys: vec![key.to_string()],
         ttl_ms: None,
@@ -172,7 +172,7 @@ pub(crate) fn acquire_slots(key: &str, wait_ms: u64, slots: u32) -> ClientMessag
         force: false,
         command: "meltano run tap-x target-y".into(),
         on_lost: OnLost::Term,
-    }
+    })
 }
 
 pub(crate) async fn pair(conn: &mut RawClient, key: &str) -> Result<(Duration, Duration)> {

@@ -486,8 +486,8 @@ async fn force_and_break_send_lost_events_to_the_holder(backend: Backend) -> Res
 
     let mut forcer = agent.client().await?;
     let mut force = acquire(&[&k]);
-    if let ClientMessage::Acquire { force, .. } = &mut force {
-        *force = true;
+    if let ClientMessage::Acquire(req) = &mut force {
+        req.force = true;
     }
     let forced = forcer.send(force).await?;
     let new_token = match holder.next_event().await? {

@@ -11,7 +11,7 @@ use crate::support::stores::{
 };
 use crate::support::{host_name, AgentOptions, Deadline, TestAgent, WAIT};
 use anyhow::{ensure, Context, Result};
-use runlock_protocol::{AgentMessage, ClientMessage, ErrorCode};
+use runlock_protocol::{AgentMessage, ClientMessage, ErrorCode, ListKeysRequest};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -143,12 +143,12 @@ async fn keys_on_two_hosts(a: &TestAgent, b: &TestAgent, ttl_ms: u64) -> Result<
         async move {
             let mut client = RawClient::connect(&socket).await?;
             client.hello().await?;
-            let request = ClientMessage::ListKeys {
+            let request = ClientMessage::ListKeys(ListKeysRequest {
                 prefix: "list/a".into(),
                 cursor: None,
                 free: false,
                 events_since_ms: Some(0),
-            };
+            });
             match client.call(request).await? {
                 AgentMessage::Keys { keys, .. } => Ok::<_, anyhow::Error>(
                     keys.into_iter().flat_map(|k| k.refused).collect::<Vec<_>>(),
@@ -310,12 +310,12 @@ async fn a_listing_pages_through_more_keys_than_one_reply_holds(store: impl Stor
 
     // A cursor the agent did not give is refused, not followed.
     let refused = client
-        .call(ClientMessage::ListKeys {
+        .call(ClientMessage::ListKeys(ListKeysRequest {
             prefix: String::new(),
             cursor: Some("{\"page\":".to_string()),
             free: false,
             events_since_ms: None,
-        })
+        }))
         .await?;
     ensure!(
         matches!(&refused, AgentMessage::Error(e) if e.code == ErrorCode::BadRequest),
@@ -509,12 +509,12 @@ async fn keys_with_events(
     let mut listed = Vec::new();
     for _ in 0..pages {
         let page = client
-            .call(ClientMessage::ListKeys {
+            .call(ClientMessage::ListKeys(ListKeysRequest {
                 prefix: prefix.to_string(),
                 cursor: cursor.take(),
                 free: true,
                 events_since_ms: Some(0),
-            })
+            }))
             .await?;
         let AgentMessage::Keys { keys, cursor: next } = page else {
             anyhow::bail!("list_keys: {page:?}");
@@ -664,12 +664,12 @@ async fn read_in_a_loop(
             let page = member
                 .call_within(
                     std::time::Duration::from_secs(600),
-                    ClientMessage::ListKeys {
+                    ClientMessage::ListKeys(ListKeysRequest {
                         prefix: "fair/".to_string(),
                         cursor: cursor.take(),
                         free: true,
                         events_since_ms: Some(0),
-                    },
+                    }),
                 )
                 .await?;
             answered.fetch_add(1, Ordering::SeqCst);
@@ -710,8 +710,8 @@ async fn take_slots(
     for _ in 0..count {
         let mut client = agent.client().await?;
         let mut take = acquire(&[key]);
-        if let ClientMessage::Acquire { slots: asked, .. } = &mut take {
-            *asked = slots;
+        if let ClientMessage::Acquire(req) = &mut take {
+            req.slots = slots;
         }
         match client.call_within(MANY_KEYS_WAIT, take).await? {
             AgentMessage::Acquired { leases, .. } => {

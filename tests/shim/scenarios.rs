@@ -573,7 +573,7 @@ async fn the_history_costs_no_store_request(store: impl Store) -> Result<()> {
     use crate::support::client::{release, RawClient};
     use crate::support::rewriting_proxy::{RequestHead, RewritingProxy};
     use crate::support::stores::unique_name;
-    use runlock_protocol::{AgentMessage, ClientMessage};
+    use runlock_protocol::{AcquireRequest, AgentMessage, ClientMessage};
     use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
@@ -597,14 +597,16 @@ async fn the_history_costs_no_store_request(store: impl Store) -> Result<()> {
     let uri = store.uri(&at, &bucket, "p");
     let agent = TestAgent::start_with_env(AgentOptions::new(&uri), &store.env(&proxied)).await?;
     let mut conn: RawClient = agent.client().await?;
-    let acquire = |k: &str| ClientMessage::Acquire {
-        slots: 1,
-        keys: vec![k.to_string()],
-        ttl_ms: Some(60_000),
-        wait_ms: 0,
-        force: false,
-        command: "counted".into(),
-        on_lost: runlock_protocol::OnLost::Term,
+    let acquire = |k: &str| {
+        ClientMessage::Acquire(AcquireRequest {
+            slots: 1,
+            keys: vec![k.to_string()],
+            ttl_ms: Some(60_000),
+            wait_ms: 0,
+            force: false,
+            command: "counted".into(),
+            on_lost: runlock_protocol::OnLost::Term,
+        })
     };
     let k = key("counted");
     let pair = async |conn: &mut RawClient| -> Result<(usize, usize)> {

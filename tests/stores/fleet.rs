@@ -9,7 +9,7 @@ use crate::support::run::HOLD;
 use crate::support::stores::{Azure, Etcd, Gcs, Ministack, PgBouncer, Postgres, Space, Store, S3};
 use crate::support::{key, Deadline, TestAgent, WAIT};
 use anyhow::{ensure, Result};
-use runlock_protocol::{AgentMessage, ClientMessage};
+use runlock_protocol::{AgentMessage, ClientMessage, ListKeysRequest};
 use std::time::Duration;
 
 test_matrix!(
@@ -85,12 +85,12 @@ async fn every_agent_s_refusal_is_listed_through_any_one(agents: &[TestAgent]) -
     client.hello().await?;
     let deadline = Deadline::new(WAIT, "every agent's refusal listed through the first");
     loop {
-        let request = ClientMessage::ListKeys {
+        let request = ClientMessage::ListKeys(ListKeysRequest {
             prefix: shared.clone(),
             cursor: None,
             free: false,
             events_since_ms: Some(0),
-        };
+        });
         let refused = match client.call(request).await? {
             AgentMessage::Keys { keys, .. } => keys.into_iter().flat_map(|k| k.refused).count(),
             other => anyhow::bail!("list_keys: {other:?}"),

@@ -1,4 +1,4 @@
-//! Builds `runlockd` and `runlock` once per test process, with the test's own
+//! Builds `runlockd` and `runlock` (and the Rust client's example) once per test process, with the test's own
 //! profile, and finds them from cargo's own report of what it built (so a
 //! `CARGO_TARGET_DIR` or a configured target dir is honoured).
 
@@ -14,6 +14,8 @@ pub struct Bins {
     pub runlockd: PathBuf,
     /// The shim.
     pub runlock: PathBuf,
+    /// The Rust client's example (clients/rust/examples/hold.rs).
+    pub hold_example: PathBuf,
 }
 
 static BINS: OnceLock<Result<Bins, String>> = OnceLock::new();
@@ -23,7 +25,7 @@ static BINS: OnceLock<Result<Bins, String>> = OnceLock::new();
 pub fn bins() -> anyhow::Result<&'static Bins> {
     BINS.get_or_init(|| build().map_err(|e| format!("{e:#}")))
         .as_ref()
-        .map_err(|e| anyhow::anyhow!("building runlockd and runlock failed: {e}"))
+        .map_err(|e| anyhow::anyhow!("building runlockd, runlock and the hold example failed: {e}"))
 }
 
 fn build() -> anyhow::Result<Bins> {
@@ -38,6 +40,8 @@ fn build() -> anyhow::Result<Bins> {
         // runlock-docs too, from the same build: scripts/package takes it from
         // beside the binaries, so the package tests compile nothing more.
         .args(["-p", "runlock-packaging"])
+        // The Rust client's example, run as its users would run it.
+        .args(["-p", "runlock-client", "--example", "hold"])
         // memory-cas://, which tests and benches run agents on; no release has it.
         .args(["--features", "runlock-agent/test-support"])
         // Building the packages' tests too resolves features as the test
@@ -62,6 +66,7 @@ fn build() -> anyhow::Result<Bins> {
     }
     let mut runlockd = None;
     let mut runlock = None;
+    let mut hold_example = None;
     for line in String::from_utf8_lossy(&output.stdout).lines() {
         let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
@@ -78,12 +83,14 @@ fn build() -> anyhow::Result<Bins> {
         match message["target"]["name"].as_str() {
             Some("runlockd") => runlockd = Some(PathBuf::from(executable)),
             Some("runlock") => runlock = Some(PathBuf::from(executable)),
+            Some("hold") => hold_example = Some(PathBuf::from(executable)),
             _ => {}
         }
     }
     Ok(Bins {
         runlockd: runlockd.context("cargo build did not report the runlockd executable")?,
         runlock: runlock.context("cargo build did not report the runlock executable")?,
+        hold_example: hold_example.context("cargo build did not report the hold example")?,
     })
 }
 

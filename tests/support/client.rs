@@ -6,7 +6,9 @@ use super::{within, WAIT};
 use anyhow::{bail, ensure, Context};
 use futures::{SinkExt, StreamExt};
 use runlock_client::{CallError, Client, ClientInfo};
-use runlock_protocol::{AgentMessage, ClientMessage, Envelope, PROTOCOL_VERSION};
+use runlock_protocol::{
+    AcquireRequest, AgentMessage, ClientMessage, Envelope, ReleaseRequest, PROTOCOL_VERSION,
+};
 use serde::Serialize;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -54,33 +56,19 @@ pub fn hello() -> ClientMessage {
 
 /// A minimal `acquire` of `keys` that does not wait.
 pub fn acquire(keys: &[&str]) -> ClientMessage {
-    ClientMessage::Acquire {
-        slots: 1,
-        keys: keys.iter().map(|k| k.to_string()).collect(),
-        ttl_ms: None,
-        wait_ms: 0,
-        force: false,
-        command: "runlock-tests raw client".to_string(),
-        on_lost: Default::default(),
-    }
+    let mut request = AcquireRequest::new(keys.iter().copied());
+    request.command = "runlock-tests raw client".to_string();
+    ClientMessage::Acquire(request)
 }
 
 /// A `release` of the leases `lease_ids`, by id (not a break of a key).
 pub fn release(lease_ids: Vec<String>) -> ClientMessage {
-    ClientMessage::Release {
-        slot: None,
-        lease_ids,
-        key: None,
-    }
+    ClientMessage::Release(ReleaseRequest::leases(lease_ids))
 }
 
 /// A `release` that breaks `key`'s lease, whoever holds it.
 pub fn break_lease(key: &str) -> ClientMessage {
-    ClientMessage::Release {
-        slot: None,
-        lease_ids: Vec::new(),
-        key: Some(key.to_string()),
-    }
+    ClientMessage::Release(ReleaseRequest::break_key(key, None))
 }
 
 impl RawClient {

@@ -11,7 +11,7 @@ use crate::trust::access::{agent, member_holds, NOBODY, RUNLOCK_GROUP};
 use anyhow::{bail, ensure, Context, Result};
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use runlock_protocol::{AgentMessage, ClientMessage, ErrorCode, OnLost};
+use runlock_protocol::{AcquireRequest, AgentMessage, ClientMessage, ErrorCode, OnLost};
 use std::os::unix::process::ExitStatusExt;
 use tokio::process::{Child, Command};
 
@@ -83,7 +83,7 @@ async fn member_holding(agent: &TestAgent, key: &str) -> Result<RawClient> {
     let mut member =
         RawClient::connect_as(agent.socket(), NOBODY, NOBODY, &[RUNLOCK_GROUP]).await?;
     member.hello().await?;
-    let acquire = ClientMessage::Acquire {
+    let acquire = ClientMessage::Acquire(AcquireRequest {
         slots: 1,
         keys: vec![key.to_string()],
         ttl_ms: None,
@@ -91,7 +91,7 @@ async fn member_holding(agent: &TestAgent, key: &str) -> Result<RawClient> {
         force: false,
         command: "attacker".to_string(),
         on_lost: OnLost::Kill,
-    };
+    });
     match member.call(acquire).await? {
         AgentMessage::Acquired { .. } => Ok(member),
         other => bail!("expected acquired, got {other:?}"),

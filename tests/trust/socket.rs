@@ -8,7 +8,9 @@ use crate::support::run::{Finished, HOLD};
 use crate::support::{key, setpriv, Run, TestAgent};
 use crate::trust::access::{agent, as_nobody, NOBODY, RUNLOCK_GROUP};
 use anyhow::{bail, ensure, Context, Result};
-use runlock_protocol::{AgentMessage, ClientMessage, Envelope, ErrorCode, WireError};
+use runlock_protocol::{
+    AgentMessage, ClientMessage, Envelope, ErrorCode, ReleaseRequest, WireError,
+};
 
 /// A small per-user cap and a short handshake, so the attacks are quick;
 /// `warn` would let a run go ahead unlocked if the agent seemed unreachable.
@@ -234,8 +236,8 @@ async fn slot_counts_and_slot_numbers_out_of_range_are_refused_and_take_nothing(
     // Every slot is a store read when the key is contended: the count is bounded.
     for slots in [0, runlock_protocol::MAX_SLOTS + 1, u32::MAX] {
         let mut request = acquire(&[&k]);
-        if let ClientMessage::Acquire { slots: asked, .. } = &mut request {
-            *asked = slots;
+        if let ClientMessage::Acquire(req) = &mut request {
+            req.slots = slots;
         }
         match client.call(request).await? {
             AgentMessage::Error(err) if err.code == ErrorCode::BadRequest => {
@@ -249,11 +251,11 @@ async fn slot_counts_and_slot_numbers_out_of_range_are_refused_and_take_nothing(
     }
     ensure!(!client.is_held(&k).await?, "a refused request took the key");
     // Breaking a slot no key can have (and nobody may break anyway).
-    let breaking = ClientMessage::Release {
+    let breaking = ClientMessage::Release(ReleaseRequest {
         lease_ids: Vec::new(),
         key: Some(k.clone()),
         slot: Some(runlock_protocol::MAX_SLOTS),
-    };
+    });
     match client.call(breaking).await? {
         AgentMessage::Error(err) if err.code == ErrorCode::BadRequest => {}
         other => bail!("expected bad_request, got {other:?}"),
@@ -295,8 +297,8 @@ async fn oversized_fields_get_their_own_errors_and_every_reply_fits() -> Result<
     // contender's reply (and `inspect`) still fits a frame.
     let k = key("long-command");
     let mut request = acquire(&[&k]);
-    if let ClientMessage::Acquire { command, .. } = &mut request {
-        *command = "x".repeat(runlock_protocol::MAX_FRAME_LEN - 300);
+    if let ClientMessage::Acquire(req) = &mut request {
+        req.command = "x".repeat(runlock_protocol::MAX_FRAME_LEN - 300);
     }
     ensure!(
         matches!(client.call(request).await?, AgentMessage::Acquired { .. }),

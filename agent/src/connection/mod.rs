@@ -2,13 +2,15 @@
 //! the release of every lease it held. The one place where the lease layer's
 //! errors and events become wire messages (`wire.rs`).
 
+mod requests;
 mod wire;
 
-use crate::lease::{AcquireRequest, ConnId, Event, Events, Granted, KeysQuery, PeerCred, Registry};
+use crate::lease::{ConnId, Event, Events, Granted, PeerCred, Registry};
 use crate::limits::{Limits, Ticket, HELLO_FRAME_LEN};
 use crate::process::Peer;
 use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
+use requests::AcquireSlot;
 use runlock_protocol::{
     AgentCodec, AgentMessage, BodyError, ClientMessage, Envelope, ErrorCode, ProtocolError,
     WireError, MAX_FRAME_LEN, PROTOCOL_VERSION,
@@ -19,12 +21,10 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 use tokio::net::UnixStream;
-use tokio::sync::mpsc;
-use tokio::task::JoinHandle;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
-use wire::{acquired, event_message, wire_error};
+use wire::{acquired, event_message};
 
 type Transport = Framed<UnixStream, AgentCodec>;
 type AcquireResult = Result<Granted, WireError>;
@@ -460,212 +460,4 @@ impl Connection {
         crate::handoff::send_with_fds(self.transport.get_ref(), &frame, locks).await?;
         Ok(())
     }
-
-    async fn request(
-        &mut self,
-        conn: ConnId,
-        id: Option<u64>,
-        body: ClientMessage,
-        acquire: &mut AcquireSlot,
-        events: &mut Events,
-    ) -> Result<(), ProtocolError> {
-        tracing::debug!(?id, request = ?body, "request");
-        let reply = match body {
-            ClientMessage::Hello { .. } => Err(WireError::new(
-                ErrorCode::BadRequest,
-                "hello was already received",
-            )),
-            ClientMessage::Acquire {
-                keys,
-                ttl_ms,
-                wait_ms,
-                force,
-                command,
-                on_lost,
-                slots,
-            } => {
-                if acquire.task.is_some() {
-                    Err(WireError::new(
-                        ErrorCode::BadRequest,
-                        "an acquire is already in progress on this connection",
-                    ))
-                } else {
-                    let req = AcquireRequest {
-                        keys,
-                        ttl: ttl_ms.map(Duration::from_millis),
-                        wait: Duration::from_millis(wait_ms),
-                        force,
-                        command,
-                        on_lost,
-                        slots,
-                    };
-                    // A force waits for the run it displaces (telling the peer so).
-                    if req.wait.is_zero() && !req.force {
-                        // Nothing to wait for, so nothing to abandon: no task needed,
-                        // and the store write is awaited to its end like any other.
-                        let result = take(&self.registry, conn, req, &acquire.cancel).await;
-                        return self.grant(conn, id, result).await;
-                    } else {
-                        acquire.spawn(self.registry.clone(), conn, id, req);
-                        return Ok(());
-                    }
-                }
-            }
-            ClientMessage::Release {
-                lease_ids,
-                key,
-                slot,
-            } => match (lease_ids.is_empty(), key) {
-                (false, None) => self
-                    .registry
-                    .release(conn, &lease_ids)
-                    .await
-                    .map_err(wire_error),
-                (true, Some(key)) => {
-                    // A break waits for the run it ends to stop, and says so
-                    // (`forcing`) meanwhile, as a force does. Its own task: a
-                    // break once begun ends the key it took, peer or no peer.
-                    let registry = self.registry.clone();
-                    let slot = slot.unwrap_or(0);
-                    let mut breaking = self.registry.tasks().spawn(
-                        async move { registry.break_key(conn, &key, slot).await }.in_current_span(),
-                    );
-                    loop {
-                        tokio::select! {
-                            biased;
-                            Some(event) = events.recv() => self.send_events(event, events).await?,
-                            broken = &mut breaking => break match broken {
-                                Ok(broken) => broken.map_err(wire_error),
-                                Err(err) => Err(WireError::new(ErrorCode::Internal, format!("the break failed: {err}"))),
-                            },
-                        }
-                    }
-                }
-                _ => Err(WireError::new(
-                    ErrorCode::BadRequest,
-                    "release takes either lease_ids or key",
-                )),
-            }
-            .map(|count| AgentMessage::Released { count }),
-            ClientMessage::Attach { pid, pgid } => self
-                .registry
-                .attach(conn, pid, pgid)
-                .map(|()| AgentMessage::Attached)
-                .map_err(wire_error),
-            ClientMessage::List => {
-                let (leases, omitted) = self.registry.list_for(conn);
-                Ok(AgentMessage::Leases { leases, omitted })
-            }
-            ClientMessage::ListKeys {
-                prefix,
-                cursor,
-                free,
-                events_since_ms,
-            } => {
-                let query = KeysQuery {
-                    prefix,
-                    cursor,
-                    free,
-                    events_since_ms,
-                };
-                let _turn = self.ticket.store_read_turn().await;
-                self.registry
-                    .list_keys_for(conn, query)
-                    .await
-                    .map(|page| AgentMessage::Keys {
-                        keys: page.keys,
-                        cursor: page.cursor,
-                    })
-                    .map_err(wire_error)
-            }
-            ClientMessage::Inspect { key } => {
-                let _turn = self.ticket.store_read_turn().await;
-                self.registry
-                    .inspect_for(conn, &key)
-                    .await
-                    .map(AgentMessage::Record)
-                    .map_err(wire_error)
-            }
-            ClientMessage::History { key, limit } => {
-                let limit = usize::try_from(limit.unwrap_or(0)).unwrap_or(usize::MAX);
-                let _turn = self.ticket.store_read_turn().await;
-                self.registry
-                    .history(&key, limit)
-                    .await
-                    .map(|events| AgentMessage::Events { key, events })
-                    .map_err(wire_error)
-            }
-            ClientMessage::Reattach { leases, on_lost } => {
-                if acquire.task.is_some() {
-                    Err(WireError::new(
-                        ErrorCode::BadRequest,
-                        "an acquire is in progress on this connection",
-                    ))
-                } else {
-                    let result = self.registry.reattach(conn, leases, on_lost).await;
-                    return self.grant(conn, id, result.map_err(wire_error)).await;
-                }
-            }
-            ClientMessage::Ping => Ok(AgentMessage::Pong),
-            ClientMessage::Unknown => Err(WireError::new(
-                ErrorCode::Unsupported,
-                "this agent does not know that message type",
-            )),
-        };
-        self.send(id, reply.unwrap_or_else(AgentMessage::Error))
-            .await
-    }
-}
-
-/// The one acquire a connection may have in flight: it runs as its own task so
-/// that a store write, once started, completes even if the peer goes away.
-struct AcquireSlot {
-    task: Option<JoinHandle<()>>,
-    cancel: CancellationToken,
-    done_tx: mpsc::UnboundedSender<(Option<u64>, AcquireResult)>,
-    done: mpsc::UnboundedReceiver<(Option<u64>, AcquireResult)>,
-}
-
-impl AcquireSlot {
-    fn new() -> AcquireSlot {
-        let (done_tx, done) = mpsc::unbounded_channel();
-        AcquireSlot {
-            task: None,
-            cancel: CancellationToken::new(),
-            done_tx,
-            done,
-        }
-    }
-
-    fn spawn(
-        &mut self,
-        registry: Arc<Registry>,
-        conn: ConnId,
-        id: Option<u64>,
-        req: AcquireRequest,
-    ) {
-        let (cancel, done) = (self.cancel.clone(), self.done_tx.clone());
-        let tasks = registry.tasks().clone();
-        let task = async move {
-            let result = take(&registry, conn, req, &cancel).await;
-            let _ = done.send((id, result));
-        };
-        self.task = Some(tasks.spawn(task.in_current_span()));
-    }
-}
-
-/// Takes the keys `req` names, counted by how the request ended.
-async fn take(
-    registry: &Registry,
-    conn: ConnId,
-    req: AcquireRequest,
-    cancel: &CancellationToken,
-) -> AcquireResult {
-    let (force, started) = (req.force, std::time::Instant::now());
-    let result = registry
-        .acquire(conn, req, cancel)
-        .await
-        .map_err(wire_error);
-    crate::metrics::acquisition(force, &result, cancel.is_cancelled(), started);
-    result
 }

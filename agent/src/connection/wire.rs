@@ -1,9 +1,26 @@
-//! The lease layer's answers, errors and events as wire messages: the only
-//! place they are worded for a peer.
+//! Wire requests as the lease layer takes them, and the lease layer's
+//! answers, errors and events as wire messages: the only place they are
+//! worded for a peer.
 
 use crate::backend::BackendError;
-use crate::lease::{Event, Granted, LeaseError};
+use crate::lease::{AcquireRequest, Event, Granted, LeaseError};
 use runlock_protocol::{AgentMessage, Key, WireError};
+use std::time::Duration;
+
+/// An `acquire` as sent, its times as durations.
+impl From<runlock_protocol::AcquireRequest> for AcquireRequest {
+    fn from(req: runlock_protocol::AcquireRequest) -> AcquireRequest {
+        AcquireRequest {
+            ttl: req.ttl_ms.map(Duration::from_millis),
+            wait: Duration::from_millis(req.wait_ms),
+            keys: req.keys,
+            force: req.force,
+            command: req.command,
+            on_lost: req.on_lost,
+            slots: req.slots,
+        }
+    }
+}
 
 /// A grant as the peer reads it, with `locks` lock descriptors alongside.
 pub(super) fn acquired(granted: Granted, locks: usize) -> AgentMessage {

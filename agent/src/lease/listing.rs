@@ -25,17 +25,8 @@ const REPLY_HEADROOM: usize = 16 * 1024;
 /// A cursor longer than this was not made here (a store's page token is far shorter).
 const MAX_CURSOR_LEN: usize = 8 * 1024;
 
-/// What `list_keys` asks.
-pub struct KeysQuery {
-    /// Only keys that start with this.
-    pub prefix: String,
-    /// Where the previous page ended.
-    pub cursor: Option<String>,
-    /// Free keys too.
-    pub free: bool,
-    /// Each key's events from then on (ms since the epoch).
-    pub events_since_ms: Option<u64>,
-}
+/// What `list_keys` asks, as the peer sent it.
+pub use runlock_protocol::ListKeysRequest as KeysQuery;
 
 /// One `keys` reply: the keys, and where the next page starts.
 pub struct KeysPage {

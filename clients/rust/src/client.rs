@@ -4,13 +4,17 @@
 use crate::error::{describe, CallError, ConnectError, MissingLocks};
 use crate::escape;
 use crate::fd_stream::FdStream;
+use futures::Stream;
 use futures::{SinkExt, StreamExt};
 use runlock_protocol::{
-    AgentMessage, ClientMessage, Envelope, Holder, OnUnavailable, ShimCodec, PROTOCOL_VERSION,
+    AgentMessage, ClientMessage, Envelope, Holder, OnUnavailable, ShimCodec, WireError,
+    PROTOCOL_VERSION,
 };
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::UnixStream;
 use tokio_util::codec::Framed;
@@ -43,6 +47,10 @@ type ForcingHook = Box<dyn FnMut(&str, Option<&Holder>, Option<u64>) + Send>;
 
 /// A connection to the agent. Requests are numbered here; replies are
 /// matched to them, and events that arrive meanwhile wait in [`Client::events`].
+///
+/// Between requests, a client is a [`Stream`] of what the agent sends
+/// unasked ([`Incoming`]): read it (with `futures::StreamExt::next`) while
+/// the work a lease protects goes on, to learn at once of a `lost` lease.
 pub struct Client {
     /// Where the agent listens, for messages.
     socket: PathBuf,
@@ -50,7 +58,7 @@ pub struct Client {
     next_id: u64,
     on_forcing: Option<ForcingHook>,
     /// Events (messages without an id) that arrived while a reply was
-    /// awaited, oldest first.
+    /// awaited, oldest first; the client's [`Stream`] yields them first.
     pub events: VecDeque<AgentMessage>,
     /// The agent's policy when its backend cannot be reached.
     pub on_unavailable: OnUnavailable,
@@ -72,6 +80,20 @@ enum Read {
     Forcing(Option<u64>),
     /// Anything else: another event, or a late reply.
     Other,
+}
+
+/// What the agent sends unasked, as a [`Client`]'s [`Stream`] yields it.
+#[derive(Debug)]
+pub enum Incoming {
+    /// An event, a message without an id: `renewed`, `lost`, `forcing` or
+    /// `restarting` (SPEC.md says what each means).
+    Event(AgentMessage),
+    /// The reply to the request [`Client::send`] sent with this id and
+    /// nothing awaited; an `error` reply is `Err`.
+    Reply(u64, Result<AgentMessage, WireError>),
+    /// A message that does not decode, and why (escaped, safe to print);
+    /// the connection goes on.
+    Undecodable(String),
 }
 
 impl Client {
@@ -266,8 +288,8 @@ impl Client {
         Ok(locks)
     }
 
-    /// The connection itself, to read messages as they come (as `runlock
-    /// run` does while its command runs) or to write what no request would.
+    /// The connection itself, to write what no request would, or read
+    /// frames as they come (tests that check what the agent sends).
     pub fn framed(&mut self) -> &mut Framed<FdStream, ShimCodec> {
         &mut self.transport
     }
@@ -380,6 +402,33 @@ impl Client {
             None => self.events.push_back(event),
         }
         Read::Forcing(wait_ms)
+    }
+}
+
+/// Events set aside while replies were awaited, then each message as it
+/// arrives; `Err` once the connection fails, `None` once the agent closed it.
+/// Cancel-safe: a message is read whole or not at all.
+impl Stream for Client {
+    type Item = Result<Incoming, CallError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if let Some(event) = self.events.pop_front() {
+            return Poll::Ready(Some(Ok(Incoming::Event(event))));
+        }
+        let incoming = match futures::ready!(self.transport.poll_next_unpin(cx)) {
+            None => return Poll::Ready(None),
+            Some(Err(err)) => Err(CallError::Gone(describe(&err))),
+            Some(Ok(Err(bad))) => Ok(Incoming::Undecodable(escape(&bad.reason).into_owned())),
+            Some(Ok(Ok(Envelope { id: None, body }))) => Ok(Incoming::Event(body)),
+            Some(Ok(Ok(Envelope { id: Some(id), body }))) => Ok(Incoming::Reply(
+                id,
+                match body {
+                    AgentMessage::Error(err) => Err(err),
+                    body => Ok(body),
+                },
+            )),
+        };
+        Poll::Ready(Some(incoming))
     }
 }
 

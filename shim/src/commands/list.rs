@@ -8,7 +8,9 @@ use crate::exit::Failure;
 use crate::exit::EXIT_UNAVAILABLE;
 use runlock_client::escape;
 use runlock_client::{CallError, Client};
-use runlock_protocol::{AgentMessage, ClientMessage, Holder, KeyListing, KeyState};
+use runlock_protocol::{
+    AgentMessage, ClientMessage, Holder, KeyListing, KeyState, ListKeysRequest,
+};
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -31,8 +33,7 @@ pub async fn run(socket: &Path, prefix: &str, all: bool, json: bool) -> Result<E
     }
     let mut client = agent::connect(socket).await?;
     let mut listing = read_all(&mut client, prefix, all, None).await?;
-    // The store's order puts keys named by their hash first; people read by key.
-    listing.keys.sort_by(|a, b| a.key.cmp(&b.key));
+    in_reading_order(&mut listing.keys);
     let text = match json {
         true => json_text(&listing),
         false => table_text(&listing, all),
@@ -43,6 +44,12 @@ pub async fn run(socket: &Path, prefix: &str, all: bool, json: bool) -> Result<E
         Some((_, failure)) => Err(failure),
         None => Ok(ExitCode::SUCCESS),
     }
+}
+
+/// The store's order puts keys named by their hash first; people read by
+/// key, numbers by their value, as `runlock ui` shows them.
+fn in_reading_order(keys: &mut [KeyListing]) {
+    keys.sort_by(|a, b| crate::order::natural(&a.key, &b.key));
 }
 
 /// Every page, until the last or the first that fails; a failure on the
@@ -61,12 +68,12 @@ pub async fn read_all(
     };
     let mut cursor = None;
     loop {
-        let request = ClientMessage::ListKeys {
+        let request = ClientMessage::ListKeys(ListKeysRequest {
             prefix: prefix.to_string(),
             cursor: cursor.clone(),
             free,
             events_since_ms,
-        };
+        });
         let page = listing.pages + 1;
         match client.call_within(PAGE_ANSWER_TIMEOUT, request).await {
             // An agent that cannot move on would be asked forever.
@@ -377,6 +384,20 @@ mod tests {
         assert_eq!(state_cell(KeyState::Free, None, 0, 0), "free");
     }
 
+    /// `key` as a page lists it, with `record`, and nothing else known of it.
+    fn listed(key: &str, record: Option<runlock_protocol::KeyRecord>) -> KeyListing {
+        KeyListing {
+            key: key.into(),
+            record,
+            unreadable: None,
+            events: Vec::new(),
+            events_omitted: 0,
+            waiting_here: 0,
+            waiters: Vec::new(),
+            refused: Vec::new(),
+        }
+    }
+
     /// An agent that answers every `list_keys` after the first with no key
     /// and the cursor it was sent, as one that cannot fit its next key did.
     async fn stuck_agent(stream: tokio::net::UnixStream) {
@@ -393,18 +414,10 @@ mod tests {
                 return;
             }
             let request: Envelope<ClientMessage> = decode_body(&body).expect("a request");
-            let key = || KeyListing {
-                key: "a".into(),
-                record: Some(KeyRecord::free(
-                    &runlock_protocol::Key::new("a").expect("key"),
-                    Scope::Host,
-                )),
-                unreadable: None,
-                events: Vec::new(),
-                events_omitted: 0,
-                waiting_here: 0,
-                waiters: Vec::new(),
-                refused: Vec::new(),
+            let key = || {
+                let free =
+                    KeyRecord::free(&runlock_protocol::Key::new("a").expect("key"), Scope::Host);
+                listed("a", Some(free))
             };
             let reply = AgentMessage::Keys {
                 keys: if page == 0 { vec![key()] } else { Vec::new() },
@@ -443,6 +456,16 @@ mod tests {
         agent
             .await
             .expect("the fake agent ends with the connection");
+    }
+
+    #[test]
+    fn keys_are_listed_numbers_by_their_value_as_the_page_shows_them() {
+        let mut keys: Vec<KeyListing> = ["src10", "src2", "b", "src1"]
+            .map(|key| listed(key, None))
+            .into();
+        in_reading_order(&mut keys);
+        let names: Vec<&str> = keys.iter().map(|k| k.key.as_str()).collect();
+        assert_eq!(names, ["b", "src1", "src2", "src10"]);
     }
 
     #[test]

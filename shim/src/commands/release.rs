@@ -4,18 +4,14 @@
 use crate::agent::{self, unexpected};
 use crate::exit::Failure;
 use runlock_client::BACKEND_ANSWER_TIMEOUT;
-use runlock_protocol::{AgentMessage, ClientMessage};
+use runlock_protocol::{AgentMessage, ClientMessage, ReleaseRequest};
 use std::path::Path;
 use std::process::ExitCode;
 
 pub async fn run(socket: &Path, key: &str, slot: Option<u32>) -> Result<ExitCode, Failure> {
     super::valid_key(key)?;
     let mut client = agent::connect(socket).await?;
-    let request = ClientMessage::Release {
-        slot,
-        lease_ids: Vec::new(),
-        key: Some(key.to_string()),
-    };
+    let request = ClientMessage::Release(ReleaseRequest::break_key(key, slot));
     let what = match slot {
         Some(slot) => format!("slot {slot} of {key:?}"),
         None => format!("{key:?}"),

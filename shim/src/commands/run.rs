@@ -3,6 +3,11 @@
 //! long as the run's processes), forward signals, act on a lost lease, keep
 //! the run through an agent restart by reattaching before the leases'
 //! deadline, release when the command exits, and exit with its status.
+//!
+//! In phases, each a function: `connect` (asking for the keys),
+//! `wait_for_lock`, `start` (the command), `supervise` (its exit, signals,
+//! the agent's events), `finish` (the lost run's group, the release, the
+//! exit code).
 
 use crate::agent::{self, describe_wire_error, unexpected};
 use crate::cli::{self, OnLostArg, RunArgs};
@@ -13,11 +18,11 @@ use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use runlock_client::{
-    escape, CallError, Client, ConnectError, ANSWER_TIMEOUT, BACKEND_ANSWER_TIMEOUT,
+    escape, CallError, Client, ConnectError, Incoming, ANSWER_TIMEOUT, BACKEND_ANSWER_TIMEOUT,
 };
 use runlock_protocol::{
-    procfs, timing::kill_grace, AgentMessage, ClientMessage, Envelope, ErrorCode, Lease,
-    OnUnavailable,
+    procfs, timing::kill_grace, AcquireRequest, AgentMessage, ClientMessage, ErrorCode, Lease,
+    OnUnavailable, ReleaseRequest, WireError,
 };
 use std::collections::HashMap;
 use std::future::Future;
@@ -27,27 +32,19 @@ use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::process::ExitCode;
 use std::time::Duration;
+use tokio::process::Child;
 use tokio::time::Instant;
 
-/// A reattach in progress: the next agent's connection, or why there is none.
-type Reattaching = Pin<Box<dyn Future<Output = Result<Client, String>>>>;
+/// A reattach in progress: the next agent's connection and how long the
+/// leases stay guaranteed, or why there is none.
+type Reattaching = Pin<Box<dyn Future<Output = Result<(Client, Option<Duration>), String>>>>;
 
 /// How long the shim waits for the agent to confirm the release at the end.
 const RELEASE_WAIT: Duration = Duration::from_secs(5);
 
 pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<ExitCode, Failure> {
     if args.meltano {
-        let cwd = std::env::current_dir().map_err(|e| {
-            Failure::new(
-                exit::EXIT_USAGE,
-                format!("--meltano: no working directory: {e}"),
-            )
-        })?;
-        let env = |name: &str| std::env::var(name).ok();
-        let meltano = runlock_meltano_project::invocation(&args.command, &env, &cwd)
-            .map_err(|why| Failure::new(exit::EXIT_USAGE, format!("--meltano: {why}")))?;
-        args.keys.extend(meltano.state_ids);
-        args.force |= meltano.force;
+        add_meltano_keys(&mut args)?;
     }
     for key in &args.keys {
         super::valid_key(key)?;
@@ -65,8 +62,7 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
             format!("cannot install signal handlers: {e}"),
         )
     })?;
-    // The acquire goes right behind hello: one round trip less before the run starts.
-    let (mut client, asked) = match agent::connect_asking(socket, request(&args)).await {
+    let (mut client, asked) = match connect(socket, &args).await {
         Ok(connected) => connected,
         Err(err @ ConnectError::Unreachable(_)) => {
             let failure = agent::connect_failure(err);
@@ -74,21 +70,8 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
         }
         Err(refused) => return Err(agent::connect_failure(refused)),
     };
-
-    // The agent answers by the end of the wait, or sooner; past that plus
-    // its own bound on the backend operations of each key, it is wedged.
-    let per_key = BACKEND_ANSWER_TIMEOUT.saturating_mul(args.keys.len().max(1) as u32);
-    let answer_within = args.wait.saturating_add(per_key);
-    // A forced acquire says what it waits for in its own notice.
-    let shown_wait = if args.force {
-        Duration::ZERO
-    } else {
-        args.wait
-    };
-    let waiting = crate::wait_line::show(socket, &args.keys, shown_wait);
-    let acquired = acquire(&mut client, asked, answer_within, &mut signals, waiting).await;
-    let (leases, ttl, valid_for, locks) = match acquired {
-        Ok(Ok(granted)) => granted,
+    let held = match wait_for_lock(&mut client, asked, socket, &args, &mut signals).await {
+        Ok(Ok(held)) => held,
         Ok(Err(signal)) => return Ok(ExitCode::from(exit::for_signal(signal as i32))),
         Err(failure) if failure.code == exit::EXIT_UNAVAILABLE => {
             let policy = client.on_unavailable;
@@ -96,132 +79,258 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
         }
         Err(failure) => return Err(failure),
     };
+    let mut run = start(client, held, &args).await?;
+    let status = supervise(&mut run, socket, &mut signals).await;
+    finish(run, status).await
+}
 
+/// `--meltano`: the state IDs of the Meltano command as keys too, and its
+/// `--force` as ours.
+fn add_meltano_keys(args: &mut RunArgs) -> Result<(), Failure> {
+    let cwd = std::env::current_dir().map_err(|e| {
+        Failure::new(
+            exit::EXIT_USAGE,
+            format!("--meltano: no working directory: {e}"),
+        )
+    })?;
+    let env = |name: &str| std::env::var(name).ok();
+    let meltano = runlock_meltano_project::invocation(&args.command, &env, &cwd)
+        .map_err(|why| Failure::new(exit::EXIT_USAGE, format!("--meltano: {why}")))?;
+    args.keys.extend(meltano.state_ids);
+    args.force |= meltano.force;
+    Ok(())
+}
+
+/// Connects to the agent with the `acquire` right behind hello, one round
+/// trip less before the run starts; returns the acquire's id.
+async fn connect(socket: &Path, args: &RunArgs) -> Result<(Client, u64), ConnectError> {
+    let request = AcquireRequest {
+        slots: args.slots,
+        keys: args.keys.clone(),
+        ttl_ms: args.ttl.map(cli::millis),
+        wait_ms: cli::millis(args.wait),
+        force: args.force,
+        command: command_line(&args.command),
+        on_lost: args.on_lost.into(),
+    };
+    agent::connect_asking(socket, ClientMessage::Acquire(request)).await
+}
+
+/// What `acquired` granted.
+struct Held {
+    leases: Vec<Lease>,
+    ttl: Duration,
+    /// How long the leases stay guaranteed without the agent (`None`: for
+    /// as long as the run holds its locks).
+    valid_for: Option<Duration>,
+    /// The kernel locks, for the run to hold.
+    locks: Vec<OwnedFd>,
+}
+
+/// Waits for the answer to the acquire sent as `id`, showing the wait
+/// meanwhile: what `acquired` said, or `Ok(Err(signal))` when a signal came
+/// first. The agent answers by the end of the wait, or sooner; past that plus
+/// its own bound on the backend operations of each key, it is wedged.
+async fn wait_for_lock(
+    client: &mut Client,
+    id: u64,
+    socket: &Path,
+    args: &RunArgs,
+    signals: &mut Signals,
+) -> Result<Result<Held, Signal>, Failure> {
+    let per_key = BACKEND_ANSWER_TIMEOUT.saturating_mul(args.keys.len().max(1) as u32);
+    let limit = args.wait.saturating_add(per_key);
+    // A forced acquire says what it waits for in its own notice.
+    let shown_wait = if args.force {
+        Duration::ZERO
+    } else {
+        args.wait
+    };
+    let waiting = crate::wait_line::show(socket, &args.keys, shown_wait);
+    let reply = tokio::select! {
+        reply = client.reply_within(id, limit) => reply,
+        // Closing the connection (by returning) abandons the wait in the agent.
+        signal = signals.next() => return Ok(Err(signal)),
+        never = waiting => match never {},
+    };
+    match reply {
+        Ok(AgentMessage::Acquired {
+            leases,
+            ttl_ms,
+            valid_for_ms,
+            locks,
+        }) => Ok(Ok(Held {
+            leases,
+            ttl: Duration::from_millis(ttl_ms),
+            valid_for: valid_for_ms.map(Duration::from_millis),
+            locks: client
+                .take_locks(locks)
+                .map_err(|missing| Failure::new(exit::EXIT_SOFTWARE, missing.to_string()))?,
+        })),
+        Ok(other) => Err(unexpected("acquire", &other)),
+        Err(CallError::Agent(err)) => Err(Failure::new(
+            exit::for_error(err.code),
+            describe_wire_error(&err),
+        )),
+        Err(gone) => Err(agent::call_failure(gone, "asking for the lock")),
+    }
+}
+
+/// A command running under its leases.
+struct Run {
+    client: Client,
+    child: Child,
+    pid: u32,
+    leases: Vec<Lease>,
+    locks: Vec<OwnedFd>,
+    /// The id of the `attach` whose answer is still to come.
+    attaching: Option<u64>,
+    watch: Watch,
+}
+
+/// Starts the command holding the agent connection and its locks, then
+/// names it to the agent (`attach`), not waiting for the answer: the
+/// command already runs, and `supervise` reads it.
+async fn start(mut client: Client, held: Held, args: &RunArgs) -> Result<Run, Failure> {
     let fd = client.as_raw_fd();
-    let mut child = spawn(Some(fd), &locks, &args.command, &args.keys, &leases)?;
+    let child = spawn(
+        Some(fd),
+        &held.locks,
+        &args.command,
+        &args.keys,
+        &held.leases,
+    )?;
     // invariant: a spawned child has a pid until it is waited for
     let pid = child.id().unwrap_or_default();
-    let group = Pid::from_raw(pid as i32);
-    // Not waited for: the command is already running. Its answer is read below.
-    let mut attaching = client
+    let attaching = client
         .send(ClientMessage::Attach { pid, pgid: pid })
         .await
         .ok();
     if attaching.is_none() {
         eprintln!("runlock: warning: attach failed: the agent closed the connection");
     }
-
     let mut watch = Watch {
         lost: false,
         kill_at: None,
-        kill_grace: kill_grace(ttl),
+        kill_grace: kill_grace(held.ttl),
         agent_open: true,
         on_lost: args.on_lost,
-        group,
+        group: Pid::from_raw(pid as i32),
         survives_agent: client.leases_survive_agent,
-        expires: valid_for.is_some(),
+        expires: held.valid_for.is_some(),
         valid_until: HashMap::new(),
     };
-    if let Some(valid_for) = valid_for {
-        let until = after(valid_for);
-        watch.valid_until = leases.iter().map(|l| (l.lease_id.clone(), until)).collect();
-    }
+    watch.valid_for(&held.leases, held.valid_for);
+    // What came while the lock was awaited counts before the command's exit.
     for event in std::mem::take(&mut client.events) {
         watch.event(event);
     }
+    Ok(Run {
+        client,
+        child,
+        pid,
+        leases: held.leases,
+        locks: held.locks,
+        attaching,
+        watch,
+    })
+}
+
+/// Until the command exits: forwards signals to its group, reads what the
+/// agent says (a lost lease stops the run), finds the next agent where
+/// leases outlive this one, and kills a run that outstays its kill grace.
+async fn supervise(
+    run: &mut Run,
+    socket: &Path,
+    signals: &mut Signals,
+) -> std::io::Result<std::process::ExitStatus> {
     let mut reattaching: Option<Reattaching> = None;
-    let status = loop {
-        if watch.wants_agent() && reattaching.is_none() {
-            let attempt = reattach(
-                socket.to_path_buf(),
-                leases.clone(),
-                args.on_lost.into(),
-                pid,
-            );
+    loop {
+        if run.watch.wants_agent() && reattaching.is_none() {
+            let on_lost = run.watch.on_lost.into();
+            let attempt = reattach(socket.to_path_buf(), run.leases.clone(), on_lost, run.pid);
             reattaching = Some(Box::pin(attempt));
         }
         tokio::select! {
-            status = child.wait() => break status,
+            status = run.child.wait() => return status,
             signal = signals.next() => {
-                let _ = killpg(group, signal);
+                let _ = killpg(run.watch.group, signal);
             }
-            frame = client.framed().next(), if watch.agent_open => match frame {
-                Some(Ok(Ok(Envelope { id: None, body }))) => watch.event(body),
-                Some(Ok(Ok(Envelope { id, body }))) if id.is_some() && id == attaching => {
-                    attaching = None;
-                    attached(body, pid);
-                }
-                Some(Ok(Ok(_))) => {} // a late reply; nothing waits for it
-                Some(Ok(Err(bad))) => eprintln!("runlock: warning: undecodable message from the agent: {}", escape(&bad.reason)),
-                None | Some(Err(_)) => watch.agent_gone(),
-            },
+            incoming = run.client.next(), if run.watch.agent_open => run.incoming(incoming),
             reattached = poll_some(&mut reattaching) => {
                 reattaching = None;
                 match reattached {
-                    Ok(new) => {
+                    Ok((new, valid_for)) => {
                         eprintln!("runlock: reattached to the agent; the lock was kept");
-                        client = new;
-                        watch.agent_open = true;
-                        for event in std::mem::take(&mut client.events) {
-                            watch.event(event);
-                        }
+                        run.client = new;
+                        run.watch.agent_open = true;
+                        run.watch.valid_for(&run.leases, valid_for);
                     }
                     Err(why) => {
                         eprintln!("runlock: cannot reattach: {why}");
-                        watch.stop_run();
+                        run.watch.stop_run();
                     }
                 }
             }
-            _ = sleep_until(watch.orphan_deadline()), if reattaching.is_some() => {
+            _ = sleep_until(run.watch.orphan_deadline()), if reattaching.is_some() => {
                 reattaching = None;
                 eprintln!("runlock: no agent took the lease over before its deadline");
-                watch.stop_run();
+                run.watch.stop_run();
             }
-            _ = sleep_until(watch.kill_at), if watch.kill_at.is_some() => {
-                watch.kill_at = None;
-                let _ = killpg(group, Signal::SIGKILL);
+            _ = sleep_until(run.watch.kill_at), if run.watch.kill_at.is_some() => {
+                run.watch.kill_at = None;
+                let _ = killpg(run.watch.group, Signal::SIGKILL);
             }
-        }
-    };
-
-    // A lost run is its whole process group: what the command left behind
-    // is killed at the end of the kill grace too, before the lock is
-    // dropped and before the agent may say the run has stopped.
-    if watch.lost && !matches!(watch.on_lost, OnLostArg::Ignore) && killpg(group, None).is_ok() {
-        if let Some(at) = watch.kill_at {
-            tokio::time::sleep_until(at).await;
-        }
-        let _ = killpg(group, Signal::SIGKILL);
-        // SIGKILL lands at once, but a process lets go of what it holds (a
-        // file lock, a connection) only as it exits: the key is let go after.
-        let bound = after(watch.kill_grace);
-        while group_has_live_members(group) && Instant::now() < bound {
-            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+}
 
+impl Run {
+    /// What the agent sent while the command runs.
+    fn incoming(&mut self, incoming: Option<Result<Incoming, CallError>>) {
+        match incoming {
+            Some(Ok(Incoming::Event(event))) => self.watch.event(event),
+            Some(Ok(Incoming::Reply(id, reply))) if Some(id) == self.attaching => {
+                self.attaching = None;
+                attached(reply, self.pid);
+            }
+            Some(Ok(Incoming::Reply(..))) => {} // a late reply; nothing waits for it
+            Some(Ok(Incoming::Undecodable(why))) => {
+                eprintln!("runlock: warning: undecodable message from the agent: {why}")
+            }
+            None | Some(Err(_)) => self.watch.agent_gone(),
+        }
+    }
+}
+
+/// After the command: a lost run's whole group stopped, the locks dropped,
+/// the leases released; the command's status, or 76 for a lost lease.
+async fn finish(
+    mut run: Run,
+    status: std::io::Result<std::process::ExitStatus>,
+) -> Result<ExitCode, Failure> {
+    let watch = &run.watch;
+    if watch.lost && !matches!(watch.on_lost, OnLostArg::Ignore) {
+        stop_group(watch.group, watch.kill_at, watch.kill_grace).await;
+    }
     // Dropped for every holder of the lock (a daemon the run left behind
     // too) before the agent is told: it marks the record free only once it
     // can take the lock itself, so this leaves no moment with two holders.
-    for lock in &locks {
+    for lock in &run.locks {
         // SAFETY: the descriptor is open; LOCK_UN only drops our lock.
         unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_UN) };
     }
-    if watch.agent_open {
-        let lease_ids = leases.iter().map(|l| l.lease_id.clone()).collect();
-        let release = client.call(ClientMessage::Release {
-            slot: None,
-            lease_ids,
-            key: None,
-        });
+    if run.watch.agent_open {
+        let lease_ids = run.leases.iter().map(|l| l.lease_id.clone());
+        let release = ClientMessage::Release(ReleaseRequest::leases(lease_ids));
         // A lease already lost answers not_owner, which is fine: the run is over either way.
-        let _ = tokio::time::timeout(RELEASE_WAIT, release).await;
-    } else if !watch.lost && locks.is_empty() {
+        let _ = tokio::time::timeout(RELEASE_WAIT, run.client.call(release)).await;
+    } else if !run.watch.lost && run.locks.is_empty() {
         eprintln!("runlock: no agent to release the lock to; it expires by itself within its TTL");
     }
     let status = status
         .map_err(|e| Failure::new(exit::EXIT_SOFTWARE, format!("waiting for the command: {e}")))?;
-    if watch.lost {
+    if run.watch.lost {
         eprintln!(
             "runlock: the lease was lost while the command ran; exiting {}",
             exit::EXIT_LEASE_LOST
@@ -229,6 +338,25 @@ pub async fn run(socket: &Path, host: &HostConfig, mut args: RunArgs) -> Result<
         return Ok(ExitCode::from(exit::EXIT_LEASE_LOST));
     }
     Ok(exit_code(status))
+}
+
+/// A lost run is its whole process group: what the command left behind is
+/// killed at the end of the kill grace too (`kill_at`), before the lock is
+/// dropped and before the agent may say the run has stopped.
+async fn stop_group(group: Pid, kill_at: Option<Instant>, kill_grace: Duration) {
+    if killpg(group, None).is_err() {
+        return;
+    }
+    if let Some(at) = kill_at {
+        tokio::time::sleep_until(at).await;
+    }
+    let _ = killpg(group, Signal::SIGKILL);
+    // SIGKILL lands at once, but a process lets go of what it holds (a
+    // file lock, a connection) only as it exits: the key is let go after.
+    let bound = after(kill_grace);
+    while group_has_live_members(group) && Instant::now() < bound {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 }
 
 /// The command's own status, as a shell reports it.
@@ -272,62 +400,6 @@ async fn unlocked(
     status
         .map(exit_code)
         .map_err(|e| Failure::new(exit::EXIT_SOFTWARE, format!("waiting for the command: {e}")))
-}
-
-/// The leases, their TTL, how long they stay guaranteed without the agent
-/// (`None`: for as long as the run holds its locks), and those locks.
-type Acquired = (Vec<Lease>, Duration, Option<Duration>, Vec<OwnedFd>);
-
-/// The `acquire` for every key.
-fn request(args: &RunArgs) -> ClientMessage {
-    ClientMessage::Acquire {
-        slots: args.slots,
-        keys: args.keys.clone(),
-        ttl_ms: args.ttl.map(cli::millis),
-        wait_ms: cli::millis(args.wait),
-        force: args.force,
-        command: command_line(&args.command),
-        on_lost: args.on_lost.into(),
-    }
-}
-
-/// Waits (at most `limit`) for the answer to the acquire sent as `id`: what
-/// `acquired` said, or `Ok(Err(signal))` when a signal came first; `waiting`
-/// shows the wait meanwhile, and is dropped (ended) with it.
-async fn acquire(
-    client: &mut Client,
-    id: u64,
-    limit: Duration,
-    signals: &mut Signals,
-    waiting: impl Future<Output = std::convert::Infallible>,
-) -> Result<Result<Acquired, Signal>, Failure> {
-    let reply = tokio::select! {
-        reply = client.reply_within(id, limit) => reply,
-        // Closing the connection (by returning) abandons the wait in the agent.
-        signal = signals.next() => return Ok(Err(signal)),
-        never = waiting => match never {},
-    };
-    match reply {
-        Ok(AgentMessage::Acquired {
-            leases,
-            ttl_ms,
-            valid_for_ms,
-            locks,
-        }) => Ok(Ok((
-            leases,
-            Duration::from_millis(ttl_ms),
-            valid_for_ms.map(Duration::from_millis),
-            client
-                .take_locks(locks)
-                .map_err(|missing| Failure::new(exit::EXIT_SOFTWARE, missing.to_string()))?,
-        ))),
-        Ok(other) => Err(unexpected("acquire", &other)),
-        Err(CallError::Agent(err)) => Err(Failure::new(
-            exit::for_error(err.code),
-            describe_wire_error(&err),
-        )),
-        Err(gone) => Err(agent::call_failure(gone, "asking for the lock")),
-    }
 }
 
 /// Starts the command in its own process group. With an agent `socket`, the
@@ -408,22 +480,22 @@ fn spawn(
 async fn attach(client: &mut Client, pid: u32) {
     let request = ClientMessage::Attach { pid, pgid: pid };
     match client.call_within(ANSWER_TIMEOUT, request).await {
-        Ok(reply) => attached(reply, pid),
-        Err(CallError::Agent(err)) => attached(AgentMessage::Error(err), pid),
+        Ok(reply) => attached(Ok(reply), pid),
+        Err(CallError::Agent(err)) => attached(Err(err), pid),
         Err(CallError::Gone(why)) => eprintln!("runlock: warning: attach failed: {why}"),
     }
 }
 
 /// Says what went wrong with the agent's answer to `attach`, if anything.
-fn attached(reply: AgentMessage, pid: u32) {
+fn attached(reply: Result<AgentMessage, WireError>, pid: u32) {
     match reply {
-        AgentMessage::Attached => {}
+        Ok(AgentMessage::Attached) => {}
         // A command that is over already needs no one to stop it.
-        AgentMessage::Error(_) if has_exited(pid) => {}
-        AgentMessage::Error(err) => {
+        Err(_) if has_exited(pid) => {}
+        Err(err) => {
             eprintln!("runlock: warning: attach failed: {}", escape(&err.message))
         }
-        other => eprintln!("runlock: warning: {}", unexpected("attach", &other).message),
+        Ok(other) => eprintln!("runlock: warning: {}", unexpected("attach", &other).message),
     }
 }
 
@@ -439,14 +511,15 @@ fn has_exited(pid: u32) -> bool {
 
 /// Connects to the agent again (the next one, after a restart) and has it
 /// adopt the leases, retrying while no agent answers or its backend cannot be
-/// reached; the caller bounds it by the leases' deadline. `Err` when an agent
-/// answered that the leases cannot be kept.
+/// reached; the caller bounds it by the leases' deadline. The connection, and
+/// how long the leases stay guaranteed where they lapse unless renewed;
+/// `Err` when an agent answered that the leases cannot be kept.
 async fn reattach(
     socket: PathBuf,
     leases: Vec<Lease>,
     on_lost: runlock_protocol::OnLost,
     pid: u32,
-) -> Result<Client, String> {
+) -> Result<(Client, Option<Duration>), String> {
     let mut pause = Duration::from_millis(50);
     loop {
         if let Ok(mut client) = agent::connect(&socket).await {
@@ -456,14 +529,8 @@ async fn reattach(
             };
             match client.call(request).await {
                 Ok(AgentMessage::Acquired { valid_for_ms, .. }) => {
-                    for lease in valid_for_ms.map_or(&[][..], |_| &leases[..]) {
-                        client.events.push_back(AgentMessage::Renewed {
-                            lease_id: lease.lease_id.clone(),
-                            valid_for_ms: valid_for_ms.unwrap_or(0),
-                        });
-                    }
                     attach(&mut client, pid).await;
-                    return Ok(client);
+                    return Ok((client, valid_for_ms.map(Duration::from_millis)));
                 }
                 Ok(other) => return Err(unexpected("reattach", &other).message),
                 Err(CallError::Agent(err)) if err.code != ErrorCode::Unavailable => {
@@ -530,6 +597,17 @@ impl Watch {
             }
             AgentMessage::Restarting => eprintln!("runlock: the agent is stopping"),
             _ => {}
+        }
+    }
+
+    /// Every lease stays guaranteed for `valid_for` from now, where leases
+    /// lapse unless renewed (a grant or a reattach said so).
+    fn valid_for(&mut self, leases: &[Lease], valid_for: Option<Duration>) {
+        if let Some(valid_for) = valid_for {
+            let until = after(valid_for);
+            for lease in leases {
+                self.valid_until.insert(lease.lease_id.clone(), until);
+            }
         }
     }
 

@@ -1,7 +1,7 @@
 //! The canonical vectors of client → agent messages.
 
 use super::{client, lease, plain_acquire, Vector, COMMAND};
-use runlock_protocol::{ClientMessage, OnLost};
+use runlock_protocol::{AcquireRequest, ClientMessage, ListKeysRequest, OnLost, ReleaseRequest};
 
 /// The client's canonical vectors, in the order the README lists them.
 pub(super) fn vectors() -> Vec<Vector> {
@@ -39,14 +39,14 @@ pub(super) fn vectors() -> Vec<Vector> {
                       SIGKILL the run if a lease is lost while the client is gone.",
             message: client(
                 Some(2),
-                ClientMessage::Acquire { slots: 1,
+                ClientMessage::Acquire(AcquireRequest { slots: 1,
                     keys: vec!["dev:b".into(), "dev:a".into()],
                     ttl_ms: Some(30_000),
                     wait_ms: 60_000,
                     force: true,
                     command: COMMAND.into(),
                     on_lost: OnLost::Kill,
-                },
+                }),
             ),
         },
         Vector {
@@ -55,7 +55,7 @@ pub(super) fn vectors() -> Vec<Vector> {
                       every agent sharing the backend), waiting up to 60 s for one to be free.",
             message: client(
                 Some(11),
-                ClientMessage::Acquire {
+                ClientMessage::Acquire(AcquireRequest {
                     keys: vec!["warehouse".into()],
                     ttl_ms: None,
                     wait_ms: 60_000,
@@ -63,7 +63,7 @@ pub(super) fn vectors() -> Vec<Vector> {
                     command: COMMAND.into(),
                     on_lost: OnLost::Term,
                     slots: 3,
-                },
+                }),
             ),
         },
         Vector {
@@ -71,7 +71,7 @@ pub(super) fn vectors() -> Vec<Vector> {
             meaning: "Request 12: break whoever holds slot 2 of `warehouse` (needs force rights).",
             message: client(
                 Some(12),
-                ClientMessage::Release { lease_ids: Vec::new(), key: Some("warehouse".into()), slot: Some(2) },
+                ClientMessage::Release(ReleaseRequest { lease_ids: Vec::new(), key: Some("warehouse".into()), slot: Some(2) }),
             ),
         },
         Vector {
@@ -79,10 +79,10 @@ pub(super) fn vectors() -> Vec<Vector> {
             meaning: "Request 3: release two leases this connection holds.",
             message: client(
                 Some(3),
-                ClientMessage::Release { slot: None,
+                ClientMessage::Release(ReleaseRequest { slot: None,
                     lease_ids: vec!["lease-0001".into(), "lease-0002".into()],
                     key: None,
-                },
+                }),
             ),
         },
         Vector {
@@ -90,7 +90,7 @@ pub(super) fn vectors() -> Vec<Vector> {
             meaning: "Request 4: break whoever holds `dev:a` (needs force rights).",
             message: client(
                 Some(4),
-                ClientMessage::Release { slot: None, lease_ids: Vec::new(), key: Some("dev:a".into()) },
+                ClientMessage::Release(ReleaseRequest { slot: None, lease_ids: Vec::new(), key: Some("dev:a".into()) }),
             ),
         },
         Vector {
@@ -133,12 +133,12 @@ pub(super) fn vectors() -> Vec<Vector> {
                       `keys` reply gave.",
             message: client(
                 Some(11),
-                ClientMessage::ListKeys {
+                ClientMessage::ListKeys(ListKeysRequest {
                     prefix: "dev:".into(),
                     cursor: Some(r#"{"page":"token-2"}"#.into()),
                     free: true,
                     events_since_ms: Some(1_700_000_000_000),
-                },
+                }),
             ),
         },
         Vector {

@@ -17,8 +17,8 @@ pub use hand_written::decode_only;
 
 use runlock_protocol::codec::encode_body;
 use runlock_protocol::{
-    AgentMessage, ClientMessage, Clock, Envelope, ErrorCode, EventKind, Holder, KeyEvent, Lease,
-    OnLost, WireError,
+    AcquireRequest, AgentMessage, ClientMessage, Clock, Envelope, ErrorCode, EventKind, Holder,
+    KeyEvent, Lease, OnLost, WireError,
 };
 
 /// A message of either direction.
@@ -110,7 +110,7 @@ fn holder(pid: u32, token: u64) -> Holder {
 /// An acquire of the one key `key` with every field at its default: one
 /// slot, the agent's TTL, no waiting, no force, no command, `term` on loss.
 fn plain_acquire(key: &str) -> ClientMessage {
-    ClientMessage::Acquire {
+    ClientMessage::Acquire(AcquireRequest {
         slots: 1,
         keys: vec![key.into()],
         ttl_ms: None,
@@ -118,7 +118,7 @@ fn plain_acquire(key: &str) -> ClientMessage {
         force: false,
         command: String::new(),
         on_lost: OnLost::Term,
-    }
+    })
 }
 
 /// An error about the one key `key`, naming at most one holder (not a slot
