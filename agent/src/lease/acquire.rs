@@ -166,9 +166,7 @@ impl Registry {
             waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
         };
         let base = Key::new(key.split_slot().0).unwrap_or_else(|_| key.clone());
-        let mut state = self.state();
-        state.refusals.note(base, refusal);
-        state.report_changed();
+        self.state().report.refused(base, refusal);
     }
 
     /// Adopts leases taken through an agent that has stopped, once the backend
@@ -633,7 +631,7 @@ impl Place<'_> {
         if !self.reported {
             let mut state = self.registry.state();
             state.queues.waits(&self.key, self.id);
-            state.report_changed();
+            state.report.changed();
             self.reported = true;
         }
     }
@@ -644,7 +642,7 @@ impl Drop for Place<'_> {
         let mut state = self.registry.state();
         state.queues.leave(&self.key, self.id);
         if self.reported {
-            state.report_changed();
+            state.report.changed();
         }
     }
 }

@@ -6,13 +6,13 @@
 //! `displaced` (a force waits for the run it displaces), `loss` (a lease
 //! lost, and what `renewal` reports), `supervise` (the run a
 //! peer attached), `view` (list and inspect as a peer may see them),
-//! `listing` (the store's keys, a page at a time, likewise). It
+//! `listing` (the store's keys, a page at a time, likewise), `fleet` (what
+//! this agent reports of itself to the store, and reads of the others'). It
 //! speaks in `error::LeaseError` and `event::Event`; only the connection
 //! turns them into wire messages. What happens to leases it tells an
 //! `observer::Observer` (the agent's metrics), whom it does not know.
 
 mod acquire;
-mod agent_report;
 mod displaced;
 mod error;
 mod event;
@@ -23,7 +23,6 @@ mod loss;
 mod model;
 mod observer;
 mod queue;
-mod refusals;
 mod registry;
 mod release;
 pub mod renewal;

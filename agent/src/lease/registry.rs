@@ -3,6 +3,7 @@
 
 use super::error::LeaseError;
 use super::event::{self, Events};
+use super::fleet::Fleet;
 use super::observer::{Observer, Unobserved};
 use super::renewal::Renewals;
 use super::state::{Conn, ConnId, PeerCred, State};
@@ -81,8 +82,8 @@ pub struct Registry {
     pub(super) tasks: TaskTracker,
     /// Cancelled at shutdown: the scheduler and the store's listeners stop.
     closing: CancellationToken,
-    /// What the agents' reports last said, for listings.
-    pub(super) fleet_read: super::fleet::LastReading,
+    /// This agent's report in the store, and what the others' last said.
+    pub(super) fleet: Fleet,
 }
 
 /// Wakes the first local waiter for each key the backend says another agent
@@ -147,6 +148,12 @@ impl Registry {
             &tasks,
             closing.clone(),
         );
+        let fleet = Fleet::new(
+            backend.clone(),
+            &identity.host,
+            &identity.agent_id,
+            tasks.clone(),
+        );
         let registry = Arc::new(Registry {
             capabilities: profile.capabilities,
             min_ttl: profile.min_ttl,
@@ -161,11 +168,21 @@ impl Registry {
             observer,
             tasks,
             closing,
-            fleet_read: Default::default(),
+            fleet,
         });
         let reported = Registry::take_reports(Arc::downgrade(&registry), reports);
         registry.tasks.spawn(reported);
-        super::agent_report::start(&registry, registry.closing.clone());
+        let here = Arc::downgrade(&registry);
+        registry.fleet.publish(
+            move || {
+                let registry = here.upgrade()?;
+                let state = registry.state();
+                let said = state.report.said(&state.queues);
+                Some(said)
+            },
+            registry.state().report.on_change(),
+            registry.closing.clone(),
+        );
         if let Some(releases) = releases {
             let woken = wake_on_releases(
                 Arc::downgrade(&registry),
