@@ -2,7 +2,8 @@
 //! waiter queues: one place that decides who holds what on this host.
 //!
 //! One `Registry` under one lock (`state`), its operations one idea a module:
-//! `acquire` (and reattach), `queue` (local waiters), `release` (and break),
+//! `acquire` (and reattach), `takeover` (what one try at a key may take:
+//! the take-over rule), `queue` (local waiters), `release` (and break),
 //! `displaced` (a force waits for the run it displaces), `loss` (a lease
 //! lost, and what `renewal` reports), `supervise` (the run a
 //! peer attached), `view` (list and inspect as a peer may see them),
@@ -29,6 +30,7 @@ pub mod renewal;
 mod slots;
 mod state;
 mod supervise;
+mod takeover;
 #[cfg(test)]
 mod testing;
 mod view;

@@ -1,12 +1,12 @@
 //! Giving keys back: a peer's own leases (`release`), and whoever holds a
 //! key, here or on another agent (`break_key`, for `runlock release --key`).
 
-use super::acquire::now_ms;
 use super::error::{backend_on, valid_key, valid_slot, LeaseError};
 use super::event::Loss;
 use super::observer::Takeover;
 use super::registry::Registry;
 use super::state::ConnId;
+use super::takeover::now_ms;
 use crate::backend::{AcquireSpec, Ending, LeaseRef};
 use runlock_protocol::{Holder, Key};
 
