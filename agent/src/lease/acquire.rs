@@ -10,12 +10,10 @@ use super::takeover::{Claim, NotTaken, Refusal, Taken};
 use crate::backend::retry::jittered;
 use crate::backend::{history, AcquireSpec, Adopter, BackendError, Ending, LeaseRef};
 use crate::shown;
-use runlock_protocol::timing;
 use runlock_protocol::{
     Holder, Key, Lease, OnLost, MAX_COMMAND_LEN, MAX_KEYS_PER_REQUEST, MAX_SLOTS,
 };
 use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -112,15 +110,7 @@ impl Registry {
         if keys.is_empty() {
             return Err(LeaseError::NoKeys);
         }
-        let ttl = req.ttl.unwrap_or(self.policy.default_ttl);
-        let shortest = timing::MIN_TTL.max(self.min_ttl);
-        if ttl < shortest || ttl > timing::MAX_TTL {
-            return Err(LeaseError::TtlOutOfRange {
-                ttl,
-                shortest,
-                backend: (shortest > timing::MIN_TTL).then(|| self.description.clone()),
-            });
-        }
+        let ttl = self.ttl(req.ttl)?;
         if req.slots == 0 || req.slots > MAX_SLOTS {
             return Err(LeaseError::SlotsOutOfRange(req.slots));
         }
@@ -166,7 +156,7 @@ impl Registry {
     fn note_refusal(&self, key: &Key, peer: PeerCred, user: &str, waited: Duration) {
         let refusal = runlock_protocol::Refusal {
             at_ms: history::Stamp::agent_now().at_ms,
-            host: self.identity.host.clone(),
+            host: self.identity().host.clone(),
             uid: peer.uid,
             user: user.to_string(),
             pid: peer.pid,
@@ -195,7 +185,7 @@ impl Registry {
         }
         let (peer, _, _) = self.peer(conn)?;
         let by = Adopter {
-            agent_id: self.identity.agent_id.clone(),
+            agent_id: self.identity().agent_id.clone(),
             uid: peer.uid,
         };
         let mut granted = Granted::new(Duration::ZERO, leases.len());
@@ -249,7 +239,7 @@ impl Registry {
     async fn acquire_key(&self, acquiring: &Acquiring<'_>, key: Key) -> Result<Taken, LeaseError> {
         let claim = &acquiring.claim;
         let mut place = self.enqueue(&key, claim.slots, &claim.holder);
-        let cap = self.policy.poll_interval;
+        let cap = self.policy().poll_interval;
         let mut poll = POLL_START.min(cap);
         // Set at the first wait, dropped with the answer: the waiters gauge.
         let mut waiting = None;
@@ -286,10 +276,10 @@ impl Registry {
     }
 
     fn enqueue(&self, key: &Key, slots: u32, holder: &Holder) -> Place<'_> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id();
         let notify = Arc::new(Notify::new());
         let who = runlock_protocol::Waiter {
-            host: self.identity.host.clone(),
+            host: self.identity().host.clone(),
             uid: holder.uid,
             user: holder.user.clone(),
             pid: holder.pid,

@@ -90,7 +90,7 @@ impl Registry {
             key: key.clone(),
             lease_id: uuid::Uuid::new_v4().to_string(),
             holder: breaker,
-            ttl: self.policy.default_ttl,
+            ttl: self.policy().default_ttl,
             force: true,
             breaking: true,
         };
