@@ -58,17 +58,6 @@ pub struct Granted {
     pub locks: Vec<OwnedFd>,
 }
 
-/// One acquire, checked: what each of its keys is tried with, and how
-/// long it may wait for them.
-struct Acquiring<'a> {
-    claim: Claim,
-    wait: Duration,
-    /// The end of the wait, the same for every key.
-    deadline: Instant,
-    /// Cancelled when the peer goes away.
-    cancel: &'a CancellationToken,
-}
-
 impl Granted {
     fn new(ttl: Duration, capacity: usize) -> Granted {
         Granted {
@@ -87,6 +76,17 @@ impl Granted {
             (a, b) => a.or(b),
         };
     }
+}
+
+/// One acquire, checked: what each of its keys is tried with, and how
+/// long it may wait for them.
+struct Acquiring<'a> {
+    claim: Claim,
+    wait: Duration,
+    /// The end of the wait, the same for every key.
+    deadline: Instant,
+    /// Cancelled when the peer goes away.
+    cancel: &'a CancellationToken,
 }
 
 impl Registry {

@@ -60,6 +60,7 @@ pub(super) struct Claim {
     pub(super) force: bool,
 }
 
+/// The wall clock, in ms since the epoch: when a holder took its key.
 pub(super) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
