@@ -3,23 +3,19 @@
 //! `reattach` (adopting the leases of a stopped agent).
 
 use super::error::{backend_on, valid_key, valid_slot, LeaseError};
-use super::event::Loss;
-use super::observer::{Takeover, Waiting};
+use super::observer::Waiting;
 use super::registry::Registry;
-use super::renewal::deadline;
-use super::slots::{count_of, SlotRefusal};
-use super::state::{ConnId, LocalLease, PeerCred};
+use super::state::{ConnId, PeerCred};
+use super::takeover::{Claim, NotTaken, Refusal, Taken};
 use crate::backend::retry::jittered;
-use crate::backend::{history, AcquireSpec, Adopter, BackendError, Ending, Grant, LeaseRef};
+use crate::backend::{history, AcquireSpec, Adopter, BackendError, Ending, LeaseRef};
 use crate::shown;
-use runlock_protocol::timing;
 use runlock_protocol::{
     Holder, Key, Lease, OnLost, MAX_COMMAND_LEN, MAX_KEYS_PER_REQUEST, MAX_SLOTS,
 };
 use std::os::fd::OwnedFd;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -62,9 +58,6 @@ pub struct Granted {
     pub locks: Vec<OwnedFd>,
 }
 
-/// One key taken: its lease, until when it stays guaranteed, its lock for the run.
-type Taken = (Lease, Option<Instant>, Option<OwnedFd>);
-
 impl Granted {
     fn new(ttl: Duration, capacity: usize) -> Granted {
         Granted {
@@ -85,11 +78,15 @@ impl Granted {
     }
 }
 
-pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+/// One acquire, checked: what each of its keys is tried with, and how
+/// long it may wait for them.
+struct Acquiring<'a> {
+    claim: Claim,
+    wait: Duration,
+    /// The end of the wait, the same for every key.
+    deadline: Instant,
+    /// Cancelled when the peer goes away.
+    cancel: &'a CancellationToken,
 }
 
 impl Registry {
@@ -113,15 +110,7 @@ impl Registry {
         if keys.is_empty() {
             return Err(LeaseError::NoKeys);
         }
-        let ttl = req.ttl.unwrap_or(self.policy.default_ttl);
-        let shortest = timing::MIN_TTL.max(self.min_ttl);
-        if ttl < shortest || ttl > timing::MAX_TTL {
-            return Err(LeaseError::TtlOutOfRange {
-                ttl,
-                shortest,
-                backend: (shortest > timing::MIN_TTL).then(|| self.description.clone()),
-            });
-        }
+        let ttl = self.ttl(req.ttl)?;
         if req.slots == 0 || req.slots > MAX_SLOTS {
             return Err(LeaseError::SlotsOutOfRange(req.slots));
         }
@@ -129,21 +118,29 @@ impl Registry {
         if req.force && !may_override {
             return Err(self.forbidden(peer, "force a lock", None));
         }
-        let holder = self.holder(peer, user, shown::cut(&req.command, MAX_COMMAND_LEN));
-        let deadline = Instant::now() + req.wait;
+        let acquiring = Acquiring {
+            claim: Claim {
+                conn,
+                holder: self.holder(peer, user, shown::cut(&req.command, MAX_COMMAND_LEN)),
+                ttl,
+                slots: req.slots,
+                force: req.force,
+            },
+            wait: req.wait,
+            deadline: Instant::now() + req.wait,
+            cancel,
+        };
         let mut granted = Granted::new(ttl, keys.len());
         for key in keys {
-            match self
-                .acquire_key(conn, key, ttl, &req, &holder, deadline, cancel)
-                .await
-            {
+            match self.acquire_key(&acquiring, key).await {
                 Ok(taken) => granted.add(taken),
                 Err(err) => {
                     for lease in granted.leases {
                         self.release_lease(&lease.lease_id, &Ending::Released).await;
                     }
                     if let LeaseError::Held { key, waited, .. } = &err {
-                        self.note_refusal(key, peer, &holder.user, *waited);
+                        let user = &acquiring.claim.holder.user;
+                        self.note_refusal(key, peer, user, *waited);
                     }
                     return Err(err);
                 }
@@ -159,16 +156,14 @@ impl Registry {
     fn note_refusal(&self, key: &Key, peer: PeerCred, user: &str, waited: Duration) {
         let refusal = runlock_protocol::Refusal {
             at_ms: history::Stamp::agent_now().at_ms,
-            host: self.identity.host.clone(),
+            host: self.identity().host.clone(),
             uid: peer.uid,
             user: user.to_string(),
             pid: peer.pid,
             waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
         };
         let base = Key::new(key.split_slot().0).unwrap_or_else(|_| key.clone());
-        let mut state = self.state();
-        state.refusals.note(base, refusal);
-        state.report_changed();
+        self.state().report.refused(base, refusal);
     }
 
     /// Adopts leases taken through an agent that has stopped, once the backend
@@ -190,7 +185,7 @@ impl Registry {
         }
         let (peer, _, _) = self.peer(conn)?;
         let by = Adopter {
-            agent_id: self.identity.agent_id.clone(),
+            agent_id: self.identity().agent_id.clone(),
             uid: peer.uid,
         };
         let mut granted = Granted::new(Duration::ZERO, leases.len());
@@ -239,90 +234,31 @@ impl Registry {
     }
 
     /// Takes one key for the connection (one of its slots, for a key with
-    /// slots): at the head of its local queue, or at once with `force`;
-    /// waits for its holders until `deadline`.
-    #[allow(clippy::too_many_arguments)]
-    async fn acquire_key(
-        &self,
-        conn: ConnId,
-        key: Key,
-        ttl: Duration,
-        req: &AcquireRequest,
-        holder: &Holder,
-        deadline: Instant,
-        cancel: &CancellationToken,
-    ) -> Result<Taken, LeaseError> {
-        let mut place = self.enqueue(&key, req.slots, holder);
-        let cap = self.policy.poll_interval;
+    /// slots): tried at its turn in the key's local queue, or at once with
+    /// `force`, until `deadline`.
+    async fn acquire_key(&self, acquiring: &Acquiring<'_>, key: Key) -> Result<Taken, LeaseError> {
+        let claim = &acquiring.claim;
+        let mut place = self.enqueue(&key, claim.slots, &claim.holder);
+        let cap = self.policy().poll_interval;
         let mut poll = POLL_START.min(cap);
         // Set at the first wait, dropped with the answer: the waiters gauge.
         let mut waiting = None;
         loop {
-            let at_head = req.force || self.may_try(&key, place.id);
             let mut refusal = Refusal::default();
-            if at_head {
-                let spec = AcquireSpec {
-                    key: key.clone(),
-                    lease_id: uuid::Uuid::new_v4().to_string(),
-                    holder: Holder {
-                        acquired_at_ms: now_ms(),
-                        ..holder.clone()
-                    },
-                    ttl,
-                    force: req.force,
-                    breaking: false,
-                };
-                match self.attempt(conn, &key, req, spec).await {
-                    Ok((spec, mut grant)) => {
-                        let (displaced, sent) = (grant.displaced.take(), grant.sent);
-                        let taken = self.register(conn, spec, grant).await?;
-                        let Some(displaced) = displaced else {
-                            return Ok(taken);
-                        };
-                        self.observer.taken_over(Takeover::Force);
-                        // Invariant 10: answered once the displaced run has stopped.
-                        self.await_stopped(conn, &key, &displaced, sent).await;
-                        return Ok(taken);
-                    }
+            if claim.force || self.may_try(&key, place.id) {
+                match self.try_take(claim, &key).await {
+                    Ok(taken) => return Ok(taken),
                     // A run that may wait also waits out a store that cannot be reached.
-                    Err(Attempt::Unreachable(err)) if !req.wait.is_zero() => {
+                    Err(NotTaken::Unreachable(err)) if !acquiring.wait.is_zero() => {
                         refusal.unreachable = Some(err)
                     }
-                    Err(Attempt::Unreachable(err)) => return Err(backend_on(&key)(err)),
-                    Err(Attempt::Refused(err)) => return Err(err),
-                    Err(Attempt::Held(held)) => refusal = held,
+                    Err(NotTaken::Unreachable(err)) => return Err(backend_on(&key)(err)),
+                    Err(NotTaken::Refused(err)) => return Err(err),
+                    Err(NotTaken::Held(held)) => refusal = held,
                 }
             }
-            if Instant::now() >= deadline {
-                if let Some(err) = refusal.unreachable {
-                    return Err(backend_on(&key)(err));
-                }
-                // Behind a local waiter: who holds it is looked up only now.
-                if req.slots > 1 && refusal.holders.is_empty() {
-                    refusal.holders = self.slot_holders(&key).await;
-                }
-                let holder = match refusal.holder {
-                    Some(holder) => Some(holder),
-                    None if refusal.holders.is_empty() => self.holder_of(&key).await,
-                    None => None,
-                };
-                let viewer = self.viewer(conn);
-                let holders: Vec<Holder> = refusal
-                    .holders
-                    .iter()
-                    .map(|h| self.show(h, viewer))
-                    .collect();
-                return Err(LeaseError::Held {
-                    key,
-                    waited: req.wait,
-                    holder: holder
-                        .map(|h| Box::new(self.show(&h, viewer)))
-                        .or_else(|| holders.first().cloned().map(Box::new)),
-                    holders,
-                    slots: req.slots,
-                    unrecorded: refusal.unrecorded,
-                    incident: refusal.incident.map(|e| Box::new(shown::event(&e))),
-                });
+            if Instant::now() >= acquiring.deadline {
+                return Err(self.held(claim, key, acquiring.wait, refusal).await);
             }
             waiting.get_or_insert_with(|| Waiting::begin(&*self.observer));
             place.waits();
@@ -330,8 +266,8 @@ impl Registry {
             tokio::select! {
                 _ = place.notify.notified() => {}
                 _ = tokio::time::sleep(jittered(poll)) => {}
-                _ = tokio::time::sleep_until(deadline) => {}
-                _ = cancel.cancelled() => {
+                _ = tokio::time::sleep_until(acquiring.deadline) => {}
+                _ = acquiring.cancel.cancelled() => {
                     return Err(LeaseError::Cancelled);
                 }
             }
@@ -339,138 +275,11 @@ impl Registry {
         }
     }
 
-    /// One try at `key` for `spec`: a plain key in one backend call, a key
-    /// with slots through `take_slot`. A holder that took the key with
-    /// another count of slots is refused, never mixed with.
-    async fn attempt(
-        &self,
-        conn: ConnId,
-        key: &Key,
-        req: &AcquireRequest,
-        spec: AcquireSpec,
-    ) -> Result<(AcquireSpec, Grant), Attempt> {
-        let viewer = self.viewer(conn);
-        let mismatch = |held_with: u32, holders: Vec<Holder>| {
-            Attempt::Refused(LeaseError::SlotsMismatch {
-                key: key.clone(),
-                asked: req.slots,
-                held_with,
-                holders: holders.iter().map(|h| self.show(h, viewer)).collect(),
-            })
-        };
-        let (spec, grant) = match req.slots > 1 {
-            true => {
-                self.take_slot(key, req.slots, spec)
-                    .await
-                    .map_err(|refusal| match refusal {
-                        SlotRefusal::Held(holders, incident) => Attempt::Held(Refusal {
-                            holders,
-                            incident,
-                            ..Refusal::default()
-                        }),
-                        SlotRefusal::Mismatch(count, holders) => mismatch(count, holders),
-                        SlotRefusal::Backend(err) => Attempt::from_backend(key, err),
-                    })?
-            }
-            false => self.take_plain(key, spec, &mismatch).await?,
-        };
-        // Invariant 10: whatever was read before the write, the key's other
-        // slots are read again after it (the slot-retake shortcut included).
-        let mine = spec.holder.slot.unwrap_or(0);
-        match self.counts_agree(key, req.slots, mine).await {
-            Ok(None) => Ok((spec, grant)),
-            Ok(Some((count, holders))) => {
-                self.give_back(conn, &spec, grant).await;
-                Err(mismatch(count, holders))
-            }
-            Err(err) => {
-                self.give_back(conn, &spec, grant).await;
-                Err(Attempt::from_backend(key, err))
-            }
-        }
-    }
-
-    /// Lets go of a grant that must not stand (invariant 10): at once, or,
-    /// if it took the key over, once the run it displaced has stopped.
-    async fn give_back(&self, conn: ConnId, spec: &AcquireSpec, grant: Grant) {
-        let lease = LeaseRef {
-            key: spec.key.clone(),
-            lease_id: spec.lease_id.clone(),
-            token: grant.holder.token,
-        };
-        if let Some(forced) = self.held_here_before(&spec.key, lease.token) {
-            self.forced_out_here(&forced, &grant.holder).await;
-        }
-        self.let_go_once_stopped(conn, lease, spec.ttl, &grant, &Ending::Released)
-            .await;
-    }
-
-    /// A plain key: its own record, one holder.
-    async fn take_plain(
-        &self,
-        key: &Key,
-        spec: AcquireSpec,
-        mismatch: &impl Fn(u32, Vec<Holder>) -> Attempt,
-    ) -> Result<(AcquireSpec, Grant), Attempt> {
-        if spec.force {
-            // A force ends its holder's run before anything is read again, so
-            // every slot is checked first: a plain force never displaces a
-            // slot, nor joins slot holders.
-            let records = self.records_from(key, 0).await;
-            let records = records.map_err(|err| Attempt::from_backend(key, err))?;
-            let holders: Vec<Holder> = records
-                .iter()
-                .filter(|r| r.state == runlock_protocol::KeyState::Held)
-                .filter_map(|r| r.holder.clone())
-                .filter(|h| count_of(h) != 1)
-                .collect();
-            if let Some(h) = holders.first() {
-                return Err(mismatch(count_of(h), holders));
-            }
-        }
-        match self.backend.acquire(&spec).await {
-            Ok(grant) => Ok((spec, grant)),
-            Err(BackendError::Held(Some(h), _)) if count_of(&h) != 1 => {
-                Err(mismatch(count_of(&h), vec![*h]))
-            }
-            Err(BackendError::Held(holder, incident)) => Err(Attempt::Held(Refusal {
-                holder,
-                incident,
-                ..Refusal::default()
-            })),
-            Err(BackendError::HeldUnrecorded(why)) => Err(Attempt::Held(Refusal {
-                unrecorded: Some(why),
-                ..Refusal::default()
-            })),
-            Err(BackendError::HeldOutside(outsider)) => Err(Attempt::Held(Refusal {
-                holder: Some(Box::new(outsider.holder)),
-                unrecorded: Some(outsider.explanation),
-                ..Refusal::default()
-            })),
-            Err(err) => Err(Attempt::from_backend(key, err)),
-        }
-    }
-
-    /// The key's holder: known here if it is local, else the backend's record.
-    async fn holder_of(&self, key: &Key) -> Option<Box<Holder>> {
-        let local = self.state().local_holder(key);
-        match local {
-            Some(holder) => Some(Box::new(holder)),
-            None => self
-                .backend
-                .inspect(key)
-                .await
-                .ok()
-                .and_then(|r| r.holder)
-                .map(Box::new),
-        }
-    }
-
     fn enqueue(&self, key: &Key, slots: u32, holder: &Holder) -> Place<'_> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id();
         let notify = Arc::new(Notify::new());
         let who = runlock_protocol::Waiter {
-            host: self.identity.host.clone(),
+            host: self.identity().host.clone(),
             uid: holder.uid,
             user: holder.user.clone(),
             pid: holder.pid,
@@ -491,130 +300,6 @@ impl Registry {
     fn may_try(&self, key: &Key, id: u64) -> bool {
         self.state().queues.may_try(key, id)
     }
-
-    /// Records a granted lease; a local lease it forced out is told it is lost.
-    /// Returns the lease and, where leases outlive the agent, until when it is
-    /// guaranteed without a renewal.
-    async fn register(
-        &self,
-        conn: ConnId,
-        spec: AcquireSpec,
-        grant: Grant,
-    ) -> Result<Taken, LeaseError> {
-        let (holder, lock) = (grant.holder, grant.lock);
-        let lease_id = spec.lease_id.clone();
-        let lease = LocalLease {
-            key: spec.key.clone(),
-            conn,
-            ttl: spec.ttl,
-            holder: holder.clone(),
-        };
-        let reference = lease.reference(&lease_id);
-        let registered = {
-            let mut state = self.state();
-            // Two forces through this agent can reach the store in one order and
-            // be answered in the other. A later grant already registered here
-            // means ours was superseded before it began: taking its place would
-            // tell the current holder it was forced out, and free its record.
-            let newer = (state.by_key.get(&spec.key))
-                .and_then(|id| state.leases.get(id))
-                .filter(|newer| newer.holder.token > holder.token)
-                .map(|newer| newer.holder.clone());
-            match (newer, state.conns.get_mut(&conn)) {
-                (Some(newer), _) => Err(Some(newer)),
-                (None, Some(c)) => {
-                    c.leases.insert(lease_id.clone());
-                    let displaced = state.by_key.insert(spec.key.clone(), lease_id.clone());
-                    state.leases.insert(lease_id.clone(), lease);
-                    self.observer.leases_held(state.leases.len());
-                    Ok(displaced)
-                }
-                (None, None) => Err(None),
-            }
-        };
-        let displaced = match registered {
-            Ok(displaced) => displaced,
-            Err(newer) => {
-                if newer.is_none() {
-                    let _ = self.backend.release(&reference).await;
-                }
-                // Its run never started: a force that displaced it need not wait.
-                self.confirm_stopped(vec![reference]).await;
-                let Some(newer) = newer else {
-                    return Err(LeaseError::ClosedDuringAcquire);
-                };
-                let viewer = self.viewer(conn);
-                return Err(LeaseError::Held {
-                    holders: Vec::new(),
-                    slots: 1,
-                    key: spec.key,
-                    waited: Duration::ZERO,
-                    holder: Some(Box::new(self.show(&newer, viewer))),
-                    unrecorded: None,
-                    incident: None,
-                });
-            }
-        };
-        if self.capabilities.needs_renewal {
-            self.renewals.start_lease(reference, spec.ttl, grant.sent);
-        }
-        if let Some(old) = displaced {
-            self.forced_out_here(&old, &holder).await;
-        }
-        tracing::info!(key = %spec.key.logged(), token = holder.token, lease = %lease_id, force = spec.force, "acquired");
-        let valid_until = (self.capabilities.survives_agent && self.capabilities.lease_expires)
-            .then(|| deadline(grant.sent, spec.ttl));
-        let lease = Lease {
-            key: spec.key.split_slot().0.to_string(),
-            lease_id,
-            token: holder.token,
-            slot: holder.slot,
-        };
-        Ok((lease, valid_until, lock))
-    }
-
-    /// The local lease `lease_id` was taken over through this agent by
-    /// `by`: its run is told so, and the key stays `by`'s.
-    async fn forced_out_here(&self, lease_id: &str, by: &Holder) {
-        let loss = Loss::ForcedHere {
-            user: by.user.clone(),
-            host: by.host.clone(),
-            pid: by.pid,
-        };
-        self.lose(lease_id, loss, Some(by.clone()), Ending::Released)
-            .await;
-    }
-}
-
-/// Why one try at a key did not take it.
-enum Attempt {
-    /// Held: wait, or tell who holds it.
-    Held(Refusal),
-    /// The store cannot be reached: a run that may wait waits it out.
-    Unreachable(BackendError),
-    /// Refused for good.
-    Refused(LeaseError),
-}
-
-impl Attempt {
-    fn from_backend(key: &Key, err: BackendError) -> Attempt {
-        match err {
-            err @ BackendError::Unavailable(_) => Attempt::Unreachable(err),
-            err => Attempt::Refused(backend_on(key)(err)),
-        }
-    }
-}
-
-/// What the last try at a key learnt of its holders.
-#[derive(Default)]
-struct Refusal {
-    holder: Option<Box<Holder>>,
-    /// For a key with slots: every slot's holder.
-    holders: Vec<Holder>,
-    incident: Option<Box<runlock_protocol::KeyEvent>>,
-    /// What the backend knows of a holder that is no lease.
-    unrecorded: Option<String>,
-    unreachable: Option<BackendError>,
 }
 
 /// A waiter's place in a key's local queue; leaving it wakes the next in line.
@@ -633,7 +318,7 @@ impl Place<'_> {
         if !self.reported {
             let mut state = self.registry.state();
             state.queues.waits(&self.key, self.id);
-            state.report_changed();
+            state.report.changed();
             self.reported = true;
         }
     }
@@ -644,7 +329,7 @@ impl Drop for Place<'_> {
         let mut state = self.registry.state();
         state.queues.leave(&self.key, self.id);
         if self.reported {
-            state.report_changed();
+            state.report.changed();
         }
     }
 }

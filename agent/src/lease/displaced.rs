@@ -19,7 +19,7 @@ const LONGEST_LOOK: Duration = Duration::from_millis(500);
 /// force's write was sent after the run's last renewal landed, and a run is
 /// stopped by its last renewal's send time + TTL (its deadline, then the
 /// kill grace); the grace covers the two monotonic clocks' rates.
-pub(super) fn stopped_by(displaced: &Displaced, force_sent: Instant) -> Instant {
+fn stopped_by(displaced: &Displaced, force_sent: Instant) -> Instant {
     force_sent + displaced.ttl + timing::grace(displaced.ttl)
 }
 

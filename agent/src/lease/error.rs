@@ -208,7 +208,6 @@ pub(super) fn backend_on(key: &Key) -> impl FnOnce(BackendError) -> LeaseError +
     }
 }
 
-/// The key, or why it is not one; written once for every request that names keys.
 /// The record of `slot` of `key`, if the slot can exist.
 pub(super) fn valid_slot(key: &Key, slot: u32) -> Result<Key, LeaseError> {
     match slot < MAX_SLOTS {
@@ -217,6 +216,7 @@ pub(super) fn valid_slot(key: &Key, slot: u32) -> Result<Key, LeaseError> {
     }
 }
 
+/// The key, or why it is not one; written once for every request that names keys.
 pub(super) fn valid_key(key: &str) -> Result<Key, LeaseError> {
     Key::new(key).map_err(|reason| LeaseError::InvalidKey {
         key: shown::cut(key, MAX_KEY_LEN),
@@ -236,9 +236,8 @@ impl fmt::Display for OnBackend<'_> {
     }
 }
 
-/// The text of [`LeaseError::Held`].
 /// A key as a message names it: a slot's record by its key and slot.
-pub struct Named<'a>(pub &'a Key);
+struct Named<'a>(&'a Key);
 
 impl fmt::Display for Named<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -249,6 +248,7 @@ impl fmt::Display for Named<'_> {
     }
 }
 
+/// The text of [`LeaseError::Held`].
 struct HeldText<'a> {
     key: &'a Key,
     waited: Duration,
@@ -280,9 +280,7 @@ impl fmt::Display for HeldText<'_> {
     }
 }
 
-/// A key's last incident in words: "last forced by ann@h (pid 7, token 9
-/// over 8) at 2026-…Z (agent clock)". The event was already cut to fit
-/// (`shown::event`); the shim escapes what it prints.
+/// The text of [`LeaseError::SlotsMismatch`].
 struct MismatchText<'a> {
     key: &'a Key,
     asked: u32,
@@ -323,7 +321,10 @@ impl fmt::Display for MismatchText<'_> {
     }
 }
 
-pub struct Incident<'a>(pub &'a KeyEvent);
+/// A key's last incident in words: "last forced by ann@h (pid 7, token 9
+/// over 8) at 2026-…Z (agent clock)". The event was already cut to fit
+/// (`shown::event`); the shim escapes what it prints.
+struct Incident<'a>(&'a KeyEvent);
 
 impl fmt::Display for Incident<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

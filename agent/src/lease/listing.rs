@@ -4,7 +4,7 @@
 //! back as `inspect` reads them.
 
 use super::error::LeaseError;
-use super::fleet::Fleet;
+use super::fleet::Reading;
 use super::registry::Registry;
 use super::state::ConnId;
 use crate::backend::{BackendError, ListFrom, Listed, PageAsk};
@@ -51,7 +51,7 @@ impl Registry {
             None => ListFrom::default(),
         };
         let viewer = self.viewer(conn);
-        let fleet = self.fleet().await;
+        let fleet = self.fleet.reading().await;
         let mut room = MAX_FRAME_LEN - REPLY_HEADROOM;
         let mut keys = Vec::new();
         for _ in 0..STORE_PAGES_PER_REPLY {
@@ -114,7 +114,7 @@ impl Registry {
         listed: Listed,
         query: &KeysQuery,
         viewer: Viewer,
-        fleet: &Fleet,
+        fleet: &Reading,
     ) -> Result<Option<KeyListing>, LeaseError> {
         let (record, history) = match listed.read {
             Ok(read) => read,
@@ -148,8 +148,13 @@ impl Registry {
                 .collect(),
             None => Vec::new(),
         };
-        let waiting_here = u32::try_from(self.state().queues.len(&key)).unwrap_or(u32::MAX);
-        let (waiters, refused) = self.fleet_of(fleet, &key, query.events_since_ms);
+        let (waiting_here, (waiters, refused)) = {
+            let state = self.state();
+            let since = query.events_since_ms;
+            let waiting_here = u32::try_from(state.queues.len(&key)).unwrap_or(u32::MAX);
+            let fleet = fleet.of(&key, since, &state.queues, &state.report);
+            (waiting_here, fleet)
+        };
         Ok(Some(KeyListing {
             key: key.to_string(),
             record: Some(self.shown_record(record, viewer)),

@@ -33,7 +33,7 @@ impl Registry {
                 } => registry.renewed(&lease_id, valid_until),
                 // Its own task: finding out who took the lease may wait on the store.
                 Report::Lost { lease, taken } => {
-                    let tasks = registry.tasks.clone();
+                    let tasks = registry.tasks().clone();
                     tasks.spawn(async move { registry.renewal_lost(&lease, taken).await });
                 }
             }
@@ -107,7 +107,7 @@ impl Registry {
             events.lost(lease_id, lease.key.clone(), loss, holder);
             // The shim acts on `lost` itself; only when it is gone does the agent act for it.
             if let Some(run) = orphan {
-                run.stop(on_lost, grace, &self.tasks);
+                run.stop(on_lost, grace, self.tasks());
             }
         }
         let reference = lease.reference(lease_id);
@@ -115,7 +115,7 @@ impl Registry {
             // The record may still name us: freeing it now would let another run
             // start while ours is still being stopped. Free it once ours is gone.
             let backend = self.backend.clone();
-            self.tasks.spawn(async move {
+            self.tasks().spawn(async move {
                 tokio::time::sleep(grace).await;
                 let _ = backend.end(&reference, &ending).await;
             });

@@ -2,17 +2,18 @@
 //! waiter queues: one place that decides who holds what on this host.
 //!
 //! One `Registry` under one lock (`state`), its operations one idea a module:
-//! `acquire` (and reattach), `queue` (local waiters), `release` (and break),
+//! `acquire` (and reattach), `takeover` (what one try at a key may take:
+//! the take-over rule), `queue` (local waiters), `release` (and break),
 //! `displaced` (a force waits for the run it displaces), `loss` (a lease
 //! lost, and what `renewal` reports), `supervise` (the run a
 //! peer attached), `view` (list and inspect as a peer may see them),
-//! `listing` (the store's keys, a page at a time, likewise). It
+//! `listing` (the store's keys, a page at a time, likewise), `fleet` (what
+//! this agent reports of itself to the store, and reads of the others'). It
 //! speaks in `error::LeaseError` and `event::Event`; only the connection
 //! turns them into wire messages. What happens to leases it tells an
 //! `observer::Observer` (the agent's metrics), whom it does not know.
 
 mod acquire;
-mod agent_report;
 mod displaced;
 mod error;
 mod event;
@@ -23,13 +24,13 @@ mod loss;
 mod model;
 mod observer;
 mod queue;
-mod refusals;
 mod registry;
 mod release;
 pub mod renewal;
 mod slots;
 mod state;
 mod supervise;
+mod takeover;
 #[cfg(test)]
 mod testing;
 mod view;

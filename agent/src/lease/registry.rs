@@ -3,6 +3,7 @@
 
 use super::error::LeaseError;
 use super::event::{self, Events};
+use super::fleet::Fleet;
 use super::observer::{Observer, Unobserved};
 use super::renewal::Renewals;
 use super::state::{Conn, ConnId, PeerCred, State};
@@ -10,11 +11,12 @@ use crate::access::Access;
 use crate::backend::{Backend, Capabilities, Ending, ProfiledBackend};
 use crate::process::Peer;
 use crate::shown::{self, Viewer};
-use runlock_protocol::{Holder, Key, OnLost, OnUnavailable};
+use runlock_protocol::{timing, Holder, Key, OnLost, OnUnavailable};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -60,29 +62,31 @@ impl Policy {
     }
 }
 
-/// The lease registry of one agent.
+/// The lease registry of one agent. Its operations' modules see the store,
+/// its promises, the renewals and the observer, which every operation works
+/// with, and the little that one module alone uses; the rest through methods.
 pub struct Registry {
     pub(super) backend: Arc<dyn Backend>,
     pub(super) capabilities: Capabilities,
-    /// The backend's shortest TTL and its description, from its profile.
-    pub(super) min_ttl: std::time::Duration,
-    pub(super) description: String,
-    pub(super) identity: Identity,
-    pub(super) policy: Policy,
-    state: Mutex<State>,
     pub(super) renewals: Renewals,
-    pub(super) next_id: AtomicU64,
-    /// Told when this agent said that runs taken over have stopped, so that
-    /// forcers waiting here look again at once.
-    pub(super) stopped_here: tokio::sync::Notify,
     /// Told what happens to leases (the agent's metrics).
     pub(super) observer: Arc<dyn Observer>,
+    /// `displaced`'s: told when this agent said that runs taken over have
+    /// stopped, so that forcers waiting here look again at once.
+    pub(super) stopped_here: Notify,
+    /// `listing`'s: this agent's report in the store, and the others'.
+    pub(super) fleet: Fleet,
+    /// The backend's shortest TTL and its description, from its profile.
+    min_ttl: Duration,
+    description: String,
+    identity: Identity,
+    policy: Policy,
+    state: Mutex<State>,
+    next_id: AtomicU64,
     /// Every task the lease layer starts, so that shutdown can wait for them.
-    pub(super) tasks: TaskTracker,
+    tasks: TaskTracker,
     /// Cancelled at shutdown: the scheduler and the store's listeners stop.
     closing: CancellationToken,
-    /// What the agents' reports last said, for listings.
-    pub(super) fleet_read: super::fleet::LastReading,
 }
 
 /// Wakes the first local waiter for each key the backend says another agent
@@ -147,6 +151,12 @@ impl Registry {
             &tasks,
             closing.clone(),
         );
+        let fleet = Fleet::new(
+            backend.clone(),
+            &identity.host,
+            &identity.agent_id,
+            tasks.clone(),
+        );
         let registry = Arc::new(Registry {
             capabilities: profile.capabilities,
             min_ttl: profile.min_ttl,
@@ -157,15 +167,25 @@ impl Registry {
             policy,
             state: Mutex::new(State::default()),
             next_id: AtomicU64::new(1),
-            stopped_here: tokio::sync::Notify::new(),
+            stopped_here: Notify::new(),
             observer,
             tasks,
             closing,
-            fleet_read: Default::default(),
+            fleet,
         });
         let reported = Registry::take_reports(Arc::downgrade(&registry), reports);
         registry.tasks.spawn(reported);
-        super::agent_report::start(&registry, registry.closing.clone());
+        let here = Arc::downgrade(&registry);
+        registry.fleet.publish(
+            move || {
+                let registry = here.upgrade()?;
+                let state = registry.state();
+                let said = state.report.said(&state.queues);
+                Some(said)
+            },
+            registry.state().report.on_change(),
+            registry.closing.clone(),
+        );
         if let Some(releases) = releases {
             let woken = wake_on_releases(
                 Arc::downgrade(&registry),
@@ -197,6 +217,26 @@ impl Registry {
         }
     }
 
+    /// A new id for a connection or a waiter, unique within this agent.
+    pub(super) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The TTL of a request that asked `asked` (none: the policy's
+    /// default), if this agent and its backend keep it.
+    pub(super) fn ttl(&self, asked: Option<Duration>) -> Result<Duration, LeaseError> {
+        let ttl = asked.unwrap_or(self.policy.default_ttl);
+        let shortest = timing::MIN_TTL.max(self.min_ttl);
+        if ttl < shortest || ttl > timing::MAX_TTL {
+            return Err(LeaseError::TtlOutOfRange {
+                ttl,
+                shortest,
+                backend: (shortest > timing::MIN_TTL).then(|| self.description.clone()),
+            });
+        }
+        Ok(ttl)
+    }
+
     pub(super) fn state(&self) -> MutexGuard<'_, State> {
         // invariant: nothing panics while holding the lock, so poisoning cannot happen
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -226,7 +266,7 @@ impl Registry {
     /// `groups` and whose process is `shim`; returns its id and its events.
     pub fn open_connection(&self, peer: PeerCred, shim: Peer, groups: &[u32]) -> (ConnId, Events) {
         let (events, received) = event::channel();
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let id = self.next_id();
         let user = user_name(peer.uid);
         let access = &self.policy.access;
         let may_override = access.allows(peer.uid, &[peer.gid]) || access.allows(peer.uid, groups);

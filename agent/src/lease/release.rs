@@ -1,12 +1,12 @@
 //! Giving keys back: a peer's own leases (`release`), and whoever holds a
 //! key, here or on another agent (`break_key`, for `runlock release --key`).
 
-use super::acquire::now_ms;
 use super::error::{backend_on, valid_key, valid_slot, LeaseError};
 use super::event::Loss;
 use super::observer::Takeover;
 use super::registry::Registry;
 use super::state::ConnId;
+use super::takeover::now_ms;
 use crate::backend::{AcquireSpec, Ending, LeaseRef};
 use runlock_protocol::{Holder, Key};
 
@@ -90,7 +90,7 @@ impl Registry {
             key: key.clone(),
             lease_id: uuid::Uuid::new_v4().to_string(),
             holder: breaker,
-            ttl: self.policy.default_ttl,
+            ttl: self.policy().default_ttl,
             force: true,
             breaking: true,
         };

@@ -2,9 +2,9 @@
 //! connections, and the waiter queues.
 
 use super::event::EventSender;
+use super::fleet;
 use super::observer::Observer;
 use super::queue::Queues;
-use super::refusals::Refusals;
 use crate::backend::LeaseRef;
 use crate::process::{Peer, Run};
 use runlock_protocol::{Holder, Key, OnLost};
@@ -72,13 +72,9 @@ pub(super) struct State {
     pub(super) by_key: HashMap<Key, String>,
     pub(super) conns: HashMap<ConnId, Conn>,
     pub(super) queues: Queues,
-    /// The acquires refused lately because their key was held.
-    pub(super) refusals: Refusals,
-    /// Counts changes to what this agent's report says (its waiters and
-    /// refusals): the report is written again when it moved.
-    pub(super) report_generation: u64,
-    /// Told when it changes: the report's writer waits on it.
-    pub(super) report_wanted: Arc<Notify>,
+    /// What this agent's report says besides its waiters (the acquires
+    /// refused lately), and when it changed.
+    pub(super) report: fleet::Here,
     /// For a key with slots: the slot this agent last let go and the count
     /// it was held with, taken (and so forgotten) by the next acquire, which
     /// tries it first (one write where the store remembers the slot free).
@@ -92,13 +88,6 @@ pub(super) struct State {
 }
 
 impl State {
-    /// What the agent's report says has changed (a waiter came or went, an
-    /// acquire was refused).
-    pub(super) fn report_changed(&mut self) {
-        self.report_generation += 1;
-        self.report_wanted.notify_one();
-    }
-
     pub(super) fn local_holder(&self, key: &Key) -> Option<Holder> {
         self.by_key
             .get(key)

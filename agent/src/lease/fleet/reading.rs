@@ -3,55 +3,33 @@
 //! now. Reports are written by agents anyone may run, so each is bounded,
 //! its strings cut, and a report that cannot be read is left out.
 
-use super::agent_report::{AgentReport, Keyed, MOST_REFUSALS, MOST_WAITERS, SILENT_FOR};
-use super::registry::Registry;
+use super::report::{AgentReport, Here, Keyed, MOST_REFUSALS, MOST_WAITERS, SILENT_FOR};
 use crate::backend::history::Stamp;
-use crate::backend::ReportName;
+use crate::backend::{Backend, ReportName};
+use crate::lease::queue::Queues;
 use crate::shown;
 use runlock_protocol::{Key, Refusal, Waiter, MAX_LISTED_REFUSALS, MAX_LISTED_WAITERS};
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
-use tokio::time::Instant;
+use tokio_util::task::TaskTracker;
 
-/// How long one reading of the reports serves listings: the pages of one
-/// listing, and the tabs of the page, cost the store one reading, while a
-/// report changes at most once per `agent_report::SPACING` anyway.
-const FRESH_FOR: Duration = Duration::from_secs(2);
-
-/// The other agents' waiters and refusals, by key.
+/// The other agents' waiters and refusals, by key, as read once.
 #[derive(Default)]
-pub(super) struct Fleet {
+pub(in crate::lease) struct Reading {
     waiters: HashMap<Key, Vec<Waiter>>,
     refused: HashMap<Key, Vec<Refusal>>,
 }
 
-/// The latest reading of the reports, and when it was read; held while a
-/// reading runs, so that listings at once wait for one instead of each
-/// starting their own.
-#[derive(Default)]
-pub(super) struct LastReading(tokio::sync::Mutex<Option<(Instant, Arc<Fleet>)>>);
-
-impl Registry {
-    /// What the other agents' reports say, read again once [`FRESH_FOR`]
-    /// old.
-    pub(super) async fn fleet(&self) -> Arc<Fleet> {
-        let mut last = self.fleet_read.0.lock().await;
-        if let Some((at, fleet)) = last.as_ref() {
-            if at.elapsed() < FRESH_FOR {
-                return fleet.clone();
-            }
-        }
-        let fleet = Arc::new(self.read_fleet().await);
-        *last = Some((Instant::now(), fleet.clone()));
-        fleet
-    }
-
+impl Reading {
     /// Reads every report. A store that cannot list them leaves them out
     /// (said in a warning): the keys are still listed.
-    async fn read_fleet(&self) -> Fleet {
-        let mut fleet = Fleet::default();
-        let reports = match self.backend.reports().await {
+    pub(super) async fn read(
+        store: &Arc<dyn Backend>,
+        own: Option<&ReportName>,
+        tasks: &TaskTracker,
+    ) -> Reading {
+        let mut reading = Reading::default();
+        let reports = match store.reports().await {
             Ok(reports) => reports,
             Err(err) => {
                 tracing::warn!(
@@ -59,13 +37,12 @@ impl Registry {
                     "could not read the agents' reports: listings show this agent's waiters \
                      and refusals only"
                 );
-                return fleet;
+                return reading;
             }
         };
-        let own = ReportName::new(&self.identity.agent_id);
         let now = Stamp::agent_now().at_ms;
         for stored in reports {
-            if Some(&stored.agent) == own.as_ref() {
+            if Some(&stored.agent) == own {
                 continue; // this agent's own, as they are now, are added per key
             }
             let Some(report) = stored
@@ -78,42 +55,33 @@ impl Registry {
             // Agents' clocks differ by seconds at most where this matters:
             // a day of silence, two minutes of waiting.
             if report.written_at_ms + SILENT_FOR.as_millis() as u64 <= now {
-                self.remove_silent(stored.agent);
+                remove_silent(store, stored.agent, tasks);
                 continue;
             }
-            fleet.add(report, now);
+            reading.add(report, now);
         }
-        fleet
-    }
-
-    /// Removes a report silent for a day, without holding up the listing.
-    fn remove_silent(&self, agent: ReportName) {
-        let backend = self.backend.clone();
-        self.tasks().spawn(async move {
-            if let Err(err) = backend.remove_report(&agent).await {
-                tracing::debug!(%agent, error = %err, "could not remove a silent agent's report");
-            }
-        });
+        reading
     }
 
     /// `key`'s waiters and refusals since `since_ms` (none without it),
-    /// through every agent: as the listing shows them, bounded.
-    pub(super) fn fleet_of(
+    /// through every agent, this one's as `queues` and `here` say now: as
+    /// the listing shows them, bounded.
+    pub(in crate::lease) fn of(
         &self,
-        fleet: &Fleet,
         key: &Key,
         since_ms: Option<u64>,
+        queues: &Queues,
+        here: &Here,
     ) -> (Vec<Waiter>, Vec<Refusal>) {
-        let state = self.state();
-        let mut waiters: Vec<Waiter> = (state.queues.waiting_for(key).cloned())
-            .chain(fleet.waiters.get(key).into_iter().flatten().cloned())
+        let mut waiters: Vec<Waiter> = (queues.waiting_for(key).cloned())
+            .chain(self.waiters.get(key).into_iter().flatten().cloned())
             .collect();
         waiters.sort_by_key(|w| w.since_ms);
         waiters.truncate(MAX_LISTED_WAITERS);
         let mut refused = match since_ms {
-            Some(since) => (state.refusals.of(key, since).into_iter())
+            Some(since) => (here.refusals.of(key, since).into_iter())
                 .chain(
-                    (fleet.refused.get(key).into_iter().flatten())
+                    (self.refused.get(key).into_iter().flatten())
                         .filter(|r| r.at_ms >= since)
                         .cloned(),
                 )
@@ -124,9 +92,7 @@ impl Registry {
         let skip = refused.len().saturating_sub(MAX_LISTED_REFUSALS);
         (waiters, refused.split_off(skip))
     }
-}
 
-impl Fleet {
     /// Adds what `report` says, its strings cut; its waiters only while
     /// they stand.
     fn add(&mut self, report: AgentReport, now_ms: u64) {
@@ -136,6 +102,16 @@ impl Fleet {
         }
         file_by_key(&mut self.refused, report.refusals, MOST_REFUSALS, &host);
     }
+}
+
+/// Removes a report silent for a day, without holding up the listing.
+fn remove_silent(store: &Arc<dyn Backend>, agent: ReportName, tasks: &TaskTracker) {
+    let store = store.clone();
+    tasks.spawn(async move {
+        if let Err(err) = store.remove_report(&agent).await {
+            tracing::debug!(%agent, error = %err, "could not remove a silent agent's report");
+        }
+    });
 }
 
 /// Files at most `most` of `items` under their keys, each shown as from
@@ -224,17 +200,21 @@ mod tests {
     #[test]
     fn a_reports_waiters_stand_only_until_it_says_and_its_host_is_the_reports() {
         let key = Key::new("k").expect("valid");
-        let mut fleet = Fleet::default();
-        fleet.add(report(0, 100), 50);
-        let waiter = &fleet.waiters[&key][0];
+        let mut reading = Reading::default();
+        reading.add(report(0, 100), 50);
+        let waiter = &reading.waiters[&key][0];
         assert!(waiter.host.len() <= shown::MAX_NAME_LEN, "cut");
         assert!(
             waiter.host.starts_with('h'),
             "the report's host, not the entry's"
         );
-        assert_eq!(fleet.refused[&key].len(), 1, "the invalid key is left out");
+        assert_eq!(
+            reading.refused[&key].len(),
+            1,
+            "the invalid key is left out"
+        );
 
-        let mut late = Fleet::default();
+        let mut late = Reading::default();
         late.add(report(0, 100), 101);
         assert!(late.waiters.is_empty(), "its agent is gone");
         assert_eq!(late.refused[&key].len(), 1, "refusals stay for the day");

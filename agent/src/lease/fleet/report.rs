@@ -1,17 +1,19 @@
 //! This agent's report in the store: what only it knows of the fleet's
 //! keys (the runs waiting through it, the acquires it refused), so that a
-//! listing through any agent shows them (`fleet.rs`). Written when it
+//! listing through any agent shows them (`reading`). Written when it
 //! changed, at most every [`SPACING`]; rewritten while runs wait, so that a
 //! reader can tell an agent gone from one whose waiters still wait; never
 //! written by an agent nothing happened on.
 
-use super::registry::Registry;
+use super::refusals::Refusals;
 use crate::backend::history::Stamp;
-use crate::backend::{ReportName, MAX_REPORT_LEN};
-use runlock_protocol::{Refusal, Waiter};
+use crate::backend::{Backend, ReportName, MAX_REPORT_LEN};
+use crate::lease::queue::Queues;
+use runlock_protocol::{Key, Refusal, Waiter};
 use serde::{Deserialize, Serialize};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -65,12 +67,44 @@ impl AgentReport {
     }
 }
 
-impl Registry {
-    /// This agent's report as it stands, and the change it reflects.
-    fn agent_report(&self) -> (u64, AgentReport) {
-        let now = Stamp::agent_now().at_ms;
-        let state = self.state();
-        let mut waiters: Vec<Keyed<Waiter>> = (state.queues.every_waiter())
+/// What this agent's report is made of, kept under the registry's lock
+/// beside the waiter queues it lists: the acquires refused here, and a
+/// count of changes, told to the writer.
+#[derive(Default)]
+pub(in crate::lease) struct Here {
+    pub(super) refusals: Refusals,
+    generation: u64,
+    changed: Arc<Notify>,
+}
+
+/// What the report says as it stands, and the change it reflects.
+pub(in crate::lease) struct Said {
+    generation: u64,
+    waiters: Vec<Keyed<Waiter>>,
+    refusals: Vec<Keyed<Refusal>>,
+}
+
+impl Here {
+    /// What the report says has changed (a waiter came or went).
+    pub(in crate::lease) fn changed(&mut self) {
+        self.generation += 1;
+        self.changed.notify_one();
+    }
+
+    /// An acquire of `key` (a key with slots: its base) was refused.
+    pub(in crate::lease) fn refused(&mut self, key: Key, refusal: Refusal) {
+        self.refusals.note(key, refusal);
+        self.changed();
+    }
+
+    /// Told at each change: the writer waits on it.
+    pub(in crate::lease) fn on_change(&self) -> Arc<Notify> {
+        self.changed.clone()
+    }
+
+    /// What the report says now, with the waiters of `queues`.
+    pub(in crate::lease) fn said(&self, queues: &Queues) -> Said {
+        let mut waiters: Vec<Keyed<Waiter>> = (queues.every_waiter())
             .map(|(key, who)| Keyed {
                 key: key.to_string(),
                 of: who.clone(),
@@ -78,32 +112,38 @@ impl Registry {
             .collect();
         waiters.sort_by_key(|w| w.of.since_ms);
         waiters.truncate(MOST_WAITERS);
-        let refusals = (state.refusals.newest(MOST_REFUSALS).into_iter())
+        let refusals = (self.refusals.newest(MOST_REFUSALS).into_iter())
             .map(|(key, refusal)| Keyed {
                 key: key.to_string(),
                 of: refusal,
             })
             .collect();
-        let report = AgentReport {
-            host: self.identity.host.clone(),
-            written_at_ms: now,
-            waiters_until_ms: now + 2 * WAITERS_REWRITTEN.as_millis() as u64,
+        Said {
+            generation: self.generation,
             waiters,
             refusals,
-        };
-        (state.report_generation, report)
+        }
     }
+}
 
-    /// Writes this agent's report whenever it changed, paced, until the
-    /// agent closes; then once more, if it changed, so that its waiters,
-    /// gone with their connections, are not shown.
-    pub(super) async fn publish_reports(registry: Weak<Registry>, closing: CancellationToken) {
-        let Some((agent, changed)) = registry.upgrade().and_then(|r| {
-            let name = ReportName::new(&r.identity.agent_id)?;
-            Some((name, r.state().report_wanted.clone()))
-        }) else {
-            return;
-        };
+/// Writes one agent's report to the store.
+pub(super) struct Writer {
+    pub(super) store: Arc<dyn Backend>,
+    pub(super) host: String,
+    pub(super) own: ReportName,
+}
+
+impl Writer {
+    /// Writes what `here` says whenever `changed` is told, paced, until
+    /// `closing` (or until `here` says nothing: its registry is gone); then
+    /// once more, if it changed, so that its waiters, gone with their
+    /// connections, are not shown.
+    pub(super) async fn run(
+        self,
+        here: impl Fn() -> Option<Said>,
+        changed: Arc<Notify>,
+        closing: CancellationToken,
+    ) {
         let mut published = 0;
         let mut last_write: Option<Instant> = None;
         // When the report must be written even if nothing changed.
@@ -128,15 +168,23 @@ impl Registry {
                     }
                 }
             }
-            let Some(registry) = registry.upgrade() else {
+            let now = Stamp::agent_now().at_ms;
+            let Some(said) = here() else {
                 return;
             };
-            let (generation, report) = registry.agent_report();
-            let due = generation != published || rewrite_at.is_some_and(|at| at <= Instant::now());
+            let report = AgentReport {
+                host: self.host.clone(),
+                written_at_ms: now,
+                waiters_until_ms: now + 2 * WAITERS_REWRITTEN.as_millis() as u64,
+                waiters: said.waiters,
+                refusals: said.refusals,
+            };
+            let due =
+                said.generation != published || rewrite_at.is_some_and(|at| at <= Instant::now());
             if due {
-                rewrite_at = match registry.write_report(&agent, &report).await {
+                rewrite_at = match self.write(&report).await {
                     Ok(()) => {
-                        published = generation;
+                        published = said.generation;
                         last_write = Some(Instant::now());
                         if !report.waiters.is_empty() {
                             Some(Instant::now() + WAITERS_REWRITTEN)
@@ -155,7 +203,7 @@ impl Registry {
         }
     }
 
-    async fn write_report(&self, agent: &ReportName, report: &AgentReport) -> Result<(), ()> {
+    async fn write(&self, report: &AgentReport) -> Result<(), ()> {
         let body = serde_json::to_vec(report).map_err(|_| ())?;
         if body.len() > MAX_REPORT_LEN {
             tracing::warn!(
@@ -164,7 +212,7 @@ impl Registry {
             );
             return Err(());
         }
-        match self.backend.put_report(agent, body).await {
+        match self.store.put_report(&self.own, body).await {
             Ok(()) => Ok(()),
             Err(err) => {
                 tracing::warn!(
@@ -178,18 +226,12 @@ impl Registry {
     }
 }
 
-/// Starts writing `registry`'s report, owned by its task tracker.
-pub(super) fn start(registry: &Arc<Registry>, closing: CancellationToken) {
-    let task = Registry::publish_reports(Arc::downgrade(registry), closing);
-    registry.tasks().spawn(task);
-}
-
 #[cfg(test)]
 mod tests {
-    use super::super::listing::KeysQuery;
-    use super::super::testing::*;
     use super::*;
     use crate::backend::{Reports, StoredReport};
+    use crate::lease::testing::*;
+    use crate::lease::KeysQuery;
 
     /// The reports `store` keeps, once `done` says they are as awaited.
     async fn reports_once(
