@@ -51,7 +51,13 @@ fn main() -> ExitCode {
     for warning in &exposed {
         tracing::warn!("{warning}");
     }
-    match runtime.block_on(run(config)) {
+    // On a worker, not on this thread: the accept loop then starts each
+    // connection on the worker that accepted it, with no thread to wake.
+    let served = match runtime.block_on(runtime.spawn(run(config))) {
+        Ok(served) => served,
+        Err(ended) => std::panic::resume_unwind(ended.into_panic()),
+    };
+    match served {
         Ok(()) => ExitCode::SUCCESS,
         Err(Stop::Config(err)) => {
             eprintln!("runlockd: error: {err:#}");

@@ -191,7 +191,13 @@ impl Client {
         };
         // An agent at its limits says so and closes before it reads anything,
         // so hello may find the socket closed with that answer waiting to be read.
-        let mut sent = self.send(hello).await.err();
+        // With `first` behind it, hello is only queued: both leave in one
+        // write, and the agent wakes once to read them.
+        let hello = match first.is_some() {
+            true => self.feed(hello).await,
+            false => self.send(hello).await,
+        };
+        let mut sent = hello.err();
         let mut first_id = None;
         if let (None, Some(first)) = (&sent, first) {
             match self.send(first).await {
@@ -296,10 +302,20 @@ impl Client {
 
     /// Sends a request without waiting; returns its id.
     pub async fn send(&mut self, body: ClientMessage) -> Result<u64, CallError> {
+        let id = self.feed(body).await?;
+        self.transport
+            .flush()
+            .await
+            .map_err(|e| CallError::Gone(describe(&e)))?;
+        Ok(id)
+    }
+
+    /// Queues a request for the next send; returns its id.
+    async fn feed(&mut self, body: ClientMessage) -> Result<u64, CallError> {
         let id = self.next_id;
         self.next_id += 1;
         self.transport
-            .send(Envelope::request(id, body))
+            .feed(Envelope::request(id, body))
             .await
             .map_err(|e| CallError::Gone(describe(&e)))?;
         Ok(id)

@@ -213,15 +213,59 @@ impl FileBackend {
         &self,
         op: impl FnOnce(&Inner) -> BackendResult<T> + Send + 'static,
     ) -> BackendResult<T> {
-        use tokio::runtime::{Handle, RuntimeFlavor};
-        if Handle::current().runtime_flavor() == RuntimeFlavor::MultiThread {
+        if on_worker() {
             return tokio::task::block_in_place(|| op(&self.inner));
         }
+        self.in_pool(op).await
+    }
+
+    /// Like [`FileBackend::blocking`], for an `op` of one key (acquire,
+    /// renew, end) that waits only through [`off_worker`]: on the agent's
+    /// runtime it runs inline, as a task, since `block_in_place` hands the
+    /// worker to another thread and back, and those wake-ups were a third of
+    /// an uncontended run's context switches in the agent.
+    async fn inline<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Inner) -> BackendResult<T> + Send + 'static,
+    ) -> BackendResult<T> {
+        if on_worker() {
+            return op(&self.inner);
+        }
+        self.in_pool(op).await
+    }
+
+    /// Runs `op` on the blocking pool (a current-thread runtime's, in tests).
+    async fn in_pool<T: Send + 'static>(
+        &self,
+        op: impl FnOnce(&Inner) -> BackendResult<T> + Send + 'static,
+    ) -> BackendResult<T> {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || op(&inner))
             .await
             .map_err(|e| BackendError::Unavailable(format!("file backend task failed: {e}")))?
     }
+}
+
+/// Whether this thread is a worker of a multi-threaded runtime (the
+/// agent's), where `block_in_place` may be called.
+fn on_worker() -> bool {
+    use tokio::runtime::{Handle, RuntimeFlavor};
+    Handle::try_current().is_ok_and(|h| h.runtime_flavor() == RuntimeFlavor::MultiThread)
+}
+
+/// Runs `wait` (a sleep, a sync), the only slow part of an inline op, off
+/// the runtime's worker where it is called on one, so that the worker's
+/// other tasks go on meanwhile; elsewhere (the blocking pool) as it is.
+fn off_worker<T>(wait: impl FnOnce() -> T) -> T {
+    match on_worker() {
+        true => tokio::task::block_in_place(wait),
+        false => wait(),
+    }
+}
+
+/// Sleeps for `pause`, off the runtime's worker.
+fn pause(pause: Duration) {
+    off_worker(|| std::thread::sleep(pause))
 }
 
 /// What a refused lock turned out to be, once the record beside it was read.
@@ -426,7 +470,7 @@ impl Inner {
         if held {
             return Ok(false);
         }
-        std::thread::sleep(SECOND_LOOK);
+        pause(SECOND_LOOK);
         attempt()
     }
 
@@ -703,19 +747,19 @@ impl Profiled for FileBackend {
 impl Backend for FileBackend {
     async fn acquire(&self, spec: &AcquireSpec) -> BackendResult<Grant> {
         let spec = spec.clone();
-        self.blocking(move |inner| inner.acquire(&spec)).await
+        self.inline(move |inner| inner.acquire(&spec)).await
     }
 
     async fn renew(&self, lease: &LeaseRef, _ttl: Duration) -> BackendResult<Renewed> {
         let lease = lease.clone();
-        self.blocking(move |inner| inner.renew(&lease))
+        self.inline(move |inner| inner.renew(&lease))
             .await
             .map(|()| Renewed::ByThisCall)
     }
 
     async fn end(&self, lease: &LeaseRef, ending: &Ending) -> BackendResult<()> {
         let (lease, ending) = (lease.clone(), ending.clone());
-        self.blocking(move |inner| inner.release(&lease, &ending))
+        self.inline(move |inner| inner.release(&lease, &ending))
             .await
     }
 

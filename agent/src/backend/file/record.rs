@@ -173,7 +173,7 @@ pub(super) fn settle<E>(
                 return Ok(Some(record));
             }
         }
-        std::thread::sleep(Duration::from_millis(1));
+        super::pause(Duration::from_millis(1));
     }
     Ok(None)
 }

@@ -23,7 +23,8 @@ impl Inner {
         let name = tokens_name(key);
         let kept = self.kept_tokens(dir, &name)?;
         let (token, reserved, _) = next_token(previous, kept, &self.boot_id);
-        replace::replace(dir, &name, format!("{reserved}\n").as_bytes(), true)
+        let bytes = format!("{reserved}\n");
+        off_worker(|| replace::replace(dir, &name, bytes.as_bytes(), true))
             .map_err(|e| self.io_error("writing", &name, e))?;
         Ok((token, reserved))
     }

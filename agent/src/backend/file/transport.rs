@@ -86,7 +86,7 @@ pub(super) fn ofd_lock_within(
         if start.elapsed() >= limit {
             return Ok(false);
         }
-        std::thread::sleep(pause);
+        super::pause(pause);
         pause = (pause * 2).min(std::time::Duration::from_millis(5));
     }
 }
