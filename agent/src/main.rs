@@ -7,8 +7,10 @@ use runlock_agent::config::{self, Args, Command, Config};
 use runlock_agent::lease::{Identity, Policy, Registry};
 use runlock_agent::meltano::guard::MeltanoGuard;
 use runlock_agent::meltano::state_backend::StateBackend;
-use runlock_agent::{backend, limits, listener, metrics, notify, serve, telemetry};
+use runlock_agent::metrics::{self, Metrics};
+use runlock_agent::{backend, limits, listener, notify, serve, telemetry};
 use std::process::ExitCode;
+use std::sync::Arc;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -96,7 +98,12 @@ async fn check_backend(config: &Config) -> ExitCode {
         proof: backend::cas::Proof::THOROUGH,
         ..config.backend_options.clone()
     };
-    let opened = backend::open(config.backend.expose(), &options).await;
+    let opened = backend::open(
+        config.backend.expose(),
+        &options,
+        &backend::StoreContext::default(),
+    )
+    .await;
     let backend::Opened { store, readiness } = match opened {
         Ok(opened) => opened,
         Err(err) => {
@@ -143,14 +150,17 @@ async fn run(config: Config) -> Result<(), Stop> {
     // The agent's own tasks beside the server's and the registry's: the
     // signal handler and the metrics server, waited for before the exit.
     let tasks = TaskTracker::new();
+    // The one set of series, handed to all that report (served with --metrics).
+    let metrics = Arc::new(Metrics::new());
+    let stores = backend::StoreContext::new(metrics.clone());
     // Opening a backend fails only on what it was given (a malformed URI, an
     // unreadable key or certificate file); an unreachable store is a warning.
-    let mut store = backend::from_uri(config.backend.expose(), &config.backend_options)
+    let mut store = backend::from_uri(config.backend.expose(), &config.backend_options, &stores)
         .await
         .map_err(Stop::Config)?;
     if let Some(addr) = config.metrics {
-        metrics::start(addr, shutdown.child_token(), &tasks).await?;
-        store = metrics::instrument(store);
+        metrics::start(addr, metrics.clone(), shutdown.child_token(), &tasks).await?;
+        store = metrics::instrument(store, metrics.clone());
     }
     let identity = Identity {
         host: nix::unistd::gethostname()
@@ -181,9 +191,9 @@ async fn run(config: Config) -> Result<(), Stop> {
             "checking Meltano's system database for legacy runs before each grant"
         );
         // Outermost, so that a legacy run's refusal is not timed as a store request.
-        store = MeltanoGuard::wrap(store, db.clone());
+        store = MeltanoGuard::wrap(store, db.clone(), &stores);
     }
-    let registry = Registry::observed(store, identity.clone(), policy, metrics::observer());
+    let registry = Registry::observed(store, identity.clone(), policy, metrics.clone());
     let descriptors = limits::raise_descriptor_limit();
     let admission = limits::Admission::new(config.limits, descriptors, identity.uid);
     if let Some(bound) = admission.descriptor_bound() {
@@ -226,6 +236,8 @@ async fn run(config: Config) -> Result<(), Stop> {
         listener,
         registry.clone(),
         admission,
+        metrics,
+        stores,
         config.drain_timeout,
         shutdown,
     )

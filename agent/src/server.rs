@@ -1,12 +1,14 @@
 //! The accept loop: one task per admitted connection, tracked so that shutdown
 //! can tell each peer and wait (bounded by the drain time) for them, then for
-//! the lease layer's own tasks, to finish; a connection over the limits is
-//! told the agent is busy and closed.
+//! the lease layer's own tasks, then the stores', to finish; a connection over
+//! the limits is told the agent is busy and closed.
 
+use crate::backend::StoreContext;
 use crate::connection::serve_connection;
 use crate::lease::{PeerCred, Registry};
 use crate::limits::Admission;
 use crate::listener::next_connection;
+use crate::metrics::Metrics;
 use futures::SinkExt;
 use runlock_protocol::{AgentCodec, AgentMessage, Envelope, ErrorCode, WireError};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -24,12 +26,15 @@ const MAX_REFUSING: usize = 64;
 /// How long a refused peer has to read its answer before the close.
 const REFUSAL_LINGER: Duration = Duration::from_secs(1);
 
-/// Serves `listener` until `shutdown` is cancelled, then waits at most
-/// `drain` for its connections and the registry's tasks to finish.
+/// Serves `listener` until `shutdown` is cancelled, counting into `metrics`,
+/// then waits at most `drain` for its connections, the registry's tasks and
+/// the `stores`' to finish.
 pub async fn serve(
     listener: UnixListener,
     registry: Arc<Registry>,
     admission: Arc<Admission>,
+    metrics: Arc<Metrics>,
+    stores: StoreContext,
     drain: Duration,
     shutdown: CancellationToken,
 ) {
@@ -57,11 +62,12 @@ pub async fn serve(
                     peer,
                     ticket,
                     registry.clone(),
+                    metrics.clone(),
                     stopping.clone(),
                 ));
             }
             Err(limit) => {
-                crate::metrics::refused();
+                metrics.refused();
                 refusals.note(peer, &limit);
                 if refusing.fetch_add(1, Ordering::Relaxed) < MAX_REFUSING {
                     let refusing = refusing.clone();
@@ -95,6 +101,14 @@ pub async fn serve(
         tracing::warn!(
             tasks = left,
             "lease tasks still running after the drain period"
+        );
+    }
+    // Only once no lease needs the store: until then it is written to.
+    let left = stores.close(deadline).await;
+    if left > 0 {
+        tracing::warn!(
+            tasks = left,
+            "store tasks still running after the drain period"
         );
     }
 }

@@ -14,6 +14,7 @@ use libfuzzer_sys::fuzz_target;
 use runlock_agent::backend::MemoryBackend;
 use runlock_agent::connection::serve_connection;
 use runlock_agent::limits::{Admission, Limits};
+use runlock_agent::metrics::Metrics;
 use runlock_agent::lease::{Identity, PeerCred, Policy, Registry};
 use runlock_protocol::{ClientMessage, Envelope, ShimCodec, PROTOCOL_VERSION};
 use std::sync::{Arc, LazyLock};
@@ -87,6 +88,7 @@ async fn serve(data: &[u8]) {
         cred,
         ticket,
         registry.clone(),
+        Arc::new(Metrics::new()),
         CancellationToken::new(),
     ));
     let (mut from_agent, mut to_agent) = peer.split();

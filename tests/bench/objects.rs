@@ -147,7 +147,8 @@ pub(crate) async fn azure_rows(_scratch: &Path) -> Result<Rows> {
         connection_string: Some(direct.clone().into()),
         ..AzureOptions::default()
     };
-    let client = AzureStore::open(&format!("azure://{container}/raw"), &options)?;
+    let unobserved = runlock_agent::backend::StoreContext::default();
+    let client = AzureStore::open(&format!("azure://{container}/raw"), &options, &unobserved)?;
     let name = "raw/record.json";
     let body = vec![b'x'; 480];
     let first = client.put(name, body.clone(), Precondition::Absent).await?;

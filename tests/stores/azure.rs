@@ -10,7 +10,7 @@ use anyhow::{bail, ensure, Context, Result};
 use runlock_agent::backend::cas::{
     AzureOptions, AzureStore, CasEngine, CasError, CasStore, Precondition,
 };
-use runlock_agent::backend::{AcquireSpec, Backend, BackendError, LeaseRef};
+use runlock_agent::backend::{AcquireSpec, Backend, BackendError, LeaseRef, StoreContext};
 use runlock_protocol::Key;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -50,7 +50,11 @@ impl Container {
 
     /// The agent's adapter on it, records under `prefix`, signing with `key`.
     fn open_with_key(&self, prefix: &str, key: &str) -> Result<AzureStore> {
-        AzureStore::open(&self.uri(prefix), &options(&self.at.url, key))
+        AzureStore::open(
+            &self.uri(prefix),
+            &options(&self.at.url, key),
+            &StoreContext::default(),
+        )
     }
 
     fn open(&self, prefix: &str) -> Result<AzureStore> {
@@ -249,7 +253,11 @@ async fn store_failures_are_named_without_the_key() -> Result<()> {
     // An endpoint where nothing listens.
     let port = crate::support::closed_port()?;
     let nowhere = format!("http://127.0.0.1:{port}/{}", azure::ACCOUNT);
-    let store = AzureStore::open("azure://locks", &options(&nowhere, azure::KEY))?;
+    let store = AzureStore::open(
+        "azure://locks",
+        &options(&nowhere, azure::KEY),
+        &StoreContext::default(),
+    )?;
     match store.probe().await {
         Err(CasError::Unavailable(text)) => ensure!(
             text.starts_with(&format!("cannot reach Azure Blob at {nowhere}")),

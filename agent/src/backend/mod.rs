@@ -2,6 +2,7 @@
 //! the one a URI names.
 
 pub mod cas;
+mod context;
 pub mod credentials;
 #[cfg(feature = "etcd")]
 mod etcd;
@@ -25,6 +26,7 @@ mod secret;
 pub mod testing;
 mod uri;
 
+pub use context::{StoreContext, StoreObserver, Unobserved};
 #[cfg(feature = "etcd")]
 pub use etcd::EtcdBackend;
 pub use file::FileBackend;

@@ -6,6 +6,7 @@
 use super::cas::{self, CasStore};
 use super::{
     redact_uri, Backend, BackendOptions, FileBackend, MemoryBackend, Profiled, ProfiledBackend,
+    StoreContext,
 };
 use std::future::Future;
 use std::path::PathBuf;
@@ -41,8 +42,14 @@ pub struct Opened {
 /// A scheme's opening: fails only on what it was given.
 type Opening<'a> = Pin<Box<dyn Future<Output = anyhow::Result<Opened>> + Send + 'a>>;
 
-/// Opens `uri` (which has the scheme; `rest` follows its `://`) and checks it once.
-type Opener = for<'a> fn(uri: &'a str, rest: &'a str, options: &'a BackendOptions) -> Opening<'a>;
+/// Opens `uri` (which has the scheme; `rest` follows its `://`) in
+/// `context` and checks it once.
+type Opener = for<'a> fn(
+    uri: &'a str,
+    rest: &'a str,
+    options: &'a BackendOptions,
+    context: &'a StoreContext,
+) -> Opening<'a>;
 
 /// One URI scheme.
 struct Scheme {
@@ -74,15 +81,16 @@ const SCHEMES: &[Scheme] = &[
         names: &["file"],
         example: "file:///path",
         feature: None,
-        open: Some(|_, rest, _| Box::pin(async move { ready(open_file(rest)?) })),
+        open: Some(|_, rest, _, _| Box::pin(async move { ready(open_file(rest)?) })),
     },
     Scheme {
         names: &["s3"],
         example: "s3://bucket/prefix",
         feature: Some("s3"),
-        open: built!("s3", |uri, _, options| {
+        open: built!("s3", |uri, _, options, context| {
             Box::pin(async move {
-                on_object_store(cas::S3Store::open(uri, &options.s3).await?, options).await
+                let store = cas::S3Store::open(uri, &options.s3, context).await?;
+                on_object_store(store, options, context).await
             })
         }),
     },
@@ -90,9 +98,10 @@ const SCHEMES: &[Scheme] = &[
         names: &["azure"],
         example: "azure://container/prefix",
         feature: Some("azure"),
-        open: built!("azure", |uri, _, options| {
+        open: built!("azure", |uri, _, options, context| {
             Box::pin(async move {
-                on_object_store(cas::AzureStore::open(uri, &options.azure)?, options).await
+                let store = cas::AzureStore::open(uri, &options.azure, context)?;
+                on_object_store(store, options, context).await
             })
         }),
     },
@@ -100,9 +109,10 @@ const SCHEMES: &[Scheme] = &[
         names: &["gs"],
         example: "gs://bucket/prefix",
         feature: Some("gcs"),
-        open: built!("gcs", |uri, _, options| {
+        open: built!("gcs", |uri, _, options, context| {
             Box::pin(async move {
-                on_object_store(cas::GcsStore::open(uri, &options.gcs)?, options).await
+                let store = cas::GcsStore::open(uri, &options.gcs, context)?;
+                on_object_store(store, options, context).await
             })
         }),
     },
@@ -110,9 +120,10 @@ const SCHEMES: &[Scheme] = &[
         names: &["postgresql", "postgres"],
         example: "postgresql://…",
         feature: Some("postgres"),
-        open: built!("postgres", |uri, _, options| {
+        open: built!("postgres", |uri, _, options, context| {
             Box::pin(async move {
-                let backend = Arc::new(super::PostgresBackend::open(uri, &options.postgres)?);
+                let backend = super::PostgresBackend::open(uri, &options.postgres, context)?;
+                let backend = Arc::new(backend);
                 let readiness = within_probe_timeout(backend.probe()).await;
                 Ok(Opened {
                     store: backend.into(),
@@ -125,9 +136,9 @@ const SCHEMES: &[Scheme] = &[
         names: &["etcd"],
         example: "etcd://host:port/prefix",
         feature: Some("etcd"),
-        open: built!("etcd", |uri, _, options| {
+        open: built!("etcd", |uri, _, options, context| {
             Box::pin(async move {
-                let backend = Arc::new(super::EtcdBackend::open(uri, &options.etcd)?);
+                let backend = Arc::new(super::EtcdBackend::open(uri, &options.etcd, context)?);
                 let probe = async { backend.probe().await.map_err(|err| err.to_string()) };
                 let readiness = within_probe_timeout(probe).await;
                 Ok(Opened {
@@ -141,7 +152,7 @@ const SCHEMES: &[Scheme] = &[
         names: &["memory"],
         example: "memory://",
         feature: None,
-        open: Some(|_, _, _| Box::pin(async { ready(MemoryBackend::default()) })),
+        open: Some(|_, _, _, _| Box::pin(async { ready(MemoryBackend::default()) })),
     },
 ];
 
@@ -154,7 +165,7 @@ const TEST_SCHEMES: &[Scheme] = &[Scheme {
     feature: Some("test-support"),
     // `memory-cas://racy`: a store the proof must refuse;
     // `memory-cas://racy-under-load`, one only check-config's can (cas/racy.rs).
-    open: Some(|_, rest, options| {
+    open: Some(|_, rest, options, context| {
         let racy = match rest {
             "racy" => Some(cas::RacyCasStore::default()),
             "racy-under-load" => Some(cas::RacyCasStore::under_load()),
@@ -162,8 +173,8 @@ const TEST_SCHEMES: &[Scheme] = &[Scheme {
         };
         Box::pin(async move {
             match racy {
-                Some(racy) => on_object_store(racy, options).await,
-                None => on_object_store(cas::MemoryCasStore::new(), options).await,
+                Some(racy) => on_object_store(racy, options, context).await,
+                None => on_object_store(cas::MemoryCasStore::new(), options, context).await,
             }
         })
     }),
@@ -171,11 +182,15 @@ const TEST_SCHEMES: &[Scheme] = &[Scheme {
 #[cfg(not(feature = "test-support"))]
 const TEST_SCHEMES: &[Scheme] = &[];
 
-/// Builds the backend a URI names and checks it once, as the agent does at
-/// start: a network store must answer, and an object store must show that
-/// it refuses conflicting writes (`cas::CasEngine::prove`). Fails only on
-/// what it was given (a malformed URI, an unreadable file).
-pub async fn open(uri: &str, options: &BackendOptions) -> anyhow::Result<Opened> {
+/// Builds the backend a URI names in `context` and checks it once, as the
+/// agent does at start: a network store must answer, and an object store
+/// must show that it refuses conflicting writes (`cas::CasEngine::prove`).
+/// Fails only on what it was given (a malformed URI, an unreadable file).
+pub async fn open(
+    uri: &str,
+    options: &BackendOptions,
+    context: &StoreContext,
+) -> anyhow::Result<Opened> {
     let supported = || {
         SCHEMES
             .iter()
@@ -195,7 +210,7 @@ pub async fn open(uri: &str, options: &BackendOptions) -> anyhow::Result<Opened>
     match every.find(|scheme| scheme.names.contains(&name)) {
         Some(Scheme {
             open: Some(open), ..
-        }) => open(uri, rest, options).await,
+        }) => open(uri, rest, options, context).await,
         Some(Scheme {
             feature: Some(feature),
             ..
@@ -212,8 +227,12 @@ pub async fn open(uri: &str, options: &BackendOptions) -> anyhow::Result<Opened>
 }
 
 /// [`open`], logging what its check found; the agent starts either way.
-pub async fn from_uri(uri: &str, options: &BackendOptions) -> anyhow::Result<ProfiledBackend> {
-    let Opened { store, readiness } = open(uri, options).await?;
+pub async fn from_uri(
+    uri: &str,
+    options: &BackendOptions,
+    context: &StoreContext,
+) -> anyhow::Result<ProfiledBackend> {
+    let Opened { store, readiness } = open(uri, options, context).await?;
     match readiness {
         Readiness::Ready => {}
         Readiness::Unreachable(problem) => tracing::warn!(
@@ -246,10 +265,17 @@ fn ready(backend: impl Backend + Profiled) -> anyhow::Result<Opened> {
 /// The object-store lease engine over `store`: once the store's own check
 /// passed, the engine's proof that it refuses conflicting writes.
 #[cfg(any(object_store, feature = "test-support"))]
-async fn on_object_store(store: impl CasStore, options: &BackendOptions) -> anyhow::Result<Opened> {
+async fn on_object_store(
+    store: impl CasStore,
+    options: &BackendOptions,
+    context: &StoreContext,
+) -> anyhow::Result<Opened> {
     let probed = within_probe_timeout(async { store.probe().await.map_err(|e| e.to_string()) });
     let probed = probed.await;
-    let engine = Arc::new(cas::CasEngine::new(Arc::new(store)).proving(options.proof));
+    let engine = cas::CasEngine::new(Arc::new(store))
+        .proving(options.proof)
+        .within(context);
+    let engine = Arc::new(engine);
     let readiness = match probed {
         Readiness::Ready => match tokio::time::timeout(PROBE_TIMEOUT, engine.prove()).await {
             Ok(Ok(())) => Readiness::Ready,
@@ -286,11 +312,15 @@ fn no_answer() -> Readiness {
 mod tests {
     use super::*;
 
+    async fn opened(uri: &str) -> anyhow::Result<ProfiledBackend> {
+        from_uri(uri, &BackendOptions::default(), &StoreContext::default()).await
+    }
+
     #[tokio::test]
     async fn a_scheme_left_out_of_the_build_is_named_with_its_feature() {
         for scheme in SCHEMES.iter().filter(|scheme| scheme.open.is_none()) {
             let uri = format!("{}://x/y", scheme.names[0]);
-            let Err(err) = from_uri(&uri, &BackendOptions::default()).await else {
+            let Err(err) = opened(&uri).await else {
                 panic!("{uri} opened without its feature");
             };
             let feature = scheme.feature.expect("only a feature leaves a scheme out");
@@ -301,21 +331,15 @@ mod tests {
 
     #[tokio::test]
     async fn unknown_scheme_is_named() {
-        let Err(err) = from_uri("gopher://x", &BackendOptions::default()).await else {
+        let Err(err) = opened("gopher://x").await else {
             panic!("gopher:// was accepted");
         };
         assert!(err.to_string().contains("\"gopher\""), "{err}");
-        assert!(from_uri("file://", &BackendOptions::default())
-            .await
-            .is_err());
-        assert!(from_uri("not a uri", &BackendOptions::default())
-            .await
-            .is_err());
+        assert!(opened("file://").await.is_err());
+        assert!(opened("not a uri").await.is_err());
         // Built or not, a bare object-store scheme is refused.
-        assert!(from_uri("s3://", &BackendOptions::default()).await.is_err());
-        assert!(from_uri("azure://", &BackendOptions::default())
-            .await
-            .is_err());
-        assert!(from_uri("gs://", &BackendOptions::default()).await.is_err());
+        for bare in ["s3://", "azure://", "gs://"] {
+            assert!(opened(bare).await.is_err(), "{bare}");
+        }
     }
 }

@@ -7,6 +7,7 @@ mod wire;
 
 use crate::lease::{ConnId, Event, Events, Granted, PeerCred, Registry};
 use crate::limits::{Limits, Ticket, HELLO_FRAME_LEN};
+use crate::metrics::Metrics;
 use crate::process::Peer;
 use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
@@ -39,6 +40,7 @@ pub async fn serve_connection(
     peer: PeerCred,
     ticket: Ticket,
     registry: Arc<Registry>,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
     let limits = ticket.limits();
@@ -51,6 +53,7 @@ pub async fn serve_connection(
     Connection {
         transport: Framed::new(stream, codec),
         registry,
+        metrics,
         peer,
         shim,
         groups,
@@ -99,6 +102,8 @@ fn peer_groups(stream: &UnixStream) -> Vec<u32> {
 struct Connection {
     transport: Transport,
     registry: Arc<Registry>,
+    /// Counts its acquires.
+    metrics: Arc<Metrics>,
     peer: PeerCred,
     shim: Peer,
     groups: Vec<u32>,

@@ -4,6 +4,7 @@
 use super::wire::wire_error;
 use super::{AcquireResult, Connection};
 use crate::lease::{ConnId, Events, Registry};
+use crate::metrics::Metrics;
 use runlock_protocol::{
     AcquireRequest, AgentMessage, ClientMessage, ErrorCode, Lease, ListKeysRequest, OnLost,
     ProtocolError, ReleaseRequest, WireError,
@@ -66,10 +67,10 @@ impl Connection {
         if req.wait_ms == 0 && !req.force {
             // Nothing to wait for, so nothing to abandon: no task needed,
             // and the store write is awaited to its end like any other.
-            let result = take(&self.registry, conn, req, &acquire.cancel).await;
+            let result = take(&self.registry, &self.metrics, conn, req, &acquire.cancel).await;
             return self.grant(conn, id, result).await;
         }
-        acquire.spawn(self.registry.clone(), conn, id, req);
+        acquire.spawn(self.registry.clone(), self.metrics.clone(), conn, id, req);
         Ok(())
     }
 
@@ -213,6 +214,7 @@ impl AcquireSlot {
     fn spawn(
         &mut self,
         registry: Arc<Registry>,
+        metrics: Arc<Metrics>,
         conn: ConnId,
         id: Option<u64>,
         req: AcquireRequest,
@@ -220,7 +222,7 @@ impl AcquireSlot {
         let (cancel, done) = (self.cancel.clone(), self.done_tx.clone());
         let tasks = registry.tasks().clone();
         let task = async move {
-            let result = take(&registry, conn, req, &cancel).await;
+            let result = take(&registry, &metrics, conn, req, &cancel).await;
             let _ = done.send((id, result));
         };
         self.task = Some(tasks.spawn(task.in_current_span()));
@@ -230,6 +232,7 @@ impl AcquireSlot {
 /// Takes the keys `req` names, counted by how the request ended.
 async fn take(
     registry: &Registry,
+    metrics: &Metrics,
     conn: ConnId,
     req: AcquireRequest,
     cancel: &CancellationToken,
@@ -239,6 +242,6 @@ async fn take(
         .acquire(conn, req.into(), cancel)
         .await
         .map_err(wire_error);
-    crate::metrics::acquisition(force, &result, cancel.is_cancelled(), started);
+    metrics.acquisition(force, &result, cancel.is_cancelled(), started);
     result
 }

@@ -18,7 +18,8 @@
 use crate::backend::forwarding::{Forwarding, Hooks};
 use crate::backend::postgres::{Kept, Settings};
 use crate::backend::{
-    redact_uri, AcquireSpec, Backend, BackendError, BackendResult, Grant, Outsider, ProfiledBackend,
+    redact_uri, AcquireSpec, Backend, BackendError, BackendResult, Grant, Outsider,
+    ProfiledBackend, StoreContext,
 };
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key};
@@ -158,9 +159,9 @@ impl MeltanoSystemDb {
     }
 
     /// `HeldOutside` if Meltano records `key` as running, `Unavailable`
-    /// if the database cannot be read.
-    pub async fn check(&self, key: &Key) -> BackendResult<()> {
-        let found = match tokio::time::timeout(CHECK_TIMEOUT, self.find(key)).await {
+    /// if the database cannot be read; a connection's tasks run in `context`.
+    pub async fn check(&self, key: &Key, context: &StoreContext) -> BackendResult<()> {
+        let found = match tokio::time::timeout(CHECK_TIMEOUT, self.find(key, context)).await {
             Ok(found) => found,
             Err(_) => Err(format!("no answer within {}s", CHECK_TIMEOUT.as_secs())),
         };
@@ -177,7 +178,7 @@ impl MeltanoSystemDb {
         }
     }
 
-    async fn find(&self, key: &Key) -> Result<Option<LegacyRun>, String> {
+    async fn find(&self, key: &Key, context: &StoreContext) -> Result<Option<LegacyRun>, String> {
         match &self.target {
             Target::Sqlite(path) => {
                 let (path, key) = (path.clone(), key.to_string());
@@ -186,7 +187,7 @@ impl MeltanoSystemDb {
                     .map_err(|err| format!("the check failed: {err}"))?
             }
             Target::Postgres { settings, link } => {
-                find_postgres(settings, link, key.as_str()).await
+                find_postgres(settings, link, key.as_str(), context).await
             }
         }
     }
@@ -215,8 +216,9 @@ async fn find_postgres(
     settings: &Settings,
     kept: &Kept,
     key: &str,
+    context: &StoreContext,
 ) -> Result<Option<LegacyRun>, String> {
-    let link = kept.get(|| settings.link()).await?;
+    let link = kept.get(context, || settings.link(context)).await?;
     // Unnamed (one round trip, nothing prepared): it works through a pooler too.
     let rows = link
         .client
@@ -285,14 +287,23 @@ fn explain(run: &LegacyRun) -> String {
 /// check); everything else goes to the store, unchanged.
 pub struct MeltanoGuard {
     db: Arc<MeltanoSystemDb>,
+    context: StoreContext,
 }
 
 impl MeltanoGuard {
-    /// `store`'s backend, guarded by `db`; what the store is stays as it was.
-    pub fn wrap(store: ProfiledBackend, db: Arc<MeltanoSystemDb>) -> ProfiledBackend {
+    /// `store`'s backend, guarded by `db`, whose connection's tasks run in
+    /// `context`; what the store is stays as it was.
+    pub fn wrap(
+        store: ProfiledBackend,
+        db: Arc<MeltanoSystemDb>,
+        context: &StoreContext,
+    ) -> ProfiledBackend {
         Arc::new(Forwarding {
             inner: store,
-            hooks: MeltanoGuard { db },
+            hooks: MeltanoGuard {
+                db,
+                context: context.clone(),
+            },
         })
         .into()
     }
@@ -302,7 +313,7 @@ impl MeltanoGuard {
 impl Hooks for MeltanoGuard {
     async fn acquire(&self, inner: &dyn Backend, spec: &AcquireSpec) -> BackendResult<Grant> {
         if !spec.force {
-            self.db.check(&spec.key).await?;
+            self.db.check(&spec.key, &self.context).await?;
         }
         inner.acquire(spec).await
     }

@@ -1,7 +1,7 @@
 //! The tiny HTTP server for `GET /metrics`: bounded connections, a share of
 //! them per peer, one request each, cut off after a while.
 
-use super::{Metrics, GLOBAL};
+use super::Metrics;
 use crate::listener::next_connection;
 use anyhow::Context;
 use bytes::Bytes;
@@ -30,11 +30,11 @@ const MAX_CONNECTIONS_PER_PEER: usize = 4;
 const CONNECTION_TIMEOUT: Duration = Duration::from_secs(30);
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Turns metrics on for this process and serves them on `addr` until
-/// `shutdown`, in a task of `tasks`; returns the address bound (the port is
-/// chosen when `addr`'s is 0).
+/// Serves `metrics` on `addr` until `shutdown`, in a task of `tasks`;
+/// returns the address bound (the port is chosen when `addr`'s is 0).
 pub async fn start(
     addr: SocketAddr,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     tasks: &TaskTracker,
 ) -> anyhow::Result<SocketAddr> {
@@ -44,7 +44,6 @@ pub async fn start(
     let bound = listener
         .local_addr()
         .with_context(|| format!("reading the address of the metrics listener on {addr}"))?;
-    let metrics = GLOBAL.get_or_init(|| Arc::new(Metrics::new())).clone();
     tracing::info!(addr = %bound, "metrics listening on {bound}");
     if !bound.ip().is_loopback() {
         // Nothing in them is secret, but anyone who reaches the port may

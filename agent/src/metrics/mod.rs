@@ -6,9 +6,9 @@
 //! `GET /metrics` (`http.rs`). docs/src/metrics.md (the book) describes each
 //! series for the people who chart them.
 //!
-//! The metrics live in one process-wide instance, set by [`start`], so that
-//! the connection's and the stores' hooks are one-line calls; without
-//! `--metrics` each is a single atomic load, and [`observer`] watches nothing.
+//! `main.rs` makes one [`Metrics`] and hands it down: to the server and its
+//! connections, to the lease layer (as its `Observer`) and to the stores (as
+//! their `StoreObserver`); [`start`] serves it. There is no global.
 
 #[cfg(any(test, feature = "test-support"))]
 pub mod exposition;
@@ -18,8 +18,8 @@ mod timed;
 pub use http::start;
 pub use timed::{instrument, TimedBackend};
 
-use crate::backend::{BackendError, BackendResult, Ending};
-use crate::lease::{Observer, Renewal, Takeover, Unobserved};
+use crate::backend::{BackendError, BackendResult, Ending, StoreObserver};
+use crate::lease::{Observer, Renewal, Takeover};
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -27,7 +27,6 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::metrics::info::Info;
 use runlock_protocol::{ErrorCode, LostReason, WireError};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// Upper bounds of the backend request histogram in seconds: 0.1 ms (an
@@ -348,6 +347,11 @@ impl Metrics {
         }
     }
 
+    /// Counts one connection refused as busy.
+    pub fn refused(&self) {
+        self.refused.inc();
+    }
+
     /// The exposition in Prometheus text format 0.0.4.
     pub fn render(&self) -> String {
         let mut text = String::with_capacity(8 * 1024);
@@ -356,7 +360,9 @@ impl Metrics {
         text
     }
 
-    fn acquisition<T>(
+    /// Counts one acquire request, made at `started`, by how it ended
+    /// (`cancelled` when its client left), and times it if it was granted.
+    pub fn acquisition<T>(
         &self,
         force: bool,
         result: &Result<T, WireError>,
@@ -414,41 +420,10 @@ impl Metrics {
     }
 }
 
-static GLOBAL: OnceLock<Arc<Metrics>> = OnceLock::new();
-
-/// Counts one acquire request, made at `started`, by how it ended (`cancelled`
-/// when its client left), and times it if it was granted.
-pub fn acquisition<T>(
-    force: bool,
-    result: &Result<T, WireError>,
-    cancelled: bool,
-    started: Instant,
-) {
-    if let Some(metrics) = GLOBAL.get() {
-        metrics.acquisition(force, result, cancelled, started);
-    }
-}
-
-/// What the lease layer reports, turned into series once [`start`] has run;
-/// otherwise an observer that records nothing.
-pub fn observer() -> Arc<dyn Observer> {
-    match GLOBAL.get() {
-        Some(metrics) => metrics.clone(),
-        None => Arc::new(Unobserved),
-    }
-}
-
-/// Counts one answer of `store` (one of [`STORES`]) that said slow down.
-pub fn throttled(store: &'static str) {
-    if let Some(metrics) = GLOBAL.get() {
-        metrics.throttled.get_or_create(&[("store", store)]).inc();
-    }
-}
-
-/// Counts one connection refused as busy.
-pub fn refused() {
-    if let Some(metrics) = GLOBAL.get() {
-        metrics.refused.inc();
+/// What the stores report, as series.
+impl StoreObserver for Metrics {
+    fn throttled(&self, store: &'static str) {
+        self.throttled.get_or_create(&[("store", store)]).inc();
     }
 }
 

@@ -1,7 +1,7 @@
 //! The timing decorator: every request of the backend inside it, timed
 //! by operation and result.
 
-use super::{Metrics, Operation, GLOBAL};
+use super::{Metrics, Operation};
 use crate::backend::{
     AcquireSpec, Adopted, Adopter, Backend, BackendResult, Displaced, Ending, Grant, LeaseRef,
     ListPage, Listed, PageAsk, ProfiledBackend, Renewed, ReportName, Reports, StoredReport,
@@ -11,18 +11,12 @@ use runlock_protocol::{Key, KeyEvent, KeyRecord};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// Wraps `store`'s backend so every request is timed, once [`start`] has run;
-/// otherwise returns it as it is. What the store is stays as it was.
-pub fn instrument(store: ProfiledBackend) -> ProfiledBackend {
-    match GLOBAL.get() {
-        Some(metrics) => ProfiledBackend {
-            backend: Arc::new(TimedBackend {
-                inner: store.backend,
-                metrics: metrics.clone(),
-            }),
-            profile: store.profile,
-        },
-        None => store,
+/// Wraps `store`'s backend so every request is timed into `metrics`. What
+/// the store is stays as it was.
+pub fn instrument(store: ProfiledBackend, metrics: Arc<Metrics>) -> ProfiledBackend {
+    ProfiledBackend {
+        backend: Arc::new(TimedBackend::new(store.backend, metrics)),
+        profile: store.profile,
     }
 }
 

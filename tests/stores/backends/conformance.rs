@@ -8,7 +8,9 @@ use crate::support::stores::{Azure, Etcd, Gcs, Ministack, PgBouncer, Postgres, S
 use anyhow::{bail, ensure, Context, Result};
 use runlock_agent::backend::cas::{AzureOptions, CasEngine, S3Options};
 use runlock_agent::backend::testing::{adopter, gcs_on_emulator, lease, spec};
-use runlock_agent::backend::{self, BackendError, BackendOptions, ProfiledBackend, Readiness};
+use runlock_agent::backend::{
+    self, BackendError, BackendOptions, ProfiledBackend, Readiness, StoreContext,
+};
 use runlock_protocol::{Key, KeyState};
 use std::future::Future;
 use std::sync::Arc;
@@ -132,7 +134,7 @@ where
 
 /// A backend on `uri`, opened as the agent opens it, which must be ready.
 async fn opened(uri: &str, options: &BackendOptions) -> Result<ProfiledBackend> {
-    let opened = backend::open(uri, options).await?;
+    let opened = backend::open(uri, options, &StoreContext::default()).await?;
     ensure!(
         opened.readiness == Readiness::Ready,
         "{uri}: {:?}",

@@ -9,7 +9,7 @@ use anyhow::{bail, ensure, Context, Result};
 use runlock_agent::backend::postgres::{Link, Settings, DEFAULT_SCHEMA};
 use runlock_agent::backend::testing::{adopter, lease, spec};
 use runlock_agent::backend::{
-    AcquireSpec, Backend, BackendError, PostgresBackend, PostgresOptions,
+    AcquireSpec, Backend, BackendError, PostgresBackend, PostgresOptions, StoreContext,
 };
 use runlock_protocol::timing::grace;
 use runlock_protocol::{Key, KeyState};
@@ -41,7 +41,7 @@ fn uri_for(database: &str) -> Result<String> {
 async fn admin(uri: &str) -> Result<Link> {
     Settings::from_uri(uri, None)
         .map_err(anyhow::Error::msg)?
-        .link()
+        .link(&StoreContext::default())
         .await
         .map_err(anyhow::Error::msg)
 }
@@ -61,7 +61,7 @@ fn on(uri: &str, schema: &str) -> Result<PostgresBackend> {
         schema: Some(schema.to_string()),
         listen: None,
     };
-    PostgresBackend::open(uri, &options)
+    PostgresBackend::open(uri, &options, &StoreContext::default())
 }
 
 /// The row of `key`, as psql would show it.
@@ -267,6 +267,7 @@ async fn a_release_is_announced_to_other_agents() -> Result<()> {
             schema: Some("t_notify".into()),
             listen: Some(false),
         },
+        &StoreContext::default(),
     )?;
     ensure!(quiet.releases().is_none());
     Ok(())

@@ -22,6 +22,7 @@ use crate::backend::retry::RetryBudget;
 use crate::backend::{
     key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities,
     Displaced, Ending, Grant, LeaseRef, ListPage, Listed, PageAsk, Profile, Profiled, Renewed,
+    StoreContext,
 };
 use async_trait::async_trait;
 use pacer::Pacer;
@@ -90,6 +91,8 @@ pub struct CasEngine {
     verdict: tokio::sync::OnceCell<Option<String>>,
     /// How hard the proof tries.
     proof: proof::Proof,
+    /// Where the removal of the proof's probe runs.
+    context: StoreContext,
 }
 
 fn unavailable(err: CasError) -> BackendError {
@@ -119,12 +122,21 @@ impl CasEngine {
             listed_reads: ReadCache::default(),
             verdict: tokio::sync::OnceCell::new(),
             proof: proof::Proof::AT_START,
+            context: StoreContext::default(),
         }
     }
 
     /// The engine, proving its store as hard as `proof` says.
     pub fn proving(self, proof: proof::Proof) -> CasEngine {
         CasEngine { proof, ..self }
+    }
+
+    /// The engine, its tasks run in `context`.
+    pub fn within(self, context: &StoreContext) -> CasEngine {
+        CasEngine {
+            context: context.clone(),
+            ..self
+        }
     }
 
     /// Whether the store has shown that it refuses the writes this engine
@@ -136,11 +148,12 @@ impl CasEngine {
             .get_or_try_init(|| async {
                 let (verdict, probes) =
                     proof::prove(self.store.as_ref(), &self.prefix, self.proof).await;
-                // Off the start path: the first grant need not wait for it.
+                // Off the start path: the first grant need not wait for it. A
+                // probe left at shutdown is harmless (`remove_probe`).
                 let store = self.store.clone();
-                tokio::spawn(
-                    async move { proof::remove_probe_later(store.as_ref(), &probes).await },
-                );
+                self.context.spawn_until_closing(async move {
+                    proof::remove_probe_later(store.as_ref(), &probes).await
+                });
                 match verdict {
                     Ok(()) => Ok(None),
                     Err(Unproven::Lacks(what)) => Ok(Some(what)),

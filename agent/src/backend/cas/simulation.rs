@@ -5,15 +5,14 @@
 //! believed valid at once, and tokens only grow.
 //!
 //! A holder believes in its lease from the moment it is granted until it lets
-//! go, learns otherwise, or reaches `renewal::deadline` (send time of its last
-//! successful write + TTL − margin), exactly as the agent's scheduler does.
+//! go, learns otherwise, or reaches the send time of its last successful
+//! write + `timing::trusted_for(TTL)`, exactly as the agent's scheduler does.
 //! `RUNLOCK_SIM_SCHEDULES` sets how many schedules run (default 2000).
 
 use super::testing::FaultyStore;
 use super::{CasEngine, MemoryCasStore};
 use crate::backend::{AcquireSpec, Backend, BackendError, LeaseRef};
-use crate::lease::renewal::deadline;
-use runlock_protocol::{Holder, Key};
+use runlock_protocol::{timing, Holder, Key};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -105,7 +104,7 @@ impl Agent {
         let hold_until = from + self.jitter(ttl * 3);
         let mut last_ok = granted;
         loop {
-            let until = deadline(last_ok, ttl);
+            let until = last_ok + timing::trusted_for(ttl);
             if self.rng.f64() < 0.1 {
                 let freeze = self.jitter(ttl * 3 / 2);
                 tokio::time::sleep(freeze).await; // the whole agent stops: no renewals

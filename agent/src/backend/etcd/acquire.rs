@@ -253,7 +253,9 @@ impl EtcdBackend {
                 .and_then([TxnOp::delete(name)])
         });
         let connection = self.connection.clone();
-        tokio::spawn(async move {
+        // Not cut short at shutdown (a write never is): each delete is
+        // bounded by its timeout, and the shutdown waits for it.
+        self.context.spawn(async move {
             for delete in deletes {
                 let _ = tokio::time::timeout(
                     TIMEOUTS.operation,

@@ -51,7 +51,7 @@ mod watched;
 use super::{
     key_name, AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities,
     Displaced, Ending, EtcdOptions, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile,
-    Profiled, Renewed, ReportName, Reports, StoredReport,
+    Profiled, Renewed, ReportName, Reports, StoreContext, StoredReport,
 };
 use crate::backend::history::{self as shared, Stamp};
 use crate::backend::retry::TIMEOUTS;
@@ -110,8 +110,10 @@ pub struct EtcdBackend {
     seen_held: Mutex<HashSet<String>>,
     watch: bool,
     released: OnceLock<broadcast::Sender<Key>>,
-    /// Stops the watch when the backend goes.
+    /// Stops the watch when the backend goes, or the agent's stores close.
     stop: CancellationToken,
+    /// Where the watch and an abandoned acquire's clean-up run.
+    context: StoreContext,
 }
 
 impl EtcdBackend {
@@ -135,7 +137,11 @@ impl EtcdBackend {
 
     /// Opens `etcd://[user:password@]host:port[,host:port]/prefix`. Makes no
     /// request; see [`EtcdBackend::probe`].
-    pub fn open(uri: &str, options: &EtcdOptions) -> anyhow::Result<EtcdBackend> {
+    pub fn open(
+        uri: &str,
+        options: &EtcdOptions,
+        context: &StoreContext,
+    ) -> anyhow::Result<EtcdBackend> {
         let target = settings::parse_uri(uri)?;
         let user = settings::credentials(target.user, options)?;
         let tls = tls::settings(target.tls, options)?;
@@ -171,7 +177,8 @@ impl EtcdBackend {
             seen_held: Mutex::new(HashSet::new()),
             watch: target.watch,
             released: OnceLock::new(),
-            stop: CancellationToken::new(),
+            stop: context.closing(),
+            context: context.clone(),
         })
     }
 

@@ -26,7 +26,7 @@ impl EtcdBackend {
         }
         let sender = self.released.get_or_init(|| {
             let (sender, _) = broadcast::channel(RELEASED_BACKLOG);
-            tokio::spawn(watch_releases(
+            self.context.spawn(watch_releases(
                 self.connection.clone(),
                 sender.clone(),
                 self.watched.clone(),

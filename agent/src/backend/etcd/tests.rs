@@ -110,6 +110,7 @@ async fn an_unreachable_etcd_is_named_within_the_bound() {
     let backend = EtcdBackend::open(
         &format!("etcd://127.0.0.1:{closed}/x"),
         &EtcdOptions::default(),
+        &StoreContext::default(),
     )
     .expect("opens");
     let started = Instant::now();

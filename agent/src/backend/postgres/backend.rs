@@ -8,7 +8,7 @@ use crate::backend::history;
 use crate::backend::{
     redact_uri, AcquireSpec, Adopted, Adopter, Backend, BackendError, BackendResult, Capabilities,
     Displaced, Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, PostgresOptions,
-    Profile, Profiled, Renewed, ReportName, Reports, StoredReport,
+    Profile, Profiled, Renewed, ReportName, Reports, StoreContext, StoredReport,
 };
 use async_trait::async_trait;
 use runlock_protocol::timing::grace;
@@ -67,7 +67,11 @@ fn token(value: i64, key: &Key) -> BackendResult<u64> {
 impl PostgresBackend {
     /// Reads the URI (and libpq's `PG*` variables) and the options; makes no
     /// connection (see [`PostgresBackend::probe`]).
-    pub fn open(uri: &str, options: &PostgresOptions) -> anyhow::Result<PostgresBackend> {
+    pub fn open(
+        uri: &str,
+        options: &PostgresOptions,
+        context: &StoreContext,
+    ) -> anyhow::Result<PostgresBackend> {
         let settings = Settings::from_uri(uri, Some(session::STATEMENT_TIMEOUT))
             .map_err(|err| anyhow::anyhow!("backend {}: {err}", redact_uri(uri)))?;
         let schema = options.schema().map_err(anyhow::Error::msg)?;
@@ -75,7 +79,7 @@ impl PostgresBackend {
         let table = sql.table().to_string();
         let described = format!("{} (schema {schema})", redact_uri(uri));
         Ok(PostgresBackend {
-            session: Session::new(settings, sql, options.listen),
+            session: Session::new(settings, sql, options.listen, context),
             described,
             table,
         })

@@ -5,6 +5,7 @@
 
 use super::settings::Settings;
 pub use crate::backend::failure::Failure;
+use crate::backend::StoreObserver;
 use std::error::Error as _;
 use tokio_postgres::error::SqlState;
 
@@ -26,8 +27,13 @@ pub fn denied(err: &tokio_postgres::Error) -> bool {
     err.code() == Some(&SqlState::INSUFFICIENT_PRIVILEGE)
 }
 
-/// Classifies `err`, met while talking to the server `settings` names.
-pub fn classify(err: &tokio_postgres::Error, settings: &Settings) -> Failure {
+/// Classifies `err`, met while talking to the server `settings` names;
+/// tells `observer` when the server is overloaded.
+pub fn classify(
+    err: &tokio_postgres::Error,
+    settings: &Settings,
+    observer: &dyn StoreObserver,
+) -> Failure {
     let at = settings.shown();
     if let Some(db) = err.as_db_error() {
         let code = db.code();
@@ -56,7 +62,7 @@ pub fn classify(err: &tokio_postgres::Error, settings: &Settings) -> Failure {
             // statement, a serialization failure; or the table went away and
             // the next connection makes it again.
             if class == "53" {
-                crate::metrics::throttled("postgresql");
+                observer.throttled("postgresql");
             }
             Failure::Transient(format!("PostgreSQL at {at}: {said}"))
         } else {

@@ -2,6 +2,7 @@
 //! with nothing to do holds no connection, so a fleet larger than the
 //! server's `max_connections` is served in turns (issue 28).
 
+use crate::backend::StoreContext;
 use std::future::Future;
 use std::sync::{Arc, Mutex as SyncMutex, Weak};
 use std::time::Duration;
@@ -88,8 +89,13 @@ impl Drop for InUse {
 }
 
 impl Kept {
-    /// The current connection, or one `connect` makes.
-    pub async fn get<E, Fut>(&self, connect: impl FnOnce() -> Fut) -> Result<InUse, E>
+    /// The current connection, or one `connect` makes (closed when idle by a
+    /// task of `context`'s).
+    pub async fn get<E, Fut>(
+        &self,
+        context: &StoreContext,
+        connect: impl FnOnce() -> Fut,
+    ) -> Result<InUse, E>
     where
         Fut: Future<Output = Result<Link, E>>,
     {
@@ -101,7 +107,7 @@ impl Kept {
         *slot = None;
         let link = Arc::new(connect().await?);
         *slot = Some(link.clone());
-        tokio::spawn(close_when_idle(
+        context.spawn_until_closing(close_when_idle(
             Arc::downgrade(&self.slot),
             Arc::downgrade(&link),
         ));

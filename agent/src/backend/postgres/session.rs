@@ -9,6 +9,7 @@ use super::link::{InUse, Kept, Link};
 use super::settings::Settings;
 use super::sql::{Sql, Statements};
 use crate::backend::retry::{RetryBudget, TIMEOUTS, TRANSIENT};
+use crate::backend::StoreContext;
 use futures::StreamExt;
 use runlock_protocol::Key;
 use std::future::Future;
@@ -36,11 +37,19 @@ pub struct Session {
     link: Kept,
     released: broadcast::Sender<Key>,
     sent: AtomicU64,
+    /// Where the connection's driver and idle close run; told of overload.
+    context: StoreContext,
 }
 
 impl Session {
-    /// A session that connects on first use; `listen` as the options say.
-    pub fn new(settings: Settings, sql: Sql, listen: Option<bool>) -> Session {
+    /// A session that connects on first use, in `context`; `listen` as the
+    /// options say.
+    pub fn new(
+        settings: Settings,
+        sql: Sql,
+        listen: Option<bool>,
+        context: &StoreContext,
+    ) -> Session {
         Session {
             settings,
             statements: Arc::new(sql.statements()),
@@ -49,6 +58,7 @@ impl Session {
             link: Kept::default(),
             released: broadcast::channel(NOTICE_BACKLOG).0,
             sent: AtomicU64::new(0),
+            context: context.clone(),
         }
     }
 
@@ -174,7 +184,7 @@ impl Session {
 
     /// Classifies `err`, with what this role lacks when it was refused permission.
     fn explain(&self, err: &tokio_postgres::Error) -> Failure {
-        let failure = classify(err, &self.settings);
+        let failure = classify(err, &self.settings, self.context.observer.as_ref());
         if !denied(err) {
             return failure;
         }
@@ -192,14 +202,17 @@ impl Session {
     /// The current connection, or a new one; a failure says whether the
     /// server is out of connections.
     async fn link(&self) -> Result<InUse, (Failure, bool)> {
-        self.link.get(|| self.connect()).await
+        self.link.get(&self.context, || self.connect()).await
     }
 
     async fn connect(&self) -> Result<Link, (Failure, bool)> {
         let failed = |err: tokio_postgres::Error| (self.explain(&err), overloaded(&err));
         let (client, connection) = self.settings.connect().await.map_err(failed)?;
         // Dropping the client on an error below ends the connection and its driver.
-        let driver = tokio::spawn(drive(connection, self.released.clone())).abort_handle();
+        let driver = self
+            .context
+            .spawn_until_closing(drive(connection, self.released.clone()))
+            .abort_handle();
         if self.listens() {
             client
                 .batch_execute(&self.sql.listen())

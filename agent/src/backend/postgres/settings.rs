@@ -6,6 +6,7 @@
 
 use super::link::Link;
 use super::tls::{self, SslMode};
+use crate::backend::StoreContext;
 use std::error::Error as _;
 use std::fmt::Write as _;
 use std::path::Path;
@@ -436,14 +437,14 @@ impl Settings {
         pooled.connect(self.tls.clone()).await
     }
 
-    /// Opens a connection driven by a task of its own, which ends when the
-    /// connection does. Errors name the server and the cause, never the password.
-    pub async fn link(&self) -> Result<Link, String> {
-        let (client, connection) = self
-            .connect()
-            .await
-            .map_err(|err| super::errors::classify(&err, self).message())?;
-        let driver = tokio::spawn(async move {
+    /// Opens a connection driven by a task of `context`'s, which ends when
+    /// the connection does, or at closing. Errors name the server and the
+    /// cause, never the password.
+    pub async fn link(&self, context: &StoreContext) -> Result<Link, String> {
+        let (client, connection) = self.connect().await.map_err(|err| {
+            super::errors::classify(&err, self, context.observer.as_ref()).message()
+        })?;
+        let driver = context.spawn_until_closing(async move {
             if let Err(err) = connection.await {
                 tracing::debug!("PostgreSQL connection ended: {err}");
             }

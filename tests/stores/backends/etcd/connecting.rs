@@ -4,7 +4,7 @@
 
 use super::{endpoint, fresh_prefix, open_at, take, TTL};
 use runlock_agent::backend::testing::{lease, spec};
-use runlock_agent::backend::{Backend, BackendError, EtcdBackend, EtcdOptions};
+use runlock_agent::backend::{Backend, BackendError, EtcdBackend, EtcdOptions, StoreContext};
 use std::path::PathBuf;
 
 /// The etcd served over TLS that requires client certificates, and the
@@ -29,7 +29,7 @@ async fn tls_with_the_ca_and_a_client_certificate_serves_and_without_them_is_nam
         key_file: Some(dir.join("client.key")),
         ..EtcdOptions::default()
     };
-    let backend = EtcdBackend::open(&uri, &full).expect("opens");
+    let backend = EtcdBackend::open(&uri, &full, &StoreContext::default()).expect("opens");
     assert!(
         backend.describe().ends_with("(TLS)"),
         "{}",
@@ -41,7 +41,7 @@ async fn tls_with_the_ca_and_a_client_certificate_serves_and_without_them_is_nam
     backend.release(&held).await.expect("release");
 
     let refused = |options: EtcdOptions, uri: String| async move {
-        let backend = EtcdBackend::open(&uri, &options).expect("opens");
+        let backend = EtcdBackend::open(&uri, &options, &StoreContext::default()).expect("opens");
         match backend.probe().await {
             Err(BackendError::Unavailable(text)) => text,
             other => panic!("expected a refusal, got {other:?}"),
@@ -74,7 +74,8 @@ async fn a_member_down_leaves_the_others_serving() {
     let live = endpoint("RUNLOCK_TEST_ETCD_ENDPOINT");
     let prefix = fresh_prefix("member-down");
     let uri = format!("etcd://127.0.0.1:{closed},{live}/{prefix}");
-    let backend = EtcdBackend::open(&uri, &EtcdOptions::default()).expect("opens");
+    let backend =
+        EtcdBackend::open(&uri, &EtcdOptions::default(), &StoreContext::default()).expect("opens");
     backend.probe().await.expect("the live member answers");
     let mut last_token = 0;
     for round in 0..20 {
@@ -123,6 +124,7 @@ async fn a_wrong_password_and_a_missing_permission_are_named_without_the_passwor
     let wrong = EtcdBackend::open(
         &format!("etcd://{reader}:not-the-secret@{host}/{prefix}"),
         &EtcdOptions::default(),
+        &StoreContext::default(),
     )
     .expect("opens");
     let err = wrong.probe().await.expect_err("wrong password").to_string();
@@ -133,6 +135,7 @@ async fn a_wrong_password_and_a_missing_permission_are_named_without_the_passwor
     let read_only = EtcdBackend::open(
         &format!("etcd://{reader}:reader-secret@{host}/{prefix}"),
         &EtcdOptions::default(),
+        &StoreContext::default(),
     )
     .expect("opens");
     read_only.probe().await.expect("may read");

@@ -6,7 +6,7 @@ use super::{endpoint, fresh_prefix, key, open, open_at, take, TTL};
 use runlock_agent::backend::testing::{
     adopter, etcd_client, etcd_lease_seconds, etcd_rpc::Get, etcd_watching, lease, spec,
 };
-use runlock_agent::backend::{Backend, BackendError, EtcdBackend, EtcdOptions};
+use runlock_agent::backend::{Backend, BackendError, EtcdBackend, EtcdOptions, StoreContext};
 use runlock_protocol::KeyState;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -74,7 +74,8 @@ async fn an_agents_keys_share_one_etcd_lease_and_renewing_them_all_costs_one_kee
     let url = own.endpoint.url.clone();
     let prefix = fresh_prefix("shared");
     let uri = format!("etcd://{}/{prefix}", url.trim_start_matches("http://"));
-    let one = EtcdBackend::open(&uri, &EtcdOptions::default()).expect("opens");
+    let one =
+        EtcdBackend::open(&uri, &EtcdOptions::default(), &StoreContext::default()).expect("opens");
     let mut held = Vec::new();
     for n in 0..KEYS {
         let (name, id) = (format!("k{n}"), format!("l{n}"));
@@ -137,8 +138,10 @@ async fn a_forced_key_is_lost_through_the_watch_and_the_holders_other_keys_stay(
         url.trim_start_matches("http://"),
         fresh_prefix("forced")
     );
-    let one = EtcdBackend::open(&uri, &EtcdOptions::default()).expect("opens");
-    let two = EtcdBackend::open(&uri, &EtcdOptions::default()).expect("opens");
+    let one =
+        EtcdBackend::open(&uri, &EtcdOptions::default(), &StoreContext::default()).expect("opens");
+    let two =
+        EtcdBackend::open(&uri, &EtcdOptions::default(), &StoreContext::default()).expect("opens");
     let a = take(&one, "a", "la", TTL).await;
     let b = take(&one, "b", "lb", TTL).await;
     until_watching(&one).await;
@@ -214,8 +217,10 @@ async fn a_waiters_tries_at_a_held_key_are_reads_that_write_nothing_to_raft() {
     let own = Etcd.start_own().await.expect("an etcd of our own");
     let host = own.endpoint.url.trim_start_matches("http://");
     let uri = format!("etcd://{host}/{}", fresh_prefix("reads"));
-    let one = EtcdBackend::open(&uri, &EtcdOptions::default()).expect("opens");
-    let two = EtcdBackend::open(&uri, &EtcdOptions::default()).expect("opens");
+    let one =
+        EtcdBackend::open(&uri, &EtcdOptions::default(), &StoreContext::default()).expect("opens");
+    let two =
+        EtcdBackend::open(&uri, &EtcdOptions::default(), &StoreContext::default()).expect("opens");
     let first = one
         .acquire(&spec("k", "l1", false, TTL))
         .await

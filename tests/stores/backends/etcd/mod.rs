@@ -14,7 +14,7 @@ use runlock_agent::backend::testing::{
     adopter, etcd_client, etcd_force_marker, etcd_lease_seconds, etcd_rpc::Get, lease, spec,
 };
 use runlock_agent::backend::{
-    AcquireSpec, Backend, BackendError, EtcdBackend, EtcdOptions, LeaseRef,
+    AcquireSpec, Backend, BackendError, EtcdBackend, EtcdOptions, LeaseRef, StoreContext,
 };
 use runlock_protocol::{Key, KeyState, Scope};
 use std::time::Duration;
@@ -41,7 +41,12 @@ fn fresh_prefix(test: &str) -> String {
 
 fn open(prefix: &str) -> EtcdBackend {
     let host = endpoint("RUNLOCK_TEST_ETCD_ENDPOINT");
-    EtcdBackend::open(&format!("etcd://{host}/{prefix}"), &EtcdOptions::default()).expect("opens")
+    EtcdBackend::open(
+        &format!("etcd://{host}/{prefix}"),
+        &EtcdOptions::default(),
+        &StoreContext::default(),
+    )
+    .expect("opens")
 }
 
 fn key(name: &str) -> Key {
@@ -49,7 +54,12 @@ fn key(name: &str) -> Key {
 }
 
 fn open_at(host: &str, prefix: &str) -> EtcdBackend {
-    EtcdBackend::open(&format!("etcd://{host}/{prefix}"), &EtcdOptions::default()).expect("opens")
+    EtcdBackend::open(
+        &format!("etcd://{host}/{prefix}"),
+        &EtcdOptions::default(),
+        &StoreContext::default(),
+    )
+    .expect("opens")
 }
 
 /// Takes the free key `name` as lease `lease_id` for `ttl`, and gives back
@@ -228,6 +238,7 @@ async fn a_release_is_reported_to_other_agents_watching() {
             endpoint("RUNLOCK_TEST_ETCD_ENDPOINT")
         ),
         &EtcdOptions::default(),
+        &StoreContext::default(),
     )
     .expect("opens");
     assert!(polling.releases().is_none());

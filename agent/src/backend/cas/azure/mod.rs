@@ -21,7 +21,7 @@ mod tests;
 
 use super::{CasError, CasResult, CasStore, Names, Precondition, Read, Site, Stored};
 use crate::backend::retry::{TIMEOUTS, TRANSIENT};
-use crate::backend::{redact_uri, AzureOptions};
+use crate::backend::{redact_uri, AzureOptions, StoreContext, StoreObserver};
 use async_trait::async_trait;
 use azure_core::error::ErrorKind;
 use azure_core::prelude::IfMatchCondition;
@@ -62,8 +62,12 @@ pub struct AzureStore {
 impl AzureStore {
     /// Opens `azure://container/prefix` with the account from `options` or the
     /// environment. Makes no request; see [`AzureStore::probe`].
-    pub fn open(uri: &str, options: &AzureOptions) -> anyhow::Result<AzureStore> {
-        AzureStore::open_with(uri, options, |name| std::env::var(name).ok())
+    pub fn open(
+        uri: &str,
+        options: &AzureOptions,
+        context: &StoreContext,
+    ) -> anyhow::Result<AzureStore> {
+        AzureStore::open_with(uri, options, context, |name| std::env::var(name).ok())
     }
 
     /// Which credential `open` would sign with and where it came from, for
@@ -81,6 +85,7 @@ impl AzureStore {
     fn open_with(
         uri: &str,
         options: &AzureOptions,
+        context: &StoreContext,
         env: impl Fn(&str) -> Option<String>,
     ) -> anyhow::Result<AzureStore> {
         let (container_name, prefix) = parse_uri(uri)?;
@@ -122,7 +127,10 @@ impl AzureStore {
         };
         let container = ClientBuilder::with_location(location, credentials)
             .retry(RetryOptions::exponential(retry))
-            .transport(TransportOptions::new(Arc::new(CountsThrottling(http))))
+            .transport(TransportOptions::new(Arc::new(CountsThrottling {
+                http,
+                observer: context.observer.clone(),
+            })))
             .container_client(container_name.clone());
         let location = redact_uri(&account.endpoint);
         let reached = Some(format!("endpoint {location}"));
@@ -293,8 +301,16 @@ impl CasStore for AzureStore {
 
 /// The HTTP client, counting each answer that said slow down (503
 /// ServerBusy, 429): the SDK retries them before an answer reaches us.
-#[derive(Debug)]
-struct CountsThrottling(reqwest::Client);
+struct CountsThrottling {
+    http: reqwest::Client,
+    observer: Arc<dyn StoreObserver>,
+}
+
+impl std::fmt::Debug for CountsThrottling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.http.fmt(f)
+    }
+}
 
 #[async_trait::async_trait]
 impl azure_core::HttpClient for CountsThrottling {
@@ -302,9 +318,9 @@ impl azure_core::HttpClient for CountsThrottling {
         &self,
         request: &azure_core::Request,
     ) -> azure_core::Result<azure_core::Response> {
-        let response = self.0.execute_request(request).await?;
+        let response = self.http.execute_request(request).await?;
         if matches!(u16::from(response.status()), 429 | 503) {
-            crate::metrics::throttled("azure");
+            self.observer.throttled("azure");
         }
         Ok(response)
     }

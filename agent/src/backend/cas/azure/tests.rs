@@ -229,7 +229,13 @@ fn store() -> AzureStore {
         ),
         ..AzureOptions::default()
     };
-    AzureStore::open_with("azure://locks/p", &options, no_env).expect("opens")
+    AzureStore::open_with(
+        "azure://locks/p",
+        &options,
+        &StoreContext::default(),
+        no_env,
+    )
+    .expect("opens")
 }
 
 /// The store's reading of an answer `status` with error `code`, whose
@@ -331,7 +337,8 @@ async fn a_refused_endpoint_is_unavailable_within_the_operation_timeout() {
         ),
         ..AzureOptions::default()
     };
-    let store = AzureStore::open_with("azure://locks", &options, no_env).expect("opens");
+    let store = AzureStore::open_with("azure://locks", &options, &StoreContext::default(), no_env)
+        .expect("opens");
     let started = std::time::Instant::now();
     let err = store.probe().await.expect_err("nothing listens");
     assert!(started.elapsed() <= TIMEOUTS.operation + Duration::from_secs(1));

@@ -28,13 +28,14 @@ mod transport;
 pub use settings::EMULATOR_ENV;
 
 use super::{CasError, CasResult, CasStore, Names, Precondition, Read, Site, Stored};
-use crate::backend::{redact_uri, GcsOptions};
+use crate::backend::{redact_uri, GcsOptions, StoreContext, StoreObserver, Unobserved};
 use async_trait::async_trait;
 use bytes::Bytes;
 use errors::{Failure, Handled};
 use hyper::header::{DATE, LAST_MODIFIED};
 use hyper::Request;
 use settings::{emulator_url, parse_uri, Credentials, Source, GOOGLE_API};
+use std::sync::Arc;
 use std::time::Duration;
 use transport::{encode, generation_of, header_time, http_client, Answer, HttpClient};
 
@@ -53,6 +54,8 @@ pub struct GcsStore {
     site: Site,
     /// Where the bucket is, for messages.
     location: String,
+    /// Told of each answer that said slow down.
+    observer: Arc<dyn StoreObserver>,
 }
 
 impl GcsStore {
@@ -84,8 +87,15 @@ impl GcsStore {
     /// Opens `gs://bucket/prefix`: an emulator if `STORAGE_EMULATOR_HOST` is
     /// set, else GCS with `options`' credentials or Application Default
     /// Credentials. Makes no request; see [`GcsStore::probe`].
-    pub fn open(uri: &str, options: &GcsOptions) -> anyhow::Result<GcsStore> {
-        GcsStore::with(uri, options, &process_env)
+    pub fn open(
+        uri: &str,
+        options: &GcsOptions,
+        context: &StoreContext,
+    ) -> anyhow::Result<GcsStore> {
+        Ok(GcsStore {
+            observer: context.observer.clone(),
+            ..GcsStore::with(uri, options, &process_env)?
+        })
     }
 
     /// Where `open` would take credentials from, for `check-config`; makes no request.
@@ -137,6 +147,7 @@ impl GcsStore {
             bucket,
             site,
             location,
+            observer: Arc::new(Unobserved),
         })
     }
 

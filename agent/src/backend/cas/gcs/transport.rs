@@ -138,7 +138,7 @@ impl GcsStore {
                     }
                     .map_err(|why| Err(CasError::Unavailable(why)))?;
                     if matches!(answer.status.as_u16(), 429 | 503) {
-                        crate::metrics::throttled("gcs");
+                        self.observer.throttled("gcs");
                     }
                     if retryable(answer.status) {
                         Err(Ok(answer))

@@ -18,7 +18,7 @@ mod transport;
 
 use super::{CasError, CasResult, CasStore, Names, Precondition, Read, Site, Stored};
 use crate::backend::retry::{RetryBudget, TIMEOUTS, TRANSIENT};
-use crate::backend::{redact_uri, S3Options};
+use crate::backend::{redact_uri, S3Options, StoreContext, StoreObserver};
 use async_trait::async_trait;
 use aws_config::BehaviorVersion;
 use aws_sdk_s3::config::retry::RetryConfig;
@@ -29,6 +29,7 @@ use aws_sdk_s3::Client;
 use aws_types::service_config::ServiceConfigKey;
 use errors::Handled;
 use settings::{parse_uri, CredentialSource};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use transport::CaptureDate;
 
@@ -73,7 +74,11 @@ impl S3Store {
     /// Opens `s3://bucket/prefix` with `options` over the SDK's default
     /// configuration chain. Makes no request: the agent's proof of the store is
     /// its first.
-    pub async fn open(uri: &str, options: &S3Options) -> anyhow::Result<S3Store> {
+    pub async fn open(
+        uri: &str,
+        options: &S3Options,
+        context: &StoreContext,
+    ) -> anyhow::Result<S3Store> {
         let (bucket, prefix) = parse_uri(uri)?;
         let mut loader =
             aws_config::defaults(BehaviorVersion::latest()).http_client(Self::sdk_http_client());
@@ -141,7 +146,11 @@ impl S3Store {
                 .request_checksum_calculation(RequestChecksumCalculation::WhenRequired)
                 .response_checksum_validation(ResponseChecksumValidation::WhenRequired);
         }
-        let client = Client::from_conf(config.interceptor(CountsThrottling).build());
+        let client = Client::from_conf(
+            config
+                .interceptor(CountsThrottling(context.observer.clone()))
+                .build(),
+        );
         let (reached, location) = match &endpoint {
             Some(url) => {
                 let url = redact_uri(url);
@@ -327,8 +336,13 @@ impl CasStore for S3Store {
 
 /// Counts each attempt S3 answered 503 (SlowDown) or 429: the SDK retries
 /// them before an operation's answer reaches us.
-#[derive(Debug)]
-struct CountsThrottling;
+struct CountsThrottling(Arc<dyn StoreObserver>);
+
+impl std::fmt::Debug for CountsThrottling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CountsThrottling")
+    }
+}
 
 impl aws_sdk_s3::config::Intercept for CountsThrottling {
     fn name(&self) -> &'static str {
@@ -343,7 +357,7 @@ impl aws_sdk_s3::config::Intercept for CountsThrottling {
     ) -> Result<(), aws_sdk_s3::error::BoxError> {
         if let Some(response) = context.response() {
             if matches!(response.status().as_u16(), 429 | 503) {
-                crate::metrics::throttled("s3");
+                self.0.throttled("s3");
             }
         }
         Ok(())
