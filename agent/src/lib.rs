@@ -8,6 +8,8 @@ pub mod config;
 pub mod connection;
 pub mod exit_status;
 mod handoff;
+#[cfg(test)]
+mod layers;
 pub mod lease;
 pub mod limits;
 pub mod listener;
