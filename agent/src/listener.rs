@@ -163,9 +163,10 @@ fn bind(path: &Path, permissions: Permissions) -> anyhow::Result<(UnixListener, 
     }
     let listener =
         UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    // bind() creates the file with the umask's mode, which never grants more than
-    // 0755, and a socket needs write permission to connect: nobody can connect
-    // before the group and mode below are set.
+    // bind() creates the file with mode 0777 less the process umask (unix(7)),
+    // and connecting needs write permission on it: under a umask of 022 or
+    // stricter only our own user can connect before the group and mode below
+    // are set; a looser umask (002, 000) lets others in meanwhile.
     if let Some(gid) = permissions.group {
         nix::unistd::chown(path, None, Some(gid.into()))
             .with_context(|| format!("giving {} to group {gid}", path.display()))?;

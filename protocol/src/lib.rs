@@ -21,7 +21,7 @@ pub use message::{
 pub use types::{
     is_invisible, Clock, EventKind, Holder, InvalidKey, Key, KeyEvent, KeyListing, KeyRecord,
     KeyState, Lease, LeaseInfo, LostReason, OnLost, OnUnavailable, Refusal, Scope, Waiter,
-    MAX_LISTED_REFUSALS, MAX_LISTED_WAITERS, MAX_SLOTS,
+    LAST_RFC3339_MS, MAX_LISTED_REFUSALS, MAX_LISTED_WAITERS, MAX_SLOTS,
 };
 
 /// The protocol version this build speaks; see SPEC.md for when it changes.

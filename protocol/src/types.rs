@@ -444,6 +444,10 @@ pub enum Clock {
     Unknown,
 }
 
+/// The last instant RFC 3339 can write (9999-12-31T23:59:59.999Z), in
+/// milliseconds since the Unix epoch: a time a record holds may lie past it.
+pub const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
+
 /// One entry of a key's history: what happened, when, to which token, and
 /// who did it (for `expired` and `lost`: whose lease it was).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,9 +1,7 @@
 //! Times as people read them.
 
+use runlock_protocol::LAST_RFC3339_MS;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
-
-/// The last instant RFC 3339 can write (9999-12-31T23:59:59.999Z), in epoch milliseconds.
-const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
 
 /// An epoch-milliseconds instant as RFC 3339 (UTC); one past the year 9999
 /// (which humantime refuses to format) as its raw number.

@@ -350,8 +350,7 @@ impl fmt::Display for Incident<'_> {
             _ => "agent clock",
         };
         // Any number a record holds: past the year 9999 RFC 3339 has no form.
-        const LAST_RFC3339_MS: u64 = 253_402_300_799_999;
-        if e.at_ms <= LAST_RFC3339_MS {
+        if e.at_ms <= runlock_protocol::LAST_RFC3339_MS {
             let at = std::time::UNIX_EPOCH + Duration::from_millis(e.at_ms);
             write!(
                 f,
