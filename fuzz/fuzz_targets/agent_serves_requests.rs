@@ -52,6 +52,9 @@ static REGISTRY: LazyLock<Arc<Registry>> = LazyLock::new(|| {
     )
 });
 
+/// One set of series for every input, as one agent counts every peer's.
+static METRICS: LazyLock<Arc<Metrics>> = LazyLock::new(|| Arc::new(Metrics::new()));
+
 static HELLO: LazyLock<Vec<u8>> = LazyLock::new(|| {
     let hello = Envelope::event(ClientMessage::Hello {
         version: PROTOCOL_VERSION,
@@ -88,7 +91,7 @@ async fn serve(data: &[u8]) {
         cred,
         ticket,
         registry.clone(),
-        Arc::new(Metrics::new()),
+        METRICS.clone(),
         CancellationToken::new(),
     ));
     let (mut from_agent, mut to_agent) = peer.split();
