@@ -139,6 +139,26 @@ impl Drop for SocketGuard {
     }
 }
 
+/// A listening socket at `path` that only this user can connect to until
+/// its group and mode are set. bind() gives the file mode 0777 less the
+/// umask (unix(7)), and connecting needs write permission on it, so under a
+/// loose umask (002, 000) others could connect in between; on Linux the
+/// file takes its mode from the socket's, which fchmod sets before bind.
+fn bind_owner_only(path: &Path) -> std::io::Result<UnixListener> {
+    use nix::sys::socket::{bind, listen, socket, AddressFamily, Backlog, SockFlag};
+    use nix::sys::stat::{fchmod, Mode};
+    let socket = socket(
+        AddressFamily::Unix,
+        SockType::Stream,
+        SockFlag::SOCK_CLOEXEC | SockFlag::SOCK_NONBLOCK,
+        None,
+    )?;
+    fchmod(socket.as_raw_fd(), Mode::S_IRUSR | Mode::S_IWUSR)?;
+    bind(socket.as_raw_fd(), &UnixAddr::new(path)?)?;
+    listen(&socket, Backlog::MAXCONN)?;
+    UnixListener::from_std(std::os::unix::net::UnixListener::from(socket))
+}
+
 /// Binds the agent's socket at `path`.
 fn bind(path: &Path, permissions: Permissions) -> anyhow::Result<(UnixListener, SocketGuard)> {
     use std::os::unix::fs::MetadataExt;
@@ -161,12 +181,7 @@ fn bind(path: &Path, permissions: Permissions) -> anyhow::Result<(UnixListener, 
             return Err(e).with_context(|| format!("probing existing socket {}", path.display()));
         }
     }
-    let listener =
-        UnixListener::bind(path).with_context(|| format!("binding {}", path.display()))?;
-    // bind() creates the file with mode 0777 less the process umask (unix(7)),
-    // and connecting needs write permission on it: under a umask of 022 or
-    // stricter only our own user can connect before the group and mode below
-    // are set; a looser umask (002, 000) lets others in meanwhile.
+    let listener = bind_owner_only(path).with_context(|| format!("binding {}", path.display()))?;
     if let Some(gid) = permissions.group {
         nix::unistd::chown(path, None, Some(gid.into()))
             .with_context(|| format!("giving {} to group {gid}", path.display()))?;
@@ -189,4 +204,23 @@ fn bind(path: &Path, permissions: Permissions) -> anyhow::Result<(UnixListener, 
             inode,
         },
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_socket_file_is_born_reachable_by_its_owner_alone() {
+        let dir = tempfile::tempdir().expect("a scratch directory");
+        let path = dir.path().join("agent.sock");
+        let _listener = bind_owner_only(&path).expect("binding");
+        let mode = std::fs::metadata(&path)
+            .expect("the socket file")
+            .permissions()
+            .mode();
+        // Whatever the umask: before its configured mode is set, no one but
+        // this user may connect (bind alone gives 0777 less the umask).
+        assert_eq!(mode & 0o777, 0o600, "mode {mode:o}");
+    }
 }

@@ -80,10 +80,13 @@ impl Site {
     }
 }
 
-/// Serves `site` on `listener` until the future is dropped.
+/// Serves `site` on `listener` until the future is dropped, which ends
+/// every connection with it: they are its own tasks, none detached.
 pub async fn serve(listener: TcpListener, site: Arc<Site>) {
     let slots = PeerSlots::new(MAX_CONNECTIONS, MAX_CONNECTIONS_PER_USER);
+    let mut connections = tokio::task::JoinSet::new();
     loop {
+        while connections.try_join_next().is_some() {}
         let (stream, remote) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(err) => {
@@ -99,7 +102,7 @@ pub async fn serve(listener: TcpListener, site: Arc<Site>) {
             continue;
         };
         let site = site.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _slot = slot;
             let service = hyper::service::service_fn(move |req| {
                 let site = site.clone();
