@@ -4,7 +4,7 @@
 use super::error::LeaseError;
 use super::registry::Registry;
 use super::state::ConnId;
-use crate::process::Run;
+use crate::process::{AttachRefused, Run};
 use std::sync::Arc;
 use tokio::sync::Notify;
 
@@ -46,8 +46,10 @@ impl Registry {
     /// found to be the peer's; a refused one leaves any earlier one in place.
     pub fn attach(&self, conn: ConnId, pid: u32, pgid: u32) -> Result<(), LeaseError> {
         let (peer, _, _) = self.peer(conn)?;
-        let run = Run::attach(peer.uid, pid, pgid).inspect_err(|err| {
-            tracing::warn!(pid, pgid, error = %err, "attach refused");
+        let run = Run::attach(peer.uid, pid, pgid).inspect_err(|err| match err {
+            // A command quicker than its shim's attach: nothing left to stop.
+            AttachRefused::NoProcess(_) => tracing::debug!(pid, pgid, "attach of an ended run"),
+            _ => tracing::warn!(pid, pgid, error = %err, "attach refused"),
         })?;
         if let Some(c) = self.state().conns.get_mut(&conn) {
             c.child = Some(run);

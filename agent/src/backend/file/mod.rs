@@ -220,7 +220,7 @@ impl FileBackend {
     }
 
     /// Like [`FileBackend::blocking`], for an `op` of one key (acquire,
-    /// renew, end) that waits only through [`off_worker`]: on the agent's
+    /// renew, end, inspect) that waits only through [`off_worker`]: on the agent's
     /// runtime it runs inline, as a task, since `block_in_place` hands the
     /// worker to another thread and back, and those wake-ups were a third of
     /// an uncontended run's context switches in the agent.
@@ -768,9 +768,11 @@ impl Backend for FileBackend {
         self.blocking(move |inner| inner.history(&key)).await
     }
 
+    /// Inline: every grant reads the key's next slot record (the count
+    /// check), and its only wait, a settling record, leaves the worker.
     async fn inspect(&self, key: &Key) -> BackendResult<KeyRecord> {
         let key = key.clone();
-        self.blocking(move |inner| inner.inspect(&key)).await
+        self.inline(move |inner| inner.inspect(&key)).await
     }
 
     async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
