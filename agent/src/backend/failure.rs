@@ -42,7 +42,7 @@ impl<A> Failure<A> {
 
 /// For the stores' classifier tests: whether `failure` is a refusal, and
 /// its message; a failure the operation handles, or none, fails the test.
-#[cfg(test)]
+#[cfg(all(test, object_store))]
 pub fn refusal_and_message<A: std::fmt::Debug>(
     failure: impl Into<Option<Failure<A>>>,
 ) -> (bool, String) {

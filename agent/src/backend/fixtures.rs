@@ -68,6 +68,7 @@ impl<B: super::Backend + ?Sized> Take for B {
 /// A service-account key's JSON with a fresh RSA key (made by openssl) whose
 /// token service is `token_uri`, and one line of the private key, to look
 /// for in what the agent shows.
+#[cfg_attr(not(feature = "gcs"), allow(dead_code))]
 pub fn service_account_key(token_uri: &str) -> (String, String) {
     let pem = std::process::Command::new("openssl")
         .args([
@@ -102,7 +103,7 @@ pub async fn history_lines<B: super::Backend + ?Sized>(backend: &B, key: &str) -
 
 /// A port on 127.0.0.1 where nothing listens (bound, then closed): a store
 /// there refuses every connection.
-#[cfg(test)]
+#[cfg(all(test, any(object_store, feature = "etcd")))]
 pub fn closed_port() -> u16 {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a local port");
     listener.local_addr().expect("its address").port()

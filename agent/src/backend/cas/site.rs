@@ -100,7 +100,7 @@ pub(super) fn place_and_prefix(
     Ok((name.to_string(), prefix.trim_matches('/').to_string()))
 }
 
-#[cfg(test)]
+#[cfg(all(test, object_store))]
 mod tests {
     use super::place_and_prefix;
 
