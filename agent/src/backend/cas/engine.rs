@@ -695,9 +695,7 @@ mod tests {
     async fn only_the_user_its_record_names_adopts_a_lease() {
         let store = Arc::new(MemoryCasStore::new());
         let (one, two) = pair(store.clone()).await;
-        one.acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free");
+        one.take("k", "l1", TTL).await;
         let stranger = Adopter {
             uid: OWNER_UID + 1,
             ..adopter("two")
@@ -725,14 +723,7 @@ mod tests {
     async fn agents_exclude_each_other_and_release_leaves_a_free_record() {
         let store = Arc::new(MemoryCasStore::new());
         let (one, two) = pair(store.clone()).await;
-        assert_eq!(
-            one.acquire(&spec("k", "l1", false, TTL))
-                .await
-                .expect("free")
-                .holder
-                .token,
-            1
-        );
+        assert_eq!(one.take("k", "l1", TTL).await.holder.token, 1);
         match two.acquire(&spec("k", "l2", false, TTL)).await {
             Err(BackendError::Held(Some(h), _)) => {
                 assert_eq!((h.host.as_str(), h.token), ("host-of-l1", 1))
@@ -746,14 +737,7 @@ mod tests {
             (record.state, record.token, record.holder),
             (KeyState::Free, 1, None)
         );
-        assert_eq!(
-            two.acquire(&spec("k", "l2", false, TTL))
-                .await
-                .expect("freed")
-                .holder
-                .token,
-            2
-        );
+        assert_eq!(two.take("k", "l2", TTL).await.holder.token, 2);
         let inspected = one
             .inspect(&Key::new("k").expect("valid"))
             .await
@@ -768,9 +752,7 @@ mod tests {
     async fn a_silent_holder_is_taken_over_only_after_ttl_grace_and_a_second_by_the_store_clock() {
         let store = Arc::new(MemoryCasStore::new());
         let (one, two) = pair(store.clone()).await;
-        one.acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free");
+        one.take("k", "l1", TTL).await;
         let written = Instant::now();
         let earliest = written + TTL + grace(TTL);
         loop {
@@ -800,9 +782,7 @@ mod tests {
     async fn without_a_store_clock_a_record_must_be_seen_unchanged_for_ttl_and_grace() {
         let store = Arc::new(MemoryCasStore::with_clock(false));
         let (one, two) = pair(store.clone()).await;
-        one.acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free");
+        one.take("k", "l1", TTL).await;
         tokio::time::sleep(TTL * 5).await; // time passing unseen by `two` counts for nothing
         let first_look = Instant::now();
         assert!(matches!(
@@ -828,9 +808,7 @@ mod tests {
     async fn force_writes_a_larger_token_and_the_old_holder_can_neither_renew_nor_free_it() {
         let store = Arc::new(MemoryCasStore::new());
         let (one, two) = pair(store.clone()).await;
-        one.acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free");
+        one.take("k", "l1", TTL).await;
         assert_eq!(
             two.acquire(&spec("k", "l2", true, TTL))
                 .await
@@ -859,14 +837,7 @@ mod tests {
         let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
         let (one, two) = pair(store.clone()).await;
         store.lose_next_answer();
-        assert_eq!(
-            one.acquire(&spec("k", "l1", false, TTL))
-                .await
-                .expect("adopted")
-                .holder
-                .token,
-            1
-        );
+        assert_eq!(one.take("k", "l1", TTL).await.holder.token, 1);
         store.lose_next_answer();
         // The retry meets a version it does not know, reads the record, finds it ours.
         one.renew(&lease("k", "l1", 1), TTL)
@@ -925,9 +896,7 @@ mod tests {
     async fn a_write_whose_precondition_failed_does_not_hold_up_the_next() {
         let store = Arc::new(Throttled::new());
         let (one, two) = pair(store.clone()).await;
-        one.acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free");
+        one.take("k", "l1", TTL).await;
         one.release(&lease("k", "l1", 1)).await.expect("release");
         tokio::time::sleep(Duration::from_secs(2)).await;
         // `two` first tries to create the record, fails, reads it, and replaces it at once.
@@ -1019,9 +988,7 @@ mod tests {
         let store = Arc::new(MemoryCasStore::new());
         let (one, two) = pair(store.clone()).await;
         let key = Key::new("k").expect("valid");
-        one.acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free");
+        one.take("k", "l1", TTL).await;
         two.acquire(&spec("k", "l2", true, TTL))
             .await
             .expect("forced");
@@ -1037,9 +1004,7 @@ mod tests {
         }
         // `two` goes silent: `one` takes the key over once it expired.
         tokio::time::sleep(TTL + grace(TTL) + CLOCK_RESOLUTION * 2).await;
-        one.acquire(&spec("k", "l4", false, TTL))
-            .await
-            .expect("expired");
+        one.take("k", "l4", TTL).await;
         let mut breaking = spec("k", "l5", true, TTL);
         breaking.breaking = true;
         two.acquire(&breaking).await.expect("broken");
