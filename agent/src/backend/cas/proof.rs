@@ -415,7 +415,8 @@ mod tests {
 
     #[tokio::test]
     async fn each_broken_guarantee_is_named() {
-        let cases: [(fn(&mut Broken), &str); 5] = [
+        type Breaks = fn(&mut Broken);
+        let cases: [(Breaks, &str); 5] = [
             (|b| b.ignores_if_none_match = true, "If-None-Match"),
             (|b| b.ignores_if_match = true, "If-Match or"),
             (|b| b.same_version = true, "version unchanged"),
