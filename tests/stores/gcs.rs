@@ -108,10 +108,7 @@ async fn an_inline_service_account_key_serves_and_never_shows() -> Result<()> {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let out = runlockd(&["check-config", "--config", &config], &env).await?;
     out.expect_code(0)?;
-    ensure!(
-        out.stdout.contains("credentials_json = \"<redacted>\""),
-        "{out:?}"
-    );
+    out.expect_stdout_has(&["credentials_json = \"<redacted>\""])?;
     ensure!(
         !out.stdout.contains(&key_line) && !out.stderr.contains(&key_line),
         "check-config showed the key: {out:?}"

@@ -66,16 +66,13 @@ pub(super) async fn history_and_release_name_the_slot(place: impl Place) -> Resu
         .runlock_output(&["release", &k, "--slot", &free])
         .await?;
     nothing.expect_code(0)?;
-    ensure!(nothing.stdout.contains("was not held"), "{nothing:?}");
+    nothing.expect_stdout_has(&["was not held"])?;
     let broke = hosts
         .a
         .runlock_output(&["release", &k, "--slot", &slot])
         .await?;
     broke.expect_code(0)?;
-    ensure!(
-        broke.stdout.contains(&format!("released slot {slot} of")),
-        "{broke:?}"
-    );
+    broke.expect_stdout_has(&[&format!("released slot {slot} of")])?;
     let second_slot = second.slot;
     let second_token = second.token;
     second.run.finish().await?.expect_code(76)?;
@@ -105,9 +102,6 @@ pub(super) async fn history_and_release_name_the_slot(place: impl Place) -> Resu
     }
     let text = hosts.a.runlock_output(&["history", &k]).await?;
     text.expect_code(0)?;
-    ensure!(
-        text.stdout.contains(&format!("slot {second_slot}: broken")),
-        "{text:?}"
-    );
+    text.expect_stdout_has(&[&format!("slot {second_slot}: broken")])?;
     Ok(())
 }
