@@ -344,10 +344,7 @@ async fn an_unreadable_record_is_listed_with_its_name_not_dropped(store: impl St
     );
     ensure!(listed(&all, "fine").is_some(), "{all}");
     let table = agent.runlock_output(&["list", "--all"]).await?;
-    ensure!(
-        table.stdout.contains("unreadable") && table.stdout.contains("1 unreadable"),
-        "{table:?}"
-    );
+    table.expect_stdout_has(&["unreadable", "1 unreadable"])?;
     Ok(())
 }
 

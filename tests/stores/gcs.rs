@@ -17,10 +17,7 @@ async fn a_ttl_too_short_to_renew_once_a_second_is_refused() -> Result<()> {
     let out = agent
         .run_refused(&[&key("short-ttl")], &["--ttl", "4s"], 64)
         .await?;
-    ensure!(
-        out.stderr.contains("between 5000 and") && out.stderr.contains("gs://"),
-        "{out:?}"
-    );
+    out.expect_stderr_has(&["between 5000 and", "gs://"])?;
     // The shortest TTL itself works.
     agent
         .run(&[&key("short-ttl")], &["--ttl", "5s"], "true")?

@@ -11,13 +11,8 @@ use anyhow::{ensure, Context, Result};
 type Event = (String, Option<u64>, u64, Option<u64>, String);
 
 async fn history_of(agent: &TestAgent, k: &str) -> Result<Vec<Event>> {
-    let out = agent.runlock_output(&["history", k, "--json"]).await?;
-    out.expect_code(0)?;
-    let events: serde_json::Value = serde_json::from_str(out.stdout.trim())
-        .with_context(|| format!("history --json printed non-JSON: {out:?}"))?;
+    let events = agent.history_json(k).await?;
     events
-        .as_array()
-        .context("history --json is not an array")?
         .iter()
         .map(|e| {
             Ok((
