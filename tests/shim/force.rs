@@ -19,17 +19,6 @@ on_every_place!(
     a_break_through_another_agent_frees_the_key_once_the_run_has_stopped,
 );
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_down() -> Result<()> {
-    on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_gone().await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_file_a_forcer_killed_while_it_waits_lets_no_run_in_beside_the_run_it_displaced(
-) -> Result<()> {
-    on_file_a_forcer_killed_while_it_waits_leaves_the_displaced_run_alone().await
-}
-
 // Leases that outlive their agent: a dead host's run stops at its deadline.
 test_matrix!(
     [s3: S3, ministack: Ministack, azure: Azure, gcs: Gcs, postgres: Postgres, etcd: Etcd];
@@ -183,7 +172,8 @@ async fn a_break_frees_the_key_once_the_run_has_stopped(
 /// deadline, so a force through another agent waits for that lock however
 /// long (past the TTL + grace a lease's run would be stopped by), and
 /// starts once the run's shim has reached the next agent and been stopped.
-async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_gone() -> Result<()> {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_down() -> Result<()> {
     use crate::support::agent::FileBackendDir;
     use crate::support::{AgentOptions, Deadline};
     const TTL: Duration = Duration::from_secs(2);
@@ -236,7 +226,9 @@ async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_gone() 
 /// the new `KEY.run` with it. The run it displaced still holds the old one,
 /// renamed away: neither a plain run nor a second force through a third
 /// agent may start beside it; the second force waits for it, as the first did.
-async fn on_file_a_forcer_killed_while_it_waits_leaves_the_displaced_run_alone() -> Result<()> {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_file_a_forcer_killed_while_it_waits_lets_no_run_in_beside_the_run_it_displaced(
+) -> Result<()> {
     use crate::support::agent::FileBackendDir;
     use crate::support::{AgentOptions, Deadline};
     let locks = FileBackendDir::new()?;
