@@ -6,10 +6,12 @@
 //! Each case is an `async fn(place)`, named per backend by `on_every_place!`
 //! (`shim::force::CASE::BACKEND`).
 
+use super::run_holds_lock::agent_on;
+use crate::support::agent::FileBackendDir;
 use crate::support::hosts::Place;
 use crate::support::run::Finished;
 use crate::support::stores::{Azure, Etcd, Gcs, Ministack, Postgres, Space, Store, S3};
-use crate::support::{key, TestAgent};
+use crate::support::{key, Deadline, TestAgent};
 use anyhow::{ensure, Result};
 use std::time::{Duration, Instant};
 
@@ -174,16 +176,10 @@ async fn a_break_frees_the_key_once_the_run_has_stopped(
 /// starts once the run's shim has reached the next agent and been stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_down() -> Result<()> {
-    use crate::support::agent::FileBackendDir;
-    use crate::support::{AgentOptions, Deadline};
     const TTL: Duration = Duration::from_secs(2);
     let locks = FileBackendDir::new()?;
-    let options = |socket: Option<std::path::PathBuf>| AgentOptions {
-        socket,
-        ..AgentOptions::with_ttl(locks.uri(), "2s")
-    };
-    let mut a = TestAgent::start_with(options(None)).await?;
-    let b = TestAgent::start_with(options(None)).await?;
+    let mut a = agent_on(&locks, None, "2s").await?;
+    let b = agent_on(&locks, None, "2s").await?;
     let k = key("force-file-down");
     let (_dir, witness) = witness("force-file-down")?;
     let env = [("WITNESS", witness.as_str())];
@@ -204,7 +200,7 @@ async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_down() 
     );
     // The run's own agent comes back: its shim reattaches, is refused (the
     // key was taken), and stops the run; the forced run then starts alone.
-    let _back = TestAgent::start_with(options(Some(a.socket().to_path_buf()))).await?;
+    let _back = agent_on(&locks, Some(a.socket()), "2s").await?;
     let stopped = holder.finish().await?;
     stopped.expect_code(76)?;
     let forced = forced.finish().await?;
@@ -229,16 +225,10 @@ async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_down() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_file_a_forcer_killed_while_it_waits_lets_no_run_in_beside_the_run_it_displaced(
 ) -> Result<()> {
-    use crate::support::agent::FileBackendDir;
-    use crate::support::{AgentOptions, Deadline};
     let locks = FileBackendDir::new()?;
-    let options = |socket: Option<std::path::PathBuf>| AgentOptions {
-        socket,
-        ..AgentOptions::with_ttl(locks.uri(), "2s")
-    };
-    let mut a = TestAgent::start_with(options(None)).await?;
-    let mut b = TestAgent::start_with(options(None)).await?;
-    let c = TestAgent::start_with(options(None)).await?;
+    let mut a = agent_on(&locks, None, "2s").await?;
+    let mut b = agent_on(&locks, None, "2s").await?;
+    let c = agent_on(&locks, None, "2s").await?;
     let k = key("force-file-forcer-killed");
     let (_dir, witness) = witness("force-file-forcer-killed")?;
     let env = [("WITNESS", witness.as_str())];
@@ -282,7 +272,7 @@ async fn on_file_a_forcer_killed_while_it_waits_lets_no_run_in_beside_the_run_it
     );
     // The displaced run's agent comes back: its shim reattaches, is told
     // the key was taken, and stops the run; the second force then starts alone.
-    let _back = TestAgent::start_with(options(Some(a.socket().to_path_buf()))).await?;
+    let _back = agent_on(&locks, Some(a.socket()), "2s").await?;
     holder.finish().await?.expect_code(76)?;
     let second = second.finish().await?;
     second.expect_code(0)?;
