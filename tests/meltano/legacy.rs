@@ -4,6 +4,7 @@
 //! PostgreSQL (`RUNLOCK_TEST_PG_URI`, from tests/scripts/postgres.sh; a
 //! missing server fails the test, it is never skipped).
 
+use crate::agent::config::runlockd;
 use crate::support::agent::temp_dir;
 use crate::support::bins::bins;
 use crate::support::{key, within, AgentOptions, Run, TestAgent, WAIT};
@@ -292,17 +293,12 @@ async fn an_unreadable_database_fails_as_unavailable(dialect: Dialect) -> Result
 
 #[tokio::test]
 async fn check_config_shows_the_system_database_without_its_password() -> Result<()> {
-    let mut command = Command::new(&bins()?.runlockd);
-    for (name, _) in std::env::vars().filter(|(n, _)| n.starts_with("RUNLOCK_")) {
-        command.env_remove(name);
-    }
-    command
-        .args(["check-config", "--backend", "memory://"])
-        .env(
-            "RUNLOCK_LEGACY_MELTANO_SYSTEMDB",
-            "postgresql://meltano:pa55word@db.test:5432/meltano?password=pa55word",
-        );
-    let out = Run::spawn(command)?.finish().await?;
+    let systemdb = "postgresql://meltano:pa55word@db.test:5432/meltano?password=pa55word";
+    let out = runlockd(
+        &["check-config", "--backend", "memory://"],
+        &[("RUNLOCK_LEGACY_MELTANO_SYSTEMDB", systemdb)],
+    )
+    .await?;
     out.expect_code(0)?;
     out.expect_stdout_has(&[
         "legacy_meltano_systemdb = \"postgresql://***@db.test:5432/meltano?password=***\"",
