@@ -18,13 +18,13 @@
 //! moto, Azurite and fake-gcs-server; PostgreSQL's committed transactions
 //! (`pg_stat_database`); etcd's handled gRPC calls (its `/metrics`).
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use runlock_tests::bench_args::run_store_bench;
 use runlock_tests::on_store_named;
 use runlock_tests::run::HOLD;
 use runlock_tests::store_requests::StoreRequests;
 use runlock_tests::stores::{Space, Store};
-use runlock_tests::{AgentOptions, Run, TestAgent};
+use runlock_tests::{rss_kib, AgentOptions, Run, TestAgent};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// The first runs' `--wait`, and the shared key's queue's.
@@ -244,15 +244,6 @@ fn read_turns(text: &str) -> (usize, Vec<Duration>, usize) {
         }
     }
     (turns, handovers, overlaps)
-}
-
-fn rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .context("VmRSS")
 }
 
 fn quantile(samples: &[Duration], q: f64) -> String {

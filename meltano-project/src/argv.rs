@@ -141,14 +141,7 @@ pub fn parse(command: &[String], env: &Env<'_>) -> Result<Command, String> {
         .position(|arg| Path::new(arg).file_name().is_some_and(|n| n == "meltano"))
         .ok_or("--meltano expects a meltano command: -- meltano run TAP TARGET ...")?;
     let assignments = wrapper_assignments(&command[..start])?;
-    let with_wrapper = |name: &str| {
-        assignments
-            .iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-            .or_else(|| env(name))
-    };
+    let with_wrapper = |name: &str| wrapped(&assignments, env, name);
     let global = Parsed::of(&command[start + 1..], GLOBAL, false, "meltano")?;
     for refused in ["--help", "--version"] {
         if global.given(refused) {
@@ -197,6 +190,16 @@ pub fn parse(command: &[String], env: &Env<'_>) -> Result<Command, String> {
         assignments,
         subcommand,
     })
+}
+
+/// Variable `name` as Meltano sees it: the wrapper's last assignment of it, else `env`'s.
+pub(crate) fn wrapped(
+    assignments: &[(String, String)],
+    env: &Env<'_>,
+    name: &str,
+) -> Option<String> {
+    let assigned = assignments.iter().rev().find(|(k, _)| k == name);
+    assigned.map(|(_, v)| v.clone()).or_else(|| env(name))
 }
 
 /// The `NAME=VALUE` words of an `env` wrapper; other wrappers change no variable.

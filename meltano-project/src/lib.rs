@@ -37,15 +37,7 @@ pub struct Invocation {
 pub fn invocation(command: &[String], env: &Env<'_>, cwd: &Path) -> Result<Invocation, String> {
     let parsed = argv::parse(command, env)?;
     // An `env A=B meltano …` wrapper's variables are Meltano's too.
-    let env = |name: &str| {
-        parsed
-            .assignments
-            .iter()
-            .rev()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-            .or_else(|| env(name))
-    };
+    let env = |name: &str| argv::wrapped(&parsed.assignments, env, name);
     let cwd = match &parsed.cwd {
         Some(dir) => {
             let dir = cwd.join(dir);

@@ -39,34 +39,25 @@ async fn settings_come_from_the_file_then_the_environment_then_flags() -> Result
     )?;
     let only_file = runlockd(&["check-config", "--config", &file], &[]).await?;
     only_file.expect_code(0)?;
-    for want in [
+    only_file.expect_stdout_has(&[
         "socket = \"/tmp/from-file.sock\"",
         "ttl = \"10s\"",
         "on_unavailable = \"skip\"",
         "poll_interval = \"2s\"",
         "backend = \"memory://\"",
         "socket_mode = \"0660\"",
-    ] {
-        ensure!(
-            only_file.stdout.contains(want),
-            "{want:?} missing: {only_file:?}"
-        );
-    }
+    ])?;
     let env = [
         ("RUNLOCK_TTL", "45s"),
         ("RUNLOCK_ON_UNAVAILABLE", "warn"),
         ("RUNLOCK_POLL_INTERVAL", "3s"),
     ];
     let with_env = runlockd(&["check-config", "--config", &file], &env).await?;
-    ensure!(with_env.stdout.contains("ttl = \"45s\""), "{with_env:?}");
-    ensure!(
-        with_env.stdout.contains("poll_interval = \"3s\""),
-        "{with_env:?}"
-    );
-    ensure!(
-        with_env.stdout.contains("on_unavailable = \"warn\""),
-        "{with_env:?}"
-    );
+    with_env.expect_stdout_has(&[
+        "ttl = \"45s\"",
+        "poll_interval = \"3s\"",
+        "on_unavailable = \"warn\"",
+    ])?;
     let with_flag = runlockd(
         &[
             "check-config",
@@ -80,17 +71,11 @@ async fn settings_come_from_the_file_then_the_environment_then_flags() -> Result
         &env,
     )
     .await?;
-    ensure!(with_flag.stdout.contains("ttl = \"50s\""), "{with_flag:?}");
-    ensure!(
-        with_flag.stdout.contains("poll_interval = \"250ms\""),
-        "{with_flag:?}"
-    );
-    ensure!(
-        with_flag
-            .stdout
-            .contains("socket = \"/tmp/from-file.sock\""),
-        "{with_flag:?}"
-    );
+    with_flag.expect_stdout_has(&[
+        "ttl = \"50s\"",
+        "poll_interval = \"250ms\"",
+        "socket = \"/tmp/from-file.sock\"",
+    ])?;
     Ok(())
 }
 
@@ -108,13 +93,10 @@ async fn check_config_never_prints_a_secret() -> Result<()> {
     let out = runlockd(&["check-config", "--config", &file], &[]).await?;
     // The configuration is printed, then the store is found unreachable.
     out.expect_code(69)?;
-    ensure!(out.stderr.contains("s3.test"), "{out:?}");
-    ensure!(
-        out.stderr.contains(
-            "credentials: static access key AKIDEXAMPLE from [s3] access_key_id / secret_access_key"
-        ),
-        "{out:?}"
-    );
+    out.expect_stderr_has(&[
+        "s3.test",
+        "credentials: static access key AKIDEXAMPLE from [s3] access_key_id / secret_access_key",
+    ])?;
     for secret in [
         "s3cr3t-v4lue",
         "pa55word",
@@ -123,20 +105,16 @@ async fn check_config_never_prints_a_secret() -> Result<()> {
     ] {
         ensure!(!out.stderr.contains(secret), "a secret was shown: {out:?}");
     }
-    ensure!(
-        out.stdout.contains("backend = \"s3://locks/meltano\""),
-        "{out:?}"
-    );
-    ensure!(
-        out.stdout.contains("access_key_id = \"AKIDEXAMPLE\""),
-        "{out:?}"
-    );
-    ensure!(out.stdout.contains("<redacted>"), "{out:?}");
+    out.expect_stdout_has(&[
+        "backend = \"s3://locks/meltano\"",
+        "access_key_id = \"AKIDEXAMPLE\"",
+        "<redacted>",
+    ])?;
     ensure!(
         !out.stdout.contains("s3cr3t-v4lue") && !out.stdout.contains("pa55word"),
         "a secret was printed: {out:?}"
     );
-    ensure!(out.stdout.contains("account_name = \"acct1\""), "{out:?}");
+    out.expect_stdout_has(&["account_name = \"acct1\""])?;
     ensure!(
         !out.stdout.contains("YXp1cmUtc2VjcmV0") && !out.stdout.contains("YXp1cmUta2V5"),
         "an Azure secret was printed: {out:?}"
@@ -220,11 +198,7 @@ async fn a_bad_file_is_refused_naming_file_line_and_setting() -> Result<()> {
     )?;
     let out = runlockd(&["--config", &unknown, "--backend", "memory://"], &[]).await?;
     out.expect_code(78)?;
-    ensure!(
-        out.stderr
-            .contains(&format!("{unknown}:4: `access.force_user`: unknown field")),
-        "{out:?}"
-    );
+    out.expect_stderr_has(&[&format!("{unknown}:4: `access.force_user`: unknown field")])?;
     let bad = write(
         dir.path(),
         "bad.toml",
@@ -232,11 +206,11 @@ async fn a_bad_file_is_refused_naming_file_line_and_setting() -> Result<()> {
     )?;
     let out = runlockd(&["check-config", "--config", &bad], &[]).await?;
     out.expect_code(78)?;
-    ensure!(out.stderr.contains(&format!("{bad}:2: `ttl`: ")), "{out:?}");
+    out.expect_stderr_has(&[&format!("{bad}:2: `ttl`: ")])?;
     let missing = dir.path().join("absent.toml").display().to_string();
     let out = runlockd(&["check-config", "--config", &missing], &[]).await?;
     out.expect_code(78)?;
-    ensure!(out.stderr.contains(&missing), "{out:?}");
+    out.expect_stderr_has(&[&missing])?;
     Ok(())
 }
 
@@ -293,17 +267,14 @@ async fn an_unreachable_agent_fails_the_run_unless_the_policy_says_otherwise() -
 
     let warn = run_without_agent(&[("RUNLOCK_ON_UNAVAILABLE", "warn")]).await?;
     warn.expect_code(0)?;
-    ensure!(
-        warn.stdout.contains("ran token=unset key=test:unreachable"),
-        "{warn:?}"
-    );
+    warn.expect_stdout_has(&["ran token=unset key=test:unreachable"])?;
     ensure!(warn.stderr.contains("WITHOUT A LOCK"), "not loud: {warn:?}");
 
     let dir = temp_dir()?;
     let file = write(dir.path(), "runlockd.toml", "on_unavailable = \"skip\"\n")?;
     let skip = run_without_agent(&[("RUNLOCK_CONFIG", &file)]).await?;
     skip.expect_code(0)?;
-    ensure!(skip.stdout.contains("ran"), "{skip:?}");
+    skip.expect_stdout_has(&["ran"])?;
     ensure!(skip.stderr.is_empty(), "skip is silent: {skip:?}");
     Ok(())
 }
@@ -361,6 +332,6 @@ async fn the_shipped_example_configuration_is_valid() -> Result<()> {
     )
     .await?;
     out.expect_code(0)?;
-    ensure!(out.stderr.contains("is ready"), "{out:?}");
+    out.expect_stderr_has(&["is ready"])?;
     Ok(())
 }

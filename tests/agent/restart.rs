@@ -151,12 +151,7 @@ async fn a_crashed_agent_is_replaced_without_stopping_the_run() -> Result<()> {
     }
     // Held through the new agent: a second run is refused, naming the first.
     let refused = new.run_refused(&[&k], &[], 75).await?;
-    ensure!(
-        refused
-            .stderr
-            .contains(&format!("token:   {}", ready.token())),
-        "{refused:?}"
-    );
+    refused.expect_stderr_has(&[&format!("token:   {}", ready.token())])?;
     run.end();
     let out = run.finish().await?;
     out.expect_code(0)?;
@@ -213,7 +208,7 @@ async fn an_agent_upgraded_in_place_keeps_the_run(
     run.end();
     let out = run.finish().await?;
     out.expect_code(0)?;
-    ensure!(out.stderr.contains("reattached"), "{out:?}");
+    out.expect_stderr_has(&["reattached"])?;
     new.run(&[&k], &[], "true")?.finish().await?.expect_code(0)
 }
 

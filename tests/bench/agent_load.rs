@@ -253,16 +253,3 @@ pub(crate) fn cpu_seconds(pid: u32) -> Result<f64> {
     let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
     Ok(ticks / per_second)
 }
-
-pub(crate) fn rss_kib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let line = status
-        .lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .context("no VmRSS")?;
-    Ok(line
-        .split_whitespace()
-        .nth(1)
-        .context("VmRSS value")?
-        .parse()?)
-}

@@ -14,7 +14,7 @@ use runlock_protocol::{
 use runlock_tests::bins::bins;
 use runlock_tests::client::RawClient;
 use runlock_tests::http;
-use runlock_tests::{AgentOptions, TestAgent};
+use runlock_tests::{rss_kib, AgentOptions, TestAgent};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};

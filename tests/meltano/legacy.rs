@@ -4,6 +4,7 @@
 //! PostgreSQL (`RUNLOCK_TEST_PG_URI`, from tests/scripts/postgres.sh; a
 //! missing server fails the test, it is never skipped).
 
+use crate::agent::config::runlockd;
 use crate::support::agent::temp_dir;
 use crate::support::bins::bins;
 use crate::support::{key, within, AgentOptions, Run, TestAgent, WAIT};
@@ -191,7 +192,7 @@ async fn run_once(
 
 fn expect_started(out: &crate::support::run::Finished) -> Result<()> {
     out.expect_code(0)?;
-    ensure!(out.stdout.contains("started"), "{out:?}");
+    out.expect_stdout_has(&["started"])?;
     Ok(())
 }
 
@@ -205,13 +206,11 @@ async fn a_fresh_running_row_refuses_the_key_naming_the_run(dialect: Dialect) ->
     let out = run_once(&agent, &k, &[]).await?;
     out.expect_code(75)?;
     ensure!(!out.stdout.contains("started"), "the run started: {out:?}");
-    for want in [
+    out.expect_stderr_has(&[
         run_id.as_str(),
         "RUNNING in the system database",
         "meltano system database",
-    ] {
-        ensure!(out.stderr.contains(want), "{want:?} missing: {out:?}");
-    }
+    ])?;
     // Another state ID is not held by it.
     expect_started(&run_once(&agent, &state_id("fresh-other"), &[]).await?)
 }
@@ -294,24 +293,16 @@ async fn an_unreadable_database_fails_as_unavailable(dialect: Dialect) -> Result
 
 #[tokio::test]
 async fn check_config_shows_the_system_database_without_its_password() -> Result<()> {
-    let mut command = Command::new(&bins()?.runlockd);
-    for (name, _) in std::env::vars().filter(|(n, _)| n.starts_with("RUNLOCK_")) {
-        command.env_remove(name);
-    }
-    command
-        .args(["check-config", "--backend", "memory://"])
-        .env(
-            "RUNLOCK_LEGACY_MELTANO_SYSTEMDB",
-            "postgresql://meltano:pa55word@db.test:5432/meltano?password=pa55word",
-        );
-    let out = Run::spawn(command)?.finish().await?;
+    let systemdb = "postgresql://meltano:pa55word@db.test:5432/meltano?password=pa55word";
+    let out = runlockd(
+        &["check-config", "--backend", "memory://"],
+        &[("RUNLOCK_LEGACY_MELTANO_SYSTEMDB", systemdb)],
+    )
+    .await?;
     out.expect_code(0)?;
-    ensure!(
-        out.stdout.contains(
-            "legacy_meltano_systemdb = \"postgresql://***@db.test:5432/meltano?password=***\""
-        ),
-        "{out:?}"
-    );
+    out.expect_stdout_has(&[
+        "legacy_meltano_systemdb = \"postgresql://***@db.test:5432/meltano?password=***\"",
+    ])?;
     ensure!(
         !out.stdout.contains("pa55word"),
         "a secret was printed: {out:?}"
@@ -331,7 +322,7 @@ async fn a_bad_setting_is_a_config_error() -> Result<()> {
     command.arg("check-config").arg("--config").arg(&file);
     let out = Run::spawn(command)?.finish().await?;
     out.expect_code(78)?;
-    ensure!(out.stderr.contains("legacy_meltano_systemdb"), "{out:?}");
+    out.expect_stderr_has(&["legacy_meltano_systemdb"])?;
     ensure!(!out.stderr.contains("pa55word"), "{out:?}");
     Ok(())
 }

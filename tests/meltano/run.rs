@@ -62,19 +62,11 @@ async fn a_second_meltano_run_of_the_same_pipeline_is_refused() -> Result<()> {
 
     let second = wrapped(&agent, dir.path(), &line)?.finish().await?;
     second.expect_code(75)?;
-    ensure!(
-        second
-            .stderr
-            .contains("\"dev:tap-smoke-test-to-target-jsonl\" is held"),
-        "{second:?}"
-    );
-    ensure!(second.stderr.contains(&host_name()?), "{second:?}");
-    ensure!(
-        second
-            .stderr
-            .contains(&format!("token:   {}", ready.token())),
-        "{second:?}"
-    );
+    second.expect_stderr_has(&[
+        "\"dev:tap-smoke-test-to-target-jsonl\" is held",
+        &host_name()?,
+        &format!("token:   {}", ready.token()),
+    ])?;
 
     // Another environment is another state ID: it runs.
     let prod = [
@@ -119,10 +111,7 @@ async fn a_command_line_without_a_state_id_is_a_usage_error() -> Result<()> {
     .finish()
     .await?;
     out.expect_code(64)?;
-    ensure!(
-        out.stderr.contains("\"tap-nope\" is not a plugin"),
-        "{out:?}"
-    );
+    out.expect_stderr_has(&["\"tap-nope\" is not a plugin"])?;
     ensure!(!out.stdout.contains("ready"), "it ran: {out:?}");
     Ok(())
 }

@@ -61,9 +61,7 @@ async fn sigkill_of_the_whole_run_frees_the_key_at_once(backend: Backend) -> Res
     );
     acquirable_within(&agent, &k, CRASH_RELEASE_BOUND).await?;
     // The history tells a crash from a release: its client went away holding it.
-    let history = agent.runlock_output(&["history", &k, "--json"]).await?;
-    history.expect_code(0)?;
-    let events: serde_json::Value = serde_json::from_str(history.stdout.trim())?;
+    let events = serde_json::Value::from(agent.history_json(&k).await?);
     let crashed = &events[1];
     ensure!(
         crashed["kind"] == "released" && crashed["reason"] == runlock_protocol::REASON_CLIENT_GONE,

@@ -6,10 +6,12 @@
 //! Each case is an `async fn(place)`, named per backend by `on_every_place!`
 //! (`shim::force::CASE::BACKEND`).
 
+use super::run_holds_lock::agent_on;
+use crate::support::agent::FileBackendDir;
 use crate::support::hosts::Place;
 use crate::support::run::Finished;
 use crate::support::stores::{Azure, Etcd, Gcs, Ministack, Postgres, Space, Store, S3};
-use crate::support::{key, TestAgent};
+use crate::support::{key, Deadline, TestAgent};
 use anyhow::{ensure, Result};
 use std::time::{Duration, Instant};
 
@@ -18,17 +20,6 @@ on_every_place!(
     a_break_through_the_holders_agent_frees_the_key_once_the_run_has_stopped,
     a_break_through_another_agent_frees_the_key_once_the_run_has_stopped,
 );
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_down() -> Result<()> {
-    on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_gone().await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn on_file_a_forcer_killed_while_it_waits_lets_no_run_in_beside_the_run_it_displaced(
-) -> Result<()> {
-    on_file_a_forcer_killed_while_it_waits_leaves_the_displaced_run_alone().await
-}
 
 // Leases that outlive their agent: a dead host's run stops at its deadline.
 test_matrix!(
@@ -183,17 +174,12 @@ async fn a_break_frees_the_key_once_the_run_has_stopped(
 /// deadline, so a force through another agent waits for that lock however
 /// long (past the TTL + grace a lease's run would be stopped by), and
 /// starts once the run's shim has reached the next agent and been stopped.
-async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_gone() -> Result<()> {
-    use crate::support::agent::FileBackendDir;
-    use crate::support::{AgentOptions, Deadline};
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_down() -> Result<()> {
     const TTL: Duration = Duration::from_secs(2);
     let locks = FileBackendDir::new()?;
-    let options = |socket: Option<std::path::PathBuf>| AgentOptions {
-        socket,
-        ..AgentOptions::with_ttl(locks.uri(), "2s")
-    };
-    let mut a = TestAgent::start_with(options(None)).await?;
-    let b = TestAgent::start_with(options(None)).await?;
+    let mut a = agent_on(&locks, None, "2s").await?;
+    let b = agent_on(&locks, None, "2s").await?;
     let k = key("force-file-down");
     let (_dir, witness) = witness("force-file-down")?;
     let env = [("WITNESS", witness.as_str())];
@@ -214,7 +200,7 @@ async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_gone() 
     );
     // The run's own agent comes back: its shim reattaches, is refused (the
     // key was taken), and stops the run; the forced run then starts alone.
-    let _back = TestAgent::start_with(options(Some(a.socket().to_path_buf()))).await?;
+    let _back = agent_on(&locks, Some(a.socket()), "2s").await?;
     let stopped = holder.finish().await?;
     stopped.expect_code(76)?;
     let forced = forced.finish().await?;
@@ -236,17 +222,13 @@ async fn on_file_a_forced_run_waits_for_the_lock_of_a_run_whose_agent_is_gone() 
 /// the new `KEY.run` with it. The run it displaced still holds the old one,
 /// renamed away: neither a plain run nor a second force through a third
 /// agent may start beside it; the second force waits for it, as the first did.
-async fn on_file_a_forcer_killed_while_it_waits_leaves_the_displaced_run_alone() -> Result<()> {
-    use crate::support::agent::FileBackendDir;
-    use crate::support::{AgentOptions, Deadline};
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_file_a_forcer_killed_while_it_waits_lets_no_run_in_beside_the_run_it_displaced(
+) -> Result<()> {
     let locks = FileBackendDir::new()?;
-    let options = |socket: Option<std::path::PathBuf>| AgentOptions {
-        socket,
-        ..AgentOptions::with_ttl(locks.uri(), "2s")
-    };
-    let mut a = TestAgent::start_with(options(None)).await?;
-    let mut b = TestAgent::start_with(options(None)).await?;
-    let c = TestAgent::start_with(options(None)).await?;
+    let mut a = agent_on(&locks, None, "2s").await?;
+    let mut b = agent_on(&locks, None, "2s").await?;
+    let c = agent_on(&locks, None, "2s").await?;
     let k = key("force-file-forcer-killed");
     let (_dir, witness) = witness("force-file-forcer-killed")?;
     let env = [("WITNESS", witness.as_str())];
@@ -290,7 +272,7 @@ async fn on_file_a_forcer_killed_while_it_waits_leaves_the_displaced_run_alone()
     );
     // The displaced run's agent comes back: its shim reattaches, is told
     // the key was taken, and stops the run; the second force then starts alone.
-    let _back = TestAgent::start_with(options(Some(a.socket().to_path_buf()))).await?;
+    let _back = agent_on(&locks, Some(a.socket()), "2s").await?;
     holder.finish().await?.expect_code(76)?;
     let second = second.finish().await?;
     second.expect_code(0)?;

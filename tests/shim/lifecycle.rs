@@ -574,12 +574,8 @@ async fn history_lists_grants_forces_releases_and_breaks_in_order(backend: Backe
         .expect_code(0)?;
     broken.finish().await?.expect_code(76)?;
 
-    let out = agent.runlock_output(&["history", &k, "--json"]).await?;
-    out.expect_code(0)?;
-    let events: serde_json::Value = serde_json::from_str(out.stdout.trim())?;
+    let events = agent.history_json(&k).await?;
     let got: Vec<(&str, u64, Option<u64>)> = events
-        .as_array()
-        .context("history --json is not an array")?
         .iter()
         .map(|e| {
             let kind = e["kind"].as_str().unwrap_or("?");
@@ -602,7 +598,7 @@ async fn history_lists_grants_forces_releases_and_breaks_in_order(backend: Backe
     ];
     ensure!(got == want, "{got:?}, not {want:?}");
     let host = host_name()?;
-    for e in events.as_array().into_iter().flatten() {
+    for e in &events {
         ensure!(
             e["host"] == host.as_str() && e["user"] == user_name().as_str(),
             "{e}"

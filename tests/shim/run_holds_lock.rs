@@ -12,7 +12,12 @@ use nix::sys::signal::Signal;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-async fn agent_on(locks: &FileBackendDir, socket: Option<&Path>, ttl: &str) -> Result<TestAgent> {
+/// An agent on `locks` with `ttl`, on `socket` if given (an agent coming back).
+pub(crate) async fn agent_on(
+    locks: &FileBackendDir,
+    socket: Option<&Path>,
+    ttl: &str,
+) -> Result<TestAgent> {
     TestAgent::start_with(AgentOptions {
         socket: socket.map(Path::to_path_buf),
         ..AgentOptions::with_ttl(locks.uri(), ttl)

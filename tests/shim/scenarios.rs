@@ -478,13 +478,7 @@ async fn records_read_back_with_the_store_s_own_tools_as_json_beside_meltano_sta
 /// `runlock history --json KEY` through `agent`: (kind, token, agent id,
 /// from_token) of each event, oldest first.
 async fn history_of(agent: &TestAgent, k: &str) -> Result<Vec<(String, u64, String, Option<u64>)>> {
-    let out = agent.runlock_output(&["history", k, "--json"]).await?;
-    out.expect_code(0)?;
-    let events: serde_json::Value = serde_json::from_str(out.stdout.trim())
-        .with_context(|| format!("history --json printed non-JSON: {out:?}"))?;
-    let events = events
-        .as_array()
-        .context("history --json is not an array")?;
+    let events = agent.history_json(k).await?;
     events
         .iter()
         .map(|e| {

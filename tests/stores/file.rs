@@ -47,17 +47,12 @@ async fn two_agents_on_one_directory_exclude_each_other() -> Result<()> {
     let holder_pid = holder.pid()?;
 
     let refused = b.run_refused(&[&k], &[], 75).await?;
-    for want in [
-        holder_pid.to_string(),
-        "held-through-a".to_string(),
-        host_name()?,
-        ready.token().to_string(),
-    ] {
-        ensure!(
-            refused.stderr.contains(&want),
-            "{want:?} not named: {refused:?}"
-        );
-    }
+    refused.expect_stderr_has(&[
+        &holder_pid.to_string(),
+        "held-through-a",
+        &host_name()?,
+        &ready.token().to_string(),
+    ])?;
 
     let record = b.inspect_json(&k).await?;
     ensure!(record["key"] == k.as_str(), "{record}");
@@ -207,7 +202,7 @@ async fn held_error_names_a_holder_on_another_agent_even_behind_a_local_waiter()
     holder.end_and_expect_success().await?;
     let out = waiter.finish().await?;
     out.expect_code(0)?;
-    ensure!(out.stdout.contains("waiter-ran"), "{out:?}");
+    out.expect_stdout_has(&["waiter-ran"])?;
     Ok(())
 }
 

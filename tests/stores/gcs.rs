@@ -17,10 +17,7 @@ async fn a_ttl_too_short_to_renew_once_a_second_is_refused() -> Result<()> {
     let out = agent
         .run_refused(&[&key("short-ttl")], &["--ttl", "4s"], 64)
         .await?;
-    ensure!(
-        out.stderr.contains("between 5000 and") && out.stderr.contains("gs://"),
-        "{out:?}"
-    );
+    out.expect_stderr_has(&["between 5000 and", "gs://"])?;
     // The shortest TTL itself works.
     agent
         .run(&[&key("short-ttl")], &["--ttl", "5s"], "true")?
@@ -108,10 +105,7 @@ async fn an_inline_service_account_key_serves_and_never_shows() -> Result<()> {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
     let out = runlockd(&["check-config", "--config", &config], &env).await?;
     out.expect_code(0)?;
-    ensure!(
-        out.stdout.contains("credentials_json = \"<redacted>\""),
-        "{out:?}"
-    );
+    out.expect_stdout_has(&["credentials_json = \"<redacted>\""])?;
     ensure!(
         !out.stdout.contains(&key_line) && !out.stderr.contains(&key_line),
         "check-config showed the key: {out:?}"

@@ -473,6 +473,16 @@ impl TestAgent {
         Run::spawn(command)?.finish().await
     }
 
+    /// `runlock history KEY --json`, parsed: its events, oldest first.
+    pub async fn history_json(&self, key: &str) -> anyhow::Result<Vec<serde_json::Value>> {
+        let out = self.runlock_output(&["history", key, "--json"]).await?;
+        out.expect_code(0)?;
+        match serde_json::from_str(out.stdout.trim()) {
+            Ok(serde_json::Value::Array(events)) => Ok(events),
+            _ => bail!("history --json printed no JSON array: {out:?}"),
+        }
+    }
+
     /// `runlock inspect KEY --json`, parsed.
     pub async fn inspect_json(&self, key: &str) -> anyhow::Result<serde_json::Value> {
         let out = self.runlock_output(&["inspect", key, "--json"]).await?;

@@ -86,6 +86,22 @@ impl Finished {
         Ok(())
     }
 
+    /// Fails, showing the output, unless stdout contains each of `wants`.
+    pub fn expect_stdout_has(&self, wants: &[&str]) -> anyhow::Result<()> {
+        match wants.iter().find(|want| !self.stdout.contains(**want)) {
+            Some(want) => bail!("{want:?} missing from stdout: {self:?}"),
+            None => Ok(()),
+        }
+    }
+
+    /// Fails, showing the output, unless stderr contains each of `wants`.
+    pub fn expect_stderr_has(&self, wants: &[&str]) -> anyhow::Result<()> {
+        match wants.iter().find(|want| !self.stderr.contains(**want)) {
+            Some(want) => bail!("{want:?} missing from stderr: {self:?}"),
+            None => Ok(()),
+        }
+    }
+
     /// Fails unless the run lost its lock (exit 76) and its [`HOLD`] command
     /// was stopped before it could say `bye`.
     pub fn expect_stopped(&self) -> anyhow::Result<()> {

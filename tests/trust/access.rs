@@ -100,7 +100,7 @@ async fn a_user_outside_the_sockets_group_cannot_connect() -> Result<()> {
     let out = nobody_runs(&agent, &[], &["run", "--key", &k, "--", "echo", "ran"]).await?;
     out.expect_code(69)?;
     ensure!(!out.stdout.contains("ran"), "{out:?}");
-    ensure!(out.stderr.contains("ermission denied"), "{out:?}");
+    out.expect_stderr_has(&["ermission denied"])?;
     Ok(())
 }
 
@@ -124,10 +124,7 @@ async fn by_default_only_root_and_the_agents_user_force_or_break() -> Result<()>
     let (held, _) = agent.hold(&k).await?;
     let release = nobody_runs(&agent, &[RUNLOCK_GROUP], &["release", &k]).await?;
     release.expect_code(77)?;
-    ensure!(
-        release.stderr.contains("uid 65534 may not release"),
-        "{release:?}"
-    );
+    release.expect_stderr_has(&["uid 65534 may not release"])?;
     let force = ["run", "--force", "--key", &k, "--", "echo", "ran"];
     let forced = nobody_runs(&agent, &[RUNLOCK_GROUP], &force).await?;
     forced.expect_code(77)?;
@@ -149,7 +146,7 @@ async fn a_listed_group_may_break_anothers_lock() -> Result<()> {
     admin.expect_code(0)?;
     let out = held.finish().await?;
     out.expect_code(76)?;
-    ensure!(out.stderr.contains("released by uid 65534"), "{out:?}");
+    out.expect_stderr_has(&["released by uid 65534"])?;
     Ok(())
 }
 
@@ -161,6 +158,6 @@ async fn the_socket_group_must_exist() -> Result<()> {
         Run::spawn(command)?.finish().await?
     };
     out.expect_code(78).context("an unknown group")?;
-    ensure!(out.stderr.contains("no-such-group-here"), "{out:?}");
+    out.expect_stderr_has(&["no-such-group-here"])?;
     Ok(())
 }

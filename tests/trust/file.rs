@@ -46,7 +46,7 @@ async fn nobody_is_refused(agent: &TestAgent, k: &str, says: &str) -> Result<()>
 async fn nobody_is_granted(agent: &TestAgent, k: &str) -> Result<()> {
     let out = nobody_echoes(agent, k).await?;
     out.expect_code(0).with_context(|| format!("key {k}"))?;
-    ensure!(out.stdout.contains("ran"), "{out:?}");
+    out.expect_stdout_has(&["ran"])?;
     Ok(())
 }
 
@@ -96,7 +96,7 @@ async fn a_planted_gate_link_refuses_force_and_plain_runs_go_on() -> Result<()> 
         .await?;
     forced.expect_code(70)?;
     ensure!(!forced.stdout.contains("ran"), "{forced:?}");
-    ensure!(forced.stderr.contains(".force.lock"), "{forced:?}");
+    forced.expect_stderr_has(&[".force.lock"])?;
     ensure!(!target.exists(), "the gate link's target was created");
     nobody_is_granted(&agent, "gated").await?;
     ensure!(!target.exists(), "the gate link's target was created");
@@ -110,11 +110,7 @@ async fn refused_at_start(locks: &FileBackendDir, says: &[&str]) -> Result<()> {
     let out = runlockd(&["--socket", socket, "--backend", &locks.uri()], &[]).await?;
     out.expect_code(78)?;
     let named = locks.path().display().to_string();
-    ensure!(
-        out.stderr
-            .contains(&format!("refusing lock directory {named}")),
-        "{out:?}"
-    );
+    out.expect_stderr_has(&[&format!("refusing lock directory {named}")])?;
     for want in says {
         ensure!(out.stderr.contains(want), "{want:?} not named: {out:?}");
     }

@@ -11,13 +11,8 @@ use anyhow::{ensure, Context, Result};
 type Event = (String, Option<u64>, u64, Option<u64>, String);
 
 async fn history_of(agent: &TestAgent, k: &str) -> Result<Vec<Event>> {
-    let out = agent.runlock_output(&["history", k, "--json"]).await?;
-    out.expect_code(0)?;
-    let events: serde_json::Value = serde_json::from_str(out.stdout.trim())
-        .with_context(|| format!("history --json printed non-JSON: {out:?}"))?;
+    let events = agent.history_json(k).await?;
     events
-        .as_array()
-        .context("history --json is not an array")?
         .iter()
         .map(|e| {
             Ok((
@@ -66,16 +61,13 @@ pub(super) async fn history_and_release_name_the_slot(place: impl Place) -> Resu
         .runlock_output(&["release", &k, "--slot", &free])
         .await?;
     nothing.expect_code(0)?;
-    ensure!(nothing.stdout.contains("was not held"), "{nothing:?}");
+    nothing.expect_stdout_has(&["was not held"])?;
     let broke = hosts
         .a
         .runlock_output(&["release", &k, "--slot", &slot])
         .await?;
     broke.expect_code(0)?;
-    ensure!(
-        broke.stdout.contains(&format!("released slot {slot} of")),
-        "{broke:?}"
-    );
+    broke.expect_stdout_has(&[&format!("released slot {slot} of")])?;
     let second_slot = second.slot;
     let second_token = second.token;
     second.run.finish().await?.expect_code(76)?;
@@ -105,9 +97,6 @@ pub(super) async fn history_and_release_name_the_slot(place: impl Place) -> Resu
     }
     let text = hosts.a.runlock_output(&["history", &k]).await?;
     text.expect_code(0)?;
-    ensure!(
-        text.stdout.contains(&format!("slot {second_slot}: broken")),
-        "{text:?}"
-    );
+    text.expect_stdout_has(&[&format!("slot {second_slot}: broken")])?;
     Ok(())
 }

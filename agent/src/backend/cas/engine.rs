@@ -31,7 +31,7 @@ pub use record::{CasRecord, Lapse};
 use runlock_protocol::timing::grace;
 use runlock_protocol::{EventKind, Holder, Key, KeyEvent, KeyRecord, KeyState};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
@@ -93,6 +93,12 @@ pub struct CasEngine {
     proof: proof::Proof,
     /// Where the removal of the proof's probe runs.
     context: StoreContext,
+}
+
+/// The data behind `mutex`, poisoned or not: a panic elsewhere does not stop
+/// the engine.
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn unavailable(err: CasError) -> BackendError {
@@ -212,7 +218,7 @@ impl CasEngine {
             return now >= written + wait + CLOCK_RESOLUTION;
         }
         // No clock: the record must stay unchanged for the whole wait, as we saw it.
-        let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = lock(&self.seen);
         match seen.get(name) {
             Some((version, since)) if *version == stored.version => since.elapsed() >= wait,
             _ => {
@@ -224,11 +230,8 @@ impl CasEngine {
 
     /// Notes what a read or a write showed of a record.
     fn learn(&self, name: &str, free: Option<(String, CasRecord)>) {
-        self.known
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(name.to_string());
-        let mut known_free = self.known_free.lock().unwrap_or_else(|e| e.into_inner());
+        lock(&self.known).insert(name.to_string());
+        let mut known_free = lock(&self.known_free);
         match free {
             Some(free) => known_free.insert(name.to_string(), free),
             None => known_free.remove(name),
@@ -238,22 +241,13 @@ impl CasEngine {
     /// The write that takes the key if the record is as this agent last knew it
     /// (free, or never seen and so presumably absent); `None` when it needs a read.
     fn guess(&self, spec: &AcquireSpec, name: &str) -> Option<(CasRecord, Option<String>)> {
-        if let Some((version, free)) = self
-            .known_free
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(name)
-        {
+        if let Some((version, free)) = lock(&self.known_free).get(name) {
             let token = free.token + 1;
             let record =
                 record::granting(spec, token, None, free.history.clone(), Before::Free, None);
             return Some((record, Some(version.clone())));
         }
-        let seen = self
-            .known
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(name);
+        let seen = lock(&self.known).contains(name);
         (!seen).then(|| {
             (
                 record::granting(spec, 1, None, Vec::new(), Before::Free, None),
@@ -288,18 +282,12 @@ impl CasEngine {
         }
         match written {
             Ok(version) => {
-                self.seen
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(name);
+                lock(&self.seen).remove(name);
                 self.learn(name, None);
                 let holder = record.holder.clone().unwrap_or_else(|| spec.holder.clone());
                 let displaced = record::forced_over(&record, displaced_holder);
                 let held = Held { version, record };
-                self.held
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(spec.lease_id.clone(), held);
+                lock(&self.held).insert(spec.lease_id.clone(), held);
                 Ok(Some(Grant {
                     holder,
                     sent,
@@ -386,7 +374,7 @@ impl CasEngine {
                 None,
                 |_| async move {
                     let booking = self.pacer.book(name).await;
-                    let over = version.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                    let over = lock(version).clone();
                     match self
                         .store
                         .put(name, record.to_json(), Precondition::Matches(&over))
@@ -397,7 +385,7 @@ impl CasEngine {
                             return Err(Overwrite::Failed(BackendError::Unavailable(why)))
                         }
                         Err(CasError::Unavailable(why)) => {
-                            *last_unavailable.lock().unwrap_or_else(|e| e.into_inner()) = Some(why);
+                            *lock(last_unavailable) = Some(why);
                             return Err(Overwrite::Unavailable);
                         }
                         Err(CasError::Conflict) => self.pacer.cancel(name, booking),
@@ -417,7 +405,7 @@ impl CasEngine {
                     if !current.0.held_by(&lease.lease_id, lease.token) {
                         return Err(Overwrite::Failed(BackendError::LeaseMismatch));
                     }
-                    *version.lock().unwrap_or_else(|e| e.into_inner()) = current.1;
+                    *lock(version) = current.1;
                     Err(Overwrite::StillOurs)
                 },
                 |failed, tried| match failed {
@@ -430,9 +418,7 @@ impl CasEngine {
         written.map_err(|failed| match failed {
             Overwrite::Failed(err) => err,
             Overwrite::Unavailable | Overwrite::StillOurs => BackendError::Unavailable(
-                last_unavailable
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
+                lock(last_unavailable)
                     .take()
                     .unwrap_or_else(|| "the store kept changing".into()),
             ),
@@ -440,19 +426,11 @@ impl CasEngine {
     }
 
     fn version_of(&self, lease_id: &str) -> Option<String> {
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(lease_id)
-            .map(|h| h.version.clone())
+        lock(&self.held).get(lease_id).map(|h| h.version.clone())
     }
 
     fn record_of(&self, lease_id: &str) -> Option<CasRecord> {
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(lease_id)
-            .map(|h| h.record.clone())
+        lock(&self.held).get(lease_id).map(|h| h.record.clone())
     }
 }
 
@@ -530,12 +508,7 @@ impl Backend for CasEngine {
         record.store.ttl_ms = ttl.as_millis() as u64;
         record.store.renewed_at_ms = now_ms();
         let version = self.overwrite(lease, record.clone()).await?;
-        if let Some(held) = self
-            .held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_mut(&lease.lease_id)
-        {
+        if let Some(held) = lock(&self.held).get_mut(&lease.lease_id) {
             *held = Held { version, record };
         }
         Ok(Renewed::ByThisCall)
@@ -555,10 +528,7 @@ impl Backend for CasEngine {
         if let Ok(version) = &outcome {
             self.learn(&name, Some((version.clone(), record)));
         }
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&lease.lease_id);
+        lock(&self.held).remove(&lease.lease_id);
         match outcome {
             Ok(_) | Err(BackendError::LeaseMismatch) => Ok(()), // already someone else's: nothing to free
             Err(err) => Err(err),
@@ -591,7 +561,7 @@ impl Backend for CasEngine {
             .clone()
             .ok_or_else(|| BackendError::Corrupt(format!("{name} is held but names no holder")))?;
         let ttl = Duration::from_millis(record.store.ttl_ms);
-        self.held.lock().unwrap_or_else(|e| e.into_inner()).insert(
+        lock(&self.held).insert(
             lease.lease_id.clone(),
             Held {
                 version: stored.version,
@@ -600,7 +570,7 @@ impl Backend for CasEngine {
         );
         let sent = Instant::now();
         let written = self.overwrite(lease, record.clone()).await;
-        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut held = lock(&self.held);
         match written {
             Ok(version) => {
                 held.insert(lease.lease_id.clone(), Held { version, record });
@@ -695,9 +665,7 @@ mod tests {
     async fn only_the_user_its_record_names_adopts_a_lease() {
         let store = Arc::new(MemoryCasStore::new());
         let (one, two) = pair(store.clone()).await;
-        one.acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free");
+        one.take("k", "l1", TTL).await;
         let stranger = Adopter {
             uid: OWNER_UID + 1,
             ..adopter("two")
@@ -725,14 +693,7 @@ mod tests {
     async fn agents_exclude_each_other_and_release_leaves_a_free_record() {
         let store = Arc::new(MemoryCasStore::new());
         let (one, two) = pair(store.clone()).await;
-        assert_eq!(
-            one.acquire(&spec("k", "l1", false, TTL))
-                .await
-                .expect("free")
-                .holder
-                .token,
-            1
-        );
+        assert_eq!(one.take("k", "l1", TTL).await.holder.token, 1);
         match two.acquire(&spec("k", "l2", false, TTL)).await {
             Err(BackendError::Held(Some(h), _)) => {
                 assert_eq!((h.host.as_str(), h.token), ("host-of-l1", 1))
@@ -746,14 +707,7 @@ mod tests {
             (record.state, record.token, record.holder),
             (KeyState::Free, 1, None)
         );
-        assert_eq!(
-            two.acquire(&spec("k", "l2", false, TTL))
-                .await
-                .expect("freed")
-                .holder
-                .token,
-            2
-        );
+        assert_eq!(two.take("k", "l2", TTL).await.holder.token, 2);
         let inspected = one
             .inspect(&Key::new("k").expect("valid"))
             .await
@@ -768,9 +722,7 @@ mod tests {
     async fn a_silent_holder_is_taken_over_only_after_ttl_grace_and_a_second_by_the_store_clock() {
         let store = Arc::new(MemoryCasStore::new());
         let (one, two) = pair(store.clone()).await;
-        one.acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free");
+        one.take("k", "l1", TTL).await;
         let written = Instant::now();
         let earliest = written + TTL + grace(TTL);
         loop {
@@ -800,9 +752,7 @@ mod tests {
     async fn without_a_store_clock_a_record_must_be_seen_unchanged_for_ttl_and_grace() {
         let store = Arc::new(MemoryCasStore::with_clock(false));
         let (one, two) = pair(store.clone()).await;
-        one.acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free");
+        one.take("k", "l1", TTL).await;
         tokio::time::sleep(TTL * 5).await; // time passing unseen by `two` counts for nothing
         let first_look = Instant::now();
         assert!(matches!(
@@ -828,9 +778,7 @@ mod tests {
     async fn force_writes_a_larger_token_and_the_old_holder_can_neither_renew_nor_free_it() {
         let store = Arc::new(MemoryCasStore::new());
         let (one, two) = pair(store.clone()).await;
-        one.acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free");
+        one.take("k", "l1", TTL).await;
         assert_eq!(
             two.acquire(&spec("k", "l2", true, TTL))
                 .await
@@ -859,14 +807,7 @@ mod tests {
         let store = Arc::new(FaultyStore::reliable(MemoryCasStore::new()));
         let (one, two) = pair(store.clone()).await;
         store.lose_next_answer();
-        assert_eq!(
-            one.acquire(&spec("k", "l1", false, TTL))
-                .await
-                .expect("adopted")
-                .holder
-                .token,
-            1
-        );
+        assert_eq!(one.take("k", "l1", TTL).await.holder.token, 1);
         store.lose_next_answer();
         // The retry meets a version it does not know, reads the record, finds it ours.
         one.renew(&lease("k", "l1", 1), TTL)
@@ -925,9 +866,7 @@ mod tests {
     async fn a_write_whose_precondition_failed_does_not_hold_up_the_next() {
         let store = Arc::new(Throttled::new());
         let (one, two) = pair(store.clone()).await;
-        one.acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free");
+        one.take("k", "l1", TTL).await;
         one.release(&lease("k", "l1", 1)).await.expect("release");
         tokio::time::sleep(Duration::from_secs(2)).await;
         // `two` first tries to create the record, fails, reads it, and replaces it at once.
@@ -1019,9 +958,7 @@ mod tests {
         let store = Arc::new(MemoryCasStore::new());
         let (one, two) = pair(store.clone()).await;
         let key = Key::new("k").expect("valid");
-        one.acquire(&spec("k", "l1", false, TTL))
-            .await
-            .expect("free");
+        one.take("k", "l1", TTL).await;
         two.acquire(&spec("k", "l2", true, TTL))
             .await
             .expect("forced");
@@ -1037,9 +974,7 @@ mod tests {
         }
         // `two` goes silent: `one` takes the key over once it expired.
         tokio::time::sleep(TTL + grace(TTL) + CLOCK_RESOLUTION * 2).await;
-        one.acquire(&spec("k", "l4", false, TTL))
-            .await
-            .expect("expired");
+        one.take("k", "l4", TTL).await;
         let mut breaking = spec("k", "l5", true, TTL);
         breaking.breaking = true;
         two.acquire(&breaking).await.expect("broken");

@@ -40,13 +40,7 @@ fn fresh_prefix(test: &str) -> String {
 }
 
 fn open(prefix: &str) -> EtcdBackend {
-    let host = endpoint("RUNLOCK_TEST_ETCD_ENDPOINT");
-    EtcdBackend::open(
-        &format!("etcd://{host}/{prefix}"),
-        &EtcdOptions::default(),
-        &StoreContext::default(),
-    )
-    .expect("opens")
+    open_at(&endpoint("RUNLOCK_TEST_ETCD_ENDPOINT"), prefix)
 }
 
 fn key(name: &str) -> Key {

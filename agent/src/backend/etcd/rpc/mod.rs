@@ -23,46 +23,24 @@ use tonic::{Code, Request, Status};
 use tonic_prost::ProstCodec;
 
 /// Why a call failed.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// etcd's answer, or tonic's word that it could not get one (a status
     /// whose source is the transport's error).
-    Status(Status),
+    #[error("{:?}: {}", .0.code(), .0.message())]
+    Status(#[from] Status),
     /// The channel was not ready for a call.
-    Transport(tonic::transport::Error),
+    #[error("{0}")]
+    Transport(#[source] tonic::transport::Error),
     /// The channel could not be made: an endpoint or TLS setting it refused.
-    Setup(tonic::transport::Error),
+    #[error("{0}")]
+    Setup(#[source] tonic::transport::Error),
     /// A keep-alive of a lease etcd no longer has.
+    #[error("lease not found")]
     LeaseGone,
     /// A stream closed before its first answer.
+    #[error("etcd closed {0}")]
     Ended(&'static str),
-}
-
-impl std::fmt::Display for Error {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Error::Status(status) => write!(f, "{:?}: {}", status.code(), status.message()),
-            Error::Transport(err) | Error::Setup(err) => err.fmt(f),
-            Error::LeaseGone => f.write_str("lease not found"),
-            Error::Ended(what) => write!(f, "etcd closed {what}"),
-        }
-    }
-}
-
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Error::Status(status) => Some(status),
-            Error::Transport(err) | Error::Setup(err) => Some(err),
-            Error::LeaseGone | Error::Ended(_) => None,
-        }
-    }
-}
-
-impl From<Status> for Error {
-    fn from(status: Status) -> Error {
-        Error::Status(status)
-    }
 }
 
 /// How to reach etcd.
