@@ -23,6 +23,7 @@ const LAYERS: &[&str] = &[
     "listener",
     "telemetry",
     "exit_status",
+    "unpoisoned",
 ];
 
 /// The top-level modules each file of `dir` names as `crate::NAME`, with the

@@ -20,5 +20,6 @@ pub mod process;
 pub mod server;
 pub mod shown;
 pub mod telemetry;
+pub mod unpoisoned;
 
 pub use server::serve;

@@ -4,6 +4,7 @@
 //! over a limit is told the agent is busy and which limit it hit, or waits
 //! its turn; it never makes the agent fail another user's request.
 
+use crate::unpoisoned::Unpoisoned;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -115,7 +116,7 @@ impl Admission {
     pub fn admit(self: &Arc<Self>, uid: u32) -> Result<Ticket, String> {
         let privileged = self.privileged.contains(&uid);
         // invariant: nothing panics while holding this lock
-        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counts = self.counts.locked();
         if counts.all >= self.descriptor_cap {
             return Err(format!(
                 "{} connections use every descriptor the agent may spend on them (raise LimitNOFILE)",
@@ -163,11 +164,7 @@ impl Ticket {
             return None;
         }
         let turns = {
-            let mut reads = self
-                .admission
-                .store_reads
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut reads = self.admission.store_reads.locked();
             reads
                 .entry(self.uid)
                 .or_insert_with(|| Arc::new(Semaphore::new(STORE_READS_PER_USER)))
@@ -183,14 +180,9 @@ impl Drop for Ticket {
         // A user's turns with none taken or awaited are as good as new ones.
         self.admission
             .store_reads
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+            .locked()
             .retain(|_, turns| Arc::strong_count(turns) > 1);
-        let mut counts = self
-            .admission
-            .counts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut counts = self.admission.counts.locked();
         counts.all -= 1;
         if !self.privileged {
             counts.unprivileged -= 1;

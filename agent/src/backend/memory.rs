@@ -6,6 +6,7 @@ use super::{
     Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile, Profiled, Renewed,
     ReportName, Reports, StoredReport,
 };
+use crate::unpoisoned::Unpoisoned;
 use async_trait::async_trait;
 use runlock_protocol::{Holder, Key, KeyEvent, KeyRecord, KeyState, Scope};
 use std::collections::{BTreeMap, HashMap};
@@ -35,13 +36,13 @@ pub struct MemoryBackend {
 impl MemoryBackend {
     fn with_record<T>(&self, key: &Key, f: impl FnOnce(&mut Record) -> T) -> T {
         // invariant: no code panics while holding this lock, so it is never poisoned
-        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        let mut keys = self.keys.locked();
         f(keys.entry(key.clone()).or_default())
     }
 
     fn reports(&self) -> std::sync::MutexGuard<'_, BTreeMap<ReportName, Vec<u8>>> {
         // invariant: no code panics while holding this lock, so it is never poisoned
-        self.reports.lock().unwrap_or_else(|e| e.into_inner())
+        self.reports.locked()
     }
 }
 
@@ -153,7 +154,7 @@ impl Backend for MemoryBackend {
     async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         let (prefix, from, limit) = (ask.prefix, ask.from, ask.limit);
         // invariant: no code panics while holding this lock, so it is never poisoned
-        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        let keys = self.keys.locked();
         let after = from.after.as_deref().unwrap_or("");
         let mut names: Vec<&Key> = keys
             .iter()

@@ -11,6 +11,7 @@ use crate::access::Access;
 use crate::backend::{Backend, Capabilities, Ending, ProfiledBackend};
 use crate::process::Peer;
 use crate::shown::{self, Viewer};
+use crate::unpoisoned::Unpoisoned;
 use runlock_protocol::{timing, Holder, Key, OnLost, OnUnavailable};
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -239,7 +240,7 @@ impl Registry {
 
     pub(super) fn state(&self) -> MutexGuard<'_, State> {
         // invariant: nothing panics while holding the lock, so poisoning cannot happen
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// This agent's identity.

@@ -24,6 +24,7 @@ use crate::backend::{
     Displaced, Ending, Grant, LeaseRef, ListPage, Listed, PageAsk, Profile, Profiled, Renewed,
     StoreContext,
 };
+use crate::unpoisoned::Unpoisoned;
 use async_trait::async_trait;
 use pacer::Pacer;
 use record::now_ms;
@@ -31,7 +32,7 @@ pub use record::{CasRecord, Lapse};
 use runlock_protocol::timing::grace;
 use runlock_protocol::{EventKind, Holder, Key, KeyEvent, KeyRecord, KeyState};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
@@ -93,12 +94,6 @@ pub struct CasEngine {
     proof: proof::Proof,
     /// Where the removal of the proof's probe runs.
     context: StoreContext,
-}
-
-/// The data behind `mutex`, poisoned or not: a panic elsewhere does not stop
-/// the engine.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn unavailable(err: CasError) -> BackendError {
@@ -218,7 +213,7 @@ impl CasEngine {
             return now >= written + wait + CLOCK_RESOLUTION;
         }
         // No clock: the record must stay unchanged for the whole wait, as we saw it.
-        let mut seen = lock(&self.seen);
+        let mut seen = self.seen.locked();
         match seen.get(name) {
             Some((version, since)) if *version == stored.version => since.elapsed() >= wait,
             _ => {
@@ -230,8 +225,8 @@ impl CasEngine {
 
     /// Notes what a read or a write showed of a record.
     fn learn(&self, name: &str, free: Option<(String, CasRecord)>) {
-        lock(&self.known).insert(name.to_string());
-        let mut known_free = lock(&self.known_free);
+        self.known.locked().insert(name.to_string());
+        let mut known_free = self.known_free.locked();
         match free {
             Some(free) => known_free.insert(name.to_string(), free),
             None => known_free.remove(name),
@@ -241,13 +236,13 @@ impl CasEngine {
     /// The write that takes the key if the record is as this agent last knew it
     /// (free, or never seen and so presumably absent); `None` when it needs a read.
     fn guess(&self, spec: &AcquireSpec, name: &str) -> Option<(CasRecord, Option<String>)> {
-        if let Some((version, free)) = lock(&self.known_free).get(name) {
+        if let Some((version, free)) = self.known_free.locked().get(name) {
             let token = free.token + 1;
             let record =
                 record::granting(spec, token, None, free.history.clone(), Before::Free, None);
             return Some((record, Some(version.clone())));
         }
-        let seen = lock(&self.known).contains(name);
+        let seen = self.known.locked().contains(name);
         (!seen).then(|| {
             (
                 record::granting(spec, 1, None, Vec::new(), Before::Free, None),
@@ -282,12 +277,12 @@ impl CasEngine {
         }
         match written {
             Ok(version) => {
-                lock(&self.seen).remove(name);
+                self.seen.locked().remove(name);
                 self.learn(name, None);
                 let holder = record.holder.clone().unwrap_or_else(|| spec.holder.clone());
                 let displaced = record::forced_over(&record, displaced_holder);
                 let held = Held { version, record };
-                lock(&self.held).insert(spec.lease_id.clone(), held);
+                self.held.locked().insert(spec.lease_id.clone(), held);
                 Ok(Some(Grant {
                     holder,
                     sent,
@@ -374,7 +369,7 @@ impl CasEngine {
                 None,
                 |_| async move {
                     let booking = self.pacer.book(name).await;
-                    let over = lock(version).clone();
+                    let over = version.locked().clone();
                     match self
                         .store
                         .put(name, record.to_json(), Precondition::Matches(&over))
@@ -385,7 +380,7 @@ impl CasEngine {
                             return Err(Overwrite::Failed(BackendError::Unavailable(why)))
                         }
                         Err(CasError::Unavailable(why)) => {
-                            *lock(last_unavailable) = Some(why);
+                            *last_unavailable.locked() = Some(why);
                             return Err(Overwrite::Unavailable);
                         }
                         Err(CasError::Conflict) => self.pacer.cancel(name, booking),
@@ -405,7 +400,7 @@ impl CasEngine {
                     if !current.0.held_by(&lease.lease_id, lease.token) {
                         return Err(Overwrite::Failed(BackendError::LeaseMismatch));
                     }
-                    *lock(version) = current.1;
+                    *version.locked() = current.1;
                     Err(Overwrite::StillOurs)
                 },
                 |failed, tried| match failed {
@@ -418,7 +413,8 @@ impl CasEngine {
         written.map_err(|failed| match failed {
             Overwrite::Failed(err) => err,
             Overwrite::Unavailable | Overwrite::StillOurs => BackendError::Unavailable(
-                lock(last_unavailable)
+                last_unavailable
+                    .locked()
                     .take()
                     .unwrap_or_else(|| "the store kept changing".into()),
             ),
@@ -426,11 +422,11 @@ impl CasEngine {
     }
 
     fn version_of(&self, lease_id: &str) -> Option<String> {
-        lock(&self.held).get(lease_id).map(|h| h.version.clone())
+        self.held.locked().get(lease_id).map(|h| h.version.clone())
     }
 
     fn record_of(&self, lease_id: &str) -> Option<CasRecord> {
-        lock(&self.held).get(lease_id).map(|h| h.record.clone())
+        self.held.locked().get(lease_id).map(|h| h.record.clone())
     }
 }
 
@@ -508,7 +504,7 @@ impl Backend for CasEngine {
         record.store.ttl_ms = ttl.as_millis() as u64;
         record.store.renewed_at_ms = now_ms();
         let version = self.overwrite(lease, record.clone()).await?;
-        if let Some(held) = lock(&self.held).get_mut(&lease.lease_id) {
+        if let Some(held) = self.held.locked().get_mut(&lease.lease_id) {
             *held = Held { version, record };
         }
         Ok(Renewed::ByThisCall)
@@ -528,7 +524,7 @@ impl Backend for CasEngine {
         if let Ok(version) = &outcome {
             self.learn(&name, Some((version.clone(), record)));
         }
-        lock(&self.held).remove(&lease.lease_id);
+        self.held.locked().remove(&lease.lease_id);
         match outcome {
             Ok(_) | Err(BackendError::LeaseMismatch) => Ok(()), // already someone else's: nothing to free
             Err(err) => Err(err),
@@ -561,7 +557,7 @@ impl Backend for CasEngine {
             .clone()
             .ok_or_else(|| BackendError::Corrupt(format!("{name} is held but names no holder")))?;
         let ttl = Duration::from_millis(record.store.ttl_ms);
-        lock(&self.held).insert(
+        self.held.locked().insert(
             lease.lease_id.clone(),
             Held {
                 version: stored.version,
@@ -570,7 +566,7 @@ impl Backend for CasEngine {
         );
         let sent = Instant::now();
         let written = self.overwrite(lease, record.clone()).await;
-        let mut held = lock(&self.held);
+        let mut held = self.held.locked();
         match written {
             Ok(version) => {
                 held.insert(lease.lease_id.clone(), Held { version, record });

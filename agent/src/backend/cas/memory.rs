@@ -3,6 +3,7 @@
 //! S3 it reports times in whole seconds.
 
 use super::{CasError, CasResult, CasStore, Names, Precondition, Read, Site, Stored};
+use crate::unpoisoned::Unpoisoned;
 use async_trait::async_trait;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -43,7 +44,7 @@ impl MemoryCasStore {
     }
 
     fn write(&self, name: &str, body: Vec<u8>, expect: Option<&str>) -> CasResult<String> {
-        let mut objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
+        let mut objects = self.objects.locked();
         let current = objects.get(name).map(|o| o.version.as_str());
         if current != expect {
             return Err(CasError::Conflict);
@@ -54,7 +55,7 @@ impl MemoryCasStore {
     /// A write whatever the object's version: what a store that checks a
     /// condition apart from its write ends with ([`super::racy`]).
     pub fn overwrite(&self, name: &str, body: Vec<u8>) -> String {
-        let mut objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
+        let mut objects = self.objects.locked();
         self.store(&mut objects, name, body)
     }
 
@@ -74,7 +75,7 @@ impl MemoryCasStore {
 impl MemoryCasStore {
     /// The names of the objects held now.
     pub fn names(&self) -> Vec<String> {
-        let objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
+        let objects = self.objects.locked();
         objects.keys().cloned().collect()
     }
 }
@@ -96,7 +97,7 @@ impl CasStore for MemoryCasStore {
     }
 
     async fn get(&self, name: &str) -> CasResult<Read> {
-        let objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
+        let objects = self.objects.locked();
         let mut object = objects.get(name).cloned();
         if !self.clock {
             if let Some(o) = object.as_mut() {
@@ -114,7 +115,7 @@ impl CasStore for MemoryCasStore {
     }
 
     async fn list(&self, prefix: &str, page: Option<&str>, limit: usize) -> CasResult<Names> {
-        let objects = self.objects.lock().unwrap_or_else(|e| e.into_inner());
+        let objects = self.objects.locked();
         let mut names: Vec<(&String, &Stored)> = objects
             .iter()
             .filter(|(name, _)| name.starts_with(prefix))
@@ -134,10 +135,7 @@ impl CasStore for MemoryCasStore {
     }
 
     async fn delete(&self, name: &str) -> CasResult<()> {
-        self.objects
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
+        self.objects.locked().remove(name);
         Ok(())
     }
 }

@@ -3,6 +3,7 @@
 //! next listing (the fleet page polls) reads again only what changed.
 
 use super::{Read, Stored};
+use crate::unpoisoned::Unpoisoned;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::SystemTime;
@@ -33,7 +34,7 @@ impl ReadCache {
     /// The read of `name` as it was when last read, if its version is still
     /// `version`; the store's date moved on by the time since.
     pub(super) fn get(&self, name: &str, version: &str) -> Option<Read> {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = self.entries.locked();
         let cached = entries.0.get(name)?;
         if bare(&cached.stored.version) != bare(version) {
             return None;
@@ -49,7 +50,7 @@ impl ReadCache {
         let Some(stored) = &read.object else {
             return;
         };
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        let mut entries = self.entries.locked();
         let (map, bytes) = &mut *entries;
         if *bytes + stored.body.len() > MAX_BYTES {
             map.clear();

@@ -12,6 +12,7 @@
 use super::testing::FaultyStore;
 use super::{CasEngine, MemoryCasStore};
 use crate::backend::{AcquireSpec, Backend, BackendError, LeaseRef};
+use crate::unpoisoned::Unpoisoned;
 use runlock_protocol::{timing, Holder, Key};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -90,10 +91,7 @@ impl Agent {
                     from,
                     to,
                 };
-                self.beliefs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(belief);
+                self.beliefs.locked().push(belief);
             }
         }
     }
@@ -164,7 +162,7 @@ async fn schedule(seed: u64) -> Vec<Belief> {
     for task in tasks {
         task.await.expect("agent task");
     }
-    let beliefs = beliefs.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let beliefs = beliefs.locked().clone();
     beliefs
 }
 

@@ -3,6 +3,7 @@
 //! answer (the case that makes a writer unsure whether it wrote).
 
 use super::{CasError, CasResult, CasStore, MemoryCasStore, Names, Precondition, Read, Site};
+use crate::unpoisoned::Unpoisoned;
 use async_trait::async_trait;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -70,7 +71,7 @@ impl FaultyStore {
     }
 
     fn draw(&self, write: bool) -> (Duration, Duration, Fate) {
-        let mut rng = self.rng.lock().unwrap_or_else(|e| e.into_inner());
+        let mut rng = self.rng.locked();
         let delay = |rng: &mut fastrand::Rng| self.max_delay.mul_f64(rng.f64());
         let (before, after) = (delay(&mut rng), delay(&mut rng));
         let roll = rng.f64();
@@ -188,7 +189,7 @@ impl Throttled {
 
     fn noted<T>(&self, name: &str, result: CasResult<T>) -> CasResult<T> {
         if result.is_ok() {
-            let mut writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+            let mut writes = self.writes.locked();
             writes.push((name.to_string(), tokio::time::Instant::now()));
         }
         result
@@ -196,7 +197,7 @@ impl Throttled {
 
     /// The shortest time between two successful writes of one object.
     pub fn closest_writes(&self) -> Option<Duration> {
-        let writes = self.writes.lock().unwrap_or_else(|e| e.into_inner());
+        let writes = self.writes.locked();
         let mut closest: Option<Duration> = None;
         for (i, (name, at)) in writes.iter().enumerate() {
             if let Some((_, before)) = writes[..i].iter().rev().find(|(n, _)| n == name) {

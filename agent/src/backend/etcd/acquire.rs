@@ -2,6 +2,7 @@
 //! or reads who has it, and `--force`'s delete-and-create over a holder.
 
 use super::*;
+use crate::unpoisoned::Unpoisoned;
 
 /// How often a forced acquire may find the key taken again between its delete and its create.
 const FORCE_ATTEMPTS: usize = 4;
@@ -44,10 +45,7 @@ impl EtcdBackend {
 
     /// Notes a key held here, and has the watch look after it.
     pub(super) fn hold(&self, key: &Key, lease_id: &str, etcd_lease: i64, token: u64, epoch: u64) {
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(lease_id.to_string(), etcd_lease);
+        self.held.locked().insert(lease_id.to_string(), etcd_lease);
         self.watched.hold(&self.name(key), token as i64, epoch);
         // Started by the first holder (or waiter), and kept.
         let _ = self.release_sender();

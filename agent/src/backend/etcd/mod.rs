@@ -55,6 +55,7 @@ use super::{
 };
 use crate::backend::history::{self as shared, Stamp};
 use crate::backend::retry::TIMEOUTS;
+use crate::unpoisoned::Unpoisoned;
 use async_trait::async_trait;
 use errors::{LeaseGone, Problem};
 use futures::StreamExt;
@@ -246,11 +247,7 @@ impl EtcdBackend {
     }
 
     fn lease_of(&self, lease_id: &str) -> Option<i64> {
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(lease_id)
-            .copied()
+        self.held.locked().get(lease_id).copied()
     }
 
     /// Where a key's history lives: a name no escaped key can have (a
@@ -267,13 +264,13 @@ impl EtcdBackend {
 
     /// The history as this agent last saw it (absent if it never did).
     fn kept(&self, name: &str) -> Kept {
-        let histories = self.histories.lock().unwrap_or_else(|e| e.into_inner());
+        let histories = self.histories.locked();
         histories.get(name).cloned().unwrap_or_default()
     }
 
     /// Notes what a read or a write showed of a history; whether it changed.
     fn keep(&self, name: &str, kept: Kept) -> bool {
-        let mut histories = self.histories.lock().unwrap_or_else(|e| e.into_inner());
+        let mut histories = self.histories.locked();
         // An absent history is what an unknown one reads as: no entry for
         // it (each plain key's slot-1 history, read at every acquire, is).
         let before = if kept == Kept::default() {
@@ -302,7 +299,7 @@ impl EtcdBackend {
 
     /// Whether an acquire last found the key `name` held (`held`), now.
     fn seen_held(&self, name: &str, held: Option<bool>) -> bool {
-        let mut seen = self.seen_held.lock().unwrap_or_else(|e| e.into_inner());
+        let mut seen = self.seen_held.locked();
         match held {
             Some(true) => !seen.insert(name.to_string()),
             Some(false) => seen.remove(name),
@@ -514,11 +511,7 @@ impl Backend for EtcdBackend {
     /// otherwise deletes the key alone if it is still ours, and records
     /// nothing. The etcd lease is the agent's, and stays.
     async fn end(&self, lease: &LeaseRef, ending: &Ending) -> BackendResult<()> {
-        let held = self
-            .held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&lease.lease_id);
+        let held = self.held.locked().remove(&lease.lease_id);
         let Some(id) = held else {
             return Ok(()); // not ours (any more): nothing to let go of
         };

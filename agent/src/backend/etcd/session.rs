@@ -15,6 +15,7 @@ use super::errors::{LeaseGone, Problem};
 use super::lease_seconds;
 use super::transport::Connection;
 use crate::backend::{BackendError, BackendResult};
+use crate::unpoisoned::Unpoisoned;
 use runlock_protocol::timing;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -51,7 +52,7 @@ impl Session {
     }
 
     fn kept(&self) -> Instant {
-        *self.kept.lock().unwrap_or_else(|e| e.into_inner())
+        *self.kept.locked()
     }
 
     /// The last keep-alive, if it is at most TTL/6 old.
@@ -76,7 +77,7 @@ impl Sessions {
     }
 
     fn by_ttl(&self) -> MutexGuard<'_, HashMap<Duration, Arc<Session>>> {
-        self.by_ttl.lock().unwrap_or_else(|e| e.into_inner())
+        self.by_ttl.locked()
     }
 
     fn session(&self, ttl: Duration) -> Option<Arc<Session>> {
@@ -148,7 +149,7 @@ impl Sessions {
         self.connection
             .call(|c| async move { c.lease_keep_alive(id).await })
             .await?;
-        *session.kept.lock().unwrap_or_else(|e| e.into_inner()) = sent;
+        *session.kept.locked() = sent;
         Ok(sent)
     }
 }

@@ -11,6 +11,7 @@
 //! A stamp is taken before the request it vouches for is sent, so every
 //! delete after that request's revision reaches the watch.
 
+use crate::unpoisoned::Unpoisoned;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
@@ -70,7 +71,7 @@ impl Watched {
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Stamp>> {
-        self.held.lock().unwrap_or_else(|e| e.into_inner())
+        self.held.locked()
     }
 
     /// A key granted (or adopted, or read as ours) by a request stamped `epoch`.

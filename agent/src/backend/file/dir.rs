@@ -4,6 +4,7 @@
 //! asked (`same_inode`).
 
 use super::*;
+use crate::unpoisoned::Unpoisoned;
 
 impl Inner {
     /// A name in the lock directory, for messages.
@@ -15,7 +16,7 @@ impl Inner {
     /// it was deleted, so that runs go on once it is back.
     pub(super) fn dir(&self) -> BackendResult<Arc<File>> {
         // invariant: nothing panics while holding this lock
-        let mut dir = self.dir_fd.lock().unwrap_or_else(|e| e.into_inner());
+        let mut dir = self.dir_fd.locked();
         let gone = dir
             .metadata()
             .map_err(|e| self.io_error("checking", "", e))?

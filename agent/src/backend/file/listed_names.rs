@@ -4,6 +4,7 @@
 //! keys cost N²/250). SPEC 8.10 lets a key created while a client pages be
 //! missed; a name removed since is skipped when its record is read.
 
+use crate::unpoisoned::Unpoisoned;
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -43,7 +44,7 @@ impl ListedNames {
             .and_then(|t| t.strip_prefix(TOKEN_PREFIX))
             .and_then(|id| id.parse::<u64>().ok());
         if let Some(id) = id {
-            let kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+            let kept = self.kept.locked();
             let found = kept
                 .0
                 .iter()
@@ -55,7 +56,7 @@ impl ListedNames {
         let mut names = read()?;
         names.sort_unstable();
         let names = Arc::new(names);
-        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        let mut kept = self.kept.locked();
         let (snapshots, next_id) = &mut *kept;
         *next_id += 1;
         let id = *next_id;

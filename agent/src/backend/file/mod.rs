@@ -76,6 +76,7 @@ use super::{
     Ending, Grant, LeaseRef, ListFrom, ListPage, Listed, PageAsk, Profile, Profiled, Renewed,
     ReportName, Reports, StoredReport,
 };
+use crate::unpoisoned::Unpoisoned;
 use anyhow::Context as _;
 use async_trait::async_trait;
 use displaced::{DisplacedRun, Running};
@@ -283,10 +284,7 @@ impl Inner {
             agent_id: agent_id.to_string(),
         };
         // invariant: nothing panics while holding this lock
-        self.held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(lease_id.to_string(), held);
+        self.held.locked().insert(lease_id.to_string(), held);
     }
 
     /// The key's record; `None` when it was never written.
@@ -592,7 +590,7 @@ impl Inner {
 
     fn renew(&self, lease: &LeaseRef) -> BackendResult<()> {
         let dir = self.dir()?;
-        let held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let held = self.held.locked();
         let held = held
             .get(&lease.lease_id)
             .ok_or(BackendError::LeaseMismatch)?;
@@ -610,12 +608,7 @@ impl Inner {
     /// run may have dropped the lock already, and then someone else may
     /// hold the key.
     fn release(&self, lease: &LeaseRef, ending: &Ending) -> BackendResult<()> {
-        let Some(held) = self
-            .held
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&lease.lease_id)
-        else {
+        let Some(held) = self.held.locked().remove(&lease.lease_id) else {
             return Ok(());
         };
         let (name, lock_name) = (file_name(&lease.key), lock_name(&lease.key));

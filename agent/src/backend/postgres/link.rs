@@ -3,6 +3,7 @@
 //! server's `max_connections` is served in turns (issue 28).
 
 use crate::backend::StoreContext;
+use crate::unpoisoned::Unpoisoned;
 use std::future::Future;
 use std::sync::{Arc, Mutex as SyncMutex, Weak};
 use std::time::Duration;
@@ -40,14 +41,11 @@ impl Link {
     }
 
     fn touch(&self) {
-        *self.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        *self.last_used.locked() = Instant::now();
     }
 
     fn idle_for(&self) -> Duration {
-        self.last_used
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .elapsed()
+        self.last_used.locked().elapsed()
     }
 }
 

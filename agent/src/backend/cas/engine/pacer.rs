@@ -1,5 +1,6 @@
 //! Spacing this agent's writes of one record by the store's pace.
 
+use crate::unpoisoned::Unpoisoned;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -31,7 +32,7 @@ impl Pacer {
         }
         let now = Instant::now();
         let booking = {
-            let mut booked = self.booked.lock().unwrap_or_else(|e| e.into_inner());
+            let mut booked = self.booked.locked();
             booked.retain(|_, last| *last + self.interval > now);
             let previous = booked.get(name).copied();
             let at = previous.map_or(now, |last| (last + self.interval).max(now));
@@ -45,7 +46,7 @@ impl Pacer {
     /// The booked write changed nothing (its precondition failed): it does not count.
     pub(super) fn cancel(&self, name: &str, booking: Option<Booking>) {
         let Some(booking) = booking else { return };
-        let mut booked = self.booked.lock().unwrap_or_else(|e| e.into_inner());
+        let mut booked = self.booked.locked();
         if booked.get(name) == Some(&booking.at) {
             match booking.previous {
                 Some(previous) => booked.insert(name.to_string(), previous),

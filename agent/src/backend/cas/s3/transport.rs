@@ -1,6 +1,7 @@
 //! What the S3 SDK does not hand back by itself: the answer's `Date`
 //! header, the store's clock.
 
+use crate::unpoisoned::Unpoisoned;
 use aws_sdk_s3::config::interceptors::BeforeDeserializationInterceptorContextRef;
 use aws_sdk_s3::config::{ConfigBag, Intercept, RuntimeComponents};
 use std::sync::{Arc, Mutex};
@@ -12,7 +13,7 @@ pub(super) struct CaptureDate(Arc<Mutex<Option<SystemTime>>>);
 
 impl CaptureDate {
     pub(super) fn take(&self) -> Option<SystemTime> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+        self.0.locked().take()
     }
 }
 
@@ -32,7 +33,7 @@ impl Intercept for CaptureDate {
             .headers()
             .get("date")
             .and_then(|d| httpdate::parse_http_date(d).ok());
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = date;
+        *self.0.locked() = date;
         Ok(())
     }
 }
