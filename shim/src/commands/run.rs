@@ -193,13 +193,22 @@ struct Run {
 /// command already runs, and `supervise` reads it.
 async fn start(mut client: Client, held: Held, args: &RunArgs) -> Result<Run, Failure> {
     let fd = client.as_raw_fd();
-    let child = spawn(
+    let spawned = spawn(
         Some(fd),
         &held.locks,
         &args.command,
         &args.keys,
         &held.leases,
-    )?;
+    );
+    let child = match spawned {
+        Ok(child) => child,
+        Err(failure) => {
+            // A command that could not start leaves the key free as an exit does: at once.
+            unlock(&held.locks);
+            release(&mut client, &held.leases).await;
+            return Err(failure);
+        }
+    };
     // invariant: a spawned child has a pid until it is waited for
     let pid = child.id().unwrap_or_default();
     let attaching = client
@@ -313,18 +322,9 @@ async fn finish(
     if watch.lost && !matches!(watch.on_lost, OnLostArg::Ignore) {
         stop_group(watch.group, watch.kill_at, watch.kill_grace).await;
     }
-    // Dropped for every holder of the lock (a daemon the run left behind
-    // too) before the agent is told: it marks the record free only once it
-    // can take the lock itself, so this leaves no moment with two holders.
-    for lock in &run.locks {
-        // SAFETY: the descriptor is open; LOCK_UN only drops our lock.
-        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_UN) };
-    }
+    unlock(&run.locks);
     if run.watch.agent_open {
-        let lease_ids = run.leases.iter().map(|l| l.lease_id.clone());
-        let release = ClientMessage::Release(ReleaseRequest::leases(lease_ids));
-        // A lease already lost answers not_owner, which is fine: the run is over either way.
-        let _ = tokio::time::timeout(RELEASE_WAIT, run.client.call(release)).await;
+        release(&mut run.client, &run.leases).await;
     } else if !run.watch.lost && run.locks.is_empty() {
         eprintln!("runlock: no agent to release the lock to; it expires by itself within its TTL");
     }
@@ -338,6 +338,25 @@ async fn finish(
         return Ok(ExitCode::from(exit::EXIT_LEASE_LOST));
     }
     Ok(exit_code(status))
+}
+
+/// Drops the run's kernel locks for every holder (a daemon the run left
+/// behind too), before the agent is told: it marks the record free only
+/// once it can take the lock itself, so this leaves no moment with two holders.
+fn unlock(locks: &[OwnedFd]) {
+    for lock in locks {
+        // SAFETY: the descriptor is open; LOCK_UN only drops our lock.
+        unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// Releases the run's leases, waiting (bounded) for the agent to confirm,
+/// so that the key is free when the shim exits.
+async fn release(client: &mut Client, leases: &[Lease]) {
+    let lease_ids = leases.iter().map(|l| l.lease_id.clone());
+    let release = ClientMessage::Release(ReleaseRequest::leases(lease_ids));
+    // A lease already lost answers not_owner, which is fine: the run is over either way.
+    let _ = tokio::time::timeout(RELEASE_WAIT, client.call(release)).await;
 }
 
 /// A lost run is its whole process group: what the command left behind is
