@@ -135,9 +135,8 @@ impl Registry {
             match self.acquire_key(&acquiring, key).await {
                 Ok(taken) => granted.add(taken),
                 Err(err) => {
-                    for lease in granted.leases {
-                        self.release_lease(&lease.lease_id, &Ending::Released).await;
-                    }
+                    let taken = granted.leases.into_iter().map(|l| l.lease_id).collect();
+                    self.release_leases(taken, &Ending::Released).await;
                     if let LeaseError::Held { key, waited, .. } = &err {
                         let user = &acquiring.claim.holder.user;
                         self.note_refusal(key, peer, user, *waited);

@@ -318,9 +318,7 @@ impl Registry {
         self.confirm_stopped(stopped).await;
         // Still held when its connection closed: its client went away
         // without letting go (killed, or crashed), which the history says.
-        for lease_id in leases {
-            self.release_lease(&lease_id, &Ending::ClientGone).await;
-        }
+        self.release_leases(leases, &Ending::ClientGone).await;
     }
 
     /// The agent is stopping: where leases outlive it, stop renewing and keep

@@ -10,6 +10,9 @@ use super::takeover::now_ms;
 use crate::backend::{AcquireSpec, Ending, LeaseRef};
 use runlock_protocol::{Holder, Key};
 
+/// How many of one request's leases are released in the store at once.
+const RELEASES_AT_ONCE: usize = 16;
+
 impl Registry {
     /// Releases leases this connection holds.
     pub async fn release(&self, conn: ConnId, lease_ids: &[String]) -> Result<u32, LeaseError> {
@@ -23,16 +26,30 @@ impl Registry {
                 return Err(LeaseError::NotHeldHere(id.clone()));
             }
         }
-        let mut count = 0;
-        for id in lease_ids {
-            count += u32::from(self.release_lease(id, &Ending::Released).await);
-        }
-        Ok(count)
+        let released = self.release_leases(lease_ids.to_vec(), &Ending::Released);
+        Ok(released.await)
+    }
+
+    /// Lets go of `lease_ids`, several at once: each key is a request of
+    /// its own to the store, and a run holding hundreds of keys should not
+    /// wait for them one by one. Returns how many were held.
+    pub(super) async fn release_leases(&self, lease_ids: Vec<String>, ending: &Ending) -> u32 {
+        use futures::StreamExt;
+        let releases = lease_ids
+            .into_iter()
+            .map(|id| self.release_lease(id, ending))
+            .collect::<Vec<_>>();
+        let released: Vec<bool> = futures::stream::iter(releases)
+            .buffer_unordered(RELEASES_AT_ONCE)
+            .collect()
+            .await;
+        released.into_iter().map(u32::from).sum()
     }
 
     /// Lets go of one lease, in the backend too (its history says how it
     /// ended), and wakes the next local waiter.
-    pub(super) async fn release_lease(&self, lease_id: &str, ending: &Ending) -> bool {
+    async fn release_lease(&self, lease_id: String, ending: &Ending) -> bool {
+        let lease_id = lease_id.as_str();
         let Some(lease) = self.state().remove_lease(lease_id, &*self.observer) else {
             return false;
         };
@@ -127,5 +144,50 @@ impl Registry {
         let lease_id = state.by_key.get(key)?;
         let lease = state.leases.get(lease_id)?;
         (lease.holder.token < token).then(|| lease_id.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use crate::backend::{Backend, BackendResult, Ending, LeaseRef};
+
+    /// A store whose ends each wait until `together` of them are under way.
+    struct Gathering {
+        together: tokio::sync::Barrier,
+    }
+
+    #[async_trait::async_trait]
+    impl Hooks for Gathering {
+        async fn end(
+            &self,
+            store: &dyn Backend,
+            lease: &LeaseRef,
+            ending: &Ending,
+        ) -> BackendResult<()> {
+            self.together.wait().await;
+            store.end(lease, ending).await
+        }
+    }
+
+    #[tokio::test]
+    async fn a_release_of_many_leases_asks_the_store_for_several_at_once() {
+        const AT_ONCE: usize = 8;
+        let store = hooked(Gathering {
+            together: tokio::sync::Barrier::new(AT_ONCE),
+        });
+        let registry = agent(store, "agent-1");
+        let (conn, _events) = connect(&registry, ROOT);
+        let keys: Vec<String> = (0..AT_ONCE).map(|i| format!("k{i}")).collect();
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let leases = take(&registry, conn, &keys).await.expect("free");
+        let ids: Vec<String> = leases.into_iter().map(|l| l.lease_id).collect();
+        // One at a time, the first end would wait for the others forever.
+        let released = tokio::time::timeout(Duration::from_secs(10), registry.release(conn, &ids))
+            .await
+            .expect("the ends ran together")
+            .expect("held here");
+        assert_eq!(released as usize, AT_ONCE);
+        assert!(registry.list().is_empty());
     }
 }
