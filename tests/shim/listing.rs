@@ -35,6 +35,18 @@ test_matrix!(
 /// (through ministack on a loaded machine, 0.1 to 0.3 s a write).
 const MANY_KEYS_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
+/// An `acquire` of `keys` for a test's whole length: an hour's TTL, so that
+/// no renewal of hundreds of leases weighs on an emulator the other tests
+/// share (600 leases of 30 s took 60 writes a second, and Azurite answered
+/// a loaded CI machine's acquires in over 200 ms each).
+fn acquire_for_the_test(keys: &[&str]) -> ClientMessage {
+    let mut request = acquire(keys);
+    if let ClientMessage::Acquire(req) = &mut request {
+        req.ttl_ms = Some(60 * 60 * 1000);
+    }
+    request
+}
+
 /// `runlock list ARGS --json` through `agent`, parsed; it must succeed.
 /// A listing reads one record per key, so it is given as long as an acquire
 /// of many keys: 600 keys on a loaded Azurite or moto took more than the
@@ -268,7 +280,10 @@ async fn a_listing_pages_through_more_keys_than_one_reply_holds(store: impl Stor
     let keys: Vec<String> = (0..KEYS).map(|i| format!("page/{i:04}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let mut client = agent.client().await?;
-    let leases = match client.call_within(MANY_KEYS_WAIT, acquire(&refs)).await? {
+    let leases = match client
+        .call_within(MANY_KEYS_WAIT, acquire_for_the_test(&refs))
+        .await?
+    {
         AgentMessage::Acquired { leases, .. } => leases,
         other => anyhow::bail!("acquire: {other:?}"),
     };
@@ -400,7 +415,9 @@ async fn a_page_that_fails_says_which_and_the_pages_before_it_are_shown(
     let mut client = holder.client().await?;
     ensure!(
         matches!(
-            client.call_within(MANY_KEYS_WAIT, acquire(&refs)).await?,
+            client
+                .call_within(MANY_KEYS_WAIT, acquire_for_the_test(&refs))
+                .await?,
             AgentMessage::Acquired { .. }
         ),
         "the keys were not taken"
@@ -446,7 +463,10 @@ async fn a_listing_reads_again_only_the_records_that_changed(store: impl Store) 
     let keys: Vec<String> = (0..KEYS).map(|i| format!("reads/{i:02}")).collect();
     let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
     let mut client = agent.client().await?;
-    let leases = match client.call_within(MANY_KEYS_WAIT, acquire(&refs)).await? {
+    let leases = match client
+        .call_within(MANY_KEYS_WAIT, acquire_for_the_test(&refs))
+        .await?
+    {
         AgentMessage::Acquired { leases, .. } => leases,
         other => anyhow::bail!("acquire: {other:?}"),
     };
