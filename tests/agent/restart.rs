@@ -68,10 +68,13 @@ async fn runs_of_a_stopped_agent(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_within_the_ttl_keeps_every_run_and_its_token() -> Result<()> {
-    let ttl = Duration::from_secs(12);
+    // 100 runs reattach at once, each with a write to moto: on a loaded CI
+    // machine that took 3 s, and with 12 s the shims' deadlines (TTL − TTL/6
+    // − the kill grace after the last write) came first and stopped the runs.
+    let ttl = Duration::from_secs(20);
     let (space, old, runs, stopped) = runs_of_a_stopped_agent("kept", ttl).await?;
     let new = space
-        .agent_on_socket("state", &["--ttl", "12s"], old.socket())
+        .agent_on_socket("state", &["--ttl", "20s"], old.socket())
         .await?;
     let new_id = new.agent_id().await?;
 
