@@ -115,7 +115,6 @@ impl Admission {
     /// A place for a connection of `uid`, or which limit it would break.
     pub fn admit(self: &Arc<Self>, uid: u32) -> Result<Ticket, String> {
         let privileged = self.privileged.contains(&uid);
-        // invariant: nothing panics while holding this lock
         let mut counts = self.counts.locked();
         if counts.all >= self.descriptor_cap {
             return Err(format!(

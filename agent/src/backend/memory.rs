@@ -35,14 +35,8 @@ pub struct MemoryBackend {
 
 impl MemoryBackend {
     fn with_record<T>(&self, key: &Key, f: impl FnOnce(&mut Record) -> T) -> T {
-        // invariant: no code panics while holding this lock, so it is never poisoned
         let mut keys = self.keys.locked();
         f(keys.entry(key.clone()).or_default())
-    }
-
-    fn reports(&self) -> std::sync::MutexGuard<'_, BTreeMap<ReportName, Vec<u8>>> {
-        // invariant: no code panics while holding this lock, so it is never poisoned
-        self.reports.locked()
     }
 }
 
@@ -153,7 +147,6 @@ impl Backend for MemoryBackend {
 
     async fn list(&self, ask: PageAsk<'_>) -> BackendResult<ListPage> {
         let (prefix, from, limit) = (ask.prefix, ask.from, ask.limit);
-        // invariant: no code panics while holding this lock, so it is never poisoned
         let keys = self.keys.locked();
         let after = from.after.as_deref().unwrap_or("");
         let mut names: Vec<&Key> = keys
@@ -190,12 +183,12 @@ impl Backend for MemoryBackend {
 #[async_trait]
 impl Reports for MemoryBackend {
     async fn put_report(&self, agent: &ReportName, body: Vec<u8>) -> BackendResult<()> {
-        self.reports().insert(agent.clone(), body);
+        self.reports.locked().insert(agent.clone(), body);
         Ok(())
     }
 
     async fn reports(&self) -> BackendResult<Vec<StoredReport>> {
-        let reports = MemoryBackend::reports(self);
+        let reports = self.reports.locked();
         Ok(reports
             .iter()
             .map(|(agent, body)| StoredReport::read(agent.clone(), body.clone()))
@@ -203,7 +196,7 @@ impl Reports for MemoryBackend {
     }
 
     async fn remove_report(&self, agent: &ReportName) -> BackendResult<()> {
-        self.reports().remove(agent);
+        self.reports.locked().remove(agent);
         Ok(())
     }
 }

@@ -239,7 +239,6 @@ impl Registry {
     }
 
     pub(super) fn state(&self) -> MutexGuard<'_, State> {
-        // invariant: nothing panics while holding the lock, so poisoning cannot happen
         self.state.locked()
     }
 

@@ -18,7 +18,7 @@ use crate::backend::{BackendError, BackendResult};
 use crate::unpoisoned::Unpoisoned;
 use runlock_protocol::timing;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -76,12 +76,8 @@ impl Sessions {
         }
     }
 
-    fn by_ttl(&self) -> MutexGuard<'_, HashMap<Duration, Arc<Session>>> {
-        self.by_ttl.locked()
-    }
-
     fn session(&self, ttl: Duration) -> Option<Arc<Session>> {
-        self.by_ttl().get(&ttl).cloned()
+        self.by_ttl.locked().get(&ttl).cloned()
     }
 
     /// The lease to put a new key on, and when it was last kept alive (the
@@ -108,7 +104,7 @@ impl Sessions {
             .connection
             .request(|c| async move { c.lease_grant(seconds).await })
             .await?;
-        let mut by_ttl = self.by_ttl();
+        let mut by_ttl = self.by_ttl.locked();
         // Leases of TTLs no longer held go with their last key: drop the
         // ones etcd has surely let run out, so that the map stays small.
         by_ttl.retain(|_, s| !s.run_out());
@@ -132,7 +128,7 @@ impl Sessions {
 
     /// Lease `id` is gone (a write on it was refused): the next grant makes another.
     pub(super) fn gone(&self, id: i64) {
-        self.by_ttl().retain(|_, s| s.id != id);
+        self.by_ttl.locked().retain(|_, s| s.id != id);
     }
 
     /// The session's last keep-alive if it is at most TTL/6 old, else a new one.

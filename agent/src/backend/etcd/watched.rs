@@ -70,13 +70,9 @@ impl Watched {
         self.epoch.store(DOWN, Ordering::SeqCst);
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Stamp>> {
-        self.held.locked()
-    }
-
     /// A key granted (or adopted, or read as ours) by a request stamped `epoch`.
     pub(super) fn hold(&self, name: &str, token: i64, epoch: u64) {
-        let mut held = self.held();
+        let mut held = self.held.locked();
         match held.get_mut(name) {
             Some(stamp) if stamp.token == token => stamp.epoch = epoch,
             _ => {
@@ -92,7 +88,7 @@ impl Watched {
 
     /// This agent lets the key go: its delete is no news.
     pub(super) fn forget(&self, name: &str, token: i64) {
-        let mut held = self.held();
+        let mut held = self.held.locked();
         if held.get(name).is_some_and(|stamp| stamp.token == token) {
             held.remove(name);
         }
@@ -100,14 +96,19 @@ impl Watched {
 
     /// The watch saw `name`, created at `token`, deleted.
     pub(super) fn deleted(&self, name: &str, token: i64) {
-        if let Some(stamp) = self.held().get_mut(name) {
+        if let Some(stamp) = self.held.locked().get_mut(name) {
             stamp.deleted |= stamp.token == token;
         }
     }
 
     pub(super) fn word(&self, name: &str, token: i64) -> Word {
         let epoch = self.epoch();
-        match self.held().get(name).filter(|stamp| stamp.token == token) {
+        match self
+            .held
+            .locked()
+            .get(name)
+            .filter(|stamp| stamp.token == token)
+        {
             Some(stamp) if stamp.deleted => Word::Deleted,
             Some(stamp) if epoch != DOWN && stamp.epoch == epoch => Word::Kept,
             _ => Word::Unknown,

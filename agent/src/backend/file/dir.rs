@@ -15,7 +15,6 @@ impl Inner {
     /// The open lock directory; reopened (and checked again) from its path if
     /// it was deleted, so that runs go on once it is back.
     pub(super) fn dir(&self) -> BackendResult<Arc<File>> {
-        // invariant: nothing panics while holding this lock
         let mut dir = self.dir_fd.locked();
         let gone = dir
             .metadata()

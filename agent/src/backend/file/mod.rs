@@ -283,7 +283,6 @@ impl Inner {
             lock,
             agent_id: agent_id.to_string(),
         };
-        // invariant: nothing panics while holding this lock
         self.held.locked().insert(lease_id.to_string(), held);
     }
 
