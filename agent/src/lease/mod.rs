@@ -33,6 +33,7 @@ mod supervise;
 mod takeover;
 #[cfg(test)]
 mod testing;
+mod user_names;
 mod view;
 
 pub use acquire::{AcquireRequest, Granted};

@@ -7,6 +7,7 @@ use super::fleet::Fleet;
 use super::observer::{Observer, Unobserved};
 use super::renewal::Renewals;
 use super::state::{Conn, ConnId, PeerCred, State};
+use super::user_names::UserNames;
 use crate::access::Access;
 use crate::backend::{Backend, Capabilities, Ending, ProfiledBackend};
 use crate::process::Peer;
@@ -84,6 +85,8 @@ pub struct Registry {
     policy: Policy,
     state: Mutex<State>,
     next_id: AtomicU64,
+    /// Peers' user names, looked up once a while, not once a connection.
+    user_names: UserNames,
     /// Every task the lease layer starts, so that shutdown can wait for them.
     tasks: TaskTracker,
     /// Cancelled at shutdown: the scheduler and the store's listeners stop.
@@ -112,13 +115,6 @@ async fn wake_on_releases(
             Err(RecvError::Lagged(_)) => state.queues.wake_every_head(),
             Err(RecvError::Closed) => return,
         }
-    }
-}
-
-fn user_name(uid: u32) -> String {
-    match nix::unistd::User::from_uid(uid.into()) {
-        Ok(Some(user)) => user.name,
-        _ => uid.to_string(),
     }
 }
 
@@ -168,6 +164,7 @@ impl Registry {
             policy,
             state: Mutex::new(State::default()),
             next_id: AtomicU64::new(1),
+            user_names: UserNames::default(),
             stopped_here: Notify::new(),
             observer,
             tasks,
@@ -267,7 +264,7 @@ impl Registry {
     pub fn open_connection(&self, peer: PeerCred, shim: Peer, groups: &[u32]) -> (ConnId, Events) {
         let (events, received) = event::channel();
         let id = self.next_id();
-        let user = user_name(peer.uid);
+        let user = self.user_names.of(peer.uid);
         let access = &self.policy.access;
         let may_override = access.allows(peer.uid, &[peer.gid]) || access.allows(peer.uid, groups);
         let conn = Conn {

@@ -49,7 +49,7 @@ impl LocalLease {
 
 pub(super) struct Conn {
     pub(super) peer: PeerCred,
-    /// The peer's user name, looked up once: NSS reads files on every call.
+    /// The peer's user name, as `user_names` had it when it connected.
     pub(super) user: String,
     /// Whether the peer may force and break, decided once.
     pub(super) may_override: bool,
