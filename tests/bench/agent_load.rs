@@ -10,7 +10,8 @@ pub(crate) const MANY_LEASES: usize = 10_000;
 
 /// One agent holding [`MANY_LEASES`] leases (TTL 30 s) on the in-memory CAS
 /// store: how late renewals go out (the agent's own once-a-minute report),
-/// its resident memory, and its share of one core over that minute.
+/// its resident memory, and its share of one core over that minute; then
+/// how long its keys took to take, and to let go.
 pub(crate) async fn many_leases(_scratch: &Path) -> Result<Rows> {
     let count = match std::env::var("RUNLOCK_BENCH_LEASES") {
         Ok(text) => text.parse::<usize>().context("RUNLOCK_BENCH_LEASES")?,
@@ -19,7 +20,7 @@ pub(crate) async fn many_leases(_scratch: &Path) -> Result<Rows> {
     let store = std::env::var("RUNLOCK_BENCH_LEASES_ON").unwrap_or_else(|_| "memory-cas://".into());
     let mut agent = start_agent(&store, &["--ttl", "30s"], &[]).await?;
     let pid = agent.pid().context("agent pid")?;
-    let mut conns = Vec::new();
+    let (mut conns, mut acquiring) = (Vec::new(), Duration::ZERO);
     for c in 0..count.div_ceil(1000) {
         let mut conn = agent.client().await?;
         let keys: Vec<String> = (c * 1000..((c + 1) * 1000).min(count))
@@ -35,11 +36,15 @@ pub(crate) async fn many_leases(_scratch: &Path) -> Result<Rows> {
             command: "bench".into(),
             on_lost: OnLost::Term,
         });
-        match conn.call(request).await? {
-            AgentMessage::Acquired { leases, .. } if leases.len() == asked => {}
+        let started = Instant::now();
+        let lease_ids = match conn.call(request).await? {
+            AgentMessage::Acquired { leases, .. } if leases.len() == asked => {
+                leases.into_iter().map(|l| l.lease_id).collect::<Vec<_>>()
+            }
             other => bail!("acquire of {asked} keys: {other:?}"),
-        }
-        conns.push(conn);
+        };
+        acquiring += started.elapsed();
+        conns.push((conn, lease_ids));
     }
     let held_rss_kib = rss_kib(pid)?;
     if store == "memory://" {
@@ -74,9 +79,32 @@ pub(crate) async fn many_leases(_scratch: &Path) -> Result<Rows> {
     let rss_kib = rss_kib(pid)?;
     let fields = &report["fields"];
     let figure = |name: &str| fields[name].as_f64().unwrap_or(f64::NAN);
+    // Each request's keys are taken one after another (in sorted order, so
+    // that no two runs deadlock) and let go several at once.
+    let releasing = Instant::now();
+    for (conn, lease_ids) in &mut conns {
+        let asked = lease_ids.len();
+        let lease_ids = std::mem::take(lease_ids);
+        match conn.call(runlock_tests::client::release(lease_ids)).await? {
+            AgentMessage::Released { count } if count as usize == asked => {}
+            other => bail!("release of {asked} leases: {other:?}"),
+        }
+    }
+    let releasing = releasing.elapsed();
     agent.stop().await?;
     drop(conns);
+    let per_key = |took: Duration| took.as_secs_f64() * 1e3 / count as f64;
     Ok(vec![
+        (
+            format!("{count} keys on {store}, 1,000 a request: acquire, release (ms a key)"),
+            format!(
+                "{:.1} s, {:.1} s ({:.2}, {:.2})",
+                acquiring.as_secs_f64(),
+                releasing.as_secs_f64(),
+                per_key(acquiring),
+                per_key(releasing)
+            ),
+        ),
         (
             format!("{count} leases on {store}, TTL 30 s: renewals in a minute once all are held"),
             format!("{}", figure("renewals")),
