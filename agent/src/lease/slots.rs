@@ -171,7 +171,7 @@ impl Registry {
         spec.key = key.slot_record(slot);
         spec.holder.slot = Some(slot);
         spec.holder.slots = Some(n);
-        match self.acquire_unless_held_here(&spec).await {
+        match self.backend.acquire(&spec).await {
             Ok(grant) => Ok((spec, grant)),
             Err(BackendError::Held(Some(holder), incident)) => {
                 let mut holder = *holder;

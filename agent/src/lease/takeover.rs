@@ -6,12 +6,7 @@
 //! queue (among the first N for a key with N slots), or at once with
 //! `force`. Then:
 //!
-//! 1. A plain try at a record this agent holds, or is still releasing,
-//!    finds it held without asking the store
-//!    ([`Registry::acquire_unless_held_here`]): that lease's end wakes the
-//!    waiter, and on `file://` its run drops the kernel lock before its
-//!    release arrives, when the store would find the key free.
-//! 2. The store decides whether the key's record may be written over
+//! 1. The store decides whether the key's record may be written over
 //!    (`Backend::acquire`, by each store's own clock): a free key; a lease
 //!    no longer kept (not renewed for its TTL and grace, its agent stopped
 //!    or gone; on `file://`, its run's kernel lock let go); or this
@@ -19,19 +14,19 @@
 //!    taken over only with `force`, and a stopped agent's leases are left
 //!    for `reattach`, by their own user. Anything else is held: the
 //!    acquire waits for it, or says who holds it.
-//! 3. A key with slots is tried a slot at a time (`slots::take_slot`):
+//! 2. A key with slots is tried a slot at a time (`slots::take_slot`):
 //!    the slot this agent let go last, then the lowest free; a force that
 //!    finds every slot held takes the one granted earliest.
-//! 4. Every holder holds a key with one count of slots: a holder of
+//! 3. Every holder holds a key with one count of slots: a holder of
 //!    another count refuses the acquire at once (`SlotsMismatch`), never
 //!    waited for. A plain force reads every slot before it writes, since
 //!    its write ends its holder's run; and after any write the key's other
 //!    slots are read again (invariant 10), a holder of another count found
 //!    then having the grant given back.
-//! 5. A grant older than one this agent already registered for the key
+//! 4. A grant older than one this agent already registered for the key
 //!    (two forces answered out of order) took nothing: it is refused and
 //!    the newer stays (`register`).
-//! 6. A grant that displaced a live run is answered only once that run has
+//! 5. A grant that displaced a live run is answered only once that run has
 //!    stopped (`displaced`); a lease of this agent's it displaced is told
 //!    it is lost.
 //!
@@ -44,7 +39,7 @@ use super::registry::Registry;
 use super::renewal::deadline;
 use super::slots::{count_of, SlotRefusal};
 use super::state::{ConnId, LocalLease};
-use crate::backend::{AcquireSpec, BackendError, BackendResult, Ending, Grant, LeaseRef};
+use crate::backend::{AcquireSpec, BackendError, Ending, Grant, LeaseRef};
 use crate::shown;
 use runlock_protocol::{Holder, Key, Lease};
 use std::os::fd::OwnedFd;
@@ -121,13 +116,6 @@ impl Registry {
             None if refusal.holders.is_empty() => self.holder_of(&key).await,
             None => None,
         };
-        // A holder here was answered without the store: the key's last
-        // incident, which the store's answer names, is read only now.
-        let here = &self.identity().agent_id;
-        if refusal.incident.is_none() && holder.as_ref().is_some_and(|h| &h.agent_id == here) {
-            let record = self.backend.inspect(&key).await;
-            refusal.incident = record.ok().and_then(|r| r.incident);
-        }
         let viewer = self.viewer(claim.conn);
         let holders: Vec<Holder> = refusal
             .holders
@@ -235,7 +223,7 @@ impl Registry {
                 return Err(mismatch(count_of(h), holders));
             }
         }
-        match self.acquire_unless_held_here(&spec).await {
+        match self.backend.acquire(&spec).await {
             Ok(grant) => Ok((spec, grant)),
             Err(BackendError::Held(Some(h), _)) if count_of(&h) != 1 => {
                 Err(mismatch(count_of(&h), vec![*h]))
@@ -255,24 +243,6 @@ impl Registry {
                 ..Refusal::default()
             })),
             Err(err) => Err(NotTaken::from_backend(key, err)),
-        }
-    }
-
-    /// The store's answer to one try of `spec`, but a plain try at a
-    /// record this agent holds (or is still releasing) finds it held by
-    /// that lease, whatever the store says: on `file://` a run lets go of
-    /// its kernel lock before its release reaches the agent, and the store
-    /// finds the key free in between. The lease's end wakes the waiter.
-    pub(super) async fn acquire_unless_held_here(
-        &self,
-        spec: &AcquireSpec,
-    ) -> BackendResult<Grant> {
-        let here = (!spec.force)
-            .then(|| self.state().local_holder(&spec.key))
-            .flatten();
-        match here {
-            Some(holder) => Err(BackendError::Held(Some(Box::new(holder)), None)),
-            None => self.backend.acquire(spec).await,
         }
     }
 
@@ -307,7 +277,6 @@ impl Registry {
             conn,
             ttl: spec.ttl,
             holder: holder.clone(),
-            releasing: false,
         };
         let reference = lease.reference(&lease_id);
         let registered = {
@@ -415,111 +384,4 @@ pub(super) struct Refusal {
     /// What the backend knows of a holder that is no lease.
     unrecorded: Option<String>,
     pub(super) unreachable: Option<BackendError>,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::testing::*;
-    use crate::backend::{Backend, BackendResult, Ending, LeaseRef};
-    use tokio::sync::Notify;
-
-    /// A store whose `end` frees the record at once but answers only when
-    /// told: as on `file://`, where the run's kernel lock is let go before
-    /// the agent's release has written its end.
-    #[derive(Default)]
-    struct FreedEarly {
-        freed: Notify,
-        answer: Notify,
-    }
-
-    #[async_trait::async_trait]
-    impl Hooks for FreedEarly {
-        async fn end(
-            &self,
-            store: &dyn Backend,
-            lease: &LeaseRef,
-            ending: &Ending,
-        ) -> BackendResult<()> {
-            store.end(lease, ending).await?;
-            self.freed.notify_one();
-            self.answer.notified().await;
-            Ok(())
-        }
-    }
-
-    fn reference(lease: &Lease) -> LeaseRef {
-        let key = Key::new(&lease.key).expect("valid");
-        LeaseRef {
-            key: key.slot_record(lease.slot.unwrap_or(0)),
-            lease_id: lease.lease_id.clone(),
-            token: lease.token,
-        }
-    }
-
-    /// Polls, in paused time, for as long as a waiter would try many times.
-    async fn polls_go_by() {
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
-
-    // The shim lets go of its kernel lock, then sends `release`: a waiter
-    // trying the store in between finds the key free there.
-    #[tokio::test(start_paused = true)]
-    async fn a_waiter_leaves_a_key_held_here_to_its_holder_even_where_the_store_finds_it_free() {
-        for slots in [1, 2] {
-            let store = hooked(FreedEarly::default());
-            let registry = agent(store.clone(), "agent-1");
-            let (holder, mut holder_events) = connect(&registry, ROOT);
-            let (waiter, _waiter_events) = connect(&registry, ROOT);
-            let ask = |wait| AcquireRequest {
-                slots,
-                ..request(&["k"], wait, false)
-            };
-            let never = CancellationToken::new();
-            let granted = registry.acquire(holder, ask(Duration::ZERO), &never).await;
-            let held = granted.expect("free").leases.remove(0);
-            if slots == 2 {
-                // The other slot is held too, so the waiter has only the freed one.
-                let (other, _e) = connect(&registry, ROOT);
-                registry
-                    .acquire(other, ask(Duration::ZERO), &never)
-                    .await
-                    .expect("slot 1");
-            }
-            let inner = &store.inner.backend;
-            inner
-                .end(&reference(&held), &Ending::Released)
-                .await
-                .expect("freed in the store");
-            let waiting = spawn_queued(&registry, waiter, ask(Duration::from_secs(60))).await;
-            polls_go_by().await;
-            assert!(
-                !waiting.is_finished(),
-                "{slots} slot(s): taken from its live holder"
-            );
-
-            let releasing = {
-                let registry = registry.clone();
-                tokio::spawn(async move { registry.release(holder, &[held.lease_id]).await })
-            };
-            store.hooks.freed.notified().await;
-            polls_go_by().await;
-            assert!(
-                !waiting.is_finished(),
-                "{slots} slot(s): taken before its release ended"
-            );
-            store.hooks.answer.notify_one();
-            let released = releasing.await.expect("ran").expect("still the holder's");
-            assert_eq!(released, 1, "{slots} slot(s)");
-            let taken = tokio::time::timeout(Duration::from_secs(1), waiting).await;
-            let taken = taken
-                .expect("woken by the release")
-                .expect("ran")
-                .expect("granted");
-            assert_eq!(taken.leases[0].slot, held.slot, "{slots} slot(s)");
-            assert!(
-                holder_events.try_recv().is_err(),
-                "{slots} slot(s): the holder was told of a loss"
-            );
-        }
-    }
 }
