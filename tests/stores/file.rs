@@ -2,10 +2,13 @@
 //! agents sharing one lock directory, and the agent's socket file.
 
 use crate::support::agent::FileBackendDir;
+use crate::support::client::{self, RawClient};
 use crate::support::journal::Journal;
 use crate::support::run::HOLD;
-use crate::support::{host_name, key, user_name, AgentOptions, Deadline, TestAgent};
-use anyhow::{ensure, Context, Result};
+use crate::support::{host_name, key, user_name, AgentOptions, Deadline, TestAgent, WAIT};
+use anyhow::{bail, ensure, Context, Result};
+use runlock_protocol::AgentMessage;
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -203,6 +206,68 @@ async fn held_error_names_a_holder_on_another_agent_even_behind_a_local_waiter()
     let out = waiter.finish().await?;
     out.expect_code(0)?;
     out.expect_stdout_has(&["waiter-ran"])?;
+    Ok(())
+}
+
+/// A run lets go of its kernel lock before its release reaches the agent
+/// (the shim does so at its end). A run waiting through the same agent in
+/// between finds the key free in the directory, yet waits for that
+/// release: the key is not taken from its holder, whose end the history
+/// records as released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_let_go_of_its_lock_keeps_its_key_until_its_release_arrives() -> Result<()> {
+    let locks = FileBackendDir::new()?;
+    let agent = TestAgent::start(locks.uri()).await?;
+    let k = key("let-go");
+    let mut holder = RawClient::connect(agent.socket()).await?;
+    holder.hello_taking_locks().await?;
+    let lease = match holder.call(client::acquire(&[&k])).await? {
+        AgentMessage::Acquired { mut leases, .. } => leases.remove(0),
+        other => bail!("expected acquired, got {other:?}"),
+    };
+    // As the shim's end does: LOCK_UN, which the agent's copy shares.
+    for lock in holder.take_locks(1)? {
+        // SAFETY: the descriptor is open and ours.
+        let unlocked = unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_UN) };
+        ensure!(
+            unlocked == 0,
+            "LOCK_UN: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    let waiter = agent.run(&[&k], &["--wait", "60s"], "echo waiter-ran")?;
+    // Listed as a waiter only once a try has found the key held.
+    let deadline = Deadline::new(WAIT, "the run listed as waiting");
+    loop {
+        let out = agent
+            .runlock_output(&["list", "--all", "--json", &k])
+            .await?;
+        out.expect_code(0)?;
+        let listing: serde_json::Value = serde_json::from_str(out.stdout.trim())?;
+        let key = listing["keys"].as_array().and_then(|keys| keys.first());
+        if key.is_some_and(|key| key["waiters"].as_array().is_some_and(|w| !w.is_empty())) {
+            break;
+        }
+        deadline.tick().await?;
+    }
+    let released = holder
+        .call(client::release(vec![lease.lease_id.clone()]))
+        .await?;
+    ensure!(
+        matches!(released, AgentMessage::Released { count: 1 }),
+        "the holder's release found its lease gone: {released:?}"
+    );
+    let out = waiter.finish().await?;
+    out.expect_code(0)?;
+    out.expect_stdout_has(&["waiter-ran"])?;
+    let events = serde_json::Value::from(agent.history_json(&k).await?);
+    let ended = (events.as_array().into_iter().flatten())
+        .find(|e| e["token"] == lease.token && e["kind"] != "granted");
+    ensure!(
+        ended.is_some_and(|e| e["kind"] == "released" && e["reason"] == ""),
+        "{events}"
+    );
     Ok(())
 }
 

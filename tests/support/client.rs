@@ -123,11 +123,26 @@ impl RawClient {
 
     /// Says hello; returns the `welcome`.
     pub async fn hello(&mut self) -> anyhow::Result<AgentMessage> {
+        self.greet(false).await
+    }
+
+    /// Says hello as a client that takes its runs' locks (SPEC 5.4), as
+    /// the shim does; returns the `welcome`.
+    pub async fn hello_taking_locks(&mut self) -> anyhow::Result<AgentMessage> {
+        self.greet(true).await
+    }
+
+    async fn greet(&mut self, takes_locks: bool) -> anyhow::Result<AgentMessage> {
         let info = ClientInfo {
             name: CLIENT_NAME.to_string(),
-            takes_locks: false,
+            takes_locks,
         };
         Ok(within(WAIT, "the agent's welcome", self.client.hello(&info)).await??)
+    }
+
+    /// The `count` lock descriptors that came with the last `acquired`.
+    pub fn take_locks(&mut self, count: u32) -> anyhow::Result<Vec<OwnedFd>> {
+        Ok(self.client.take_locks(count)?)
     }
 
     /// The `agent_id` of a `welcome`.

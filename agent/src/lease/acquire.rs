@@ -125,6 +125,7 @@ impl Registry {
                 ttl,
                 slots: req.slots,
                 force: req.force,
+                may_wait: !req.wait.is_zero(),
             },
             wait: req.wait,
             deadline: Instant::now() + req.wait,
@@ -248,7 +249,7 @@ impl Registry {
                 match self.try_take(claim, &key).await {
                     Ok(taken) => return Ok(taken),
                     // A run that may wait also waits out a store that cannot be reached.
-                    Err(NotTaken::Unreachable(err)) if !acquiring.wait.is_zero() => {
+                    Err(NotTaken::Unreachable(err)) if claim.may_wait => {
                         refusal.unreachable = Some(err)
                     }
                     Err(NotTaken::Unreachable(err)) => return Err(backend_on(&key)(err)),

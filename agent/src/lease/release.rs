@@ -50,23 +50,23 @@ impl Registry {
     /// ended), and wakes the next local waiter.
     async fn release_lease(&self, lease_id: String, ending: &Ending) -> bool {
         let lease_id = lease_id.as_str();
-        let Some(lease) = self.state().remove_lease(lease_id, &*self.observer) else {
+        let Some((lease, holder)) = self.state().begin_release(lease_id) else {
             return false;
         };
-        self.observer.released(lease.holder.acquired_at_ms, ending);
+        self.observer.released(holder.acquired_at_ms, ending);
         self.renewals.stop(lease_id);
-        if let Err(err) = self.backend.end(&lease.reference(lease_id), ending).await {
+        if let Err(err) = self.backend.end(&lease, ending).await {
             tracing::warn!(key = %lease.key.logged(), error = %err, "release failed");
         }
-        tracing::info!(key = %lease.key.logged(), token = lease.holder.token, lease = %lease_id, "released");
-        if let Some(count) = lease.holder.slots {
+        tracing::info!(key = %lease.key.logged(), token = lease.token, lease = %lease_id, "released");
+        let mut state = self.state();
+        state.remove_lease(lease_id, &*self.observer);
+        if let Some(count) = holder.slots {
             let slot = lease.key.split_slot().1;
-            self.state()
-                .free_slots
-                .insert(lease.key.base(), (slot, count));
+            state.free_slots.insert(lease.key.base(), (slot, count));
         }
         // Only after the backend let go, or the woken waiter would find it still held.
-        self.state().queues.wake_head(&lease.key);
+        state.queues.wake_head(&lease.key);
         true
     }
 

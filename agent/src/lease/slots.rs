@@ -112,12 +112,14 @@ impl Registry {
     /// holder are filled in here): first the slot this agent last let go,
     /// with one write where the store remembers it free; else the lowest
     /// free slot of the records read; with `force` and every slot held, the
-    /// slot whose holder was granted earliest.
+    /// slot whose holder was granted earliest. `may_wait`: as
+    /// `acquire_unless_held_here` has it.
     pub(super) async fn take_slot(
         &self,
         key: &Key,
         n: u32,
         mut spec: AcquireSpec,
+        may_wait: bool,
     ) -> Result<(AcquireSpec, Grant), SlotRefusal> {
         let turns = self.slot_turns(spec.holder.uid);
         let _turn = turns.acquire().await;
@@ -125,7 +127,7 @@ impl Registry {
         spec.force = false;
         let hint = self.state().free_slots.remove(key);
         if let Some((slot, _)) = hint.filter(|&(slot, count)| count == n && slot < n) {
-            match self.try_slot(key, n, slot, &spec).await {
+            match self.try_slot(key, n, slot, &spec, may_wait).await {
                 Ok(grant) => return Ok(grant),
                 Err(SlotRefusal::Held(..)) => {}
                 Err(refusal) => return Err(refusal),
@@ -141,7 +143,7 @@ impl Registry {
         }
         let free = (0..n).filter(|&slot| records[slot as usize].state != KeyState::Held);
         for slot in free {
-            match self.try_slot(key, n, slot, &spec).await {
+            match self.try_slot(key, n, slot, &spec, may_wait).await {
                 Ok(grant) => return Ok(grant),
                 Err(SlotRefusal::Held(..)) => {}
                 Err(refusal) => return Err(refusal),
@@ -152,7 +154,7 @@ impl Registry {
             let oldest = holders.iter().min_by_key(|h| h.acquired_at_ms);
             if let Some(slot) = oldest.and_then(|h| h.slot) {
                 spec.force = true;
-                return self.try_slot(key, n, slot, &spec).await;
+                return self.try_slot(key, n, slot, &spec, may_wait).await;
             }
         }
         Err(SlotRefusal::Held(holders, incident))
@@ -166,12 +168,13 @@ impl Registry {
         n: u32,
         slot: u32,
         spec: &AcquireSpec,
+        may_wait: bool,
     ) -> Result<(AcquireSpec, Grant), SlotRefusal> {
         let mut spec = spec.clone();
         spec.key = key.slot_record(slot);
         spec.holder.slot = Some(slot);
         spec.holder.slots = Some(n);
-        match self.backend.acquire(&spec).await {
+        match self.acquire_unless_held_here(&spec, may_wait).await {
             Ok(grant) => Ok((spec, grant)),
             Err(BackendError::Held(Some(holder), incident)) => {
                 let mut holder = *holder;

@@ -32,6 +32,9 @@ pub(super) struct LocalLease {
     pub(super) conn: ConnId,
     pub(super) ttl: Duration,
     pub(super) holder: Holder,
+    /// Its release is under way: it stays the key's here until the store
+    /// has let go, so that no local waiter tries the key before then.
+    pub(super) releasing: bool,
 }
 
 impl LocalLease {
@@ -93,6 +96,14 @@ impl State {
             .get(key)
             .and_then(|id| self.leases.get(id))
             .map(|l| l.holder.clone())
+    }
+
+    /// Marks a lease as being released, once: its reference and holder,
+    /// unless it is gone or already being released.
+    pub(super) fn begin_release(&mut self, lease_id: &str) -> Option<(LeaseRef, Holder)> {
+        let lease = self.leases.get_mut(lease_id).filter(|l| !l.releasing)?;
+        lease.releasing = true;
+        Some((lease.reference(lease_id), lease.holder.clone()))
     }
 
     /// Forgets a lease, telling `observer` how many are left; returns it.

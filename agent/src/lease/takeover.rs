@@ -6,7 +6,13 @@
 //! queue (among the first N for a key with N slots), or at once with
 //! `force`. Then:
 //!
-//! 1. The store decides whether the key's record may be written over
+//! 1. A plain try that may wait, at a record this agent holds or is still
+//!    releasing, finds it held without asking the store
+//!    ([`Registry::acquire_unless_held_here`]): that lease's end wakes the
+//!    waiter, and on `file://` its run drops the kernel lock before its
+//!    release arrives, when the store would find the key free. A try that
+//!    may not wait asks the store, which frees a killed run's key at once.
+//! 2. The store decides whether the key's record may be written over
 //!    (`Backend::acquire`, by each store's own clock): a free key; a lease
 //!    no longer kept (not renewed for its TTL and grace, its agent stopped
 //!    or gone; on `file://`, its run's kernel lock let go); or this
@@ -14,19 +20,19 @@
 //!    taken over only with `force`, and a stopped agent's leases are left
 //!    for `reattach`, by their own user. Anything else is held: the
 //!    acquire waits for it, or says who holds it.
-//! 2. A key with slots is tried a slot at a time (`slots::take_slot`):
+//! 3. A key with slots is tried a slot at a time (`slots::take_slot`):
 //!    the slot this agent let go last, then the lowest free; a force that
 //!    finds every slot held takes the one granted earliest.
-//! 3. Every holder holds a key with one count of slots: a holder of
+//! 4. Every holder holds a key with one count of slots: a holder of
 //!    another count refuses the acquire at once (`SlotsMismatch`), never
 //!    waited for. A plain force reads every slot before it writes, since
 //!    its write ends its holder's run; and after any write the key's other
 //!    slots are read again (invariant 10), a holder of another count found
 //!    then having the grant given back.
-//! 4. A grant older than one this agent already registered for the key
+//! 5. A grant older than one this agent already registered for the key
 //!    (two forces answered out of order) took nothing: it is refused and
 //!    the newer stays (`register`).
-//! 5. A grant that displaced a live run is answered only once that run has
+//! 6. A grant that displaced a live run is answered only once that run has
 //!    stopped (`displaced`); a lease of this agent's it displaced is told
 //!    it is lost.
 //!
@@ -39,7 +45,7 @@ use super::registry::Registry;
 use super::renewal::deadline;
 use super::slots::{count_of, SlotRefusal};
 use super::state::{ConnId, LocalLease};
-use crate::backend::{AcquireSpec, BackendError, Ending, Grant, LeaseRef};
+use crate::backend::{AcquireSpec, BackendError, BackendResult, Ending, Grant, LeaseRef};
 use crate::shown;
 use runlock_protocol::{Holder, Key, Lease};
 use std::os::fd::OwnedFd;
@@ -58,6 +64,8 @@ pub(super) struct Claim {
     /// How many holders each key admits at once (1: a plain key).
     pub(super) slots: u32,
     pub(super) force: bool,
+    /// It may wait: a try leaves a key held here to its holder (rule 1).
+    pub(super) may_wait: bool,
 }
 
 /// The wall clock, in ms since the epoch: when a holder took its key.
@@ -116,6 +124,13 @@ impl Registry {
             None if refusal.holders.is_empty() => self.holder_of(&key).await,
             None => None,
         };
+        // A holder here was answered without the store: the key's last
+        // incident, which the store's answer names, is read only now.
+        let here = &self.identity().agent_id;
+        if refusal.incident.is_none() && holder.as_ref().is_some_and(|h| &h.agent_id == here) {
+            let record = self.backend.inspect(&key).await;
+            refusal.incident = record.ok().and_then(|r| r.incident);
+        }
         let viewer = self.viewer(claim.conn);
         let holders: Vec<Holder> = refusal
             .holders
@@ -154,20 +169,22 @@ impl Registry {
             })
         };
         let (spec, grant) = match claim.slots > 1 {
-            true => {
-                self.take_slot(key, claim.slots, spec)
-                    .await
-                    .map_err(|refusal| match refusal {
-                        SlotRefusal::Held(holders, incident) => NotTaken::Held(Refusal {
-                            holders,
-                            incident,
-                            ..Refusal::default()
-                        }),
-                        SlotRefusal::Mismatch(count, holders) => mismatch(count, holders),
-                        SlotRefusal::Backend(err) => NotTaken::from_backend(key, err),
-                    })?
+            true => self
+                .take_slot(key, claim.slots, spec, claim.may_wait)
+                .await
+                .map_err(|refusal| match refusal {
+                    SlotRefusal::Held(holders, incident) => NotTaken::Held(Refusal {
+                        holders,
+                        incident,
+                        ..Refusal::default()
+                    }),
+                    SlotRefusal::Mismatch(count, holders) => mismatch(count, holders),
+                    SlotRefusal::Backend(err) => NotTaken::from_backend(key, err),
+                })?,
+            false => {
+                self.take_plain(key, spec, claim.may_wait, &mismatch)
+                    .await?
             }
-            false => self.take_plain(key, spec, &mismatch).await?,
         };
         // Invariant 10: whatever was read before the write, the key's other
         // slots are read again after it (the slot-retake shortcut included).
@@ -205,6 +222,7 @@ impl Registry {
         &self,
         key: &Key,
         spec: AcquireSpec,
+        may_wait: bool,
         mismatch: &impl Fn(u32, Vec<Holder>) -> NotTaken,
     ) -> Result<(AcquireSpec, Grant), NotTaken> {
         if spec.force {
@@ -223,7 +241,7 @@ impl Registry {
                 return Err(mismatch(count_of(h), holders));
             }
         }
-        match self.backend.acquire(&spec).await {
+        match self.acquire_unless_held_here(&spec, may_wait).await {
             Ok(grant) => Ok((spec, grant)),
             Err(BackendError::Held(Some(h), _)) if count_of(&h) != 1 => {
                 Err(mismatch(count_of(&h), vec![*h]))
@@ -243,6 +261,28 @@ impl Registry {
                 ..Refusal::default()
             })),
             Err(err) => Err(NotTaken::from_backend(key, err)),
+        }
+    }
+
+    /// The store's answer to one try of `spec`, but a plain try that may
+    /// wait, at a record this agent holds (or is still releasing), finds it
+    /// held by that lease whatever the store says: on `file://` a run lets
+    /// go of its kernel lock before its release reaches the agent, and the
+    /// store finds the key free in between. The lease's end wakes the
+    /// waiter. A try that may not wait asks the store: a killed run's key
+    /// is free the moment its last process exits, before this agent has
+    /// seen its connection close.
+    pub(super) async fn acquire_unless_held_here(
+        &self,
+        spec: &AcquireSpec,
+        may_wait: bool,
+    ) -> BackendResult<Grant> {
+        let here = (may_wait && !spec.force)
+            .then(|| self.state().local_holder(&spec.key))
+            .flatten();
+        match here {
+            Some(holder) => Err(BackendError::Held(Some(Box::new(holder)), None)),
+            None => self.backend.acquire(spec).await,
         }
     }
 
@@ -277,6 +317,7 @@ impl Registry {
             conn,
             ttl: spec.ttl,
             holder: holder.clone(),
+            releasing: false,
         };
         let reference = lease.reference(&lease_id);
         let registered = {
@@ -294,6 +335,9 @@ impl Registry {
                 (None, Some(c)) => {
                     c.leases.insert(lease_id.clone());
                     let displaced = state.by_key.insert(spec.key.clone(), lease_id.clone());
+                    // A lease whose release is under way has ended: not lost.
+                    let displaced =
+                        displaced.filter(|id| state.leases.get(id).is_some_and(|l| !l.releasing));
                     state.leases.insert(lease_id.clone(), lease);
                     self.observer.leases_held(state.leases.len());
                     Ok(displaced)
@@ -384,4 +428,182 @@ pub(super) struct Refusal {
     /// What the backend knows of a holder that is no lease.
     unrecorded: Option<String>,
     pub(super) unreachable: Option<BackendError>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::testing::*;
+    use crate::backend::{Backend, BackendResult, Ending, LeaseRef};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tokio::sync::Notify;
+
+    /// A store whose `end` frees the record at once but answers only when
+    /// told: as on `file://`, where the run's kernel lock is let go before
+    /// the agent's release has written its end.
+    #[derive(Default)]
+    struct FreedEarly {
+        freed: Notify,
+        answer: Notify,
+        /// Until set, every end answers at once.
+        holding: AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl Hooks for FreedEarly {
+        async fn end(
+            &self,
+            store: &dyn Backend,
+            lease: &LeaseRef,
+            ending: &Ending,
+        ) -> BackendResult<()> {
+            store.end(lease, ending).await?;
+            if self.holding.load(Ordering::SeqCst) {
+                self.freed.notify_one();
+                self.answer.notified().await;
+            }
+            Ok(())
+        }
+    }
+
+    fn reference(lease: &Lease) -> LeaseRef {
+        let key = Key::new(&lease.key).expect("valid");
+        LeaseRef {
+            key: key.slot_record(lease.slot.unwrap_or(0)),
+            lease_id: lease.lease_id.clone(),
+            token: lease.token,
+        }
+    }
+
+    /// Polls, in paused time, for as long as a waiter would try many times.
+    async fn polls_go_by() {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+
+    // The shim lets go of its kernel lock, then sends `release`: a waiter
+    // trying the store in between finds the key free there.
+    #[tokio::test(start_paused = true)]
+    async fn a_waiter_leaves_a_key_held_here_to_its_holder_even_where_the_store_finds_it_free() {
+        for slots in [1, 2] {
+            let store = hooked(FreedEarly::default());
+            store.hooks.holding.store(true, Ordering::SeqCst);
+            let registry = agent(store.clone(), "agent-1");
+            let (holder, mut holder_events) = connect(&registry, ROOT);
+            let (waiter, _waiter_events) = connect(&registry, ROOT);
+            let ask = |wait| AcquireRequest {
+                slots,
+                ..request(&["k"], wait, false)
+            };
+            let never = CancellationToken::new();
+            let granted = registry.acquire(holder, ask(Duration::ZERO), &never).await;
+            let held = granted.expect("free").leases.remove(0);
+            if slots == 2 {
+                // The other slot is held too, so the waiter has only the freed one.
+                let (other, _e) = connect(&registry, ROOT);
+                registry
+                    .acquire(other, ask(Duration::ZERO), &never)
+                    .await
+                    .expect("slot 1");
+            }
+            let inner = &store.inner.backend;
+            inner
+                .end(&reference(&held), &Ending::Released)
+                .await
+                .expect("freed in the store");
+            let waiting = spawn_queued(&registry, waiter, ask(Duration::from_secs(60))).await;
+            polls_go_by().await;
+            assert!(
+                !waiting.is_finished(),
+                "{slots} slot(s): taken from its live holder"
+            );
+
+            let releasing = {
+                let registry = registry.clone();
+                tokio::spawn(async move { registry.release(holder, &[held.lease_id]).await })
+            };
+            store.hooks.freed.notified().await;
+            polls_go_by().await;
+            assert!(
+                !waiting.is_finished(),
+                "{slots} slot(s): taken before its release ended"
+            );
+            store.hooks.answer.notify_one();
+            let released = releasing.await.expect("ran").expect("still the holder's");
+            assert_eq!(released, 1, "{slots} slot(s)");
+            let taken = tokio::time::timeout(Duration::from_secs(1), waiting).await;
+            let taken = taken
+                .expect("woken by the release")
+                .expect("ran")
+                .expect("granted");
+            assert_eq!(taken.leases[0].slot, held.slot, "{slots} slot(s)");
+            assert!(
+                holder_events.try_recv().is_err(),
+                "{slots} slot(s): the holder was told of a loss"
+            );
+        }
+    }
+
+    // A try that may not wait asks the store, which alone knows at once that
+    // a run let go: a killed run's key is free before this agent has seen
+    // its connection close, and a lease whose release is under way has
+    // ended, so the run that takes its key does not make it lost.
+    #[tokio::test(start_paused = true)]
+    async fn a_try_that_may_not_wait_takes_a_key_its_holders_run_let_go_of() {
+        for slots in [1, 2] {
+            let store = hooked(FreedEarly::default());
+            let registry = agent(store.clone(), "agent-1");
+            let never = CancellationToken::new();
+            let now = || AcquireRequest {
+                slots,
+                ..request(&["k"], Duration::ZERO, false)
+            };
+            let (killed, _killed_events) = connect(&registry, ROOT);
+            let held = registry.acquire(killed, now(), &never).await;
+            let held = held.expect("free").leases.remove(0);
+            if slots == 2 {
+                let (other, _e) = connect(&registry, ROOT);
+                registry
+                    .acquire(other, now(), &never)
+                    .await
+                    .expect("slot 1");
+            }
+            let inner = &store.inner.backend;
+            inner
+                .end(&reference(&held), &Ending::Released)
+                .await
+                .expect("freed in the store, as a killed run's lock is");
+            let (next, mut next_events) = connect(&registry, ROOT);
+            let taken = registry.acquire(next, now(), &never).await;
+            let taken = taken.expect("a killed run's key is free at once");
+            let taken = taken.leases.into_iter().next().expect("one lease");
+            assert_eq!(taken.slot, held.slot, "{slots} slot(s)");
+
+            store.hooks.holding.store(true, Ordering::SeqCst);
+            let releasing = {
+                let registry = registry.clone();
+                let id = taken.lease_id.clone();
+                tokio::spawn(async move { registry.release(next, &[id]).await })
+            };
+            store.hooks.freed.notified().await;
+            store.hooks.holding.store(false, Ordering::SeqCst);
+            let (last, _last_events) = connect(&registry, ROOT);
+            let last = registry.acquire(last, now(), &never).await;
+            let last = last.expect("freed by a release under way").leases.remove(0);
+            store.hooks.answer.notify_one();
+            let released = releasing.await.expect("ran").expect("released");
+            assert_eq!(released, 1, "{slots} slot(s)");
+            assert!(
+                next_events.try_recv().is_err(),
+                "{slots} slot(s): a lease being released was told it is lost"
+            );
+            let key = Key::new("k")
+                .expect("valid")
+                .slot_record(last.slot.unwrap_or(0));
+            let here = registry.state().local_holder(&key).map(|h| h.token);
+            assert_eq!(
+                here,
+                Some(last.token),
+                "{slots} slot(s): the new holder is known here"
+            );
+        }
+    }
 }
