@@ -479,6 +479,36 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 
+    /// A run takes `k` (with two slots, another run holds the other, so
+    /// that the next has only this run's slot to take), then its record is
+    /// freed in the store alone, as `file://` frees it when the run lets go
+    /// of its kernel lock: the run's lease.
+    async fn taken_then_freed_in_store(
+        registry: &Registry,
+        store: &Forwarding<FreedEarly>,
+        run: ConnId,
+        slots: u32,
+    ) -> Lease {
+        let never = CancellationToken::new();
+        let now = || AcquireRequest {
+            slots,
+            ..request(&["k"], Duration::ZERO, false)
+        };
+        let held = registry.acquire(run, now(), &never).await;
+        let held = held.expect("free").leases.remove(0);
+        if slots == 2 {
+            let (other, _e) = connect(registry, ROOT);
+            registry
+                .acquire(other, now(), &never)
+                .await
+                .expect("slot 1");
+        }
+        let inner = &store.inner.backend;
+        let freed = inner.end(&reference(&held), &Ending::Released).await;
+        freed.expect("freed in the store");
+        held
+    }
+
     // The shim lets go of its kernel lock, then sends `release`: a waiter
     // trying the store in between finds the key free there.
     #[tokio::test(start_paused = true)]
@@ -489,27 +519,12 @@ mod tests {
             let registry = agent(store.clone(), "agent-1");
             let (holder, mut holder_events) = connect(&registry, ROOT);
             let (waiter, _waiter_events) = connect(&registry, ROOT);
-            let ask = |wait| AcquireRequest {
+            let held = taken_then_freed_in_store(&registry, &store, holder, slots).await;
+            let wait = AcquireRequest {
                 slots,
-                ..request(&["k"], wait, false)
+                ..request(&["k"], Duration::from_secs(60), false)
             };
-            let never = CancellationToken::new();
-            let granted = registry.acquire(holder, ask(Duration::ZERO), &never).await;
-            let held = granted.expect("free").leases.remove(0);
-            if slots == 2 {
-                // The other slot is held too, so the waiter has only the freed one.
-                let (other, _e) = connect(&registry, ROOT);
-                registry
-                    .acquire(other, ask(Duration::ZERO), &never)
-                    .await
-                    .expect("slot 1");
-            }
-            let inner = &store.inner.backend;
-            inner
-                .end(&reference(&held), &Ending::Released)
-                .await
-                .expect("freed in the store");
-            let waiting = spawn_queued(&registry, waiter, ask(Duration::from_secs(60))).await;
+            let waiting = spawn_queued(&registry, waiter, wait).await;
             polls_go_by().await;
             assert!(
                 !waiting.is_finished(),
@@ -557,20 +572,7 @@ mod tests {
                 ..request(&["k"], Duration::ZERO, false)
             };
             let (killed, _killed_events) = connect(&registry, ROOT);
-            let held = registry.acquire(killed, now(), &never).await;
-            let held = held.expect("free").leases.remove(0);
-            if slots == 2 {
-                let (other, _e) = connect(&registry, ROOT);
-                registry
-                    .acquire(other, now(), &never)
-                    .await
-                    .expect("slot 1");
-            }
-            let inner = &store.inner.backend;
-            inner
-                .end(&reference(&held), &Ending::Released)
-                .await
-                .expect("freed in the store, as a killed run's lock is");
+            let held = taken_then_freed_in_store(&registry, &store, killed, slots).await;
             let (next, mut next_events) = connect(&registry, ROOT);
             let taken = registry.acquire(next, now(), &never).await;
             let taken = taken.expect("a killed run's key is free at once");
